@@ -1,0 +1,71 @@
+use std::fmt;
+
+/// The 128-bit secret that proves ownership of one acquisition.
+///
+/// It is drawn at random by the shell; whoever knows it may renew and release
+/// that lease. Only a short prefix ever appears in logs.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct AcquisitionId([u8; 16]);
+
+impl AcquisitionId {
+    pub const LEN_BYTES: usize = 16;
+
+    pub fn from_bytes(bytes: [u8; 16]) -> Self {
+        Self(bytes)
+    }
+
+    /// Accepts exactly 16 bytes.
+    pub fn from_slice(bytes: &[u8]) -> Option<Self> {
+        <[u8; 16]>::try_from(bytes).ok().map(Self)
+    }
+
+    pub fn as_bytes(&self) -> &[u8; 16] {
+        &self.0
+    }
+
+    pub fn to_hex(&self) -> String {
+        self.0.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    pub fn from_hex(hex: &str) -> Option<Self> {
+        if hex.len() != 32 || !hex.is_ascii() {
+            return None;
+        }
+        let mut out = [0u8; 16];
+        for (i, byte) in out.iter_mut().enumerate() {
+            *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).ok()?;
+        }
+        Some(Self(out))
+    }
+
+    /// The first 8 hex digits: enough to correlate logs, useless to an attacker.
+    pub fn prefix(&self) -> String {
+        self.to_hex()[..8].to_string()
+    }
+}
+
+impl fmt::Debug for AcquisitionId {
+    // Never print the whole secret, not even in debug output.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "AcquisitionId({}…)", self.prefix())
+    }
+}
+
+/// Identifies one waiting acquire request inside the table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct WaiterId(pub u64);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hex_round_trip_and_prefix() {
+        let id = AcquisitionId::from_bytes([0xab; 16]);
+        assert_eq!(AcquisitionId::from_hex(&id.to_hex()), Some(id));
+        assert_eq!(id.prefix(), "abababab");
+        assert!(!format!("{id:?}").contains(&id.to_hex()));
+        assert_eq!(AcquisitionId::from_hex("zz"), None);
+        assert_eq!(AcquisitionId::from_hex(&"é".repeat(16)), None);
+    }
+}

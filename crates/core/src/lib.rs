@@ -1,0 +1,33 @@
+//! The pure core of Baton: resource names, fencing tokens and the lease table.
+//!
+//! Nothing in this crate reads a clock, draws random numbers or does I/O.
+//! Time arrives as [`MonoMs`] values, acquisition ids arrive already drawn,
+//! and every change that must reach the disk leaves as a [`Write`] in
+//! [`Effects`]. The server is the shell that executes those effects.
+//!
+//! ```
+//! use baton_core::{AcquireRequest, AcquireOutcome, AcquisitionId, Epoch, LeaseTable, Limits, MonoMs, ResourceName};
+//!
+//! let mut table = LeaseTable::new(Limits::default(), Epoch::FIRST, 0);
+//! let name = ResourceName::parse("statement:account-42:2026-09-13").unwrap();
+//! let request = AcquireRequest::single(name, AcquisitionId::from_bytes([7; 16]), 30_000);
+//! let AcquireOutcome::Granted(grants) = table.acquire(MonoMs(0), request).unwrap() else { panic!() };
+//! let effects = table.take_effects();
+//! // The grant must be durable before anyone hears about its token.
+//! assert!(effects.sync);
+//! assert_eq!(grants[0].token.get(), (1 << 40) | 1);
+//! ```
+
+mod ids;
+mod name;
+mod table;
+mod token;
+
+pub use ids::{AcquisitionId, WaiterId};
+pub use name::{NameError, ResourceName, RESOURCE_NAME_LEN_BYTES_MAX};
+pub use table::{
+    AcquireError, AcquireOutcome, AcquireRequest, Effects, Event, FenceOutcome, Grant, LeaseRecord,
+    LeaseStatus, LeaseTable, Limits, MonoMs, NotAcquired, ReleaseOutcome, RenewOutcome, WaitResult,
+    Write,
+};
+pub use token::{Epoch, FencingToken, TokenError, COUNTER_BITS, COUNTER_MAX, EPOCH_MAX};

@@ -1,0 +1,820 @@
+use super::*;
+use proptest::prelude::*;
+
+fn name(s: &str) -> ResourceName {
+    ResourceName::parse(s).unwrap()
+}
+
+fn id(n: u8) -> AcquisitionId {
+    AcquisitionId::from_bytes([n; 16])
+}
+
+fn tok(counter: u64) -> FencingToken {
+    FencingToken::new(Epoch::FIRST, counter).unwrap()
+}
+
+fn table() -> LeaseTable {
+    LeaseTable::new(Limits::default(), Epoch::FIRST, 0)
+}
+
+fn req(resources: &[&str], first_id: u8, ttl_ms: u64, wait_ms: u64, waiter: u64) -> AcquireRequest {
+    AcquireRequest {
+        claims: resources
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (name(r), id(first_id + i as u8)))
+            .collect(),
+        ttl_ms,
+        wait_ms,
+        waiter: WaiterId(waiter),
+    }
+}
+
+fn grant(r: &str, n: u8, counter: u64, ttl_ms: u64) -> Grant {
+    Grant {
+        resource: name(r),
+        acquisition_id: id(n),
+        token: tok(counter),
+        ttl_ms,
+    }
+}
+
+#[test]
+fn grant_is_synced_and_carries_its_write() {
+    let mut t = table();
+    let out = t.acquire(MonoMs(0), req(&["a"], 1, 5_000, 0, 0)).unwrap();
+    assert_eq!(out, AcquireOutcome::Granted(vec![grant("a", 1, 1, 5_000)]));
+    let fx = t.take_effects();
+    assert!(fx.sync);
+    assert_eq!(
+        fx.writes,
+        vec![
+            Write::PutLease {
+                resource: name("a"),
+                record: LeaseRecord {
+                    acquisition_id: id(1),
+                    token: tok(1),
+                    ttl_ms: 5_000
+                }
+            },
+            Write::Tokens {
+                epoch: Epoch::FIRST,
+                counter: 1
+            },
+        ]
+    );
+}
+
+#[test]
+fn held_resource_is_refused_until_expiry_then_granted_higher() {
+    let mut t = table();
+    t.acquire(MonoMs(0), req(&["a"], 1, 5_000, 0, 0)).unwrap();
+    let refused = t
+        .acquire(MonoMs(4_999), req(&["a"], 2, 5_000, 0, 0))
+        .unwrap();
+    assert_eq!(
+        refused,
+        AcquireOutcome::NotAcquired(NotAcquired {
+            resource: name("a"),
+            holder_token: Some(tok(1))
+        })
+    );
+    t.take_effects();
+    let later = t
+        .acquire(MonoMs(5_000), req(&["a"], 2, 5_000, 0, 0))
+        .unwrap();
+    assert_eq!(
+        later,
+        AcquireOutcome::Granted(vec![grant("a", 2, 2, 5_000)])
+    );
+    let fx = t.take_effects();
+    assert_eq!(
+        fx.events[0],
+        Event::Expired {
+            resource: name("a"),
+            token: tok(1)
+        }
+    );
+    assert_eq!(
+        fx.writes[0],
+        Write::DeleteLease {
+            resource: name("a")
+        }
+    );
+}
+
+#[test]
+fn release_and_expiry_do_not_demand_sync() {
+    let mut t = table();
+    t.acquire(MonoMs(0), req(&["a"], 1, 5_000, 0, 0)).unwrap();
+    t.take_effects();
+    assert_eq!(
+        t.release(MonoMs(1), &name("a"), &id(1)),
+        ReleaseOutcome::Released { token: tok(1) }
+    );
+    let fx = t.take_effects();
+    assert!(!fx.sync);
+    assert_eq!(
+        fx.writes,
+        vec![Write::DeleteLease {
+            resource: name("a")
+        }]
+    );
+    assert_eq!(
+        t.release(MonoMs(2), &name("a"), &id(1)),
+        ReleaseOutcome::NotHeld,
+        "second release says so"
+    );
+}
+
+#[test]
+fn renew_extends_from_now_and_fails_after_expiry() {
+    let mut t = table();
+    t.acquire(MonoMs(0), req(&["a"], 1, 5_000, 0, 0)).unwrap();
+    assert_eq!(
+        t.renew(MonoMs(4_000), &name("a"), &id(1)),
+        RenewOutcome::Renewed {
+            token: tok(1),
+            ttl_ms: 5_000
+        }
+    );
+    assert_eq!(t.status(MonoMs(8_999), &name("a")).remaining_ms, 1);
+    assert_eq!(
+        t.renew(MonoMs(9_000), &name("a"), &id(1)),
+        RenewOutcome::NotOwner
+    );
+    assert_eq!(
+        t.status(MonoMs(9_000), &name("a")).holder_token,
+        None,
+        "renew never recreates"
+    );
+}
+
+#[test]
+fn wrong_id_changes_nothing() {
+    let mut t = table();
+    t.acquire(MonoMs(0), req(&["a"], 1, 5_000, 0, 0)).unwrap();
+    t.take_effects();
+    assert_eq!(
+        t.release(MonoMs(1), &name("a"), &id(9)),
+        ReleaseOutcome::NotHeld
+    );
+    assert_eq!(
+        t.renew(MonoMs(1), &name("a"), &id(9)),
+        RenewOutcome::NotOwner
+    );
+    let fx = t.take_effects();
+    assert!(fx.writes.is_empty());
+    assert_eq!(t.status(MonoMs(1), &name("a")).holder_token, Some(tok(1)));
+}
+
+#[test]
+fn renew_after_replacement_is_not_owner() {
+    let mut t = table();
+    t.acquire(MonoMs(0), req(&["a"], 1, 1_000, 0, 0)).unwrap();
+    t.acquire(MonoMs(1_000), req(&["a"], 2, 1_000, 0, 0))
+        .unwrap();
+    assert_eq!(
+        t.renew(MonoMs(1_001), &name("a"), &id(1)),
+        RenewOutcome::NotOwner
+    );
+    assert_eq!(
+        t.release(MonoMs(1_001), &name("a"), &id(1)),
+        ReleaseOutcome::NotHeld
+    );
+    assert_eq!(
+        t.status(MonoMs(1_001), &name("a")).holder_token,
+        Some(tok(2))
+    );
+}
+
+#[test]
+fn waiters_are_served_first_come_first_served() {
+    let mut t = table();
+    t.acquire(MonoMs(0), req(&["a"], 1, 5_000, 0, 0)).unwrap();
+    assert_eq!(
+        t.acquire(MonoMs(1), req(&["a"], 2, 5_000, 9_000, 10))
+            .unwrap(),
+        AcquireOutcome::Queued {
+            waiter: WaiterId(10)
+        }
+    );
+    assert_eq!(
+        t.acquire(MonoMs(2), req(&["a"], 3, 5_000, 9_000, 11))
+            .unwrap(),
+        AcquireOutcome::Queued {
+            waiter: WaiterId(11)
+        }
+    );
+    // A try-once request does not jump the queue.
+    assert!(matches!(
+        t.acquire(MonoMs(3), req(&["a"], 4, 5_000, 0, 0)).unwrap(),
+        AcquireOutcome::NotAcquired(_)
+    ));
+    t.take_effects();
+    t.release(MonoMs(4), &name("a"), &id(1));
+    let fx = t.take_effects();
+    assert!(fx.sync);
+    assert_eq!(
+        fx.woken,
+        vec![(
+            WaiterId(10),
+            WaitResult::Granted(vec![grant("a", 2, 2, 5_000)])
+        )]
+    );
+    // The second waiter gets it when the first lease expires.
+    t.tick(MonoMs(5_004));
+    assert_eq!(
+        t.take_effects().woken,
+        vec![(
+            WaiterId(11),
+            WaitResult::Granted(vec![grant("a", 3, 3, 5_000)])
+        )]
+    );
+}
+
+#[test]
+fn wait_deadline_answers_timed_out_and_cancelled_waiter_leaves_queue() {
+    let mut t = table();
+    t.acquire(MonoMs(0), req(&["a"], 1, 5_000, 0, 0)).unwrap();
+    t.acquire(MonoMs(0), req(&["a"], 2, 5_000, 100, 10))
+        .unwrap();
+    t.acquire(MonoMs(0), req(&["a"], 3, 5_000, 4_000, 11))
+        .unwrap();
+    t.cancel_wait(MonoMs(50), WaiterId(11));
+    assert_eq!(t.status(MonoMs(50), &name("a")).n_waiters, 1);
+    t.take_effects();
+    t.tick(MonoMs(100));
+    assert_eq!(
+        t.take_effects().woken,
+        vec![(WaiterId(10), WaitResult::TimedOut)]
+    );
+    assert_eq!(t.status(MonoMs(100), &name("a")).n_waiters, 0);
+    assert_eq!(t.n_waiters(), 0);
+}
+
+#[test]
+fn multi_acquire_is_all_or_nothing() {
+    let mut t = table();
+    t.acquire(MonoMs(0), req(&["b"], 1, 5_000, 0, 0)).unwrap();
+    t.take_effects();
+    let out = t
+        .acquire(MonoMs(1), req(&["a", "b", "c"], 2, 5_000, 0, 0))
+        .unwrap();
+    assert_eq!(
+        out,
+        AcquireOutcome::NotAcquired(NotAcquired {
+            resource: name("b"),
+            holder_token: Some(tok(1))
+        })
+    );
+    assert!(t.take_effects().writes.is_empty());
+    assert_eq!(t.status(MonoMs(1), &name("a")).holder_token, None);
+    t.release(MonoMs(2), &name("b"), &id(1));
+    let out = t
+        .acquire(MonoMs(3), req(&["a", "b", "c"], 2, 5_000, 0, 0))
+        .unwrap();
+    assert_eq!(
+        out,
+        AcquireOutcome::Granted(vec![
+            grant("a", 2, 2, 5_000),
+            grant("b", 3, 3, 5_000),
+            grant("c", 4, 4, 5_000)
+        ])
+    );
+}
+
+#[test]
+fn overlapping_multi_waiters_in_opposite_orders_do_not_deadlock() {
+    let mut t = table();
+    t.acquire(MonoMs(0), req(&["x"], 1, 5_000, 0, 0)).unwrap();
+    t.acquire(MonoMs(0), req(&["y"], 2, 5_000, 0, 0)).unwrap();
+    t.acquire(MonoMs(1), req(&["x", "y"], 10, 5_000, 60_000, 100))
+        .unwrap();
+    t.acquire(MonoMs(2), req(&["y", "x"], 20, 5_000, 60_000, 200))
+        .unwrap();
+    t.take_effects();
+    t.release(MonoMs(3), &name("y"), &id(2));
+    assert!(
+        t.take_effects().woken.is_empty(),
+        "first waiter still needs x"
+    );
+    t.release(MonoMs(4), &name("x"), &id(1));
+    let woken = t.take_effects().woken;
+    assert_eq!(woken.len(), 1);
+    assert_eq!(woken[0].0, WaiterId(100));
+    t.release(MonoMs(5), &name("x"), &id(10));
+    t.release(MonoMs(5), &name("y"), &id(11));
+    let woken = t.take_effects().woken;
+    assert_eq!(woken.len(), 1);
+    assert_eq!(woken[0].0, WaiterId(200));
+}
+
+#[test]
+fn fence_revokes_and_orders_tokens() {
+    let mut t = table();
+    t.acquire(MonoMs(0), req(&["a"], 1, 5_000, 0, 0)).unwrap();
+    t.take_effects();
+    assert_eq!(
+        t.fence(MonoMs(1), &name("a")),
+        FenceOutcome {
+            token: tok(2),
+            revoked: Some(tok(1))
+        }
+    );
+    let fx = t.take_effects();
+    assert!(fx.sync, "a fence is durable before it is answered");
+    assert_eq!(
+        fx.writes[0],
+        Write::DeleteLease {
+            resource: name("a")
+        }
+    );
+    assert_eq!(
+        t.renew(MonoMs(2), &name("a"), &id(1)),
+        RenewOutcome::NotOwner
+    );
+    let AcquireOutcome::Granted(g) = t.acquire(MonoMs(3), req(&["a"], 2, 5_000, 0, 0)).unwrap()
+    else {
+        panic!()
+    };
+    assert_eq!(g[0].token, tok(3));
+}
+
+#[test]
+fn recovery_holds_every_lease_for_a_full_ttl_from_restart() {
+    let record = LeaseRecord {
+        acquisition_id: id(1),
+        token: tok(7),
+        ttl_ms: 5_000,
+    };
+    let mut t = LeaseTable::recover(
+        Limits::default(),
+        MonoMs(100),
+        Epoch::FIRST,
+        9,
+        [(name("a"), record)],
+    );
+    assert!(matches!(
+        t.acquire(MonoMs(5_099), req(&["a"], 2, 5_000, 0, 0))
+            .unwrap(),
+        AcquireOutcome::NotAcquired(_)
+    ));
+    let AcquireOutcome::Granted(g) = t
+        .acquire(MonoMs(5_100), req(&["a"], 2, 5_000, 0, 0))
+        .unwrap()
+    else {
+        panic!()
+    };
+    assert_eq!(
+        g[0].token,
+        tok(10),
+        "tokens continue above the stored position"
+    );
+}
+
+#[test]
+fn counter_exhaustion_moves_to_the_next_epoch() {
+    let mut t = LeaseTable::new(Limits::default(), Epoch::FIRST, COUNTER_MAX);
+    let AcquireOutcome::Granted(g) = t.acquire(MonoMs(0), req(&["a"], 1, 5_000, 0, 0)).unwrap()
+    else {
+        panic!()
+    };
+    assert_eq!(
+        g[0].token,
+        FencingToken::new(Epoch::new(2).unwrap(), 1).unwrap()
+    );
+    assert!(g[0].token > tok(COUNTER_MAX));
+}
+
+#[test]
+fn bad_requests_name_the_rule() {
+    let mut t = table();
+    let cases: Vec<(AcquireRequest, AcquireError)> = vec![
+        (
+            req(&["a"], 1, 999, 0, 0),
+            AcquireError::TtlOutOfRange {
+                ttl_ms: 999,
+                ttl_ms_min: 1_000,
+                ttl_ms_max: 600_000,
+            },
+        ),
+        (
+            req(&["a"], 1, 600_001, 0, 0),
+            AcquireError::TtlOutOfRange {
+                ttl_ms: 600_001,
+                ttl_ms_min: 1_000,
+                ttl_ms_max: 600_000,
+            },
+        ),
+        (
+            req(&["a"], 1, 1_000, 600_001, 0),
+            AcquireError::WaitTooLong {
+                wait_ms: 600_001,
+                wait_ms_max: 600_000,
+            },
+        ),
+        (req(&[], 1, 1_000, 0, 0), AcquireError::NoResources),
+        (
+            req(&["a", "a"], 1, 1_000, 0, 0),
+            AcquireError::DuplicateResource {
+                resource: name("a"),
+            },
+        ),
+    ];
+    for (request, expected) in cases {
+        assert_eq!(t.acquire(MonoMs(0), request).unwrap_err(), expected);
+    }
+    assert_eq!(
+        t.take_effects(),
+        Effects::default(),
+        "refused requests change nothing"
+    );
+}
+
+#[test]
+fn waiter_limits_are_enforced() {
+    let limits = Limits {
+        n_waiters_per_resource_max: 2,
+        ..Limits::default()
+    };
+    let mut t = LeaseTable::new(limits, Epoch::FIRST, 0);
+    t.acquire(MonoMs(0), req(&["a"], 1, 5_000, 0, 0)).unwrap();
+    t.acquire(MonoMs(0), req(&["a"], 2, 5_000, 1_000, 1))
+        .unwrap();
+    t.acquire(MonoMs(0), req(&["a"], 3, 5_000, 1_000, 2))
+        .unwrap();
+    let err = t
+        .acquire(MonoMs(0), req(&["a"], 4, 5_000, 1_000, 3))
+        .unwrap_err();
+    assert_eq!(
+        err,
+        AcquireError::TooManyWaitersOnResource {
+            resource: name("a"),
+            n_waiters: 2
+        }
+    );
+}
+
+#[test]
+fn list_filters_by_prefix_in_name_order() {
+    let mut t = table();
+    for (i, r) in ["job:b", "job:a", "other", "job:c"].iter().enumerate() {
+        t.acquire(MonoMs(0), req(&[r], i as u8, 5_000, 0, 0))
+            .unwrap();
+    }
+    let names = |v: Vec<LeaseStatus>| {
+        v.into_iter()
+            .map(|s| s.resource.to_string())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        names(t.list(MonoMs(1), "job:", None, 10)),
+        ["job:a", "job:b", "job:c"]
+    );
+    assert_eq!(
+        names(t.list(MonoMs(1), "job:", Some("job:a"), 1)),
+        ["job:b"]
+    );
+    assert_eq!(names(t.list(MonoMs(1), "", None, 10)).len(), 4);
+}
+
+// ---- Property test against a reference model -------------------------------------------
+
+#[derive(Clone, Debug)]
+enum Op {
+    Acquire {
+        resources: Vec<usize>,
+        ttl_ms: u64,
+        wait_ms: u64,
+    },
+    Renew {
+        resource: usize,
+        nth_id: usize,
+    },
+    Release {
+        resource: usize,
+        nth_id: usize,
+    },
+    CancelWait {
+        nth: usize,
+    },
+    Fence {
+        resource: usize,
+    },
+    Advance {
+        ms: u64,
+    },
+    Crash,
+}
+
+const RESOURCES: [&str; 4] = ["r0", "r1", "r2", "r3"];
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (proptest::collection::vec(0..4usize, 1..3), 1_000..4_000u64, prop_oneof![Just(0u64), 1..5_000u64])
+            .prop_map(|(resources, ttl_ms, wait_ms)| Op::Acquire { resources, ttl_ms, wait_ms }),
+        3 => (0..4usize, 0..8usize).prop_map(|(resource, nth_id)| Op::Renew { resource, nth_id }),
+        3 => (0..4usize, 0..8usize).prop_map(|(resource, nth_id)| Op::Release { resource, nth_id }),
+        1 => (0..8usize).prop_map(|nth| Op::CancelWait { nth }),
+        1 => (0..4usize).prop_map(|resource| Op::Fence { resource }),
+        4 => (1..3_000u64).prop_map(|ms| Op::Advance { ms }),
+        1 => Just(Op::Crash),
+    ]
+}
+
+/// The model's view of one lease: who holds it and until when.
+#[derive(Clone, Debug)]
+struct ModelLease {
+    id: AcquisitionId,
+    token: FencingToken,
+    ttl_ms: u64,
+    expires_at: u64,
+}
+
+/// A tiny reference model plus a fake disk, checking the table's answers.
+struct Harness {
+    table: LeaseTable,
+    now: u64,
+    model: BTreeMap<String, ModelLease>,
+    /// Durable state: what a crash leaves.
+    disk_leases: BTreeMap<String, LeaseRecord>,
+    disk_tokens: (Epoch, u64),
+    /// Lazy writes not yet on disk.
+    pending: Vec<Write>,
+    ids: Vec<(String, AcquisitionId)>,
+    waiters: Vec<WaiterId>,
+    last_token: BTreeMap<String, FencingToken>,
+    last_token_any: Option<FencingToken>,
+    next: u64,
+}
+
+impl Harness {
+    fn new() -> Self {
+        Self {
+            table: table(),
+            now: 0,
+            model: BTreeMap::new(),
+            disk_leases: BTreeMap::new(),
+            disk_tokens: (Epoch::FIRST, 0),
+            pending: vec![],
+            ids: vec![],
+            waiters: vec![],
+            last_token: BTreeMap::new(),
+            last_token_any: None,
+            next: 1,
+        }
+    }
+
+    fn fresh_id(&mut self) -> AcquisitionId {
+        self.next += 1;
+        let mut bytes = [0u8; 16];
+        bytes[..8].copy_from_slice(&self.next.to_le_bytes());
+        AcquisitionId::from_bytes(bytes)
+    }
+
+    fn model_free(&self, r: &str) -> bool {
+        self.model.get(r).is_none_or(|l| l.expires_at <= self.now)
+    }
+
+    fn on_grant(&mut self, g: &Grant) {
+        let r = g.resource.as_str().to_string();
+        assert!(
+            self.model_free(&r),
+            "{r} granted at {} while the model holds it: {:?}",
+            self.now,
+            self.model.get(&r)
+        );
+        if let Some(prev) = self.last_token.get(&r) {
+            assert!(
+                g.token > *prev,
+                "token for {r} did not increase: {} after {}",
+                g.token,
+                prev
+            );
+        }
+        if let Some(prev) = self.last_token_any {
+            assert!(g.token > prev);
+        }
+        self.last_token.insert(r.clone(), g.token);
+        self.last_token_any = Some(g.token);
+        self.model.insert(
+            r.clone(),
+            ModelLease {
+                id: g.acquisition_id,
+                token: g.token,
+                ttl_ms: g.ttl_ms,
+                expires_at: self.now + g.ttl_ms,
+            },
+        );
+        self.ids.push((r, g.acquisition_id));
+    }
+
+    /// The shell's job: persist, and check the table never releases a grant without sync.
+    fn drain(&mut self) {
+        let fx = self.table.take_effects();
+        let issued = fx
+            .woken
+            .iter()
+            .any(|(_, w)| matches!(w, WaitResult::Granted(_)))
+            || fx
+                .events
+                .iter()
+                .any(|e| matches!(e, Event::Granted { .. } | Event::Fenced { .. }));
+        assert!(!issued || fx.sync, "a token was issued without a sync");
+        self.pending.extend(fx.writes);
+        if fx.sync {
+            for w in std::mem::take(&mut self.pending) {
+                match w {
+                    Write::PutLease { resource, record } => {
+                        self.disk_leases.insert(resource.to_string(), record);
+                    }
+                    Write::DeleteLease { resource } => {
+                        self.disk_leases.remove(resource.as_str());
+                    }
+                    Write::Tokens { epoch, counter } => self.disk_tokens = (epoch, counter),
+                }
+            }
+        }
+        for (w, result) in fx.woken {
+            self.waiters.retain(|x| *x != w);
+            if let WaitResult::Granted(grants) = result {
+                for g in &grants {
+                    self.on_grant(g);
+                }
+            }
+        }
+    }
+
+    fn step(&mut self, op: Op) {
+        let now = MonoMs(self.now);
+        match op {
+            Op::Acquire {
+                resources,
+                ttl_ms,
+                wait_ms,
+            } => {
+                let mut claims: Vec<(ResourceName, AcquisitionId)> = vec![];
+                for r in resources {
+                    let n = name(RESOURCES[r]);
+                    if !claims.iter().any(|(c, _)| *c == n) {
+                        let id = self.fresh_id();
+                        claims.push((n, id));
+                    }
+                }
+                let waiter = WaiterId(self.next);
+                let all_free = claims.iter().all(|(r, _)| self.model_free(r.as_str()));
+                match self
+                    .table
+                    .acquire(
+                        now,
+                        AcquireRequest {
+                            claims,
+                            ttl_ms,
+                            wait_ms,
+                            waiter,
+                        },
+                    )
+                    .unwrap()
+                {
+                    AcquireOutcome::Granted(grants) => {
+                        self.drain();
+                        grants.iter().for_each(|g| self.on_grant(g));
+                    }
+                    AcquireOutcome::Queued { waiter } => {
+                        self.waiters.push(waiter);
+                        self.drain();
+                    }
+                    AcquireOutcome::NotAcquired(n) => {
+                        // Refused only if held per the model, or someone queues there.
+                        assert!(
+                            !all_free || n.holder_token.is_none(),
+                            "refused although every resource was free: {n:?}"
+                        );
+                        self.drain();
+                    }
+                }
+            }
+            Op::Renew { resource, nth_id } => {
+                let Some((r, id)) = self.ids.get(nth_id % self.ids.len().max(1)).cloned() else {
+                    return;
+                };
+                let _ = resource;
+                let expect = self
+                    .model
+                    .get(&r)
+                    .is_some_and(|l| l.id == id && self.now < l.expires_at);
+                let out = self.table.renew(now, &name(&r), &id);
+                assert_eq!(
+                    matches!(out, RenewOutcome::Renewed { .. }),
+                    expect,
+                    "renew of {r} at {}",
+                    self.now
+                );
+                if expect {
+                    let l = self.model.get_mut(&r).unwrap();
+                    l.expires_at = self.now + l.ttl_ms;
+                }
+                self.drain();
+            }
+            Op::Release { resource, nth_id } => {
+                let Some((r, id)) = self.ids.get(nth_id % self.ids.len().max(1)).cloned() else {
+                    return;
+                };
+                let _ = resource;
+                let expect = self
+                    .model
+                    .get(&r)
+                    .is_some_and(|l| l.id == id && self.now < l.expires_at);
+                let out = self.table.release(now, &name(&r), &id);
+                assert_eq!(
+                    matches!(out, ReleaseOutcome::Released { .. }),
+                    expect,
+                    "release of {r}"
+                );
+                if expect {
+                    self.model.remove(&r);
+                }
+                self.drain();
+            }
+            Op::CancelWait { nth } => {
+                if let Some(w) = self.waiters.get(nth % self.waiters.len().max(1)).copied() {
+                    self.table.cancel_wait(now, w);
+                    self.waiters.retain(|x| *x != w);
+                    self.drain();
+                }
+            }
+            Op::Fence { resource } => {
+                let r = RESOURCES[resource];
+                let out = self.table.fence(now, &name(r));
+                if let Some(prev) = self.last_token_any {
+                    assert!(out.token > prev);
+                }
+                self.last_token_any = Some(out.token);
+                self.last_token.insert(r.to_string(), out.token);
+                self.model.remove(r);
+                self.drain();
+            }
+            Op::Advance { ms } => {
+                self.now += ms;
+                self.table.tick(MonoMs(self.now));
+                self.drain();
+            }
+            Op::Crash => {
+                // Lazy writes are lost; waiters are gone with their connections.
+                self.pending.clear();
+                self.waiters.clear();
+                let leases: Vec<_> = self
+                    .disk_leases
+                    .iter()
+                    .map(|(r, rec)| (name(r), rec.clone()))
+                    .collect();
+                self.model = self
+                    .disk_leases
+                    .iter()
+                    .map(|(r, rec)| {
+                        (
+                            r.clone(),
+                            ModelLease {
+                                id: rec.acquisition_id,
+                                token: rec.token,
+                                ttl_ms: rec.ttl_ms,
+                                expires_at: self.now + rec.ttl_ms,
+                            },
+                        )
+                    })
+                    .collect();
+                let (epoch, counter) = self.disk_tokens;
+                self.table = LeaseTable::recover(
+                    Limits::default(),
+                    MonoMs(self.now),
+                    epoch,
+                    counter,
+                    leases,
+                );
+            }
+        }
+        // At most one unexpired lease per resource, and the table agrees with the model.
+        for r in RESOURCES {
+            let status = self.table.status(MonoMs(self.now), &name(r));
+            let model = self
+                .model
+                .get(r)
+                .filter(|l| self.now < l.expires_at)
+                .map(|l| l.token);
+            assert_eq!(status.holder_token, model, "holder of {r} at {}", self.now);
+        }
+        self.drain();
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+    #[test]
+    fn table_matches_model(ops in proptest::collection::vec(op(), 1..120)) {
+        let mut h = Harness::new();
+        for op in ops {
+            h.step(op);
+        }
+    }
+}
