@@ -282,6 +282,7 @@ pub struct LeaseTable {
     /// The counter of the last issued token.
     counter: u64,
     tokens_dirty: bool,
+    n_leases: usize,
     resources: BTreeMap<ResourceName, ResourceState>,
     waiters: HashMap<WaiterId, Waiter>,
     timers: BTreeSet<(MonoMs, Timer)>,
@@ -297,6 +298,7 @@ impl LeaseTable {
             epoch,
             counter,
             tokens_dirty: false,
+            n_leases: 0,
             resources: BTreeMap::new(),
             waiters: HashMap::new(),
             timers: BTreeSet::new(),
@@ -338,6 +340,7 @@ impl LeaseTable {
                     queue: VecDeque::new(),
                 },
             );
+            table.n_leases += 1;
         }
         table
     }
@@ -403,6 +406,7 @@ impl LeaseTable {
             .expect("expiry timer for unknown resource");
         let lease = state.lease.take().expect("expiry timer without a lease");
         assert!(lease.expires_at <= now, "expired early");
+        self.n_leases -= 1;
         self.effects.writes.push(Write::DeleteLease {
             resource: resource.clone(),
         });
@@ -619,6 +623,7 @@ impl LeaseTable {
             state.lease.is_none(),
             "granting {resource} while it is held"
         );
+        self.n_leases += 1;
         state.lease = Some(Lease {
             acquisition_id: id,
             token,
@@ -711,6 +716,7 @@ impl LeaseTable {
 
     fn drop_lease(&mut self, resource: &ResourceName) -> Option<FencingToken> {
         let lease = self.resources.get_mut(resource)?.lease.take()?;
+        self.n_leases -= 1;
         self.timers
             .remove(&(lease.expires_at, Timer::Expiry(resource.clone())));
         self.effects.writes.push(Write::DeleteLease {
