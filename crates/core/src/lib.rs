@@ -30,4 +30,7 @@ pub use table::{
     LeaseStatus, LeaseTable, Limits, MonoMs, NotAcquired, ReleaseOutcome, RenewOutcome, WaitResult,
     Write,
 };
-pub use token::{Epoch, FencingToken, TokenError, COUNTER_BITS, COUNTER_MAX, EPOCH_MAX};
+pub use token::{
+    restore_epoch, Epoch, FencingToken, TokenError, COUNTER_BITS, COUNTER_MAX,
+    EPOCH_FLOOR_ORIGIN_UNIX_S, EPOCH_FLOOR_STEP_S, EPOCH_MAX,
+};

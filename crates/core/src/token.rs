@@ -125,3 +125,61 @@ mod tests {
         );
     }
 }
+
+/// Unix time of 2026-01-01T00:00:00Z, the origin of the wall-clock epoch floor.
+pub const EPOCH_FLOOR_ORIGIN_UNIX_S: u64 = 1_767_225_600;
+/// One wall-clock epoch-floor step: ten minutes (2^23 steps last 159 years).
+pub const EPOCH_FLOOR_STEP_S: u64 = 600;
+
+/// Chooses the epoch a restore starts. The new epoch is above each of:
+/// the backup's epoch, the epoch of the store being replaced (if any), and
+/// `min_epoch - 1` (an operator's lower bound, for example the highest token
+/// a resource recorded, shifted right by 40). It is also at least a floor
+/// derived from the restore host's wall clock, in ten-minute steps since
+/// 2026, which covers restores whose history is otherwise unknown (a lost
+/// data directory after an earlier restore) as long as restores of unknown
+/// history are more than ten minutes apart and the host clock is not set back.
+/// This is the one place Baton reads wall-clock time, and it only ever
+/// raises the epoch.
+pub fn restore_epoch(
+    backup: Epoch,
+    replaced: Option<Epoch>,
+    min_epoch: Option<Epoch>,
+    now_unix_s: u64,
+) -> Result<Epoch, TokenError> {
+    let floor = now_unix_s.saturating_sub(EPOCH_FLOOR_ORIGIN_UNIX_S) / EPOCH_FLOOR_STEP_S + 1;
+    let floor = u32::try_from(floor).unwrap_or(u32::MAX).min(EPOCH_MAX);
+    let mut epoch = backup.next()?.get().max(floor);
+    if let Some(replaced) = replaced {
+        epoch = epoch.max(replaced.next()?.get());
+    }
+    if let Some(min) = min_epoch {
+        epoch = epoch.max(min.get());
+    }
+    Epoch::new(epoch)
+}
+
+#[cfg(test)]
+mod restore_tests {
+    use super::*;
+
+    fn e(n: u32) -> Epoch {
+        Epoch::new(n).unwrap()
+    }
+
+    #[test]
+    fn restore_epoch_is_above_everything_known() {
+        let t0 = EPOCH_FLOOR_ORIGIN_UNIX_S;
+        assert_eq!(restore_epoch(e(1), None, None, t0), Ok(e(2)));
+        assert_eq!(restore_epoch(e(1), Some(e(9)), None, t0), Ok(e(10)));
+        assert_eq!(restore_epoch(e(1), Some(e(9)), Some(e(50)), t0), Ok(e(50)));
+        // A year after the origin the wall-clock floor dominates an old backup.
+        let floor = restore_epoch(e(1), None, None, t0 + 365 * 86_400).unwrap();
+        assert_eq!(floor, e(52_561));
+        // Two restores of one old backup, an hour apart, with the data dir lost in between.
+        let first = restore_epoch(e(1), None, None, t0 + 365 * 86_400).unwrap();
+        let second = restore_epoch(e(1), None, None, t0 + 365 * 86_400 + 3_600).unwrap();
+        assert!(second > first);
+        assert!(restore_epoch(e(EPOCH_MAX), None, None, t0).is_err());
+    }
+}

@@ -42,5 +42,8 @@ pub enum StoreError {
     #[error("an earlier storage failure makes this store unusable; restart the server")]
     PreviousIo,
     #[error("i/o error on {path}: {source}")]
-    Io { path: String, source: std::io::Error },
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
 }

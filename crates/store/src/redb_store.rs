@@ -34,13 +34,23 @@ fn decode(name: &str, bytes: &[u8]) -> Result<(ResourceName, LeaseRecord), Store
     let corrupt = |what: String| StoreError::Corrupt(format!("lease {name:?}: {what}"));
     let resource = ResourceName::parse(name).map_err(|e| corrupt(e.to_string()))?;
     if bytes.len() != LEASE_LEN_BYTES {
-        return Err(corrupt(format!("{} bytes, expected {LEASE_LEN_BYTES}", bytes.len())));
+        return Err(corrupt(format!(
+            "{} bytes, expected {LEASE_LEN_BYTES}",
+            bytes.len()
+        )));
     }
     let acquisition_id = AcquisitionId::from_slice(&bytes[..16]).expect("16 bytes");
     let token = u64::from_be_bytes(bytes[16..24].try_into().expect("8 bytes"));
     let token = FencingToken::from_u64(token).map_err(|e| corrupt(e.to_string()))?;
     let ttl_ms = u64::from_be_bytes(bytes[24..].try_into().expect("8 bytes"));
-    Ok((resource, LeaseRecord { acquisition_id, token, ttl_ms }))
+    Ok((
+        resource,
+        LeaseRecord {
+            acquisition_id,
+            token,
+            ttl_ms,
+        },
+    ))
 }
 
 impl RedbStore {
@@ -50,14 +60,21 @@ impl RedbStore {
 
     /// Opens the store under `data_dir`, creating an empty one (epoch 1) if none exists.
     pub fn open(data_dir: &Path) -> Result<Self, StoreError> {
-        std::fs::create_dir_all(data_dir)
-            .map_err(|source| StoreError::Io { path: data_dir.display().to_string(), source })?;
+        std::fs::create_dir_all(data_dir).map_err(|source| StoreError::Io {
+            path: data_dir.display().to_string(),
+            source,
+        })?;
         let path = Self::path_in(data_dir);
         let db = Database::create(&path).map_err(|e| match e {
-            redb::DatabaseError::DatabaseAlreadyOpen => StoreError::InUse { path: path.display().to_string() },
+            redb::DatabaseError::DatabaseAlreadyOpen => StoreError::InUse {
+                path: path.display().to_string(),
+            },
             other => storage(other),
         })?;
-        let mut store = Self { db, poisoned: false };
+        let mut store = Self {
+            db,
+            poisoned: false,
+        };
         store.init()?;
         Ok(store)
     }
@@ -70,11 +87,17 @@ impl RedbStore {
             match format {
                 None => {
                     meta.insert("format", FORMAT).map_err(storage)?;
-                    meta.insert("epoch", u64::from(Epoch::FIRST.get())).map_err(storage)?;
+                    meta.insert("epoch", u64::from(Epoch::FIRST.get()))
+                        .map_err(storage)?;
                     meta.insert("counter", 0).map_err(storage)?;
                 }
                 Some(FORMAT) => {}
-                Some(found) => return Err(StoreError::UnsupportedFormat { found, supported: FORMAT }),
+                Some(found) => {
+                    return Err(StoreError::UnsupportedFormat {
+                        found,
+                        supported: FORMAT,
+                    })
+                }
             }
             txn.open_table(LEASES).map_err(storage)?;
         }
@@ -99,7 +122,8 @@ impl RedbStore {
             {
                 let mut meta = txn.open_table(META).map_err(storage)?;
                 meta.insert("format", FORMAT).map_err(storage)?;
-                meta.insert("epoch", u64::from(epoch.get())).map_err(storage)?;
+                meta.insert("epoch", u64::from(epoch.get()))
+                    .map_err(storage)?;
                 meta.insert("counter", 0).map_err(storage)?;
                 txn.open_table(LEASES).map_err(storage)?;
             }
@@ -107,7 +131,9 @@ impl RedbStore {
         }
         let target = Self::path_in(data_dir);
         std::fs::rename(&tmp, &target).map_err(io(&target))?;
-        std::fs::File::open(data_dir).and_then(|d| d.sync_all()).map_err(io(data_dir))?;
+        std::fs::File::open(data_dir)
+            .and_then(|d| d.sync_all())
+            .map_err(io(data_dir))?;
         Ok(())
     }
 
@@ -142,7 +168,11 @@ impl LeaseStore for RedbStore {
             let (k, v) = entry.map_err(storage)?;
             leases.push(decode(k.value(), v.value())?);
         }
-        Ok(Stored { epoch, counter, leases })
+        Ok(Stored {
+            epoch,
+            counter,
+            leases,
+        })
     }
 
     fn commit(&mut self, writes: &[Write]) -> Result<(), StoreError> {
@@ -159,13 +189,16 @@ impl LeaseStore for RedbStore {
             for write in writes {
                 match write {
                     Write::PutLease { resource, record } => {
-                        leases.insert(resource.as_str(), &encode(record)[..]).map_err(storage)?;
+                        leases
+                            .insert(resource.as_str(), &encode(record)[..])
+                            .map_err(storage)?;
                     }
                     Write::DeleteLease { resource } => {
                         leases.remove(resource.as_str()).map_err(storage)?;
                     }
                     Write::Tokens { epoch, counter } => {
-                        meta.insert("epoch", u64::from(epoch.get())).map_err(storage)?;
+                        meta.insert("epoch", u64::from(epoch.get()))
+                            .map_err(storage)?;
                         meta.insert("counter", *counter).map_err(storage)?;
                     }
                 }
@@ -204,10 +237,19 @@ mod tests {
             let (r1, l1) = lease(1, 1);
             let (r2, l2) = lease(2, 2);
             s.commit(&[
-                Write::PutLease { resource: r1.clone(), record: l1 },
-                Write::PutLease { resource: r2, record: l2.clone() },
+                Write::PutLease {
+                    resource: r1.clone(),
+                    record: l1,
+                },
+                Write::PutLease {
+                    resource: r2,
+                    record: l2.clone(),
+                },
                 Write::DeleteLease { resource: r1 },
-                Write::Tokens { epoch: Epoch::FIRST, counter: 2 },
+                Write::Tokens {
+                    epoch: Epoch::FIRST,
+                    counter: 2,
+                },
             ])
             .unwrap();
         }
@@ -226,14 +268,26 @@ mod tests {
         {
             let mut s = RedbStore::open(&d).unwrap();
             let (r, l) = lease(1, 9);
-            s.commit(&[Write::PutLease { resource: r, record: l }, Write::Tokens { epoch: Epoch::FIRST, counter: 9 }])
-                .unwrap();
+            s.commit(&[
+                Write::PutLease {
+                    resource: r,
+                    record: l,
+                },
+                Write::Tokens {
+                    epoch: Epoch::FIRST,
+                    counter: 9,
+                },
+            ])
+            .unwrap();
         }
         assert_eq!(RedbStore::peek_epoch(&d).unwrap(), Some(Epoch::FIRST));
         let e7 = Epoch::new(7).unwrap();
         RedbStore::create_fresh(&d, e7).unwrap();
         let stored = RedbStore::open(&d).unwrap().load().unwrap();
-        assert_eq!((stored.epoch, stored.counter, stored.leases.len()), (e7, 0, 0));
+        assert_eq!(
+            (stored.epoch, stored.counter, stored.leases.len()),
+            (e7, 0, 0)
+        );
         std::fs::remove_dir_all(&d).unwrap();
     }
 }

@@ -794,7 +794,11 @@ impl Harness {
                 );
             }
         }
-        let live = self.model.values().filter(|l| self.now < l.expires_at).count();
+        let live = self
+            .model
+            .values()
+            .filter(|l| self.now < l.expires_at)
+            .count();
         assert_eq!(self.table.n_leases(), live, "lease count");
         // At most one unexpired lease per resource, and the table agrees with the model.
         for r in RESOURCES {

@@ -1,0 +1,98 @@
+//! etcd's lock API: each client holds one lease (a session, as etcd's
+//! concurrency package does) and cycles Lock(name, lease) → Unlock(key).
+//! The lock key's revision is etcd's fencing token.
+
+use baton_bench::{Conn, Target};
+use tonic::transport::Channel;
+
+pub mod etcdserverpb {
+    #![allow(clippy::all)]
+    tonic::include_proto!("etcdserverpb");
+}
+pub mod v3lockpb {
+    #![allow(clippy::all)]
+    tonic::include_proto!("v3lockpb");
+}
+
+use etcdserverpb::lease_client::LeaseClient;
+use v3lockpb::lock_client::LockClient;
+
+pub struct Etcd {
+    url: String,
+}
+
+impl Etcd {
+    pub async fn probe(url: &str) -> Result<Self, String> {
+        let channel = tokio::time::timeout(
+            std::time::Duration::from_secs(2),
+            Channel::from_shared(url.to_string())
+                .map_err(|e| e.to_string())?
+                .connect(),
+        )
+        .await
+        .map_err(|_| "connect timed out".to_string())?
+        .map_err(|e| e.to_string())?;
+        LeaseClient::new(channel)
+            .lease_grant(etcdserverpb::LeaseGrantRequest { ttl: 5, id: 0 })
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(Self {
+            url: url.to_string(),
+        })
+    }
+}
+
+impl Target for Etcd {
+    type Conn = EtcdConn;
+
+    fn name(&self) -> String {
+        "etcd lock API".into()
+    }
+
+    async fn connect(&self) -> Result<EtcdConn, String> {
+        let channel = Channel::from_shared(self.url.clone())
+            .map_err(|e| e.to_string())?
+            .connect()
+            .await
+            .map_err(|e| e.to_string())?;
+        let lease = LeaseClient::new(channel.clone())
+            .lease_grant(etcdserverpb::LeaseGrantRequest { ttl: 60, id: 0 })
+            .await
+            .map_err(|e| e.to_string())?
+            .into_inner()
+            .id;
+        Ok(EtcdConn {
+            lock: LockClient::new(channel),
+            lease,
+        })
+    }
+}
+
+pub struct EtcdConn {
+    lock: LockClient<Channel>,
+    lease: i64,
+}
+
+impl Conn for EtcdConn {
+    type Held = Vec<u8>;
+
+    async fn acquire(&mut self, resource: &str, _wait: bool) -> Result<Vec<u8>, String> {
+        // etcd's Lock always waits in line on the server.
+        let r = self
+            .lock
+            .lock(v3lockpb::LockRequest {
+                name: resource.as_bytes().to_vec(),
+                lease: self.lease,
+            })
+            .await;
+        Ok(r.map_err(|e| e.to_string())?.into_inner().key)
+    }
+
+    async fn release(&mut self, key: Vec<u8>) -> Result<(), String> {
+        self.lock
+            .unlock(v3lockpb::UnlockRequest { key })
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(())
+    }
+}

@@ -1,0 +1,257 @@
+//! The acquire → release load generator behind `baton bench` and `baton-bench`.
+//!
+//! Each of C clients has its own connection and cycles acquire → release for
+//! a fixed time, either each on its own resource (`distinct`) or all on one
+//! (`shared`, where acquires wait in line). The report gives cycles per
+//! second and the p50/p99/max latency of each step. These are benchmark
+//! figures, printed for people; no test asserts on them.
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use baton_client::{Acquired, Client, Release};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Every client on its own resource: uncontended throughput.
+    Distinct,
+    /// All clients on one resource: hand-off rate under contention.
+    Shared,
+}
+
+impl Mode {
+    pub fn label(self) -> &'static str {
+        match self {
+            Mode::Distinct => "distinct",
+            Mode::Shared => "shared",
+        }
+    }
+}
+
+/// One system under test.
+pub trait Target: Sync {
+    type Conn: Conn;
+    fn name(&self) -> String;
+    fn connect(&self) -> impl Future<Output = Result<Self::Conn, String>> + Send;
+}
+
+/// One client's connection: acquire (waiting if `wait`) and release.
+pub trait Conn: Send + 'static {
+    type Held: Send;
+    fn acquire(
+        &mut self,
+        resource: &str,
+        wait: bool,
+    ) -> impl Future<Output = Result<Self::Held, String>> + Send;
+    fn release(&mut self, held: Self::Held) -> impl Future<Output = Result<(), String>> + Send;
+}
+
+#[derive(Clone, Debug)]
+pub struct Report {
+    pub target: String,
+    pub mode: Mode,
+    pub clients: usize,
+    pub cycles: u64,
+    pub cycles_per_s: f64,
+    pub acquire_us: Percentiles,
+    pub release_us: Percentiles,
+    pub errors: u64,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Percentiles {
+    pub p50: u64,
+    pub p99: u64,
+    pub max: u64,
+}
+
+fn percentiles(mut v: Vec<u64>) -> Percentiles {
+    if v.is_empty() {
+        return Percentiles::default();
+    }
+    v.sort_unstable();
+    let at = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
+    Percentiles {
+        p50: at(0.50),
+        p99: at(0.99),
+        max: *v.last().expect("non-empty"),
+    }
+}
+
+impl Report {
+    pub fn header() -> String {
+        format!(
+            "{:<26} {:<9} {:>4} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>6}",
+            "target",
+            "mode",
+            "C",
+            "cycles/s",
+            "acq p50",
+            "acq p99",
+            "acq max",
+            "rel p50",
+            "rel p99",
+            "rel max",
+            "errors"
+        )
+    }
+
+    pub fn line(&self) -> String {
+        let ms = |us: u64| format!("{:.2}ms", us as f64 / 1000.0);
+        format!(
+            "{:<26} {:<9} {:>4} {:>10.0} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>6}",
+            self.target,
+            self.mode.label(),
+            self.clients,
+            self.cycles_per_s,
+            ms(self.acquire_us.p50),
+            ms(self.acquire_us.p99),
+            ms(self.acquire_us.max),
+            ms(self.release_us.p50),
+            ms(self.release_us.p99),
+            ms(self.release_us.max),
+            self.errors
+        )
+    }
+}
+
+/// Runs C clients for `duration` against `target` and reports.
+pub async fn run<T: Target>(
+    target: &T,
+    mode: Mode,
+    clients: usize,
+    duration: Duration,
+    run_id: &str,
+) -> Result<Report, String> {
+    let mut conns = Vec::with_capacity(clients);
+    for _ in 0..clients {
+        conns.push(target.connect().await?);
+    }
+    let start = Instant::now() + Duration::from_millis(100);
+    let deadline = start + duration;
+    let mut tasks = Vec::with_capacity(clients);
+    for (i, mut conn) in conns.into_iter().enumerate() {
+        let resource = match mode {
+            Mode::Distinct => format!("bench:{run_id}:c{clients}:r{i}"),
+            Mode::Shared => format!("bench:{run_id}:c{clients}:shared"),
+        };
+        let wait = mode == Mode::Shared;
+        tasks.push(tokio::spawn(async move {
+            tokio::time::sleep_until(start.into()).await;
+            let (mut acq, mut rel, mut errors) = (Vec::new(), Vec::new(), 0u64);
+            while Instant::now() < deadline {
+                let t0 = Instant::now();
+                let held = match conn.acquire(&resource, wait).await {
+                    Ok(h) => h,
+                    Err(_) => {
+                        errors += 1;
+                        continue;
+                    }
+                };
+                let t1 = Instant::now();
+                if conn.release(held).await.is_err() {
+                    errors += 1;
+                }
+                let t2 = Instant::now();
+                acq.push((t1 - t0).as_micros() as u64);
+                rel.push((t2 - t1).as_micros() as u64);
+            }
+            (acq, rel, errors)
+        }));
+    }
+    let (mut acq, mut rel, mut errors) = (Vec::new(), Vec::new(), 0);
+    for t in tasks {
+        let (a, r, e) = t.await.map_err(|e| e.to_string())?;
+        acq.extend(a);
+        rel.extend(r);
+        errors += e;
+    }
+    let elapsed = Instant::now()
+        .saturating_duration_since(start)
+        .max(duration);
+    let cycles = acq.len() as u64;
+    Ok(Report {
+        target: target.name(),
+        mode,
+        clients,
+        cycles,
+        cycles_per_s: cycles as f64 / elapsed.as_secs_f64(),
+        acquire_us: percentiles(acq),
+        release_us: percentiles(rel),
+        errors,
+    })
+}
+
+/// Baton itself, over its gRPC API.
+pub struct Baton {
+    pub url: String,
+    pub ttl: Duration,
+}
+
+impl Target for Baton {
+    type Conn = BatonConn;
+
+    fn name(&self) -> String {
+        "baton".into()
+    }
+
+    async fn connect(&self) -> Result<BatonConn, String> {
+        let client = Client::connect(&self.url)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(BatonConn {
+            client,
+            ttl: self.ttl,
+        })
+    }
+}
+
+pub struct BatonConn {
+    client: Client,
+    ttl: Duration,
+}
+
+impl Conn for BatonConn {
+    type Held = baton_client::Lease;
+
+    async fn acquire(&mut self, resource: &str, wait: bool) -> Result<Self::Held, String> {
+        let wait = if wait {
+            Duration::from_secs(60)
+        } else {
+            Duration::ZERO
+        };
+        match self
+            .client
+            .acquire(resource, self.ttl, wait)
+            .await
+            .map_err(|e| e.to_string())?
+        {
+            Acquired::Granted(lease) => Ok(lease),
+            Acquired::NotAcquired(n) => Err(format!("not acquired: {n:?}")),
+        }
+    }
+
+    async fn release(&mut self, held: Self::Held) -> Result<(), String> {
+        match self
+            .client
+            .release(&held.resource, &held.acquisition_id)
+            .await
+            .map_err(|e| e.to_string())?
+        {
+            Release::Released { .. } => Ok(()),
+            Release::NotHeld => Err("release: not held".into()),
+        }
+    }
+}
+
+/// Parses `1,16,64` into client counts.
+pub fn parse_clients(s: &str) -> Result<Vec<usize>, String> {
+    s.split(',')
+        .map(|p| match p.trim().parse::<usize>() {
+            Ok(n) if (1..=4096).contains(&n) => Ok(n),
+            _ => Err(format!(
+                "client count {p:?} must be a whole number from 1 to 4096"
+            )),
+        })
+        .collect()
+}

@@ -1,0 +1,724 @@
+//! The `baton` command. Flags are parsed by clap, then validated into the
+//! server or client configuration; each subcommand lives in its own function.
+
+mod json;
+mod parse;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use baton_client::{AcquiredAll, Client, ClientError, Release, Renewal};
+use baton_core::{AcquisitionId, Epoch, Limits};
+use clap::{Args, Parser, Subcommand};
+use json::Json;
+use parse::parse_duration;
+
+const EXIT_CODES: &str = "Exit codes:
+  0  success (also: release of a lease that was not held, which changes nothing)
+  1  any other failure (server unreachable, outcome unknown, storage error)
+  2  invalid usage or input (bad name, TTL or wait out of bounds, bad flag)
+  3  not acquired (held by someone else, or the wait ran out)
+  4  not owner (renew of a lease that expired, was released, fenced or replaced)";
+
+#[derive(Parser)]
+#[command(name = "baton", version, about = "Leases with fencing tokens that make stale workers harmless", after_help = EXIT_CODES)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Args, Clone)]
+struct ClientOpts {
+    /// Server address.
+    #[arg(long, default_value = "http://127.0.0.1:7700", global = true)]
+    server: String,
+    /// Print one JSON object instead of text.
+    #[arg(long, global = true)]
+    json: bool,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the lease server on the embedded store.
+    Serve(ServeArgs),
+    /// Acquire one resource, or several all or nothing.
+    Acquire {
+        /// Resource names; with several, every lease is granted or none.
+        #[arg(required = true)]
+        names: Vec<String>,
+        /// Lease duration, like 500ms, 30s or 5m.
+        #[arg(long, default_value = "30s", value_parser = parse_duration)]
+        ttl: Duration,
+        /// Wait in line up to this long (0: try once).
+        #[arg(long, default_value = "0s", value_parser = parse_duration)]
+        wait: Duration,
+        #[command(flatten)]
+        client: ClientOpts,
+    },
+    /// Extend a lease by its TTL, proving ownership with its acquisition id.
+    Renew {
+        name: String,
+        /// The acquisition id (32 hex digits) printed by acquire.
+        #[arg(long)]
+        acquisition: String,
+        #[command(flatten)]
+        client: ClientOpts,
+    },
+    /// Release a lease. Releasing twice, or with an old id, changes nothing.
+    Release {
+        name: String,
+        #[arg(long)]
+        acquisition: String,
+        #[command(flatten)]
+        client: ClientOpts,
+    },
+    /// Holder token, remaining TTL and waiters of a resource.
+    Status {
+        name: String,
+        #[command(flatten)]
+        client: ClientOpts,
+    },
+    /// Resources with a lease or waiters, by name prefix.
+    List {
+        #[arg(long, default_value = "")]
+        prefix: String,
+        /// Continue after this name.
+        #[arg(long)]
+        start_after: Option<String>,
+        #[arg(long, default_value_t = 100)]
+        limit: u32,
+        #[command(flatten)]
+        client: ClientOpts,
+    },
+    /// Revoke a resource's lease and advance its token (operator cancel).
+    Fence {
+        name: String,
+        #[command(flatten)]
+        client: ClientOpts,
+    },
+    /// Backup and restore.
+    #[command(subcommand)]
+    Admin(Admin),
+    /// Load generator: acquire → release cycles against a running server.
+    Bench {
+        /// Client counts to run, comma-separated.
+        #[arg(long, default_value = "1,16,64")]
+        clients: String,
+        /// Time per measurement.
+        #[arg(long, default_value = "3s", value_parser = parse_duration)]
+        duration: Duration,
+        #[arg(long, default_value = "30s", value_parser = parse_duration)]
+        ttl: Duration,
+        /// distinct (each client its own resource), shared (all on one), or both.
+        #[arg(long, default_value = "both", value_parser = ["distinct", "shared", "both"])]
+        modes: String,
+        #[command(flatten)]
+        client: ClientOpts,
+    },
+}
+
+#[derive(Subcommand)]
+enum Admin {
+    /// Write a consistent snapshot of a running server to a file.
+    Backup {
+        #[arg(long)]
+        out: PathBuf,
+        #[command(flatten)]
+        client: ClientOpts,
+    },
+    /// Replace a (stopped) server's data directory with a backup, in a new token epoch.
+    Restore {
+        #[arg(long)]
+        from: PathBuf,
+        #[arg(long, default_value = "baton-data")]
+        data_dir: PathBuf,
+        /// Lowest acceptable new epoch, for example (highest token any resource recorded >> 40) + 1.
+        #[arg(long)]
+        min_epoch: Option<u32>,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Args)]
+struct ServeArgs {
+    /// gRPC address.
+    #[arg(long, default_value = "127.0.0.1:7700")]
+    listen: SocketAddr,
+    /// HTTP address for /healthz and /metrics.
+    #[arg(long, default_value = "127.0.0.1:7701")]
+    http_listen: SocketAddr,
+    /// Where the embedded store keeps its file.
+    #[arg(long, default_value = "baton-data")]
+    data_dir: PathBuf,
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    default_ttl: Duration,
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    ttl_min: Duration,
+    #[arg(long, default_value = "10m", value_parser = parse_duration)]
+    ttl_max: Duration,
+    #[arg(long, default_value = "10m", value_parser = parse_duration)]
+    wait_max: Duration,
+    #[arg(long, default_value_t = 1_024)]
+    max_waiters_per_resource: usize,
+    #[arg(long, default_value_t = 100_000)]
+    max_waiters: usize,
+    #[arg(long, default_value_t = 1_024)]
+    max_connections: usize,
+    #[arg(long, default_value_t = 64)]
+    max_resources_per_request: usize,
+}
+
+/// The documented exit codes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Exit {
+    Ok = 0,
+    Failure = 1,
+    Usage = 2,
+    NotAcquired = 3,
+    NotOwner = 4,
+}
+
+impl From<Exit> for ExitCode {
+    fn from(e: Exit) -> Self {
+        ExitCode::from(e as u8)
+    }
+}
+
+fn fail(json: bool, code: Exit, message: &str) -> Exit {
+    if json {
+        println!(
+            "{}",
+            Json::obj()
+                .str("error", message)
+                .num("exit_code", code as u64)
+        );
+    }
+    eprintln!("error: {message}");
+    code
+}
+
+fn client_failure(json: bool, e: &ClientError) -> Exit {
+    let code = match e {
+        ClientError::Invalid(_) => Exit::Usage,
+        _ => Exit::Failure,
+    };
+    fail(json, code, &e.to_string())
+}
+
+fn parse_id(json: bool, hex: &str) -> Result<AcquisitionId, Exit> {
+    AcquisitionId::from_hex(hex).ok_or_else(|| {
+        fail(
+            json,
+            Exit::Usage,
+            &format!("acquisition id {hex:?} must be exactly 32 hex digits"),
+        )
+    })
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    runtime.block_on(run(cli.command)).into()
+}
+
+async fn connect(opts: &ClientOpts) -> Result<Client, Exit> {
+    Client::connect(&opts.server)
+        .await
+        .map_err(|e| client_failure(opts.json, &e))
+}
+
+async fn run(command: Command) -> Exit {
+    let result = match command {
+        Command::Serve(args) => serve(args).await,
+        Command::Acquire {
+            names,
+            ttl,
+            wait,
+            client,
+        } => acquire(&client, &names, ttl, wait).await,
+        Command::Renew {
+            name,
+            acquisition,
+            client,
+        } => renew(&client, &name, &acquisition).await,
+        Command::Release {
+            name,
+            acquisition,
+            client,
+        } => release(&client, &name, &acquisition).await,
+        Command::Status { name, client } => status(&client, &name).await,
+        Command::List {
+            prefix,
+            start_after,
+            limit,
+            client,
+        } => list(&client, &prefix, start_after.as_deref(), limit).await,
+        Command::Fence { name, client } => fence(&client, &name).await,
+        Command::Admin(Admin::Backup { out, client }) => backup(&client, &out).await,
+        Command::Admin(Admin::Restore {
+            from,
+            data_dir,
+            min_epoch,
+            json,
+        }) => restore(&from, &data_dir, min_epoch, json),
+        Command::Bench {
+            clients,
+            duration,
+            ttl,
+            modes,
+            client,
+        } => bench(&client, &clients, duration, ttl, &modes).await,
+    };
+    result.unwrap_or_else(|code| code)
+}
+
+async fn serve(args: ServeArgs) -> Result<Exit, Exit> {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(ansi)
+        .with_writer(std::io::stderr)
+        .init();
+    let ms = |d: Duration| d.as_millis() as u64;
+    let config = baton_server::ServerConfig {
+        listen: args.listen,
+        http_listen: Some(args.http_listen),
+        data_dir: args.data_dir,
+        limits: Limits {
+            ttl_ms_min: ms(args.ttl_min),
+            ttl_ms_max: ms(args.ttl_max),
+            wait_ms_max: ms(args.wait_max),
+            n_resources_per_request_max: args.max_resources_per_request,
+            n_waiters_per_resource_max: args.max_waiters_per_resource,
+            n_waiters_max: args.max_waiters,
+        },
+        default_ttl_ms: ms(args.default_ttl),
+        connections_max: args.max_connections,
+    };
+    let mut server = match baton_server::start(config).await {
+        Ok(s) => s,
+        Err(e @ baton_server::ServerError::Config(_)) => {
+            return Err(fail(false, Exit::Usage, &e.to_string()))
+        }
+        Err(e) => return Err(fail(false, Exit::Failure, &e.to_string())),
+    };
+    let http = server.http_addr.map(|a| a.to_string()).unwrap_or_default();
+    println!("baton listening grpc={} http={http}", server.grpc_addr);
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| {
+            fail(
+                false,
+                Exit::Failure,
+                &format!("cannot install SIGTERM handler: {e}"),
+            )
+        })?;
+    let stopped = tokio::select! {
+        _ = tokio::signal::ctrl_c() => None,
+        _ = term.recv() => None,
+        r = server.wait() => Some(r),
+    };
+    let result = match stopped {
+        Some(r) => r,
+        None => server.shutdown().await,
+    };
+    match result {
+        Ok(()) => Ok(Exit::Ok),
+        Err(e) => Err(fail(false, Exit::Failure, &e.to_string())),
+    }
+}
+
+fn lease_json(lease: &baton_client::Lease) -> Json {
+    Json::obj()
+        .str("resource", &lease.resource)
+        .str("acquisition_id", &lease.acquisition_id.to_hex())
+        .num("token", lease.token.get())
+        .num("ttl_ms", lease.ttl.as_millis() as u64)
+}
+
+async fn acquire(
+    opts: &ClientOpts,
+    names: &[String],
+    ttl: Duration,
+    wait: Duration,
+) -> Result<Exit, Exit> {
+    let mut client = connect(opts).await?;
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    let outcome = client
+        .acquire_all(&refs, ttl, wait)
+        .await
+        .map_err(|e| client_failure(opts.json, &e))?;
+    match outcome {
+        AcquiredAll::Granted { leases, after_wait } => {
+            if opts.json {
+                if let [one] = leases.as_slice() {
+                    println!("{}", lease_json(one).bool("after_wait", after_wait));
+                } else {
+                    let list = leases.iter().map(lease_json).collect();
+                    println!(
+                        "{}",
+                        Json::obj()
+                            .arr("leases", list)
+                            .bool("after_wait", after_wait)
+                    );
+                }
+            } else {
+                for l in &leases {
+                    println!(
+                        "acquired {} token={} acquisition_id={} ttl={}ms",
+                        l.resource,
+                        l.token,
+                        l.acquisition_id.to_hex(),
+                        l.ttl.as_millis()
+                    );
+                }
+            }
+            Ok(Exit::Ok)
+        }
+        AcquiredAll::NotAcquired(n) => {
+            let reason = if n.timed_out { "timed_out" } else { "held" };
+            if opts.json {
+                let mut j = Json::obj().bool("acquired", false).str("reason", reason);
+                if let Some(r) = &n.resource {
+                    j = j.str("resource", r);
+                }
+                if let Some(t) = n.holder_token {
+                    j = j.num("holder_token", t.get());
+                }
+                println!("{j}");
+            } else if n.timed_out {
+                println!("not acquired: the wait of {}ms ran out", wait.as_millis());
+            } else {
+                let holder = n.holder_token.map_or("waiters ahead".to_string(), |t| {
+                    format!("held by token {t}")
+                });
+                println!(
+                    "not acquired: {} is {holder}",
+                    n.resource.unwrap_or_default()
+                );
+            }
+            Ok(Exit::NotAcquired)
+        }
+    }
+}
+
+async fn renew(opts: &ClientOpts, name: &str, hex: &str) -> Result<Exit, Exit> {
+    let id = parse_id(opts.json, hex)?;
+    let mut client = connect(opts).await?;
+    match client
+        .renew(name, &id)
+        .await
+        .map_err(|e| client_failure(opts.json, &e))?
+    {
+        Renewal::Renewed { token, remaining } => {
+            if opts.json {
+                println!(
+                    "{}",
+                    Json::obj()
+                        .bool("renewed", true)
+                        .num("token", token.get())
+                        .num("remaining_ms", remaining.as_millis() as u64)
+                );
+            } else {
+                println!(
+                    "renewed {name} token={token} remaining={}ms",
+                    remaining.as_millis()
+                );
+            }
+            Ok(Exit::Ok)
+        }
+        Renewal::NotOwner => {
+            if opts.json {
+                println!(
+                    "{}",
+                    Json::obj()
+                        .bool("renewed", false)
+                        .str("reason", "not_owner")
+                );
+            } else {
+                println!(
+                    "not owner: the lease on {name} expired, was released, fenced or replaced"
+                );
+            }
+            Ok(Exit::NotOwner)
+        }
+    }
+}
+
+async fn release(opts: &ClientOpts, name: &str, hex: &str) -> Result<Exit, Exit> {
+    let id = parse_id(opts.json, hex)?;
+    let mut client = connect(opts).await?;
+    let out = client
+        .release(name, &id)
+        .await
+        .map_err(|e| client_failure(opts.json, &e))?;
+    match out {
+        Release::Released { token } if opts.json => {
+            println!("{}", Json::obj().bool("released", true).num("token", token.get()))
+        }
+        Release::Released { token } => println!("released {name} token={token}"),
+        Release::NotHeld if opts.json => println!("{}", Json::obj().bool("released", false).str("reason", "not_held")),
+        Release::NotHeld => println!("not held: {name} was already released, expired, fenced or held by another acquisition; nothing changed"),
+    }
+    Ok(Exit::Ok)
+}
+
+fn status_json(s: &baton_client::Status) -> Json {
+    let j = Json::obj()
+        .str("resource", &s.resource)
+        .bool("held", s.holder_token.is_some());
+    let j = match s.holder_token {
+        Some(t) => j.num("holder_token", t.get()),
+        None => j.null("holder_token"),
+    };
+    j.num("remaining_ms", s.remaining.as_millis() as u64)
+        .num("ttl_ms", s.ttl.as_millis() as u64)
+        .num("n_waiters", s.n_waiters)
+}
+
+fn status_line(s: &baton_client::Status) -> String {
+    match s.holder_token {
+        Some(t) => format!(
+            "{} held token={t} remaining={}ms waiters={}",
+            s.resource,
+            s.remaining.as_millis(),
+            s.n_waiters
+        ),
+        None => format!("{} free waiters={}", s.resource, s.n_waiters),
+    }
+}
+
+async fn status(opts: &ClientOpts, name: &str) -> Result<Exit, Exit> {
+    let mut client = connect(opts).await?;
+    let s = client
+        .status(name)
+        .await
+        .map_err(|e| client_failure(opts.json, &e))?;
+    if opts.json {
+        println!("{}", status_json(&s));
+    } else {
+        println!("{}", status_line(&s));
+    }
+    Ok(Exit::Ok)
+}
+
+async fn list(
+    opts: &ClientOpts,
+    prefix: &str,
+    start_after: Option<&str>,
+    limit: u32,
+) -> Result<Exit, Exit> {
+    let mut client = connect(opts).await?;
+    let entries = client
+        .list(prefix, start_after, limit)
+        .await
+        .map_err(|e| client_failure(opts.json, &e))?;
+    if opts.json {
+        println!(
+            "{}",
+            Json::obj().arr("entries", entries.iter().map(status_json).collect())
+        );
+    } else {
+        entries.iter().for_each(|s| println!("{}", status_line(s)));
+    }
+    Ok(Exit::Ok)
+}
+
+async fn fence(opts: &ClientOpts, name: &str) -> Result<Exit, Exit> {
+    let mut client = connect(opts).await?;
+    let f = client
+        .fence(name)
+        .await
+        .map_err(|e| client_failure(opts.json, &e))?;
+    if opts.json {
+        let j = Json::obj()
+            .str("resource", name)
+            .num("token", f.token.get());
+        let j = match f.revoked {
+            Some(t) => j.num("revoked_token", t.get()),
+            None => j.null("revoked_token"),
+        };
+        println!("{j}");
+    } else {
+        let revoked = f.revoked.map_or("no lease was held".to_string(), |t| {
+            format!("revoked token {t}")
+        });
+        println!("fenced {name} token={} ({revoked})", f.token);
+    }
+    Ok(Exit::Ok)
+}
+
+async fn backup(opts: &ClientOpts, out: &std::path::Path) -> Result<Exit, Exit> {
+    use prost::Message;
+    let mut client = connect(opts).await?;
+    let snapshot = client
+        .backup()
+        .await
+        .map_err(|e| client_failure(opts.json, &e))?;
+    let bytes = snapshot.encode_to_vec();
+    let tmp = out.with_extension("tmp");
+    let write = || -> std::io::Result<()> {
+        use std::io::Write as _;
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(&bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, out)
+    };
+    write().map_err(|e| {
+        fail(
+            opts.json,
+            Exit::Failure,
+            &format!("cannot write {}: {e}", out.display()),
+        )
+    })?;
+    if opts.json {
+        println!(
+            "{}",
+            Json::obj()
+                .str("path", &out.display().to_string())
+                .num("epoch", u64::from(snapshot.epoch))
+                .num("counter", snapshot.counter)
+                .num("n_leases", snapshot.leases.len() as u64)
+        );
+    } else {
+        println!(
+            "backup written to {}: epoch {} counter {} leases {}",
+            out.display(),
+            snapshot.epoch,
+            snapshot.counter,
+            snapshot.leases.len()
+        );
+    }
+    Ok(Exit::Ok)
+}
+
+fn restore(
+    from: &std::path::Path,
+    data_dir: &std::path::Path,
+    min_epoch: Option<u32>,
+    json: bool,
+) -> Result<Exit, Exit> {
+    use prost::Message;
+    let bytes = std::fs::read(from).map_err(|e| {
+        fail(
+            json,
+            Exit::Failure,
+            &format!("cannot read {}: {e}", from.display()),
+        )
+    })?;
+    let snapshot = baton_proto::v1::Snapshot::decode(bytes.as_slice()).map_err(|e| {
+        fail(
+            json,
+            Exit::Usage,
+            &format!("{} is not a baton backup: {e}", from.display()),
+        )
+    })?;
+    if snapshot.format != baton_proto::SNAPSHOT_FORMAT {
+        return Err(fail(
+            json,
+            Exit::Usage,
+            &format!(
+                "backup format {} is not supported; this build reads format {}",
+                snapshot.format,
+                baton_proto::SNAPSHOT_FORMAT
+            ),
+        ));
+    }
+    let backup_epoch =
+        Epoch::new(snapshot.epoch).map_err(|e| fail(json, Exit::Usage, &format!("backup: {e}")))?;
+    let min_epoch = min_epoch
+        .map(Epoch::new)
+        .transpose()
+        .map_err(|e| fail(json, Exit::Usage, &format!("--min-epoch: {e}")))?;
+    let replaced = baton_store::RedbStore::peek_epoch(data_dir)
+        .map_err(|e| fail(json, Exit::Failure, &e.to_string()))?;
+    let now_unix_s = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let epoch = baton_core::restore_epoch(backup_epoch, replaced, min_epoch, now_unix_s)
+        .map_err(|e| fail(json, Exit::Failure, &e.to_string()))?;
+    baton_store::RedbStore::create_fresh(data_dir, epoch)
+        .map_err(|e| fail(json, Exit::Failure, &e.to_string()))?;
+    let first = baton_core::FencingToken::new(epoch, 1).expect("counter 1 is in range");
+    if json {
+        println!(
+            "{}",
+            Json::obj()
+                .num("backup_epoch", u64::from(backup_epoch.get()))
+                .num("epoch", u64::from(epoch.get()))
+                .num("first_token", first.get())
+                .num("dropped_leases", snapshot.leases.len() as u64)
+        );
+    } else {
+        println!(
+            "restored into {}: new epoch {} (backup epoch {}); every new token is at least {}; {} leases from the backup were dropped",
+            data_dir.display(),
+            epoch.get(),
+            backup_epoch.get(),
+            first,
+            snapshot.leases.len()
+        );
+    }
+    Ok(Exit::Ok)
+}
+
+async fn bench(
+    opts: &ClientOpts,
+    clients: &str,
+    duration: Duration,
+    ttl: Duration,
+    modes: &str,
+) -> Result<Exit, Exit> {
+    use baton_bench::{parse_clients, Baton, Mode, Report};
+    let counts = parse_clients(clients)
+        .map_err(|e| fail(opts.json, Exit::Usage, &format!("--clients: {e}")))?;
+    let modes = match modes {
+        "distinct" => vec![Mode::Distinct],
+        "shared" => vec![Mode::Shared],
+        _ => vec![Mode::Distinct, Mode::Shared],
+    };
+    let target = Baton {
+        url: opts.server.clone(),
+        ttl,
+    };
+    let run_id = std::process::id().to_string();
+    let mut rows = Vec::new();
+    if !opts.json {
+        println!("{}", Report::header());
+    }
+    for mode in modes {
+        for &c in &counts {
+            let report = baton_bench::run(&target, mode, c, duration, &run_id)
+                .await
+                .map_err(|e| fail(opts.json, Exit::Failure, &format!("bench: {e}")))?;
+            if opts.json {
+                rows.push(
+                    Json::obj()
+                        .str("mode", mode.label())
+                        .num("clients", c as u64)
+                        .num("cycles", report.cycles)
+                        .num("cycles_per_s", report.cycles_per_s.round() as u64)
+                        .num("acquire_p50_us", report.acquire_us.p50)
+                        .num("acquire_p99_us", report.acquire_us.p99)
+                        .num("acquire_max_us", report.acquire_us.max)
+                        .num("release_p50_us", report.release_us.p50)
+                        .num("release_p99_us", report.release_us.p99)
+                        .num("errors", report.errors),
+                );
+            } else {
+                println!("{}", report.line());
+            }
+        }
+    }
+    if opts.json {
+        println!("{}", Json::obj().arr("runs", rows));
+    }
+    Ok(Exit::Ok)
+}

@@ -1,0 +1,410 @@
+//! Rust client for the Baton lease service.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), baton_client::ClientError> {
+//! use std::time::Duration;
+//! use baton_client::{Client, Acquired};
+//!
+//! let mut client = Client::connect("http://127.0.0.1:7700").await?;
+//! match client.acquire("statement:account-42:2026-09-13", Duration::from_secs(30), Duration::ZERO).await? {
+//!     Acquired::Granted(lease) => {
+//!         // Carry lease.token to every protected write.
+//!         client.release(&lease.resource, &lease.acquisition_id).await?;
+//!     }
+//!     Acquired::NotAcquired(why) => println!("held by token {:?}", why.holder_token),
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! Every error says whether the request definitely did not take effect
+//! ([`ClientError::is_definite`]) or may have ([`ClientError::Indeterminate`]):
+//! after an indeterminate acquire a lease may be held until its TTL runs out.
+
+use std::time::Duration;
+
+use baton_core::{AcquisitionId, FencingToken};
+use baton_proto::v1::{self, leases_client::LeasesClient};
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Code, Request};
+
+pub use baton_core;
+pub use baton_proto::v1::Snapshot;
+
+/// Time allowed for a request beyond any server-side wait it asks for.
+const RPC_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ClientError {
+    /// The request broke a rule (name, TTL, wait, sizes). Not applied.
+    #[error("invalid request: {0}")]
+    Invalid(String),
+    /// A server limit (waiters, connections) was reached. Not applied; retry later.
+    #[error("server limit reached: {0}")]
+    Exhausted(String),
+    /// No connection could be made, so nothing was sent. Not applied.
+    #[error("cannot connect to {url}: {message}")]
+    Connect { url: String, message: String },
+    /// The request may or may not have taken effect (timeout, reset or
+    /// server failure after it was sent). Retries of effects must reuse the
+    /// same operation id.
+    #[error("outcome unknown: {0}")]
+    Indeterminate(String),
+    /// The server answered something this client does not understand.
+    #[error("protocol error: {0}")]
+    Protocol(String),
+}
+
+impl ClientError {
+    /// True when the request certainly did not take effect.
+    pub fn is_definite(&self) -> bool {
+        !matches!(self, ClientError::Indeterminate(_))
+    }
+}
+
+fn from_status(status: tonic::Status) -> ClientError {
+    let message = status.message().to_string();
+    match status.code() {
+        Code::InvalidArgument | Code::OutOfRange => ClientError::Invalid(message),
+        Code::ResourceExhausted => ClientError::Exhausted(message),
+        // tonic reports a refused (re)connection as UNAVAILABLE before sending anything.
+        Code::Unavailable
+            if message.contains("tcp connect error") || message.contains("Connection refused") =>
+        {
+            ClientError::Connect {
+                url: String::new(),
+                message,
+            }
+        }
+        _ => ClientError::Indeterminate(format!("{:?}: {message}", status.code())),
+    }
+}
+
+/// A held lease. `acquisition_id` is the secret that renews and releases it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Lease {
+    pub resource: String,
+    pub acquisition_id: AcquisitionId,
+    pub token: FencingToken,
+    pub ttl: Duration,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NotAcquired {
+    /// True if the wait ran out; false if a try-once request found the resource busy.
+    pub timed_out: bool,
+    /// The resource that blocked the request, for a try-once request.
+    pub resource: Option<String>,
+    pub holder_token: Option<FencingToken>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Acquired {
+    Granted(Lease),
+    NotAcquired(NotAcquired),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AcquiredAll {
+    /// One lease per requested resource, in request order.
+    Granted {
+        leases: Vec<Lease>,
+        after_wait: bool,
+    },
+    NotAcquired(NotAcquired),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Renewal {
+    Renewed {
+        token: FencingToken,
+        remaining: Duration,
+    },
+    /// The lease expired, was released, fenced or replaced. You no longer own it.
+    NotOwner,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Release {
+    Released {
+        token: FencingToken,
+    },
+    /// Already released, expired, fenced or never this id's. Nothing changed.
+    NotHeld,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Status {
+    pub resource: String,
+    pub holder_token: Option<FencingToken>,
+    pub remaining: Duration,
+    pub ttl: Duration,
+    pub n_waiters: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fenced {
+    pub token: FencingToken,
+    pub revoked: Option<FencingToken>,
+}
+
+fn token(value: u64) -> Result<FencingToken, ClientError> {
+    FencingToken::from_u64(value).map_err(|e| ClientError::Protocol(e.to_string()))
+}
+
+fn optional_token(value: u64) -> Result<Option<FencingToken>, ClientError> {
+    if value == 0 {
+        Ok(None)
+    } else {
+        token(value).map(Some)
+    }
+}
+
+fn lease(l: v1::Lease) -> Result<Lease, ClientError> {
+    Ok(Lease {
+        acquisition_id: AcquisitionId::from_slice(&l.acquisition_id)
+            .ok_or_else(|| ClientError::Protocol("acquisition id is not 16 bytes".into()))?,
+        token: token(l.token)?,
+        ttl: Duration::from_millis(l.ttl_ms),
+        resource: l.resource,
+    })
+}
+
+fn status(s: v1::StatusResponse) -> Result<Status, ClientError> {
+    Ok(Status {
+        holder_token: if s.held {
+            Some(token(s.holder_token)?)
+        } else {
+            None
+        },
+        remaining: Duration::from_millis(s.remaining_ms),
+        ttl: Duration::from_millis(s.ttl_ms),
+        n_waiters: s.n_waiters,
+        resource: s.resource,
+    })
+}
+
+/// A connection to one Baton server. Cheap to clone; clones share the connection.
+#[derive(Clone, Debug)]
+pub struct Client {
+    inner: LeasesClient<Channel>,
+    rpc_timeout: Duration,
+}
+
+impl Client {
+    /// Connects to `url` (for example `http://127.0.0.1:7700`).
+    pub async fn connect(url: &str) -> Result<Self, ClientError> {
+        let connect_err = |message: String| ClientError::Connect {
+            url: url.to_string(),
+            message,
+        };
+        let endpoint = Endpoint::from_shared(url.to_string())
+            .map_err(|e| ClientError::Invalid(format!("server url {url:?}: {e}")))?
+            .connect_timeout(Duration::from_secs(5))
+            .tcp_nodelay(true);
+        let channel = endpoint.connect().await.map_err(|e| {
+            let mut message = e.to_string();
+            let mut source = std::error::Error::source(&e);
+            while let Some(s) = source {
+                message = format!("{message}: {s}");
+                source = s.source();
+            }
+            connect_err(message)
+        })?;
+        Ok(Self {
+            inner: LeasesClient::new(channel),
+            rpc_timeout: RPC_TIMEOUT_DEFAULT,
+        })
+    }
+
+    /// Sets the time allowed for each request beyond its server-side wait.
+    pub fn with_rpc_timeout(mut self, timeout: Duration) -> Self {
+        self.rpc_timeout = timeout;
+        self
+    }
+
+    fn request<T>(&self, message: T, extra: Duration) -> Request<T> {
+        let mut request = Request::new(message);
+        request.set_timeout(self.rpc_timeout + extra);
+        request
+    }
+
+    /// Acquires one resource. `wait` of zero tries once; otherwise the
+    /// request waits in line (first come, first served) up to `wait`.
+    pub async fn acquire(
+        &mut self,
+        resource: &str,
+        ttl: Duration,
+        wait: Duration,
+    ) -> Result<Acquired, ClientError> {
+        Ok(match self.acquire_all(&[resource], ttl, wait).await? {
+            AcquiredAll::Granted { mut leases, .. } => {
+                let one = leases
+                    .pop()
+                    .ok_or_else(|| ClientError::Protocol("granted without a lease".into()))?;
+                Acquired::Granted(one)
+            }
+            AcquiredAll::NotAcquired(n) => Acquired::NotAcquired(n),
+        })
+    }
+
+    /// Acquires every resource or none, in one request, without deadlock
+    /// against other clients asking for overlapping sets in other orders.
+    pub async fn acquire_all(
+        &mut self,
+        resources: &[&str],
+        ttl: Duration,
+        wait: Duration,
+    ) -> Result<AcquiredAll, ClientError> {
+        let message = v1::AcquireRequest {
+            resources: resources.iter().map(|r| r.to_string()).collect(),
+            ttl_ms: ttl.as_millis() as u64,
+            wait_ms: wait.as_millis() as u64,
+        };
+        let response = self
+            .inner
+            .acquire(self.request(message, wait))
+            .await
+            .map_err(from_status)?
+            .into_inner();
+        match response.outcome {
+            Some(v1::acquire_response::Outcome::Granted(g)) => {
+                if g.leases.len() != resources.len() {
+                    return Err(ClientError::Protocol(format!(
+                        "{} leases for {} resources",
+                        g.leases.len(),
+                        resources.len()
+                    )));
+                }
+                let leases = g.leases.into_iter().map(lease).collect::<Result<_, _>>()?;
+                Ok(AcquiredAll::Granted {
+                    leases,
+                    after_wait: g.after_wait,
+                })
+            }
+            Some(v1::acquire_response::Outcome::NotAcquired(n)) => {
+                Ok(AcquiredAll::NotAcquired(NotAcquired {
+                    timed_out: n.reason() == v1::not_acquired::Reason::TimedOut,
+                    resource: (!n.resource.is_empty()).then_some(n.resource),
+                    holder_token: optional_token(n.holder_token)?,
+                }))
+            }
+            None => Err(ClientError::Protocol(
+                "acquire response without an outcome".into(),
+            )),
+        }
+    }
+
+    pub async fn renew(
+        &mut self,
+        resource: &str,
+        id: &AcquisitionId,
+    ) -> Result<Renewal, ClientError> {
+        let message = v1::RenewRequest {
+            resource: resource.to_string(),
+            acquisition_id: id.as_bytes().to_vec(),
+        };
+        let r = self
+            .inner
+            .renew(self.request(message, Duration::ZERO))
+            .await
+            .map_err(from_status)?
+            .into_inner();
+        Ok(if r.renewed {
+            Renewal::Renewed {
+                token: token(r.token)?,
+                remaining: Duration::from_millis(r.remaining_ms),
+            }
+        } else {
+            Renewal::NotOwner
+        })
+    }
+
+    pub async fn release(
+        &mut self,
+        resource: &str,
+        id: &AcquisitionId,
+    ) -> Result<Release, ClientError> {
+        let message = v1::ReleaseRequest {
+            resource: resource.to_string(),
+            acquisition_id: id.as_bytes().to_vec(),
+        };
+        let r = self
+            .inner
+            .release(self.request(message, Duration::ZERO))
+            .await
+            .map_err(from_status)?
+            .into_inner();
+        Ok(if r.released {
+            Release::Released {
+                token: token(r.token)?,
+            }
+        } else {
+            Release::NotHeld
+        })
+    }
+
+    pub async fn status(&mut self, resource: &str) -> Result<Status, ClientError> {
+        let message = v1::StatusRequest {
+            resource: resource.to_string(),
+        };
+        status(
+            self.inner
+                .status(self.request(message, Duration::ZERO))
+                .await
+                .map_err(from_status)?
+                .into_inner(),
+        )
+    }
+
+    /// One page of resources with a lease or waiters, in name order.
+    pub async fn list(
+        &mut self,
+        prefix: &str,
+        start_after: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<Status>, ClientError> {
+        let message = v1::ListRequest {
+            prefix: prefix.to_string(),
+            start_after: start_after.unwrap_or_default().to_string(),
+            limit,
+        };
+        let r = self
+            .inner
+            .list(self.request(message, Duration::ZERO))
+            .await
+            .map_err(from_status)?
+            .into_inner();
+        r.entries.into_iter().map(status).collect()
+    }
+
+    /// Operator fence: revokes the lease and returns a token above every earlier one.
+    pub async fn fence(&mut self, resource: &str) -> Result<Fenced, ClientError> {
+        let message = v1::FenceRequest {
+            resource: resource.to_string(),
+        };
+        let r = self
+            .inner
+            .fence(self.request(message, Duration::ZERO))
+            .await
+            .map_err(from_status)?
+            .into_inner();
+        Ok(Fenced {
+            token: token(r.token)?,
+            revoked: if r.revoked {
+                Some(token(r.revoked_token)?)
+            } else {
+                None
+            },
+        })
+    }
+
+    /// A consistent snapshot of the server's durable state.
+    pub async fn backup(&mut self) -> Result<Snapshot, ClientError> {
+        let r = self
+            .inner
+            .backup(self.request(v1::BackupRequest {}, Duration::from_secs(60)))
+            .await;
+        Ok(r.map_err(from_status)?.into_inner())
+    }
+}

@@ -1,0 +1,216 @@
+//! The Baton lease server.
+//!
+//! [`start`] binds the gRPC and HTTP listeners, recovers the lease state from
+//! the store under the data directory and serves until
+//! [`RunningServer::shutdown`] is called or the engine fails.
+//!
+//! I/O ordering (see ARCHITECTURE.md): a reply that carries a token, or that
+//! follows a batch that issued one, is sent only after the batch's writes
+//! were committed with fsync.
+
+mod conn;
+mod engine;
+mod http;
+mod metrics;
+mod service;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use baton_core::Limits;
+use baton_proto::v1::leases_server::LeasesServer;
+use baton_proto::REQUEST_LEN_BYTES_MAX;
+use baton_store::{RedbStore, StoreError};
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio_stream::StreamExt;
+use tracing::{error, info};
+
+pub use metrics::Metrics;
+
+/// How long a shutdown waits for in-flight requests (waiting acquires included).
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
+
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    pub listen: SocketAddr,
+    /// `/healthz` and `/metrics`; `None` disables the HTTP port.
+    pub http_listen: Option<SocketAddr>,
+    pub data_dir: PathBuf,
+    pub limits: Limits,
+    pub default_ttl_ms: u64,
+    pub connections_max: usize,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:7700".parse().expect("literal"),
+            http_listen: Some("127.0.0.1:7701".parse().expect("literal")),
+            data_dir: PathBuf::from("baton-data"),
+            limits: Limits::default(),
+            default_ttl_ms: 30_000,
+            connections_max: 1_024,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServerError {
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("the lease engine stopped: {0}")]
+    Engine(String),
+    #[error("transport error: {0}")]
+    Transport(String),
+}
+
+pub struct RunningServer {
+    pub grpc_addr: SocketAddr,
+    pub http_addr: Option<SocketAddr>,
+    pub metrics: Arc<Metrics>,
+    shutdown: Option<oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<Result<(), ServerError>>,
+}
+
+impl RunningServer {
+    /// Stops accepting, lets in-flight requests finish (bounded), flushes the store.
+    pub async fn shutdown(mut self) -> Result<(), ServerError> {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        self.wait().await
+    }
+
+    /// Waits until the server stops by itself (engine failure) or is shut down.
+    pub async fn wait(&mut self) -> Result<(), ServerError> {
+        (&mut self.task)
+            .await
+            .map_err(|e| ServerError::Engine(e.to_string()))?
+    }
+}
+
+fn validate(config: &ServerConfig) -> Result<(), ServerError> {
+    let l = &config.limits;
+    if l.ttl_ms_min == 0 || l.ttl_ms_min > l.ttl_ms_max {
+        return Err(ServerError::Config(format!(
+            "ttl bounds {}ms..{}ms are invalid: the minimum must be positive and not above the maximum",
+            l.ttl_ms_min, l.ttl_ms_max
+        )));
+    }
+    if config.default_ttl_ms < l.ttl_ms_min || config.default_ttl_ms > l.ttl_ms_max {
+        return Err(ServerError::Config(format!(
+            "default ttl {}ms is outside the bounds {}ms..{}ms",
+            config.default_ttl_ms, l.ttl_ms_min, l.ttl_ms_max
+        )));
+    }
+    if config.connections_max == 0 || l.n_waiters_max == 0 || l.n_waiters_per_resource_max == 0 {
+        return Err(ServerError::Config(
+            "connection and waiter limits must be positive".into(),
+        ));
+    }
+    Ok(())
+}
+
+pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
+    validate(&config)?;
+    let metrics = Arc::new(Metrics::default());
+    let store = RedbStore::open(&config.data_dir)?;
+    let grpc = TcpListener::bind(config.listen)
+        .await
+        .map_err(|source| ServerError::Bind {
+            addr: config.listen,
+            source,
+        })?;
+    let grpc_addr = grpc.local_addr().map_err(|source| ServerError::Bind {
+        addr: config.listen,
+        source,
+    })?;
+    let http_addr = match config.http_listen {
+        Some(addr) => {
+            let http = TcpListener::bind(addr)
+                .await
+                .map_err(|source| ServerError::Bind { addr, source })?;
+            let bound = http
+                .local_addr()
+                .map_err(|source| ServerError::Bind { addr, source })?;
+            tokio::spawn(http::serve(http, metrics.clone()));
+            Some(bound)
+        }
+        None => None,
+    };
+    let (engine, engine_thread) =
+        engine::Engine::start(Box::new(store), config.limits.clone(), metrics.clone())?;
+    let engine_stop = engine.clone();
+    let service = service::LeaseService::new(engine, metrics.clone(), config.default_ttl_ms);
+    let grpc_service = tonic::service::interceptor::InterceptedService::new(
+        LeasesServer::new(service).max_decoding_message_size(REQUEST_LEN_BYTES_MAX),
+        conn::check,
+    );
+    let connections_max = config.connections_max;
+    let conn_metrics = metrics.clone();
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(grpc)
+        .map(move |r| r.map(|io| conn::Conn::new(io, conn_metrics.clone(), connections_max)));
+    let (shutdown_tx, shutdown_rx) = oneshot::channel::<()>();
+    let (stop_tx, stop_rx) = oneshot::channel::<()>();
+    let router = tonic::transport::Server::builder()
+        .tcp_nodelay(true)
+        .http2_keepalive_interval(Some(Duration::from_secs(10)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+        .add_service(grpc_service);
+    let serve = router.serve_with_incoming_shutdown(incoming, async move {
+        let _ = stop_rx.await;
+    });
+    info!(%grpc_addr, ?http_addr, data_dir = %config.data_dir.display(), "baton serving");
+    let task = tokio::spawn(async move {
+        let mut engine_join = tokio::task::spawn_blocking(move || engine_thread.join());
+        let mut serve = Box::pin(serve);
+        let mut shutdown_rx = shutdown_rx;
+        let outcome = tokio::select! {
+            r = &mut serve => r.map_err(|e| ServerError::Transport(e.to_string())),
+            _ = &mut shutdown_rx => {
+                info!("shutting down");
+                let _ = stop_tx.send(());
+                match tokio::time::timeout(SHUTDOWN_GRACE, &mut serve).await {
+                    Ok(r) => r.map_err(|e| ServerError::Transport(e.to_string())),
+                    Err(_) => Ok(()),
+                }
+            }
+            joined = &mut engine_join => {
+                let message = match joined {
+                    Ok(Ok(Ok(()))) => "engine stopped".to_string(),
+                    Ok(Ok(Err(e))) => e,
+                    Ok(Err(_)) => "engine panicked".to_string(),
+                    Err(e) => e.to_string(),
+                };
+                error!(%message, "lease engine stopped; the server stops");
+                return Err(ServerError::Engine(message));
+            }
+        };
+        drop(serve);
+        engine_stop.send(engine::Command::Shutdown);
+        match engine_join.await {
+            Ok(Ok(Ok(()))) => outcome,
+            Ok(Ok(Err(e))) => Err(ServerError::Engine(e)),
+            Ok(Err(_)) => Err(ServerError::Engine("engine panicked".into())),
+            Err(e) => Err(ServerError::Engine(e.to_string())),
+        }
+    });
+    Ok(RunningServer {
+        grpc_addr,
+        http_addr,
+        metrics,
+        shutdown: Some(shutdown_tx),
+        task,
+    })
+}

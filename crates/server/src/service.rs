@@ -1,0 +1,312 @@
+//! The gRPC service: decode and validate, hand to the engine, encode.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Instant;
+
+use baton_core::{
+    AcquireError, AcquireRequest, AcquisitionId, LeaseStatus, ResourceName, WaiterId,
+};
+use baton_proto::v1::{self, leases_server::Leases};
+use baton_proto::{LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX, SNAPSHOT_FORMAT};
+use tokio::sync::oneshot;
+use tonic::{Request, Response, Status};
+
+use crate::engine::{AcquireReply, Command, EngineHandle};
+use crate::metrics::Metrics;
+
+pub struct LeaseService {
+    engine: EngineHandle,
+    metrics: Arc<Metrics>,
+    default_ttl_ms: u64,
+    next_waiter: AtomicU64,
+}
+
+impl LeaseService {
+    pub fn new(engine: EngineHandle, metrics: Arc<Metrics>, default_ttl_ms: u64) -> Self {
+        Self {
+            engine,
+            metrics,
+            default_ttl_ms,
+            next_waiter: AtomicU64::new(1),
+        }
+    }
+
+    async fn call<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> Command) -> Result<T, Status> {
+        let (tx, rx) = oneshot::channel();
+        if !self.engine.send(make(tx)) {
+            return Err(Status::unavailable("the server is shutting down"));
+        }
+        rx.await.map_err(|_| {
+            Status::unavailable(
+                "the server could not complete the operation; it may or may not have taken effect",
+            )
+        })
+    }
+}
+
+/// Parses a resource name, naming the field and the rule on failure.
+pub fn parse_resource(field: &str, raw: &str) -> Result<ResourceName, Status> {
+    ResourceName::parse(raw).map_err(|e| Status::invalid_argument(format!("{field}: {e}")))
+}
+
+fn parse_acquisition_id(bytes: &[u8]) -> Result<AcquisitionId, Status> {
+    AcquisitionId::from_slice(bytes).ok_or_else(|| {
+        Status::invalid_argument(format!(
+            "acquisition_id is {} bytes; it must be exactly {} bytes",
+            bytes.len(),
+            AcquisitionId::LEN_BYTES
+        ))
+    })
+}
+
+fn random_id() -> Result<AcquisitionId, Status> {
+    let mut bytes = [0u8; 16];
+    getrandom::fill(&mut bytes)
+        .map_err(|e| Status::internal(format!("no randomness available: {e}")))?;
+    Ok(AcquisitionId::from_bytes(bytes))
+}
+
+fn acquire_error(e: AcquireError) -> Status {
+    match e {
+        AcquireError::TooManyWaiters { .. } | AcquireError::TooManyWaitersOnResource { .. } => {
+            Status::resource_exhausted(e.to_string())
+        }
+        other => Status::invalid_argument(other.to_string()),
+    }
+}
+
+fn status_message(s: LeaseStatus) -> v1::StatusResponse {
+    v1::StatusResponse {
+        resource: s.resource.to_string(),
+        held: s.holder_token.is_some(),
+        holder_token: s.holder_token.map_or(0, |t| t.get()),
+        remaining_ms: s.remaining_ms,
+        ttl_ms: s.ttl_ms,
+        n_waiters: s.n_waiters as u64,
+    }
+}
+
+/// Withdraws a waiting request if its handler is dropped (the client went away).
+struct WaitGuard<'a> {
+    engine: &'a EngineHandle,
+    waiter: Option<WaiterId>,
+}
+
+impl Drop for WaitGuard<'_> {
+    fn drop(&mut self) {
+        if let Some(waiter) = self.waiter {
+            self.engine.send(Command::CancelWait { waiter });
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl Leases for LeaseService {
+    async fn acquire(
+        &self,
+        request: Request<v1::AcquireRequest>,
+    ) -> Result<Response<v1::AcquireResponse>, Status> {
+        let started = Instant::now();
+        self.metrics.acquire_requests.fetch_add(1, Relaxed);
+        let req = request.into_inner();
+        let mut claims = Vec::with_capacity(req.resources.len());
+        for (i, raw) in req.resources.iter().enumerate() {
+            claims.push((
+                parse_resource(&format!("resources[{i}]"), raw)?,
+                random_id()?,
+            ));
+        }
+        let ttl_ms = if req.ttl_ms == 0 {
+            self.default_ttl_ms
+        } else {
+            req.ttl_ms
+        };
+        let waiter = WaiterId(self.next_waiter.fetch_add(1, Relaxed));
+        let request = AcquireRequest {
+            claims,
+            ttl_ms,
+            wait_ms: req.wait_ms,
+            waiter,
+        };
+        let mut guard = WaitGuard {
+            engine: &self.engine,
+            waiter: (req.wait_ms > 0).then_some(waiter),
+        };
+        let reply = self.call(|reply| Command::Acquire { request, reply }).await;
+        guard.waiter = None;
+        let outcome = match reply?.map_err(acquire_error)? {
+            AcquireReply::Granted { grants, after_wait } => {
+                if !after_wait {
+                    self.metrics
+                        .observe_acquire_latency_us(started.elapsed().as_micros() as u64);
+                }
+                let leases = grants
+                    .into_iter()
+                    .map(|g| v1::Lease {
+                        resource: g.resource.to_string(),
+                        acquisition_id: g.acquisition_id.as_bytes().to_vec(),
+                        token: g.token.get(),
+                        ttl_ms: g.ttl_ms,
+                    })
+                    .collect();
+                v1::acquire_response::Outcome::Granted(v1::Granted { leases, after_wait })
+            }
+            AcquireReply::NotAcquired(n) => {
+                v1::acquire_response::Outcome::NotAcquired(v1::NotAcquired {
+                    reason: v1::not_acquired::Reason::Held.into(),
+                    resource: n.resource.to_string(),
+                    holder_token: n.holder_token.map_or(0, |t| t.get()),
+                })
+            }
+            AcquireReply::TimedOut => v1::acquire_response::Outcome::NotAcquired(v1::NotAcquired {
+                reason: v1::not_acquired::Reason::TimedOut.into(),
+                resource: String::new(),
+                holder_token: 0,
+            }),
+        };
+        Ok(Response::new(v1::AcquireResponse {
+            outcome: Some(outcome),
+        }))
+    }
+
+    async fn renew(
+        &self,
+        request: Request<v1::RenewRequest>,
+    ) -> Result<Response<v1::RenewResponse>, Status> {
+        let req = request.into_inner();
+        let resource = parse_resource("resource", &req.resource)?;
+        let id = parse_acquisition_id(&req.acquisition_id)?;
+        let out = self
+            .call(|reply| Command::Renew {
+                resource,
+                id,
+                reply,
+            })
+            .await?;
+        Ok(Response::new(match out {
+            baton_core::RenewOutcome::Renewed { token, ttl_ms } => v1::RenewResponse {
+                renewed: true,
+                token: token.get(),
+                remaining_ms: ttl_ms,
+            },
+            baton_core::RenewOutcome::NotOwner => v1::RenewResponse {
+                renewed: false,
+                token: 0,
+                remaining_ms: 0,
+            },
+        }))
+    }
+
+    async fn release(
+        &self,
+        request: Request<v1::ReleaseRequest>,
+    ) -> Result<Response<v1::ReleaseResponse>, Status> {
+        let req = request.into_inner();
+        let resource = parse_resource("resource", &req.resource)?;
+        let id = parse_acquisition_id(&req.acquisition_id)?;
+        let out = self
+            .call(|reply| Command::Release {
+                resource,
+                id,
+                reply,
+            })
+            .await?;
+        Ok(Response::new(match out {
+            baton_core::ReleaseOutcome::Released { token } => v1::ReleaseResponse {
+                released: true,
+                token: token.get(),
+            },
+            baton_core::ReleaseOutcome::NotHeld => v1::ReleaseResponse {
+                released: false,
+                token: 0,
+            },
+        }))
+    }
+
+    async fn status(
+        &self,
+        request: Request<v1::StatusRequest>,
+    ) -> Result<Response<v1::StatusResponse>, Status> {
+        let resource = parse_resource("resource", &request.into_inner().resource)?;
+        let out = self
+            .call(|reply| Command::Status { resource, reply })
+            .await?;
+        Ok(Response::new(status_message(out)))
+    }
+
+    async fn list(
+        &self,
+        request: Request<v1::ListRequest>,
+    ) -> Result<Response<v1::ListResponse>, Status> {
+        let req = request.into_inner();
+        if req.prefix.len() > baton_core::RESOURCE_NAME_LEN_BYTES_MAX {
+            return Err(Status::invalid_argument(format!(
+                "prefix is {} bytes; the limit is {} bytes",
+                req.prefix.len(),
+                baton_core::RESOURCE_NAME_LEN_BYTES_MAX
+            )));
+        }
+        if req.limit > LIST_LIMIT_MAX {
+            return Err(Status::invalid_argument(format!(
+                "limit {} is above the maximum {LIST_LIMIT_MAX}",
+                req.limit
+            )));
+        }
+        let limit = if req.limit == 0 {
+            LIST_LIMIT_DEFAULT
+        } else {
+            req.limit
+        } as usize;
+        let start_after = (!req.start_after.is_empty()).then_some(req.start_after);
+        let prefix = req.prefix;
+        let out = self
+            .call(|reply| Command::List {
+                prefix,
+                start_after,
+                limit,
+                reply,
+            })
+            .await?;
+        Ok(Response::new(v1::ListResponse {
+            entries: out.into_iter().map(status_message).collect(),
+        }))
+    }
+
+    async fn fence(
+        &self,
+        request: Request<v1::FenceRequest>,
+    ) -> Result<Response<v1::FenceResponse>, Status> {
+        let resource = parse_resource("resource", &request.into_inner().resource)?;
+        let out = self
+            .call(|reply| Command::Fence { resource, reply })
+            .await?;
+        Ok(Response::new(v1::FenceResponse {
+            token: out.token.get(),
+            revoked: out.revoked.is_some(),
+            revoked_token: out.revoked.map_or(0, |t| t.get()),
+        }))
+    }
+
+    async fn backup(
+        &self,
+        _request: Request<v1::BackupRequest>,
+    ) -> Result<Response<v1::Snapshot>, Status> {
+        let stored = self.call(|reply| Command::Snapshot { reply }).await?;
+        Ok(Response::new(v1::Snapshot {
+            format: SNAPSHOT_FORMAT,
+            epoch: stored.epoch.get(),
+            counter: stored.counter,
+            leases: stored
+                .leases
+                .into_iter()
+                .map(|(r, l)| v1::Lease {
+                    resource: r.to_string(),
+                    acquisition_id: l.acquisition_id.as_bytes().to_vec(),
+                    token: l.token.get(),
+                    ttl_ms: l.ttl_ms,
+                })
+                .collect(),
+        }))
+    }
+}
