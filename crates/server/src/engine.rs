@@ -25,7 +25,7 @@ use crate::metrics::Metrics;
 /// Most commands taken into one batch.
 const BATCH_LEN_MAX: usize = 4_096;
 /// Lazy writes are flushed at least this often, or when this many are pending.
-const LAZY_FLUSH_INTERVAL_MS: u64 = 1_000;
+const LAZY_FLUSH_INTERVAL_MS: u64 = 100;
 const LAZY_WRITES_MAX: usize = 8_192;
 
 #[derive(Debug)]

@@ -1,0 +1,200 @@
+//! Crash test: concurrent acquirers while the server is killed with SIGKILL
+//! and restarted, over and over. Afterwards every token returned for a
+//! resource is unique and ordered consistently with real time, and no lease
+//! that its holder abandoned was granted again within one TTL.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use baton_client::{Acquired, Client, Release};
+use common::{Server, TempDir};
+
+const TTL: Duration = Duration::from_millis(120);
+const RESOURCES: usize = 3;
+
+#[derive(Clone, Debug)]
+struct Grant {
+    resource: usize,
+    token: u64,
+    sent: Instant,
+    received: Instant,
+    /// The holder gave it up on purpose (a crashed worker never releases).
+    abandoned: bool,
+}
+
+/// xorshift64*: deterministic from the printed seed.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+fn seed() -> u64 {
+    std::env::var("BATON_CRASH_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+                | 1
+        })
+}
+
+async fn worker(
+    url: String,
+    id: u64,
+    seed: u64,
+    stop: Arc<AtomicBool>,
+    history: Arc<Mutex<Vec<Grant>>>,
+) {
+    let mut rng = Rng(seed ^ (id + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    let mut client: Option<Client> = None;
+    while !stop.load(Ordering::Relaxed) {
+        let c = match &mut client {
+            Some(c) => c,
+            None => match Client::connect(&url).await {
+                Ok(c) => client.insert(c.with_rpc_timeout(Duration::from_secs(2))),
+                Err(_) => {
+                    // The server is down: back off briefly before reconnecting.
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    continue;
+                }
+            },
+        };
+        let resource = rng.below(RESOURCES as u64) as usize;
+        let name = format!("crash:{resource}");
+        let wait = if rng.below(2) == 0 {
+            Duration::ZERO
+        } else {
+            Duration::from_millis(150)
+        };
+        let sent = Instant::now();
+        match c.acquire(&name, TTL, wait).await {
+            Ok(Acquired::Granted(lease)) => {
+                let received = Instant::now();
+                let abandoned = rng.below(3) == 0;
+                history.lock().unwrap().push(Grant {
+                    resource,
+                    token: lease.token.get(),
+                    sent,
+                    received,
+                    abandoned,
+                });
+                if !abandoned {
+                    tokio::time::sleep(Duration::from_millis(rng.below(10))).await;
+                    if let Ok(Release::NotHeld) = c.release(&name, &lease.acquisition_id).await {
+                        // Allowed only if the TTL ran out meanwhile (a restart may take a while).
+                        assert!(
+                            received.elapsed() >= TTL,
+                            "lease {} lost before its TTL",
+                            lease.token
+                        );
+                    }
+                }
+            }
+            Ok(Acquired::NotAcquired(_)) => {}
+            Err(_) => client = None,
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_stay_ordered_and_exclusive_across_sigkill() {
+    let kills: usize = std::env::var("BATON_CRASH_KILLS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(50);
+    let seed = seed();
+    println!("crash test seed {seed} (rerun with BATON_CRASH_SEED={seed}), kills {kills}");
+    let dir = TempDir::new("crash");
+    let server = Server::start(dir.path(), &[]);
+    let url = server.url();
+    let stop = Arc::new(AtomicBool::new(false));
+    let history = Arc::new(Mutex::new(Vec::new()));
+    let workers: Vec<_> = (0..4)
+        .map(|id| tokio::spawn(worker(url.clone(), id, seed, stop.clone(), history.clone())))
+        .collect();
+    let killer = tokio::task::spawn_blocking(move || {
+        let mut server = server;
+        let mut rng = Rng(seed);
+        for _ in 0..kills {
+            std::thread::sleep(Duration::from_millis(150 + rng.below(250)));
+            server.restart();
+        }
+        // Let the last incarnation serve a little before stopping.
+        std::thread::sleep(Duration::from_millis(400));
+        server
+    });
+    let server = killer.await.unwrap();
+    stop.store(true, Ordering::Relaxed);
+    for w in workers {
+        w.await.unwrap();
+    }
+    drop(server);
+
+    let history = history.lock().unwrap().clone();
+    let mut checked_abandoned = 0;
+    for resource in 0..RESOURCES {
+        let mut grants: Vec<&Grant> = history.iter().filter(|g| g.resource == resource).collect();
+        grants.sort_by_key(|g| g.token);
+        let mut latest_sent: Option<Instant> = None;
+        for pair in grants.windows(2) {
+            let (a, b) = (pair[0], pair[1]);
+            assert!(
+                a.token < b.token,
+                "resource {resource}: token {} issued twice",
+                a.token
+            );
+            if a.abandoned {
+                // a was held for a full TTL from its grant, which came after a.sent.
+                assert!(
+                    b.received >= a.sent + TTL,
+                    "resource {resource}: token {} granted {:?} after abandoned token {} was requested (TTL {TTL:?})",
+                    b.token,
+                    b.received - a.sent,
+                    a.token
+                );
+                checked_abandoned += 1;
+            }
+        }
+        for g in &grants {
+            // Real-time order: a grant that completed before another was
+            // requested must carry the lower token.
+            if let Some(sent) = latest_sent {
+                assert!(
+                    g.received >= sent,
+                    "resource {resource}: token {} completed before a lower token was requested",
+                    g.token
+                );
+            }
+            latest_sent = Some(latest_sent.map_or(g.sent, |s: Instant| s.max(g.sent)));
+        }
+    }
+    println!(
+        "crash test: {kills} SIGKILLs, {} grants, {checked_abandoned} abandoned leases checked for exclusion",
+        history.len()
+    );
+    assert!(
+        history.len() >= kills,
+        "too few grants ({}) to prove anything",
+        history.len()
+    );
+    assert!(
+        checked_abandoned > 0,
+        "no abandoned lease was followed by another grant"
+    );
+}

@@ -1,0 +1,575 @@
+//! Integration tests against a real `baton serve` process over loopback.
+
+mod common;
+
+use std::time::Duration;
+
+use baton_client::{Acquired, AcquiredAll, Client, ClientError, Release, Renewal};
+use common::{cli, eventually, json_str, json_u64, Server, TempDir};
+
+const TTL: Duration = Duration::from_secs(30);
+const NO_WAIT: Duration = Duration::ZERO;
+
+async fn client(s: &Server) -> Client {
+    Client::connect(&s.url()).await.unwrap()
+}
+
+fn granted(a: Acquired) -> baton_client::Lease {
+    match a {
+        Acquired::Granted(l) => l,
+        other => panic!("expected a grant, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn exclusion_and_canonical_names() {
+    let dir = TempDir::new("excl");
+    let s = Server::start(dir.path(), &[]);
+    let (mut a, mut b) = (client(&s).await, client(&s).await);
+    // "e" + combining accent and the precomposed "é" name one resource.
+    let lease = granted(
+        a.acquire("report:caf\u{65}\u{301}", TTL, NO_WAIT)
+            .await
+            .unwrap(),
+    );
+    assert_eq!(lease.resource, "report:caf\u{e9}");
+    assert_eq!(lease.ttl, TTL);
+    match b.acquire("report:caf\u{e9}", TTL, NO_WAIT).await.unwrap() {
+        Acquired::NotAcquired(n) => {
+            assert!(!n.timed_out);
+            assert_eq!(n.holder_token, Some(lease.token));
+        }
+        other => panic!("second holder granted: {other:?}"),
+    }
+    let status = b.status("report:café").await.unwrap();
+    assert_eq!(status.holder_token, Some(lease.token));
+    assert!(status.remaining <= TTL && status.remaining > TTL - Duration::from_secs(5));
+}
+
+#[tokio::test]
+async fn waiters_are_served_in_arrival_order_with_higher_tokens() {
+    let dir = TempDir::new("fifo");
+    let s = Server::start(dir.path(), &[]);
+    let mut holder = client(&s).await;
+    let first = granted(holder.acquire("q", TTL, NO_WAIT).await.unwrap());
+    let mut tasks = Vec::new();
+    for i in 0..3u64 {
+        let mut c = client(&s).await;
+        tasks.push(tokio::spawn(async move {
+            (
+                i,
+                c.acquire("q", TTL, Duration::from_secs(20)).await.unwrap(),
+            )
+        }));
+        let mut probe = client(&s).await;
+        // Queue them one by one so that arrival order is known.
+        eventually(Duration::from_secs(5), || {
+            let mut probe = probe.clone();
+            async move { probe.status("q").await.unwrap().n_waiters == i + 1 }
+        })
+        .await;
+        let _ = &mut probe;
+    }
+    let mut previous = first.clone();
+    for task in tasks {
+        holder
+            .release(&previous.resource, &previous.acquisition_id)
+            .await
+            .unwrap();
+        let (i, acquired) = task.await.unwrap();
+        let lease = granted(acquired);
+        assert!(
+            lease.token > previous.token,
+            "waiter {i}: token {} not above {}",
+            lease.token,
+            previous.token
+        );
+        previous = lease;
+    }
+}
+
+#[tokio::test]
+async fn wait_runs_out_and_a_gone_waiter_leaves_the_queue() {
+    let dir = TempDir::new("wait");
+    let s = Server::start(dir.path(), &[]);
+    let mut a = client(&s).await;
+    granted(a.acquire("w", TTL, NO_WAIT).await.unwrap());
+    match a
+        .acquire("w", TTL, Duration::from_millis(200))
+        .await
+        .unwrap()
+    {
+        Acquired::NotAcquired(n) => assert!(n.timed_out),
+        other => panic!("{other:?}"),
+    }
+    let mut leaver = client(&s).await;
+    let waiting =
+        tokio::spawn(async move { leaver.acquire("w", TTL, Duration::from_secs(60)).await });
+    eventually(Duration::from_secs(5), || {
+        let mut a = a.clone();
+        async move { a.status("w").await.unwrap().n_waiters == 1 }
+    })
+    .await;
+    waiting.abort();
+    eventually(Duration::from_secs(5), || {
+        let mut a = a.clone();
+        async move { a.status("w").await.unwrap().n_waiters == 0 }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn renew_extends_and_fails_after_expiry_without_recreating() {
+    let dir = TempDir::new("renew");
+    let s = Server::start(dir.path(), &[]);
+    let mut c = client(&s).await;
+    let ttl = Duration::from_millis(300);
+    let lease = granted(c.acquire("r", ttl, NO_WAIT).await.unwrap());
+    match c.renew("r", &lease.acquisition_id).await.unwrap() {
+        Renewal::Renewed { token, remaining } => {
+            assert_eq!(token, lease.token);
+            assert_eq!(remaining, ttl);
+        }
+        other => panic!("{other:?}"),
+    }
+    // Let the lease run out on the server's clock.
+    eventually(Duration::from_secs(5), || {
+        let mut c = c.clone();
+        async move { c.status("r").await.unwrap().holder_token.is_none() }
+    })
+    .await;
+    assert_eq!(
+        c.renew("r", &lease.acquisition_id).await.unwrap(),
+        Renewal::NotOwner
+    );
+    assert_eq!(
+        c.status("r").await.unwrap().holder_token,
+        None,
+        "a late renew never recreates the lease"
+    );
+    let next = granted(c.acquire("r", ttl, NO_WAIT).await.unwrap());
+    assert!(next.token > lease.token);
+    assert_eq!(
+        c.renew("r", &lease.acquisition_id).await.unwrap(),
+        Renewal::NotOwner,
+        "old id cannot extend the new lease"
+    );
+}
+
+#[tokio::test]
+async fn release_by_wrong_or_old_id_changes_nothing() {
+    let dir = TempDir::new("release");
+    let s = Server::start(dir.path(), &[]);
+    let mut c = client(&s).await;
+    let lease = granted(c.acquire("x", TTL, NO_WAIT).await.unwrap());
+    let wrong = baton_client::baton_core::AcquisitionId::from_bytes([0; 16]);
+    assert_eq!(c.release("x", &wrong).await.unwrap(), Release::NotHeld);
+    assert_eq!(c.status("x").await.unwrap().holder_token, Some(lease.token));
+    assert_eq!(
+        c.release("x", &lease.acquisition_id).await.unwrap(),
+        Release::Released { token: lease.token }
+    );
+    assert_eq!(
+        c.release("x", &lease.acquisition_id).await.unwrap(),
+        Release::NotHeld,
+        "twice is fine"
+    );
+    let next = granted(c.acquire("x", TTL, NO_WAIT).await.unwrap());
+    assert_eq!(
+        c.release("x", &lease.acquisition_id).await.unwrap(),
+        Release::NotHeld
+    );
+    assert_eq!(
+        c.status("x").await.unwrap().holder_token,
+        Some(next.token),
+        "old id did not touch the new lease"
+    );
+}
+
+#[tokio::test]
+async fn multi_acquire_is_all_or_nothing_and_does_not_deadlock() {
+    let dir = TempDir::new("multi");
+    let s = Server::start(dir.path(), &[]);
+    let mut c = client(&s).await;
+    let b = granted(c.acquire("m:b", TTL, NO_WAIT).await.unwrap());
+    match c
+        .acquire_all(&["m:a", "m:b", "m:c"], TTL, NO_WAIT)
+        .await
+        .unwrap()
+    {
+        AcquiredAll::NotAcquired(n) => assert_eq!(n.resource.as_deref(), Some("m:b")),
+        other => panic!("{other:?}"),
+    }
+    for r in ["m:a", "m:c"] {
+        assert_eq!(
+            c.status(r).await.unwrap().holder_token,
+            None,
+            "{r} held after a refused multi-acquire"
+        );
+    }
+    c.release("m:b", &b.acquisition_id).await.unwrap();
+    // Two clients want overlapping sets in opposite orders, many times over.
+    let mut tasks = Vec::new();
+    for order in [["m:x", "m:y"], ["m:y", "m:x"]] {
+        let mut c = client(&s).await;
+        tasks.push(tokio::spawn(async move {
+            let mut tokens = Vec::new();
+            for _ in 0..50 {
+                match c
+                    .acquire_all(&order, TTL, Duration::from_secs(20))
+                    .await
+                    .unwrap()
+                {
+                    AcquiredAll::Granted { leases, .. } => {
+                        assert_eq!(
+                            leases
+                                .iter()
+                                .map(|l| l.resource.as_str())
+                                .collect::<Vec<_>>(),
+                            order
+                        );
+                        tokens.extend(leases.iter().map(|l| l.token));
+                        for l in leases {
+                            c.release(&l.resource, &l.acquisition_id).await.unwrap();
+                        }
+                    }
+                    other => panic!("deadlocked or refused: {other:?}"),
+                }
+            }
+            tokens
+        }));
+    }
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(
+            tokio::time::timeout(Duration::from_secs(30), t)
+                .await
+                .expect("no deadlock")
+                .unwrap(),
+        );
+    }
+    let n = all.len();
+    all.sort();
+    all.dedup();
+    assert_eq!(all.len(), n, "a token was issued twice");
+    assert_eq!(n, 200);
+}
+
+#[tokio::test]
+async fn fence_revokes_and_orders_the_next_token_above_it() {
+    let dir = TempDir::new("fence");
+    let s = Server::start(dir.path(), &[]);
+    let mut c = client(&s).await;
+    let lease = granted(c.acquire("f", TTL, NO_WAIT).await.unwrap());
+    let fenced = c.fence("f").await.unwrap();
+    assert_eq!(fenced.revoked, Some(lease.token));
+    assert!(fenced.token > lease.token);
+    assert_eq!(
+        c.renew("f", &lease.acquisition_id).await.unwrap(),
+        Renewal::NotOwner
+    );
+    let next = granted(c.acquire("f", TTL, NO_WAIT).await.unwrap());
+    assert!(next.token > fenced.token);
+    let idle = c.fence("never-held").await.unwrap();
+    assert_eq!(idle.revoked, None);
+    assert!(idle.token > next.token);
+}
+
+#[tokio::test]
+async fn bad_input_gets_invalid_argument_naming_the_rule_and_the_server_keeps_serving() {
+    let dir = TempDir::new("bad");
+    let s = Server::start(dir.path(), &[]);
+    let mut c = client(&s).await;
+    let long = "x".repeat(513);
+    let cases: Vec<(Vec<&str>, Duration, Duration, &str)> = vec![
+        (vec![""], TTL, NO_WAIT, "empty"),
+        (vec![long.as_str()], TTL, NO_WAIT, "513 bytes"),
+        (vec!["a\u{7}b"], TTL, NO_WAIT, "control character"),
+        (vec![" a"], TTL, NO_WAIT, "whitespace"),
+        (vec!["a::b"], TTL, NO_WAIT, "empty ':'-separated segment"),
+        (
+            vec!["a"],
+            Duration::from_millis(50),
+            NO_WAIT,
+            "ttl 50ms is out of range",
+        ),
+        (
+            vec!["a"],
+            Duration::from_secs(601),
+            NO_WAIT,
+            "ttl 601000ms is out of range",
+        ),
+        (
+            vec!["a"],
+            TTL,
+            Duration::from_secs(601),
+            "wait 601000ms is above the maximum",
+        ),
+        (vec!["a", "a"], TTL, NO_WAIT, "more than once"),
+        (vec![], TTL, NO_WAIT, "at least one resource"),
+    ];
+    for (names, ttl, wait, rule) in cases {
+        match c.acquire_all(&names, ttl, wait).await {
+            Err(ClientError::Invalid(m)) => {
+                assert!(m.contains(rule), "{names:?}: {m:?} should mention {rule:?}")
+            }
+            other => panic!("{names:?}: expected invalid argument, got {other:?}"),
+        }
+    }
+    let too_many: Vec<String> = (0..65).map(|i| format!("r{i}")).collect();
+    let refs: Vec<&str> = too_many.iter().map(String::as_str).collect();
+    assert!(
+        matches!(c.acquire_all(&refs, TTL, NO_WAIT).await, Err(ClientError::Invalid(m)) if m.contains("65"))
+    );
+    // An oversized request is refused; the server still serves.
+    let huge: Vec<String> = (0..2_000)
+        .map(|i| format!("{i}{}", "y".repeat(200)))
+        .collect();
+    let refs: Vec<&str> = huge.iter().map(String::as_str).collect();
+    assert!(c.acquire_all(&refs, TTL, NO_WAIT).await.is_err());
+    // Raw protocol: an acquisition id of the wrong length.
+    let mut raw = baton_proto::v1::leases_client::LeasesClient::connect(s.url())
+        .await
+        .unwrap();
+    let err = raw
+        .renew(baton_proto::v1::RenewRequest {
+            resource: "a".into(),
+            acquisition_id: vec![1, 2, 3],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(err.message().contains("3 bytes"), "{}", err.message());
+    let err = raw
+        .list(baton_proto::v1::ListRequest {
+            prefix: String::new(),
+            start_after: String::new(),
+            limit: 5_000,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    granted(c.acquire("still-serving", TTL, NO_WAIT).await.unwrap());
+}
+
+#[tokio::test]
+async fn waiter_and_connection_limits_answer_resource_exhausted() {
+    let dir = TempDir::new("limits");
+    let s = Server::start(
+        dir.path(),
+        &["--max-waiters-per-resource", "1", "--max-connections", "3"],
+    );
+    let mut a = client(&s).await;
+    granted(a.acquire("l", TTL, NO_WAIT).await.unwrap());
+    let mut b = client(&s).await;
+    let waiting = tokio::spawn(async move { b.acquire("l", TTL, Duration::from_secs(30)).await });
+    eventually(Duration::from_secs(5), || {
+        let mut a = a.clone();
+        async move { a.status("l").await.unwrap().n_waiters == 1 }
+    })
+    .await;
+    let mut c = client(&s).await;
+    match c.acquire("l", TTL, Duration::from_secs(1)).await {
+        Err(ClientError::Exhausted(m)) => assert!(m.contains("waiters"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+    // Three connections are open (a, b, c); a fourth is over the limit.
+    let mut d = client(&s).await;
+    match d.status("l").await {
+        Err(ClientError::Exhausted(m)) => assert!(m.contains("connections"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+    waiting.abort();
+    assert!(
+        a.status("l").await.is_ok(),
+        "connections under the limit keep working"
+    );
+}
+
+#[tokio::test]
+async fn list_by_prefix_never_shows_acquisition_ids() {
+    let dir = TempDir::new("list");
+    let s = Server::start(dir.path(), &[]);
+    let mut c = client(&s).await;
+    let mut ids = Vec::new();
+    for r in ["tenant:b:1", "tenant:a:1", "other:1"] {
+        ids.push(
+            granted(c.acquire(r, TTL, NO_WAIT).await.unwrap())
+                .acquisition_id
+                .to_hex(),
+        );
+    }
+    let names: Vec<String> = c
+        .list("tenant:", None, 10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|s| s.resource)
+        .collect();
+    assert_eq!(names, ["tenant:a:1", "tenant:b:1"]);
+    let out = cli(&["list", "--server", &s.url(), "--json"]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(text.matches("\"resource\"").count(), 3, "{text}");
+    for id in ids {
+        assert!(!text.contains(&id), "listing leaked an acquisition id");
+        assert!(!s.http_get("/metrics").contains(&id));
+    }
+}
+
+#[tokio::test]
+async fn cli_prints_json_and_uses_documented_exit_codes() {
+    let dir = TempDir::new("cli");
+    let s = Server::start(dir.path(), &[]);
+    let url = s.url();
+    let out = cli(&[
+        "acquire", "job:1", "--ttl", "30s", "--server", &url, "--json",
+    ]);
+    assert_eq!(out.status.code(), Some(0));
+    let json = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(json_str(&json, "resource").as_deref(), Some("job:1"));
+    let id = json_str(&json, "acquisition_id").unwrap();
+    assert_eq!(id.len(), 32);
+    let token = json_u64(&json, "token").unwrap();
+    assert_eq!(json_u64(&json, "ttl_ms"), Some(30_000));
+    assert_eq!(
+        cli(&["acquire", "job:1", "--server", &url]).status.code(),
+        Some(3),
+        "held"
+    );
+    assert_eq!(
+        cli(&["acquire", "job:1", "--wait", "100ms", "--server", &url])
+            .status
+            .code(),
+        Some(3),
+        "timed out"
+    );
+    assert_eq!(
+        cli(&["acquire", "job::1", "--server", &url]).status.code(),
+        Some(2),
+        "bad name"
+    );
+    assert_eq!(
+        cli(&["acquire", "job:2", "--ttl", "30", "--server", &url])
+            .status
+            .code(),
+        Some(2),
+        "duration without unit"
+    );
+    assert_eq!(
+        cli(&[
+            "renew",
+            "job:1",
+            "--acquisition",
+            &"0".repeat(32),
+            "--server",
+            &url
+        ])
+        .status
+        .code(),
+        Some(4)
+    );
+    assert_eq!(
+        cli(&["renew", "job:1", "--acquisition", "xyz", "--server", &url])
+            .status
+            .code(),
+        Some(2)
+    );
+    let renewed = cli(&[
+        "renew",
+        "job:1",
+        "--acquisition",
+        &id,
+        "--server",
+        &url,
+        "--json",
+    ]);
+    assert_eq!(renewed.status.code(), Some(0));
+    assert_eq!(
+        json_u64(&String::from_utf8(renewed.stdout).unwrap(), "token"),
+        Some(token)
+    );
+    let status =
+        String::from_utf8(cli(&["status", "job:1", "--server", &url, "--json"]).stdout).unwrap();
+    assert_eq!(json_u64(&status, "holder_token"), Some(token));
+    assert!(!status.contains(&id));
+    assert_eq!(
+        cli(&["release", "job:1", "--acquisition", &id, "--server", &url])
+            .status
+            .code(),
+        Some(0)
+    );
+    let again = cli(&["release", "job:1", "--acquisition", &id, "--server", &url]);
+    assert_eq!(again.status.code(), Some(0));
+    assert!(String::from_utf8(again.stdout)
+        .unwrap()
+        .contains("not held"));
+    let fenced =
+        String::from_utf8(cli(&["fence", "job:1", "--server", &url, "--json"]).stdout).unwrap();
+    assert!(json_u64(&fenced, "token").unwrap() > token);
+    assert_eq!(
+        cli(&["status", "x", "--server", "http://127.0.0.1:1"])
+            .status
+            .code(),
+        Some(1),
+        "unreachable"
+    );
+    let help = String::from_utf8(cli(&["--help"]).stdout).unwrap();
+    assert!(
+        help.contains("Exit codes") && help.contains("4  not owner"),
+        "{help}"
+    );
+}
+
+#[tokio::test]
+async fn healthz_and_metrics_over_http() {
+    let dir = TempDir::new("http");
+    let s = Server::start(dir.path(), &[]);
+    let mut c = client(&s).await;
+    let lease = granted(c.acquire("m", TTL, NO_WAIT).await.unwrap());
+    c.renew("m", &lease.acquisition_id).await.unwrap();
+    c.renew(
+        "m",
+        &baton_client::baton_core::AcquisitionId::from_bytes([9; 16]),
+    )
+    .await
+    .unwrap();
+    assert!(s.http_get("/healthz").starts_with("HTTP/1.1 200 OK"));
+    let metrics = s.http_get("/metrics");
+    for line in [
+        "baton_grants_total 1",
+        "baton_renewals_total 1",
+        "baton_renewals_failed_total 1",
+        "baton_leases 1",
+        "baton_acquire_latency_seconds_count 1",
+    ] {
+        assert!(metrics.contains(line), "missing {line:?} in\n{metrics}");
+    }
+    assert!(s.http_get("/nope").starts_with("HTTP/1.1 404"));
+}
+
+#[tokio::test]
+async fn sigterm_stops_cleanly_and_a_restart_keeps_leases_and_token_order() {
+    let dir = TempDir::new("restart");
+    let mut s = Server::start(dir.path(), &[]);
+    let mut c = client(&s).await;
+    let lease = granted(c.acquire("keep", TTL, NO_WAIT).await.unwrap());
+    let released = granted(c.acquire("gone", TTL, NO_WAIT).await.unwrap());
+    c.release("gone", &released.acquisition_id).await.unwrap();
+    drop(c);
+    let status = s.terminate();
+    assert!(status.success(), "SIGTERM exit: {status:?}");
+    s.restart();
+    let mut c = client(&s).await;
+    // The lease survives the restart and still belongs to its holder.
+    assert_eq!(
+        c.status("keep").await.unwrap().holder_token,
+        Some(lease.token)
+    );
+    assert!(matches!(
+        c.renew("keep", &lease.acquisition_id).await.unwrap(),
+        Renewal::Renewed { .. }
+    ));
+    // A clean shutdown flushed the release.
+    let next = granted(c.acquire("gone", TTL, NO_WAIT).await.unwrap());
+    assert!(next.token > lease.token && next.token > released.token);
+}
