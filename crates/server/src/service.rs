@@ -310,3 +310,141 @@ impl Leases for LeaseService {
         }))
     }
 }
+
+#[cfg(test)]
+mod fuzz {
+    //! The server never panics on input: random bytes through the decoder,
+    //! and random decoded requests through validation and the lease table.
+    use super::*;
+    use proptest::prelude::*;
+    use proptest::test_runner::{Config, TestRunner};
+    use prost::Message;
+
+    fn service(tag: &str) -> (tokio::runtime::Runtime, LeaseService, std::path::PathBuf) {
+        let dir = std::env::temp_dir().join(format!("baton-fuzz-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let store = baton_store::RedbStore::open(&dir).unwrap();
+        let metrics = Arc::new(Metrics::default());
+        let limits = baton_core::Limits {
+            ttl_ms_min: 1,
+            n_waiters_per_resource_max: 4,
+            ..Default::default()
+        };
+        let (engine, _thread) =
+            crate::engine::Engine::start(Box::new(store), limits, metrics.clone()).unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        (rt, LeaseService::new(engine, metrics, 30_000), dir)
+    }
+
+    /// A status code the contract allows for a request the server could judge.
+    fn allowed(s: &Status) -> bool {
+        matches!(
+            s.code(),
+            tonic::Code::InvalidArgument | tonic::Code::ResourceExhausted
+        )
+    }
+
+    fn name() -> impl Strategy<Value = String> {
+        prop_oneof![
+            "[a-c:]{0,6}",
+            ".{0,20}",
+            proptest::collection::vec(any::<char>(), 0..8).prop_map(|v| v.into_iter().collect()),
+            (500..700usize).prop_map(|n| "z".repeat(n)),
+        ]
+    }
+
+    #[test]
+    fn random_requests_get_answers_never_panics() {
+        let (rt, svc, dir) = service("requests");
+        let mut runner = TestRunner::new(Config {
+            cases: 512,
+            ..Config::default()
+        });
+        let strategy = (
+            proptest::collection::vec(name(), 0..4),
+            prop_oneof![Just(0u64), any::<u64>(), 0..2_000u64],
+            prop_oneof![Just(0u64), any::<u64>(), 1..30u64],
+            proptest::collection::vec(any::<u8>(), 0..20),
+            any::<u32>(),
+        );
+        runner
+            .run(&strategy, |(resources, ttl_ms, wait_ms, id, limit)| {
+                rt.block_on(async {
+                    let first = resources.first().cloned().unwrap_or_default();
+                    let acquire = svc
+                        .acquire(Request::new(v1::AcquireRequest {
+                            resources,
+                            ttl_ms,
+                            wait_ms,
+                        }))
+                        .await;
+                    prop_assert!(acquire.as_ref().err().is_none_or(allowed), "{acquire:?}");
+                    let renew = svc
+                        .renew(Request::new(v1::RenewRequest {
+                            resource: first.clone(),
+                            acquisition_id: id.clone(),
+                        }))
+                        .await;
+                    prop_assert!(renew.as_ref().err().is_none_or(allowed), "{renew:?}");
+                    let release = svc
+                        .release(Request::new(v1::ReleaseRequest {
+                            resource: first.clone(),
+                            acquisition_id: id,
+                        }))
+                        .await;
+                    prop_assert!(release.as_ref().err().is_none_or(allowed), "{release:?}");
+                    let list = svc
+                        .list(Request::new(v1::ListRequest {
+                            prefix: first.clone(),
+                            start_after: first.clone(),
+                            limit,
+                        }))
+                        .await;
+                    prop_assert!(list.as_ref().err().is_none_or(allowed), "{list:?}");
+                    let fence = svc
+                        .fence(Request::new(v1::FenceRequest { resource: first }))
+                        .await;
+                    prop_assert!(fence.as_ref().err().is_none_or(allowed), "{fence:?}");
+                    Ok(())
+                })
+            })
+            .unwrap();
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn random_bytes_through_the_decoder_never_panic() {
+        let (rt, svc, dir) = service("bytes");
+        let mut runner = TestRunner::new(Config {
+            cases: 1_024,
+            ..Config::default()
+        });
+        runner
+            .run(&proptest::collection::vec(any::<u8>(), 0..256), |bytes| {
+                rt.block_on(async {
+                    if let Ok(r) = v1::AcquireRequest::decode(bytes.as_slice()) {
+                        let r = v1::AcquireRequest {
+                            wait_ms: r.wait_ms.min(5),
+                            ..r
+                        };
+                        let out = svc.acquire(Request::new(r)).await;
+                        prop_assert!(out.as_ref().err().is_none_or(allowed), "{out:?}");
+                    }
+                    if let Ok(r) = v1::RenewRequest::decode(bytes.as_slice()) {
+                        let out = svc.renew(Request::new(r)).await;
+                        prop_assert!(out.as_ref().err().is_none_or(allowed), "{out:?}");
+                    }
+                    if let Ok(r) = v1::ListRequest::decode(bytes.as_slice()) {
+                        let out = svc.list(Request::new(r)).await;
+                        prop_assert!(out.as_ref().err().is_none_or(allowed), "{out:?}");
+                    }
+                    Ok(())
+                })
+            })
+            .unwrap();
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}

@@ -1,0 +1,133 @@
+//! Backup and restore: a restore starts a new token epoch, so every token
+//! issued afterwards is above every token issued before it, including tokens
+//! issued after the backup was taken.
+
+mod common;
+
+use std::time::Duration;
+
+use baton_client::{Acquired, Client};
+use common::{cli, json_u64, Server, TempDir};
+
+async fn grant_tokens(url: &str, prefix: &str, n: usize) -> Vec<u64> {
+    let mut c = Client::connect(url).await.unwrap();
+    let mut tokens = Vec::new();
+    for i in 0..n {
+        match c
+            .acquire(
+                &format!("{prefix}:{i}"),
+                Duration::from_secs(30),
+                Duration::ZERO,
+            )
+            .await
+            .unwrap()
+        {
+            Acquired::Granted(l) => tokens.push(l.token.get()),
+            other => panic!("{other:?}"),
+        }
+    }
+    tokens
+}
+
+fn restore(
+    backup: &std::path::Path,
+    data_dir: &std::path::Path,
+    extra: &[&str],
+) -> (Option<i32>, String) {
+    let mut args = vec![
+        "admin",
+        "restore",
+        "--json",
+        "--from",
+        backup.to_str().unwrap(),
+        "--data-dir",
+        data_dir.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    let out = cli(&args);
+    (
+        out.status.code(),
+        String::from_utf8(out.stdout).unwrap() + &String::from_utf8(out.stderr).unwrap(),
+    )
+}
+
+#[tokio::test]
+async fn restore_starts_an_epoch_above_every_earlier_token() {
+    let dir = TempDir::new("restore");
+    let files = TempDir::new("restore-files");
+    let backup = files.path().join("baton.backup");
+    let mut s = Server::start(dir.path(), &[]);
+    let before = grant_tokens(&s.url(), "before", 5).await;
+    let out = cli(&[
+        "admin",
+        "backup",
+        "--out",
+        backup.to_str().unwrap(),
+        "--server",
+        &s.url(),
+        "--json",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(
+        json_u64(&String::from_utf8(out.stdout).unwrap(), "n_leases"),
+        Some(5)
+    );
+    let after_backup = grant_tokens(&s.url(), "after", 5).await;
+    let highest = *after_backup.iter().max().unwrap();
+    assert!(highest > *before.iter().max().unwrap());
+
+    // The store is locked while its server runs.
+    let (code, text) = restore(&backup, dir.path(), &[]);
+    assert_eq!(code, Some(1), "{text}");
+    assert!(text.contains("in use"), "{text}");
+    s.kill9();
+
+    // Restore over the same data directory.
+    let (code, text) = restore(&backup, dir.path(), &[]);
+    assert_eq!(code, Some(0), "{text}");
+    assert_eq!(json_u64(&text, "dropped_leases"), Some(5));
+    let epoch = json_u64(&text, "epoch").unwrap();
+    s.restart();
+    let restored = grant_tokens(&s.url(), "after", 3).await;
+    assert!(
+        restored.iter().all(|t| *t > highest),
+        "{restored:?} not above {highest}"
+    );
+    assert!(restored.iter().all(|t| t >> 40 == epoch));
+    let highest_restored = *restored.iter().max().unwrap();
+    drop(s);
+
+    // Restoring the same old backup again onto a fresh directory, knowing the
+    // epoch in use since then, stays above the first restore's tokens.
+    let fresh = TempDir::new("restore-fresh");
+    let min_epoch = ((highest_restored >> 40) + 1).to_string();
+    let (code, text) = restore(&backup, fresh.path(), &["--min-epoch", &min_epoch]);
+    assert_eq!(code, Some(0), "{text}");
+    let s2 = Server::start(fresh.path(), &[]);
+    let again = grant_tokens(&s2.url(), "again", 2).await;
+    assert!(
+        again.iter().all(|t| *t > highest_restored),
+        "{again:?} not above {highest_restored}"
+    );
+
+    // A fresh directory without a hint still lands above the backup's epoch.
+    let fresh2 = TempDir::new("restore-fresh2");
+    let (code, text) = restore(&backup, fresh2.path(), &[]);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(json_u64(&text, "epoch").unwrap() > before[0] >> 40);
+}
+
+#[test]
+fn restore_refuses_a_file_that_is_not_a_backup() {
+    let files = TempDir::new("restore-bad");
+    let bogus = files.path().join("bogus");
+    std::fs::write(&bogus, b"\xff\xff\xff not a snapshot").unwrap();
+    let data = files.path().join("data");
+    let (code, text) = restore(&bogus, &data, &[]);
+    assert_eq!(code, Some(2), "{text}");
+    assert!(text.contains("not a baton backup"), "{text}");
+    assert!(
+        !data.join("baton.redb").exists(),
+        "nothing written on refusal"
+    );
+}
