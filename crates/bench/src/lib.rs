@@ -255,3 +255,45 @@ pub fn parse_clients(s: &str) -> Result<Vec<usize>, String> {
         })
         .collect()
 }
+
+/// Fills the server with `n_leases` live leases (acquire-all requests of up
+/// to 64 resources from 16 clients) and returns how long that took. Used to
+/// measure the server's memory with many live leases.
+pub async fn fill(
+    url: &str,
+    n_leases: usize,
+    ttl: Duration,
+    run_id: &str,
+) -> Result<Duration, String> {
+    const CLIENTS: usize = 16;
+    const PER_REQUEST: usize = 64;
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for c in 0..CLIENTS {
+        let mut client = Client::connect(url).await.map_err(|e| e.to_string())?;
+        let run_id = run_id.to_string();
+        tasks.push(tokio::spawn(async move {
+            let mut i = c * PER_REQUEST;
+            while i < n_leases {
+                let names: Vec<String> = (i..(i + PER_REQUEST).min(n_leases))
+                    .map(|k| format!("fill:{run_id}:{k:08}"))
+                    .collect();
+                let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+                match client
+                    .acquire_all(&refs, ttl, Duration::ZERO)
+                    .await
+                    .map_err(|e| e.to_string())?
+                {
+                    baton_client::AcquiredAll::Granted { .. } => {}
+                    other => return Err(format!("fill: not granted: {other:?}")),
+                }
+                i += CLIENTS * PER_REQUEST;
+            }
+            Ok::<(), String>(())
+        }));
+    }
+    for t in tasks {
+        t.await.map_err(|e| e.to_string())??;
+    }
+    Ok(started.elapsed())
+}

@@ -114,6 +114,10 @@ enum Command {
         /// distinct (each client its own resource), shared (all on one), or both.
         #[arg(long, default_value = "both", value_parser = ["distinct", "shared", "both"])]
         modes: String,
+        /// Instead of cycling, fill the server with this many live leases
+        /// (TTL --ttl) and report the rate; then read the server's memory.
+        #[arg(long)]
+        fill_leases: Option<usize>,
         #[command(flatten)]
         client: ClientOpts,
     },
@@ -268,11 +272,18 @@ async fn run(command: Command) -> Exit {
             json,
         }) => restore(&from, &data_dir, min_epoch, json),
         Command::Bench {
+            fill_leases: Some(n),
+            ttl,
+            client,
+            ..
+        } => fill(&client, n, ttl).await,
+        Command::Bench {
             clients,
             duration,
             ttl,
             modes,
             client,
+            ..
         } => bench(&client, &clients, duration, ttl, &modes).await,
     };
     result.unwrap_or_else(|code| code)
@@ -664,6 +675,29 @@ fn restore(
             backup_epoch.get(),
             first,
             snapshot.leases.len()
+        );
+    }
+    Ok(Exit::Ok)
+}
+
+async fn fill(opts: &ClientOpts, n_leases: usize, ttl: Duration) -> Result<Exit, Exit> {
+    let run_id = std::process::id().to_string();
+    let took = baton_bench::fill(&opts.server, n_leases, ttl, &run_id)
+        .await
+        .map_err(|e| fail(opts.json, Exit::Failure, &format!("bench: {e}")))?;
+    let per_s = n_leases as f64 / took.as_secs_f64();
+    if opts.json {
+        println!(
+            "{}",
+            Json::obj()
+                .num("leases", n_leases as u64)
+                .num("millis", took.as_millis() as u64)
+                .num("leases_per_s", per_s as u64)
+        );
+    } else {
+        println!(
+            "filled {n_leases} leases in {:.1}s ({per_s:.0} leases/s)",
+            took.as_secs_f64()
         );
     }
     Ok(Exit::Ok)

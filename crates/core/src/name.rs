@@ -44,7 +44,12 @@ impl ResourceName {
                 len_bytes_max: RESOURCE_NAME_LEN_BYTES_MAX,
             });
         }
-        let canonical: String = raw.nfc().collect();
+        // ASCII is already in NFC: skip the normalizer on the common path.
+        let canonical: String = if raw.is_ascii() {
+            raw.to_owned()
+        } else {
+            raw.nfc().collect()
+        };
         if canonical.len() > RESOURCE_NAME_LEN_BYTES_MAX {
             return Err(NameError::TooLong {
                 len_bytes: canonical.len(),

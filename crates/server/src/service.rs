@@ -46,8 +46,17 @@ impl LeaseService {
 }
 
 /// Parses a resource name, naming the field and the rule on failure.
-pub fn parse_resource(field: &str, raw: &str) -> Result<ResourceName, Status> {
+pub fn parse_resource(field: impl std::fmt::Display, raw: &str) -> Result<ResourceName, Status> {
     ResourceName::parse(raw).map_err(|e| Status::invalid_argument(format!("{field}: {e}")))
+}
+
+/// Names element `i` of the `resources` field in error messages.
+struct ResourcesField(usize);
+
+impl std::fmt::Display for ResourcesField {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "resources[{}]", self.0)
+    }
 }
 
 fn parse_acquisition_id(bytes: &[u8]) -> Result<AcquisitionId, Status> {
@@ -112,10 +121,7 @@ impl Leases for LeaseService {
         let req = request.into_inner();
         let mut claims = Vec::with_capacity(req.resources.len());
         for (i, raw) in req.resources.iter().enumerate() {
-            claims.push((
-                parse_resource(&format!("resources[{i}]"), raw)?,
-                random_id()?,
-            ));
+            claims.push((parse_resource(ResourcesField(i), raw)?, random_id()?));
         }
         let ttl_ms = if req.ttl_ms == 0 {
             self.default_ttl_ms
