@@ -1,0 +1,280 @@
+//! Validated inputs and the outcomes of a fenced write.
+
+use std::fmt;
+
+/// Longest resource identity, in bytes.
+pub const RESOURCE_LEN_BYTES_MAX: usize = 512;
+/// Longest operation id, in bytes.
+pub const OPERATION_LEN_BYTES_MAX: usize = 128;
+/// Longest request fingerprint, in bytes (a SHA-512 digest fits).
+pub const FINGERPRINT_LEN_BYTES_MAX: usize = 64;
+/// Largest saved result, in bytes: results are small (an object key, an id).
+pub const RESULT_LEN_BYTES_MAX: usize = 4_096;
+
+/// Refusals of malformed input. Nothing is written when one is returned.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum InputError {
+    #[error("{field} is empty")]
+    Empty { field: &'static str },
+    #[error("{field} is {len_bytes} bytes; the limit is {len_bytes_max} bytes")]
+    TooLong { field: &'static str, len_bytes: usize, len_bytes_max: usize },
+    #[error("{field} contains a control character at byte {at_byte}")]
+    ControlCharacter { field: &'static str, at_byte: usize },
+    #[error("token {token} is out of range: tokens are 1 to 9223372036854775807 (a BIGINT)")]
+    TokenOutOfRange { token: u64 },
+    #[error("sequence {seq} is out of range: sequences are 0 to 9223372036854775807 (a BIGINT)")]
+    SequenceOutOfRange { seq: u64 },
+}
+
+fn text(field: &'static str, raw: &str, len_bytes_max: usize) -> Result<String, InputError> {
+    if raw.is_empty() {
+        return Err(InputError::Empty { field });
+    }
+    if raw.len() > len_bytes_max {
+        return Err(InputError::TooLong { field, len_bytes: raw.len(), len_bytes_max });
+    }
+    if let Some((at_byte, _)) = raw.char_indices().find(|(_, c)| c.is_control()) {
+        return Err(InputError::ControlCharacter { field, at_byte });
+    }
+    Ok(raw.to_string())
+}
+
+/// The identity of a protected resource, for example `statement:account-42:2026-09-13`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ResourceKey(String);
+
+impl ResourceKey {
+    pub fn new(raw: &str) -> Result<Self, InputError> {
+        text("resource", raw, RESOURCE_LEN_BYTES_MAX).map(Self)
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for ResourceKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Names one logical operation; a retry reuses it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct OperationId(String);
+
+impl OperationId {
+    pub fn new(raw: &str) -> Result<Self, InputError> {
+        text("operation id", raw, OPERATION_LEN_BYTES_MAX).map(Self)
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for OperationId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A digest of the request's payload: the same operation id with another
+/// fingerprint is a conflict, not a retry.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Fingerprint(Vec<u8>);
+
+impl Fingerprint {
+    pub fn new(bytes: &[u8]) -> Result<Self, InputError> {
+        if bytes.is_empty() {
+            return Err(InputError::Empty { field: "fingerprint" });
+        }
+        if bytes.len() > FINGERPRINT_LEN_BYTES_MAX {
+            return Err(InputError::TooLong {
+                field: "fingerprint",
+                len_bytes: bytes.len(),
+                len_bytes_max: FINGERPRINT_LEN_BYTES_MAX,
+            });
+        }
+        Ok(Self(bytes.to_vec()))
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+/// A fencing token as the resource sees it: a positive `BIGINT`. Baton's
+/// tokens fit; so do tokens from other sources (etcd revisions, sequences).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Token(i64);
+
+impl Token {
+    pub fn new(token: u64) -> Result<Self, InputError> {
+        match i64::try_from(token) {
+            Ok(t) if t >= 1 => Ok(Self(t)),
+            _ => Err(InputError::TokenOutOfRange { token }),
+        }
+    }
+
+    pub fn get(self) -> i64 {
+        self.0
+    }
+
+    /// The largest token: cancelling "at" it blocks every token.
+    pub const MAX: Token = Token(i64::MAX);
+}
+
+impl fmt::Display for Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// The order of mutations within one generation ([`Policy::Ordered`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct Sequence(i64);
+
+impl Sequence {
+    pub fn new(seq: u64) -> Result<Self, InputError> {
+        i64::try_from(seq).map(Self).map_err(|_| InputError::SequenceOutOfRange { seq })
+    }
+
+    pub fn get(self) -> i64 {
+        self.0
+    }
+}
+
+/// What a generation (one token) may do at a resource. Chosen per resource
+/// kind; the first write records it and later writes must agree.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum Policy {
+    /// One operation per generation (the default): a token above the recorded
+    /// generation is applied; a second, different operation with the same
+    /// token is refused. Replays of the applied operation return its result.
+    #[default]
+    OnePerGeneration,
+    /// Several ordered mutations per generation: the same token is accepted
+    /// again only with a higher sequence number, so an earlier request that
+    /// arrives late cannot undo a later one.
+    Ordered,
+    /// Any write with a token at or above the recorded generation. Weaker:
+    /// two requests of one owner can arrive out of order and both apply.
+    Session,
+}
+
+impl Policy {
+    pub fn code(self) -> i16 {
+        match self {
+            Policy::OnePerGeneration => 1,
+            Policy::Ordered => 2,
+            Policy::Session => 3,
+        }
+    }
+
+    pub fn from_code(code: i16) -> Option<Self> {
+        match code {
+            1 => Some(Policy::OnePerGeneration),
+            2 => Some(Policy::Ordered),
+            3 => Some(Policy::Session),
+            _ => None,
+        }
+    }
+}
+
+/// One fenced write, presented with its token.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FenceRequest {
+    pub resource: ResourceKey,
+    pub token: Token,
+    pub operation: OperationId,
+    pub fingerprint: Fingerprint,
+    /// Used by [`Policy::Ordered`]; ignored otherwise.
+    pub seq: Sequence,
+    pub policy: Policy,
+    /// When true, a resource with no row yet is [`Outcome::Missing`] instead of created.
+    pub must_exist: bool,
+    /// Saved with the operation record and returned on replay.
+    pub result: Vec<u8>,
+}
+
+impl FenceRequest {
+    /// A request with the default policy, creating the resource if needed.
+    pub fn new(resource: &str, token: u64, operation: &str, fingerprint: &[u8], result: &[u8]) -> Result<Self, InputError> {
+        if result.len() > RESULT_LEN_BYTES_MAX {
+            return Err(InputError::TooLong { field: "result", len_bytes: result.len(), len_bytes_max: RESULT_LEN_BYTES_MAX });
+        }
+        Ok(Self {
+            resource: ResourceKey::new(resource)?,
+            token: Token::new(token)?,
+            operation: OperationId::new(operation)?,
+            fingerprint: Fingerprint::new(fingerprint)?,
+            seq: Sequence::default(),
+            policy: Policy::default(),
+            must_exist: false,
+            result: result.to_vec(),
+        })
+    }
+
+    pub fn with_policy(mut self, policy: Policy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    pub fn with_seq(mut self, seq: u64) -> Result<Self, InputError> {
+        self.seq = Sequence::new(seq)?;
+        Ok(self)
+    }
+
+    pub fn must_exist(mut self) -> Self {
+        self.must_exist = true;
+        self
+    }
+}
+
+/// The answer to a fenced write. Refusals are outcomes, not errors: an
+/// `Err` means the write could not be judged at all.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// The token passed; the caller's effect belongs to this transaction.
+    Applied { token: Token, created: bool },
+    /// This operation id with this fingerprint was applied before: here is
+    /// its saved result. Nothing was applied again.
+    Replayed { token: Token, result: Vec<u8> },
+    /// The token is below the resource's recorded generation.
+    Stale { presented: Token, current: Token },
+    /// The operation id was used before with a different fingerprint.
+    Conflict { operation: OperationId, token: Token },
+    /// The resource was cancelled at or above this token.
+    Cancelled { presented: Token, cancelled_at: Token },
+    /// The resource is deleted (tombstoned); its generation floor remains.
+    Deleted { presented: Token, floor: Token },
+    /// No such resource, and the request said it must exist.
+    Missing,
+    /// [`Policy::OnePerGeneration`]: another operation already used this token.
+    GenerationUsed { token: Token, by_operation: String },
+    /// [`Policy::Ordered`]: the sequence is not above the last applied one.
+    OutOfOrder { token: Token, presented_seq: Sequence, current_seq: Sequence },
+}
+
+impl Outcome {
+    pub fn is_applied(&self) -> bool {
+        matches!(self, Outcome::Applied { .. })
+    }
+
+    /// A short label for logs and metrics.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Outcome::Applied { .. } => "applied",
+            Outcome::Replayed { .. } => "replayed",
+            Outcome::Stale { .. } => "stale",
+            Outcome::Conflict { .. } => "conflict",
+            Outcome::Cancelled { .. } => "cancelled",
+            Outcome::Deleted { .. } => "deleted",
+            Outcome::Missing => "missing",
+            Outcome::GenerationUsed { .. } => "generation_used",
+            Outcome::OutOfOrder { .. } => "out_of_order",
+        }
+    }
+}
