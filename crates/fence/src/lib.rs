@@ -19,11 +19,22 @@
 //! assert_eq!(outcome.label(), "stale");
 //! ```
 
+mod error;
+pub mod metrics;
+#[cfg(feature = "postgres")]
+pub mod postgres;
 mod rule;
+#[cfg(feature = "sqlite")]
+pub mod sqlite;
 mod types;
 
-pub use rule::{cancel, decide, recreate, Decision, OperationRecord, PolicyMismatch, Recreate, ResourceState};
+pub use error::{FenceError, PRUNE_MIN_AGE_S_FLOOR};
+
+pub use rule::{
+    cancel, decide, recreate, Decision, OperationRecord, PolicyMismatch, Recreate, ResourceState,
+};
 pub use types::{
-    FenceRequest, Fingerprint, InputError, OperationId, Outcome, Policy, ResourceKey, Sequence, Token,
-    FINGERPRINT_LEN_BYTES_MAX, OPERATION_LEN_BYTES_MAX, RESOURCE_LEN_BYTES_MAX, RESULT_LEN_BYTES_MAX,
+    FenceRequest, Fingerprint, InputError, OperationId, Outcome, Policy, ResourceKey, Sequence,
+    Token, FINGERPRINT_LEN_BYTES_MAX, OPERATION_LEN_BYTES_MAX, RESOURCE_LEN_BYTES_MAX,
+    RESULT_LEN_BYTES_MAX,
 };

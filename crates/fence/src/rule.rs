@@ -34,7 +34,10 @@ pub struct OperationRecord {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Decision {
     /// Record `next`, save the operation, and let the caller's effect happen.
-    Apply { outcome: Outcome, next: ResourceState },
+    Apply {
+        outcome: Outcome,
+        next: ResourceState,
+    },
     /// Change nothing.
     Refuse(Outcome),
 }
@@ -55,9 +58,15 @@ pub fn decide(
     use Decision::{Apply, Refuse};
     if let Some(op) = existing {
         return Ok(Refuse(if op.fingerprint == req.fingerprint {
-            Outcome::Replayed { token: op.token, result: op.result.clone() }
+            Outcome::Replayed {
+                token: op.token,
+                result: op.result.clone(),
+            }
         } else {
-            Outcome::Conflict { operation: req.operation.clone(), token: op.token }
+            Outcome::Conflict {
+                operation: req.operation.clone(),
+                token: op.token,
+            }
         }));
     }
     let Some(state) = state else {
@@ -73,7 +82,13 @@ pub fn decide(
             deleted: false,
             incarnation: 1,
         };
-        return Ok(Apply { outcome: Outcome::Applied { token: req.token, created: true }, next });
+        return Ok(Apply {
+            outcome: Outcome::Applied {
+                token: req.token,
+                created: true,
+            },
+            next,
+        });
     };
     if state.policy != req.policy {
         return Err(PolicyMismatch {
@@ -84,13 +99,22 @@ pub fn decide(
     }
     let presented = req.token;
     if state.deleted {
-        return Ok(Refuse(Outcome::Deleted { presented, floor: state.generation }));
+        return Ok(Refuse(Outcome::Deleted {
+            presented,
+            floor: state.generation,
+        }));
     }
     if let Some(cancelled_at) = state.cancelled_at.filter(|c| presented <= *c) {
-        return Ok(Refuse(Outcome::Cancelled { presented, cancelled_at }));
+        return Ok(Refuse(Outcome::Cancelled {
+            presented,
+            cancelled_at,
+        }));
     }
     if presented < state.generation {
-        return Ok(Refuse(Outcome::Stale { presented, current: state.generation }));
+        return Ok(Refuse(Outcome::Stale {
+            presented,
+            current: state.generation,
+        }));
     }
     let advance = |seq: Sequence| ResourceState {
         generation: presented,
@@ -98,9 +122,15 @@ pub fn decide(
         last_operation: Some(req.operation.as_str().to_string()),
         ..state.clone()
     };
-    let applied = Outcome::Applied { token: presented, created: false };
+    let applied = Outcome::Applied {
+        token: presented,
+        created: false,
+    };
     if presented > state.generation {
-        return Ok(Apply { outcome: applied, next: advance(req.seq) });
+        return Ok(Apply {
+            outcome: applied,
+            next: advance(req.seq),
+        });
     }
     // The same generation: the policy decides.
     Ok(match state.policy {
@@ -108,11 +138,19 @@ pub fn decide(
             token: presented,
             by_operation: state.last_operation.clone().unwrap_or_default(),
         }),
-        Policy::Ordered if req.seq > state.seq => Apply { outcome: applied, next: advance(req.seq) },
-        Policy::Ordered => {
-            Refuse(Outcome::OutOfOrder { token: presented, presented_seq: req.seq, current_seq: state.seq })
-        }
-        Policy::Session => Apply { outcome: applied, next: advance(req.seq) },
+        Policy::Ordered if req.seq > state.seq => Apply {
+            outcome: applied,
+            next: advance(req.seq),
+        },
+        Policy::Ordered => Refuse(Outcome::OutOfOrder {
+            token: presented,
+            presented_seq: req.seq,
+            current_seq: state.seq,
+        }),
+        Policy::Session => Apply {
+            outcome: applied,
+            next: advance(req.seq),
+        },
     })
 }
 
@@ -154,7 +192,13 @@ pub fn recreate(state: &ResourceState, token: Token) -> (Recreate, Option<Resour
         return (Recreate::NotDeleted, None);
     }
     if token <= state.generation {
-        return (Recreate::Stale { presented: token, floor: state.generation }, None);
+        return (
+            Recreate::Stale {
+                presented: token,
+                floor: state.generation,
+            },
+            None,
+        );
     }
     let next = ResourceState {
         generation: token,
@@ -165,7 +209,13 @@ pub fn recreate(state: &ResourceState, token: Token) -> (Recreate, Option<Resour
         incarnation: state.incarnation + 1,
         policy: state.policy,
     };
-    (Recreate::Recreated { incarnation: next.incarnation, token }, Some(next))
+    (
+        Recreate::Recreated {
+            incarnation: next.incarnation,
+            token,
+        },
+        Some(next),
+    )
 }
 
 #[cfg(test)]
@@ -176,7 +226,11 @@ mod tests {
     use std::collections::HashMap;
 
     fn req(token: u64, op: &str, fp: u8, policy: Policy, seq: u64) -> FenceRequest {
-        FenceRequest::new("r", token, op, &[fp], op.as_bytes()).unwrap().with_policy(policy).with_seq(seq).unwrap()
+        FenceRequest::new("r", token, op, &[fp], op.as_bytes())
+            .unwrap()
+            .with_policy(policy)
+            .with_seq(seq)
+            .unwrap()
     }
 
     fn t(n: u64) -> Token {
@@ -195,7 +249,11 @@ mod tests {
             match decide(self.state.as_ref(), self.ops.get(r.operation.as_str()), r).unwrap() {
                 Decision::Apply { outcome, next } => {
                     self.state = Some(next);
-                    let record = OperationRecord { token: r.token, fingerprint: r.fingerprint.clone(), result: r.result.clone() };
+                    let record = OperationRecord {
+                        token: r.token,
+                        fingerprint: r.fingerprint.clone(),
+                        result: r.result.clone(),
+                    };
                     self.ops.insert(r.operation.as_str().to_string(), record);
                     outcome
                 }
@@ -208,14 +266,53 @@ mod tests {
     fn seed_scenarios_as_data() {
         let mut s = Store::default();
         let p = Policy::OnePerGeneration;
-        assert_eq!(s.write(&req(108, "bob", 1, p, 0)), Outcome::Applied { token: t(108), created: true });
-        assert_eq!(s.write(&req(107, "alice", 2, p, 0)), Outcome::Stale { presented: t(107), current: t(108) });
-        assert_eq!(s.write(&req(108, "bob", 1, p, 0)), Outcome::Replayed { token: t(108), result: b"bob".to_vec() });
-        assert_eq!(s.write(&req(108, "bob", 9, p, 0)), Outcome::Conflict { operation: OperationId::new("bob").unwrap(), token: t(108) });
-        assert_eq!(s.write(&req(108, "carol", 3, p, 0)), Outcome::GenerationUsed { token: t(108), by_operation: "bob".into() });
+        assert_eq!(
+            s.write(&req(108, "bob", 1, p, 0)),
+            Outcome::Applied {
+                token: t(108),
+                created: true
+            }
+        );
+        assert_eq!(
+            s.write(&req(107, "alice", 2, p, 0)),
+            Outcome::Stale {
+                presented: t(107),
+                current: t(108)
+            }
+        );
+        assert_eq!(
+            s.write(&req(108, "bob", 1, p, 0)),
+            Outcome::Replayed {
+                token: t(108),
+                result: b"bob".to_vec()
+            }
+        );
+        assert_eq!(
+            s.write(&req(108, "bob", 9, p, 0)),
+            Outcome::Conflict {
+                operation: OperationId::new("bob").unwrap(),
+                token: t(108)
+            }
+        );
+        assert_eq!(
+            s.write(&req(108, "carol", 3, p, 0)),
+            Outcome::GenerationUsed {
+                token: t(108),
+                by_operation: "bob".into()
+            }
+        );
         s.state = Some(cancel(s.state.as_ref(), p, t(110)));
-        assert_eq!(s.write(&req(109, "dave", 4, p, 0)), Outcome::Cancelled { presented: t(109), cancelled_at: t(110) });
-        assert!(s.write(&req(111, "erin", 5, p, 0)).is_applied(), "a later owner may proceed");
+        assert_eq!(
+            s.write(&req(109, "dave", 4, p, 0)),
+            Outcome::Cancelled {
+                presented: t(109),
+                cancelled_at: t(110)
+            }
+        );
+        assert!(
+            s.write(&req(111, "erin", 5, p, 0)).is_applied(),
+            "a later owner may proceed"
+        );
     }
 
     #[test]
@@ -226,9 +323,16 @@ mod tests {
         assert!(s.write(&req(5, "m3", 1, p, 3)).is_applied());
         assert_eq!(
             s.write(&req(5, "m2", 1, p, 2)),
-            Outcome::OutOfOrder { token: t(5), presented_seq: Sequence::new(2).unwrap(), current_seq: Sequence::new(3).unwrap() }
+            Outcome::OutOfOrder {
+                token: t(5),
+                presented_seq: Sequence::new(2).unwrap(),
+                current_seq: Sequence::new(3).unwrap()
+            }
         );
-        assert!(s.write(&req(6, "n1", 1, p, 0)).is_applied(), "a new generation starts its own sequence");
+        assert!(
+            s.write(&req(6, "n1", 1, p, 0)).is_applied(),
+            "a new generation starts its own sequence"
+        );
     }
 
     #[test]
@@ -236,30 +340,68 @@ mod tests {
         let mut s = Store::default();
         s.write(&req(10, "a", 1, Policy::OnePerGeneration, 0));
         s.state.as_mut().unwrap().deleted = true;
-        assert_eq!(s.write(&req(11, "b", 1, Policy::OnePerGeneration, 0)), Outcome::Deleted { presented: t(11), floor: t(10) });
+        assert_eq!(
+            s.write(&req(11, "b", 1, Policy::OnePerGeneration, 0)),
+            Outcome::Deleted {
+                presented: t(11),
+                floor: t(10)
+            }
+        );
         let state = s.state.clone().unwrap();
-        assert_eq!(recreate(&state, t(10)).0, Recreate::Stale { presented: t(10), floor: t(10) });
+        assert_eq!(
+            recreate(&state, t(10)).0,
+            Recreate::Stale {
+                presented: t(10),
+                floor: t(10)
+            }
+        );
         let (out, next) = recreate(&state, t(20));
-        assert_eq!(out, Recreate::Recreated { incarnation: 2, token: t(20) });
+        assert_eq!(
+            out,
+            Recreate::Recreated {
+                incarnation: 2,
+                token: t(20)
+            }
+        );
         s.state = next;
-        assert_eq!(s.write(&req(15, "late", 1, Policy::OnePerGeneration, 0)), Outcome::Stale { presented: t(15), current: t(20) });
-        assert!(s.write(&req(21, "new", 1, Policy::OnePerGeneration, 0)).is_applied());
+        assert_eq!(
+            s.write(&req(15, "late", 1, Policy::OnePerGeneration, 0)),
+            Outcome::Stale {
+                presented: t(15),
+                current: t(20)
+            }
+        );
+        assert!(s
+            .write(&req(21, "new", 1, Policy::OnePerGeneration, 0))
+            .is_applied());
     }
 
     #[test]
     fn must_exist_and_policy_mismatch() {
         let mut s = Store::default();
-        assert_eq!(s.write(&req(1, "a", 1, Policy::Session, 0).must_exist()), Outcome::Missing);
+        assert_eq!(
+            s.write(&req(1, "a", 1, Policy::Session, 0).must_exist()),
+            Outcome::Missing
+        );
         s.write(&req(1, "a", 1, Policy::Session, 0));
         assert!(decide(s.state.as_ref(), None, &req(2, "b", 1, Policy::Ordered, 0)).is_err());
     }
 
     #[derive(Clone, Debug)]
     enum Step {
-        Write { token: u64, op: u8, fp: u8, seq: u64 },
-        Cancel { at: u64 },
+        Write {
+            token: u64,
+            op: u8,
+            fp: u8,
+            seq: u64,
+        },
+        Cancel {
+            at: u64,
+        },
         Delete,
-        Recreate { token: u64 },
+        Recreate {
+            token: u64,
+        },
     }
 
     fn step() -> impl Strategy<Value = Step> {
@@ -272,7 +414,11 @@ mod tests {
     }
 
     fn policy() -> impl Strategy<Value = Policy> {
-        prop_oneof![Just(Policy::OnePerGeneration), Just(Policy::Ordered), Just(Policy::Session)]
+        prop_oneof![
+            Just(Policy::OnePerGeneration),
+            Just(Policy::Ordered),
+            Just(Policy::Session)
+        ]
     }
 
     proptest! {

@@ -18,7 +18,11 @@ pub enum InputError {
     #[error("{field} is empty")]
     Empty { field: &'static str },
     #[error("{field} is {len_bytes} bytes; the limit is {len_bytes_max} bytes")]
-    TooLong { field: &'static str, len_bytes: usize, len_bytes_max: usize },
+    TooLong {
+        field: &'static str,
+        len_bytes: usize,
+        len_bytes_max: usize,
+    },
     #[error("{field} contains a control character at byte {at_byte}")]
     ControlCharacter { field: &'static str, at_byte: usize },
     #[error("token {token} is out of range: tokens are 1 to 9223372036854775807 (a BIGINT)")]
@@ -32,7 +36,11 @@ fn text(field: &'static str, raw: &str, len_bytes_max: usize) -> Result<String, 
         return Err(InputError::Empty { field });
     }
     if raw.len() > len_bytes_max {
-        return Err(InputError::TooLong { field, len_bytes: raw.len(), len_bytes_max });
+        return Err(InputError::TooLong {
+            field,
+            len_bytes: raw.len(),
+            len_bytes_max,
+        });
     }
     if let Some((at_byte, _)) = raw.char_indices().find(|(_, c)| c.is_control()) {
         return Err(InputError::ControlCharacter { field, at_byte });
@@ -88,7 +96,9 @@ pub struct Fingerprint(Vec<u8>);
 impl Fingerprint {
     pub fn new(bytes: &[u8]) -> Result<Self, InputError> {
         if bytes.is_empty() {
-            return Err(InputError::Empty { field: "fingerprint" });
+            return Err(InputError::Empty {
+                field: "fingerprint",
+            });
         }
         if bytes.len() > FINGERPRINT_LEN_BYTES_MAX {
             return Err(InputError::TooLong {
@@ -138,7 +148,9 @@ pub struct Sequence(i64);
 
 impl Sequence {
     pub fn new(seq: u64) -> Result<Self, InputError> {
-        i64::try_from(seq).map(Self).map_err(|_| InputError::SequenceOutOfRange { seq })
+        i64::try_from(seq)
+            .map(Self)
+            .map_err(|_| InputError::SequenceOutOfRange { seq })
     }
 
     pub fn get(self) -> i64 {
@@ -201,9 +213,19 @@ pub struct FenceRequest {
 
 impl FenceRequest {
     /// A request with the default policy, creating the resource if needed.
-    pub fn new(resource: &str, token: u64, operation: &str, fingerprint: &[u8], result: &[u8]) -> Result<Self, InputError> {
+    pub fn new(
+        resource: &str,
+        token: u64,
+        operation: &str,
+        fingerprint: &[u8],
+        result: &[u8],
+    ) -> Result<Self, InputError> {
         if result.len() > RESULT_LEN_BYTES_MAX {
-            return Err(InputError::TooLong { field: "result", len_bytes: result.len(), len_bytes_max: RESULT_LEN_BYTES_MAX });
+            return Err(InputError::TooLong {
+                field: "result",
+                len_bytes: result.len(),
+                len_bytes_max: RESULT_LEN_BYTES_MAX,
+            });
         }
         Ok(Self {
             resource: ResourceKey::new(resource)?,
@@ -245,9 +267,15 @@ pub enum Outcome {
     /// The token is below the resource's recorded generation.
     Stale { presented: Token, current: Token },
     /// The operation id was used before with a different fingerprint.
-    Conflict { operation: OperationId, token: Token },
+    Conflict {
+        operation: OperationId,
+        token: Token,
+    },
     /// The resource was cancelled at or above this token.
-    Cancelled { presented: Token, cancelled_at: Token },
+    Cancelled {
+        presented: Token,
+        cancelled_at: Token,
+    },
     /// The resource is deleted (tombstoned); its generation floor remains.
     Deleted { presented: Token, floor: Token },
     /// No such resource, and the request said it must exist.
@@ -255,7 +283,11 @@ pub enum Outcome {
     /// [`Policy::OnePerGeneration`]: another operation already used this token.
     GenerationUsed { token: Token, by_operation: String },
     /// [`Policy::Ordered`]: the sequence is not above the last applied one.
-    OutOfOrder { token: Token, presented_seq: Sequence, current_seq: Sequence },
+    OutOfOrder {
+        token: Token,
+        presented_seq: Sequence,
+        current_seq: Sequence,
+    },
 }
 
 impl Outcome {

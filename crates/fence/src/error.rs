@@ -1,0 +1,39 @@
+use crate::{InputError, PolicyMismatch};
+
+/// A fenced write that could not be judged. Refusals (stale, conflict, ...)
+/// are [`crate::Outcome`]s, never errors.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum FenceError {
+    #[error(transparent)]
+    Input(#[from] InputError),
+    #[error(transparent)]
+    PolicyMismatch(#[from] PolicyMismatch),
+    #[error("operation records younger than {min_age_s_floor}s are never pruned; asked for {min_age_s}s")]
+    PruneTooYoung {
+        min_age_s: u64,
+        min_age_s_floor: u64,
+    },
+    #[error("stored fence state is invalid: {0}")]
+    Corrupt(String),
+    #[cfg(feature = "sqlite")]
+    #[error("sqlite: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    #[cfg(feature = "postgres")]
+    #[error("postgres: {0}")]
+    Postgres(#[from] tokio_postgres::Error),
+}
+
+/// Operation records younger than this are kept by every prune: a retry may
+/// still be on its way.
+pub const PRUNE_MIN_AGE_S_FLOOR: u64 = 3_600;
+
+pub(crate) fn check_prune_age(min_age_s: u64) -> Result<(), FenceError> {
+    if min_age_s < PRUNE_MIN_AGE_S_FLOOR {
+        return Err(FenceError::PruneTooYoung {
+            min_age_s,
+            min_age_s_floor: PRUNE_MIN_AGE_S_FLOOR,
+        });
+    }
+    Ok(())
+}

@@ -1,0 +1,329 @@
+//! PostgreSQL backend: the rule runs in the database as `baton.fence`
+//! (`sql/001_baton_fence.sql`), so a fenced write is one statement inside the
+//! caller's transaction and services in any language share it.
+
+use tokio_postgres::{Client, GenericClient, Row, Statement, Transaction};
+
+use crate::error::check_prune_age;
+use crate::rule::{Recreate, ResourceState};
+use crate::{metrics, FenceError, FenceRequest, Outcome, Policy, ResourceKey, Sequence, Token};
+
+/// The migration that installs the `baton` schema, tables and functions.
+pub const MIGRATION: &str = include_str!("../sql/001_baton_fence.sql");
+
+const FENCE_SQL: &str = "SELECT outcome, token, current_token, current_seq, detail, result
+    FROM baton.fence($1, $2, $3, $4, $5, $6, $7, $8)";
+const PUBLISH_SQL: &str = "SELECT outcome, token, current_token, current_seq, detail, result
+    FROM baton.publish($1, $2, $3, $4, $5)";
+
+/// The published pointer of a resource.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Publication {
+    pub object_key: String,
+    pub token: Token,
+    pub operation: String,
+}
+
+fn token(v: i64) -> Result<Token, FenceError> {
+    Token::new(v as u64).map_err(|e| FenceError::Corrupt(e.to_string()))
+}
+
+fn seq(v: i64) -> Result<Sequence, FenceError> {
+    Sequence::new(v as u64).map_err(|e| FenceError::Corrupt(e.to_string()))
+}
+
+fn outcome(req: &FenceRequest, row: &Row) -> Result<Outcome, FenceError> {
+    let label: String = row.try_get(0)?;
+    let t = token(row.try_get(1)?)?;
+    let current = || -> Result<Token, FenceError> { token(row.try_get::<_, i64>(2)?) };
+    let out = match label.as_str() {
+        "applied" => Outcome::Applied {
+            token: t,
+            created: row.try_get::<_, Option<String>>(4)?.as_deref() == Some("created"),
+        },
+        "replayed" => Outcome::Replayed {
+            token: t,
+            result: row.try_get(5)?,
+        },
+        "stale" => Outcome::Stale {
+            presented: t,
+            current: current()?,
+        },
+        "conflict" => Outcome::Conflict {
+            operation: req.operation.clone(),
+            token: t,
+        },
+        "cancelled" => Outcome::Cancelled {
+            presented: t,
+            cancelled_at: current()?,
+        },
+        "deleted" => Outcome::Deleted {
+            presented: t,
+            floor: current()?,
+        },
+        "missing" => Outcome::Missing,
+        "generation_used" => Outcome::GenerationUsed {
+            token: t,
+            by_operation: row.try_get::<_, Option<String>>(4)?.unwrap_or_default(),
+        },
+        "out_of_order" => Outcome::OutOfOrder {
+            token: t,
+            presented_seq: req.seq,
+            current_seq: seq(row.try_get(3)?)?,
+        },
+        other => return Err(FenceError::Corrupt(format!("unknown outcome {other:?}"))),
+    };
+    metrics::record(req, &out);
+    Ok(out)
+}
+
+/// Statements prepared once per connection, for hot paths.
+pub struct Prepared {
+    fence: Statement,
+    publish: Statement,
+}
+
+pub struct PgFence;
+
+impl PgFence {
+    /// Installs or upgrades the `baton` schema. Safe to run concurrently:
+    /// migrations serialize on a transaction-level advisory lock.
+    pub async fn migrate(client: &mut Client) -> Result<(), FenceError> {
+        let tx = client.transaction().await?;
+        tx.execute(
+            "SELECT pg_advisory_xact_lock(hashtext('baton.fence.migrate'))",
+            &[],
+        )
+        .await?;
+        tx.batch_execute(MIGRATION).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    pub async fn prepare(client: &impl GenericClient) -> Result<Prepared, FenceError> {
+        Ok(Prepared {
+            fence: client.prepare(FENCE_SQL).await?,
+            publish: client.prepare(PUBLISH_SQL).await?,
+        })
+    }
+
+    /// Judges `req` in the caller's transaction (`client` should be a
+    /// [`Transaction`]): on [`Outcome::Applied`] the generation advanced and
+    /// the operation was recorded, and the row stays locked until commit, so
+    /// the caller's effect that follows is atomic with the check.
+    pub async fn fence(
+        client: &impl GenericClient,
+        req: &FenceRequest,
+    ) -> Result<Outcome, FenceError> {
+        let statement = client.prepare(FENCE_SQL).await?;
+        Self::fence_prepared(client, &statement, req).await
+    }
+
+    async fn fence_prepared(
+        client: &impl GenericClient,
+        statement: &Statement,
+        req: &FenceRequest,
+    ) -> Result<Outcome, FenceError> {
+        let policy = req.policy.code();
+        let row = client
+            .query_one(
+                statement,
+                &[
+                    &req.resource.as_str(),
+                    &req.token.get(),
+                    &req.operation.as_str(),
+                    &req.fingerprint.as_bytes(),
+                    &req.result,
+                    &req.seq.get(),
+                    &policy,
+                    &req.must_exist,
+                ],
+            )
+            .await?;
+        outcome(req, &row)
+    }
+
+    /// Opens a transaction, judges `req`, runs `effect` only if it applied,
+    /// and commits. If `effect` fails the transaction rolls back: no
+    /// operation record without its effect.
+    pub async fn write<E>(
+        client: &mut Client,
+        req: &FenceRequest,
+        effect: impl AsyncFnOnce(&Transaction<'_>) -> Result<(), E>,
+    ) -> Result<Outcome, E>
+    where
+        E: From<FenceError>,
+    {
+        let tx = client.transaction().await.map_err(FenceError::from)?;
+        let outcome = Self::fence(&tx, req).await?;
+        if outcome.is_applied() {
+            effect(&tx).await?;
+        }
+        tx.commit().await.map_err(FenceError::from)?;
+        Ok(outcome)
+    }
+
+    /// A fenced move of the publication pointer to `req.result` (an object
+    /// key) with its operation record: one statement, one round trip.
+    pub async fn publish(
+        client: &impl GenericClient,
+        prepared: &Prepared,
+        req: &FenceRequest,
+    ) -> Result<Outcome, FenceError> {
+        let object_key =
+            std::str::from_utf8(&req.result).map_err(|_| crate::InputError::ControlCharacter {
+                field: "object key",
+                at_byte: 0,
+            })?;
+        let row = client
+            .query_one(
+                &prepared.publish,
+                &[
+                    &req.resource.as_str(),
+                    &req.token.get(),
+                    &req.operation.as_str(),
+                    &req.fingerprint.as_bytes(),
+                    &object_key,
+                ],
+            )
+            .await?;
+        outcome(req, &row)
+    }
+
+    /// [`PgFence::fence`] with a prepared statement.
+    pub async fn fence_with(
+        client: &impl GenericClient,
+        prepared: &Prepared,
+        req: &FenceRequest,
+    ) -> Result<Outcome, FenceError> {
+        Self::fence_prepared(client, &prepared.fence, req).await
+    }
+
+    pub async fn publication(
+        client: &impl GenericClient,
+        resource: &ResourceKey,
+    ) -> Result<Option<Publication>, FenceError> {
+        let row = client
+            .query_opt(
+                "SELECT object_key, token, operation FROM baton.publications WHERE resource = $1",
+                &[&resource.as_str()],
+            )
+            .await?;
+        row.map(|r| {
+            Ok(Publication {
+                object_key: r.try_get(0)?,
+                token: token(r.try_get(1)?)?,
+                operation: r.try_get(2)?,
+            })
+        })
+        .transpose()
+    }
+
+    pub async fn state(
+        client: &impl GenericClient,
+        resource: &ResourceKey,
+    ) -> Result<Option<ResourceState>, FenceError> {
+        let row = client
+            .query_opt(
+                "SELECT policy, generation, seq, last_operation, cancelled_at, deleted, incarnation
+                 FROM baton.resources WHERE resource = $1",
+                &[&resource.as_str()],
+            )
+            .await?;
+        let Some(r) = row else { return Ok(None) };
+        let policy: i16 = r.try_get(0)?;
+        Ok(Some(ResourceState {
+            policy: Policy::from_code(policy)
+                .ok_or_else(|| FenceError::Corrupt(format!("policy code {policy}")))?,
+            generation: token(r.try_get(1)?)?,
+            seq: seq(r.try_get(2)?)?,
+            last_operation: r.try_get(3)?,
+            cancelled_at: r.try_get::<_, Option<i64>>(4)?.map(token).transpose()?,
+            deleted: r.try_get(5)?,
+            incarnation: r.try_get(6)?,
+        }))
+    }
+
+    /// A fenced deletion: judged like a write, then the row is a tombstone
+    /// that keeps its generation floor.
+    pub async fn delete(
+        client: &impl GenericClient,
+        req: &FenceRequest,
+    ) -> Result<Outcome, FenceError> {
+        let row = client
+            .query_one(
+                "SELECT outcome, token, current_token, current_seq, detail, result FROM baton.delete($1, $2, $3, $4)",
+                &[&req.resource.as_str(), &req.token.get(), &req.operation.as_str(), &req.fingerprint.as_bytes()],
+            )
+            .await?;
+        outcome(req, &row)
+    }
+
+    /// Durable cancellation: every token at or below `at` is refused from now on.
+    pub async fn cancel(
+        client: &impl GenericClient,
+        resource: &ResourceKey,
+        policy: Policy,
+        at: Token,
+    ) -> Result<Token, FenceError> {
+        let row = client
+            .query_one(
+                "SELECT baton.cancel($1, $2, $3)",
+                &[&resource.as_str(), &at.get(), &policy.code()],
+            )
+            .await?;
+        tracing::info!(%resource, at = %at, "resource cancelled");
+        token(row.try_get(0)?)
+    }
+
+    pub async fn recreate(
+        client: &impl GenericClient,
+        resource: &ResourceKey,
+        token_: Token,
+    ) -> Result<Recreate, FenceError> {
+        let label: String = client
+            .query_one(
+                "SELECT baton.recreate($1, $2)",
+                &[&resource.as_str(), &token_.get()],
+            )
+            .await?
+            .try_get(0)?;
+        match label.as_str() {
+            "recreated" => {
+                let state = Self::state(client, resource)
+                    .await?
+                    .ok_or_else(|| FenceError::Corrupt("recreated row vanished".into()))?;
+                Ok(Recreate::Recreated {
+                    incarnation: state.incarnation,
+                    token: token_,
+                })
+            }
+            "stale" => {
+                let state = Self::state(client, resource)
+                    .await?
+                    .ok_or_else(|| FenceError::Corrupt("row vanished".into()))?;
+                Ok(Recreate::Stale {
+                    presented: token_,
+                    floor: state.generation,
+                })
+            }
+            _ => Ok(Recreate::NotDeleted),
+        }
+    }
+
+    /// Deletes operation records older than `min_age_s` (at least an hour).
+    pub async fn prune_operations(
+        client: &impl GenericClient,
+        min_age_s: u64,
+    ) -> Result<u64, FenceError> {
+        check_prune_age(min_age_s)?;
+        let n: i64 = client
+            .query_one(
+                "SELECT baton.prune_operations(make_interval(secs => $1))",
+                &[&(min_age_s as f64)],
+            )
+            .await?
+            .try_get(0)?;
+        Ok(n as u64)
+    }
+}

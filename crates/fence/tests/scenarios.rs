@@ -1,0 +1,537 @@
+//! The seed's scenarios, run against SQLite and a real PostgreSQL server with
+//! one test suite. Each test owns its SQLite file or PostgreSQL database.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use baton_fence::postgres::{PgFence, Prepared};
+use baton_fence::sqlite::SqliteFence;
+use baton_fence::{
+    FenceError, FenceRequest, Outcome, Policy, Recreate, ResourceKey, ResourceState, Token,
+};
+use rusqlite::Connection;
+use tokio_postgres::{Client, NoTls};
+
+static N: AtomicU64 = AtomicU64::new(0);
+
+fn unique(tag: &str) -> String {
+    format!(
+        "{tag}_{}_{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+fn t(n: u64) -> Token {
+    Token::new(n).unwrap()
+}
+
+fn key(s: &str) -> ResourceKey {
+    ResourceKey::new(s).unwrap()
+}
+
+/// The statement publication of the seed: resource, token, operation, payload.
+fn req(resource: &str, token: u64, op: &str, payload: &str) -> FenceRequest {
+    FenceRequest::new(
+        resource,
+        token,
+        op,
+        payload.as_bytes(),
+        format!("statements/{resource}/generation-{token}.pdf").as_bytes(),
+    )
+    .unwrap()
+}
+
+/// What every backend must offer the suite.
+#[allow(async_fn_in_trait)]
+trait Backend {
+    /// A fenced write whose effect appends (resource, token, operation) to a log table.
+    async fn write(&mut self, req: &FenceRequest) -> Outcome;
+    /// The same with an effect that fails: the transaction must roll back.
+    async fn write_failing(&mut self, req: &FenceRequest) -> Result<Outcome, FenceError>;
+    async fn publish(&mut self, req: &FenceRequest) -> Outcome;
+    async fn publication(&mut self, resource: &str) -> Option<(String, i64)>;
+    async fn cancel(&mut self, resource: &str, at: u64);
+    async fn delete(&mut self, req: &FenceRequest) -> Outcome;
+    async fn recreate(&mut self, resource: &str, token: u64) -> Recreate;
+    async fn state(&mut self, resource: &str) -> Option<ResourceState>;
+    async fn log(&mut self) -> Vec<(String, i64, String)>;
+}
+
+// ---- SQLite ----------------------------------------------------------------
+
+struct Sqlite {
+    conn: Connection,
+    path: std::path::PathBuf,
+}
+
+impl Sqlite {
+    fn new() -> Self {
+        let path = std::env::temp_dir().join(format!("{}.sqlite", unique("baton_fence")));
+        let conn = Self::open(&path);
+        SqliteFence::migrate(&conn).unwrap();
+        conn.execute_batch("CREATE TABLE IF NOT EXISTS effects (id INTEGER PRIMARY KEY AUTOINCREMENT, resource TEXT, token INTEGER, operation TEXT)").unwrap();
+        Self { conn, path }
+    }
+
+    fn open(path: &std::path::Path) -> Connection {
+        let conn = Connection::open(path).unwrap();
+        conn.busy_timeout(std::time::Duration::from_secs(10))
+            .unwrap();
+        conn.pragma_update(None, "journal_mode", "WAL").unwrap();
+        conn
+    }
+}
+
+impl Drop for Sqlite {
+    fn drop(&mut self) {
+        for suffix in ["", "-wal", "-shm"] {
+            let _ = std::fs::remove_file(format!("{}{suffix}", self.path.display()));
+        }
+    }
+}
+
+fn sqlite_effect(tx: &rusqlite::Transaction<'_>, req: &FenceRequest) -> Result<(), FenceError> {
+    tx.execute(
+        "INSERT INTO effects (resource, token, operation) VALUES (?1, ?2, ?3)",
+        rusqlite::params![
+            req.resource.as_str(),
+            req.token.get(),
+            req.operation.as_str()
+        ],
+    )?;
+    Ok(())
+}
+
+impl Backend for Sqlite {
+    async fn write(&mut self, req: &FenceRequest) -> Outcome {
+        SqliteFence::write(&mut self.conn, req, |tx| sqlite_effect(tx, req)).unwrap()
+    }
+
+    async fn write_failing(&mut self, req: &FenceRequest) -> Result<Outcome, FenceError> {
+        SqliteFence::write(&mut self.conn, req, |tx| {
+            sqlite_effect(tx, req)?;
+            Err(FenceError::Corrupt("effect failed".into()))
+        })
+    }
+
+    async fn publish(&mut self, req: &FenceRequest) -> Outcome {
+        SqliteFence::publish(&mut self.conn, req).unwrap()
+    }
+
+    async fn publication(&mut self, resource: &str) -> Option<(String, i64)> {
+        SqliteFence::publication(&self.conn, &key(resource))
+            .unwrap()
+            .map(|p| (p.object_key, p.token.get()))
+    }
+
+    async fn cancel(&mut self, resource: &str, at: u64) {
+        SqliteFence::cancel(
+            &mut self.conn,
+            &key(resource),
+            Policy::OnePerGeneration,
+            t(at),
+        )
+        .unwrap();
+    }
+
+    async fn delete(&mut self, req: &FenceRequest) -> Outcome {
+        SqliteFence::delete(&mut self.conn, req).unwrap()
+    }
+
+    async fn recreate(&mut self, resource: &str, token: u64) -> Recreate {
+        SqliteFence::recreate(&mut self.conn, &key(resource), t(token)).unwrap()
+    }
+
+    async fn state(&mut self, resource: &str) -> Option<ResourceState> {
+        SqliteFence::state(&self.conn, &key(resource)).unwrap()
+    }
+
+    async fn log(&mut self) -> Vec<(String, i64, String)> {
+        let mut stmt = self
+            .conn
+            .prepare("SELECT resource, token, operation FROM effects ORDER BY id")
+            .unwrap();
+        stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect()
+    }
+}
+
+// ---- PostgreSQL --------------------------------------------------------------
+
+fn pg_admin_url() -> String {
+    std::env::var("BATON_TEST_PG")
+        .unwrap_or_else(|_| "host=127.0.0.1 user=postgres dbname=postgres".into())
+}
+
+async fn pg_connect(url: &str) -> Client {
+    let (client, conn) = tokio_postgres::connect(url, NoTls)
+        .await
+        .unwrap_or_else(|e| panic!("PostgreSQL is required for these tests ({url}): {e}"));
+    tokio::spawn(conn);
+    client
+}
+
+/// A database of its own, dropped (with its connections) when the test ends.
+struct PgDb {
+    name: String,
+    url: String,
+}
+
+impl PgDb {
+    async fn create() -> Self {
+        let name = unique("baton_fence_test");
+        let admin = pg_connect(&pg_admin_url()).await;
+        admin
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .await
+            .unwrap();
+        let url = format!(
+            "{} dbname={name}",
+            pg_admin_url().replace("dbname=postgres", "")
+        );
+        let mut client = pg_connect(&url).await;
+        PgFence::migrate(&mut client).await.unwrap();
+        client
+            .batch_execute("CREATE TABLE effects (id bigserial PRIMARY KEY, resource text, token bigint, operation text)")
+            .await
+            .unwrap();
+        Self { name, url }
+    }
+}
+
+impl Drop for PgDb {
+    fn drop(&mut self) {
+        let name = self.name.clone();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                let admin = pg_connect(&pg_admin_url()).await;
+                let _ = admin
+                    .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                    .await;
+            });
+        })
+        .join()
+        .unwrap();
+    }
+}
+
+struct Pg {
+    client: Client,
+    prepared: Prepared,
+    _db: PgDb,
+}
+
+impl Pg {
+    async fn new() -> Self {
+        let db = PgDb::create().await;
+        let client = pg_connect(&db.url).await;
+        let prepared = PgFence::prepare(&client).await.unwrap();
+        Self {
+            client,
+            prepared,
+            _db: db,
+        }
+    }
+}
+
+async fn pg_effect(
+    tx: &tokio_postgres::Transaction<'_>,
+    req: &FenceRequest,
+) -> Result<(), FenceError> {
+    tx.execute(
+        "INSERT INTO effects (resource, token, operation) VALUES ($1, $2, $3)",
+        &[
+            &req.resource.as_str(),
+            &req.token.get(),
+            &req.operation.as_str(),
+        ],
+    )
+    .await?;
+    Ok(())
+}
+
+impl Backend for Pg {
+    async fn write(&mut self, req: &FenceRequest) -> Outcome {
+        PgFence::write(&mut self.client, req, async |tx| pg_effect(tx, req).await)
+            .await
+            .unwrap()
+    }
+
+    async fn write_failing(&mut self, req: &FenceRequest) -> Result<Outcome, FenceError> {
+        PgFence::write(&mut self.client, req, async |tx| {
+            pg_effect(tx, req).await?;
+            Err(FenceError::Corrupt("effect failed".into()))
+        })
+        .await
+    }
+
+    async fn publish(&mut self, req: &FenceRequest) -> Outcome {
+        PgFence::publish(&self.client, &self.prepared, req)
+            .await
+            .unwrap()
+    }
+
+    async fn publication(&mut self, resource: &str) -> Option<(String, i64)> {
+        PgFence::publication(&self.client, &key(resource))
+            .await
+            .unwrap()
+            .map(|p| (p.object_key, p.token.get()))
+    }
+
+    async fn cancel(&mut self, resource: &str, at: u64) {
+        PgFence::cancel(
+            &self.client,
+            &key(resource),
+            Policy::OnePerGeneration,
+            t(at),
+        )
+        .await
+        .unwrap();
+    }
+
+    async fn delete(&mut self, req: &FenceRequest) -> Outcome {
+        PgFence::delete(&self.client, req).await.unwrap()
+    }
+
+    async fn recreate(&mut self, resource: &str, token: u64) -> Recreate {
+        PgFence::recreate(&self.client, &key(resource), t(token))
+            .await
+            .unwrap()
+    }
+
+    async fn state(&mut self, resource: &str) -> Option<ResourceState> {
+        PgFence::state(&self.client, &key(resource)).await.unwrap()
+    }
+
+    async fn log(&mut self) -> Vec<(String, i64, String)> {
+        let rows = self
+            .client
+            .query(
+                "SELECT resource, token, operation FROM effects ORDER BY id",
+                &[],
+            )
+            .await
+            .unwrap();
+        rows.iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2)))
+            .collect()
+    }
+}
+
+// ---- The suite -----------------------------------------------------------------
+
+const STATEMENT: &str = "statement:account-42:2026-09-13";
+
+async fn alice_is_stale_after_bob_published(b: &mut impl Backend) {
+    assert_eq!(
+        b.publish(&req(STATEMENT, 108, "bob-publish", "bob")).await,
+        Outcome::Applied {
+            token: t(108),
+            created: true
+        }
+    );
+    let alice = b
+        .publish(&req(STATEMENT, 107, "alice-publish", "alice"))
+        .await;
+    assert_eq!(
+        alice,
+        Outcome::Stale {
+            presented: t(107),
+            current: t(108)
+        }
+    );
+    let (object, token) = b.publication(STATEMENT).await.unwrap();
+    assert_eq!(
+        (object.as_str(), token),
+        (
+            "statements/statement:account-42:2026-09-13/generation-108.pdf",
+            108
+        )
+    );
+}
+
+async fn lost_response_retry_returns_the_saved_result_then_conflict(b: &mut impl Backend) {
+    let bob = req(STATEMENT, 108, "bob-publish", "bob");
+    assert!(b.write(&bob).await.is_applied());
+    // The response was lost; Bob retries with the same operation id and payload.
+    let retry = b.write(&bob).await;
+    assert_eq!(
+        retry,
+        Outcome::Replayed {
+            token: t(108),
+            result: bob.result.clone()
+        }
+    );
+    assert_eq!(b.log().await.len(), 1, "a replay applies nothing");
+    let changed = req(STATEMENT, 108, "bob-publish", "bob, different payload");
+    assert!(matches!(b.write(&changed).await, Outcome::Conflict { token, .. } if token == t(108)));
+    assert_eq!(
+        b.write(&req(STATEMENT, 108, "bob-second", "x")).await,
+        Outcome::GenerationUsed {
+            token: t(108),
+            by_operation: "bob-publish".into()
+        }
+    );
+    assert_eq!(b.log().await.len(), 1);
+}
+
+async fn deletion_then_recreation_rejects_an_old_request(b: &mut impl Backend) {
+    let r = "account:42";
+    assert!(b.write(&req(r, 10, "create", "v1")).await.is_applied());
+    assert!(b
+        .delete(&req(r, 11, "delete", "tombstone"))
+        .await
+        .is_applied());
+    assert_eq!(
+        b.write(&req(r, 12, "late-update", "v2")).await,
+        Outcome::Deleted {
+            presented: t(12),
+            floor: t(11)
+        }
+    );
+    assert_eq!(
+        b.recreate(r, 11).await,
+        Recreate::Stale {
+            presented: t(11),
+            floor: t(11)
+        }
+    );
+    assert_eq!(
+        b.recreate(r, 20).await,
+        Recreate::Recreated {
+            incarnation: 2,
+            token: t(20)
+        }
+    );
+    // A request from before the deletion, delayed in the network, arrives now.
+    assert_eq!(
+        b.write(&req(r, 11, "delayed", "old")).await,
+        Outcome::Stale {
+            presented: t(11),
+            current: t(20)
+        }
+    );
+    assert!(b
+        .write(&req(r, 21, "new-incarnation", "v3"))
+        .await
+        .is_applied());
+    let s = b.state(r).await.unwrap();
+    assert_eq!((s.generation, s.incarnation, s.deleted), (t(21), 2, false));
+}
+
+async fn cancellation_rejects_a_later_publish_from_an_older_token(b: &mut impl Backend) {
+    assert!(b
+        .publish(&req(STATEMENT, 5, "gen-5", "a"))
+        .await
+        .is_applied());
+    b.cancel(STATEMENT, 7).await;
+    // The worker holding token 6 never saw the cancel signal.
+    assert_eq!(
+        b.publish(&req(STATEMENT, 6, "gen-6", "b")).await,
+        Outcome::Cancelled {
+            presented: t(6),
+            cancelled_at: t(7)
+        }
+    );
+    assert_eq!(
+        b.publish(&req(STATEMENT, 7, "gen-7", "c")).await,
+        Outcome::Cancelled {
+            presented: t(7),
+            cancelled_at: t(7)
+        }
+    );
+    assert_eq!(
+        b.publication(STATEMENT).await.unwrap().1,
+        5,
+        "the pointer did not move"
+    );
+    assert!(
+        b.publish(&req(STATEMENT, 8, "gen-8", "d"))
+            .await
+            .is_applied(),
+        "an owner acquired after the cancel may proceed"
+    );
+    // Cancelling a resource that was never written creates it cancelled.
+    b.cancel("never-written", 3).await;
+    assert!(matches!(
+        b.write(&req("never-written", 2, "w", "x")).await,
+        Outcome::Cancelled { .. }
+    ));
+}
+
+async fn first_creation_missing_and_policies(b: &mut impl Backend) {
+    let missing = req("new", 1, "m", "x").must_exist();
+    assert_eq!(b.write(&missing).await, Outcome::Missing);
+    assert!(b.state("new").await.is_none(), "missing creates nothing");
+    let ordered = |token, seq, op: &str| {
+        req("ordered", token, op, op)
+            .with_policy(Policy::Ordered)
+            .with_seq(seq)
+            .unwrap()
+    };
+    assert!(b.write(&ordered(3, 1, "m1")).await.is_applied());
+    assert!(b.write(&ordered(3, 3, "m3")).await.is_applied());
+    assert!(
+        matches!(
+            b.write(&ordered(3, 2, "m2")).await,
+            Outcome::OutOfOrder { .. }
+        ),
+        "an earlier mutation arriving late is refused"
+    );
+    let session = |token, op: &str| req("session", token, op, op).with_policy(Policy::Session);
+    assert!(b.write(&session(4, "s1")).await.is_applied());
+    assert!(
+        b.write(&session(4, "s2")).await.is_applied(),
+        "session: any write with the current token"
+    );
+    assert!(matches!(
+        b.write(&session(3, "s3")).await,
+        Outcome::Stale { .. }
+    ));
+}
+
+async fn a_failed_effect_leaves_no_record(b: &mut impl Backend) {
+    let r = req("failing", 9, "op-9", "x");
+    assert!(b.write_failing(&r).await.is_err());
+    assert!(
+        b.state("failing").await.is_none(),
+        "no resource row without the effect"
+    );
+    assert!(b.log().await.is_empty(), "no effect");
+    assert_eq!(
+        b.write(&r).await,
+        Outcome::Applied {
+            token: t(9),
+            created: true
+        },
+        "the retry applies: nothing was recorded"
+    );
+}
+
+macro_rules! suite {
+    ($($name:ident),*) => {
+        mod sqlite_backend {
+            use super::*;
+            $(#[tokio::test] async fn $name() { super::$name(&mut Sqlite::new()).await; })*
+        }
+        mod postgres_backend {
+            use super::*;
+            $(#[tokio::test] async fn $name() { super::$name(&mut Pg::new().await).await; })*
+        }
+    };
+}
+
+suite!(
+    alice_is_stale_after_bob_published,
+    lost_response_retry_returns_the_saved_result_then_conflict,
+    deletion_then_recreation_rejects_an_old_request,
+    cancellation_rejects_a_later_publish_from_an_older_token,
+    first_creation_missing_and_policies,
+    a_failed_effect_leaves_no_record
+);
