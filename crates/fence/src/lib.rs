@@ -21,6 +21,8 @@
 
 mod error;
 pub mod metrics;
+#[cfg(feature = "objects")]
+pub mod objects;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 mod rule;

@@ -34,21 +34,44 @@ fn request(writer: u64, i: u64, token: u64) -> FenceRequest {
 fn check(applied: &[(i64, i64)], generation: i64, n_stale: usize) {
     assert!(!applied.is_empty());
     for pair in applied.windows(2) {
-        assert!(pair[0].1 < pair[1].1, "effects out of token order: {pair:?}");
+        assert!(
+            pair[0].1 < pair[1].1,
+            "effects out of token order: {pair:?}"
+        );
     }
-    assert_eq!(applied.last().unwrap().1, generation, "generation is the largest applied token");
-    println!("{} writes applied, {n_stale} refused as stale or same generation", applied.len());
-    assert!(n_stale > 0, "the race never happened; the test proved nothing");
+    assert_eq!(
+        applied.last().unwrap().1,
+        generation,
+        "generation is the largest applied token"
+    );
+    println!(
+        "{} writes applied, {n_stale} refused as stale or same generation",
+        applied.len()
+    );
+    assert!(
+        n_stale > 0,
+        "the race never happened; the test proved nothing"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_concurrent_writers_cannot_slip_past_the_check() {
-    let admin_url = std::env::var("BATON_TEST_PG").unwrap_or_else(|_| "host=127.0.0.1 user=postgres dbname=postgres".into());
+    let admin_url = std::env::var("BATON_TEST_PG")
+        .unwrap_or_else(|_| "host=127.0.0.1 user=postgres dbname=postgres".into());
     static N: AtomicU64 = AtomicU64::new(0);
-    let db = format!("baton_fence_conc_{}_{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed));
-    let (admin, conn) = tokio_postgres::connect(&admin_url, NoTls).await.expect("PostgreSQL is required");
+    let db = format!(
+        "baton_fence_conc_{}_{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    );
+    let (admin, conn) = tokio_postgres::connect(&admin_url, NoTls)
+        .await
+        .expect("PostgreSQL is required");
     tokio::spawn(conn);
-    admin.batch_execute(&format!("CREATE DATABASE {db}")).await.unwrap();
+    admin
+        .batch_execute(&format!("CREATE DATABASE {db}"))
+        .await
+        .unwrap();
     let url = format!("{} dbname={db}", admin_url.replace("dbname=postgres", ""));
     let connect = || async {
         let (c, conn) = tokio_postgres::connect(&url, NoTls).await.unwrap();
@@ -57,7 +80,10 @@ async fn postgres_concurrent_writers_cannot_slip_past_the_check() {
     };
     let mut setup = connect().await;
     PgFence::migrate(&mut setup).await.unwrap();
-    setup.batch_execute("CREATE TABLE effects (id bigserial PRIMARY KEY, token bigint)").await.unwrap();
+    setup
+        .batch_execute("CREATE TABLE effects (id bigserial PRIMARY KEY, token bigint)")
+        .await
+        .unwrap();
     let mut tasks = Vec::new();
     for w in 0..WRITERS {
         let mut client = connect().await;
@@ -66,7 +92,11 @@ async fn postgres_concurrent_writers_cannot_slip_past_the_check() {
             for (i, token) in tokens(w + 1).into_iter().enumerate() {
                 let req = request(w, i as u64, token);
                 let out = PgFence::write(&mut client, &req, async |tx| {
-                    tx.execute("INSERT INTO effects (token) VALUES ($1)", &[&req.token.get()]).await?;
+                    tx.execute(
+                        "INSERT INTO effects (token) VALUES ($1)",
+                        &[&req.token.get()],
+                    )
+                    .await?;
                     Ok::<(), FenceError>(())
                 })
                 .await
@@ -82,9 +112,19 @@ async fn postgres_concurrent_writers_cannot_slip_past_the_check() {
     for t in tasks {
         n_stale += t.await.unwrap();
     }
-    let applied: Vec<(i64, i64)> =
-        setup.query("SELECT id, token FROM effects ORDER BY id", &[]).await.unwrap().iter().map(|r| (r.get(0), r.get(1))).collect();
-    let generation = PgFence::state(&setup, &ResourceKey::new("hot").unwrap()).await.unwrap().unwrap().generation.get();
+    let applied: Vec<(i64, i64)> = setup
+        .query("SELECT id, token FROM effects ORDER BY id", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let generation = PgFence::state(&setup, &ResourceKey::new("hot").unwrap())
+        .await
+        .unwrap()
+        .unwrap()
+        .generation
+        .get();
 
     // Negative control: read the generation, compare in application code,
     // then write unconditionally (with a short pause in between, as a GC
@@ -96,11 +136,25 @@ async fn postgres_concurrent_writers_cannot_slip_past_the_check() {
         tasks.push(tokio::spawn(async move {
             for token in tokens(w + 1) {
                 let tx = client.transaction().await.unwrap();
-                let current: i64 = tx.query_one("SELECT generation FROM naive_state WHERE id = 1", &[]).await.unwrap().get(0);
+                let current: i64 = tx
+                    .query_one("SELECT generation FROM naive_state WHERE id = 1", &[])
+                    .await
+                    .unwrap()
+                    .get(0);
                 if (token as i64) > current {
                     tx.execute("SELECT pg_sleep(0.001)", &[]).await.unwrap();
-                    tx.execute("UPDATE naive_state SET generation = $1 WHERE id = 1", &[&(token as i64)]).await.unwrap();
-                    tx.execute("INSERT INTO naive_effects (token) VALUES ($1)", &[&(token as i64)]).await.unwrap();
+                    tx.execute(
+                        "UPDATE naive_state SET generation = $1 WHERE id = 1",
+                        &[&(token as i64)],
+                    )
+                    .await
+                    .unwrap();
+                    tx.execute(
+                        "INSERT INTO naive_effects (token) VALUES ($1)",
+                        &[&(token as i64)],
+                    )
+                    .await
+                    .unwrap();
                 }
                 tx.commit().await.unwrap();
             }
@@ -109,11 +163,23 @@ async fn postgres_concurrent_writers_cannot_slip_past_the_check() {
     for t in tasks {
         t.await.unwrap();
     }
-    let naive: Vec<i64> = setup.query("SELECT token FROM naive_effects ORDER BY id", &[]).await.unwrap().iter().map(|r| r.get(0)).collect();
+    let naive: Vec<i64> = setup
+        .query("SELECT token FROM naive_effects ORDER BY id", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
     let regressions = naive.windows(2).filter(|p| p[0] >= p[1]).count();
-    println!("negative control: read-compare-write let {regressions} stale writes through out of {}", naive.len());
+    println!(
+        "negative control: read-compare-write let {regressions} stale writes through out of {}",
+        naive.len()
+    );
     drop(setup);
-    admin.batch_execute(&format!("DROP DATABASE {db} WITH (FORCE)")).await.unwrap();
+    admin
+        .batch_execute(&format!("DROP DATABASE {db} WITH (FORCE)"))
+        .await
+        .unwrap();
     check(&applied, generation, n_stale);
     assert!(regressions > 0, "the unfenced control showed no race: this test cannot tell a broken fence from a working one");
 }
@@ -129,7 +195,9 @@ fn sqlite_concurrent_writers_cannot_slip_past_the_check() {
     };
     let setup = open();
     SqliteFence::migrate(&setup).unwrap();
-    setup.execute_batch("CREATE TABLE effects (id INTEGER PRIMARY KEY AUTOINCREMENT, token INTEGER)").unwrap();
+    setup
+        .execute_batch("CREATE TABLE effects (id INTEGER PRIMARY KEY AUTOINCREMENT, token INTEGER)")
+        .unwrap();
     let threads: Vec<_> = (0..WRITERS)
         .map(|w| {
             let mut conn = open();
@@ -151,9 +219,19 @@ fn sqlite_concurrent_writers_cannot_slip_past_the_check() {
         })
         .collect();
     let n_stale = threads.into_iter().map(|t| t.join().unwrap()).sum();
-    let mut stmt = setup.prepare("SELECT id, token FROM effects ORDER BY id").unwrap();
-    let applied: Vec<(i64, i64)> = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?))).unwrap().map(Result::unwrap).collect();
-    let generation = SqliteFence::state(&setup, &ResourceKey::new("hot").unwrap()).unwrap().unwrap().generation.get();
+    let mut stmt = setup
+        .prepare("SELECT id, token FROM effects ORDER BY id")
+        .unwrap();
+    let applied: Vec<(i64, i64)> = stmt
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    let generation = SqliteFence::state(&setup, &ResourceKey::new("hot").unwrap())
+        .unwrap()
+        .unwrap()
+        .generation
+        .get();
     drop(stmt);
     drop(setup);
     for suffix in ["", "-wal", "-shm"] {

@@ -539,16 +539,37 @@ suite!(
 #[test]
 fn bad_input_is_refused_naming_the_rule() {
     use baton_fence::InputError;
-    assert_eq!(FenceRequest::new("r", 1 << 63, "op", b"f", b"").unwrap_err(), InputError::TokenOutOfRange { token: 1 << 63 });
-    assert_eq!(FenceRequest::new("r", 0, "op", b"f", b"").unwrap_err(), InputError::TokenOutOfRange { token: 0 });
-    assert_eq!(FenceRequest::new("", 1, "op", b"f", b"").unwrap_err(), InputError::Empty { field: "resource" });
+    assert_eq!(
+        FenceRequest::new("r", 1 << 63, "op", b"f", b"").unwrap_err(),
+        InputError::TokenOutOfRange { token: 1 << 63 }
+    );
+    assert_eq!(
+        FenceRequest::new("r", 0, "op", b"f", b"").unwrap_err(),
+        InputError::TokenOutOfRange { token: 0 }
+    );
+    assert_eq!(
+        FenceRequest::new("", 1, "op", b"f", b"").unwrap_err(),
+        InputError::Empty { field: "resource" }
+    );
     let long = "r".repeat(513);
     let err = FenceRequest::new(&long, 1, "op", b"f", b"").unwrap_err();
-    assert_eq!(err, InputError::TooLong { field: "resource", len_bytes: 513, len_bytes_max: 512 });
+    assert_eq!(
+        err,
+        InputError::TooLong {
+            field: "resource",
+            len_bytes: 513,
+            len_bytes_max: 512
+        }
+    );
     assert!(err.to_string().contains("513") && err.to_string().contains("512"));
     assert!(FenceRequest::new("r", 1, &"o".repeat(129), b"f", b"").is_err());
     assert!(FenceRequest::new("r", 1, "a\nb", b"f", b"").is_err());
-    assert_eq!(FenceRequest::new("r", 1, "op", b"", b"").unwrap_err(), InputError::Empty { field: "fingerprint" });
+    assert_eq!(
+        FenceRequest::new("r", 1, "op", b"", b"").unwrap_err(),
+        InputError::Empty {
+            field: "fingerprint"
+        }
+    );
     assert!(FenceRequest::new("r", 1, "op", &[0; 65], b"").is_err());
     assert!(FenceRequest::new("r", 1, "op", b"f", &[0; 4097]).is_err());
 }
@@ -557,20 +578,47 @@ fn bad_input_is_refused_naming_the_rule() {
 async fn postgres_sql_functions_refuse_bad_input_and_write_nothing() {
     let pg = Pg::new().await;
     let cases = [
-        ("SELECT * FROM baton.fence('', 1, 'op', '\\x01'::bytea)", "resource is 0 bytes"),
-        ("SELECT * FROM baton.fence('r', 0, 'op', '\\x01'::bytea)", "token 0 is out of range"),
-        ("SELECT * FROM baton.fence('r', 1, '', '\\x01'::bytea)", "operation id is 0 bytes"),
-        ("SELECT * FROM baton.fence('r', 1, 'op', ''::bytea)", "fingerprint is 0 bytes"),
-        ("SELECT * FROM baton.fence('r', 1, 'op', '\\x01'::bytea, ''::bytea, -1)", "sequence -1 is out of range"),
-        ("SELECT baton.prune_operations(interval '10 seconds')", "never pruned"),
+        (
+            "SELECT * FROM baton.fence('', 1, 'op', '\\x01'::bytea)",
+            "resource is 0 bytes",
+        ),
+        (
+            "SELECT * FROM baton.fence('r', 0, 'op', '\\x01'::bytea)",
+            "token 0 is out of range",
+        ),
+        (
+            "SELECT * FROM baton.fence('r', 1, '', '\\x01'::bytea)",
+            "operation id is 0 bytes",
+        ),
+        (
+            "SELECT * FROM baton.fence('r', 1, 'op', ''::bytea)",
+            "fingerprint is 0 bytes",
+        ),
+        (
+            "SELECT * FROM baton.fence('r', 1, 'op', '\\x01'::bytea, ''::bytea, -1)",
+            "sequence -1 is out of range",
+        ),
+        (
+            "SELECT baton.prune_operations(interval '10 seconds')",
+            "never pruned",
+        ),
     ];
     for (sql, rule) in cases {
         let err = pg.client.batch_execute(sql).await.unwrap_err();
         let db = err.as_db_error().expect("a database error");
         assert_eq!(db.code().code(), "22023", "{sql}");
-        assert!(db.message().contains(rule), "{sql}: {:?} should mention {rule:?}", db.message());
+        assert!(
+            db.message().contains(rule),
+            "{sql}: {:?} should mention {rule:?}",
+            db.message()
+        );
     }
-    let n: i64 = pg.client.query_one("SELECT count(*) FROM baton.resources", &[]).await.unwrap().get(0);
+    let n: i64 = pg
+        .client
+        .query_one("SELECT count(*) FROM baton.resources", &[])
+        .await
+        .unwrap()
+        .get(0);
     assert_eq!(n, 0);
 }
 
@@ -586,16 +634,45 @@ async fn policy_mismatch_and_pruning() {
         SqliteFence::write(&mut lite.conn, &session, |_| Ok::<(), FenceError>(())),
         Err(FenceError::PolicyMismatch(_))
     ));
-    assert!(matches!(PgFence::prune_operations(&pg.client, 60).await, Err(FenceError::PruneTooYoung { min_age_s: 60, .. })));
-    assert!(matches!(SqliteFence::prune_operations(&lite.conn, 60), Err(FenceError::PruneTooYoung { .. })));
+    assert!(matches!(
+        PgFence::prune_operations(&pg.client, 60).await,
+        Err(FenceError::PruneTooYoung { min_age_s: 60, .. })
+    ));
+    assert!(matches!(
+        SqliteFence::prune_operations(&lite.conn, 60),
+        Err(FenceError::PruneTooYoung { .. })
+    ));
     // Young records stay; records two days old go.
-    assert_eq!(PgFence::prune_operations(&pg.client, 86_400).await.unwrap(), 0);
-    assert_eq!(SqliteFence::prune_operations(&lite.conn, 86_400).unwrap(), 0);
-    pg.client.batch_execute("UPDATE baton.operations SET recorded_at = now() - interval '2 days'").await.unwrap();
-    lite.conn.execute_batch("UPDATE baton_operations SET recorded_at_unix_s = unixepoch() - 172800").unwrap();
-    assert_eq!(PgFence::prune_operations(&pg.client, 86_400).await.unwrap(), 1);
-    assert_eq!(SqliteFence::prune_operations(&lite.conn, 86_400).unwrap(), 1);
+    assert_eq!(
+        PgFence::prune_operations(&pg.client, 86_400).await.unwrap(),
+        0
+    );
+    assert_eq!(
+        SqliteFence::prune_operations(&lite.conn, 86_400).unwrap(),
+        0
+    );
+    pg.client
+        .batch_execute("UPDATE baton.operations SET recorded_at = now() - interval '2 days'")
+        .await
+        .unwrap();
+    lite.conn
+        .execute_batch("UPDATE baton_operations SET recorded_at_unix_s = unixepoch() - 172800")
+        .unwrap();
+    assert_eq!(
+        PgFence::prune_operations(&pg.client, 86_400).await.unwrap(),
+        1
+    );
+    assert_eq!(
+        SqliteFence::prune_operations(&lite.conn, 86_400).unwrap(),
+        1
+    );
     // After pruning, a very late retry is judged afresh and still cannot apply twice.
-    assert!(matches!(pg.write(&req("p", 1, "a", "x")).await, Outcome::GenerationUsed { .. }));
-    assert!(matches!(lite.write(&req("p", 1, "a", "x")).await, Outcome::GenerationUsed { .. }));
+    assert!(matches!(
+        pg.write(&req("p", 1, "a", "x")).await,
+        Outcome::GenerationUsed { .. }
+    ));
+    assert!(matches!(
+        lite.write(&req("p", 1, "a", "x")).await,
+        Outcome::GenerationUsed { .. }
+    ));
 }

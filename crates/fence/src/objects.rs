@@ -1,0 +1,489 @@
+//! Immutable outputs: generation-keyed, create-only objects with a manifest
+//! beside each, validated before reuse, and garbage collection that never
+//! touches the published object or a young one.
+//!
+//! Keys look like `{prefix}/{resource_path}/generation-{token}.{ext}` with
+//! the manifest at `{key}.manifest`. Publishing is a fenced update of a
+//! small pointer to the key ([`crate::sqlite::SqliteFence::publish`],
+//! [`crate::postgres::PgFence::publish`]); call [`ObjectKit::validate`]
+//! first, so no pointer ever names an object without its manifest.
+
+use std::collections::HashSet;
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use object_store::local::LocalFileSystem;
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
+use sha2::{Digest, Sha256};
+
+use crate::Token;
+
+/// Longest object key below the prefix, in bytes.
+pub const OBJECT_PATH_LEN_BYTES_MAX: usize = 1_024;
+/// Longest manifest field value, in bytes.
+pub const MANIFEST_FIELD_LEN_BYTES_MAX: usize = 512;
+const MANIFEST_HEADER: &str = "baton-manifest 1";
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ObjectError {
+    #[error("object path {path:?} is not allowed: {rule}")]
+    InvalidPath { path: String, rule: &'static str },
+    #[error("manifest field {field} is not allowed: {rule}")]
+    InvalidManifestField {
+        field: &'static str,
+        rule: &'static str,
+    },
+    #[error("{key} already exists; generation-keyed objects are never overwritten")]
+    AlreadyExists { key: String },
+    #[error("object store: {0}")]
+    Store(#[from] object_store::Error),
+    #[error("invalid object store url {url:?}: {message}")]
+    Url { url: String, message: String },
+}
+
+/// Why a candidate may not be reused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Invalid {
+    #[error("no manifest for {key}")]
+    NoManifest { key: String },
+    #[error("manifest for {key} is malformed: {detail}")]
+    BadManifest { key: String, detail: String },
+    #[error("object {key} is missing")]
+    NoObject { key: String },
+    #[error("object {key} is {actual} bytes; the manifest says {expected}")]
+    SizeMismatch {
+        key: String,
+        expected: u64,
+        actual: u64,
+    },
+    #[error("object {key} has sha256 {actual}; the manifest says {expected}")]
+    ChecksumMismatch {
+        key: String,
+        expected: String,
+        actual: String,
+    },
+    #[error("object {key} was made from input snapshot {actual:?}, not {expected:?}")]
+    WrongInputSnapshot {
+        key: String,
+        expected: String,
+        actual: String,
+    },
+    #[error("object {key} was made by generator {actual:?}, not {expected:?}")]
+    WrongGenerator {
+        key: String,
+        expected: String,
+        actual: String,
+    },
+}
+
+/// What produced an object: written beside it, checked before reuse.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Manifest {
+    pub sha256_hex: String,
+    pub size_bytes: u64,
+    pub input_snapshot: String,
+    pub generator_version: String,
+    pub operation: String,
+    pub resource: String,
+    pub token: i64,
+}
+
+/// The caller's description of a new candidate.
+#[derive(Clone, Debug)]
+pub struct Provenance<'a> {
+    pub input_snapshot: &'a str,
+    pub generator_version: &'a str,
+    pub operation: &'a str,
+    pub resource: &'a str,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Candidate {
+    /// The object's key, to publish.
+    pub key: String,
+    pub manifest: Manifest,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct GcReport {
+    pub deleted: Vec<String>,
+    pub kept_published: usize,
+    pub kept_young: usize,
+}
+
+fn field(name: &'static str, value: &str) -> Result<(), ObjectError> {
+    if value.is_empty() {
+        return Err(ObjectError::InvalidManifestField {
+            field: name,
+            rule: "must not be empty",
+        });
+    }
+    if value.len() > MANIFEST_FIELD_LEN_BYTES_MAX {
+        return Err(ObjectError::InvalidManifestField {
+            field: name,
+            rule: "longer than 512 bytes",
+        });
+    }
+    if value.chars().any(char::is_control) {
+        return Err(ObjectError::InvalidManifestField {
+            field: name,
+            rule: "contains a control character",
+        });
+    }
+    Ok(())
+}
+
+/// Checks a caller-supplied relative path such as `statements/account-42/2026-09-13`.
+fn relative_path(raw: &str) -> Result<(), ObjectError> {
+    let bad = |rule| {
+        Err(ObjectError::InvalidPath {
+            path: raw.to_string(),
+            rule,
+        })
+    };
+    if raw.is_empty() || raw.len() > OBJECT_PATH_LEN_BYTES_MAX {
+        return bad("must be 1 to 1024 bytes");
+    }
+    if raw.starts_with('/') {
+        return bad("must be relative to the prefix");
+    }
+    for segment in raw.split('/') {
+        if segment.is_empty() || segment == "." || segment == ".." {
+            return bad(
+                "segments must be non-empty and not '.' or '..' (it would escape its prefix)",
+            );
+        }
+        if segment.chars().any(|c| c.is_control() || c == '\\') {
+            return bad("segments must not contain control characters or backslashes");
+        }
+    }
+    Ok(())
+}
+
+impl Manifest {
+    fn render(&self) -> String {
+        let mut out = String::from(MANIFEST_HEADER);
+        out.push('\n');
+        let _ = write!(
+            out,
+            "sha256: {}\nsize_bytes: {}\ninput_snapshot: {}\ngenerator_version: {}\noperation: {}\nresource: {}\ntoken: {}\n",
+            self.sha256_hex, self.size_bytes, self.input_snapshot, self.generator_version, self.operation, self.resource, self.token
+        );
+        out
+    }
+
+    fn parse(text: &str) -> Result<Self, String> {
+        let mut lines = text.lines();
+        if lines.next() != Some(MANIFEST_HEADER) {
+            return Err("missing header".into());
+        }
+        let mut get = |name: &str| -> Result<String, String> {
+            let line = lines.next().ok_or_else(|| format!("missing {name}"))?;
+            line.strip_prefix(&format!("{name}: "))
+                .map(str::to_string)
+                .ok_or_else(|| format!("expected {name}, found {line:?}"))
+        };
+        Ok(Manifest {
+            sha256_hex: get("sha256")?,
+            size_bytes: get("size_bytes")?
+                .parse()
+                .map_err(|e| format!("size_bytes: {e}"))?,
+            input_snapshot: get("input_snapshot")?,
+            generator_version: get("generator_version")?,
+            operation: get("operation")?,
+            resource: get("resource")?,
+            token: get("token")?.parse().map_err(|e| format!("token: {e}"))?,
+        })
+    }
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    Sha256::digest(bytes)
+        .iter()
+        .fold(String::with_capacity(64), |mut s, b| {
+            let _ = write!(s, "{b:02x}");
+            s
+        })
+}
+
+/// Generation-keyed immutable objects in an object store, under a prefix.
+#[derive(Clone, Debug)]
+pub struct ObjectKit {
+    store: Arc<dyn ObjectStore>,
+    prefix: Path,
+}
+
+impl ObjectKit {
+    /// Objects in a local directory (created if missing).
+    pub fn local(dir: &std::path::Path) -> Result<Self, ObjectError> {
+        std::fs::create_dir_all(dir).map_err(|e| ObjectError::InvalidPath {
+            path: dir.display().to_string(),
+            rule: io_rule(&e),
+        })?;
+        Ok(Self::new(
+            Arc::new(LocalFileSystem::new_with_prefix(dir)?),
+            "",
+        ))
+    }
+
+    /// Objects in any store, for example an S3-compatible one built with
+    /// `object_store::aws::AmazonS3Builder` (feature `s3`).
+    pub fn new(store: Arc<dyn ObjectStore>, prefix: &str) -> Self {
+        Self {
+            store,
+            prefix: Path::from(prefix),
+        }
+    }
+
+    /// A store by URL: `file:///abs/dir`, `memory:///`, or with feature
+    /// `s3`, `s3://bucket/prefix` (credentials from the environment).
+    pub fn from_url(raw: &str) -> Result<Self, ObjectError> {
+        let bad = |message: String| ObjectError::Url {
+            url: raw.to_string(),
+            message,
+        };
+        let url = url::Url::parse(raw).map_err(|e| bad(e.to_string()))?;
+        let (store, prefix) = object_store::parse_url(&url).map_err(|e| bad(e.to_string()))?;
+        Ok(Self {
+            store: Arc::from(store),
+            prefix,
+        })
+    }
+
+    fn full(&self, relative: &str) -> Path {
+        Path::from_iter(self.prefix.parts().chain(Path::from(relative).parts()))
+    }
+
+    /// The key a generation's object gets: `{resource_path}/generation-{token}.{ext}`.
+    pub fn key(resource_path: &str, token: Token, ext: &str) -> Result<String, ObjectError> {
+        relative_path(resource_path)?;
+        if ext.is_empty() || ext.len() > 16 || !ext.bytes().all(|b| b.is_ascii_alphanumeric()) {
+            return Err(ObjectError::InvalidPath {
+                path: ext.to_string(),
+                rule: "extension must be 1 to 16 ASCII letters or digits",
+            });
+        }
+        Ok(format!("{resource_path}/generation-{token}.{ext}"))
+    }
+
+    async fn put_create(&self, key: &str, bytes: Vec<u8>) -> Result<(), ObjectError> {
+        let options = PutOptions {
+            mode: PutMode::Create,
+            ..Default::default()
+        };
+        match self
+            .store
+            .put_opts(&self.full(key), PutPayload::from(bytes), options)
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(object_store::Error::AlreadyExists { .. }) => Err(ObjectError::AlreadyExists {
+                key: key.to_string(),
+            }),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Writes a candidate and then its manifest, both create-only. A crash
+    /// between the two leaves an object without a manifest, which
+    /// [`ObjectKit::validate`] refuses and [`ObjectKit::gc`] removes.
+    pub async fn put_candidate(
+        &self,
+        resource_path: &str,
+        token: Token,
+        ext: &str,
+        bytes: Vec<u8>,
+        provenance: &Provenance<'_>,
+    ) -> Result<Candidate, ObjectError> {
+        let key = Self::key(resource_path, token, ext)?;
+        field("input_snapshot", provenance.input_snapshot)?;
+        field("generator_version", provenance.generator_version)?;
+        field("operation", provenance.operation)?;
+        field("resource", provenance.resource)?;
+        let manifest = Manifest {
+            sha256_hex: sha256_hex(&bytes),
+            size_bytes: bytes.len() as u64,
+            input_snapshot: provenance.input_snapshot.to_string(),
+            generator_version: provenance.generator_version.to_string(),
+            operation: provenance.operation.to_string(),
+            resource: provenance.resource.to_string(),
+            token: token.get(),
+        };
+        self.put_create(&key, bytes).await?;
+        self.put_create(&format!("{key}.manifest"), manifest.render().into_bytes())
+            .await?;
+        Ok(Candidate { key, manifest })
+    }
+
+    /// Checks a candidate against its manifest (size, SHA-256) and, if given,
+    /// the input snapshot and generator version it must have been made from.
+    pub async fn validate(
+        &self,
+        key: &str,
+        input_snapshot: Option<&str>,
+        generator_version: Option<&str>,
+    ) -> Result<Result<Manifest, Invalid>, ObjectError> {
+        relative_path(key)?;
+        let text = match self.store.get(&self.full(&format!("{key}.manifest"))).await {
+            Ok(r) => r.bytes().await?,
+            Err(object_store::Error::NotFound { .. }) => {
+                return Ok(Err(Invalid::NoManifest { key: key.into() }))
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let manifest = match std::str::from_utf8(&text)
+            .map_err(|e| e.to_string())
+            .and_then(Manifest::parse)
+        {
+            Ok(m) => m,
+            Err(detail) => {
+                return Ok(Err(Invalid::BadManifest {
+                    key: key.into(),
+                    detail,
+                }))
+            }
+        };
+        let bytes = match self.store.get(&self.full(key)).await {
+            Ok(r) => r.bytes().await?,
+            Err(object_store::Error::NotFound { .. }) => {
+                return Ok(Err(Invalid::NoObject { key: key.into() }))
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let k = || key.to_string();
+        if bytes.len() as u64 != manifest.size_bytes {
+            return Ok(Err(Invalid::SizeMismatch {
+                key: k(),
+                expected: manifest.size_bytes,
+                actual: bytes.len() as u64,
+            }));
+        }
+        let actual = sha256_hex(&bytes);
+        if actual != manifest.sha256_hex {
+            return Ok(Err(Invalid::ChecksumMismatch {
+                key: k(),
+                expected: manifest.sha256_hex,
+                actual,
+            }));
+        }
+        if let Some(expected) = input_snapshot.filter(|e| *e != manifest.input_snapshot) {
+            return Ok(Err(Invalid::WrongInputSnapshot {
+                key: k(),
+                expected: expected.into(),
+                actual: manifest.input_snapshot,
+            }));
+        }
+        if let Some(expected) = generator_version.filter(|e| *e != manifest.generator_version) {
+            return Ok(Err(Invalid::WrongGenerator {
+                key: k(),
+                expected: expected.into(),
+                actual: manifest.generator_version,
+            }));
+        }
+        Ok(Ok(manifest))
+    }
+
+    pub async fn read(&self, key: &str) -> Result<Vec<u8>, ObjectError> {
+        relative_path(key)?;
+        Ok(self
+            .store
+            .get(&self.full(key))
+            .await?
+            .bytes()
+            .await?
+            .to_vec())
+    }
+
+    /// Deletes objects (and their manifests) under `under` that no pointer
+    /// references and that are older than `retention`. The published keys
+    /// (`published`) and anything younger than `retention` are always kept.
+    /// Ages come from the store's modification times.
+    pub async fn gc(
+        &self,
+        under: &str,
+        published: &HashSet<String>,
+        retention: Duration,
+    ) -> Result<GcReport, ObjectError> {
+        relative_path(under)?;
+        let now_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64);
+        let cutoff_ms = now_ms - retention.as_millis() as i64;
+        let mut report = GcReport::default();
+        let mut dirs = vec![self.full(under)];
+        let prefix_len = self.prefix.parts().count();
+        while let Some(dir) = dirs.pop() {
+            let listing = self.store.list_with_delimiter(Some(&dir)).await?;
+            dirs.extend(listing.common_prefixes);
+            for meta in listing.objects {
+                let relative: String = meta
+                    .location
+                    .parts()
+                    .skip(prefix_len)
+                    .map(|p| p.as_ref().to_string())
+                    .collect::<Vec<_>>()
+                    .join("/");
+                let object_key = relative
+                    .strip_suffix(".manifest")
+                    .unwrap_or(&relative)
+                    .to_string();
+                if published.contains(&object_key) {
+                    report.kept_published += 1;
+                } else if meta.last_modified.timestamp_millis() > cutoff_ms {
+                    report.kept_young += 1;
+                } else {
+                    self.store.delete(&meta.location).await?;
+                    report.deleted.push(relative);
+                }
+            }
+        }
+        report.deleted.sort();
+        Ok(report)
+    }
+}
+
+fn io_rule(e: &std::io::Error) -> &'static str {
+    match e.kind() {
+        std::io::ErrorKind::PermissionDenied => "permission denied",
+        _ => "cannot create the directory",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_that_escape_the_prefix_are_refused() {
+        for bad in [
+            "", "/abs", "a/../b", "a//b", "./a", "a/..", "a\\b", "a/\u{0}",
+        ] {
+            assert!(relative_path(bad).is_err(), "{bad:?}");
+        }
+        relative_path("statements/account-42/2026-09-13").unwrap();
+        assert!(ObjectKit::key("s/a", Token::new(1).unwrap(), "p/df").is_err());
+        assert_eq!(
+            ObjectKit::key("s/a", Token::new(108).unwrap(), "pdf").unwrap(),
+            "s/a/generation-108.pdf"
+        );
+    }
+
+    #[test]
+    fn manifest_round_trips() {
+        let m = Manifest {
+            sha256_hex: sha256_hex(b"x"),
+            size_bytes: 1,
+            input_snapshot: "snap-1".into(),
+            generator_version: "gen 2".into(),
+            operation: "op".into(),
+            resource: "statement:a:b".into(),
+            token: 108,
+        };
+        assert_eq!(Manifest::parse(&m.render()), Ok(m));
+        assert!(Manifest::parse("nope").is_err());
+    }
+}

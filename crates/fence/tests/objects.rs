@@ -1,0 +1,258 @@
+//! Immutable, generation-keyed objects with manifests, on a local directory.
+
+use std::collections::HashSet;
+use std::time::{Duration, SystemTime};
+
+use baton_fence::objects::{Invalid, ObjectError, ObjectKit, Provenance};
+use baton_fence::sqlite::SqliteFence;
+use baton_fence::{FenceRequest, Outcome, ResourceKey, Token};
+
+struct Dir(std::path::PathBuf);
+
+impl Dir {
+    fn new(tag: &str) -> Self {
+        let p = std::env::temp_dir().join(format!("baton-objects-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        Self(p)
+    }
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+const PATH: &str = "statements/account-42/2026-09-13";
+
+fn provenance<'a>(snapshot: &'a str, op: &'a str) -> Provenance<'a> {
+    Provenance {
+        input_snapshot: snapshot,
+        generator_version: "statements 1.0",
+        operation: op,
+        resource: "statement:account-42:2026-09-13",
+    }
+}
+
+fn t(n: u64) -> Token {
+    Token::new(n).unwrap()
+}
+
+fn age(path: &std::path::Path, by: Duration) {
+    let f = std::fs::File::options().write(true).open(path).unwrap();
+    f.set_modified(SystemTime::now() - by).unwrap();
+}
+
+#[tokio::test]
+async fn put_is_create_only() {
+    let dir = Dir::new("create");
+    let kit = ObjectKit::local(&dir.0).unwrap();
+    let c = kit
+        .put_candidate(
+            PATH,
+            t(108),
+            "pdf",
+            b"bob's statement".to_vec(),
+            &provenance("snap-7", "op-108"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(c.key, "statements/account-42/2026-09-13/generation-108.pdf");
+    let again = kit
+        .put_candidate(
+            PATH,
+            t(108),
+            "pdf",
+            b"something else".to_vec(),
+            &provenance("snap-7", "op-108"),
+        )
+        .await;
+    assert!(
+        matches!(again, Err(ObjectError::AlreadyExists { .. })),
+        "{again:?}"
+    );
+    assert_eq!(
+        kit.read(&c.key).await.unwrap(),
+        b"bob's statement",
+        "never overwritten"
+    );
+    assert!(matches!(
+        kit.put_candidate("../escape", t(1), "pdf", vec![1], &provenance("s", "o"))
+            .await,
+        Err(ObjectError::InvalidPath { .. })
+    ));
+    assert!(matches!(
+        kit.put_candidate(PATH, t(1), "pdf", vec![1], &provenance("a\nb", "o"))
+            .await,
+        Err(ObjectError::InvalidManifestField { .. })
+    ));
+}
+
+#[tokio::test]
+async fn validation_catches_a_changed_byte_a_wrong_snapshot_and_a_missing_manifest() {
+    let dir = Dir::new("validate");
+    let kit = ObjectKit::local(&dir.0).unwrap();
+    let c = kit
+        .put_candidate(
+            PATH,
+            t(108),
+            "pdf",
+            b"statement body".to_vec(),
+            &provenance("snap-7", "op-108"),
+        )
+        .await
+        .unwrap();
+    let m = kit
+        .validate(&c.key, Some("snap-7"), Some("statements 1.0"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(m, c.manifest);
+    assert!(matches!(
+        kit.validate(&c.key, Some("snap-8"), None).await.unwrap(),
+        Err(Invalid::WrongInputSnapshot { .. })
+    ));
+    assert!(matches!(
+        kit.validate(&c.key, None, Some("statements 2.0"))
+            .await
+            .unwrap(),
+        Err(Invalid::WrongGenerator { .. })
+    ));
+    // Flip one byte on disk.
+    let file = dir.0.join(&c.key);
+    let mut bytes = std::fs::read(&file).unwrap();
+    bytes[0] ^= 1;
+    std::fs::write(&file, bytes).unwrap();
+    assert!(matches!(
+        kit.validate(&c.key, None, None).await.unwrap(),
+        Err(Invalid::ChecksumMismatch { .. })
+    ));
+    // An upload that crashed before its manifest.
+    let orphan = format!("{PATH}/generation-109.pdf");
+    std::fs::write(dir.0.join(&orphan), b"partial").unwrap();
+    assert_eq!(
+        kit.validate(&orphan, None, None).await.unwrap(),
+        Err(Invalid::NoManifest {
+            key: orphan.clone()
+        })
+    );
+}
+
+#[tokio::test]
+async fn gc_keeps_the_published_and_young_objects() {
+    let dir = Dir::new("gc");
+    let kit = ObjectKit::local(&dir.0).unwrap();
+    let old = kit
+        .put_candidate(
+            PATH,
+            t(107),
+            "pdf",
+            b"alice".to_vec(),
+            &provenance("s", "op-107"),
+        )
+        .await
+        .unwrap();
+    let published = kit
+        .put_candidate(
+            PATH,
+            t(108),
+            "pdf",
+            b"bob".to_vec(),
+            &provenance("s", "op-108"),
+        )
+        .await
+        .unwrap();
+    let young = kit
+        .put_candidate(
+            PATH,
+            t(109),
+            "pdf",
+            b"carol".to_vec(),
+            &provenance("s", "op-109"),
+        )
+        .await
+        .unwrap();
+    let two_days = Duration::from_secs(2 * 86_400);
+    for key in [&old.key, &published.key] {
+        age(&dir.0.join(key), two_days);
+        age(&dir.0.join(format!("{key}.manifest")), two_days);
+    }
+    let referenced: HashSet<String> = [published.key.clone()].into();
+    let report = kit
+        .gc("statements", &referenced, Duration::from_secs(86_400))
+        .await
+        .unwrap();
+    assert_eq!(
+        report.deleted,
+        vec![old.key.clone(), format!("{}.manifest", old.key)]
+    );
+    assert_eq!((report.kept_published, report.kept_young), (2, 2));
+    assert!(kit
+        .validate(&published.key, None, None)
+        .await
+        .unwrap()
+        .is_ok());
+    assert!(kit.validate(&young.key, None, None).await.unwrap().is_ok());
+    assert!(kit.read(&old.key).await.is_err());
+}
+
+#[tokio::test]
+async fn publish_a_validated_candidate_through_the_fenced_pointer() {
+    let dir = Dir::new("publish");
+    let kit = ObjectKit::local(&dir.0.join("objects")).unwrap();
+    let mut conn = rusqlite::Connection::open(dir.0.join("fence.sqlite")).unwrap();
+    SqliteFence::migrate(&conn).unwrap();
+    let resource = "statement:account-42:2026-09-13";
+    // Alice (107) uploads, then pauses; Bob (108) uploads and publishes.
+    let alice = kit
+        .put_candidate(
+            PATH,
+            t(107),
+            "pdf",
+            b"alice".to_vec(),
+            &provenance("snap-6", "op-107"),
+        )
+        .await
+        .unwrap();
+    let bob = kit
+        .put_candidate(
+            PATH,
+            t(108),
+            "pdf",
+            b"bob".to_vec(),
+            &provenance("snap-7", "op-108"),
+        )
+        .await
+        .unwrap();
+    let m = kit
+        .validate(&bob.key, Some("snap-7"), None)
+        .await
+        .unwrap()
+        .unwrap();
+    let publish = |token: u64, op: &str, key: &str, fingerprint: &str| {
+        FenceRequest::new(resource, token, op, fingerprint.as_bytes(), key.as_bytes()).unwrap()
+    };
+    assert!(
+        SqliteFence::publish(&mut conn, &publish(108, "op-108", &bob.key, &m.sha256_hex))
+            .unwrap()
+            .is_applied()
+    );
+    // Alice resumes: her object exists, but her pointer update is stale.
+    let late = SqliteFence::publish(
+        &mut conn,
+        &publish(107, "op-107", &alice.key, &alice.manifest.sha256_hex),
+    )
+    .unwrap();
+    assert_eq!(
+        late,
+        Outcome::Stale {
+            presented: t(107),
+            current: t(108)
+        }
+    );
+    let pointer = SqliteFence::publication(&conn, &ResourceKey::new(resource).unwrap())
+        .unwrap()
+        .unwrap();
+    assert_eq!(pointer.object_key, bob.key);
+    assert_eq!(kit.read(&pointer.object_key).await.unwrap(), b"bob");
+}
