@@ -9,7 +9,7 @@
 --       generation advanced and the operation was recorded in this
 --       transaction, and the caller's own mutation belongs in it too.
 --   baton.publish(resource, token, operation, fingerprint, object_key)
---       fence + move the publication pointer, in one statement.
+--       fence + move the publication pointer (baton.resources.published_key), in one statement.
 --   baton.cancel(resource, at_token [, policy])   durable cancellation
 --   baton.delete(resource, token, operation, fingerprint)   fenced tombstone
 --   baton.recreate(resource, token)   explicit new incarnation
@@ -29,7 +29,11 @@ CREATE TABLE IF NOT EXISTS baton.resources (
     last_operation text,
     cancelled_at   bigint,
     deleted        boolean NOT NULL DEFAULT false,
-    incarnation    bigint NOT NULL DEFAULT 1
+    incarnation    bigint NOT NULL DEFAULT 1,
+    -- The publication pointer: which immutable object is authoritative.
+    published_key       text,
+    published_token     bigint,
+    published_operation text
 );
 
 CREATE TABLE IF NOT EXISTS baton.operations (
@@ -40,13 +44,6 @@ CREATE TABLE IF NOT EXISTS baton.operations (
     result      bytea NOT NULL,
     recorded_at timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (resource, operation)
-);
-
-CREATE TABLE IF NOT EXISTS baton.publications (
-    resource   text PRIMARY KEY,
-    object_key text NOT NULL,
-    token      bigint NOT NULL,
-    operation  text NOT NULL
 );
 
 CREATE OR REPLACE FUNCTION baton.check_input(p_resource text, p_token bigint, p_operation text, p_fingerprint bytea)
@@ -69,10 +66,12 @@ BEGIN
     END IF;
 END $$;
 
-CREATE OR REPLACE FUNCTION baton.fence(
+-- The whole rule: creation, replay, conflict and every refusal. baton.fence
+-- and baton.publish try a one-statement fast path first and come here when
+-- it does not apply.
+CREATE OR REPLACE FUNCTION baton.fence_full(
     p_resource text, p_token bigint, p_operation text, p_fingerprint bytea,
-    p_result bytea DEFAULT '', p_seq bigint DEFAULT 0, p_policy smallint DEFAULT 1, p_must_exist boolean DEFAULT false,
-    p_delete boolean DEFAULT false)
+    p_result bytea, p_seq bigint, p_policy smallint, p_must_exist boolean, p_delete boolean)
 RETURNS TABLE (outcome text, token bigint, current_token bigint, current_seq bigint, detail text, result bytea)
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -153,27 +152,85 @@ BEGIN
     RETURN QUERY SELECT 'applied'::text, p_token, p_token, p_seq, NULL::text, NULL::bytea;
 END $$;
 
+CREATE OR REPLACE FUNCTION baton.fence(
+    p_resource text, p_token bigint, p_operation text, p_fingerprint bytea,
+    p_result bytea DEFAULT '', p_seq bigint DEFAULT 0, p_policy smallint DEFAULT 1, p_must_exist boolean DEFAULT false,
+    p_delete boolean DEFAULT false)
+RETURNS TABLE (outcome text, token bigint, current_token bigint, current_seq bigint, detail text, result bytea)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+BEGIN
+    -- Fast path: a live resource of this policy, a new operation, and a token
+    -- the policy accepts. The UPDATE takes the row lock and re-checks its
+    -- conditions against the latest row version, so concurrent writers
+    -- serialize here. Inputs it cannot judge go to baton.fence_full.
+    IF NOT p_delete AND p_token >= 1 AND p_seq >= 0 AND octet_length(p_operation) BETWEEN 1 AND 128
+       AND length(p_fingerprint) BETWEEN 1 AND 64 AND octet_length(p_result) <= 4096 THEN
+        UPDATE baton.resources AS x
+        SET generation = p_token, seq = p_seq, last_operation = p_operation
+        WHERE x.resource = p_resource AND x.policy = p_policy AND NOT x.deleted
+          AND (x.cancelled_at IS NULL OR x.cancelled_at < p_token)
+          AND (x.generation < p_token
+               OR (x.generation = p_token AND (x.policy = 3 OR (x.policy = 2 AND x.seq < p_seq))))
+          AND NOT EXISTS (SELECT 1 FROM baton.operations AS o WHERE o.resource = p_resource AND o.operation = p_operation);
+        IF FOUND THEN
+            INSERT INTO baton.operations (resource, operation, token, fingerprint, result)
+            VALUES (p_resource, p_operation, p_token, p_fingerprint, p_result);
+            outcome := 'applied'; token := p_token; current_token := p_token; current_seq := p_seq;
+            RETURN NEXT;
+            RETURN;
+        END IF;
+    END IF;
+    RETURN QUERY SELECT * FROM baton.fence_full(p_resource, p_token, p_operation, p_fingerprint, p_result, p_seq,
+                                                p_policy, p_must_exist, p_delete);
+END $$;
+
 CREATE OR REPLACE FUNCTION baton.publish(
     p_resource text, p_token bigint, p_operation text, p_fingerprint bytea, p_object_key text)
 RETURNS TABLE (outcome text, token bigint, current_token bigint, current_seq bigint, detail text, result bytea)
 LANGUAGE plpgsql AS $$
+#variable_conflict use_column
 DECLARE
     f record;
 BEGIN
-    SELECT * INTO f FROM baton.fence(p_resource, p_token, p_operation, p_fingerprint, convert_to(p_object_key, 'UTF8'));
-    IF f.outcome = 'applied' THEN
-        INSERT INTO baton.publications AS p (resource, object_key, token, operation)
-        VALUES (p_resource, p_object_key, p_token, p_operation)
-        ON CONFLICT (resource) DO UPDATE
-            SET object_key = excluded.object_key, token = excluded.token, operation = excluded.operation;
+    -- The fast path of baton.fence for the default policy, with the pointer
+    -- moved in the same row update.
+    IF p_token >= 1 AND octet_length(p_operation) BETWEEN 1 AND 128 AND length(p_fingerprint) BETWEEN 1 AND 64
+       AND octet_length(p_object_key) BETWEEN 1 AND 4096 THEN
+        UPDATE baton.resources AS x
+        SET generation = p_token, seq = 0, last_operation = p_operation,
+            published_key = p_object_key, published_token = p_token, published_operation = p_operation
+        WHERE x.resource = p_resource AND x.policy = 1 AND NOT x.deleted
+          AND (x.cancelled_at IS NULL OR x.cancelled_at < p_token) AND x.generation < p_token
+          AND NOT EXISTS (SELECT 1 FROM baton.operations AS o WHERE o.resource = p_resource AND o.operation = p_operation);
+        IF FOUND THEN
+            INSERT INTO baton.operations (resource, operation, token, fingerprint, result)
+            VALUES (p_resource, p_operation, p_token, p_fingerprint, convert_to(p_object_key, 'UTF8'));
+            outcome := 'applied'; token := p_token; current_token := p_token; current_seq := 0;
+            RETURN NEXT;
+            RETURN;
+        END IF;
     END IF;
-    RETURN QUERY SELECT f.outcome, f.token, f.current_token, f.current_seq, f.detail, f.result;
+    IF p_object_key IS NULL OR octet_length(p_object_key) NOT BETWEEN 1 AND 4096 THEN
+        RAISE EXCEPTION 'object key is % bytes; it must be 1 to 4096 bytes', coalesce(octet_length(p_object_key), 0)
+            USING ERRCODE = '22023';
+    END IF;
+    SELECT * INTO f FROM baton.fence_full(p_resource, p_token, p_operation, p_fingerprint,
+                                          convert_to(p_object_key, 'UTF8'), 0, 1::smallint, false, false);
+    IF f.outcome = 'applied' THEN
+        UPDATE baton.resources AS x
+        SET published_key = p_object_key, published_token = p_token, published_operation = p_operation
+        WHERE x.resource = p_resource;
+    END IF;
+    outcome := f.outcome; token := f.token; current_token := f.current_token; current_seq := f.current_seq;
+    detail := f.detail; result := f.result;
+    RETURN NEXT;
 END $$;
 
 CREATE OR REPLACE FUNCTION baton.delete(p_resource text, p_token bigint, p_operation text, p_fingerprint bytea)
 RETURNS TABLE (outcome text, token bigint, current_token bigint, current_seq bigint, detail text, result bytea)
 LANGUAGE sql AS $$
-    SELECT * FROM baton.fence(p_resource, p_token, p_operation, p_fingerprint, ''::bytea, 0, 1::smallint, false, true);
+    SELECT * FROM baton.fence_full(p_resource, p_token, p_operation, p_fingerprint, ''::bytea, 0, 1::smallint, false, true);
 $$;
 
 CREATE OR REPLACE FUNCTION baton.cancel(p_resource text, p_at bigint, p_policy smallint DEFAULT 1)

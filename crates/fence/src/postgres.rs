@@ -205,7 +205,8 @@ impl PgFence {
     ) -> Result<Option<Publication>, FenceError> {
         let row = client
             .query_opt(
-                "SELECT object_key, token, operation FROM baton.publications WHERE resource = $1",
+                "SELECT published_key, published_token, published_operation FROM baton.resources
+                 WHERE resource = $1 AND published_key IS NOT NULL",
                 &[&resource.as_str()],
             )
             .await?;

@@ -21,7 +21,10 @@ CREATE TABLE IF NOT EXISTS baton_resources (
     last_operation TEXT,
     cancelled_at   INTEGER,
     deleted        INTEGER NOT NULL DEFAULT 0,
-    incarnation    INTEGER NOT NULL DEFAULT 1
+    incarnation    INTEGER NOT NULL DEFAULT 1,
+    published_key       TEXT,
+    published_token     INTEGER,
+    published_operation TEXT
 );
 CREATE TABLE IF NOT EXISTS baton_operations (
     resource          TEXT NOT NULL,
@@ -31,12 +34,6 @@ CREATE TABLE IF NOT EXISTS baton_operations (
     result            BLOB NOT NULL,
     recorded_at_unix_s INTEGER NOT NULL DEFAULT (unixepoch()),
     PRIMARY KEY (resource, operation)
-);
-CREATE TABLE IF NOT EXISTS baton_publications (
-    resource   TEXT PRIMARY KEY,
-    object_key TEXT NOT NULL,
-    token      INTEGER NOT NULL,
-    operation  TEXT NOT NULL
 );
 ";
 
@@ -210,9 +207,8 @@ impl SqliteFence {
         })?;
         Self::write(conn, req, |tx| {
             tx.execute(
-                "INSERT INTO baton_publications (resource, object_key, token, operation) VALUES (?1, ?2, ?3, ?4)
-                 ON CONFLICT (resource) DO UPDATE SET object_key = excluded.object_key, token = excluded.token,
-                   operation = excluded.operation",
+                "UPDATE baton_resources SET published_key = ?2, published_token = ?3, published_operation = ?4
+                 WHERE resource = ?1",
                 params![req.resource.as_str(), object_key, req.token.get(), req.operation.as_str()],
             )?;
             Ok::<(), FenceError>(())
@@ -225,7 +221,8 @@ impl SqliteFence {
     ) -> Result<Option<Publication>, FenceError> {
         let row = conn
             .query_row(
-                "SELECT object_key, token, operation FROM baton_publications WHERE resource = ?1",
+                "SELECT published_key, published_token, published_operation FROM baton_resources
+                 WHERE resource = ?1 AND published_key IS NOT NULL",
                 params![resource.as_str()],
                 |r| {
                     Ok((
