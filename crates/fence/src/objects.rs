@@ -387,6 +387,52 @@ impl ObjectKit {
         Ok(Ok(manifest))
     }
 
+    /// Validates the object named by `req.result` against its manifest and
+    /// only then moves the pointer through [`crate::sqlite::SqliteFence::publish`]:
+    /// no pointer ever names an object without a valid manifest.
+    #[cfg(feature = "sqlite")]
+    pub async fn publish_sqlite(
+        &self,
+        conn: &mut rusqlite::Connection,
+        req: &crate::FenceRequest,
+    ) -> Result<Result<crate::Outcome, Invalid>, crate::FenceError> {
+        if let Err(invalid) = self.validate_for(req).await? {
+            return Ok(Err(invalid));
+        }
+        crate::sqlite::SqliteFence::publish(conn, req).map(Ok)
+    }
+
+    /// [`ObjectKit::publish_sqlite`] for PostgreSQL (`baton.publish`).
+    #[cfg(feature = "postgres")]
+    pub async fn publish_postgres(
+        &self,
+        client: &impl tokio_postgres::GenericClient,
+        prepared: &crate::postgres::Prepared,
+        req: &crate::FenceRequest,
+    ) -> Result<Result<crate::Outcome, Invalid>, crate::FenceError> {
+        if let Err(invalid) = self.validate_for(req).await? {
+            return Ok(Err(invalid));
+        }
+        crate::postgres::PgFence::publish(client, prepared, req)
+            .await
+            .map(Ok)
+    }
+
+    #[cfg(any(feature = "sqlite", feature = "postgres"))]
+    async fn validate_for(
+        &self,
+        req: &crate::FenceRequest,
+    ) -> Result<Result<Manifest, Invalid>, crate::FenceError> {
+        let key =
+            std::str::from_utf8(&req.result).map_err(|_| crate::InputError::ControlCharacter {
+                field: "object key",
+                at_byte: 0,
+            })?;
+        self.validate(key, None, None)
+            .await
+            .map_err(|e| crate::FenceError::Corrupt(e.to_string()))
+    }
+
     pub async fn read(&self, key: &str) -> Result<Vec<u8>, ObjectError> {
         relative_path(key)?;
         Ok(self

@@ -255,4 +255,9 @@ async fn publish_a_validated_candidate_through_the_fenced_pointer() {
         .unwrap();
     assert_eq!(pointer.object_key, bob.key);
     assert_eq!(kit.read(&pointer.object_key).await.unwrap(), b"bob");
+    let counts: std::collections::HashMap<_, _> =
+        baton_fence::metrics::outcome_counts().into_iter().collect();
+    assert!(counts["applied"] >= 1 && counts["stale"] >= 1, "{counts:?}");
+    assert!(baton_fence::metrics::render_prometheus()
+        .contains("baton_fence_outcomes_total{outcome=\"stale\"}"));
 }
