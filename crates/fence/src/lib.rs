@@ -36,7 +36,7 @@ pub use rule::{
     cancel, decide, recreate, Decision, OperationRecord, PolicyMismatch, Recreate, ResourceState,
 };
 pub use types::{
-    FenceRequest, Fingerprint, InputError, OperationId, Outcome, Policy, ResourceKey, Sequence,
-    Token, FINGERPRINT_LEN_BYTES_MAX, OPERATION_LEN_BYTES_MAX, RESOURCE_LEN_BYTES_MAX,
+    FenceRequest, Fingerprint, InputError, OperationId, Outcome, Policy, Publication, ResourceKey,
+    Sequence, Token, FINGERPRINT_LEN_BYTES_MAX, OPERATION_LEN_BYTES_MAX, RESOURCE_LEN_BYTES_MAX,
     RESULT_LEN_BYTES_MAX,
 };

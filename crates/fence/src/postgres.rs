@@ -4,9 +4,11 @@
 
 use tokio_postgres::{Client, GenericClient, Row, Statement, Transaction};
 
-use crate::error::check_prune_age;
+use crate::error::{check_prune_age, stored_token as token};
 use crate::rule::{Recreate, ResourceState};
-use crate::{metrics, FenceError, FenceRequest, Outcome, Policy, ResourceKey, Sequence, Token};
+use crate::{
+    metrics, FenceError, FenceRequest, Outcome, Policy, Publication, ResourceKey, Sequence, Token,
+};
 
 /// The migration that installs the `baton` schema, tables and functions.
 pub const MIGRATION: &str = include_str!("../sql/001_baton_fence.sql");
@@ -15,18 +17,6 @@ const FENCE_SQL: &str = "SELECT outcome, token, current_token, current_seq, deta
     FROM baton.fence($1, $2, $3, $4, $5, $6, $7, $8)";
 const PUBLISH_SQL: &str = "SELECT outcome, token, current_token, current_seq, detail, result
     FROM baton.publish($1, $2, $3, $4, $5)";
-
-/// The published pointer of a resource.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Publication {
-    pub object_key: String,
-    pub token: Token,
-    pub operation: String,
-}
-
-fn token(v: i64) -> Result<Token, FenceError> {
-    Token::new(v as u64).map_err(|e| FenceError::Corrupt(e.to_string()))
-}
 
 fn seq(v: i64) -> Result<Sequence, FenceError> {
     Sequence::new(v as u64).map_err(|e| FenceError::Corrupt(e.to_string()))

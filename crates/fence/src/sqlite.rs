@@ -6,10 +6,11 @@
 
 use rusqlite::{params, Connection, OptionalExtension, Transaction, TransactionBehavior};
 
-use crate::error::check_prune_age;
+use crate::error::{check_prune_age, stored_token as token};
 use crate::rule::{self, Decision, OperationRecord, Recreate, ResourceState};
 use crate::{
-    metrics, FenceError, FenceRequest, Fingerprint, Outcome, Policy, ResourceKey, Sequence, Token,
+    metrics, FenceError, FenceRequest, Fingerprint, Outcome, Policy, Publication, ResourceKey,
+    Sequence, Token,
 };
 
 const SCHEMA: &str = "
@@ -36,18 +37,6 @@ CREATE TABLE IF NOT EXISTS baton_operations (
     PRIMARY KEY (resource, operation)
 );
 ";
-
-/// The published pointer of a resource.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Publication {
-    pub object_key: String,
-    pub token: Token,
-    pub operation: String,
-}
-
-fn token(v: i64) -> Result<Token, FenceError> {
-    Token::new(v as u64).map_err(|e| FenceError::Corrupt(e.to_string()))
-}
 
 pub struct SqliteFence;
 

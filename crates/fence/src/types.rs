@@ -310,3 +310,11 @@ impl Outcome {
         }
     }
 }
+
+/// The published pointer of a resource: which immutable object is authoritative.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Publication {
+    pub object_key: String,
+    pub token: Token,
+    pub operation: String,
+}

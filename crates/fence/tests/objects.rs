@@ -3,7 +3,7 @@
 use std::collections::HashSet;
 use std::time::{Duration, SystemTime};
 
-use baton_fence::objects::{Invalid, ObjectError, ObjectKit, Provenance};
+use baton_fence::objects::{Candidate, Invalid, ObjectError, ObjectKit, Provenance};
 use baton_fence::sqlite::SqliteFence;
 use baton_fence::{FenceRequest, Outcome, ResourceKey, Token};
 
@@ -34,6 +34,20 @@ fn provenance<'a>(snapshot: &'a str, op: &'a str) -> Provenance<'a> {
     }
 }
 
+/// Puts a candidate for generation `token` with the given body and input snapshot.
+async fn put(kit: &ObjectKit, token: u64, body: &[u8], snapshot: &str) -> Candidate {
+    let op = format!("op-{token}");
+    kit.put_candidate(
+        PATH,
+        t(token),
+        "pdf",
+        body.to_vec(),
+        &provenance(snapshot, &op),
+    )
+    .await
+    .unwrap()
+}
+
 fn t(n: u64) -> Token {
     Token::new(n).unwrap()
 }
@@ -47,16 +61,7 @@ fn age(path: &std::path::Path, by: Duration) {
 async fn put_is_create_only() {
     let dir = Dir::new("create");
     let kit = ObjectKit::local(&dir.0).unwrap();
-    let c = kit
-        .put_candidate(
-            PATH,
-            t(108),
-            "pdf",
-            b"bob's statement".to_vec(),
-            &provenance("snap-7", "op-108"),
-        )
-        .await
-        .unwrap();
+    let c = put(&kit, 108, b"bob's statement", "snap-7").await;
     assert_eq!(c.key, "statements/account-42/2026-09-13/generation-108.pdf");
     let again = kit
         .put_candidate(
@@ -92,16 +97,7 @@ async fn put_is_create_only() {
 async fn validation_catches_a_changed_byte_a_wrong_snapshot_and_a_missing_manifest() {
     let dir = Dir::new("validate");
     let kit = ObjectKit::local(&dir.0).unwrap();
-    let c = kit
-        .put_candidate(
-            PATH,
-            t(108),
-            "pdf",
-            b"statement body".to_vec(),
-            &provenance("snap-7", "op-108"),
-        )
-        .await
-        .unwrap();
+    let c = put(&kit, 108, b"statement body", "snap-7").await;
     let m = kit
         .validate(&c.key, Some("snap-7"), Some("statements 1.0"))
         .await
@@ -142,36 +138,9 @@ async fn validation_catches_a_changed_byte_a_wrong_snapshot_and_a_missing_manife
 async fn gc_keeps_the_published_and_young_objects() {
     let dir = Dir::new("gc");
     let kit = ObjectKit::local(&dir.0).unwrap();
-    let old = kit
-        .put_candidate(
-            PATH,
-            t(107),
-            "pdf",
-            b"alice".to_vec(),
-            &provenance("s", "op-107"),
-        )
-        .await
-        .unwrap();
-    let published = kit
-        .put_candidate(
-            PATH,
-            t(108),
-            "pdf",
-            b"bob".to_vec(),
-            &provenance("s", "op-108"),
-        )
-        .await
-        .unwrap();
-    let young = kit
-        .put_candidate(
-            PATH,
-            t(109),
-            "pdf",
-            b"carol".to_vec(),
-            &provenance("s", "op-109"),
-        )
-        .await
-        .unwrap();
+    let old = put(&kit, 107, b"alice", "s").await;
+    let published = put(&kit, 108, b"bob", "s").await;
+    let young = put(&kit, 109, b"carol", "s").await;
     let two_days = Duration::from_secs(2 * 86_400);
     for key in [&old.key, &published.key] {
         age(&dir.0.join(key), two_days);
@@ -204,26 +173,8 @@ async fn publish_a_validated_candidate_through_the_fenced_pointer() {
     SqliteFence::migrate(&conn).unwrap();
     let resource = "statement:account-42:2026-09-13";
     // Alice (107) uploads, then pauses; Bob (108) uploads and publishes.
-    let alice = kit
-        .put_candidate(
-            PATH,
-            t(107),
-            "pdf",
-            b"alice".to_vec(),
-            &provenance("snap-6", "op-107"),
-        )
-        .await
-        .unwrap();
-    let bob = kit
-        .put_candidate(
-            PATH,
-            t(108),
-            "pdf",
-            b"bob".to_vec(),
-            &provenance("snap-7", "op-108"),
-        )
-        .await
-        .unwrap();
+    let alice = put(&kit, 107, b"alice", "snap-6").await;
+    let bob = put(&kit, 108, b"bob", "snap-7").await;
     let m = kit
         .validate(&bob.key, Some("snap-7"), None)
         .await
