@@ -21,6 +21,13 @@
 
 CREATE SCHEMA IF NOT EXISTS baton;
 
+-- Which migrations have run; later migrations check and append here.
+CREATE TABLE IF NOT EXISTS baton.schema_migrations (
+    version    integer PRIMARY KEY,
+    applied_at timestamptz NOT NULL DEFAULT now()
+);
+INSERT INTO baton.schema_migrations (version) VALUES (1) ON CONFLICT DO NOTHING;
+
 CREATE TABLE IF NOT EXISTS baton.resources (
     resource       text PRIMARY KEY CHECK (octet_length(resource) BETWEEN 1 AND 512),
     policy         smallint NOT NULL CHECK (policy IN (1, 2, 3)),

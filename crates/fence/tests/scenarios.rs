@@ -576,7 +576,18 @@ fn bad_input_is_refused_naming_the_rule() {
 
 #[tokio::test]
 async fn postgres_sql_functions_refuse_bad_input_and_write_nothing() {
-    let pg = Pg::new().await;
+    let mut pg = Pg::new().await;
+    // The migration is recorded and can run again.
+    PgFence::migrate(&mut pg.client).await.unwrap();
+    let versions: Vec<i32> = pg
+        .client
+        .query("SELECT version FROM baton.schema_migrations", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(versions, vec![1]);
     let cases = [
         (
             "SELECT * FROM baton.fence('', 1, 'op', '\\x01'::bytea)",
