@@ -27,6 +27,8 @@ use baton_proto::v1::{self, leases_client::LeasesClient};
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Request};
 
+pub mod worker;
+
 pub use baton_core;
 pub use baton_proto::v1::Snapshot;
 

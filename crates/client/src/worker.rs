@@ -1,0 +1,411 @@
+//! The worker runtime: keep a lease alive on the monotonic clock, know when
+//! ownership is uncertain, and stop work when it is lost.
+//!
+//! The [`Keeper`] renews every TTL/3 (by default) and keeps a *safe until*
+//! deadline: the instant the last successful renew request was **sent**, plus
+//! the TTL the server granted, minus a safety margin for clock rate
+//! differences. Every renew has a deadline no later than that. A renew that
+//! fails, times out or answers "not owner" never extends it.
+//!
+//! [`Keeper::may_start_effect`] answers from the deadline and the monotonic
+//! clock, not from the last known state, so a process that was paused (GC,
+//! SIGSTOP) and wakes past its deadline finds itself lost before it can start
+//! an effect, even if the renew task has not run since.
+
+use std::future::Future;
+use std::hash::{BuildHasher, Hasher};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use baton_core::{AcquisitionId, FencingToken};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::{Acquired, Client, ClientError, Lease, Renewal};
+
+/// What the keeper knows about its lease.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ownership {
+    /// The last renewal succeeded and the safe deadline has not passed.
+    Held,
+    /// A renewal failed; the safe deadline has not passed yet. Finish or
+    /// abandon, but think twice before starting a new effect.
+    Uncertain,
+    /// Not owner, or the safe deadline passed. Stop.
+    Lost,
+}
+
+/// Renews a lease. [`Client`] implements it; tests use scripted renewers.
+pub trait Renewer: Send + 'static {
+    fn renew(
+        &mut self,
+        resource: &str,
+        id: &AcquisitionId,
+    ) -> impl Future<Output = Result<Renewal, ClientError>> + Send;
+}
+
+impl Renewer for Client {
+    async fn renew(&mut self, resource: &str, id: &AcquisitionId) -> Result<Renewal, ClientError> {
+        Client::renew(self, resource, id).await
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct KeeperConfig {
+    /// Time between renewals; default TTL/3.
+    pub renew_interval: Option<Duration>,
+    /// Subtracted from every granted TTL; default 5% of the TTL, at least 10 ms.
+    pub safety_margin: Option<Duration>,
+}
+
+impl KeeperConfig {
+    fn interval(&self, ttl: Duration) -> Duration {
+        self.renew_interval.unwrap_or(ttl / 3)
+    }
+
+    fn margin(&self, ttl: Duration) -> Duration {
+        self.safety_margin
+            .unwrap_or((ttl / 20).max(Duration::from_millis(10)))
+    }
+}
+
+/// Exponential backoff with full jitter: the n-th delay is uniform in
+/// `[0, min(max, base * 2^n)]`.
+#[derive(Clone, Debug)]
+pub struct Backoff {
+    base: Duration,
+    max: Duration,
+    attempt: u32,
+    state: u64,
+}
+
+impl Backoff {
+    pub fn new(base: Duration, max: Duration) -> Self {
+        let seed = std::collections::hash_map::RandomState::new()
+            .build_hasher()
+            .finish();
+        Self::with_seed(base, max, seed)
+    }
+
+    /// A reproducible sequence, for tests and simulations.
+    pub fn with_seed(base: Duration, max: Duration, seed: u64) -> Self {
+        Self {
+            base,
+            max,
+            attempt: 0,
+            state: seed | 1,
+        }
+    }
+
+    /// The ceiling of the next delay, before jitter.
+    pub fn ceiling(&self) -> Duration {
+        let factor = 1u32.checked_shl(self.attempt.min(31)).unwrap_or(u32::MAX);
+        self.base.saturating_mul(factor).min(self.max)
+    }
+
+    pub fn next_delay(&mut self) -> Duration {
+        let ceiling = self.ceiling();
+        self.attempt = self.attempt.saturating_add(1);
+        // xorshift64*
+        self.state ^= self.state >> 12;
+        self.state ^= self.state << 25;
+        self.state ^= self.state >> 27;
+        let r = self.state.wrapping_mul(0x2545_f491_4f6c_dd1d);
+        let nanos = ceiling.as_nanos() as u64;
+        Duration::from_nanos(if nanos == 0 { 0 } else { r % (nanos + 1) })
+    }
+
+    pub fn reset(&mut self) {
+        self.attempt = 0;
+    }
+}
+
+struct Shared {
+    safe_until: Mutex<Instant>,
+    state: watch::Sender<Ownership>,
+    cancel: CancellationToken,
+}
+
+impl Shared {
+    fn safe_until(&self) -> Instant {
+        *self.safe_until.lock().expect("keeper mutex")
+    }
+
+    fn ownership(&self) -> Ownership {
+        if Instant::now() >= self.safe_until() {
+            Ownership::Lost
+        } else {
+            *self.state.borrow()
+        }
+    }
+
+    fn lose(&self, resource: &str, token: FencingToken, why: &str) {
+        self.state.send_replace(Ownership::Lost);
+        self.cancel.cancel();
+        tracing::warn!(%resource, %token, why, "lease lost");
+    }
+}
+
+/// A cheap handle for work running under a lease.
+#[derive(Clone)]
+pub struct Guard {
+    lease: Lease,
+    shared: Arc<Shared>,
+}
+
+impl Guard {
+    pub fn lease(&self) -> &Lease {
+        &self.lease
+    }
+
+    /// The fencing token to carry into every protected write.
+    pub fn token(&self) -> FencingToken {
+        self.lease.token
+    }
+
+    /// The monotonic instant after which this process must assume it no longer owns the lease.
+    pub fn safe_until(&self) -> Instant {
+        self.shared.safe_until()
+    }
+
+    pub fn ownership(&self) -> Ownership {
+        self.shared.ownership()
+    }
+
+    /// May a new effect start now? Read from the monotonic deadline, so it is
+    /// right even just after a pause in which the renew task never ran.
+    pub fn may_start_effect(&self) -> bool {
+        self.shared.ownership() == Ownership::Held
+    }
+
+    /// Fires when the lease is lost or the safe deadline passes.
+    pub fn cancellation(&self) -> CancellationToken {
+        self.shared.cancel.clone()
+    }
+}
+
+/// Keeps one lease alive until stopped or lost.
+pub struct Keeper {
+    guard: Guard,
+    state: watch::Receiver<Ownership>,
+    task: JoinHandle<()>,
+}
+
+impl Keeper {
+    /// Starts renewing `lease`. `sent_at` is when the acquire request was
+    /// sent: the first safe deadline counts from it.
+    pub fn start<R: Renewer>(
+        renewer: R,
+        lease: Lease,
+        sent_at: Instant,
+        config: KeeperConfig,
+    ) -> Self {
+        let margin = config.margin(lease.ttl);
+        let (state, rx) = watch::channel(Ownership::Held);
+        let shared = Arc::new(Shared {
+            safe_until: Mutex::new(sent_at + lease.ttl.saturating_sub(margin)),
+            state,
+            cancel: CancellationToken::new(),
+        });
+        let task = tokio::spawn(run(renewer, lease.clone(), sent_at, config, shared.clone()));
+        Self {
+            guard: Guard { lease, shared },
+            state: rx,
+            task,
+        }
+    }
+
+    pub fn guard(&self) -> Guard {
+        self.guard.clone()
+    }
+
+    pub fn lease(&self) -> &Lease {
+        &self.guard.lease
+    }
+
+    pub fn ownership(&self) -> Ownership {
+        self.guard.ownership()
+    }
+
+    pub fn may_start_effect(&self) -> bool {
+        self.guard.may_start_effect()
+    }
+
+    pub fn safe_until(&self) -> Instant {
+        self.guard.safe_until()
+    }
+
+    pub fn cancellation(&self) -> CancellationToken {
+        self.guard.cancellation()
+    }
+
+    /// Waits until the ownership state changes and returns the new one.
+    pub async fn changed(&mut self) -> Ownership {
+        let _ = self.state.changed().await;
+        let state = *self.state.borrow_and_update();
+        state
+    }
+
+    /// Stops renewing (the lease then runs out unless released) and returns it.
+    pub fn stop(self) -> Lease {
+        self.task.abort();
+        self.guard.lease.clone()
+    }
+}
+
+impl Drop for Keeper {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn run<R: Renewer>(
+    mut renewer: R,
+    lease: Lease,
+    sent_at: Instant,
+    config: KeeperConfig,
+    shared: Arc<Shared>,
+) {
+    let interval = config.interval(lease.ttl);
+    let margin = config.margin(lease.ttl);
+    let mut next = sent_at + interval;
+    let mut retry = Backoff::new(interval / 8, interval / 2);
+    let (resource, token) = (lease.resource.as_str(), lease.token);
+    loop {
+        let safe_until = shared.safe_until();
+        tokio::select! {
+            biased;
+            _ = tokio::time::sleep_until(safe_until) => {
+                shared.lose(resource, token, "the safe deadline passed without a successful renewal");
+                return;
+            }
+            _ = tokio::time::sleep_until(next) => {}
+        }
+        let sent = Instant::now();
+        if sent >= safe_until {
+            shared.lose(
+                resource,
+                token,
+                "the safe deadline passed without a successful renewal",
+            );
+            return;
+        }
+        match tokio::time::timeout_at(safe_until, renewer.renew(resource, &lease.acquisition_id))
+            .await
+        {
+            Ok(Ok(Renewal::Renewed { remaining, .. })) => {
+                *shared.safe_until.lock().expect("keeper mutex") =
+                    sent + remaining.saturating_sub(margin);
+                shared
+                    .state
+                    .send_if_modified(|s| std::mem::replace(s, Ownership::Held) != Ownership::Held);
+                retry.reset();
+                next = sent + interval;
+            }
+            Ok(Ok(Renewal::NotOwner)) => {
+                shared.lose(resource, token, "the server answered not owner");
+                return;
+            }
+            Ok(Err(e @ ClientError::Invalid(_))) => {
+                shared.lose(resource, token, &format!("renewal refused: {e}"));
+                return;
+            }
+            Ok(Err(e)) => {
+                tracing::info!(%resource, %token, error = %e, "renewal failed; ownership uncertain");
+                shared.state.send_if_modified(|s| {
+                    std::mem::replace(s, Ownership::Uncertain) != Ownership::Uncertain
+                });
+                next = Instant::now() + retry.next_delay();
+            }
+            Err(_) => {
+                shared.lose(
+                    resource,
+                    token,
+                    "no renewal answer before the safe deadline",
+                );
+                return;
+            }
+        }
+    }
+}
+
+/// How guarded work ended.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Guarded<T> {
+    /// The work finished while the lease was held (or at least not known lost).
+    Completed(T),
+    /// The lease was lost; the work was stopped (its future dropped).
+    Lost { token: FencingToken },
+    /// The resource could not be acquired.
+    NotAcquired,
+}
+
+/// Acquires `resource` (waiting up to `wait` on the server), runs `work`
+/// with a [`Guard`] while a [`Keeper`] renews the lease, stops the work if
+/// the lease is lost, and releases the lease at the end (best effort).
+pub async fn run_guarded<F, Fut, T>(
+    client: &Client,
+    resource: &str,
+    ttl: Duration,
+    wait: Duration,
+    config: KeeperConfig,
+    work: F,
+) -> Result<Guarded<T>, ClientError>
+where
+    F: FnOnce(Guard) -> Fut,
+    Fut: Future<Output = T>,
+{
+    let mut c = client.clone();
+    let sent_at = Instant::now();
+    let lease = match c.acquire(resource, ttl, wait).await? {
+        Acquired::Granted(lease) => lease,
+        Acquired::NotAcquired(_) => return Ok(Guarded::NotAcquired),
+    };
+    let keeper = Keeper::start(client.clone(), lease, sent_at, config);
+    let cancel = keeper.cancellation();
+    let outcome = tokio::select! {
+        biased;
+        _ = cancel.cancelled() => None,
+        value = work(keeper.guard()) => Some(value),
+    };
+    let lease = keeper.stop();
+    if let Err(e) = c.release(&lease.resource, &lease.acquisition_id).await {
+        tracing::info!(resource = %lease.resource, token = %lease.token, error = %e, "release failed; the lease will expire");
+    }
+    Ok(match outcome {
+        Some(value) => Guarded::Completed(value),
+        None => Guarded::Lost { token: lease.token },
+    })
+}
+
+/// Tries to acquire every resource in `resources` (all or nothing) until
+/// `budget` runs out, sleeping with exponential backoff and full jitter
+/// between attempts. Returns the leases and the instant the successful
+/// request was sent (for [`Keeper::start`]), or `None` if the budget ran out.
+pub async fn acquire_with_backoff(
+    client: &mut Client,
+    resources: &[&str],
+    ttl: Duration,
+    budget: Duration,
+    backoff: &mut Backoff,
+) -> Result<Option<(Vec<Lease>, Instant)>, ClientError> {
+    let deadline = Instant::now() + budget;
+    loop {
+        let sent_at = Instant::now();
+        match client.acquire_all(resources, ttl, Duration::ZERO).await? {
+            crate::AcquiredAll::Granted { leases, .. } => return Ok(Some((leases, sent_at))),
+            crate::AcquiredAll::NotAcquired(_) => {
+                let delay = backoff.next_delay();
+                if Instant::now() + delay >= deadline {
+                    return Ok(None);
+                }
+                tokio::time::sleep(delay).await;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
