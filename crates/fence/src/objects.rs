@@ -444,6 +444,32 @@ impl ObjectKit {
             .to_vec())
     }
 
+    /// Keys of the objects (not manifests) under `under`, sorted.
+    pub async fn list(&self, under: &str) -> Result<Vec<String>, ObjectError> {
+        relative_path(under)?;
+        let prefix_len = self.prefix.parts().count();
+        let mut keys = Vec::new();
+        let mut dirs = vec![self.full(under)];
+        while let Some(dir) = dirs.pop() {
+            let listing = self.store.list_with_delimiter(Some(&dir)).await?;
+            dirs.extend(listing.common_prefixes);
+            for meta in listing.objects {
+                let key = meta
+                    .location
+                    .parts()
+                    .skip(prefix_len)
+                    .map(|p| p.as_ref().to_string())
+                    .collect::<Vec<_>>()
+                    .join("/");
+                if !key.ends_with(".manifest") {
+                    keys.push(key);
+                }
+            }
+        }
+        keys.sort();
+        Ok(keys)
+    }
+
     /// Deletes objects (and their manifests) under `under` that no pointer
     /// references and that are older than `retention`. The published keys
     /// (`published`) and anything younger than `retention` are always kept.

@@ -156,6 +156,10 @@ async fn gc_keeps_the_published_and_young_objects() {
         vec![old.key.clone(), format!("{}.manifest", old.key)]
     );
     assert_eq!((report.kept_published, report.kept_young), (2, 2));
+    assert_eq!(
+        kit.list("statements").await.unwrap(),
+        vec![published.key.clone(), young.key.clone()]
+    );
     assert!(kit
         .validate(&published.key, None, None)
         .await

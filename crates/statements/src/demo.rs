@@ -1,0 +1,269 @@
+//! `statements demo`: the seed's paused-worker story with real processes.
+//!
+//! An embedded Baton server runs in this process. Alice (a worker process)
+//! takes the lease, reads her input, generates and uploads, passes her local
+//! ownership check, and is then stopped with SIGSTOP. Her lease expires; Bob
+//! takes over with a higher token and publishes. Alice is resumed with
+//! SIGCONT, carries on where she stopped, and her publish is rejected at the
+//! resource as stale. The account data changes while Alice sleeps, so Bob
+//! refuses her candidate (wrong input version) and publishes his own. The demo exits 0 only if that is how it ended.
+
+use std::path::{Path, PathBuf};
+use std::process::{ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use baton_client::Client;
+use baton_fence::sqlite::SqliteFence;
+use baton_fence::ResourceKey;
+use tokio::io::{AsyncBufReadExt, BufReader, Lines};
+use tokio::process::{Child, ChildStdout, Command};
+
+use crate::events::{field, object, V};
+use crate::{store, worker};
+
+const ACCOUNT: &str = "account-42";
+const DATE: &str = "2026-09-13";
+const TTL_MS: u64 = 1_500;
+const STEP_TIMEOUT: Duration = Duration::from_secs(30);
+
+struct Timeline {
+    start: Instant,
+    rows: Vec<(u128, String)>,
+}
+
+impl Timeline {
+    fn add(&mut self, line: &str) {
+        self.rows
+            .push((self.start.elapsed().as_millis(), line.to_string()));
+    }
+
+    fn note(&mut self, who: &str, what: &str) {
+        self.add(&object(&[("event", V::S(what)), ("worker", V::S(who))]));
+    }
+}
+
+fn spawn_worker(
+    paths: &(PathBuf, PathBuf),
+    url: &str,
+    name: &str,
+    pause: bool,
+) -> Result<(Child, Lines<BufReader<ChildStdout>>), String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let mut cmd = Command::new(exe);
+    cmd.arg("worker")
+        .arg("--db")
+        .arg(&paths.0)
+        .arg("--objects")
+        .arg(&paths.1);
+    cmd.args([
+        "--server",
+        url,
+        "--name",
+        name,
+        "--ttl-ms",
+        &TTL_MS.to_string(),
+        "--once",
+    ]);
+    if pause {
+        cmd.arg("--pause-before-publish");
+    }
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| e.to_string())?;
+    let stdout = child.stdout.take().ok_or("no stdout")?;
+    Ok((child, BufReader::new(stdout).lines()))
+}
+
+/// Reads events into the timeline until one named `until` (or the end).
+async fn read_until(
+    lines: &mut Lines<BufReader<ChildStdout>>,
+    timeline: &mut Timeline,
+    until: Option<&str>,
+) -> Result<Vec<String>, String> {
+    let mut seen = Vec::new();
+    loop {
+        let next = tokio::time::timeout(STEP_TIMEOUT, lines.next_line())
+            .await
+            .map_err(|_| "a worker went silent")?;
+        let Some(line) = next.map_err(|e| e.to_string())? else {
+            return Ok(seen);
+        };
+        timeline.add(&line);
+        let done = until.is_some_and(|u| field(&line, "event").as_deref() == Some(u));
+        seen.push(line);
+        if done {
+            return Ok(seen);
+        }
+    }
+}
+
+fn proc_state(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit(')').next()?.trim_start().chars().next()
+}
+
+/// Polls until `check` holds: waits for an event in another process, never for time to pass.
+async fn until(what: &str, mut check: impl AsyncFnMut() -> bool) -> Result<(), String> {
+    let deadline = Instant::now() + STEP_TIMEOUT;
+    while !check().await {
+        if Instant::now() > deadline {
+            return Err(format!("timed out waiting for {what}"));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
+
+fn token_of(lines: &[String], event: &str) -> Option<i64> {
+    lines
+        .iter()
+        .find(|l| field(l, "event").as_deref() == Some(event))
+        .and_then(|l| field(l, "token")?.parse().ok())
+}
+
+pub async fn run(json: bool, dir: Option<PathBuf>) -> Result<ExitCode, String> {
+    let (dir, temporary) = match dir {
+        Some(d) => (d, false),
+        None => (
+            std::env::temp_dir().join(format!("statements-demo-{}", std::process::id())),
+            true,
+        ),
+    };
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let result = story(&dir, json).await;
+    if temporary {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    result
+}
+
+async fn story(dir: &Path, json: bool) -> Result<ExitCode, String> {
+    let paths = (dir.join("statements.sqlite"), dir.join("objects"));
+    let config = baton_server::ServerConfig {
+        listen: "127.0.0.1:0".parse().expect("literal"),
+        http_listen: None,
+        data_dir: dir.join("baton-data"),
+        limits: baton_core::Limits {
+            ttl_ms_min: 100,
+            ..Default::default()
+        },
+        default_ttl_ms: 30_000,
+        connections_max: 256,
+    };
+    let server = baton_server::start(config)
+        .await
+        .map_err(|e| e.to_string())?;
+    let url = format!("http://{}", server.grpc_addr);
+    let conn = store::open(&paths.0)?;
+    store::seed(&conn, ACCOUNT, DATE, 123_456)?;
+    let mut timeline = Timeline {
+        start: Instant::now(),
+        rows: Vec::new(),
+    };
+    let resource = worker::resource(ACCOUNT, DATE);
+
+    let (mut alice, mut alice_out) = spawn_worker(&paths, &url, "alice", true)?;
+    let mut alice_lines = read_until(&mut alice_out, &mut timeline, Some("paused")).await?;
+    let pid = alice.id().ok_or("alice exited")?;
+    until("alice to be stopped", async || proc_state(pid) == Some('T')).await?;
+    timeline.note("alice", "stopped (SIGSTOP)");
+    // While Alice sleeps the account data changes, as in the seed.
+    let version = store::seed(&conn, ACCOUNT, DATE, 99_000)?;
+    timeline.note(
+        "bank",
+        &format!("account data updated to input version {version}"),
+    );
+
+    let mut client = Client::connect(&url).await.map_err(|e| e.to_string())?;
+    until("alice's lease to expire", async || {
+        client
+            .status(&resource)
+            .await
+            .is_ok_and(|s| s.holder_token.is_none())
+    })
+    .await?;
+    timeline.note("baton", "alice's lease expired");
+
+    let (mut bob, mut bob_out) = spawn_worker(&paths, &url, "bob", false)?;
+    let bob_lines = read_until(&mut bob_out, &mut timeline, None).await?;
+    bob.wait().await.map_err(|e| e.to_string())?;
+
+    std::process::Command::new("kill")
+        .args(["-CONT", &pid.to_string()])
+        .status()
+        .map_err(|e| e.to_string())?;
+    timeline.note("alice", "resumed (SIGCONT)");
+    alice_lines.extend(read_until(&mut alice_out, &mut timeline, None).await?);
+    alice.wait().await.map_err(|e| e.to_string())?;
+
+    let key = ResourceKey::new(&resource).map_err(|e| e.to_string())?;
+    let pointer = SqliteFence::publication(&conn, &key).map_err(|e| e.to_string())?;
+    let alice_token = token_of(&alice_lines, "acquired").unwrap_or(0);
+    let bob_token = token_of(&bob_lines, "acquired").unwrap_or(0);
+    let refusal = alice_lines
+        .iter()
+        .find(|l| field(l, "event").as_deref() == Some("publish_refused"));
+    let stale_outcome = refusal
+        .and_then(|l| field(l, "outcome"))
+        .unwrap_or_else(|| "none".into());
+    let (authoritative, published_key) =
+        pointer.map_or((0, String::new()), |p| (p.token.get(), p.object_key));
+    let ok = authoritative == bob_token && bob_token > alice_token && stale_outcome == "stale";
+    server.shutdown().await.map_err(|e| e.to_string())?;
+
+    if json {
+        let rows: Vec<String> = timeline
+            .rows
+            .iter()
+            .map(|(ms, l)| format!("{{\"ms\":{ms},\"line\":{l}}}"))
+            .collect();
+        let head = object(&[
+            ("authoritative_token", V::N(authoritative)),
+            ("stale_token", V::N(alice_token)),
+            ("stale_outcome", V::S(&stale_outcome)),
+            ("published_key", V::S(&published_key)),
+            ("verdict", V::S(if ok { "ok" } else { "failed" })),
+        ]);
+        println!(
+            "{},\"timeline\":[{}]}}",
+            head.trim_end_matches('}'),
+            rows.join(",")
+        );
+    } else {
+        println!("The paused-worker story (lease TTL {TTL_MS} ms):\n");
+        for (ms, line) in &timeline.rows {
+            let who = field(line, "worker").unwrap_or_default();
+            let what = field(line, "event").unwrap_or_default();
+            let detail: Vec<String> = ["token", "input", "key", "outcome", "current"]
+                .iter()
+                .filter_map(|k| field(line, k).map(|v| format!("{k}={v}")))
+                .collect();
+            println!("{ms:>6} ms  {who:<6} {what:<22} {}", detail.join(" "));
+        }
+        let show = crate::show(
+            &crate::Paths {
+                db: paths.0.clone(),
+                objects: paths.1.clone(),
+            },
+            ACCOUNT,
+            DATE,
+            false,
+        )
+        .await?;
+        println!("\n{show}\n");
+        if ok {
+            println!("Bob's token {bob_token} is authoritative; Alice's stale publish with token {alice_token} was rejected at the resource.");
+        } else {
+            println!("UNEXPECTED: authoritative token {authoritative}, Bob {bob_token}, Alice {alice_token}, Alice's outcome {stale_outcome}");
+        }
+    }
+    Ok(if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}

@@ -1,0 +1,297 @@
+//! `statements`: the statement publication service of the seed, end to end,
+//! on Baton's public APIs. See `statements demo`.
+
+mod demo;
+mod events;
+mod store;
+mod worker;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use baton_fence::objects::ObjectKit;
+use baton_fence::sqlite::SqliteFence;
+use baton_fence::{Policy, ResourceKey, Token};
+use clap::{Parser, Subcommand};
+use events::{object, V};
+
+#[derive(Parser)]
+#[command(
+    name = "statements",
+    about = "Daily account statements, published safely by competing workers"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(clap::Args, Clone)]
+struct Paths {
+    /// SQLite database with accounts, jobs and the fence tables.
+    #[arg(long, default_value = "statements.sqlite")]
+    db: PathBuf,
+    /// Directory for the immutable statement objects.
+    #[arg(long, default_value = "statement-objects")]
+    objects: PathBuf,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Create (or bump the input version of) an account's data and queue its job.
+    Seed {
+        #[command(flatten)]
+        paths: Paths,
+        #[arg(long)]
+        account: String,
+        #[arg(long)]
+        date: String,
+        #[arg(long, default_value_t = 10_000)]
+        balance_cents: i64,
+    },
+    /// Poll for open jobs and publish their statements.
+    Worker {
+        #[command(flatten)]
+        paths: Paths,
+        #[arg(long, default_value = "http://127.0.0.1:7700")]
+        server: String,
+        #[arg(long, default_value = "worker")]
+        name: String,
+        /// Lease TTL in milliseconds.
+        #[arg(long, default_value_t = 5_000)]
+        ttl_ms: u64,
+        /// One pass over the open jobs, then exit.
+        #[arg(long)]
+        once: bool,
+        #[arg(long, default_value_t = 200)]
+        poll_ms: u64,
+        /// Stop with SIGSTOP after the last local ownership check, just before publishing.
+        #[arg(long)]
+        pause_before_publish: bool,
+        /// Abort the process at this point (crash drills).
+        #[arg(long)]
+        crash_after: Option<worker::CrashPoint>,
+    },
+    /// The authoritative state of one statement, side by side.
+    Show {
+        #[command(flatten)]
+        paths: Paths,
+        #[arg(long)]
+        account: String,
+        #[arg(long)]
+        date: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Cancel a job durably: job state, lease fence, and the resource's generation.
+    Cancel {
+        #[command(flatten)]
+        paths: Paths,
+        #[arg(long, default_value = "http://127.0.0.1:7700")]
+        server: String,
+        #[arg(long)]
+        account: String,
+        #[arg(long)]
+        date: String,
+    },
+    /// The paused-worker story with an embedded Baton server: Alice pauses,
+    /// Bob takes over and publishes, Alice resumes and is rejected.
+    Demo {
+        #[arg(long)]
+        json: bool,
+        /// Keep the demo's files in this directory instead of a temporary one.
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
+}
+
+fn main() -> ExitCode {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .init();
+    let cli = Cli::parse();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    match rt.block_on(run(cli.command)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(command: Command) -> Result<ExitCode, String> {
+    match command {
+        Command::Seed {
+            paths,
+            account,
+            date,
+            balance_cents,
+        } => {
+            let conn = store::open(&paths.db)?;
+            let version = store::seed(&conn, &account, &date, balance_cents)?;
+            println!("seeded {account} {date}: input version {version}, job queued");
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Worker {
+            paths,
+            server,
+            name,
+            ttl_ms,
+            once,
+            poll_ms,
+            pause_before_publish,
+            crash_after,
+        } => {
+            worker::run(worker::WorkerConfig {
+                db: paths.db,
+                objects: paths.objects,
+                server,
+                name,
+                ttl: Duration::from_millis(ttl_ms),
+                once,
+                poll: Duration::from_millis(poll_ms),
+                pause_before_publish,
+                crash_after,
+            })
+            .await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Show {
+            paths,
+            account,
+            date,
+            json,
+        } => {
+            let text = show(&paths, &account, &date, json).await?;
+            println!("{text}");
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Cancel {
+            paths,
+            server,
+            account,
+            date,
+        } => {
+            let at = cancel(&paths, &server, &account, &date).await?;
+            println!("cancelled {account} {date}: every token at or below {at} is refused at the resource");
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Demo { json, dir } => demo::run(json, dir).await,
+    }
+}
+
+/// Durable cancellation, in this order: the job becomes `cancelled` (workers
+/// that pick it up skip it); Baton fences the lease (revoking it: the holder's
+/// keeper sees "not owner" on its next renewal) and returns a token above
+/// every token issued; the fence kit refuses every token at or below it.
+async fn cancel(paths: &Paths, server: &str, account: &str, date: &str) -> Result<i64, String> {
+    let mut conn = store::open(&paths.db)?;
+    if !store::cancel_job(&conn, account, date)? {
+        return Err(format!("no job for {account} {date}"));
+    }
+    let resource = worker::resource(account, date);
+    let mut client = baton_client::Client::connect(server)
+        .await
+        .map_err(|e| e.to_string())?;
+    let fenced = client.fence(&resource).await.map_err(|e| e.to_string())?;
+    let at = Token::new(fenced.token.get()).map_err(|e| e.to_string())?;
+    let key = ResourceKey::new(&resource).map_err(|e| e.to_string())?;
+    SqliteFence::cancel(&mut conn, &key, Policy::OnePerGeneration, at)
+        .map_err(|e| e.to_string())?;
+    Ok(at.get())
+}
+
+async fn show(paths: &Paths, account: &str, date: &str, json: bool) -> Result<String, String> {
+    let conn = store::open(&paths.db)?;
+    let kit = ObjectKit::local(&paths.objects).map_err(|e| e.to_string())?;
+    let job =
+        store::job(&conn, account, date)?.ok_or_else(|| format!("no job for {account} {date}"))?;
+    let input = store::input(&conn, account, date)?;
+    let key = ResourceKey::new(&worker::resource(account, date)).map_err(|e| e.to_string())?;
+    let state = SqliteFence::state(&conn, &key).map_err(|e| e.to_string())?;
+    let pointer = SqliteFence::publication(&conn, &key).map_err(|e| e.to_string())?;
+    let manifest = match &pointer {
+        Some(p) => Some(
+            kit.validate(&p.object_key, None, None)
+                .await
+                .map_err(|e| e.to_string())?,
+        ),
+        None => None,
+    };
+    let outcomes = store::outcomes(&conn, account, date)?;
+    let generation = state.as_ref().map_or(0, |s| s.generation.get());
+    let cancelled_at = state
+        .as_ref()
+        .and_then(|s| s.cancelled_at)
+        .map_or(0, Token::get);
+    let (pkey, ptoken, pop) = pointer.as_ref().map_or(("", 0, ""), |p| {
+        (p.object_key.as_str(), p.token.get(), p.operation.as_str())
+    });
+    let (snapshot, checksum, valid) = match &manifest {
+        Some(Ok(m)) => (
+            m.input_snapshot.clone(),
+            m.sha256_hex.clone(),
+            "valid".to_string(),
+        ),
+        Some(Err(why)) => (String::new(), String::new(), why.to_string()),
+        None => (String::new(), String::new(), "no publication".to_string()),
+    };
+    if json {
+        let outcome_list: Vec<String> = outcomes
+            .iter()
+            .map(|(w, t, o, d)| {
+                object(&[
+                    ("worker", V::S(w)),
+                    ("token", V::N(*t)),
+                    ("outcome", V::S(o)),
+                    ("detail", V::S(d)),
+                ])
+            })
+            .collect();
+        let head = object(&[
+            ("account", V::S(account)),
+            ("date", V::S(date)),
+            ("job_state", V::S(&job.state)),
+            ("job_token", V::N(job.token.unwrap_or(0))),
+            (
+                "input_version",
+                V::N(input.as_ref().map_or(0, |i| i.version)),
+            ),
+            ("generation", V::N(generation)),
+            ("cancelled_at", V::N(cancelled_at)),
+            ("published_token", V::N(ptoken)),
+            ("published_key", V::S(pkey)),
+            ("published_operation", V::S(pop)),
+            ("manifest_input", V::S(&snapshot)),
+            ("manifest_sha256", V::S(&checksum)),
+            ("object", V::S(&valid)),
+        ]);
+        return Ok(format!(
+            "{},\"outcomes\":[{}]}}",
+            head.trim_end_matches('}'),
+            outcome_list.join(",")
+        ));
+    }
+    let mut out = format!(
+        "statement {account} {date}\n  job:          {} (token {}, {})\n  input:        version {}\n  resource:     generation {generation}{}\n  publication:  {}\n  object:       {valid}{}\n  outcomes:\n",
+        job.state,
+        job.token.map_or("-".into(), |t| t.to_string()),
+        job.detail.unwrap_or_default(),
+        input.map_or("-".into(), |i| i.version.to_string()),
+        if cancelled_at > 0 { format!(", cancelled at {cancelled_at}") } else { String::new() },
+        if pkey.is_empty() { "none".to_string() } else { format!("{pkey} (token {ptoken}, operation {pop})") },
+        if snapshot.is_empty() { String::new() } else { format!(" (input {snapshot}, sha256 {checksum})") },
+    );
+    for (w, t, o, d) in outcomes {
+        out.push_str(&format!("    {w:<8} token {t:<16} {o:<12} {d}\n"));
+    }
+    Ok(out.trim_end().to_string())
+}

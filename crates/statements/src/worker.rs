@@ -1,0 +1,419 @@
+//! One worker: poll for open jobs, take the statement's lease, read a defined
+//! input version, generate, upload an immutable candidate, publish it through
+//! the fence kit, complete the job. Recovery first: finish the bookkeeping of
+//! a statement already published for this input, or reuse a validated
+//! candidate, before generating anything new.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use baton_client::worker::{Guard, Keeper, KeeperConfig};
+use baton_client::{Acquired, Client};
+use baton_fence::objects::{ObjectKit, Provenance};
+use baton_fence::sqlite::SqliteFence;
+use baton_fence::{FenceRequest, Outcome, ResourceKey};
+use rusqlite::Connection;
+use tokio::time::Instant;
+
+use crate::events::{emit, V};
+use crate::store::{self, Input, Result};
+
+pub const GENERATOR: &str = "statements/1";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum CrashPoint {
+    /// After the candidate is uploaded, before it is published.
+    Upload,
+    /// After the publication commits, before the job is completed.
+    Publish,
+}
+
+#[derive(Clone, Debug)]
+pub struct WorkerConfig {
+    pub db: PathBuf,
+    pub objects: PathBuf,
+    pub server: String,
+    pub name: String,
+    pub ttl: Duration,
+    pub once: bool,
+    pub poll: Duration,
+    /// Stop this process with SIGSTOP after the last local ownership check,
+    /// just before the publish: the race a lease alone cannot close.
+    pub pause_before_publish: bool,
+    pub crash_after: Option<CrashPoint>,
+}
+
+pub fn resource(account: &str, date: &str) -> String {
+    format!("statement:{account}:{date}")
+}
+
+pub fn object_path(account: &str, date: &str) -> String {
+    format!("statements/{account}/{date}")
+}
+
+pub fn snapshot(account: &str, date: &str, input: &Input) -> String {
+    format!("{account}:{date}@v{}", input.version)
+}
+
+/// The statement document: a deterministic function of the input.
+pub fn render(account: &str, date: &str, input: &Input) -> Vec<u8> {
+    let b = input.balance_cents;
+    format!(
+        "STATEMENT\naccount: {account}\ndate: {date}\ninput version: {}\nclosing balance: {}{}.{:02}\ngenerator: {GENERATOR}\n",
+        input.version,
+        if b < 0 { "-" } else { "" },
+        b.abs() / 100,
+        b.abs() % 100
+    )
+    .into_bytes()
+}
+
+fn hex_bytes(hex: &str) -> Vec<u8> {
+    (0..hex.len() / 2)
+        .filter_map(|i| u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok())
+        .collect()
+}
+
+fn stop_self() {
+    // A real SIGSTOP, delivered by the kernel like any other pause.
+    let _ = std::process::Command::new("kill")
+        .args(["-STOP", &std::process::id().to_string()])
+        .status();
+}
+
+pub async fn run(cfg: WorkerConfig) -> Result<()> {
+    let client = Client::connect(&cfg.server)
+        .await
+        .map_err(|e| e.to_string())?;
+    let kit = ObjectKit::local(&cfg.objects).map_err(|e| e.to_string())?;
+    let mut conn = store::open(&cfg.db)?;
+    loop {
+        for (account, date) in store::open_jobs(&conn)? {
+            process(&cfg, &client, &kit, &mut conn, &account, &date).await?;
+        }
+        if cfg.once {
+            return Ok(());
+        }
+        tokio::time::sleep(cfg.poll).await;
+    }
+}
+
+async fn process(
+    cfg: &WorkerConfig,
+    client: &Client,
+    kit: &ObjectKit,
+    conn: &mut Connection,
+    account: &str,
+    date: &str,
+) -> Result<()> {
+    let resource = resource(account, date);
+    let mut c = client.clone();
+    let sent_at = Instant::now();
+    let lease = match c
+        .acquire(&resource, cfg.ttl, Duration::ZERO)
+        .await
+        .map_err(|e| e.to_string())?
+    {
+        Acquired::Granted(lease) => lease,
+        Acquired::NotAcquired(_) => return Ok(()),
+    };
+    let keeper = Keeper::start(
+        client.clone(),
+        lease.clone(),
+        sent_at,
+        KeeperConfig::default(),
+    );
+    emit(
+        "acquired",
+        &[
+            ("worker", V::S(&cfg.name)),
+            ("resource", V::S(&resource)),
+            ("token", V::N(lease.token.get() as i64)),
+        ],
+    );
+    let result = pipeline(cfg, kit, conn, account, date, &keeper.guard()).await;
+    let lease = keeper.stop();
+    // Best effort: a lost release only delays the next worker by one TTL.
+    let _ = c.release(&lease.resource, &lease.acquisition_id).await;
+    result
+}
+
+async fn pipeline(
+    cfg: &WorkerConfig,
+    kit: &ObjectKit,
+    conn: &mut Connection,
+    account: &str,
+    date: &str,
+    guard: &Guard,
+) -> Result<()> {
+    let name = cfg.name.as_str();
+    let resource = resource(account, date);
+    let token = guard.token().get() as i64;
+    let job = store::job(conn, account, date)?.ok_or("job vanished")?;
+    if job.state == "cancelled" || job.state == "published" {
+        emit(
+            "skipped",
+            &[("worker", V::S(name)), ("state", V::S(&job.state))],
+        );
+        return Ok(());
+    }
+    store::set_state(
+        conn,
+        account,
+        date,
+        "generating",
+        token,
+        &format!("{name} generating"),
+    )?;
+    let input = store::input(conn, account, date)?.ok_or("no account data for the job")?;
+    let snap = snapshot(account, date, &input);
+    emit(
+        "read_input",
+        &[
+            ("worker", V::S(name)),
+            ("token", V::N(token)),
+            ("input", V::S(&snap)),
+        ],
+    );
+
+    // Recovery: the statement may already be published for this input.
+    let key = ResourceKey::new(&resource).map_err(|e| e.to_string())?;
+    if let Some(p) = SqliteFence::publication(conn, &key).map_err(|e| e.to_string())? {
+        if kit
+            .validate(&p.object_key, Some(&snap), Some(GENERATOR))
+            .await
+            .map_err(|e| e.to_string())?
+            .is_ok()
+        {
+            store::set_state(
+                conn,
+                account,
+                date,
+                "published",
+                p.token.get(),
+                &format!("bookkeeping completed by {name}"),
+            )?;
+            store::record_outcome(
+                conn,
+                name,
+                account,
+                date,
+                token,
+                "bookkeeping",
+                &p.object_key,
+            )?;
+            emit(
+                "completed_bookkeeping",
+                &[
+                    ("worker", V::S(name)),
+                    ("published_token", V::N(p.token.get())),
+                    ("key", V::S(&p.object_key)),
+                ],
+            );
+            return Ok(());
+        }
+    }
+    // Recovery: reuse a validated candidate made from this input, newest first.
+    let path = object_path(account, date);
+    let mut chosen = None;
+    for candidate in kit
+        .list(&path)
+        .await
+        .map_err(|e| e.to_string())?
+        .into_iter()
+        .rev()
+    {
+        match kit
+            .validate(&candidate, Some(&snap), Some(GENERATOR))
+            .await
+            .map_err(|e| e.to_string())?
+        {
+            Ok(manifest) => {
+                emit(
+                    "reuse_candidate",
+                    &[("worker", V::S(name)), ("key", V::S(&candidate))],
+                );
+                chosen = Some((candidate, manifest));
+                break;
+            }
+            Err(why) => emit(
+                "candidate_rejected",
+                &[
+                    ("worker", V::S(name)),
+                    ("key", V::S(&candidate)),
+                    ("why", V::S(&why.to_string())),
+                ],
+            ),
+        }
+    }
+    let (object_key, manifest) = match chosen {
+        Some(c) => c,
+        None => {
+            if !guard.may_start_effect() {
+                return lost(conn, name, account, date, token, "before upload");
+            }
+            let op = format!("generate:{account}:{date}:t{token}");
+            let provenance = Provenance {
+                input_snapshot: &snap,
+                generator_version: GENERATOR,
+                operation: &op,
+                resource: &resource,
+            };
+            let c = kit
+                .put_candidate(
+                    &path,
+                    fence_token(token)?,
+                    "txt",
+                    render(account, date, &input),
+                    &provenance,
+                )
+                .await
+                .map_err(|e| e.to_string())?;
+            emit(
+                "uploaded",
+                &[
+                    ("worker", V::S(name)),
+                    ("token", V::N(token)),
+                    ("key", V::S(&c.key)),
+                ],
+            );
+            (c.key, c.manifest)
+        }
+    };
+    if cfg.crash_after == Some(CrashPoint::Upload) {
+        emit(
+            "crashing",
+            &[("worker", V::S(name)), ("after", V::S("upload"))],
+        );
+        std::process::abort();
+    }
+    if !guard.may_start_effect() {
+        return lost(conn, name, account, date, token, "before publish");
+    }
+    if cfg.pause_before_publish {
+        emit("paused", &[("worker", V::S(name)), ("token", V::N(token))]);
+        stop_self();
+        emit("resumed", &[("worker", V::S(name)), ("token", V::N(token))]);
+    }
+    let op = format!("publish:{account}:{date}:t{token}");
+    let req = FenceRequest::new(
+        &resource,
+        token as u64,
+        &op,
+        &hex_bytes(&manifest.sha256_hex),
+        object_key.as_bytes(),
+    )
+    .map_err(|e| e.to_string())?;
+    let outcome = match kit
+        .publish_sqlite(conn, &req)
+        .await
+        .map_err(|e| e.to_string())?
+    {
+        Ok(outcome) => outcome,
+        Err(invalid) => {
+            store::set_state(
+                conn,
+                account,
+                date,
+                "needs_attention",
+                token,
+                &invalid.to_string(),
+            )?;
+            emit(
+                "needs_attention",
+                &[("worker", V::S(name)), ("why", V::S(&invalid.to_string()))],
+            );
+            return Ok(());
+        }
+    };
+    let detail = format!("{outcome:?}");
+    store::record_outcome(conn, name, account, date, token, outcome.label(), &detail)?;
+    match outcome {
+        Outcome::Applied { .. } | Outcome::Replayed { .. } => {
+            emit(
+                "published",
+                &[
+                    ("worker", V::S(name)),
+                    ("token", V::N(token)),
+                    ("key", V::S(&object_key)),
+                ],
+            );
+            if cfg.crash_after == Some(CrashPoint::Publish) {
+                emit(
+                    "crashing",
+                    &[("worker", V::S(name)), ("after", V::S("publish"))],
+                );
+                std::process::abort();
+            }
+            store::set_state(
+                conn,
+                account,
+                date,
+                "published",
+                token,
+                &format!("published by {name}"),
+            )?;
+            emit(
+                "completed",
+                &[("worker", V::S(name)), ("token", V::N(token))],
+            );
+        }
+        Outcome::Stale { presented, current } => emit(
+            "publish_refused",
+            &[
+                ("worker", V::S(name)),
+                ("outcome", V::S("stale")),
+                ("token", V::N(presented.get())),
+                ("current", V::N(current.get())),
+            ],
+        ),
+        Outcome::Cancelled {
+            presented,
+            cancelled_at,
+        } => emit(
+            "publish_refused",
+            &[
+                ("worker", V::S(name)),
+                ("outcome", V::S("cancelled")),
+                ("token", V::N(presented.get())),
+                ("current", V::N(cancelled_at.get())),
+            ],
+        ),
+        other => {
+            store::set_state(conn, account, date, "needs_attention", token, &detail)?;
+            emit(
+                "publish_refused",
+                &[
+                    ("worker", V::S(name)),
+                    ("outcome", V::S(other.label())),
+                    ("token", V::N(token)),
+                ],
+            );
+        }
+    }
+    Ok(())
+}
+
+fn fence_token(token: i64) -> Result<baton_fence::Token> {
+    baton_fence::Token::new(token as u64).map_err(|e| e.to_string())
+}
+
+fn lost(
+    conn: &Connection,
+    name: &str,
+    account: &str,
+    date: &str,
+    token: i64,
+    when: &str,
+) -> Result<()> {
+    store::record_outcome(conn, name, account, date, token, "lease_lost", when)?;
+    emit(
+        "lease_lost",
+        &[
+            ("worker", V::S(name)),
+            ("token", V::N(token)),
+            ("when", V::S(when)),
+        ],
+    );
+    Ok(())
+}
