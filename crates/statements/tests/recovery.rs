@@ -1,0 +1,367 @@
+//! The statement service with real worker processes against a Baton server
+//! on loopback: the paused worker, crashes at the two dangerous points, and
+//! cancellation while a worker is generating.
+
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use baton_client::Client;
+use baton_fence::objects::ObjectKit;
+use baton_fence::sqlite::SqliteFence;
+use baton_fence::ResourceKey;
+
+const BIN: &str = env!("CARGO_BIN_EXE_statements");
+const ACCOUNT: &str = "account-7";
+const DATE: &str = "2026-10-01";
+const RESOURCE: &str = "statement:account-7:2026-10-01";
+
+struct Env {
+    dir: PathBuf,
+    /// The lease server, in this process, on a loopback socket.
+    _server: baton_server::RunningServer,
+    url: String,
+}
+
+impl Env {
+    async fn new(tag: &str) -> Self {
+        let dir =
+            std::env::temp_dir().join(format!("statements-test-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let config = baton_server::ServerConfig {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            http_listen: None,
+            data_dir: dir.join("baton-data"),
+            limits: baton_core::Limits {
+                ttl_ms_min: 100,
+                ..Default::default()
+            },
+            default_ttl_ms: 30_000,
+            connections_max: 256,
+        };
+        let server = baton_server::start(config).await.unwrap();
+        let url = format!("http://{}", server.grpc_addr);
+        let env = Env {
+            dir,
+            _server: server,
+            url,
+        };
+        env.seed();
+        env
+    }
+
+    fn paths(&self) -> Vec<String> {
+        vec![
+            "--db".into(),
+            self.db().display().to_string(),
+            "--objects".into(),
+            self.objects().display().to_string(),
+        ]
+    }
+
+    fn db(&self) -> PathBuf {
+        self.dir.join("statements.sqlite")
+    }
+
+    fn objects(&self) -> PathBuf {
+        self.dir.join("objects")
+    }
+
+    fn seed(&self) {
+        let out = Command::new(BIN)
+            .arg("seed")
+            .args(self.paths())
+            .args(["--account", ACCOUNT, "--date", DATE])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+    }
+
+    fn worker(&self, name: &str, extra: &[&str]) -> Command {
+        let mut c = Command::new(BIN);
+        c.arg("worker")
+            .args(self.paths())
+            .args([
+                "--server", &self.url, "--name", name, "--ttl-ms", "600", "--once",
+            ])
+            .args(extra);
+        c.stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null());
+        c
+    }
+
+    fn run_worker(&self, name: &str, extra: &[&str]) -> (Output, String) {
+        let out = self.worker(name, extra).output().unwrap();
+        let text = String::from_utf8(out.stdout.clone()).unwrap();
+        (out, text)
+    }
+
+    /// Waits (polling the server) until no lease holds the statement: the
+    /// crashed or paused worker's lease ran out.
+    async fn lease_free(&self) {
+        let mut c = Client::connect(&self.url).await.unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while c.status(RESOURCE).await.unwrap().holder_token.is_some() {
+            assert!(Instant::now() < deadline, "the lease never expired");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    fn job_state(&self) -> String {
+        let conn = rusqlite::Connection::open(self.db()).unwrap();
+        conn.query_row(
+            "SELECT state FROM jobs WHERE account = ?1 AND date = ?2",
+            [ACCOUNT, DATE],
+            |r| r.get(0),
+        )
+        .unwrap()
+    }
+
+    fn publication(&self) -> Option<baton_fence::Publication> {
+        let conn = rusqlite::Connection::open(self.db()).unwrap();
+        SqliteFence::publication(&conn, &ResourceKey::new(RESOURCE).unwrap()).unwrap()
+    }
+
+    async fn objects_published(&self) -> Vec<String> {
+        ObjectKit::local(&self.objects())
+            .unwrap()
+            .list("statements")
+            .await
+            .unwrap()
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn events(text: &str, event: &str) -> Vec<String> {
+    text.lines()
+        .filter(|l| l.contains(&format!("\"event\":\"{event}\"")))
+        .map(str::to_string)
+        .collect()
+}
+
+fn token(line: &str) -> i64 {
+    let at = line.find("\"token\":").unwrap() + 8;
+    line[at..]
+        .split([',', '}'])
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+fn stopped(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        s.rsplit(')')
+            .next()
+            .is_some_and(|r| r.trim_start().starts_with('T'))
+    })
+}
+
+fn read_until(reader: &mut impl std::io::BufRead, event: &str) -> String {
+    let mut all = String::new();
+    loop {
+        let mut line = String::new();
+        assert!(
+            reader.read_line(&mut line).unwrap() > 0,
+            "worker ended before {event}: {all}"
+        );
+        all.push_str(&line);
+        if line.contains(&format!("\"event\":\"{event}\"")) {
+            return all;
+        }
+    }
+}
+
+#[test]
+fn the_demo_ends_as_the_seed_says() {
+    let out = Command::new(BIN)
+        .args(["demo", "--json"])
+        .stderr(Stdio::null())
+        .output()
+        .unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("\"stale_outcome\":\"stale\"") && text.contains("\"verdict\":\"ok\""),
+        "{text}"
+    );
+    let field = |k: &str| -> i64 {
+        let at = text.find(&format!("\"{k}\":")).unwrap() + k.len() + 3;
+        text[at..]
+            .split([',', '}'])
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    assert!(field("authoritative_token") > field("stale_token"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_worker_resumes_and_is_rejected_as_stale() {
+    let env = Env::new("paused").await;
+    let mut alice = env
+        .worker("alice", &["--pause-before-publish"])
+        .spawn()
+        .unwrap();
+    let mut alice_out = std::io::BufReader::new(alice.stdout.take().unwrap());
+    let before = read_until(&mut alice_out, "paused");
+    let pid = alice.id();
+    while !stopped(pid) {
+        tokio::task::yield_now().await;
+    }
+    env.lease_free().await;
+    let (bob, bob_text) = env.run_worker("bob", &[]);
+    assert!(bob.status.success());
+    Command::new("kill")
+        .args(["-CONT", &pid.to_string()])
+        .status()
+        .unwrap();
+    let mut after = String::new();
+    std::io::Read::read_to_string(&mut alice_out, &mut after).unwrap();
+    assert!(alice.wait().unwrap().success());
+    let alice_token = token(&events(&before, "acquired")[0]);
+    let bob_token = token(&events(&bob_text, "published")[0]);
+    let refused = events(&after, "publish_refused");
+    assert_eq!(refused.len(), 1, "{after}");
+    assert!(refused[0].contains("\"outcome\":\"stale\""), "{after}");
+    assert!(bob_token > alice_token);
+    assert_eq!(
+        env.publication().unwrap().token.get(),
+        bob_token,
+        "the higher token is authoritative"
+    );
+    let conn = rusqlite::Connection::open(env.db()).unwrap();
+    let recorded: String = conn
+        .query_row(
+            "SELECT outcome FROM worker_outcomes WHERE worker = 'alice'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(
+        recorded, "stale",
+        "the resumed worker recorded a stale-owner outcome"
+    );
+    assert_eq!(env.job_state(), "published");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_after_publishing_is_completed_without_a_new_generation() {
+    let env = Env::new("crash-publish").await;
+    let (first, text) = env.run_worker("first", &["--crash-after", "publish"]);
+    assert!(!first.status.success(), "the worker aborted");
+    let published = token(&events(&text, "published")[0]);
+    assert_eq!(
+        env.job_state(),
+        "generating",
+        "crashed before completing the job"
+    );
+    env.lease_free().await;
+    let (second, text) = env.run_worker("second", &[]);
+    assert!(second.status.success());
+    assert_eq!(events(&text, "completed_bookkeeping").len(), 1, "{text}");
+    assert!(
+        events(&text, "uploaded").is_empty() && events(&text, "published").is_empty(),
+        "{text}"
+    );
+    assert_eq!(env.job_state(), "published");
+    assert_eq!(
+        env.publication().unwrap().token.get(),
+        published,
+        "still the first worker's generation"
+    );
+    assert_eq!(env.objects_published().await.len(), 1, "no second object");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_after_uploading_is_reused_when_valid() {
+    let env = Env::new("crash-upload-reuse").await;
+    let (first, text) = env.run_worker("first", &["--crash-after", "upload"]);
+    assert!(!first.status.success());
+    let uploaded = events(&text, "uploaded");
+    assert_eq!(uploaded.len(), 1);
+    assert!(env.publication().is_none());
+    env.lease_free().await;
+    let (second, text) = env.run_worker("second", &[]);
+    assert!(second.status.success());
+    assert_eq!(events(&text, "reuse_candidate").len(), 1, "{text}");
+    let pointer = env.publication().unwrap();
+    assert_eq!(
+        pointer.token.get(),
+        token(&events(&text, "published")[0]),
+        "published under the replacement's own token"
+    );
+    assert!(
+        uploaded[0].contains(&pointer.object_key),
+        "the first worker's validated object"
+    );
+    assert_eq!(env.objects_published().await.len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_after_uploading_is_regenerated_when_the_input_changed() {
+    let env = Env::new("crash-upload-regen").await;
+    let (first, _) = env.run_worker("first", &["--crash-after", "upload"]);
+    assert!(!first.status.success());
+    env.seed(); // the account data moves to input version 2
+    env.lease_free().await;
+    let (second, text) = env.run_worker("second", &[]);
+    assert!(second.status.success());
+    let rejected = events(&text, "candidate_rejected");
+    assert_eq!(rejected.len(), 1, "{text}");
+    assert!(rejected[0].contains("input snapshot"), "{}", rejected[0]);
+    let own = token(&events(&text, "uploaded")[0]);
+    let pointer = env.publication().unwrap();
+    assert_eq!(pointer.token.get(), own);
+    assert!(pointer
+        .object_key
+        .ends_with(&format!("generation-{own}.txt")));
+    assert_eq!(env.objects_published().await.len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancellation_while_generating_rejects_the_later_publish() {
+    let env = Env::new("cancel").await;
+    let mut worker = env
+        .worker("w", &["--pause-before-publish"])
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(worker.stdout.take().unwrap());
+    read_until(&mut out, "paused");
+    let pid = worker.id();
+    while !stopped(pid) {
+        tokio::task::yield_now().await;
+    }
+    let cancel = Command::new(BIN)
+        .arg("cancel")
+        .args(env.paths())
+        .args(["--server", &env.url, "--account", ACCOUNT, "--date", DATE])
+        .output()
+        .unwrap();
+    assert!(cancel.status.success(), "{cancel:?}");
+    Command::new("kill")
+        .args(["-CONT", &pid.to_string()])
+        .status()
+        .unwrap();
+    let mut after = String::new();
+    std::io::Read::read_to_string(&mut out, &mut after).unwrap();
+    worker.wait().unwrap();
+    let refused = events(&after, "publish_refused");
+    assert_eq!(refused.len(), 1, "{after}");
+    assert!(refused[0].contains("\"outcome\":\"cancelled\""), "{after}");
+    assert!(env.publication().is_none(), "nothing published");
+    assert_eq!(env.job_state(), "cancelled");
+    // A replacement does not take an expired lease as permission to restart a cancelled job.
+    env.lease_free().await;
+    let (_, text) = env.run_worker("replacement", &[]);
+    assert!(events(&text, "uploaded").is_empty(), "{text}");
+    assert_eq!(env.job_state(), "cancelled");
+}
