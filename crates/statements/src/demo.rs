@@ -13,7 +13,6 @@ use std::process::{ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
 use baton_client::Client;
-use baton_fence::sqlite::SqliteFence;
 use baton_fence::ResourceKey;
 use tokio::io::{AsyncBufReadExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdout, Command};
@@ -43,7 +42,7 @@ impl Timeline {
 }
 
 fn spawn_worker(
-    paths: &(PathBuf, PathBuf),
+    paths: &crate::Paths,
     url: &str,
     name: &str,
     pause: bool,
@@ -52,9 +51,12 @@ fn spawn_worker(
     let mut cmd = Command::new(exe);
     cmd.arg("worker")
         .arg("--db")
-        .arg(&paths.0)
+        .arg(&paths.db)
         .arg("--objects")
-        .arg(&paths.1);
+        .arg(&paths.objects);
+    if let Some(url) = &paths.database_url {
+        cmd.args(["--database-url", url]);
+    }
     cmd.args([
         "--server",
         url,
@@ -124,7 +126,11 @@ fn token_of(lines: &[String], event: &str) -> Option<i64> {
         .and_then(|l| field(l, "token")?.parse().ok())
 }
 
-pub async fn run(json: bool, dir: Option<PathBuf>) -> Result<ExitCode, String> {
+pub async fn run(
+    json: bool,
+    dir: Option<PathBuf>,
+    database_url: Option<String>,
+) -> Result<ExitCode, String> {
     let (dir, temporary) = match dir {
         Some(d) => (d, false),
         None => (
@@ -134,15 +140,19 @@ pub async fn run(json: bool, dir: Option<PathBuf>) -> Result<ExitCode, String> {
     };
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let result = story(&dir, json).await;
+    let result = story(&dir, json, database_url).await;
     if temporary {
         let _ = std::fs::remove_dir_all(&dir);
     }
     result
 }
 
-async fn story(dir: &Path, json: bool) -> Result<ExitCode, String> {
-    let paths = (dir.join("statements.sqlite"), dir.join("objects"));
+async fn story(dir: &Path, json: bool, database_url: Option<String>) -> Result<ExitCode, String> {
+    let paths = crate::Paths {
+        db: dir.join("statements.sqlite"),
+        objects: dir.join("objects"),
+        database_url,
+    };
     let config = baton_server::ServerConfig {
         listen: "127.0.0.1:0".parse().expect("literal"),
         http_listen: None,
@@ -158,8 +168,8 @@ async fn story(dir: &Path, json: bool) -> Result<ExitCode, String> {
         .await
         .map_err(|e| e.to_string())?;
     let url = format!("http://{}", server.grpc_addr);
-    let conn = store::open(&paths.0)?;
-    store::seed(&conn, ACCOUNT, DATE, 123_456)?;
+    let db = store::open(&paths.target()).await?;
+    db.seed(ACCOUNT, DATE, 123_456).await?;
     let mut timeline = Timeline {
         start: Instant::now(),
         rows: Vec::new(),
@@ -172,7 +182,7 @@ async fn story(dir: &Path, json: bool) -> Result<ExitCode, String> {
     until("alice to be stopped", async || proc_state(pid) == Some('T')).await?;
     timeline.note("alice", "stopped (SIGSTOP)");
     // While Alice sleeps the account data changes, as in the seed.
-    let version = store::seed(&conn, ACCOUNT, DATE, 99_000)?;
+    let version = db.seed(ACCOUNT, DATE, 99_000).await?;
     timeline.note(
         "bank",
         &format!("account data updated to input version {version}"),
@@ -201,7 +211,7 @@ async fn story(dir: &Path, json: bool) -> Result<ExitCode, String> {
     alice.wait().await.map_err(|e| e.to_string())?;
 
     let key = ResourceKey::new(&resource).map_err(|e| e.to_string())?;
-    let pointer = SqliteFence::publication(&conn, &key).map_err(|e| e.to_string())?;
+    let pointer = db.publication(&key).await?;
     let alice_token = token_of(&alice_lines, "acquired").unwrap_or(0);
     let bob_token = token_of(&bob_lines, "acquired").unwrap_or(0);
     let refusal = alice_lines
@@ -244,16 +254,7 @@ async fn story(dir: &Path, json: bool) -> Result<ExitCode, String> {
                 .collect();
             println!("{ms:>6} ms  {who:<6} {what:<22} {}", detail.join(" "));
         }
-        let show = crate::show(
-            &crate::Paths {
-                db: paths.0.clone(),
-                objects: paths.1.clone(),
-            },
-            ACCOUNT,
-            DATE,
-            false,
-        )
-        .await?;
+        let show = crate::show(&paths, ACCOUNT, DATE, false).await?;
         println!("\n{show}\n");
         if ok {
             println!("Bob's token {bob_token} is authoritative; Alice's stale publish with token {alice_token} was rejected at the resource.");

@@ -11,8 +11,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use baton_fence::objects::ObjectKit;
-use baton_fence::sqlite::SqliteFence;
-use baton_fence::{Policy, ResourceKey, Token};
+use baton_fence::{ResourceKey, Token};
 use clap::{Parser, Subcommand};
 use events::{object, V};
 
@@ -31,6 +30,10 @@ struct Paths {
     /// SQLite database with accounts, jobs and the fence tables.
     #[arg(long, default_value = "statements.sqlite")]
     db: PathBuf,
+    /// Use PostgreSQL instead of SQLite, for example
+    /// `host=127.0.0.1 user=postgres dbname=test` or `postgres://...`.
+    #[arg(long)]
+    database_url: Option<String>,
     /// Directory for the immutable statement objects.
     #[arg(long, default_value = "statement-objects")]
     objects: PathBuf,
@@ -99,10 +102,22 @@ enum Command {
     Demo {
         #[arg(long)]
         json: bool,
+        /// Keep the service's state in PostgreSQL instead of SQLite.
+        #[arg(long)]
+        database_url: Option<String>,
         /// Keep the demo's files in this directory instead of a temporary one.
         #[arg(long)]
         dir: Option<PathBuf>,
     },
+}
+
+impl Paths {
+    fn target(&self) -> store::Target {
+        store::Target {
+            db: self.db.clone(),
+            database_url: self.database_url.clone(),
+        }
+    }
 }
 
 fn main() -> ExitCode {
@@ -135,8 +150,8 @@ async fn run(command: Command) -> Result<ExitCode, String> {
             date,
             balance_cents,
         } => {
-            let conn = store::open(&paths.db)?;
-            let version = store::seed(&conn, &account, &date, balance_cents)?;
+            let db = store::open(&paths.target()).await?;
+            let version = db.seed(&account, &date, balance_cents).await?;
             println!("seeded {account} {date}: input version {version}, job queued");
             Ok(ExitCode::SUCCESS)
         }
@@ -151,7 +166,7 @@ async fn run(command: Command) -> Result<ExitCode, String> {
             crash_after,
         } => {
             worker::run(worker::WorkerConfig {
-                db: paths.db,
+                target: paths.target(),
                 objects: paths.objects,
                 server,
                 name,
@@ -184,7 +199,11 @@ async fn run(command: Command) -> Result<ExitCode, String> {
             println!("cancelled {account} {date}: every token at or below {at} is refused at the resource");
             Ok(ExitCode::SUCCESS)
         }
-        Command::Demo { json, dir } => demo::run(json, dir).await,
+        Command::Demo {
+            json,
+            dir,
+            database_url,
+        } => demo::run(json, dir, database_url).await,
     }
 }
 
@@ -193,8 +212,8 @@ async fn run(command: Command) -> Result<ExitCode, String> {
 /// keeper sees "not owner" on its next renewal) and returns a token above
 /// every token issued; the fence kit refuses every token at or below it.
 async fn cancel(paths: &Paths, server: &str, account: &str, date: &str) -> Result<i64, String> {
-    let mut conn = store::open(&paths.db)?;
-    if !store::cancel_job(&conn, account, date)? {
+    let mut db = store::open(&paths.target()).await?;
+    if !db.cancel_job(account, date).await? {
         return Err(format!("no job for {account} {date}"));
     }
     let resource = worker::resource(account, date);
@@ -204,20 +223,21 @@ async fn cancel(paths: &Paths, server: &str, account: &str, date: &str) -> Resul
     let fenced = client.fence(&resource).await.map_err(|e| e.to_string())?;
     let at = Token::new(fenced.token.get()).map_err(|e| e.to_string())?;
     let key = ResourceKey::new(&resource).map_err(|e| e.to_string())?;
-    SqliteFence::cancel(&mut conn, &key, Policy::OnePerGeneration, at)
-        .map_err(|e| e.to_string())?;
+    db.fence_cancel(&key, at).await?;
     Ok(at.get())
 }
 
 async fn show(paths: &Paths, account: &str, date: &str, json: bool) -> Result<String, String> {
-    let conn = store::open(&paths.db)?;
+    let db = store::open(&paths.target()).await?;
     let kit = ObjectKit::local(&paths.objects).map_err(|e| e.to_string())?;
-    let job =
-        store::job(&conn, account, date)?.ok_or_else(|| format!("no job for {account} {date}"))?;
-    let input = store::input(&conn, account, date)?;
+    let job = db
+        .job(account, date)
+        .await?
+        .ok_or_else(|| format!("no job for {account} {date}"))?;
+    let input = db.input(account, date).await?;
     let key = ResourceKey::new(&worker::resource(account, date)).map_err(|e| e.to_string())?;
-    let state = SqliteFence::state(&conn, &key).map_err(|e| e.to_string())?;
-    let pointer = SqliteFence::publication(&conn, &key).map_err(|e| e.to_string())?;
+    let state = db.fence_state(&key).await?;
+    let pointer = db.publication(&key).await?;
     let manifest = match &pointer {
         Some(p) => Some(
             kit.validate(&p.object_key, None, None)
@@ -226,7 +246,7 @@ async fn show(paths: &Paths, account: &str, date: &str, json: bool) -> Result<St
         ),
         None => None,
     };
-    let outcomes = store::outcomes(&conn, account, date)?;
+    let outcomes = db.outcomes(account, date).await?;
     let generation = state.as_ref().map_or(0, |s| s.generation.get());
     let cancelled_at = state
         .as_ref()

@@ -10,13 +10,11 @@ use std::time::Duration;
 use baton_client::worker::{Guard, Keeper, KeeperConfig};
 use baton_client::{Acquired, Client};
 use baton_fence::objects::{ObjectKit, Provenance};
-use baton_fence::sqlite::SqliteFence;
 use baton_fence::{FenceRequest, Outcome, ResourceKey};
-use rusqlite::Connection;
 use tokio::time::Instant;
 
 use crate::events::{emit, V};
-use crate::store::{self, Input, Result};
+use crate::store::{self, Db, Input, Result, Target};
 
 pub const GENERATOR: &str = "statements/1";
 
@@ -30,7 +28,7 @@ pub enum CrashPoint {
 
 #[derive(Clone, Debug)]
 pub struct WorkerConfig {
-    pub db: PathBuf,
+    pub target: Target,
     pub objects: PathBuf,
     pub server: String,
     pub name: String,
@@ -86,10 +84,10 @@ pub async fn run(cfg: WorkerConfig) -> Result<()> {
         .await
         .map_err(|e| e.to_string())?;
     let kit = ObjectKit::local(&cfg.objects).map_err(|e| e.to_string())?;
-    let mut conn = store::open(&cfg.db)?;
+    let mut db = store::open(&cfg.target).await?;
     loop {
-        for (account, date) in store::open_jobs(&conn)? {
-            process(&cfg, &client, &kit, &mut conn, &account, &date).await?;
+        for (account, date) in db.open_jobs().await? {
+            process(&cfg, &client, &kit, &mut db, &account, &date).await?;
         }
         if cfg.once {
             return Ok(());
@@ -102,7 +100,7 @@ async fn process(
     cfg: &WorkerConfig,
     client: &Client,
     kit: &ObjectKit,
-    conn: &mut Connection,
+    db: &mut Db,
     account: &str,
     date: &str,
 ) -> Result<()> {
@@ -131,7 +129,7 @@ async fn process(
             ("token", V::N(lease.token.get() as i64)),
         ],
     );
-    let result = pipeline(cfg, kit, conn, account, date, &keeper.guard()).await;
+    let result = pipeline(cfg, kit, db, account, date, &keeper.guard()).await;
     let lease = keeper.stop();
     // Best effort: a lost release only delays the next worker by one TTL.
     let _ = c.release(&lease.resource, &lease.acquisition_id).await;
@@ -141,7 +139,7 @@ async fn process(
 async fn pipeline(
     cfg: &WorkerConfig,
     kit: &ObjectKit,
-    conn: &mut Connection,
+    db: &mut Db,
     account: &str,
     date: &str,
     guard: &Guard,
@@ -149,7 +147,7 @@ async fn pipeline(
     let name = cfg.name.as_str();
     let resource = resource(account, date);
     let token = guard.token().get() as i64;
-    let job = store::job(conn, account, date)?.ok_or("job vanished")?;
+    let job = db.job(account, date).await?.ok_or("job vanished")?;
     if job.state == "cancelled" || job.state == "published" {
         emit(
             "skipped",
@@ -157,15 +155,18 @@ async fn pipeline(
         );
         return Ok(());
     }
-    store::set_state(
-        conn,
+    db.set_state(
         account,
         date,
         "generating",
         token,
         &format!("{name} generating"),
-    )?;
-    let input = store::input(conn, account, date)?.ok_or("no account data for the job")?;
+    )
+    .await?;
+    let input = db
+        .input(account, date)
+        .await?
+        .ok_or("no account data for the job")?;
     let snap = snapshot(account, date, &input);
     emit(
         "read_input",
@@ -178,30 +179,23 @@ async fn pipeline(
 
     // Recovery: the statement may already be published for this input.
     let key = ResourceKey::new(&resource).map_err(|e| e.to_string())?;
-    if let Some(p) = SqliteFence::publication(conn, &key).map_err(|e| e.to_string())? {
+    if let Some(p) = db.publication(&key).await? {
         if kit
             .validate(&p.object_key, Some(&snap), Some(GENERATOR))
             .await
             .map_err(|e| e.to_string())?
             .is_ok()
         {
-            store::set_state(
-                conn,
+            db.set_state(
                 account,
                 date,
                 "published",
                 p.token.get(),
                 &format!("bookkeeping completed by {name}"),
-            )?;
-            store::record_outcome(
-                conn,
-                name,
-                account,
-                date,
-                token,
-                "bookkeeping",
-                &p.object_key,
-            )?;
+            )
+            .await?;
+            db.record_outcome(name, account, date, token, "bookkeeping", &p.object_key)
+                .await?;
             emit(
                 "completed_bookkeeping",
                 &[
@@ -250,7 +244,7 @@ async fn pipeline(
         Some(c) => c,
         None => {
             if !guard.may_start_effect() {
-                return lost(conn, name, account, date, token, "before upload");
+                return lost(db, name, account, date, token, "before upload").await;
             }
             let op = format!("generate:{account}:{date}:t{token}");
             let provenance = Provenance {
@@ -288,7 +282,7 @@ async fn pipeline(
         std::process::abort();
     }
     if !guard.may_start_effect() {
-        return lost(conn, name, account, date, token, "before publish");
+        return lost(db, name, account, date, token, "before publish").await;
     }
     if cfg.pause_before_publish {
         emit("paused", &[("worker", V::S(name)), ("token", V::N(token))]);
@@ -304,21 +298,17 @@ async fn pipeline(
         object_key.as_bytes(),
     )
     .map_err(|e| e.to_string())?;
-    let outcome = match kit
-        .publish_sqlite(conn, &req)
-        .await
-        .map_err(|e| e.to_string())?
-    {
+    let outcome = match db.publish(kit, &req).await? {
         Ok(outcome) => outcome,
         Err(invalid) => {
-            store::set_state(
-                conn,
+            db.set_state(
                 account,
                 date,
                 "needs_attention",
                 token,
                 &invalid.to_string(),
-            )?;
+            )
+            .await?;
             emit(
                 "needs_attention",
                 &[("worker", V::S(name)), ("why", V::S(&invalid.to_string()))],
@@ -327,7 +317,8 @@ async fn pipeline(
         }
     };
     let detail = format!("{outcome:?}");
-    store::record_outcome(conn, name, account, date, token, outcome.label(), &detail)?;
+    db.record_outcome(name, account, date, token, outcome.label(), &detail)
+        .await?;
     match outcome {
         Outcome::Applied { .. } | Outcome::Replayed { .. } => {
             emit(
@@ -345,14 +336,14 @@ async fn pipeline(
                 );
                 std::process::abort();
             }
-            store::set_state(
-                conn,
+            db.set_state(
                 account,
                 date,
                 "published",
                 token,
                 &format!("published by {name}"),
-            )?;
+            )
+            .await?;
             emit(
                 "completed",
                 &[("worker", V::S(name)), ("token", V::N(token))],
@@ -380,7 +371,8 @@ async fn pipeline(
             ],
         ),
         other => {
-            store::set_state(conn, account, date, "needs_attention", token, &detail)?;
+            db.set_state(account, date, "needs_attention", token, &detail)
+                .await?;
             emit(
                 "publish_refused",
                 &[
@@ -398,15 +390,16 @@ fn fence_token(token: i64) -> Result<baton_fence::Token> {
     baton_fence::Token::new(token as u64).map_err(|e| e.to_string())
 }
 
-fn lost(
-    conn: &Connection,
+async fn lost(
+    db: &Db,
     name: &str,
     account: &str,
     date: &str,
     token: i64,
     when: &str,
 ) -> Result<()> {
-    store::record_outcome(conn, name, account, date, token, "lease_lost", when)?;
+    db.record_outcome(name, account, date, token, "lease_lost", when)
+        .await?;
     emit(
         "lease_lost",
         &[

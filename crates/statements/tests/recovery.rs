@@ -365,3 +365,36 @@ async fn cancellation_while_generating_rejects_the_later_publish() {
     assert!(events(&text, "uploaded").is_empty(), "{text}");
     assert_eq!(env.job_state(), "cancelled");
 }
+
+#[tokio::test]
+async fn the_demo_ends_as_the_seed_says_on_postgresql() {
+    let admin_url = std::env::var("BATON_TEST_PG")
+        .unwrap_or_else(|_| "host=127.0.0.1 user=postgres dbname=postgres".into());
+    let (admin, conn) = tokio_postgres::connect(&admin_url, tokio_postgres::NoTls)
+        .await
+        .expect("PostgreSQL is required");
+    tokio::spawn(conn);
+    let db = format!("statements_demo_{}", std::process::id());
+    admin
+        .batch_execute(&format!(
+            "DROP DATABASE IF EXISTS {db}; CREATE DATABASE {db}"
+        ))
+        .await
+        .unwrap();
+    let url = format!("{} dbname={db}", admin_url.replace("dbname=postgres", ""));
+    let out = Command::new(BIN)
+        .args(["demo", "--json", "--database-url", &url])
+        .stderr(Stdio::null())
+        .output()
+        .unwrap();
+    admin
+        .batch_execute(&format!("DROP DATABASE {db} WITH (FORCE)"))
+        .await
+        .unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("\"stale_outcome\":\"stale\"") && text.contains("\"verdict\":\"ok\""),
+        "{text}"
+    );
+}
