@@ -376,9 +376,11 @@ async fn the_demo_ends_as_the_seed_says_on_postgresql() {
     tokio::spawn(conn);
     let db = format!("statements_demo_{}", std::process::id());
     admin
-        .batch_execute(&format!(
-            "DROP DATABASE IF EXISTS {db}; CREATE DATABASE {db}"
-        ))
+        .batch_execute(&format!("DROP DATABASE IF EXISTS {db}"))
+        .await
+        .unwrap();
+    admin
+        .batch_execute(&format!("CREATE DATABASE {db}"))
         .await
         .unwrap();
     let url = format!("{} dbname={db}", admin_url.replace("dbname=postgres", ""));
