@@ -71,6 +71,9 @@ enum Command {
         /// Stop with SIGSTOP after the last local ownership check, just before publishing.
         #[arg(long)]
         pause_before_publish: bool,
+        /// Stop with SIGSTOP right after reading the input.
+        #[arg(long)]
+        pause_after_read: bool,
         /// Abort the process at this point (crash drills).
         #[arg(long)]
         crash_after: Option<worker::CrashPoint>,
@@ -163,6 +166,7 @@ async fn run(command: Command) -> Result<ExitCode, String> {
             once,
             poll_ms,
             pause_before_publish,
+            pause_after_read,
             crash_after,
         } => {
             worker::run(worker::WorkerConfig {
@@ -174,6 +178,7 @@ async fn run(command: Command) -> Result<ExitCode, String> {
                 once,
                 poll: Duration::from_millis(poll_ms),
                 pause_before_publish,
+                pause_after_read,
                 crash_after,
             })
             .await?;

@@ -38,6 +38,8 @@ pub struct WorkerConfig {
     /// Stop this process with SIGSTOP after the last local ownership check,
     /// just before the publish: the race a lease alone cannot close.
     pub pause_before_publish: bool,
+    /// Stop this process with SIGSTOP right after it read its input.
+    pub pause_after_read: bool,
     pub crash_after: Option<CrashPoint>,
 }
 
@@ -176,6 +178,15 @@ async fn pipeline(
             ("input", V::S(&snap)),
         ],
     );
+    if cfg.pause_after_read {
+        emit("paused", &[("worker", V::S(name)), ("token", V::N(token))]);
+        stop_self();
+        emit("resumed", &[("worker", V::S(name)), ("token", V::N(token))]);
+    }
+    // Every step below has an effect (even bookkeeping): check ownership first.
+    if !guard.may_start_effect() {
+        return lost(db, name, account, date, token, "after reading input").await;
+    }
 
     // Recovery: the statement may already be published for this input.
     let key = ResourceKey::new(&resource).map_err(|e| e.to_string())?;

@@ -400,3 +400,38 @@ async fn the_demo_ends_as_the_seed_says_on_postgresql() {
         "{text}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_paused_after_reading_stops_itself_before_any_effect() {
+    let env = Env::new("paused-read").await;
+    let mut alice = env
+        .worker("alice", &["--pause-after-read"])
+        .spawn()
+        .unwrap();
+    let mut alice_out = std::io::BufReader::new(alice.stdout.take().unwrap());
+    read_until(&mut alice_out, "paused");
+    let pid = alice.id();
+    while !stopped(pid) {
+        tokio::task::yield_now().await;
+    }
+    env.lease_free().await;
+    let (_, bob_text) = env.run_worker("bob", &[]);
+    let bob_token = token(&events(&bob_text, "published")[0]);
+    Command::new("kill")
+        .args(["-CONT", &pid.to_string()])
+        .status()
+        .unwrap();
+    let mut after = String::new();
+    std::io::Read::read_to_string(&mut alice_out, &mut after).unwrap();
+    alice.wait().unwrap();
+    // Her keeper's deadline passed while she was stopped: she knows before any effect.
+    let lost = events(&after, "lease_lost");
+    assert_eq!(lost.len(), 1, "{after}");
+    assert!(lost[0].contains("after reading input"), "{after}");
+    assert!(
+        events(&after, "uploaded").is_empty() && events(&after, "publish_refused").is_empty(),
+        "{after}"
+    );
+    assert_eq!(env.publication().unwrap().token.get(), bob_token);
+    assert_eq!(env.objects_published().await.len(), 1, "only Bob's object");
+}
