@@ -444,11 +444,15 @@ impl ObjectKit {
             .to_vec())
     }
 
-    /// Keys of the objects (not manifests) under `under`, sorted.
-    pub async fn list(&self, under: &str) -> Result<Vec<String>, ObjectError> {
+    /// Every stored object (manifests included) under `under`, with its key
+    /// relative to the prefix.
+    async fn walk(
+        &self,
+        under: &str,
+    ) -> Result<Vec<(String, object_store::ObjectMeta)>, ObjectError> {
         relative_path(under)?;
         let prefix_len = self.prefix.parts().count();
-        let mut keys = Vec::new();
+        let mut found = Vec::new();
         let mut dirs = vec![self.full(under)];
         while let Some(dir) = dirs.pop() {
             let listing = self.store.list_with_delimiter(Some(&dir)).await?;
@@ -461,11 +465,21 @@ impl ObjectKit {
                     .map(|p| p.as_ref().to_string())
                     .collect::<Vec<_>>()
                     .join("/");
-                if !key.ends_with(".manifest") {
-                    keys.push(key);
-                }
+                found.push((key, meta));
             }
         }
+        Ok(found)
+    }
+
+    /// Keys of the objects (not manifests) under `under`, sorted.
+    pub async fn list(&self, under: &str) -> Result<Vec<String>, ObjectError> {
+        let mut keys: Vec<String> = self
+            .walk(under)
+            .await?
+            .into_iter()
+            .map(|(k, _)| k)
+            .filter(|k| !k.ends_with(".manifest"))
+            .collect();
         keys.sort();
         Ok(keys)
     }
@@ -480,37 +494,20 @@ impl ObjectKit {
         published: &HashSet<String>,
         retention: Duration,
     ) -> Result<GcReport, ObjectError> {
-        relative_path(under)?;
         let now_ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as i64);
         let cutoff_ms = now_ms - retention.as_millis() as i64;
         let mut report = GcReport::default();
-        let mut dirs = vec![self.full(under)];
-        let prefix_len = self.prefix.parts().count();
-        while let Some(dir) = dirs.pop() {
-            let listing = self.store.list_with_delimiter(Some(&dir)).await?;
-            dirs.extend(listing.common_prefixes);
-            for meta in listing.objects {
-                let relative: String = meta
-                    .location
-                    .parts()
-                    .skip(prefix_len)
-                    .map(|p| p.as_ref().to_string())
-                    .collect::<Vec<_>>()
-                    .join("/");
-                let object_key = relative
-                    .strip_suffix(".manifest")
-                    .unwrap_or(&relative)
-                    .to_string();
-                if published.contains(&object_key) {
-                    report.kept_published += 1;
-                } else if meta.last_modified.timestamp_millis() > cutoff_ms {
-                    report.kept_young += 1;
-                } else {
-                    self.store.delete(&meta.location).await?;
-                    report.deleted.push(relative);
-                }
+        for (relative, meta) in self.walk(under).await? {
+            let object_key = relative.strip_suffix(".manifest").unwrap_or(&relative);
+            if published.contains(object_key) {
+                report.kept_published += 1;
+            } else if meta.last_modified.timestamp_millis() > cutoff_ms {
+                report.kept_young += 1;
+            } else {
+                self.store.delete(&meta.location).await?;
+                report.deleted.push(relative);
             }
         }
         report.deleted.sort();

@@ -57,6 +57,24 @@ impl Default for ServerConfig {
     }
 }
 
+impl ServerConfig {
+    /// Loopback on an ephemeral port, no HTTP port, TTLs from 100 ms: for
+    /// embedding the server in demos and tests.
+    pub fn ephemeral(data_dir: PathBuf) -> Self {
+        Self {
+            listen: "127.0.0.1:0".parse().expect("literal"),
+            http_listen: None,
+            data_dir,
+            limits: Limits {
+                ttl_ms_min: 100,
+                ..Limits::default()
+            },
+            default_ttl_ms: 30_000,
+            connections_max: 256,
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ServerError {

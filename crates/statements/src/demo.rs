@@ -153,17 +153,7 @@ async fn story(dir: &Path, json: bool, database_url: Option<String>) -> Result<E
         objects: dir.join("objects"),
         database_url,
     };
-    let config = baton_server::ServerConfig {
-        listen: "127.0.0.1:0".parse().expect("literal"),
-        http_listen: None,
-        data_dir: dir.join("baton-data"),
-        limits: baton_core::Limits {
-            ttl_ms_min: 100,
-            ..Default::default()
-        },
-        default_ttl_ms: 30_000,
-        connections_max: 256,
-    };
+    let config = baton_server::ServerConfig::ephemeral(dir.join("baton-data"));
     let server = baton_server::start(config)
         .await
         .map_err(|e| e.to_string())?;

@@ -29,17 +29,7 @@ impl Env {
             std::env::temp_dir().join(format!("statements-test-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        let config = baton_server::ServerConfig {
-            listen: "127.0.0.1:0".parse().unwrap(),
-            http_listen: None,
-            data_dir: dir.join("baton-data"),
-            limits: baton_core::Limits {
-                ttl_ms_min: 100,
-                ..Default::default()
-            },
-            default_ttl_ms: 30_000,
-            connections_max: 256,
-        };
+        let config = baton_server::ServerConfig::ephemeral(dir.join("baton-data"));
         let server = baton_server::start(config).await.unwrap();
         let url = format!("http://{}", server.grpc_addr);
         let env = Env {
@@ -179,6 +169,28 @@ fn read_until(reader: &mut impl std::io::BufRead, event: &str) -> String {
     }
 }
 
+/// Starts `alice` with `pause_flag`, waits until she has stopped herself
+/// with SIGSTOP, runs `between`, resumes her with SIGCONT and returns her
+/// output before and after the pause.
+async fn pause_story(env: &Env, pause_flag: &str, between: impl AsyncFnOnce()) -> (String, String) {
+    let mut alice = env.worker("alice", &[pause_flag]).spawn().unwrap();
+    let mut out = std::io::BufReader::new(alice.stdout.take().unwrap());
+    let before = read_until(&mut out, "paused");
+    let pid = alice.id();
+    while !stopped(pid) {
+        tokio::task::yield_now().await;
+    }
+    between().await;
+    Command::new("kill")
+        .args(["-CONT", &pid.to_string()])
+        .status()
+        .unwrap();
+    let mut after = String::new();
+    std::io::Read::read_to_string(&mut out, &mut after).unwrap();
+    alice.wait().unwrap();
+    (before, after)
+}
+
 #[test]
 fn the_demo_ends_as_the_seed_says() {
     let out = Command::new(BIN)
@@ -207,26 +219,14 @@ fn the_demo_ends_as_the_seed_says() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_worker_resumes_and_is_rejected_as_stale() {
     let env = Env::new("paused").await;
-    let mut alice = env
-        .worker("alice", &["--pause-before-publish"])
-        .spawn()
-        .unwrap();
-    let mut alice_out = std::io::BufReader::new(alice.stdout.take().unwrap());
-    let before = read_until(&mut alice_out, "paused");
-    let pid = alice.id();
-    while !stopped(pid) {
-        tokio::task::yield_now().await;
-    }
-    env.lease_free().await;
-    let (bob, bob_text) = env.run_worker("bob", &[]);
-    assert!(bob.status.success());
-    Command::new("kill")
-        .args(["-CONT", &pid.to_string()])
-        .status()
-        .unwrap();
-    let mut after = String::new();
-    std::io::Read::read_to_string(&mut alice_out, &mut after).unwrap();
-    assert!(alice.wait().unwrap().success());
+    let mut bob_text = String::new();
+    let (before, after) = pause_story(&env, "--pause-before-publish", async || {
+        env.lease_free().await;
+        let (bob, text) = env.run_worker("bob", &[]);
+        assert!(bob.status.success());
+        bob_text = text;
+    })
+    .await;
     let alice_token = token(&events(&before, "acquired")[0]);
     let bob_token = token(&events(&bob_text, "published")[0]);
     let refused = events(&after, "publish_refused");
@@ -330,30 +330,16 @@ async fn a_crash_after_uploading_is_regenerated_when_the_input_changed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancellation_while_generating_rejects_the_later_publish() {
     let env = Env::new("cancel").await;
-    let mut worker = env
-        .worker("w", &["--pause-before-publish"])
-        .spawn()
-        .unwrap();
-    let mut out = std::io::BufReader::new(worker.stdout.take().unwrap());
-    read_until(&mut out, "paused");
-    let pid = worker.id();
-    while !stopped(pid) {
-        tokio::task::yield_now().await;
-    }
-    let cancel = Command::new(BIN)
-        .arg("cancel")
-        .args(env.paths())
-        .args(["--server", &env.url, "--account", ACCOUNT, "--date", DATE])
-        .output()
-        .unwrap();
-    assert!(cancel.status.success(), "{cancel:?}");
-    Command::new("kill")
-        .args(["-CONT", &pid.to_string()])
-        .status()
-        .unwrap();
-    let mut after = String::new();
-    std::io::Read::read_to_string(&mut out, &mut after).unwrap();
-    worker.wait().unwrap();
+    let (_, after) = pause_story(&env, "--pause-before-publish", async || {
+        let cancel = Command::new(BIN)
+            .arg("cancel")
+            .args(env.paths())
+            .args(["--server", &env.url, "--account", ACCOUNT, "--date", DATE])
+            .output()
+            .unwrap();
+        assert!(cancel.status.success(), "{cancel:?}");
+    })
+    .await;
     let refused = events(&after, "publish_refused");
     assert_eq!(refused.len(), 1, "{after}");
     assert!(refused[0].contains("\"outcome\":\"cancelled\""), "{after}");
@@ -404,26 +390,13 @@ async fn the_demo_ends_as_the_seed_says_on_postgresql() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_paused_after_reading_stops_itself_before_any_effect() {
     let env = Env::new("paused-read").await;
-    let mut alice = env
-        .worker("alice", &["--pause-after-read"])
-        .spawn()
-        .unwrap();
-    let mut alice_out = std::io::BufReader::new(alice.stdout.take().unwrap());
-    read_until(&mut alice_out, "paused");
-    let pid = alice.id();
-    while !stopped(pid) {
-        tokio::task::yield_now().await;
-    }
-    env.lease_free().await;
-    let (_, bob_text) = env.run_worker("bob", &[]);
+    let mut bob_text = String::new();
+    let (_, after) = pause_story(&env, "--pause-after-read", async || {
+        env.lease_free().await;
+        bob_text = env.run_worker("bob", &[]).1;
+    })
+    .await;
     let bob_token = token(&events(&bob_text, "published")[0]);
-    Command::new("kill")
-        .args(["-CONT", &pid.to_string()])
-        .status()
-        .unwrap();
-    let mut after = String::new();
-    std::io::Read::read_to_string(&mut alice_out, &mut after).unwrap();
-    alice.wait().unwrap();
     // Her keeper's deadline passed while she was stopped: she knows before any effect.
     let lost = events(&after, "lease_lost");
     assert_eq!(lost.len(), 1, "{after}");
