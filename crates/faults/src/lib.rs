@@ -1,0 +1,244 @@
+//! A fault-injecting TCP proxy for tests: put it between a worker and
+//! PostgreSQL, or between a worker and the Baton server, and on command
+//!
+//! - **hold** traffic in one direction (bytes wait in the proxy until the
+//!   hold is lifted: a slow network, a delayed request);
+//! - **drop the response** to the next request: the request is delivered,
+//!   whatever the server answers is discarded and the connection is reset,
+//!   so the client sees an indeterminate failure for an operation that did
+//!   take effect;
+//! - **reset** every open connection.
+//!
+//! It works on bytes, not on protocol frames, so one "request" is the next
+//! chunk the client writes. [`FaultCounts`] tells a test how often each fault
+//! fired: a fault test whose fault never fired proved nothing.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+/// Which way bytes flow.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Direction {
+    ClientToServer,
+    ServerToClient,
+}
+
+/// How often each fault fired.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FaultCounts {
+    /// Chunks that waited in a hold.
+    pub held_chunks: u64,
+    /// Responses discarded (each followed by a reset of its connection).
+    pub dropped_responses: u64,
+    /// Connections reset on command.
+    pub resets: u64,
+    pub connections: u64,
+}
+
+struct Control {
+    hold_up: watch::Sender<bool>,
+    hold_down: watch::Sender<bool>,
+    drop_next: AtomicBool,
+    reset_epoch: watch::Sender<u64>,
+    held_chunks: AtomicU64,
+    dropped_responses: AtomicU64,
+    resets: AtomicU64,
+    connections: AtomicU64,
+    open: Mutex<u64>,
+}
+
+/// A running proxy. Dropping it stops accepting; open connections end when
+/// either side closes.
+pub struct Proxy {
+    addr: SocketAddr,
+    control: Arc<Control>,
+    accept: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.accept.abort();
+        self.reset_all();
+    }
+}
+
+impl Proxy {
+    /// Listens on an ephemeral loopback port and forwards to `upstream`.
+    pub async fn start(upstream: SocketAddr) -> std::io::Result<Self> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let control = Arc::new(Control {
+            hold_up: watch::channel(false).0,
+            hold_down: watch::channel(false).0,
+            drop_next: AtomicBool::new(false),
+            reset_epoch: watch::channel(0).0,
+            held_chunks: AtomicU64::new(0),
+            dropped_responses: AtomicU64::new(0),
+            resets: AtomicU64::new(0),
+            connections: AtomicU64::new(0),
+            open: Mutex::new(0),
+        });
+        let c = control.clone();
+        let accept = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let c = c.clone();
+                tokio::spawn(async move {
+                    if let Ok(server) = TcpStream::connect(upstream).await {
+                        c.connections.fetch_add(1, SeqCst);
+                        serve(client, server, c).await;
+                    }
+                });
+            }
+        });
+        Ok(Self {
+            addr,
+            control,
+            accept,
+        })
+    }
+
+    /// Where clients connect.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Holds every byte in `direction` until [`Proxy::release`].
+    pub fn hold(&self, direction: Direction) {
+        self.flag(direction).send_replace(true);
+    }
+
+    pub fn release(&self, direction: Direction) {
+        self.flag(direction).send_replace(false);
+    }
+
+    /// Holds `direction` for `duration`, then releases it (in the background).
+    pub fn hold_for(&self, direction: Direction, duration: Duration) {
+        self.hold(direction);
+        let control = self.control.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(duration).await;
+            match direction {
+                Direction::ClientToServer => control.hold_up.send_replace(false),
+                Direction::ServerToClient => control.hold_down.send_replace(false),
+            };
+        });
+    }
+
+    fn flag(&self, direction: Direction) -> &watch::Sender<bool> {
+        match direction {
+            Direction::ClientToServer => &self.control.hold_up,
+            Direction::ServerToClient => &self.control.hold_down,
+        }
+    }
+
+    /// The next chunk a client sends is delivered; the server's answer on
+    /// that connection is discarded and the connection is reset.
+    pub fn drop_next_response(&self) {
+        self.control.drop_next.store(true, SeqCst);
+    }
+
+    /// Resets every open connection.
+    pub fn reset_all(&self) {
+        let open = *self.control.open.lock().expect("proxy mutex");
+        self.control.resets.fetch_add(open, SeqCst);
+        self.control.reset_epoch.send_modify(|e| *e += 1);
+    }
+
+    pub fn counts(&self) -> FaultCounts {
+        let c = &self.control;
+        FaultCounts {
+            held_chunks: c.held_chunks.load(SeqCst),
+            dropped_responses: c.dropped_responses.load(SeqCst),
+            resets: c.resets.load(SeqCst),
+            connections: c.connections.load(SeqCst),
+        }
+    }
+}
+
+async fn serve(client: TcpStream, server: TcpStream, c: Arc<Control>) {
+    let _ = client.set_nodelay(true);
+    let _ = server.set_nodelay(true);
+    // Closing with linger 0 sends RST: the client sees a reset, not a clean close.
+    let _ = socket_linger_zero(&client);
+    *c.open.lock().expect("proxy mutex") += 1;
+    let mut reset = c.reset_epoch.subscribe();
+    reset.borrow_and_update();
+    let (mut cr, mut cw) = client.into_split();
+    let (mut sr, mut sw) = server.into_split();
+    // Set once the next client chunk was delivered with a drop pending.
+    let dropping = Arc::new(AtomicBool::new(false));
+    let up = {
+        let (c, dropping) = (c.clone(), dropping.clone());
+        async move {
+            let mut hold = c.hold_up.subscribe();
+            let mut buf = vec![0u8; 16 * 1024];
+            loop {
+                let n = cr.read(&mut buf).await.unwrap_or(0);
+                if n == 0 {
+                    return;
+                }
+                wait_released(&mut hold, &c).await;
+                if sw.write_all(&buf[..n]).await.is_err() {
+                    return;
+                }
+                if c.drop_next.swap(false, SeqCst) {
+                    dropping.store(true, SeqCst);
+                }
+            }
+        }
+    };
+    let down = {
+        let (c, dropping) = (c.clone(), dropping.clone());
+        async move {
+            let mut hold = c.hold_down.subscribe();
+            let mut buf = vec![0u8; 16 * 1024];
+            loop {
+                let n = sr.read(&mut buf).await.unwrap_or(0);
+                if n == 0 {
+                    return;
+                }
+                if dropping.load(SeqCst) {
+                    c.dropped_responses.fetch_add(1, SeqCst);
+                    tracing::debug!(
+                        bytes = n,
+                        "proxy dropped a response and resets the connection"
+                    );
+                    return;
+                }
+                wait_released(&mut hold, &c).await;
+                if cw.write_all(&buf[..n]).await.is_err() {
+                    return;
+                }
+            }
+        }
+    };
+    tokio::select! {
+        _ = up => {}
+        _ = down => {}
+        _ = reset.changed() => {}
+    }
+    *c.open.lock().expect("proxy mutex") -= 1;
+    // Dropping both halves closes both connections.
+}
+
+async fn wait_released(hold: &mut watch::Receiver<bool>, c: &Control) {
+    if *hold.borrow_and_update() {
+        c.held_chunks.fetch_add(1, SeqCst);
+        while *hold.borrow_and_update() {
+            if hold.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+fn socket_linger_zero(stream: &TcpStream) -> std::io::Result<()> {
+    #[allow(deprecated)] // the replacement needs socket2; this is test tooling
+    stream.set_linger(Some(Duration::ZERO))
+}
