@@ -13,6 +13,8 @@
 //! chunk the client writes. [`FaultCounts`] tells a test how often each fault
 //! fired: a fault test whose fault never fired proved nothing.
 
+pub mod checker;
+
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
