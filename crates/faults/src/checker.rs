@@ -148,17 +148,26 @@ mod tests {
         assert_eq!(v.doubled_operations, vec!["o1".to_string()]);
         assert_eq!(v.lost_publications, vec![obs("a", "lost", 7, Status::Ok)]);
         assert_eq!(v.pointer_regressions, vec!["a".to_string()]);
+        let session = check(
+            &[],
+            &[acc("s", "x", 2), acc("s", "y", 2)],
+            &BTreeMap::new(),
+            false,
+        );
         assert!(
-            !check(
-                &[],
-                &[acc("s", "x", 2), acc("s", "y", 2)],
-                &BTreeMap::new(),
-                false
-            )
-            .stale_overwrites
-            .len()
-                > 0,
+            session.stale_overwrites.is_empty(),
             "equal tokens pass the session rule"
+        );
+        let strict = check(
+            &[],
+            &[acc("s", "x", 2), acc("s", "y", 2)],
+            &BTreeMap::new(),
+            true,
+        );
+        assert_eq!(
+            strict.stale_overwrites.len(),
+            1,
+            "but not one write per generation"
         );
     }
 }
