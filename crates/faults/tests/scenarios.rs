@@ -1,0 +1,188 @@
+//! Seed scenarios that need a network fault: a renewal delayed past expiry,
+//! and a publication whose response is lost on the way back from PostgreSQL.
+
+use std::time::Duration;
+
+use baton_client::worker::{Keeper, KeeperConfig, Ownership};
+use baton_client::{Acquired, Client};
+use baton_faults::{Direction, Proxy};
+use baton_fence::postgres::PgFence;
+use baton_fence::{FenceRequest, Outcome};
+use tokio::time::Instant;
+
+struct TempDir(std::path::PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+async fn until(mut check: impl AsyncFnMut() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !check().await {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "condition not reached"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_held_past_expiry_fails_and_the_worker_stops_before_its_next_effect() {
+    let dir =
+        TempDir(std::env::temp_dir().join(format!("baton-faults-renew-{}", std::process::id())));
+    let _ = std::fs::remove_dir_all(&dir.0);
+    let server = baton_server::start(baton_server::ServerConfig::ephemeral(dir.0.clone()))
+        .await
+        .unwrap();
+    let proxy = Proxy::start(server.grpc_addr).await.unwrap();
+    let mut via = Client::connect(&format!("http://{}", proxy.addr()))
+        .await
+        .unwrap();
+    let mut direct = Client::connect(&format!("http://{}", server.grpc_addr))
+        .await
+        .unwrap();
+    let ttl = Duration::from_millis(600);
+    let sent_at = Instant::now();
+    let Acquired::Granted(lease) = via
+        .acquire("renew:held", ttl, Duration::ZERO)
+        .await
+        .unwrap()
+    else {
+        panic!()
+    };
+    // Every renewal from now on waits in the network.
+    proxy.hold(Direction::ClientToServer);
+    let keeper = Keeper::start(via.clone(), lease.clone(), sent_at, KeeperConfig::default());
+    let guard = keeper.guard();
+    until(async || proxy.counts().held_chunks >= 1).await;
+    // The worker learns it lost the lease at its safe deadline, before the server even expires it.
+    guard.cancellation().cancelled().await;
+    assert_eq!(guard.ownership(), Ownership::Lost);
+    assert!(!guard.may_start_effect(), "no effect after the deadline");
+    until(async || {
+        direct
+            .status("renew:held")
+            .await
+            .unwrap()
+            .holder_token
+            .is_none()
+    })
+    .await;
+    let Acquired::Granted(next) = direct
+        .acquire("renew:held", Duration::from_secs(30), Duration::ZERO)
+        .await
+        .unwrap()
+    else {
+        panic!()
+    };
+    // The late renewal finally arrives: it must not extend or recreate anything.
+    proxy.release(Direction::ClientToServer);
+    let late = via
+        .renew("renew:held", &lease.acquisition_id)
+        .await
+        .unwrap();
+    assert_eq!(late, baton_client::Renewal::NotOwner);
+    assert_eq!(
+        direct.status("renew:held").await.unwrap().holder_token,
+        Some(next.token)
+    );
+    println!("faults fired: {:?}", proxy.counts());
+    drop(keeper);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_publication_response_is_retried_to_the_saved_result_then_a_changed_payload_conflicts(
+) {
+    let admin_url = std::env::var("BATON_TEST_PG")
+        .unwrap_or_else(|_| "host=127.0.0.1 user=postgres dbname=postgres".into());
+    let (admin, conn) = tokio_postgres::connect(&admin_url, tokio_postgres::NoTls)
+        .await
+        .expect("PostgreSQL is required");
+    tokio::spawn(conn);
+    let db = format!("baton_faults_lost_{}", std::process::id());
+    admin
+        .batch_execute(&format!("DROP DATABASE IF EXISTS {db}"))
+        .await
+        .unwrap();
+    admin
+        .batch_execute(&format!("CREATE DATABASE {db}"))
+        .await
+        .unwrap();
+    let url = format!("{} dbname={db}", admin_url.replace("dbname=postgres", ""));
+    let (mut setup, c) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(c);
+    PgFence::migrate(&mut setup).await.unwrap();
+    // The worker reaches PostgreSQL through the proxy.
+    let proxy = Proxy::start("127.0.0.1:5432".parse().unwrap())
+        .await
+        .unwrap();
+    let direct: tokio_postgres::Config = url.parse().unwrap();
+    let mut proxied = tokio_postgres::Config::new();
+    proxied
+        .host("127.0.0.1")
+        .port(proxy.addr().port())
+        .dbname(&db);
+    if let Some(user) = direct.get_user() {
+        proxied.user(user);
+    }
+    let connect = async || {
+        let (client, c) = proxied.connect(tokio_postgres::NoTls).await.unwrap();
+        tokio::spawn(c);
+        let prepared = PgFence::prepare(&client).await.unwrap();
+        (client, prepared)
+    };
+    let key = "statements/account-42/2026-09-13/generation-108.txt";
+    let req = FenceRequest::new(
+        "statement:account-42:2026-09-13",
+        108,
+        "publish-108",
+        b"sha256:bob",
+        key.as_bytes(),
+    )
+    .unwrap();
+    let (first, prepared) = connect().await;
+    proxy.drop_next_response();
+    let lost = PgFence::publish(&first, &prepared, &req).await;
+    assert!(lost.is_err(), "the answer was lost: {lost:?}");
+    assert_eq!(proxy.counts().dropped_responses, 1, "the fault fired");
+    // The retry, on a new connection with the same operation id, gets the saved result.
+    let (second, prepared) = connect().await;
+    let retry = PgFence::publish(&second, &prepared, &req).await.unwrap();
+    assert_eq!(
+        retry,
+        Outcome::Replayed {
+            token: baton_fence::Token::new(108).unwrap(),
+            result: key.as_bytes().to_vec()
+        }
+    );
+    let n: i64 = setup
+        .query_one("SELECT count(*) FROM baton.operations", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 1, "one publication, not two");
+    let changed = FenceRequest::new(
+        "statement:account-42:2026-09-13",
+        108,
+        "publish-108",
+        b"sha256:other",
+        key.as_bytes(),
+    )
+    .unwrap();
+    assert!(matches!(
+        PgFence::publish(&second, &prepared, &changed)
+            .await
+            .unwrap(),
+        Outcome::Conflict { .. }
+    ));
+    drop((first, second, setup));
+    admin
+        .batch_execute(&format!("DROP DATABASE {db} WITH (FORCE)"))
+        .await
+        .unwrap();
+}
