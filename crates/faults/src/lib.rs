@@ -10,7 +10,9 @@
 //! - **reset** every open connection.
 //!
 //! It works on bytes, not on protocol frames, so one "request" is the next
-//! chunk the client writes. [`FaultCounts`] tells a test how often each fault
+//! chunk the client writes: let a connection finish its handshake (one full
+//! round trip) before arming [`Proxy::drop_next_response`], or a protocol
+//! housekeeping frame may be taken for the request. [`FaultCounts`] tells a test how often each fault
 //! fired: a fault test whose fault never fired proved nothing.
 
 pub mod checker;

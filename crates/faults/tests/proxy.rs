@@ -89,6 +89,9 @@ async fn a_dropped_response_is_indeterminate_but_took_effect() {
     let s = setup("drop").await;
     let mut via = s.proxied().await;
     let mut direct = s.direct().await;
+    // One full round trip first, so that the HTTP/2 handshake is over and
+    // the next bytes the client writes are the acquire itself.
+    via.status("dropped").await.unwrap();
     s.proxy.drop_next_response();
     let err = via
         .acquire("dropped", TTL, Duration::ZERO)
