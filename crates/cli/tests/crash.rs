@@ -97,9 +97,10 @@ async fn worker(
                 if !abandoned {
                     tokio::time::sleep(Duration::from_millis(rng.below(10))).await;
                     if let Ok(Release::NotHeld) = c.release(&name, &lease.acquisition_id).await {
-                        // Allowed only if the TTL ran out meanwhile (a restart may take a while).
+                        // Allowed only if the TTL ran out meanwhile (a restart may take a
+                        // while). The grant happened after `sent`, so measure from there.
                         assert!(
-                            received.elapsed() >= TTL,
+                            sent.elapsed() >= TTL,
                             "lease {} lost before its TTL",
                             lease.token
                         );

@@ -73,7 +73,7 @@ impl Env {
         c.arg("worker")
             .args(self.paths())
             .args([
-                "--server", &self.url, "--name", name, "--ttl-ms", "600", "--once",
+                "--server", &self.url, "--name", name, "--ttl-ms", "2000", "--once",
             ])
             .args(extra);
         c.stdin(Stdio::null())
