@@ -96,26 +96,9 @@ async fn a_renewal_held_past_expiry_fails_and_the_worker_stops_before_its_next_e
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_publication_response_is_retried_to_the_saved_result_then_a_changed_payload_conflicts(
 ) {
-    let admin_url = std::env::var("BATON_TEST_PG")
-        .unwrap_or_else(|_| "host=127.0.0.1 user=postgres dbname=postgres".into());
-    let (admin, conn) = tokio_postgres::connect(&admin_url, tokio_postgres::NoTls)
-        .await
-        .expect("PostgreSQL is required");
-    tokio::spawn(conn);
-    let db = format!("baton_faults_lost_{}", std::process::id());
-    admin
-        .batch_execute(&format!("DROP DATABASE IF EXISTS {db}"))
-        .await
-        .unwrap();
-    admin
-        .batch_execute(&format!("CREATE DATABASE {db}"))
-        .await
-        .unwrap();
-    let url = format!("{} dbname={db}", admin_url.replace("dbname=postgres", ""));
-    let (mut setup, c) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(c);
+    let db = baton_testkit::PgDb::create("baton_faults_lost").await;
+    let url = db.url.clone();
+    let mut setup = db.connect().await;
     PgFence::migrate(&mut setup).await.unwrap();
     // The worker reaches PostgreSQL through the proxy.
     let proxy = Proxy::start("127.0.0.1:5432".parse().unwrap())
@@ -126,7 +109,7 @@ async fn a_lost_publication_response_is_retried_to_the_saved_result_then_a_chang
     proxied
         .host("127.0.0.1")
         .port(proxy.addr().port())
-        .dbname(&db);
+        .dbname(&db.name);
     if let Some(user) = direct.get_user() {
         proxied.user(user);
     }
@@ -181,8 +164,4 @@ async fn a_lost_publication_response_is_retried_to_the_saved_result_then_a_chang
         Outcome::Conflict { .. }
     ));
     drop((first, second, setup));
-    admin
-        .batch_execute(&format!("DROP DATABASE {db} WITH (FORCE)"))
-        .await
-        .unwrap();
 }

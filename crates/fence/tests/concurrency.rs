@@ -3,12 +3,9 @@
 //! token and the effects, in commit order, carry strictly increasing tokens:
 //! no writer got through between another's check and write.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-
 use baton_fence::postgres::PgFence;
 use baton_fence::sqlite::SqliteFence;
 use baton_fence::{FenceError, FenceRequest, Outcome, ResourceKey};
-use tokio_postgres::NoTls;
 
 const WRITERS: u64 = 8;
 const WRITES_EACH: u64 = 40;
@@ -56,28 +53,8 @@ fn check(applied: &[(i64, i64)], generation: i64, n_stale: usize) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_concurrent_writers_cannot_slip_past_the_check() {
-    let admin_url = std::env::var("BATON_TEST_PG")
-        .unwrap_or_else(|_| "host=127.0.0.1 user=postgres dbname=postgres".into());
-    static N: AtomicU64 = AtomicU64::new(0);
-    let db = format!(
-        "baton_fence_conc_{}_{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    );
-    let (admin, conn) = tokio_postgres::connect(&admin_url, NoTls)
-        .await
-        .expect("PostgreSQL is required");
-    tokio::spawn(conn);
-    admin
-        .batch_execute(&format!("CREATE DATABASE {db}"))
-        .await
-        .unwrap();
-    let url = format!("{} dbname={db}", admin_url.replace("dbname=postgres", ""));
-    let connect = || async {
-        let (c, conn) = tokio_postgres::connect(&url, NoTls).await.unwrap();
-        tokio::spawn(conn);
-        c
-    };
+    let db = baton_testkit::PgDb::create("baton_fence_conc").await;
+    let connect = || db.connect();
     let mut setup = connect().await;
     PgFence::migrate(&mut setup).await.unwrap();
     setup
@@ -176,10 +153,6 @@ async fn postgres_concurrent_writers_cannot_slip_past_the_check() {
         naive.len()
     );
     drop(setup);
-    admin
-        .batch_execute(&format!("DROP DATABASE {db} WITH (FORCE)"))
-        .await
-        .unwrap();
     check(&applied, generation, n_stale);
     assert!(regressions > 0, "the unfenced control showed no race: this test cannot tell a broken fence from a working one");
 }

@@ -1,25 +1,14 @@
 //! The seed's scenarios, run against SQLite and a real PostgreSQL server with
 //! one test suite. Each test owns its SQLite file or PostgreSQL database.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-
 use baton_fence::postgres::{PgFence, Prepared};
 use baton_fence::sqlite::SqliteFence;
 use baton_fence::{
     FenceError, FenceRequest, Outcome, Policy, Recreate, ResourceKey, ResourceState, Token,
 };
+use baton_testkit::{unique, PgDb};
 use rusqlite::Connection;
-use tokio_postgres::{Client, NoTls};
-
-static N: AtomicU64 = AtomicU64::new(0);
-
-fn unique(tag: &str) -> String {
-    format!(
-        "{tag}_{}_{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    )
-}
+use tokio_postgres::Client;
 
 fn t(n: u64) -> Token {
     Token::new(n).unwrap()
@@ -160,67 +149,6 @@ impl Backend for Sqlite {
 
 // ---- PostgreSQL --------------------------------------------------------------
 
-fn pg_admin_url() -> String {
-    std::env::var("BATON_TEST_PG")
-        .unwrap_or_else(|_| "host=127.0.0.1 user=postgres dbname=postgres".into())
-}
-
-async fn pg_connect(url: &str) -> Client {
-    let (client, conn) = tokio_postgres::connect(url, NoTls)
-        .await
-        .unwrap_or_else(|e| panic!("PostgreSQL is required for these tests ({url}): {e}"));
-    tokio::spawn(conn);
-    client
-}
-
-/// A database of its own, dropped (with its connections) when the test ends.
-struct PgDb {
-    name: String,
-    url: String,
-}
-
-impl PgDb {
-    async fn create() -> Self {
-        let name = unique("baton_fence_test");
-        let admin = pg_connect(&pg_admin_url()).await;
-        admin
-            .batch_execute(&format!("CREATE DATABASE {name}"))
-            .await
-            .unwrap();
-        let url = format!(
-            "{} dbname={name}",
-            pg_admin_url().replace("dbname=postgres", "")
-        );
-        let mut client = pg_connect(&url).await;
-        PgFence::migrate(&mut client).await.unwrap();
-        client
-            .batch_execute("CREATE TABLE effects (id bigserial PRIMARY KEY, resource text, token bigint, operation text)")
-            .await
-            .unwrap();
-        Self { name, url }
-    }
-}
-
-impl Drop for PgDb {
-    fn drop(&mut self) {
-        let name = self.name.clone();
-        std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(async {
-                let admin = pg_connect(&pg_admin_url()).await;
-                let _ = admin
-                    .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-                    .await;
-            });
-        })
-        .join()
-        .unwrap();
-    }
-}
-
 struct Pg {
     client: Client,
     prepared: Prepared,
@@ -229,8 +157,13 @@ struct Pg {
 
 impl Pg {
     async fn new() -> Self {
-        let db = PgDb::create().await;
-        let client = pg_connect(&db.url).await;
+        let db = PgDb::create("baton_fence_test").await;
+        let mut client = db.connect().await;
+        PgFence::migrate(&mut client).await.unwrap();
+        client
+            .batch_execute("CREATE TABLE effects (id bigserial PRIMARY KEY, resource text, token bigint, operation text)")
+            .await
+            .unwrap();
         let prepared = PgFence::prepare(&client).await.unwrap();
         Self {
             client,

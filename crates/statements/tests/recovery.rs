@@ -354,31 +354,14 @@ async fn cancellation_while_generating_rejects_the_later_publish() {
 
 #[tokio::test]
 async fn the_demo_ends_as_the_seed_says_on_postgresql() {
-    let admin_url = std::env::var("BATON_TEST_PG")
-        .unwrap_or_else(|_| "host=127.0.0.1 user=postgres dbname=postgres".into());
-    let (admin, conn) = tokio_postgres::connect(&admin_url, tokio_postgres::NoTls)
-        .await
-        .expect("PostgreSQL is required");
-    tokio::spawn(conn);
-    let db = format!("statements_demo_{}", std::process::id());
-    admin
-        .batch_execute(&format!("DROP DATABASE IF EXISTS {db}"))
-        .await
-        .unwrap();
-    admin
-        .batch_execute(&format!("CREATE DATABASE {db}"))
-        .await
-        .unwrap();
-    let url = format!("{} dbname={db}", admin_url.replace("dbname=postgres", ""));
+    let db = baton_testkit::PgDb::create("statements_demo").await;
+    let url = db.url.clone();
     let out = Command::new(BIN)
         .args(["demo", "--json", "--database-url", &url])
         .stderr(Stdio::null())
         .output()
         .unwrap();
-    admin
-        .batch_execute(&format!("DROP DATABASE {db} WITH (FORCE)"))
-        .await
-        .unwrap();
+    drop(db);
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(out.status.success(), "{text}");
     assert!(

@@ -1,0 +1,106 @@
+//! Shared test fixtures. Each test owns its data: a PostgreSQL database
+//! created for it and dropped after it, a directory removed after it.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use tokio_postgres::{Client, NoTls};
+
+static N: AtomicU64 = AtomicU64::new(0);
+
+/// A name unique to this process and call, for databases and directories.
+pub fn unique(tag: &str) -> String {
+    format!(
+        "{tag}_{}_{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// The administrative connection string: `BATON_TEST_PG`, or the local
+/// trust-auth server as `postgres`.
+pub fn pg_admin_url() -> String {
+    std::env::var("BATON_TEST_PG")
+        .unwrap_or_else(|_| "host=127.0.0.1 user=postgres dbname=postgres".into())
+}
+
+/// Connects and drives the connection in the background.
+pub async fn pg_connect(url: &str) -> Client {
+    let (client, connection) = tokio_postgres::connect(url, NoTls)
+        .await
+        .unwrap_or_else(|e| panic!("PostgreSQL is required for this test ({url}): {e}"));
+    tokio::spawn(connection);
+    client
+}
+
+/// A database of its own, dropped (with any connections left) when the test ends.
+pub struct PgDb {
+    pub name: String,
+    /// Connection string for this database.
+    pub url: String,
+}
+
+impl PgDb {
+    pub async fn create(tag: &str) -> Self {
+        let name = unique(tag);
+        let admin = pg_connect(&pg_admin_url()).await;
+        admin
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .await
+            .expect("create the test database");
+        let url = format!(
+            "{} dbname={name}",
+            pg_admin_url().replace("dbname=postgres", "")
+        );
+        Self { name, url }
+    }
+
+    pub async fn connect(&self) -> Client {
+        pg_connect(&self.url).await
+    }
+}
+
+impl Drop for PgDb {
+    fn drop(&mut self) {
+        let name = self.name.clone();
+        // Drop may run inside or outside a runtime: use a thread with its own.
+        let dropped = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            rt.block_on(async {
+                let admin = pg_connect(&pg_admin_url()).await;
+                admin
+                    .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                    .await
+            })
+        })
+        .join();
+        if !matches!(dropped, Ok(Ok(()))) {
+            eprintln!("warning: could not drop test database {}", self.name);
+        }
+    }
+}
+
+/// A fresh directory under the system temp dir, removed on drop.
+pub struct TempDir(PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> Self {
+        let path = std::env::temp_dir().join(unique(tag));
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir_all(&path).expect("create a temporary directory");
+        Self(path)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
