@@ -345,10 +345,6 @@ impl LeaseTable {
         table
     }
 
-    pub fn limits(&self) -> &Limits {
-        &self.limits
-    }
-
     /// The last token issued (or the position a new table starts from).
     pub fn last_token(&self) -> (Epoch, u64) {
         (self.epoch, self.counter)

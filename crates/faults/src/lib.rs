@@ -19,10 +19,11 @@ pub mod checker;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
@@ -54,7 +55,16 @@ struct Control {
     dropped_responses: AtomicU64,
     resets: AtomicU64,
     connections: AtomicU64,
-    open: Mutex<u64>,
+    open: AtomicU64,
+}
+
+impl Control {
+    fn hold_flag(&self, direction: Direction) -> &watch::Sender<bool> {
+        match direction {
+            Direction::ClientToServer => &self.hold_up,
+            Direction::ServerToClient => &self.hold_down,
+        }
+    }
 }
 
 /// A running proxy. Dropping it stops accepting; open connections end when
@@ -86,7 +96,7 @@ impl Proxy {
             dropped_responses: AtomicU64::new(0),
             resets: AtomicU64::new(0),
             connections: AtomicU64::new(0),
-            open: Mutex::new(0),
+            open: AtomicU64::new(0),
         });
         let c = control.clone();
         let accept = tokio::spawn(async move {
@@ -114,11 +124,11 @@ impl Proxy {
 
     /// Holds every byte in `direction` until [`Proxy::release`].
     pub fn hold(&self, direction: Direction) {
-        self.flag(direction).send_replace(true);
+        self.control.hold_flag(direction).send_replace(true);
     }
 
     pub fn release(&self, direction: Direction) {
-        self.flag(direction).send_replace(false);
+        self.control.hold_flag(direction).send_replace(false);
     }
 
     /// Holds `direction` for `duration`, then releases it (in the background).
@@ -127,18 +137,8 @@ impl Proxy {
         let control = self.control.clone();
         tokio::spawn(async move {
             tokio::time::sleep(duration).await;
-            match direction {
-                Direction::ClientToServer => control.hold_up.send_replace(false),
-                Direction::ServerToClient => control.hold_down.send_replace(false),
-            };
+            control.hold_flag(direction).send_replace(false);
         });
-    }
-
-    fn flag(&self, direction: Direction) -> &watch::Sender<bool> {
-        match direction {
-            Direction::ClientToServer => &self.control.hold_up,
-            Direction::ServerToClient => &self.control.hold_down,
-        }
     }
 
     /// The next chunk a client sends is delivered; the server's answer on
@@ -149,8 +149,9 @@ impl Proxy {
 
     /// Resets every open connection.
     pub fn reset_all(&self) {
-        let open = *self.control.open.lock().expect("proxy mutex");
-        self.control.resets.fetch_add(open, SeqCst);
+        self.control
+            .resets
+            .fetch_add(self.control.open.load(SeqCst), SeqCst);
         self.control.reset_epoch.send_modify(|e| *e += 1);
     }
 
@@ -170,65 +171,53 @@ async fn serve(client: TcpStream, server: TcpStream, c: Arc<Control>) {
     let _ = server.set_nodelay(true);
     // Closing with linger 0 sends RST: the client sees a reset, not a clean close.
     let _ = socket_linger_zero(&client);
-    *c.open.lock().expect("proxy mutex") += 1;
+    c.open.fetch_add(1, SeqCst);
     let mut reset = c.reset_epoch.subscribe();
     reset.borrow_and_update();
-    let (mut cr, mut cw) = client.into_split();
-    let (mut sr, mut sw) = server.into_split();
+    let (cr, cw) = client.into_split();
+    let (sr, sw) = server.into_split();
     // Set once the next client chunk was delivered with a drop pending.
     let dropping = Arc::new(AtomicBool::new(false));
-    let up = {
-        let (c, dropping) = (c.clone(), dropping.clone());
-        async move {
-            let mut hold = c.hold_up.subscribe();
-            let mut buf = vec![0u8; 16 * 1024];
-            loop {
-                let n = cr.read(&mut buf).await.unwrap_or(0);
-                if n == 0 {
-                    return;
-                }
-                wait_released(&mut hold, &c).await;
-                if sw.write_all(&buf[..n]).await.is_err() {
-                    return;
-                }
-                if c.drop_next.swap(false, SeqCst) {
-                    dropping.store(true, SeqCst);
-                }
-            }
-        }
-    };
-    let down = {
-        let (c, dropping) = (c.clone(), dropping.clone());
-        async move {
-            let mut hold = c.hold_down.subscribe();
-            let mut buf = vec![0u8; 16 * 1024];
-            loop {
-                let n = sr.read(&mut buf).await.unwrap_or(0);
-                if n == 0 {
-                    return;
-                }
-                if dropping.load(SeqCst) {
-                    c.dropped_responses.fetch_add(1, SeqCst);
-                    tracing::debug!(
-                        bytes = n,
-                        "proxy dropped a response and resets the connection"
-                    );
-                    return;
-                }
-                wait_released(&mut hold, &c).await;
-                if cw.write_all(&buf[..n]).await.is_err() {
-                    return;
-                }
-            }
-        }
-    };
     tokio::select! {
-        _ = up => {}
-        _ = down => {}
+        _ = pump(cr, sw, Direction::ClientToServer, c.clone(), dropping.clone()) => {}
+        _ = pump(sr, cw, Direction::ServerToClient, c.clone(), dropping) => {}
         _ = reset.changed() => {}
     }
-    *c.open.lock().expect("proxy mutex") -= 1;
+    c.open.fetch_sub(1, SeqCst);
     // Dropping both halves closes both connections.
+}
+
+/// Copies one direction of a connection, applying that direction's faults.
+async fn pump(
+    mut from: OwnedReadHalf,
+    mut to: OwnedWriteHalf,
+    direction: Direction,
+    c: Arc<Control>,
+    dropping: Arc<AtomicBool>,
+) {
+    let mut hold = c.hold_flag(direction).subscribe();
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let n = from.read(&mut buf).await.unwrap_or(0);
+        if n == 0 {
+            return;
+        }
+        if direction == Direction::ServerToClient && dropping.load(SeqCst) {
+            c.dropped_responses.fetch_add(1, SeqCst);
+            tracing::debug!(
+                bytes = n,
+                "proxy dropped a response and resets the connection"
+            );
+            return;
+        }
+        wait_released(&mut hold, &c).await;
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+        if direction == Direction::ClientToServer && c.drop_next.swap(false, SeqCst) {
+            dropping.store(true, SeqCst);
+        }
+    }
 }
 
 async fn wait_released(hold: &mut watch::Receiver<bool>, c: &Control) {
