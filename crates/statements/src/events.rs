@@ -6,6 +6,8 @@ use std::io::Write as _;
 pub enum V<'a> {
     S(&'a str),
     N(i64),
+    /// Already JSON (a nested object, an array, a boolean).
+    Raw(&'a str),
 }
 
 pub fn escape(s: &str) -> String {
@@ -29,6 +31,7 @@ pub fn object(fields: &[(&str, V<'_>)]) -> String {
             let v = match v {
                 V::S(s) => escape(s),
                 V::N(n) => n.to_string(),
+                V::Raw(r) => r.to_string(),
             };
             format!("{}:{v}", escape(k))
         })
@@ -44,6 +47,7 @@ pub fn emit(event: &str, fields: &[(&str, V<'_>)]) {
             match v {
                 V::S(s) => V::S(s),
                 V::N(n) => V::N(*n),
+                V::Raw(r) => V::Raw(r),
             },
         )
     }));

@@ -1,8 +1,10 @@
 //! `statements`: the statement publication service of the seed, end to end,
 //! on Baton's public APIs. See `statements demo`.
 
+mod chaos;
 mod demo;
 mod events;
+mod rng;
 mod store;
 mod worker;
 
@@ -77,6 +79,64 @@ enum Command {
         /// Abort the process at this point (crash drills).
         #[arg(long)]
         crash_after: Option<worker::CrashPoint>,
+        /// Only jobs of accounts whose name starts with this.
+        #[arg(long, default_value = "")]
+        accounts: String,
+        /// Append every publish attempt (invoked, then ok, failed or unknown)
+        /// to this file, for the fault suite's checker.
+        #[arg(long)]
+        history: Option<PathBuf>,
+        /// NEGATIVE CONTROL ONLY: move the publication pointer with a blind
+        /// write, no fence. Exists to prove the fault suite can see a stale write.
+        #[arg(long, hide = true)]
+        unfenced: bool,
+        /// Chaos runs: stop with SIGSTOP before this percent of publishes.
+        #[arg(long, hide = true, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=100))]
+        pause_chance_pct: u32,
+        #[arg(long, hide = true, default_value_t = 0)]
+        chaos_seed: u64,
+    },
+    /// Run the service under a seeded storm of faults (pauses, kills of
+    /// workers and of the Baton server, held, dropped and reset traffic),
+    /// then check the histories against the resource's durable state.
+    /// Exits 0 only when the verdict is clean.
+    Chaos {
+        #[arg(long, default_value_t = 8)]
+        workers: usize,
+        /// How long faults are injected (e.g. 60s, 10m); the run then settles.
+        #[arg(long, default_value = "60s", value_parser = chaos::parse_duration)]
+        duration: Duration,
+        /// Seed of the fault schedule; random if not given (and printed).
+        #[arg(long)]
+        seed: Option<u64>,
+        /// Run against PostgreSQL (a TCP address) instead of SQLite.
+        #[arg(long)]
+        database_url: Option<String>,
+        /// Print one JSON object as the report.
+        #[arg(long)]
+        json: bool,
+        /// Switch fencing off at the resource. The run must then find stale
+        /// overwrites and exit non-zero; otherwise the suite proves nothing.
+        #[arg(long)]
+        negative_control: bool,
+        /// Lease TTL of the workers in milliseconds; pauses last 0.5 to 3 TTLs.
+        #[arg(long, default_value_t = 1_000)]
+        ttl_ms: u64,
+        /// Percent of publish attempts on which a worker stops itself just
+        /// before publishing (after its last ownership check).
+        #[arg(long, default_value_t = 15, value_parser = clap::value_parser!(u32).range(0..=100))]
+        pause_chance_pct: u32,
+        /// Keep the run's files (server data, logs, histories) here.
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
+    /// A Baton server in its own process, for chaos runs (killable with SIGKILL).
+    #[command(hide = true)]
+    ServeBaton {
+        #[arg(long)]
+        data_dir: PathBuf,
+        #[arg(long)]
+        listen: std::net::SocketAddr,
     },
     /// The authoritative state of one statement, side by side.
     Show {
@@ -168,6 +228,11 @@ async fn run(command: Command) -> Result<ExitCode, String> {
             pause_before_publish,
             pause_after_read,
             crash_after,
+            accounts,
+            history,
+            unfenced,
+            pause_chance_pct,
+            chaos_seed,
         } => {
             worker::run(worker::WorkerConfig {
                 target: paths.target(),
@@ -180,8 +245,53 @@ async fn run(command: Command) -> Result<ExitCode, String> {
                 pause_before_publish,
                 pause_after_read,
                 crash_after,
+                accounts,
+                history,
+                unfenced,
+                pause_chance_pct,
+                chaos_seed,
             })
             .await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Chaos {
+            workers,
+            duration,
+            seed,
+            database_url,
+            json,
+            negative_control,
+            ttl_ms,
+            pause_chance_pct,
+            dir,
+        } => {
+            let seed = seed.unwrap_or_else(|| {
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(1, |d| d.as_nanos() as u64 % 1_000_000_007)
+            });
+            chaos::run(chaos::ChaosConfig {
+                workers,
+                duration,
+                seed,
+                database_url,
+                json,
+                negative_control,
+                ttl: Duration::from_millis(ttl_ms),
+                dir,
+                pause_chance_pct,
+            })
+            .await
+        }
+        Command::ServeBaton { data_dir, listen } => {
+            let mut config = baton_server::ServerConfig::ephemeral(data_dir);
+            config.listen = listen;
+            let server = baton_server::start(config)
+                .await
+                .map_err(|e| e.to_string())?;
+            println!("listening on {}", server.grpc_addr);
+            // Runs until killed: that is what it is for.
+            std::future::pending::<()>().await;
             Ok(ExitCode::SUCCESS)
         }
         Command::Show {

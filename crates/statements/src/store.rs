@@ -73,6 +73,62 @@ CREATE TABLE IF NOT EXISTS statements.worker_outcomes (
 );
 ";
 
+/// The publication log: every move of a publication pointer, appended by a
+/// trigger in the same transaction as the move, so its order is the commit
+/// order per resource. It is the fault suite's record of what the resource
+/// accepted; nothing in the service reads it.
+const SQLITE_LOG: &str = "
+CREATE TABLE IF NOT EXISTS publication_log (
+    id         INTEGER PRIMARY KEY AUTOINCREMENT,
+    resource   TEXT NOT NULL,
+    token      INTEGER NOT NULL,
+    operation  TEXT NOT NULL,
+    object_key TEXT NOT NULL
+);
+CREATE TRIGGER IF NOT EXISTS publication_log_insert AFTER INSERT ON baton_resources
+WHEN NEW.published_operation IS NOT NULL
+BEGIN
+    INSERT INTO publication_log (resource, token, operation, object_key)
+    VALUES (NEW.resource, NEW.published_token, NEW.published_operation, NEW.published_key);
+END;
+CREATE TRIGGER IF NOT EXISTS publication_log_update
+AFTER UPDATE OF published_key, published_token, published_operation ON baton_resources
+WHEN NEW.published_operation IS NOT NULL
+BEGIN
+    INSERT INTO publication_log (resource, token, operation, object_key)
+    VALUES (NEW.resource, NEW.published_token, NEW.published_operation, NEW.published_key);
+END;
+";
+
+const POSTGRES_LOG: &str = "
+CREATE TABLE IF NOT EXISTS statements.publication_log (
+    id         bigserial PRIMARY KEY,
+    resource   text NOT NULL,
+    token      bigint NOT NULL,
+    operation  text NOT NULL,
+    object_key text NOT NULL
+);
+CREATE OR REPLACE FUNCTION statements.log_publication() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.published_operation IS NOT NULL THEN
+        INSERT INTO statements.publication_log (resource, token, operation, object_key)
+        VALUES (NEW.resource, NEW.published_token, NEW.published_operation, NEW.published_key);
+    END IF;
+    RETURN NULL;
+END $$;
+CREATE OR REPLACE TRIGGER publication_log
+AFTER INSERT OR UPDATE OF published_key, published_token, published_operation ON baton.resources
+FOR EACH ROW EXECUTE FUNCTION statements.log_publication();
+";
+
+/// One accepted publication, from the publication log.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LoggedPublication {
+    pub resource: String,
+    pub token: i64,
+    pub operation: String,
+}
+
 /// Where the state lives.
 #[derive(Clone, Debug)]
 pub struct Target {
@@ -111,7 +167,15 @@ pub async fn open(target: &Target) -> Result<Db> {
                 .map_err(|e| format!("cannot connect to {url}: {e}"))?;
             tokio::spawn(connection);
             PgFence::migrate(&mut client).await.map_err(err)?;
-            client.batch_execute(POSTGRES_SCHEMA).await.map_err(err)?;
+            // One migrating worker at a time: concurrent CREATE ... IF NOT
+            // EXISTS can collide in the catalog.
+            let tx = client.transaction().await.map_err(err)?;
+            tx.batch_execute("SELECT pg_advisory_xact_lock(7243017001)")
+                .await
+                .map_err(err)?;
+            tx.batch_execute(POSTGRES_SCHEMA).await.map_err(err)?;
+            tx.batch_execute(POSTGRES_LOG).await.map_err(err)?;
+            tx.commit().await.map_err(err)?;
             let prepared = PgFence::prepare(&client).await.map_err(err)?;
             Ok(Db::Postgres { client, prepared })
         }
@@ -124,6 +188,7 @@ pub async fn open(target: &Target) -> Result<Db> {
                 .map_err(err)?;
             conn.execute_batch(SQLITE_SCHEMA).map_err(err)?;
             SqliteFence::migrate(&conn).map_err(err)?;
+            conn.execute_batch(SQLITE_LOG).map_err(err)?;
             Ok(Db::Sqlite(conn))
         }
     }
@@ -203,24 +268,127 @@ impl Db {
         }
     }
 
-    /// Jobs a worker may pick up: pending, or generating by a worker that may have died.
-    pub async fn open_jobs(&self) -> Result<Vec<(String, String)>> {
+    /// Jobs a worker may pick up: pending, or generating by a worker that
+    /// may have died; only accounts starting with `prefix` ("" for all).
+    pub async fn open_jobs(&self, prefix: &str) -> Result<Vec<(String, String)>> {
         match self {
             Db::Sqlite(c) => {
                 let mut stmt = c
-                    .prepare("SELECT account, date FROM jobs WHERE state IN ('pending', 'generating') ORDER BY account, date")
+                    .prepare("SELECT account, date FROM jobs WHERE state IN ('pending', 'generating') AND substr(account, 1, length(?1)) = ?1 ORDER BY account, date")
                     .map_err(err)?;
-                let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?))).map_err(err)?;
+                let rows = stmt.query_map([prefix], |r| Ok((r.get(0)?, r.get(1)?))).map_err(err)?;
                 rows.collect::<std::result::Result<_, _>>().map_err(err)
             }
             Db::Postgres { client, .. } => Ok(client
-                .query("SELECT account, date FROM statements.jobs WHERE state IN ('pending', 'generating') ORDER BY account, date", &[])
+                .query("SELECT account, date FROM statements.jobs WHERE state IN ('pending', 'generating') AND left(account, length($1)) = $1 ORDER BY account, date", &[&prefix])
                 .await
                 .map_err(err)?
                 .iter()
                 .map(|r| (r.get(0), r.get(1)))
                 .collect()),
         }
+    }
+
+    /// Jobs per state for accounts starting with `prefix`.
+    pub async fn job_states(&self, prefix: &str) -> Result<Vec<(String, i64)>> {
+        match self {
+            Db::Sqlite(c) => {
+                let mut stmt = c
+                    .prepare("SELECT state, count(*) FROM jobs WHERE substr(account, 1, length(?1)) = ?1 GROUP BY state ORDER BY state")
+                    .map_err(err)?;
+                let rows = stmt.query_map([prefix], |r| Ok((r.get(0)?, r.get(1)?))).map_err(err)?;
+                rows.collect::<std::result::Result<_, _>>().map_err(err)
+            }
+            Db::Postgres { client, .. } => Ok(client
+                .query("SELECT state, count(*) FROM statements.jobs WHERE left(account, length($1)) = $1 GROUP BY state ORDER BY state", &[&prefix])
+                .await
+                .map_err(err)?
+                .iter()
+                .map(|r| (r.get(0), r.get(1)))
+                .collect()),
+        }
+    }
+
+    /// Every accepted publication of resources starting with `prefix`, in
+    /// commit order per resource.
+    pub async fn publication_log(&self, prefix: &str) -> Result<Vec<LoggedPublication>> {
+        let row = |resource, token, operation| LoggedPublication {
+            resource,
+            token,
+            operation,
+        };
+        match self {
+            Db::Sqlite(c) => {
+                let mut stmt = c
+                    .prepare("SELECT resource, token, operation FROM publication_log WHERE substr(resource, 1, length(?1)) = ?1 ORDER BY id")
+                    .map_err(err)?;
+                let rows = stmt.query_map([prefix], |r| Ok(row(r.get(0)?, r.get(1)?, r.get(2)?))).map_err(err)?;
+                rows.collect::<std::result::Result<_, _>>().map_err(err)
+            }
+            Db::Postgres { client, .. } => Ok(client
+                .query("SELECT resource, token, operation FROM statements.publication_log WHERE left(resource, length($1)) = $1 ORDER BY id", &[&prefix])
+                .await
+                .map_err(err)?
+                .iter()
+                .map(|r| row(r.get(0), r.get(1), r.get(2)))
+                .collect()),
+        }
+    }
+
+    /// The final publication pointer of every resource starting with `prefix`.
+    pub async fn pointers(&self, prefix: &str) -> Result<Vec<(String, i64)>> {
+        match self {
+            Db::Sqlite(c) => {
+                let mut stmt = c
+                    .prepare("SELECT resource, published_token FROM baton_resources WHERE published_token IS NOT NULL AND substr(resource, 1, length(?1)) = ?1")
+                    .map_err(err)?;
+                let rows = stmt.query_map([prefix], |r| Ok((r.get(0)?, r.get(1)?))).map_err(err)?;
+                rows.collect::<std::result::Result<_, _>>().map_err(err)
+            }
+            Db::Postgres { client, .. } => Ok(client
+                .query("SELECT resource, published_token FROM baton.resources WHERE published_token IS NOT NULL AND left(resource, length($1)) = $1", &[&prefix])
+                .await
+                .map_err(err)?
+                .iter()
+                .map(|r| (r.get(0), r.get(1)))
+                .collect()),
+        }
+    }
+
+    /// The negative control's write: move the pointer with no fence at all,
+    /// last writer wins. Never used by a real worker.
+    pub async fn publish_unfenced(
+        &self,
+        resource: &str,
+        token: i64,
+        operation: &str,
+        object_key: &str,
+    ) -> Result<()> {
+        match self {
+            Db::Sqlite(c) => {
+                c.execute(
+                    "INSERT INTO baton_resources (resource, policy, generation, published_key, published_token, published_operation)
+                     VALUES (?1, 1, 1, ?4, ?2, ?3)
+                     ON CONFLICT (resource) DO UPDATE SET published_key = excluded.published_key,
+                         published_token = excluded.published_token, published_operation = excluded.published_operation",
+                    params![resource, token, operation, object_key],
+                )
+                .map_err(err)?;
+            }
+            Db::Postgres { client, .. } => {
+                client
+                    .execute(
+                        "INSERT INTO baton.resources (resource, policy, generation, published_key, published_token, published_operation)
+                         VALUES ($1, 1, 1, $4, $2, $3)
+                         ON CONFLICT (resource) DO UPDATE SET published_key = excluded.published_key,
+                             published_token = excluded.published_token, published_operation = excluded.published_operation",
+                        &[&resource, &token, &operation, &object_key],
+                    )
+                    .await
+                    .map_err(err)?;
+            }
+        }
+        Ok(())
     }
 
     /// Moves a job to `state` unless it was cancelled or already published:

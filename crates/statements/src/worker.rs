@@ -7,13 +7,13 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use baton_client::worker::{Guard, Keeper, KeeperConfig};
+use baton_client::worker::{Backoff, Guard, Keeper, KeeperConfig};
 use baton_client::{Acquired, Client};
 use baton_fence::objects::{ObjectKit, Provenance};
 use baton_fence::{FenceRequest, Outcome, ResourceKey};
 use tokio::time::Instant;
 
-use crate::events::{emit, V};
+use crate::events::{emit, object, V};
 use crate::store::{self, Db, Input, Result, Target};
 
 pub const GENERATOR: &str = "statements/1";
@@ -41,6 +41,17 @@ pub struct WorkerConfig {
     /// Stop this process with SIGSTOP right after it read its input.
     pub pause_after_read: bool,
     pub crash_after: Option<CrashPoint>,
+    /// Only jobs of accounts starting with this ("" for all).
+    pub accounts: String,
+    /// Append every publish attempt here: invoked, then ok, failed or
+    /// unknown (the history the fault suite's checker reads).
+    pub history: Option<PathBuf>,
+    /// Negative control: move the pointer with no fence at all.
+    pub unfenced: bool,
+    /// Chaos runs: stop with SIGSTOP just before publishing on this share
+    /// (percent) of attempts, chosen by `chaos_seed`, the resource and the token.
+    pub pause_chance_pct: u32,
+    pub chaos_seed: u64,
 }
 
 pub fn resource(account: &str, date: &str) -> String {
@@ -81,21 +92,84 @@ fn stop_self() {
         .status();
 }
 
+/// Runs the worker. With `once`, the first error ends it; otherwise a
+/// worker outlives its errors (a server restart, a lost database connection):
+/// it says so, backs off with jitter, reconnects and carries on.
 pub async fn run(cfg: WorkerConfig) -> Result<()> {
+    let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
+    loop {
+        match session(&cfg, &mut backoff).await {
+            Ok(()) => return Ok(()),
+            Err(e) if cfg.once => return Err(e),
+            Err(e) => {
+                emit("error", &[("worker", V::S(&cfg.name)), ("why", V::S(&e))]);
+                tokio::time::sleep(backoff.next_delay()).await;
+            }
+        }
+    }
+}
+
+async fn session(cfg: &WorkerConfig, backoff: &mut Backoff) -> Result<()> {
     let client = Client::connect(&cfg.server)
         .await
         .map_err(|e| e.to_string())?;
     let kit = ObjectKit::local(&cfg.objects).map_err(|e| e.to_string())?;
     let mut db = store::open(&cfg.target).await?;
     loop {
-        for (account, date) in db.open_jobs().await? {
-            process(&cfg, &client, &kit, &mut db, &account, &date).await?;
+        for (account, date) in db.open_jobs(&cfg.accounts).await? {
+            process(cfg, &client, &kit, &mut db, &account, &date).await?;
         }
+        backoff.reset();
         if cfg.once {
             return Ok(());
         }
         tokio::time::sleep(cfg.poll).await;
     }
+}
+
+/// Appends one line to the publish history: `status` is invoke, ok, failed
+/// or unknown. A line reaches the kernel before the call returns, so it
+/// survives a SIGKILL of this process.
+fn record(
+    cfg: &WorkerConfig,
+    resource: &str,
+    operation: &str,
+    token: i64,
+    status: &str,
+    outcome: &str,
+) {
+    let Some(path) = &cfg.history else { return };
+    let line = object(&[
+        ("resource", V::S(resource)),
+        ("operation", V::S(operation)),
+        ("token", V::N(token)),
+        ("status", V::S(status)),
+        ("outcome", V::S(outcome)),
+    ]) + "\n";
+    let written = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, line.as_bytes()));
+    if let Err(e) = written {
+        // A history with holes would let the checker miss a violation.
+        eprintln!("cannot append to the history {}: {e}", path.display());
+        std::process::abort();
+    }
+}
+
+/// Whether a chaos run pauses this attempt: a pure function of the seed,
+/// the worker, the resource and the token.
+fn chaos_pause(cfg: &WorkerConfig, resource: &str, token: i64) -> bool {
+    if cfg.pause_chance_pct == 0 {
+        return false;
+    }
+    let mut h = crate::rng::Rng::new(cfg.chaos_seed);
+    for b in cfg.name.bytes().chain(resource.bytes()) {
+        h = crate::rng::Rng::new(h.next_u64() ^ u64::from(b));
+    }
+    let mut h = crate::rng::Rng::new(h.next_u64() ^ token as u64);
+    h.below(100) < u64::from(cfg.pause_chance_pct)
 }
 
 async fn process(
@@ -295,12 +369,40 @@ async fn pipeline(
     if !guard.may_start_effect() {
         return lost(db, name, account, date, token, "before publish").await;
     }
-    if cfg.pause_before_publish {
-        emit("paused", &[("worker", V::S(name)), ("token", V::N(token))]);
+    if cfg.pause_before_publish || chaos_pause(cfg, &resource, token) {
+        emit(
+            "paused",
+            &[
+                ("worker", V::S(name)),
+                ("token", V::N(token)),
+                ("resource", V::S(&resource)),
+            ],
+        );
         stop_self();
         emit("resumed", &[("worker", V::S(name)), ("token", V::N(token))]);
     }
     let op = format!("publish:{account}:{date}:t{token}");
+    if cfg.unfenced {
+        record(cfg, &resource, &op, token, "invoke", "");
+        if let Err(e) = db
+            .publish_unfenced(&resource, token, &op, &object_key)
+            .await
+        {
+            record(cfg, &resource, &op, token, "unknown", &e);
+            return Err(e);
+        }
+        record(cfg, &resource, &op, token, "ok", "applied_unfenced");
+        return finish(
+            cfg,
+            db,
+            account,
+            date,
+            token,
+            &object_key,
+            "applied_unfenced",
+        )
+        .await;
+    }
     let req = FenceRequest::new(
         &resource,
         token as u64,
@@ -309,22 +411,52 @@ async fn pipeline(
         object_key.as_bytes(),
     )
     .map_err(|e| e.to_string())?;
-    let outcome = match db.publish(kit, &req).await? {
-        Ok(outcome) => outcome,
-        Err(invalid) => {
-            db.set_state(
-                account,
-                date,
-                "needs_attention",
-                token,
-                &invalid.to_string(),
-            )
-            .await?;
-            emit(
-                "needs_attention",
-                &[("worker", V::S(name)), ("why", V::S(&invalid.to_string()))],
-            );
-            return Ok(());
+    let mut retried = false;
+    let outcome = loop {
+        record(cfg, &resource, &op, token, "invoke", "");
+        match db.publish(kit, &req).await {
+            Ok(Ok(outcome)) => {
+                let status = match outcome {
+                    Outcome::Applied { .. } | Outcome::Replayed { .. } => "ok",
+                    _ => "failed",
+                };
+                record(cfg, &resource, &op, token, status, outcome.label());
+                break outcome;
+            }
+            Ok(Err(invalid)) => {
+                record(cfg, &resource, &op, token, "failed", "invalid");
+                db.set_state(
+                    account,
+                    date,
+                    "needs_attention",
+                    token,
+                    &invalid.to_string(),
+                )
+                .await?;
+                emit(
+                    "needs_attention",
+                    &[("worker", V::S(name)), ("why", V::S(&invalid.to_string()))],
+                );
+                return Ok(());
+            }
+            Err(e) => {
+                // Sent, no answer: it may have committed. Retry once with the
+                // same operation id; a replay returns the saved result.
+                record(cfg, &resource, &op, token, "unknown", &e);
+                emit(
+                    "publish_unknown",
+                    &[
+                        ("worker", V::S(name)),
+                        ("token", V::N(token)),
+                        ("why", V::S(&e)),
+                    ],
+                );
+                if retried || !guard.may_start_effect() {
+                    return Err(e);
+                }
+                retried = true;
+                *db = store::open(&cfg.target).await?;
+            }
         }
     };
     let detail = format!("{outcome:?}");
@@ -332,33 +464,7 @@ async fn pipeline(
         .await?;
     match outcome {
         Outcome::Applied { .. } | Outcome::Replayed { .. } => {
-            emit(
-                "published",
-                &[
-                    ("worker", V::S(name)),
-                    ("token", V::N(token)),
-                    ("key", V::S(&object_key)),
-                ],
-            );
-            if cfg.crash_after == Some(CrashPoint::Publish) {
-                emit(
-                    "crashing",
-                    &[("worker", V::S(name)), ("after", V::S("publish"))],
-                );
-                std::process::abort();
-            }
-            db.set_state(
-                account,
-                date,
-                "published",
-                token,
-                &format!("published by {name}"),
-            )
-            .await?;
-            emit(
-                "completed",
-                &[("worker", V::S(name)), ("token", V::N(token))],
-            );
+            finish(cfg, db, account, date, token, &object_key, "").await?;
         }
         Outcome::Stale { presented, current } => emit(
             "publish_refused",
@@ -394,6 +500,51 @@ async fn pipeline(
             );
         }
     }
+    Ok(())
+}
+
+/// After the pointer moved: the job is done.
+async fn finish(
+    cfg: &WorkerConfig,
+    db: &Db,
+    account: &str,
+    date: &str,
+    token: i64,
+    object_key: &str,
+    outcome: &str,
+) -> Result<()> {
+    let name = cfg.name.as_str();
+    if !outcome.is_empty() {
+        db.record_outcome(name, account, date, token, outcome, object_key)
+            .await?;
+    }
+    emit(
+        "published",
+        &[
+            ("worker", V::S(name)),
+            ("token", V::N(token)),
+            ("key", V::S(object_key)),
+        ],
+    );
+    if cfg.crash_after == Some(CrashPoint::Publish) {
+        emit(
+            "crashing",
+            &[("worker", V::S(name)), ("after", V::S("publish"))],
+        );
+        std::process::abort();
+    }
+    db.set_state(
+        account,
+        date,
+        "published",
+        token,
+        &format!("published by {name}"),
+    )
+    .await?;
+    emit(
+        "completed",
+        &[("worker", V::S(name)), ("token", V::N(token))],
+    );
     Ok(())
 }
 
