@@ -7,6 +7,8 @@ mod common;
 use std::time::Duration;
 
 use baton_client::{Acquired, Client};
+use baton_fence::sqlite::SqliteFence;
+use baton_fence::{FenceRequest, Outcome, ResourceKey};
 use common::{cli, json_u64, Server, TempDir};
 
 async fn grant_tokens(url: &str, prefix: &str, n: usize) -> Vec<u64> {
@@ -115,6 +117,87 @@ async fn restore_starts_an_epoch_above_every_earlier_token() {
     let (code, text) = restore(&backup, fresh2.path(), &[]);
     assert_eq!(code, Some(0), "{text}");
     assert!(json_u64(&text, "epoch").unwrap() > before[0] >> 40);
+}
+
+/// One owner's write at the resource: acquire, publish with the token, release.
+async fn owned_write(url: &str, conn: &mut rusqlite::Connection, op: &str) -> (u64, Outcome) {
+    let mut c = Client::connect(url).await.unwrap();
+    let lease = match c
+        .acquire("doc", Duration::from_secs(30), Duration::ZERO)
+        .await
+        .unwrap()
+    {
+        Acquired::Granted(l) => l,
+        other => panic!("{other:?}"),
+    };
+    let token = lease.token.get();
+    let outcome = publish(conn, token, op);
+    c.release("doc", &lease.acquisition_id).await.unwrap();
+    (token, outcome)
+}
+
+fn publish(conn: &mut rusqlite::Connection, token: u64, op: &str) -> Outcome {
+    let req = FenceRequest::new("doc", token, op, op.as_bytes(), op.as_bytes()).unwrap();
+    SqliteFence::publish(conn, &req).unwrap()
+}
+
+/// The seed's restore hazard, end to end: the lease store goes back to an
+/// old backup, while the resource has seen tokens issued after that backup.
+/// The restored server starts a new epoch, so new work proceeds and every
+/// pre-restore token is refused at the resource.
+#[tokio::test]
+async fn after_a_restore_from_an_old_backup_every_pre_restore_token_is_refused_at_the_resource() {
+    let dir = TempDir::new("restore-fence");
+    let files = TempDir::new("restore-fence-files");
+    let backup = files.path().join("baton.backup");
+    let mut conn = rusqlite::Connection::open(files.path().join("resource.sqlite")).unwrap();
+    SqliteFence::migrate(&conn).unwrap();
+    let mut s = Server::start(dir.path(), &[]);
+    let mut pre_restore = vec![owned_write(&s.url(), &mut conn, "w0").await];
+    let out = cli(&[
+        "admin",
+        "backup",
+        "--out",
+        backup.to_str().unwrap(),
+        "--server",
+        &s.url(),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    for op in ["w1", "w2", "w3"] {
+        pre_restore.push(owned_write(&s.url(), &mut conn, op).await);
+    }
+    assert!(
+        pre_restore
+            .iter()
+            .all(|(_, o)| matches!(o, Outcome::Applied { .. })),
+        "{pre_restore:?}"
+    );
+    s.kill9();
+    let (code, text) = restore(&backup, dir.path(), &[]);
+    assert_eq!(code, Some(0), "{text}");
+    s.restart();
+
+    let (token, outcome) = owned_write(&s.url(), &mut conn, "after-restore").await;
+    assert!(
+        matches!(outcome, Outcome::Applied { .. }),
+        "new work proceeds after the restore: {outcome:?}"
+    );
+    for (old, _) in &pre_restore {
+        assert!(*old < token);
+        let late = publish(&mut conn, *old, &format!("late-{old}"));
+        assert!(
+            matches!(late, Outcome::Stale { presented, current } if presented.get() as u64 == *old && current.get() as u64 == token),
+            "pre-restore token {old}: {late:?}"
+        );
+    }
+    let pointer = SqliteFence::publication(&conn, &ResourceKey::new("doc").unwrap())
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        pointer.token.get() as u64,
+        token,
+        "the pointer names the post-restore write"
+    );
 }
 
 #[test]
