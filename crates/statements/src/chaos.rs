@@ -392,40 +392,17 @@ pub async fn run(cfg: ChaosConfig) -> Result<ExitCode, String> {
     }
 
     // The verdict.
-    let resource_prefix = format!("statement:{}", run.prefix);
-    let (observed, stale_rejected, attempts) = read_histories(&dir.join("history"))?;
-    let accepted: Vec<Accepted> = db
-        .publication_log(&resource_prefix)
-        .await?
-        .into_iter()
-        .map(|p| Accepted {
-            resource: p.resource,
-            operation: p.operation,
-            token: p.token,
-        })
-        .collect();
-    let pointers: BTreeMap<String, i64> =
-        db.pointers(&resource_prefix).await?.into_iter().collect();
-    let verdict = checker::check(&observed, &accepted, &pointers, true);
+    let checked = check(&db, &dir.join("history"), &run.prefix).await?;
     let jobs = db.job_states(&run.prefix).await?;
-    let mut per_resource: BTreeMap<&str, u64> = BTreeMap::new();
-    for a in &accepted {
-        *per_resource.entry(a.resource.as_str()).or_default() += 1;
-    }
-    let republished = per_resource.values().filter(|n| **n > 1).count();
     let report = Report {
         run: &run,
-        verdict: &verdict,
-        stale_rejected,
-        attempts,
-        accepted: accepted.len(),
-        republished,
+        checked: &checked,
         jobs: &jobs,
         seeded,
         open_at_end: open,
         schedule: &fingerprint(&sched),
     };
-    let clean = verdict.is_clean();
+    let clean = checked.verdict.is_clean();
     if run.cfg.json {
         println!("{}", report.json());
     } else {
@@ -821,13 +798,81 @@ fn read_histories(dir: &Path) -> Result<(Vec<Observed>, u64, u64), String> {
     Ok((last.into_values().collect(), stale, attempts))
 }
 
+/// The checker's verdict on one run, with the counts around it.
+pub struct Checked {
+    pub verdict: Verdict,
+    pub stale_rejected: u64,
+    pub attempts: u64,
+    pub accepted: usize,
+    /// Resources whose pointer moved more than once: allowed (each move had a
+    /// higher token), but a sign that an owner's publish outlived its lease.
+    pub republished: usize,
+}
+
+impl Checked {
+    /// The checker's figures as JSON fields.
+    pub fn fields(&self) -> Vec<(&'static str, V<'static>)> {
+        let v = &self.verdict;
+        vec![
+            ("publish_attempts", V::N(self.attempts as i64)),
+            ("publications_accepted", V::N(self.accepted as i64)),
+            (
+                "resources_published_more_than_once",
+                V::N(self.republished as i64),
+            ),
+            ("stale_rejected", V::N(self.stale_rejected as i64)),
+            ("stale_overwrites", V::N(v.stale_overwrites.len() as i64)),
+            (
+                "doubled_operations",
+                V::N(v.doubled_operations.len() as i64),
+            ),
+            ("lost_publications", V::N(v.lost_publications.len() as i64)),
+            (
+                "pointer_regressions",
+                V::N(v.pointer_regressions.len() as i64),
+            ),
+            (
+                "verdict",
+                V::S(if v.is_clean() { "clean" } else { "violations" }),
+            ),
+        ]
+    }
+}
+
+/// Checks the histories in `history` against the publication log and the
+/// pointers of the statements of accounts starting with `prefix`.
+pub async fn check(db: &store::Db, history: &Path, prefix: &str) -> Result<Checked, String> {
+    let resource_prefix = format!("statement:{prefix}");
+    let (observed, stale_rejected, attempts) = read_histories(history)?;
+    let accepted: Vec<Accepted> = db
+        .publication_log(&resource_prefix)
+        .await?
+        .into_iter()
+        .map(|p| Accepted {
+            resource: p.resource,
+            operation: p.operation,
+            token: p.token,
+        })
+        .collect();
+    let pointers: BTreeMap<String, i64> =
+        db.pointers(&resource_prefix).await?.into_iter().collect();
+    let verdict = checker::check(&observed, &accepted, &pointers, true);
+    let mut per_resource: BTreeMap<&str, u64> = BTreeMap::new();
+    for a in &accepted {
+        *per_resource.entry(a.resource.as_str()).or_default() += 1;
+    }
+    Ok(Checked {
+        stale_rejected,
+        attempts,
+        accepted: accepted.len(),
+        republished: per_resource.values().filter(|n| **n > 1).count(),
+        verdict,
+    })
+}
+
 struct Report<'a> {
     run: &'a Run,
-    verdict: &'a Verdict,
-    stale_rejected: u64,
-    attempts: u64,
-    accepted: usize,
-    republished: usize,
+    checked: &'a Checked,
     jobs: &'a [(String, i64)],
     seeded: u64,
     open_at_end: i64,
@@ -860,7 +905,7 @@ impl Report<'_> {
     }
 
     fn verdict_word(&self) -> &'static str {
-        if self.verdict.is_clean() {
+        if self.checked.verdict.is_clean() {
             "clean"
         } else {
             "violations"
@@ -884,7 +929,7 @@ impl Report<'_> {
             .iter()
             .map(|(k, n)| (k.as_str(), V::N(*n)))
             .collect();
-        let v = self.verdict;
+        let v = &self.checked.verdict;
         let examples: Vec<String> = v
             .stale_overwrites
             .iter()
@@ -899,7 +944,11 @@ impl Report<'_> {
             .collect();
         let examples = format!("[{}]", examples.join(","));
         let cfg = &self.run.cfg;
-        object(&[
+        let files = self.run.dir.display().to_string();
+        let faults = object(&faults);
+        let proxy = object(&proxy);
+        let jobs = object(&jobs);
+        let mut fields = vec![
             ("seed", V::N(cfg.seed as i64)),
             ("schedule", V::S(self.schedule)),
             (
@@ -921,36 +970,21 @@ impl Report<'_> {
             ("workers", V::N(cfg.workers as i64)),
             ("duration_s", V::N(cfg.duration.as_secs() as i64)),
             ("ttl_ms", V::N(cfg.ttl.as_millis() as i64)),
-            ("faults", V::Raw(&object(&faults))),
-            ("proxy", V::Raw(&object(&proxy))),
+            ("faults", V::Raw(&faults)),
+            ("proxy", V::Raw(&proxy)),
             ("jobs_seeded", V::N(self.seeded as i64)),
-            ("jobs", V::Raw(&object(&jobs))),
+            ("jobs", V::Raw(&jobs)),
             ("open_jobs_at_end", V::N(self.open_at_end)),
-            ("publish_attempts", V::N(self.attempts as i64)),
-            ("publications_accepted", V::N(self.accepted as i64)),
-            (
-                "resources_published_more_than_once",
-                V::N(self.republished as i64),
-            ),
-            ("stale_rejected", V::N(self.stale_rejected as i64)),
-            ("stale_overwrites", V::N(v.stale_overwrites.len() as i64)),
-            (
-                "doubled_operations",
-                V::N(v.doubled_operations.len() as i64),
-            ),
-            ("lost_publications", V::N(v.lost_publications.len() as i64)),
-            (
-                "pointer_regressions",
-                V::N(v.pointer_regressions.len() as i64),
-            ),
             ("stale_overwrite_examples", V::Raw(&examples)),
-            ("verdict", V::S(self.verdict_word())),
-            ("files", V::S(&self.run.dir.display().to_string())),
-        ])
+            ("files", V::S(&files)),
+        ];
+        fields.extend(self.checked.fields());
+        object(&fields)
     }
 
     fn text(&self) -> String {
-        let v = self.verdict;
+        let c = self.checked;
+        let v = &c.verdict;
         let mut out = String::new();
         let cfg = &self.run.cfg;
         if cfg.negative_control {
@@ -979,7 +1013,7 @@ impl Report<'_> {
         );
         out += &format!(
             "publish attempts: {}, accepted: {}, stale attempts rejected at the resource: {}\n",
-            self.attempts, self.accepted, self.stale_rejected
+            c.attempts, c.accepted, c.stale_rejected
         );
         out += &format!(
             "checker: {} stale overwrites, {} doubled operations, {} lost publications, {} pointer regressions\n",

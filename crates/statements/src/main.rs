@@ -130,6 +130,22 @@ enum Command {
         #[arg(long)]
         dir: Option<PathBuf>,
     },
+    /// Check publish histories (written by workers with `--history`) against
+    /// the publication log and pointers in the database. Exits 0 only when
+    /// clean: no stale overwrite, no doubled operation, no lost publication,
+    /// no pointer that moved backwards.
+    Check {
+        #[command(flatten)]
+        paths: Paths,
+        /// Directory of history files (one per worker).
+        #[arg(long)]
+        history: PathBuf,
+        /// Only statements of accounts starting with this.
+        #[arg(long, default_value = "")]
+        accounts: String,
+        #[arg(long)]
+        json: bool,
+    },
     /// A Baton server in its own process, for chaos runs (killable with SIGKILL).
     #[command(hide = true)]
     ServeBaton {
@@ -282,6 +298,31 @@ async fn run(command: Command) -> Result<ExitCode, String> {
                 pause_chance_pct,
             })
             .await
+        }
+        Command::Check {
+            paths,
+            history,
+            accounts,
+            json,
+        } => {
+            let db = store::open(&paths.target()).await?;
+            let checked = chaos::check(&db, &history, &accounts).await?;
+            let fields = checked.fields();
+            if json {
+                println!("{}", object(&fields));
+            } else {
+                for (k, v) in &fields {
+                    match v {
+                        V::N(n) => println!("{k:<36} {n}"),
+                        V::S(s) | V::Raw(s) => println!("{k:<36} {s}"),
+                    }
+                }
+            }
+            Ok(if checked.verdict.is_clean() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
         }
         Command::ServeBaton { data_dir, listen } => {
             let mut config = baton_server::ServerConfig::ephemeral(data_dir);
