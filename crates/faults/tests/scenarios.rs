@@ -1,5 +1,6 @@
 //! Seed scenarios that need a network fault: a renewal delayed past expiry,
-//! and a publication whose response is lost on the way back from PostgreSQL.
+//! a publication whose response is lost on the way back from PostgreSQL,
+//! and a write delayed across deletion and recreation of its resource.
 
 use std::time::Duration;
 
@@ -164,4 +165,115 @@ async fn a_lost_publication_response_is_retried_to_the_saved_result_then_a_chang
         Outcome::Conflict { .. }
     ));
     drop((first, second, setup));
+}
+
+/// Deletion, then recreation of the same logical resource, while an old
+/// owner's write waits in the network: when it finally arrives it is refused
+/// (the tombstone kept the generation floor across the recreation), and the
+/// pointer names the new incarnation's write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_delayed_across_deletion_and_recreation_is_refused() {
+    let db = baton_testkit::PgDb::create("baton_faults_recreate").await;
+    let mut setup = db.connect().await;
+    PgFence::migrate(&mut setup).await.unwrap();
+    let dir =
+        TempDir(std::env::temp_dir().join(format!("baton-faults-recreate-{}", std::process::id())));
+    let _ = std::fs::remove_dir_all(&dir.0);
+    let server = baton_server::start(baton_server::ServerConfig::ephemeral(dir.0.clone()))
+        .await
+        .unwrap();
+    let mut baton = Client::connect(&format!("http://{}", server.grpc_addr))
+        .await
+        .unwrap();
+    let resource = "report:tenant-3";
+    let mut owner = async |c: &mut Client| match c
+        .acquire(resource, Duration::from_secs(30), Duration::ZERO)
+        .await
+        .unwrap()
+    {
+        Acquired::Granted(l) => l,
+        other => panic!("{other:?}"),
+    };
+    let req = |token: u64, op: &str| {
+        FenceRequest::new(resource, token, op, op.as_bytes(), op.as_bytes()).unwrap()
+    };
+    let prepared = PgFence::prepare(&setup).await.unwrap();
+
+    // Alice owns the resource and publishes once directly, then her second
+    // publish goes through a proxy that holds it.
+    let alice = owner(&mut baton).await;
+    let a = alice.token.get();
+    assert!(matches!(
+        PgFence::publish(&setup, &prepared, &req(a, "alice-1"))
+            .await
+            .unwrap(),
+        Outcome::Applied { .. }
+    ));
+    let direct: tokio_postgres::Config = db.url.parse().unwrap();
+    let proxy = Proxy::start("127.0.0.1:5432".parse().unwrap())
+        .await
+        .unwrap();
+    let mut proxied = tokio_postgres::Config::new();
+    proxied
+        .host("127.0.0.1")
+        .port(proxy.addr().port())
+        .dbname(&db.name)
+        .user(direct.get_user().unwrap());
+    let (slow, conn) = proxied.connect(tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(conn);
+    let slow_prepared = PgFence::prepare(&slow).await.unwrap();
+    proxy.hold(Direction::ClientToServer);
+    let late =
+        tokio::spawn(
+            async move { PgFence::publish(&slow, &slow_prepared, &req(a, "alice-2")).await },
+        );
+    until(async || proxy.counts().held_chunks >= 1).await;
+    baton
+        .release(resource, &alice.acquisition_id)
+        .await
+        .unwrap();
+
+    // Bob deletes the resource; Carol recreates it and publishes.
+    let bob = owner(&mut baton).await;
+    assert!(matches!(
+        PgFence::delete(&setup, &req(bob.token.get(), "bob-delete"))
+            .await
+            .unwrap(),
+        Outcome::Applied { .. }
+    ));
+    baton.release(resource, &bob.acquisition_id).await.unwrap();
+    let carol = owner(&mut baton).await;
+    let key = baton_fence::ResourceKey::new(resource).unwrap();
+    assert!(matches!(
+        PgFence::recreate(
+            &setup,
+            &key,
+            baton_fence::Token::new(carol.token.get()).unwrap()
+        )
+        .await
+        .unwrap(),
+        baton_fence::Recreate::Recreated { .. }
+    ));
+    assert!(matches!(
+        PgFence::publish(&setup, &prepared, &req(carol.token.get(), "carol-1"))
+            .await
+            .unwrap(),
+        Outcome::Applied { .. }
+    ));
+
+    // Alice's request arrives.
+    proxy.release(Direction::ClientToServer);
+    let outcome = late.await.unwrap().unwrap();
+    assert!(
+        matches!(outcome, Outcome::Stale { .. } | Outcome::Deleted { .. }),
+        "the old incarnation's write must be refused: {outcome:?}"
+    );
+    let pointer = PgFence::publication(&setup, &key).await.unwrap().unwrap();
+    assert_eq!(pointer.operation, "carol-1");
+    println!(
+        "faults fired: {:?}; Alice {a} refused ({outcome:?}), Bob {} deleted, Carol {} recreated",
+        proxy.counts(),
+        bob.token.get(),
+        carol.token.get()
+    );
 }

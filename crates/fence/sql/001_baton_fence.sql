@@ -143,7 +143,9 @@ BEGIN
         RETURN;
     END IF;
     IF p_token = r.generation THEN
-        IF r.policy = 1 THEN
+        -- A generation opened by recreate has no operation yet: its owner's
+        -- first write is that one.
+        IF r.policy = 1 AND r.last_operation IS NOT NULL THEN
             RETURN QUERY SELECT 'generation_used'::text, p_token, r.generation, r.seq, r.last_operation, NULL::bytea;
             RETURN;
         ELSIF r.policy = 2 AND p_seq <= r.seq THEN

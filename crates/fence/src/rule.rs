@@ -132,8 +132,13 @@ pub fn decide(
             next: advance(req.seq),
         });
     }
-    // The same generation: the policy decides.
+    // The same generation: the policy decides. A generation opened by
+    // `recreate` has no operation yet: its owner's first write is that one.
     Ok(match state.policy {
+        Policy::OnePerGeneration if state.last_operation.is_none() => Apply {
+            outcome: applied,
+            next: advance(req.seq),
+        },
         Policy::OnePerGeneration => Refuse(Outcome::GenerationUsed {
             token: presented,
             by_operation: state.last_operation.clone().unwrap_or_default(),

@@ -342,6 +342,16 @@ async fn deletion_then_recreation_rejects_an_old_request(b: &mut impl Backend) {
             token: t(20)
         }
     );
+    // The recreating owner's first write with the same token is the
+    // generation's one operation; a second one is not.
+    assert!(b
+        .write(&req(r, 20, "first-of-incarnation-2", "v2b"))
+        .await
+        .is_applied());
+    assert!(matches!(
+        b.write(&req(r, 20, "second-of-incarnation-2", "v2c")).await,
+        Outcome::GenerationUsed { .. }
+    ));
     // A request from before the deletion, delayed in the network, arrives now.
     assert_eq!(
         b.write(&req(r, 11, "delayed", "old")).await,
