@@ -186,7 +186,7 @@ async fn a_request_delayed_across_deletion_and_recreation_is_refused() {
         .await
         .unwrap();
     let resource = "report:tenant-3";
-    let mut owner = async |c: &mut Client| match c
+    let owner = async |c: &mut Client| match c
         .acquire(resource, Duration::from_secs(30), Duration::ZERO)
         .await
         .unwrap()
