@@ -329,6 +329,64 @@ async fn a_publish_delayed_in_the_network_is_refused_after_the_lease_moved() {
     );
 }
 
+/// The answer to a worker's publish is lost on the way back from PostgreSQL
+/// (delivered, committed, then the connection reset). The worker cannot know
+/// whether it happened; it reconnects and retries with the same operation id,
+/// gets the saved result, and the statement is published once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_publish_answer_is_retried_by_the_worker_to_the_saved_result() {
+    let pg = PgDb::create("stmt_lost_answer").await;
+    let dir = TempDir::new("stmt-lost-answer");
+    let store = Store {
+        dir: dir.path().to_path_buf(),
+        url: Some(pg.url.clone()),
+    };
+    let server = baton_server::start(baton_server::ServerConfig::ephemeral(
+        dir.path().join("baton"),
+    ))
+    .await
+    .unwrap();
+    let pg_proxy = Proxy::start(upstream(&pg.url)).await.unwrap();
+    store.seed("lost-1");
+    let mut worker = store.worker(
+        &format!("http://{}", server.grpc_addr),
+        "w",
+        Some(&via(&pg.url, &pg_proxy)),
+        &["--once", "--ttl-ms", "5000", "--pause-before-publish"],
+    );
+    worker.wait_for("\"event\":\"paused\"");
+    while !worker.stopped() {
+        tokio::task::yield_now().await;
+    }
+    // The next request on the worker's connection is its publish.
+    pg_proxy.drop_next_response();
+    worker.signal("CONT");
+    let unknown = worker.wait_for("\"event\":\"publish_unknown\"");
+    let published = worker.wait_for("\"event\":\"published\"");
+    worker.wait_for("\"event\":\"completed\"");
+    assert_eq!(pg_proxy.counts().dropped_responses, 1, "the fault fired");
+    assert_eq!(num(&unknown, "token"), num(&published, "token"));
+    let show = store.show("lost-1");
+    assert!(
+        show.contains("\"outcome\":\"replayed\""),
+        "the retry got the saved result: {show}"
+    );
+    let report = clean(&store, "lost-");
+    assert_eq!(
+        num(&report, "publications_accepted"),
+        1,
+        "published once: {report}"
+    );
+    let db = pg.connect().await;
+    let records: i64 = db
+        .query_one("SELECT count(*) FROM baton.operations", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(records, 1, "one operation record");
+    println!("lost answer: proxy {:?}; {report}", pg_proxy.counts());
+}
+
 /// A Baton server in its own process, killed with SIGKILL and restarted on
 /// the same address and data directory.
 struct BatonProcess {
@@ -606,8 +664,9 @@ async fn postgresql_restarted_while_workers_run_loses_and_doubles_nothing() {
         .collect();
     let restarts = 2;
     for _ in 0..restarts {
+        // New jobs, and at once the crash: the workers are polling (every
+        // 50 ms) or in the middle of them.
         seed(6, &mut accounts);
-        workers[0].wait_for("\"event\":\"acquired\"");
         cluster.ctl(&["-m", "immediate", "restart"]);
     }
     store.all_published(&accounts);
