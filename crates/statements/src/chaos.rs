@@ -235,6 +235,10 @@ pub async fn run(cfg: ChaosConfig) -> Result<ExitCode, String> {
     if cfg.ttl < Duration::from_millis(200) || cfg.ttl > Duration::from_secs(60) {
         return Err("--ttl-ms must be 200 to 60000".into());
     }
+    let worker_url = match &cfg.database_url {
+        Some(url) => Some(postgres_via_proxy(url).await?),
+        None => None,
+    };
     let prefix = format!("c{:x}p{}-", cfg.seed, std::process::id());
     let dir = match &cfg.dir {
         Some(d) => d.clone(),
@@ -254,10 +258,6 @@ pub async fn run(cfg: ChaosConfig) -> Result<ExitCode, String> {
              nothing, the suite proves nothing. ***"
         );
     }
-    let worker_url = match &cfg.database_url {
-        Some(url) => Some(postgres_via_proxy(url).await?),
-        None => None,
-    };
     let server_addr = free_port()?;
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let sched = schedule(

@@ -717,3 +717,22 @@ fn a_short_chaos_run_is_clean_and_its_negative_control_is_caught() {
         "the negative control saw no stale overwrite: the suite proves nothing. {report}"
     );
 }
+
+#[test]
+fn chaos_refuses_bad_settings_with_the_rule() {
+    for (args, rule) in [
+        (vec!["--workers", "0"], "must be 1 to 64"),
+        (vec!["--duration", "10x"], "e.g. 60s"),
+        (vec!["--duration", "0s"], "at least 1s"),
+        (vec!["--ttl-ms", "50"], "must be 200 to 60000"),
+        (
+            vec!["--database-url", "host=/var/run/postgresql user=postgres"],
+            "needs a TCP host",
+        ),
+    ] {
+        let out = Command::new(BIN).arg("chaos").args(&args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} was accepted");
+        assert!(err.contains(rule), "{args:?}: {err}");
+    }
+}
