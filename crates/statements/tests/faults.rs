@@ -716,6 +716,16 @@ fn a_short_chaos_run_is_clean_and_its_negative_control_is_caught() {
         num(&report, "stale_overwrites") >= 1,
         "the negative control saw no stale overwrite: the suite proves nothing. {report}"
     );
+    // A run with violations keeps its files for inspection; these were expected.
+    let files = report
+        .split("\"files\":\"")
+        .nth(1)
+        .unwrap()
+        .split('"')
+        .next()
+        .unwrap();
+    assert!(files.contains("baton-chaos-"), "{files}");
+    std::fs::remove_dir_all(files).unwrap();
 }
 
 #[test]
