@@ -320,8 +320,10 @@ pub async fn run(cfg: ChaosConfig) -> Result<ExitCode, String> {
     let start = Instant::now();
     let end = start + run.cfg.duration;
     let mut next = 0;
-    let mut seeded = 0u64;
-    let mut next_seed = start;
+    // Jobs keep coming from a thread of their own with its own connection:
+    // with SQLite, a worker stopped inside a write transaction blocks every
+    // writer until it is resumed, and resuming is this loop's job.
+    let seeder = Seeder::start(target.clone(), run.prefix.clone(), run.cfg.workers * 2);
     loop {
         let now = Instant::now();
         if now >= end {
@@ -332,11 +334,7 @@ pub async fn run(cfg: ChaosConfig) -> Result<ExitCode, String> {
             next += 1;
         }
         run.fire_timers(now, false).await?;
-        if now >= next_seed {
-            seeded += seed_jobs(&db, &run.prefix, run.cfg.workers * 2, seeded).await?;
-            next_seed = now + Duration::from_millis(100);
-        }
-        let mut wake = end.min(next_seed);
+        let mut wake = end;
         if let Some((at, _)) = sched.get(next) {
             wake = wake.min(start + Duration::from_millis(*at));
         }
@@ -349,8 +347,9 @@ pub async fn run(cfg: ChaosConfig) -> Result<ExitCode, String> {
         }
     }
 
-    // Settle: no more faults; everything resumed, restarted and released;
-    // the workers finish the open jobs.
+    // Settle: no more faults and no more jobs; everything resumed, restarted
+    // and released; the workers finish the open jobs.
+    let seeded = seeder.stop()?;
     run.fire_timers(Instant::now(), true).await?;
     for w in 0..run.cfg.workers {
         run.slots[w].baton.release(Direction::ClientToServer);
@@ -369,7 +368,8 @@ pub async fn run(cfg: ChaosConfig) -> Result<ExitCode, String> {
     while Instant::now() < settle_end {
         open = db
             .job_states(&run.prefix)
-            .await?
+            .await
+            .map_err(|e| format!("waiting for the open jobs: {e}"))?
             .iter()
             .filter(|(s, _)| s == "pending" || s == "generating")
             .map(|(_, n)| n)
@@ -393,7 +393,10 @@ pub async fn run(cfg: ChaosConfig) -> Result<ExitCode, String> {
 
     // The verdict.
     let checked = check(&db, &dir.join("history"), &run.prefix).await?;
-    let jobs = db.job_states(&run.prefix).await?;
+    let jobs = db
+        .job_states(&run.prefix)
+        .await
+        .map_err(|e| format!("reading the jobs: {e}"))?;
     let report = Report {
         run: &run,
         checked: &checked,
@@ -729,18 +732,61 @@ async fn postgres_via_proxy(url: &str) -> Result<(String, SocketAddr), String> {
     Ok((out, upstream))
 }
 
-/// Keeps `target` jobs open: seeds new accounts while fewer are open.
+/// Keeps `target` jobs open, seeding new accounts every 100 ms while fewer
+/// are open, until stopped.
+struct Seeder {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<Result<u64, String>>,
+}
+
+impl Seeder {
+    fn start(target: Target, prefix: String, open_target: usize) -> Self {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| e.to_string())?;
+            rt.block_on(async {
+                let db = store::open(&target).await?;
+                let mut seeded = 0u64;
+                while !flag.load(std::sync::atomic::Ordering::SeqCst) {
+                    seeded += seed_jobs(&db, &prefix, open_target, seeded).await?;
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Ok(seeded)
+            })
+        });
+        Self { stop, thread }
+    }
+
+    /// Stops seeding; returns how many jobs were seeded.
+    fn stop(self) -> Result<u64, String> {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.thread
+            .join()
+            .map_err(|_| "the seeding thread panicked".to_string())?
+    }
+}
+
 async fn seed_jobs(
     db: &store::Db,
     prefix: &str,
     target: usize,
     seeded: u64,
 ) -> Result<u64, String> {
-    let open = db.open_jobs(prefix).await?.len();
+    let open = db
+        .open_jobs(prefix)
+        .await
+        .map_err(|e| format!("counting open jobs: {e}"))?
+        .len();
     let mut added = 0;
     for n in open..target {
         let account = format!("{prefix}{:06}", seeded + added);
-        db.seed(&account, DATE, 1_000 + n as i64).await?;
+        db.seed(&account, DATE, 1_000 + n as i64)
+            .await
+            .map_err(|e| format!("seeding {account}: {e}"))?;
         added += 1;
     }
     Ok(added)
@@ -846,7 +892,8 @@ pub async fn check(db: &store::Db, history: &Path, prefix: &str) -> Result<Check
     let (observed, stale_rejected, attempts) = read_histories(history)?;
     let accepted: Vec<Accepted> = db
         .publication_log(&resource_prefix)
-        .await?
+        .await
+        .map_err(|e| format!("reading the publication log: {e}"))?
         .into_iter()
         .map(|p| Accepted {
             resource: p.resource,
@@ -854,8 +901,12 @@ pub async fn check(db: &store::Db, history: &Path, prefix: &str) -> Result<Check
             token: p.token,
         })
         .collect();
-    let pointers: BTreeMap<String, i64> =
-        db.pointers(&resource_prefix).await?.into_iter().collect();
+    let pointers: BTreeMap<String, i64> = db
+        .pointers(&resource_prefix)
+        .await
+        .map_err(|e| format!("reading the pointers: {e}"))?
+        .into_iter()
+        .collect();
     let verdict = checker::check(&observed, &accepted, &pointers, true);
     let mut per_resource: BTreeMap<&str, u64> = BTreeMap::new();
     for a in &accepted {

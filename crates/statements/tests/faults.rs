@@ -691,7 +691,7 @@ async fn postgresql_restarted_while_workers_run_loses_and_doubles_nothing() {
 
 fn chaos(extra: &[&str]) -> (Option<i32>, String) {
     let out = Command::new(BIN)
-        .args(["chaos", "--workers", "4", "--duration", "10s", "--json"])
+        .args(["chaos", "--workers", "8", "--duration", "10s", "--json"])
         .args(extra)
         .output()
         .unwrap();
