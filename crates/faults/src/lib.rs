@@ -9,10 +9,13 @@
 //!   take effect;
 //! - **reset** every open connection.
 //!
-//! It works on bytes, not on protocol frames, so one "request" is the next
-//! chunk the client writes: let a connection finish its handshake (one full
-//! round trip) before arming [`Proxy::drop_next_response`], or a protocol
-//! housekeeping frame may be taken for the request. [`FaultCounts`] tells a test how often each fault
+//! It works on bytes, not on protocol frames, so for
+//! [`Proxy::drop_next_response`] one "request" is the next chunk the client
+//! writes: let a connection finish its handshake (one full round trip) before
+//! arming it, or a protocol housekeeping frame may be taken for the request.
+//! [`Proxy::drop_response_to`] targets one request by a pattern in its bytes
+//! instead (an operation id in a PostgreSQL Bind message, a resource name in a
+//! gRPC request). [`FaultCounts`] tells a test how often each fault
 //! fired: a fault test whose fault never fired proved nothing.
 
 pub mod checker;
@@ -50,6 +53,8 @@ struct Control {
     hold_up: watch::Sender<bool>,
     hold_down: watch::Sender<bool>,
     drop_next: AtomicBool,
+    /// Armed by [`Proxy::drop_response_to`]: the request to look for.
+    drop_pattern: std::sync::Mutex<Option<Vec<u8>>>,
     reset_epoch: watch::Sender<u64>,
     held_chunks: AtomicU64,
     dropped_responses: AtomicU64,
@@ -59,6 +64,18 @@ struct Control {
 }
 
 impl Control {
+    /// Whether `chunk` holds the armed pattern; disarms it if so.
+    fn take_pattern_in(&self, chunk: &[u8]) -> bool {
+        let mut armed = self.drop_pattern.lock().unwrap_or_else(|e| e.into_inner());
+        let hit = armed
+            .as_deref()
+            .is_some_and(|p| !p.is_empty() && chunk.windows(p.len()).any(|w| w == p));
+        if hit {
+            *armed = None;
+        }
+        hit
+    }
+
     fn hold_flag(&self, direction: Direction) -> &watch::Sender<bool> {
         match direction {
             Direction::ClientToServer => &self.hold_up,
@@ -91,6 +108,7 @@ impl Proxy {
             hold_up: watch::channel(false).0,
             hold_down: watch::channel(false).0,
             drop_next: AtomicBool::new(false),
+            drop_pattern: std::sync::Mutex::new(None),
             reset_epoch: watch::channel(0).0,
             held_chunks: AtomicU64::new(0),
             dropped_responses: AtomicU64::new(0),
@@ -145,6 +163,20 @@ impl Proxy {
     /// that connection is discarded and the connection is reset.
     pub fn drop_next_response(&self) {
         self.control.drop_next.store(true, SeqCst);
+    }
+
+    /// Targets one request: the first client chunk that contains `pattern`
+    /// (an operation id, a resource name: PostgreSQL's Bind message and a
+    /// gRPC request body carry their parameters as plain bytes) is
+    /// delivered, and the answer on that connection is discarded and the
+    /// connection reset. The pattern must fall within one chunk, which holds
+    /// for requests of a few kilobytes.
+    pub fn drop_response_to(&self, pattern: &[u8]) {
+        *self
+            .control
+            .drop_pattern
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(pattern.to_vec());
     }
 
     /// Resets every open connection.
@@ -214,7 +246,9 @@ async fn pump(
         if to.write_all(&buf[..n]).await.is_err() {
             return;
         }
-        if direction == Direction::ClientToServer && c.drop_next.swap(false, SeqCst) {
+        if direction == Direction::ClientToServer
+            && (c.drop_next.swap(false, SeqCst) || c.take_pattern_in(&buf[..n]))
+        {
             dropping.store(true, SeqCst);
         }
     }

@@ -129,3 +129,39 @@ async fn a_reset_ends_a_waiting_request_and_the_server_forgets_the_waiter() {
     until(async || direct.status("busy").await.unwrap().n_waiters == 0).await;
     assert!(s.proxy.counts().resets >= 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_targeted_drop_hits_only_the_request_that_carries_its_pattern() {
+    let s = setup("target").await;
+    let mut via = s.proxied().await;
+    let mut direct = s.direct().await;
+    s.proxy.drop_response_to(b"target:resource");
+    // Other requests on the same connection pass untouched.
+    for name in ["other:1", "other:2"] {
+        assert!(matches!(
+            via.acquire(name, TTL, Duration::ZERO).await.unwrap(),
+            Acquired::Granted(_)
+        ));
+    }
+    assert_eq!(s.proxy.counts().dropped_responses, 0);
+    let lost = via.acquire("target:resource", TTL, Duration::ZERO).await;
+    assert!(lost.is_err(), "the answer was dropped: {lost:?}");
+    assert_eq!(
+        s.proxy.counts().dropped_responses,
+        1,
+        "the fault fired once"
+    );
+    assert!(
+        direct
+            .status("target:resource")
+            .await
+            .unwrap()
+            .holder_token
+            .is_some(),
+        "the request itself was delivered and took effect"
+    );
+    // Disarmed after one hit.
+    let mut again = s.proxied().await;
+    assert!(again.status("target:resource").await.is_ok());
+    assert_eq!(s.proxy.counts().dropped_responses, 1);
+}
