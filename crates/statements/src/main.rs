@@ -101,6 +101,7 @@ enum Command {
     /// then check the histories against the resource's durable state.
     /// Exits 0 only when the verdict is clean.
     Chaos {
+        /// Worker processes (1 to 64).
         #[arg(long, default_value_t = 8)]
         workers: usize,
         /// How long faults are injected (e.g. 60s, 10m); the run then settles.
