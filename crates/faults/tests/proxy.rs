@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use baton_client::{Acquired, Client};
 use baton_faults::{Direction, Proxy};
+use baton_testkit::{until, TempDir};
 
 const TTL: Duration = Duration::from_secs(30);
 
@@ -13,23 +14,16 @@ struct Setup {
     proxy: Proxy,
 }
 
-struct TempDir(std::path::PathBuf);
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 async fn setup(tag: &str) -> Setup {
-    let dir = std::env::temp_dir().join(format!("baton-faults-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let server = baton_server::start(baton_server::ServerConfig::ephemeral(dir.clone()))
-        .await
-        .unwrap();
+    let dir = TempDir::new(&format!("baton-faults-{tag}"));
+    let server = baton_server::start(baton_server::ServerConfig::ephemeral(
+        dir.path().to_path_buf(),
+    ))
+    .await
+    .unwrap();
     let proxy = Proxy::start(server.grpc_addr).await.unwrap();
     Setup {
-        _dir: TempDir(dir),
+        _dir: dir,
         server,
         proxy,
     }
@@ -46,17 +40,6 @@ impl Setup {
         Client::connect(&format!("http://{}", self.proxy.addr()))
             .await
             .unwrap()
-    }
-}
-
-async fn until(mut check: impl AsyncFnMut() -> bool) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while !check().await {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "condition not reached"
-        );
-        tokio::time::sleep(Duration::from_millis(2)).await;
     }
 }
 

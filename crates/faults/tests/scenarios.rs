@@ -9,35 +9,17 @@ use baton_client::{Acquired, Client};
 use baton_faults::{Direction, Proxy};
 use baton_fence::postgres::PgFence;
 use baton_fence::{FenceRequest, Outcome};
+use baton_testkit::{until, TempDir};
 use tokio::time::Instant;
-
-struct TempDir(std::path::PathBuf);
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-async fn until(mut check: impl AsyncFnMut() -> bool) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while !check().await {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "condition not reached"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_renewal_held_past_expiry_fails_and_the_worker_stops_before_its_next_effect() {
-    let dir =
-        TempDir(std::env::temp_dir().join(format!("baton-faults-renew-{}", std::process::id())));
-    let _ = std::fs::remove_dir_all(&dir.0);
-    let server = baton_server::start(baton_server::ServerConfig::ephemeral(dir.0.clone()))
-        .await
-        .unwrap();
+    let dir = TempDir::new("baton-faults-renew");
+    let server = baton_server::start(baton_server::ServerConfig::ephemeral(
+        dir.path().to_path_buf(),
+    ))
+    .await
+    .unwrap();
     let proxy = Proxy::start(server.grpc_addr).await.unwrap();
     let mut via = Client::connect(&format!("http://{}", proxy.addr()))
         .await
@@ -176,12 +158,12 @@ async fn a_request_delayed_across_deletion_and_recreation_is_refused() {
     let db = baton_testkit::PgDb::create("baton_faults_recreate").await;
     let mut setup = db.connect().await;
     PgFence::migrate(&mut setup).await.unwrap();
-    let dir =
-        TempDir(std::env::temp_dir().join(format!("baton-faults-recreate-{}", std::process::id())));
-    let _ = std::fs::remove_dir_all(&dir.0);
-    let server = baton_server::start(baton_server::ServerConfig::ephemeral(dir.0.clone()))
-        .await
-        .unwrap();
+    let dir = TempDir::new("baton-faults-recreate");
+    let server = baton_server::start(baton_server::ServerConfig::ephemeral(
+        dir.path().to_path_buf(),
+    ))
+    .await
+    .unwrap();
     let mut baton = Client::connect(&format!("http://{}", server.grpc_addr))
         .await
         .unwrap();

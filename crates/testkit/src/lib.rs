@@ -104,3 +104,16 @@ impl Drop for TempDir {
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
+
+/// Polls `check` until it holds, failing the test after 20 seconds: for
+/// state another process or task changes and nothing announces.
+pub async fn until(mut check: impl AsyncFnMut() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !check().await {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "condition not reached within 20 s"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    }
+}
