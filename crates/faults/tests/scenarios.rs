@@ -80,25 +80,13 @@ async fn a_renewal_held_past_expiry_fails_and_the_worker_stops_before_its_next_e
 async fn a_lost_publication_response_is_retried_to_the_saved_result_then_a_changed_payload_conflicts(
 ) {
     let db = baton_testkit::PgDb::create("baton_faults_lost").await;
-    let url = db.url.clone();
     let mut setup = db.connect().await;
     PgFence::migrate(&mut setup).await.unwrap();
     // The worker reaches PostgreSQL through the proxy.
-    let proxy = Proxy::start("127.0.0.1:5432".parse().unwrap())
-        .await
-        .unwrap();
-    let direct: tokio_postgres::Config = url.parse().unwrap();
-    let mut proxied = tokio_postgres::Config::new();
-    proxied
-        .host("127.0.0.1")
-        .port(proxy.addr().port())
-        .dbname(&db.name);
-    if let Some(user) = direct.get_user() {
-        proxied.user(user);
-    }
+    let proxy = Proxy::start(db.upstream()).await.unwrap();
+    let proxied = db.url_via(proxy.addr().port());
     let connect = async || {
-        let (client, c) = proxied.connect(tokio_postgres::NoTls).await.unwrap();
-        tokio::spawn(c);
+        let client = baton_testkit::pg_connect(&proxied).await;
         let prepared = PgFence::prepare(&client).await.unwrap();
         (client, prepared)
     };
@@ -191,18 +179,8 @@ async fn a_request_delayed_across_deletion_and_recreation_is_refused() {
             .unwrap(),
         Outcome::Applied { .. }
     ));
-    let direct: tokio_postgres::Config = db.url.parse().unwrap();
-    let proxy = Proxy::start("127.0.0.1:5432".parse().unwrap())
-        .await
-        .unwrap();
-    let mut proxied = tokio_postgres::Config::new();
-    proxied
-        .host("127.0.0.1")
-        .port(proxy.addr().port())
-        .dbname(&db.name)
-        .user(direct.get_user().unwrap());
-    let (slow, conn) = proxied.connect(tokio_postgres::NoTls).await.unwrap();
-    tokio::spawn(conn);
+    let proxy = Proxy::start(db.upstream()).await.unwrap();
+    let slow = baton_testkit::pg_connect(&db.url_via(proxy.addr().port())).await;
     let slow_prepared = PgFence::prepare(&slow).await.unwrap();
     proxy.hold(Direction::ClientToServer);
     let late =

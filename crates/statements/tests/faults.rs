@@ -231,30 +231,6 @@ fn clean(store: &Store, accounts: &str) -> String {
     report
 }
 
-/// The database URL with its host and port replaced by a proxy's.
-fn via(url: &str, proxy: &Proxy) -> String {
-    let c: tokio_postgres::Config = url.parse().unwrap();
-    format!(
-        "host=127.0.0.1 port={} user={} dbname={}",
-        proxy.addr().port(),
-        c.get_user().unwrap(),
-        c.get_dbname().unwrap()
-    )
-}
-
-fn upstream(url: &str) -> SocketAddr {
-    let c: tokio_postgres::Config = url.parse().unwrap();
-    let host = match &c.get_hosts()[0] {
-        tokio_postgres::config::Host::Tcp(h) => h.clone(),
-        other => panic!("the fault tests need PostgreSQL over TCP, not {other:?}"),
-    };
-    let port = c.get_ports().first().copied().unwrap_or(5432);
-    std::net::ToSocketAddrs::to_socket_addrs(&(host.as_str(), port))
-        .unwrap()
-        .next()
-        .unwrap()
-}
-
 async fn lease_free(url: &str, resource: &str) {
     let mut c = Client::connect(url).await.unwrap();
     let deadline = Instant::now() + WAIT;
@@ -285,13 +261,13 @@ async fn a_publish_delayed_in_the_network_is_refused_after_the_lease_moved() {
     .unwrap();
     let direct = format!("http://{}", server.grpc_addr);
     let baton_proxy = Proxy::start(server.grpc_addr).await.unwrap();
-    let pg_proxy = Proxy::start(upstream(&pg.url)).await.unwrap();
+    let pg_proxy = Proxy::start(pg.upstream()).await.unwrap();
     store.seed("delayed-1");
 
     let mut alice = store.worker(
         &format!("http://{}", baton_proxy.addr()),
         "alice",
-        Some(&via(&pg.url, &pg_proxy)),
+        Some(&pg.url_via(pg_proxy.addr().port())),
         &["--once", "--ttl-ms", "1500", "--pause-before-publish"],
     );
     let paused = alice.wait_for("\"event\":\"paused\"");
@@ -346,7 +322,7 @@ async fn a_lost_publish_answer_is_retried_by_the_worker_to_the_saved_result() {
     ))
     .await
     .unwrap();
-    let pg_proxy = Proxy::start(upstream(&pg.url)).await.unwrap();
+    let pg_proxy = Proxy::start(pg.upstream()).await.unwrap();
     store.seed("lost-1");
     // The proxy looks for the publish by its operation id, in the bytes of
     // the request.
@@ -354,7 +330,7 @@ async fn a_lost_publish_answer_is_retried_by_the_worker_to_the_saved_result() {
     let mut worker = store.worker(
         &format!("http://{}", server.grpc_addr),
         "w",
-        Some(&via(&pg.url, &pg_proxy)),
+        Some(&pg.url_via(pg_proxy.addr().port())),
         &["--once", "--ttl-ms", "5000"],
     );
     let unknown = worker.wait_for("\"event\":\"publish_unknown\"");

@@ -58,6 +58,30 @@ impl PgDb {
     pub async fn connect(&self) -> Client {
         pg_connect(&self.url).await
     }
+
+    /// The server's TCP address, for a fault proxy to forward to.
+    pub fn upstream(&self) -> std::net::SocketAddr {
+        let c: tokio_postgres::Config = self.url.parse().expect("a connection string");
+        let host = match c.get_hosts().first() {
+            Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
+            other => panic!("the fault tests need PostgreSQL over TCP, not {other:?}"),
+        };
+        let port = c.get_ports().first().copied().unwrap_or(5432);
+        std::net::ToSocketAddrs::to_socket_addrs(&(host.as_str(), port))
+            .expect("resolve the PostgreSQL host")
+            .next()
+            .expect("an address for the PostgreSQL host")
+    }
+
+    /// A connection string for this database through a proxy on loopback `port`.
+    pub fn url_via(&self, port: u16) -> String {
+        let c: tokio_postgres::Config = self.url.parse().expect("a connection string");
+        let mut url = format!("host=127.0.0.1 port={port} dbname={}", self.name);
+        if let Some(user) = c.get_user() {
+            url += &format!(" user={user}");
+        }
+        url
+    }
 }
 
 impl Drop for PgDb {
