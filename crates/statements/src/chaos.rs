@@ -170,13 +170,11 @@ pub fn schedule(
 
 /// A fingerprint of a schedule, printed so two runs can be compared.
 pub fn fingerprint(schedule: &[(u64, Fault)]) -> String {
-    let mut h = Rng::new(0);
-    for (at, fault) in schedule {
-        for b in format!("{at}{fault:?}").bytes() {
-            h = Rng::new(h.next_u64() ^ u64::from(b));
-        }
-    }
-    format!("{:016x}", h.next_u64())
+    let text: String = schedule
+        .iter()
+        .map(|(at, fault)| format!("{at}{fault:?}"))
+        .collect();
+    format!("{:016x}", crate::rng::hash(0, text.into_bytes()))
 }
 
 struct WorkerSlot {
@@ -877,11 +875,16 @@ impl Checked {
                 "pointer_regressions",
                 V::N(v.pointer_regressions.len() as i64),
             ),
-            (
-                "verdict",
-                V::S(if v.is_clean() { "clean" } else { "violations" }),
-            ),
+            ("verdict", V::S(self.verdict_word())),
         ]
+    }
+
+    pub fn verdict_word(&self) -> &'static str {
+        if self.verdict.is_clean() {
+            "clean"
+        } else {
+            "violations"
+        }
     }
 }
 
@@ -953,14 +956,6 @@ impl Report<'_> {
             ("postgres_dropped_responses", t[4]),
             ("postgres_connections_reset", t[5]),
         ]
-    }
-
-    fn verdict_word(&self) -> &'static str {
-        if self.checked.verdict.is_clean() {
-            "clean"
-        } else {
-            "violations"
-        }
     }
 
     fn json(&self) -> String {
@@ -1085,7 +1080,7 @@ impl Report<'_> {
         for o in v.lost_publications.iter().take(5) {
             out += &format!("  lost: {} {}\n", o.resource, o.operation);
         }
-        out += &format!("verdict: {}", self.verdict_word());
+        out += &format!("verdict: {}", self.checked.verdict_word());
         if !v.is_clean() {
             out += &format!(" (files kept in {})", self.run.dir.display());
         }

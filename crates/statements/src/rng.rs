@@ -29,6 +29,15 @@ impl Rng {
     }
 }
 
+/// A seeded hash of `bytes`: the same on every machine and every run.
+pub fn hash(seed: u64, bytes: impl IntoIterator<Item = u8>) -> u64 {
+    let mut h = Rng::new(seed);
+    for b in bytes {
+        h = Rng::new(h.next_u64() ^ u64::from(b));
+    }
+    h.next_u64()
+}
+
 #[cfg(test)]
 mod tests {
     use super::Rng;

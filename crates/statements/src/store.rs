@@ -129,6 +129,18 @@ pub struct LoggedPublication {
     pub operation: String,
 }
 
+/// Every row of a SQLite query, mapped.
+fn all_rows<T>(
+    c: &Connection,
+    sql: &str,
+    params: impl rusqlite::Params,
+    map: impl FnMut(&rusqlite::Row<'_>) -> rusqlite::Result<T>,
+) -> Result<Vec<T>> {
+    let mut stmt = c.prepare(sql).map_err(err)?;
+    let rows = stmt.query_map(params, map).map_err(err)?;
+    rows.collect::<std::result::Result<_, _>>().map_err(err)
+}
+
 /// Where the state lives.
 #[derive(Clone, Debug)]
 pub struct Target {
@@ -273,11 +285,7 @@ impl Db {
     pub async fn open_jobs(&self, prefix: &str) -> Result<Vec<(String, String)>> {
         match self {
             Db::Sqlite(c) => {
-                let mut stmt = c
-                    .prepare("SELECT account, date FROM jobs WHERE state IN ('pending', 'generating') AND substr(account, 1, length(?1)) = ?1 ORDER BY account, date")
-                    .map_err(err)?;
-                let rows = stmt.query_map([prefix], |r| Ok((r.get(0)?, r.get(1)?))).map_err(err)?;
-                rows.collect::<std::result::Result<_, _>>().map_err(err)
+                all_rows(c, "SELECT account, date FROM jobs WHERE state IN ('pending', 'generating') AND substr(account, 1, length(?1)) = ?1 ORDER BY account, date", [prefix], |r| Ok((r.get(0)?, r.get(1)?)))
             }
             Db::Postgres { client, .. } => Ok(client
                 .query("SELECT account, date FROM statements.jobs WHERE state IN ('pending', 'generating') AND left(account, length($1)) = $1 ORDER BY account, date", &[&prefix])
@@ -293,11 +301,7 @@ impl Db {
     pub async fn job_states(&self, prefix: &str) -> Result<Vec<(String, i64)>> {
         match self {
             Db::Sqlite(c) => {
-                let mut stmt = c
-                    .prepare("SELECT state, count(*) FROM jobs WHERE substr(account, 1, length(?1)) = ?1 GROUP BY state ORDER BY state")
-                    .map_err(err)?;
-                let rows = stmt.query_map([prefix], |r| Ok((r.get(0)?, r.get(1)?))).map_err(err)?;
-                rows.collect::<std::result::Result<_, _>>().map_err(err)
+                all_rows(c, "SELECT state, count(*) FROM jobs WHERE substr(account, 1, length(?1)) = ?1 GROUP BY state ORDER BY state", [prefix], |r| Ok((r.get(0)?, r.get(1)?)))
             }
             Db::Postgres { client, .. } => Ok(client
                 .query("SELECT state, count(*) FROM statements.jobs WHERE left(account, length($1)) = $1 GROUP BY state ORDER BY state", &[&prefix])
@@ -319,11 +323,7 @@ impl Db {
         };
         match self {
             Db::Sqlite(c) => {
-                let mut stmt = c
-                    .prepare("SELECT resource, token, operation FROM publication_log WHERE substr(resource, 1, length(?1)) = ?1 ORDER BY id")
-                    .map_err(err)?;
-                let rows = stmt.query_map([prefix], |r| Ok(row(r.get(0)?, r.get(1)?, r.get(2)?))).map_err(err)?;
-                rows.collect::<std::result::Result<_, _>>().map_err(err)
+                all_rows(c, "SELECT resource, token, operation FROM publication_log WHERE substr(resource, 1, length(?1)) = ?1 ORDER BY id", [prefix], |r| Ok(row(r.get(0)?, r.get(1)?, r.get(2)?)))
             }
             Db::Postgres { client, .. } => Ok(client
                 .query("SELECT resource, token, operation FROM statements.publication_log WHERE left(resource, length($1)) = $1 ORDER BY id", &[&prefix])
@@ -339,11 +339,7 @@ impl Db {
     pub async fn pointers(&self, prefix: &str) -> Result<Vec<(String, i64)>> {
         match self {
             Db::Sqlite(c) => {
-                let mut stmt = c
-                    .prepare("SELECT resource, published_token FROM baton_resources WHERE published_token IS NOT NULL AND substr(resource, 1, length(?1)) = ?1")
-                    .map_err(err)?;
-                let rows = stmt.query_map([prefix], |r| Ok((r.get(0)?, r.get(1)?))).map_err(err)?;
-                rows.collect::<std::result::Result<_, _>>().map_err(err)
+                all_rows(c, "SELECT resource, published_token FROM baton_resources WHERE published_token IS NOT NULL AND substr(resource, 1, length(?1)) = ?1", [prefix], |r| Ok((r.get(0)?, r.get(1)?)))
             }
             Db::Postgres { client, .. } => Ok(client
                 .query("SELECT resource, published_token FROM baton.resources WHERE published_token IS NOT NULL AND left(resource, length($1)) = $1", &[&prefix])
@@ -478,11 +474,7 @@ impl Db {
     ) -> Result<Vec<(String, i64, String, String)>> {
         match self {
             Db::Sqlite(c) => {
-                let mut stmt = c
-                    .prepare("SELECT worker, token, outcome, detail FROM worker_outcomes WHERE account = ?1 AND date = ?2 ORDER BY id")
-                    .map_err(err)?;
-                let rows = stmt.query_map(params![account, date], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))).map_err(err)?;
-                rows.collect::<std::result::Result<_, _>>().map_err(err)
+                all_rows(c, "SELECT worker, token, outcome, detail FROM worker_outcomes WHERE account = ?1 AND date = ?2 ORDER BY id", params![account, date], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
             }
             Db::Postgres { client, .. } => Ok(client
                 .query(

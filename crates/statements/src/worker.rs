@@ -164,12 +164,8 @@ fn chaos_pause(cfg: &WorkerConfig, resource: &str, token: i64) -> bool {
     if cfg.pause_chance_pct == 0 {
         return false;
     }
-    let mut h = crate::rng::Rng::new(cfg.chaos_seed);
-    for b in cfg.name.bytes().chain(resource.bytes()) {
-        h = crate::rng::Rng::new(h.next_u64() ^ u64::from(b));
-    }
-    let mut h = crate::rng::Rng::new(h.next_u64() ^ token as u64);
-    h.below(100) < u64::from(cfg.pause_chance_pct)
+    let h = crate::rng::hash(cfg.chaos_seed, cfg.name.bytes().chain(resource.bytes()));
+    crate::rng::Rng::new(h ^ token as u64).below(100) < u64::from(cfg.pause_chance_pct)
 }
 
 async fn process(
@@ -392,16 +388,9 @@ async fn pipeline(
             return Err(e);
         }
         record(cfg, &resource, &op, token, "ok", "applied_unfenced");
-        return finish(
-            cfg,
-            db,
-            account,
-            date,
-            token,
-            &object_key,
-            "applied_unfenced",
-        )
-        .await;
+        db.record_outcome(name, account, date, token, "applied_unfenced", &object_key)
+            .await?;
+        return finish(cfg, db, account, date, token, &object_key).await;
     }
     let req = FenceRequest::new(
         &resource,
@@ -464,7 +453,7 @@ async fn pipeline(
         .await?;
     match outcome {
         Outcome::Applied { .. } | Outcome::Replayed { .. } => {
-            finish(cfg, db, account, date, token, &object_key, "").await?;
+            finish(cfg, db, account, date, token, &object_key).await?;
         }
         Outcome::Stale { presented, current } => emit(
             "publish_refused",
@@ -511,13 +500,8 @@ async fn finish(
     date: &str,
     token: i64,
     object_key: &str,
-    outcome: &str,
 ) -> Result<()> {
     let name = cfg.name.as_str();
-    if !outcome.is_empty() {
-        db.record_outcome(name, account, date, token, outcome, object_key)
-            .await?;
-    }
     emit(
         "published",
         &[
