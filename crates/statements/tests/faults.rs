@@ -5,6 +5,8 @@
 //! ends with the history checker (`statements check`) and says how often its
 //! fault fired.
 
+mod common;
+
 use std::io::BufRead;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -85,11 +87,7 @@ impl Proc {
     }
 
     fn stopped(&self) -> bool {
-        std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).is_ok_and(|s| {
-            s.rsplit(')')
-                .next()
-                .is_some_and(|r| r.trim_start().starts_with('T'))
-        })
+        common::stopped(self.child.id())
     }
 
     fn kill(&mut self) {
@@ -112,7 +110,23 @@ struct Store {
     url: Option<String>,
 }
 
+/// A Baton server in this process, on loopback, with its data in `dir`.
+async fn local_server(dir: &TempDir) -> baton_server::RunningServer {
+    baton_server::start(baton_server::ServerConfig::ephemeral(
+        dir.path().join("baton"),
+    ))
+    .await
+    .unwrap()
+}
+
 impl Store {
+    fn new(dir: &TempDir, url: Option<String>) -> Self {
+        Self {
+            dir: dir.path().to_path_buf(),
+            url,
+        }
+    }
+
     fn args(&self, url: Option<&str>) -> Vec<String> {
         let mut a = vec![
             "--db".into(),
@@ -250,15 +264,8 @@ async fn lease_free(url: &str, resource: &str) {
 async fn a_publish_delayed_in_the_network_is_refused_after_the_lease_moved() {
     let pg = PgDb::create("stmt_delayed").await;
     let dir = TempDir::new("stmt-delayed");
-    let store = Store {
-        dir: dir.path().to_path_buf(),
-        url: Some(pg.url.clone()),
-    };
-    let server = baton_server::start(baton_server::ServerConfig::ephemeral(
-        dir.path().join("baton"),
-    ))
-    .await
-    .unwrap();
+    let store = Store::new(&dir, Some(pg.url.clone()));
+    let server = local_server(&dir).await;
     let direct = format!("http://{}", server.grpc_addr);
     let baton_proxy = Proxy::start(server.grpc_addr).await.unwrap();
     let pg_proxy = Proxy::start(pg.upstream()).await.unwrap();
@@ -313,15 +320,8 @@ async fn a_publish_delayed_in_the_network_is_refused_after_the_lease_moved() {
 async fn a_lost_publish_answer_is_retried_by_the_worker_to_the_saved_result() {
     let pg = PgDb::create("stmt_lost_answer").await;
     let dir = TempDir::new("stmt-lost-answer");
-    let store = Store {
-        dir: dir.path().to_path_buf(),
-        url: Some(pg.url.clone()),
-    };
-    let server = baton_server::start(baton_server::ServerConfig::ephemeral(
-        dir.path().join("baton"),
-    ))
-    .await
-    .unwrap();
+    let store = Store::new(&dir, Some(pg.url.clone()));
+    let server = local_server(&dir).await;
     let pg_proxy = Proxy::start(pg.upstream()).await.unwrap();
     store.seed("lost-1");
     // The proxy looks for the publish by its operation id, in the bytes of
@@ -423,10 +423,7 @@ async fn probe_token(url: &str, probe: &str) -> u64 {
 async fn the_server_killed_and_restarted_while_workers_run_keeps_tokens_rising_and_publishes_once()
 {
     let dir = TempDir::new("stmt-server-kill");
-    let store = Store {
-        dir: dir.path().to_path_buf(),
-        url: None,
-    };
+    let store = Store::new(&dir, None);
     let mut baton = BatonProcess::start(&dir.path().join("baton"));
     let mut accounts = Vec::new();
     let seed = |n: usize, accounts: &mut Vec<String>| {
@@ -605,15 +602,8 @@ impl Drop for Cluster {
 async fn postgresql_restarted_while_workers_run_loses_and_doubles_nothing() {
     let cluster = Cluster::start();
     let dir = TempDir::new("stmt-pg-restart");
-    let store = Store {
-        dir: dir.path().to_path_buf(),
-        url: Some(cluster.url()),
-    };
-    let server = baton_server::start(baton_server::ServerConfig::ephemeral(
-        dir.path().join("baton"),
-    ))
-    .await
-    .unwrap();
+    let store = Store::new(&dir, Some(cluster.url()));
+    let server = local_server(&dir).await;
     let url = format!("http://{}", server.grpc_addr);
     let mut accounts = Vec::new();
     let seed = |n: usize, accounts: &mut Vec<String>| {

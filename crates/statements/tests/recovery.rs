@@ -2,6 +2,8 @@
 //! on loopback: the paused worker, crashes at the two dangerous points, and
 //! cancellation while a worker is generating.
 
+mod common;
+
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -146,14 +148,6 @@ fn token(line: &str) -> i64 {
         .unwrap()
 }
 
-fn stopped(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
-        s.rsplit(')')
-            .next()
-            .is_some_and(|r| r.trim_start().starts_with('T'))
-    })
-}
-
 fn read_until(reader: &mut impl std::io::BufRead, event: &str) -> String {
     let mut all = String::new();
     loop {
@@ -177,7 +171,7 @@ async fn pause_story(env: &Env, pause_flag: &str, between: impl AsyncFnOnce()) -
     let mut out = std::io::BufReader::new(alice.stdout.take().unwrap());
     let before = read_until(&mut out, "paused");
     let pid = alice.id();
-    while !stopped(pid) {
+    while !common::stopped(pid) {
         tokio::task::yield_now().await;
     }
     between().await;
