@@ -1023,6 +1023,7 @@ impl Report<'_> {
             ("open_jobs_at_end", V::N(self.open_at_end)),
             ("stale_overwrite_examples", V::Raw(&examples)),
             ("files", V::S(&files)),
+            ("accounts", V::S(&self.run.prefix)),
         ];
         fields.extend(self.checked.fields());
         object(&fields)
@@ -1082,7 +1083,11 @@ impl Report<'_> {
         }
         out += &format!("verdict: {}", self.checked.verdict_word());
         if !v.is_clean() {
-            out += &format!(" (files kept in {})", self.run.dir.display());
+            out += &format!(
+                " (files kept in {}, accounts {})",
+                self.run.dir.display(),
+                self.run.prefix
+            );
         }
         out
     }
