@@ -186,8 +186,15 @@ struct WorkerSlot {
 }
 
 enum Timer {
-    Resume { worker: usize, incarnation: u32 },
-    StartWorker { worker: usize },
+    /// SIGCONT a worker once it is stopped; `tries` counts the checks so far.
+    Resume {
+        worker: usize,
+        incarnation: u32,
+        tries: u32,
+    },
+    StartWorker {
+        worker: usize,
+    },
     StartServer,
 }
 
@@ -346,8 +353,8 @@ pub async fn run(cfg: ChaosConfig) -> Result<ExitCode, String> {
     }
 
     // Settle: no more faults and no more jobs; everything resumed, restarted
-    // and released; the workers finish the open jobs.
-    let seeded = seeder.stop()?;
+    // and released; the workers finish the open jobs. Resume first: the
+    // seeder may be waiting for a SQLite lock that a stopped worker holds.
     run.fire_timers(Instant::now(), true).await?;
     for w in 0..run.cfg.workers {
         run.slots[w].baton.release(Direction::ClientToServer);
@@ -357,9 +364,12 @@ pub async fn run(cfg: ChaosConfig) -> Result<ExitCode, String> {
             p.release(Direction::ServerToClient);
         }
         if run.slots[w].stopped {
-            run.resume(w);
+            run.resume(w, 0);
         }
     }
+    let seeded = tokio::task::spawn_blocking(move || seeder.stop())
+        .await
+        .map_err(|e| e.to_string())??;
     let settle = (run.cfg.ttl * 10).max(Duration::from_secs(20));
     let settle_end = Instant::now() + settle;
     let mut open = i64::MAX;
@@ -375,10 +385,15 @@ pub async fn run(cfg: ChaosConfig) -> Result<ExitCode, String> {
         if open == 0 {
             break;
         }
+        let mut wake = Instant::now() + Duration::from_millis(200);
+        if let Some(t) = run.timers.iter().map(|(at, _)| *at).min() {
+            wake = wake.min(t);
+        }
         tokio::select! {
-            _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+            _ = tokio::time::sleep_until(wake) => {}
             Some((w, inc)) = rx.recv() => run.paused_before_publish(w, inc, false),
         }
+        run.fire_timers(Instant::now(), false).await?;
     }
     for slot in &mut run.slots {
         if let Some(mut child) = slot.child.take() {
@@ -527,12 +542,30 @@ impl Run {
         *self.fired.entry(kind).or_default() += 1;
     }
 
-    fn resume(&mut self, w: usize) {
+    /// Sends SIGCONT once the worker is really stopped. A worker announces
+    /// its own pause and then stops itself: a SIGCONT that overtook the stop
+    /// would be lost and leave the worker stopped for good. So until
+    /// `/proc` shows it stopped, check again every 5 ms (for 5 s at most).
+    fn resume(&mut self, w: usize, tries: u32) {
         let slot = &mut self.slots[w];
-        if let Some(child) = &slot.child {
+        let Some(child) = &slot.child else {
+            slot.stopped = false;
+            return;
+        };
+        if tries >= 1_000 || child.id().is_none_or(process_stopped) {
             signal(child, "CONT");
+            slot.stopped = false;
+            return;
         }
-        slot.stopped = false;
+        let incarnation = slot.incarnation;
+        self.timers.push((
+            Instant::now() + Duration::from_millis(5),
+            Timer::Resume {
+                worker: w,
+                incarnation,
+                tries: tries + 1,
+            },
+        ));
     }
 
     /// A worker stopped itself just before a publish. During the storm:
@@ -544,7 +577,7 @@ impl Run {
             return;
         }
         if !storm {
-            self.resume(w);
+            self.resume(w, 0);
             return;
         }
         let ttl_ms = self.cfg.ttl.as_millis() as u64;
@@ -554,7 +587,7 @@ impl Run {
             if let Some(p) = &self.slots[w].postgres {
                 p.hold_for(Direction::ClientToServer, Duration::from_millis(ms));
             }
-            self.resume(w);
+            self.resume(w, 0);
             self.count("publish_delayed_in_proxy");
         } else {
             self.slots[w].stopped = true;
@@ -563,6 +596,7 @@ impl Run {
                 Timer::Resume {
                     worker: w,
                     incarnation,
+                    tries: 0,
                 },
             ));
             self.count("pause_before_publish");
@@ -579,9 +613,10 @@ impl Run {
                 Timer::Resume {
                     worker,
                     incarnation,
+                    tries,
                 } => {
                     if self.slots[worker].incarnation == incarnation {
-                        self.resume(worker);
+                        self.resume(worker, tries);
                     }
                 }
                 Timer::StartWorker { worker } => self.start_worker(worker)?,
@@ -606,6 +641,7 @@ impl Run {
                             Timer::Resume {
                                 worker,
                                 incarnation,
+                                tries: 0,
                             },
                         ));
                         true
@@ -682,6 +718,15 @@ impl Run {
         }
         Ok(())
     }
+}
+
+/// Whether process `pid` is stopped (state `T` in `/proc/PID/stat`).
+fn process_stopped(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        s.rsplit(')')
+            .next()
+            .is_some_and(|r| r.trim_start().starts_with('T'))
+    })
 }
 
 fn direction(to_server: bool) -> Direction {

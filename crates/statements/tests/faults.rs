@@ -659,6 +659,8 @@ fn chaos(extra: &[&str]) -> (Option<i32>, String) {
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout).to_string();
     println!("{text}");
+    // The report is stdout; the run's own errors, if any, are on stderr.
+    eprintln!("{}", String::from_utf8_lossy(&out.stderr));
     (out.status.code(), text)
 }
 
