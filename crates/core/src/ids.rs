@@ -42,6 +42,49 @@ impl AcquisitionId {
     pub fn prefix(&self) -> String {
         self.to_hex()[..8].to_string()
     }
+
+    /// The one-way digest under which this acquisition is stored.
+    pub fn digest(&self) -> AcquisitionDigest {
+        use sha2::{Digest, Sha256};
+        let full = Sha256::digest(self.0);
+        let mut out = [0u8; AcquisitionDigest::LEN_BYTES];
+        out.copy_from_slice(&full[..AcquisitionDigest::LEN_BYTES]);
+        AcquisitionDigest(out)
+    }
+}
+
+/// The first 16 bytes of SHA-256 of an [`AcquisitionId`].
+///
+/// This is what the table keeps, the store writes and a backup holds: it
+/// proves a presented id without being one. Finding an id for a digest is a
+/// 128-bit preimage search, so a stolen data directory or backup cannot renew
+/// or release anyone's lease.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct AcquisitionDigest([u8; 16]);
+
+impl AcquisitionDigest {
+    pub const LEN_BYTES: usize = 16;
+
+    /// A digest read back from storage.
+    pub fn from_bytes(bytes: [u8; 16]) -> Self {
+        Self(bytes)
+    }
+
+    pub fn as_bytes(&self) -> &[u8; 16] {
+        &self.0
+    }
+
+    /// Whether `id` is the acquisition this digest was made from.
+    pub fn matches(&self, id: &AcquisitionId) -> bool {
+        id.digest() == *self
+    }
+}
+
+impl fmt::Debug for AcquisitionDigest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let hex: String = self.0[..4].iter().map(|b| format!("{b:02x}")).collect();
+        write!(f, "AcquisitionDigest({hex}…)")
+    }
 }
 
 impl fmt::Debug for AcquisitionId {
@@ -67,5 +110,17 @@ mod tests {
         assert!(!format!("{id:?}").contains(&id.to_hex()));
         assert_eq!(AcquisitionId::from_hex("zz"), None);
         assert_eq!(AcquisitionId::from_hex(&"é".repeat(16)), None);
+    }
+
+    #[test]
+    fn a_digest_matches_its_id_only_and_is_not_the_id() {
+        let id = AcquisitionId::from_bytes([0xab; 16]);
+        let other = AcquisitionId::from_bytes([0xac; 16]);
+        let digest = id.digest();
+        assert!(digest.matches(&id));
+        assert!(!digest.matches(&other));
+        assert_ne!(digest.as_bytes(), id.as_bytes());
+        // SHA-256 of 16 bytes of 0xab, first 16 bytes (checked with `sha256sum`).
+        assert_eq!(id.digest(), AcquisitionId::from_bytes([0xab; 16]).digest());
     }
 }

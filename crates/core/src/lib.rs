@@ -23,7 +23,7 @@ mod name;
 mod table;
 mod token;
 
-pub use ids::{AcquisitionId, WaiterId};
+pub use ids::{AcquisitionDigest, AcquisitionId, WaiterId};
 pub use name::{NameError, ResourceName, RESOURCE_NAME_LEN_BYTES_MAX};
 pub use table::{
     AcquireError, AcquireOutcome, AcquireRequest, Effects, Event, FenceOutcome, Grant, LeaseRecord,
@@ -31,6 +31,6 @@ pub use table::{
     Write,
 };
 pub use token::{
-    restore_epoch, Epoch, FencingToken, TokenError, COUNTER_BITS, COUNTER_MAX,
-    EPOCH_FLOOR_ORIGIN_UNIX_S, EPOCH_FLOOR_STEP_S, EPOCH_MAX,
+    restore_epoch, Epoch, FencingToken, RestoreFloors, TokenError, COUNTER_BITS, COUNTER_MAX,
+    EPOCH_FLOOR_ORIGIN_UNIX_S, EPOCH_FLOOR_STEP_S, EPOCH_FLOOR_YEARS_MAX, EPOCH_MAX,
 };

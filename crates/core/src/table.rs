@@ -8,7 +8,9 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::ops::Bound;
 
-use crate::{AcquisitionId, Epoch, FencingToken, ResourceName, WaiterId, COUNTER_MAX};
+use crate::{
+    AcquisitionDigest, AcquisitionId, Epoch, FencingToken, ResourceName, WaiterId, COUNTER_MAX,
+};
 
 /// Milliseconds on the server's monotonic clock, from an origin the shell picks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
@@ -169,10 +171,11 @@ pub struct LeaseStatus {
 }
 
 /// The durable form of a lease. Expiry is not stored: after a restart every
-/// stored lease gets its full TTL again from the restart.
+/// stored lease gets its full TTL again from the restart. The acquisition id
+/// itself is never stored, only its digest.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LeaseRecord {
-    pub acquisition_id: AcquisitionId,
+    pub acquisition_digest: AcquisitionDigest,
     pub token: FencingToken,
     pub ttl_ms: u64,
 }
@@ -243,7 +246,7 @@ pub struct Effects {
 
 #[derive(Clone, Debug)]
 struct Lease {
-    acquisition_id: AcquisitionId,
+    acquisition_digest: AcquisitionDigest,
     token: FencingToken,
     ttl_ms: u64,
     expires_at: MonoMs,
@@ -328,7 +331,7 @@ impl LeaseTable {
                 .timers
                 .insert((expires_at, Timer::Expiry(resource.clone())));
             let lease = Lease {
-                acquisition_id: record.acquisition_id,
+                acquisition_digest: record.acquisition_digest,
                 token: record.token,
                 ttl_ms: record.ttl_ms,
                 expires_at,
@@ -350,11 +353,9 @@ impl LeaseTable {
         (self.epoch, self.counter)
     }
 
+    /// Live leases, kept as a count (O(1): called after every batch).
     pub fn n_leases(&self) -> usize {
-        self.resources
-            .values()
-            .filter(|s| s.lease.is_some())
-            .count()
+        self.n_leases
     }
 
     pub fn n_waiters(&self) -> usize {
@@ -620,8 +621,9 @@ impl LeaseTable {
             "granting {resource} while it is held"
         );
         self.n_leases += 1;
+        let acquisition_digest = id.digest();
         state.lease = Some(Lease {
-            acquisition_id: id,
+            acquisition_digest,
             token,
             ttl_ms,
             expires_at,
@@ -629,7 +631,7 @@ impl LeaseTable {
         self.timers
             .insert((expires_at, Timer::Expiry(resource.clone())));
         let record = LeaseRecord {
-            acquisition_id: id,
+            acquisition_digest,
             token,
             ttl_ms,
         };
@@ -656,7 +658,7 @@ impl LeaseTable {
             .get(resource)?
             .lease
             .as_ref()
-            .filter(|l| l.acquisition_id == *id)
+            .filter(|l| l.acquisition_digest.matches(id))
     }
 
     pub fn renew(
@@ -786,7 +788,7 @@ impl LeaseTable {
             Some((
                 r,
                 LeaseRecord {
-                    acquisition_id: l.acquisition_id,
+                    acquisition_digest: l.acquisition_digest,
                     token: l.token,
                     ttl_ms: l.ttl_ms,
                 },

@@ -91,6 +91,8 @@ pub enum TokenError {
     CounterOutOfRange { counter: u64 },
     #[error("token {token} does not fit a signed 64-bit integer (BIGINT)")]
     AboveBigint { token: u64 },
+    #[error("the wall clock reads {now_unix_s} s since 1970, later than {latest_unix_s}: fix the clock before a restore (its epoch floor would use up the epoch space)")]
+    ClockImplausible { now_unix_s: u64, latest_unix_s: u64 },
 }
 
 #[cfg(test)]
@@ -130,30 +132,57 @@ mod tests {
 pub const EPOCH_FLOOR_ORIGIN_UNIX_S: u64 = 1_767_225_600;
 /// One wall-clock epoch-floor step: ten minutes (2^23 steps last 159 years).
 pub const EPOCH_FLOOR_STEP_S: u64 = 600;
+/// A wall clock later than this many years after the origin is taken for a
+/// wrong clock: its floor would use up a third of the epoch space at once.
+pub const EPOCH_FLOOR_YEARS_MAX: u64 = 50;
 
-/// Chooses the epoch a restore starts. The new epoch is above each of:
-/// the backup's epoch, the epoch of the store being replaced (if any), and
-/// `min_epoch - 1` (an operator's lower bound, for example the highest token
-/// a resource recorded, shifted right by 40). It is also at least a floor
-/// derived from the restore host's wall clock, in ten-minute steps since
-/// 2026, which covers restores whose history is otherwise unknown (a lost
-/// data directory after an earlier restore) as long as restores of unknown
-/// history are more than ten minutes apart and the host clock is not set back.
-/// This is the one place Baton reads wall-clock time, and it only ever
-/// raises the epoch.
-pub fn restore_epoch(
-    backup: Epoch,
-    replaced: Option<Epoch>,
-    min_epoch: Option<Epoch>,
-    now_unix_s: u64,
-) -> Result<Epoch, TokenError> {
-    let floor = now_unix_s.saturating_sub(EPOCH_FLOOR_ORIGIN_UNIX_S) / EPOCH_FLOOR_STEP_S + 1;
-    let floor = u32::try_from(floor).unwrap_or(u32::MAX).min(EPOCH_MAX);
-    let mut epoch = backup.next()?.get().max(floor);
-    if let Some(replaced) = replaced {
-        epoch = epoch.max(replaced.next()?.get());
+/// Everything a restore knows about the tokens issued before it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RestoreFloors {
+    /// The backup's epoch (`None`: restoring to an empty store without one).
+    pub backup: Option<Epoch>,
+    /// The epoch of the directory being replaced (its store or its identity).
+    pub replaced: Option<Epoch>,
+    /// The operator's `--min-epoch`.
+    pub min_epoch: Option<Epoch>,
+    /// The highest token the protected resources recorded (`--floor-from`).
+    pub resources: Option<FencingToken>,
+    /// Wall-clock seconds, for the ten-minute floor.
+    pub now_unix_s: u64,
+}
+
+/// The epoch a restore starts: above the backup's, above the replaced
+/// store's, above every token the resources recorded, at least `min_epoch`,
+/// and at least a floor that grows by one every ten minutes of wall-clock
+/// time since 2026. The resources' floor is the one that holds whatever the
+/// history: it is read from where the tokens are enforced. The clock floor
+/// covers a restore with no other knowledge, as long as two restores of
+/// unknown history are more than ten minutes apart and the clock is not set
+/// back. This is the one place Baton reads wall-clock time, and it only ever
+/// raises the epoch; a clock beyond [`EPOCH_FLOOR_YEARS_MAX`] is refused.
+pub fn restore_epoch(floors: &RestoreFloors) -> Result<Epoch, TokenError> {
+    let latest_unix_s = EPOCH_FLOOR_ORIGIN_UNIX_S + EPOCH_FLOOR_YEARS_MAX * 365 * 86_400;
+    if floors.now_unix_s > latest_unix_s {
+        return Err(TokenError::ClockImplausible {
+            now_unix_s: floors.now_unix_s,
+            latest_unix_s,
+        });
     }
-    if let Some(min) = min_epoch {
+    let clock =
+        floors.now_unix_s.saturating_sub(EPOCH_FLOOR_ORIGIN_UNIX_S) / EPOCH_FLOOR_STEP_S + 1;
+    let clock = u32::try_from(clock).unwrap_or(u32::MAX).min(EPOCH_MAX);
+    let mut epoch = clock;
+    for above in [
+        floors.backup,
+        floors.replaced,
+        floors.resources.map(FencingToken::epoch),
+    ]
+    .into_iter()
+    .flatten()
+    {
+        epoch = epoch.max(above.next()?.get());
+    }
+    if let Some(min) = floors.min_epoch {
         epoch = epoch.max(min.get());
     }
     Epoch::new(epoch)
@@ -167,19 +196,59 @@ mod restore_tests {
         Epoch::new(n).unwrap()
     }
 
+    fn floors(
+        backup: u32,
+        replaced: Option<u32>,
+        min: Option<u32>,
+        now_unix_s: u64,
+    ) -> RestoreFloors {
+        RestoreFloors {
+            backup: Some(e(backup)),
+            replaced: replaced.map(e),
+            min_epoch: min.map(e),
+            resources: None,
+            now_unix_s,
+        }
+    }
+
     #[test]
     fn restore_epoch_is_above_everything_known() {
         let t0 = EPOCH_FLOOR_ORIGIN_UNIX_S;
-        assert_eq!(restore_epoch(e(1), None, None, t0), Ok(e(2)));
-        assert_eq!(restore_epoch(e(1), Some(e(9)), None, t0), Ok(e(10)));
-        assert_eq!(restore_epoch(e(1), Some(e(9)), Some(e(50)), t0), Ok(e(50)));
+        assert_eq!(restore_epoch(&floors(1, None, None, t0)), Ok(e(2)));
+        assert_eq!(restore_epoch(&floors(1, Some(9), None, t0)), Ok(e(10)));
+        assert_eq!(restore_epoch(&floors(1, Some(9), Some(50), t0)), Ok(e(50)));
         // A year after the origin the wall-clock floor dominates an old backup.
-        let floor = restore_epoch(e(1), None, None, t0 + 365 * 86_400).unwrap();
-        assert_eq!(floor, e(52_561));
+        let year = t0 + 365 * 86_400;
+        assert_eq!(restore_epoch(&floors(1, None, None, year)), Ok(e(52_561)));
         // Two restores of one old backup, an hour apart, with the data dir lost in between.
-        let first = restore_epoch(e(1), None, None, t0 + 365 * 86_400).unwrap();
-        let second = restore_epoch(e(1), None, None, t0 + 365 * 86_400 + 3_600).unwrap();
+        let first = restore_epoch(&floors(1, None, None, year)).unwrap();
+        let second = restore_epoch(&floors(1, None, None, year + 3_600)).unwrap();
         assert!(second > first);
-        assert!(restore_epoch(e(EPOCH_MAX), None, None, t0).is_err());
+        assert!(restore_epoch(&floors(EPOCH_MAX, None, None, t0)).is_err());
+    }
+
+    #[test]
+    fn the_resources_floor_holds_when_the_clock_is_set_back() {
+        let t0 = EPOCH_FLOOR_ORIGIN_UNIX_S;
+        let recorded = FencingToken::new(e(700), 12).unwrap();
+        let restore = RestoreFloors {
+            resources: Some(recorded),
+            ..floors(1, None, None, t0 - 86_400)
+        };
+        assert_eq!(restore_epoch(&restore), Ok(e(701)));
+        let empty = RestoreFloors {
+            backup: None,
+            ..restore
+        };
+        assert_eq!(restore_epoch(&empty), Ok(e(701)));
+    }
+
+    #[test]
+    fn a_clock_centuries_ahead_is_refused() {
+        let far = EPOCH_FLOOR_ORIGIN_UNIX_S + 200 * 365 * 86_400;
+        assert!(matches!(
+            restore_epoch(&floors(1, None, None, far)),
+            Err(TokenError::ClockImplausible { .. })
+        ));
     }
 }

@@ -5,8 +5,11 @@
 //! small on purpose so that another backend (PostgreSQL, etcd) can implement
 //! it and crash tests can wrap it.
 
+mod identity;
+mod quiet;
 mod redb_store;
 
+pub use identity::{Identity, StoreId};
 pub use redb_store::RedbStore;
 
 use baton_core::{Epoch, LeaseRecord, ResourceName, Write};
@@ -37,6 +40,27 @@ pub enum StoreError {
     Storage(String),
     #[error("stored data is corrupt: {0}")]
     Corrupt(String),
+    #[error("the store file {path} is {state}, but its data directory {data_dir} has served before (tokens at or above epoch {floor_epoch}); starting would issue tokens again from epoch 1")]
+    StoreLost {
+        path: String,
+        state: &'static str,
+        data_dir: String,
+        floor_epoch: u32,
+    },
+    #[error("the store in {data_dir} has id {found}, but the directory's identity file names store {expected}: it is another server's store")]
+    IdentityMismatch {
+        data_dir: String,
+        expected: String,
+        found: String,
+    },
+    #[error("the store file {path} is at {found}, below the floor {floor} that this directory already reached: it is an older copy and would issue tokens again")]
+    BehindFloor {
+        path: String,
+        found: String,
+        floor: String,
+    },
+    #[error("the identity file {path} is unreadable: {why}")]
+    IdentityUnreadable { path: String, why: String },
     #[error("stored format {found} is not supported; this build reads format {supported}")]
     UnsupportedFormat { found: u64, supported: u64 },
     #[error("an earlier storage failure makes this store unusable; restart the server")]

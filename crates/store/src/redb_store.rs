@@ -1,20 +1,29 @@
 use std::path::{Path, PathBuf};
 
-use baton_core::{AcquisitionId, Epoch, FencingToken, LeaseRecord, ResourceName, Write};
-use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use baton_core::{
+    AcquisitionDigest, AcquisitionId, Epoch, FencingToken, LeaseRecord, ResourceName, Write,
+};
+use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
 
+use crate::identity::{Identity, StoreId};
+use crate::quiet::contain_panics;
 use crate::{LeaseStore, StoreError, Stored};
 
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 const LEASES: TableDefinition<&str, &[u8]> = TableDefinition::new("leases");
-const FORMAT: u64 = 1;
+/// Format 1 stored acquisition ids; format 2 stores their digests and a store id.
+const FORMAT: u64 = 2;
+const FORMAT_WITH_IDS: u64 = 1;
 const FILE_NAME: &str = "baton.redb";
 const LEASE_LEN_BYTES: usize = 32;
 
-/// The embedded backend: one redb file under the data directory. Every
-/// commit is `Durability::Immediate` (fsync before it returns).
+/// The embedded backend: one redb file under the data directory, guarded by
+/// the directory's identity file. Every commit is `Durability::Immediate`
+/// (fsync before it returns).
 pub struct RedbStore {
     db: Database,
+    data_dir: PathBuf,
+    identity: Identity,
     poisoned: bool,
 }
 
@@ -24,7 +33,7 @@ fn storage(e: impl std::fmt::Display) -> StoreError {
 
 fn encode(record: &LeaseRecord) -> [u8; LEASE_LEN_BYTES] {
     let mut out = [0u8; LEASE_LEN_BYTES];
-    out[..16].copy_from_slice(record.acquisition_id.as_bytes());
+    out[..16].copy_from_slice(record.acquisition_digest.as_bytes());
     out[16..24].copy_from_slice(&record.token.get().to_be_bytes());
     out[24..].copy_from_slice(&record.ttl_ms.to_be_bytes());
     out
@@ -39,18 +48,45 @@ fn decode(name: &str, bytes: &[u8]) -> Result<(ResourceName, LeaseRecord), Store
             bytes.len()
         )));
     }
-    let acquisition_id = AcquisitionId::from_slice(&bytes[..16]).expect("16 bytes");
+    let digest = AcquisitionDigest::from_bytes(bytes[..16].try_into().expect("16 bytes"));
     let token = u64::from_be_bytes(bytes[16..24].try_into().expect("8 bytes"));
     let token = FencingToken::from_u64(token).map_err(|e| corrupt(e.to_string()))?;
     let ttl_ms = u64::from_be_bytes(bytes[24..].try_into().expect("8 bytes"));
     Ok((
         resource,
         LeaseRecord {
-            acquisition_id,
+            acquisition_digest: digest,
             token,
             ttl_ms,
         },
     ))
+}
+
+/// What is at the store file's path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum FileState {
+    Missing,
+    Empty,
+    Present,
+}
+
+fn file_state(path: &Path) -> Result<FileState, StoreError> {
+    match std::fs::metadata(path) {
+        Ok(m) if m.len() == 0 => Ok(FileState::Empty),
+        Ok(_) => Ok(FileState::Present),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(FileState::Missing),
+        Err(source) => Err(StoreError::Io {
+            path: path.display().to_string(),
+            source,
+        }),
+    }
+}
+
+/// The store's meta table as read at open.
+struct Meta {
+    store_id: StoreId,
+    epoch: Epoch,
+    counter: u64,
 }
 
 impl RedbStore {
@@ -58,56 +94,94 @@ impl RedbStore {
         data_dir.join(FILE_NAME)
     }
 
-    /// Opens the store under `data_dir`, creating an empty one (epoch 1) if none exists.
+    /// Opens the store under `data_dir`. An empty or missing directory is
+    /// initialized (epoch 1). A directory that has an identity but no valid
+    /// store, a store of another identity, or a store whose tokens went back
+    /// below the identity's floor is refused: starting would issue tokens again.
     pub fn open(data_dir: &Path) -> Result<Self, StoreError> {
         std::fs::create_dir_all(data_dir).map_err(|source| StoreError::Io {
             path: data_dir.display().to_string(),
             source,
         })?;
         let path = Self::path_in(data_dir);
-        let db = Database::create(&path).map_err(|e| match e {
-            redb::DatabaseError::DatabaseAlreadyOpen => StoreError::InUse {
-                path: path.display().to_string(),
-            },
-            other => storage(other),
-        })?;
-        let mut store = Self {
-            db,
-            poisoned: false,
+        let identity = Identity::read(data_dir)?;
+        let state = file_state(&path)?;
+        match (&identity, state) {
+            (None, FileState::Missing) => return Self::initialize(data_dir),
+            (_, FileState::Missing | FileState::Empty) => {
+                return Err(StoreError::StoreLost {
+                    path: path.display().to_string(),
+                    state: if state == FileState::Empty {
+                        "empty"
+                    } else {
+                        "missing"
+                    },
+                    data_dir: data_dir.display().to_string(),
+                    floor_epoch: identity.as_ref().map_or(1, |i| i.floor_epoch.get()),
+                })
+            }
+            (_, FileState::Present) => {}
+        }
+        let db = open_db(&path)?;
+        let (db, meta) = contain_panics(&path, || migrate_and_read_meta(db, &path))?;
+        let found = (meta.epoch, meta.counter);
+        if let Some(identity) = &identity {
+            if identity.store_id != meta.store_id {
+                return Err(StoreError::IdentityMismatch {
+                    data_dir: data_dir.display().to_string(),
+                    expected: identity.store_id.to_hex(),
+                    found: meta.store_id.to_hex(),
+                });
+            }
+            if found < identity.floor() {
+                return Err(StoreError::BehindFloor {
+                    path: path.display().to_string(),
+                    found: position(found),
+                    floor: position(identity.floor()),
+                });
+            }
+        }
+        // Raise the floor to where the store is now (and write it for a
+        // directory from before identity files existed).
+        let identity = Identity {
+            store_id: meta.store_id,
+            floor_epoch: meta.epoch,
+            floor_counter: meta.counter,
         };
-        store.init()?;
-        Ok(store)
+        identity.write(data_dir)?;
+        Ok(Self {
+            db,
+            data_dir: data_dir.to_path_buf(),
+            identity,
+            poisoned: false,
+        })
     }
 
-    fn init(&mut self) -> Result<(), StoreError> {
-        let txn = self.db.begin_write().map_err(storage)?;
-        {
-            let mut meta = txn.open_table(META).map_err(storage)?;
-            let format = meta.get("format").map_err(storage)?.map(|v| v.value());
-            match format {
-                None => {
-                    meta.insert("format", FORMAT).map_err(storage)?;
-                    meta.insert("epoch", u64::from(Epoch::FIRST.get()))
-                        .map_err(storage)?;
-                    meta.insert("counter", 0).map_err(storage)?;
-                }
-                Some(FORMAT) => {}
-                Some(found) => {
-                    return Err(StoreError::UnsupportedFormat {
-                        found,
-                        supported: FORMAT,
-                    })
-                }
-            }
-            txn.open_table(LEASES).map_err(storage)?;
-        }
-        txn.commit().map_err(storage)
+    fn initialize(data_dir: &Path) -> Result<Self, StoreError> {
+        let path = Self::path_in(data_dir);
+        let store_id = StoreId::random()?;
+        write_new_store(&path, store_id, Epoch::FIRST)?;
+        let identity = Identity {
+            store_id,
+            floor_epoch: Epoch::FIRST,
+            floor_counter: 0,
+        };
+        identity.write(data_dir)?;
+        let db = open_db(&path)?;
+        Ok(Self {
+            db,
+            data_dir: data_dir.to_path_buf(),
+            identity,
+            poisoned: false,
+        })
     }
 
     /// Replaces whatever is in `data_dir` with an empty store whose tokens
-    /// start in `epoch`. Leases are not carried over: after a restore every
-    /// holder must acquire again. The new file is written beside the old one
-    /// and renamed over it, so a crash leaves either the old or the new store.
+    /// start in `epoch`, under a new store id. Leases are not carried over:
+    /// after a restore every holder must acquire again. The new file is
+    /// written beside the old one and renamed over it, then the identity is
+    /// rewritten; a crash in between leaves a directory that refuses to start
+    /// until the restore is run again.
     pub fn create_fresh(data_dir: &Path, epoch: Epoch) -> Result<(), StoreError> {
         let io = |path: &Path| {
             let path = path.display().to_string();
@@ -116,72 +190,215 @@ impl RedbStore {
         std::fs::create_dir_all(data_dir).map_err(io(data_dir))?;
         let tmp = data_dir.join(format!("{FILE_NAME}.restore-tmp"));
         let _ = std::fs::remove_file(&tmp);
-        {
-            let db = Database::create(&tmp).map_err(storage)?;
-            let txn = db.begin_write().map_err(storage)?;
-            {
-                let mut meta = txn.open_table(META).map_err(storage)?;
-                meta.insert("format", FORMAT).map_err(storage)?;
-                meta.insert("epoch", u64::from(epoch.get()))
-                    .map_err(storage)?;
-                meta.insert("counter", 0).map_err(storage)?;
-                txn.open_table(LEASES).map_err(storage)?;
-            }
-            txn.commit().map_err(storage)?;
-        }
+        let store_id = StoreId::random()?;
+        write_new_store(&tmp, store_id, epoch)?;
         let target = Self::path_in(data_dir);
         std::fs::rename(&tmp, &target).map_err(io(&target))?;
         std::fs::File::open(data_dir)
             .and_then(|d| d.sync_all())
             .map_err(io(data_dir))?;
-        Ok(())
+        Identity {
+            store_id,
+            floor_epoch: epoch,
+            floor_counter: 0,
+        }
+        .write(data_dir)
     }
 
-    /// Reads the epoch of an existing store without keeping it open.
-    /// `Ok(None)` if there is no store in `data_dir`.
+    /// The highest epoch the directory is known to have used, from the store
+    /// if it can be read and from the identity file: what a restore must
+    /// start above. `Ok(None)` for a directory that never held a store.
+    /// A store that cannot be read is an error only when no identity file
+    /// vouches for its epoch.
     pub fn peek_epoch(data_dir: &Path) -> Result<Option<Epoch>, StoreError> {
-        if !Self::path_in(data_dir).exists() {
-            return Ok(None);
-        }
-        let store = Self::open(data_dir)?;
-        Ok(Some(store.load()?.epoch))
+        let identity = Identity::read(data_dir)?;
+        let path = Self::path_in(data_dir);
+        let from_store = match file_state(&path)? {
+            FileState::Present => {
+                let read = open_db(&path).and_then(|db| contain_panics(&path, || read_meta(&db)));
+                match (read, &identity) {
+                    (Ok(meta), _) => Some(meta.epoch),
+                    (Err(e @ StoreError::InUse { .. }), _) => return Err(e),
+                    (Err(_), Some(_)) => None,
+                    (Err(e), None) => return Err(e),
+                }
+            }
+            FileState::Empty if identity.is_none() => {
+                return Err(StoreError::StoreLost {
+                    path: path.display().to_string(),
+                    state: "empty",
+                    data_dir: data_dir.display().to_string(),
+                    floor_epoch: 1,
+                })
+            }
+            _ => None,
+        };
+        Ok(from_store.max(identity.map(|i| i.floor_epoch)))
     }
 }
 
-impl LeaseStore for RedbStore {
-    fn load(&self) -> Result<Stored, StoreError> {
+fn position((epoch, counter): (Epoch, u64)) -> String {
+    match FencingToken::new(epoch, counter) {
+        Ok(t) => format!("epoch {} counter {counter} (token {t})", epoch.get()),
+        Err(_) => format!("epoch {} counter {counter}", epoch.get()),
+    }
+}
+
+fn open_db(path: &Path) -> Result<Database, StoreError> {
+    contain_panics(path, || {
+        Database::create(path).map_err(|e| match e {
+            redb::DatabaseError::DatabaseAlreadyOpen => StoreError::InUse {
+                path: path.display().to_string(),
+            },
+            other => StoreError::Corrupt(format!("{}: {other}", path.display())),
+        })
+    })
+}
+
+fn write_new_store(path: &Path, store_id: StoreId, epoch: Epoch) -> Result<(), StoreError> {
+    let db = Database::create(path).map_err(storage)?;
+    let txn = db.begin_write().map_err(storage)?;
+    {
+        let mut meta = txn.open_table(META).map_err(storage)?;
+        let (hi, lo) = store_id.halves();
+        meta.insert("format", FORMAT).map_err(storage)?;
+        meta.insert("store_id_hi", hi).map_err(storage)?;
+        meta.insert("store_id_lo", lo).map_err(storage)?;
+        meta.insert("epoch", u64::from(epoch.get()))
+            .map_err(storage)?;
+        meta.insert("counter", 0).map_err(storage)?;
+        txn.open_table(LEASES).map_err(storage)?;
+    }
+    txn.commit().map_err(storage)
+}
+
+/// Reads the meta table, first upgrading a format-1 store if that is what
+/// `path` holds. The upgrade writes a new file beside the old one (digests
+/// in place of acquisition ids, a store id drawn) and renames it over the
+/// old: rewriting in place would leave the ids in the file's free pages.
+fn migrate_and_read_meta(db: Database, path: &Path) -> Result<(Database, Meta), StoreError> {
+    if stored_format(&db)? != Some(FORMAT_WITH_IDS) {
+        let meta = read_meta(&db)?;
+        return Ok((db, meta));
+    }
+    let tmp = path.with_extension("migrate-tmp");
+    let _ = std::fs::remove_file(&tmp);
+    {
+        let new = Database::create(&tmp).map_err(storage)?;
+        let txn = new.begin_write().map_err(storage)?;
+        copy_with_digests(&db, &txn)?;
+        txn.commit().map_err(storage)?;
+    }
+    drop(db);
+    let io = |p: &Path| {
+        let p = p.display().to_string();
+        move |source| StoreError::Io { path: p, source }
+    };
+    std::fs::rename(&tmp, path).map_err(io(path))?;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io(dir))?;
+    let db = open_db(path)?;
+    let meta = read_meta(&db)?;
+    Ok((db, meta))
+}
+
+fn stored_format(db: &Database) -> Result<Option<u64>, StoreError> {
+    let txn = db.begin_read().map_err(storage)?;
+    let meta = txn.open_table(META).map_err(storage)?;
+    let format = meta.get("format").map_err(storage)?.map(|v| v.value());
+    Ok(format)
+}
+
+fn copy_with_digests(old: &Database, txn: &redb::WriteTransaction) -> Result<(), StoreError> {
+    let read = old.begin_read().map_err(storage)?;
+    let old_meta = read.open_table(META).map_err(storage)?;
+    let mut meta = txn.open_table(META).map_err(storage)?;
+    for key in ["epoch", "counter"] {
+        let value = old_meta
+            .get(key)
+            .map_err(storage)?
+            .ok_or_else(|| StoreError::Corrupt(format!("meta key {key:?} missing")))?
+            .value();
+        meta.insert(key, value).map_err(storage)?;
+    }
+    let (hi, lo) = StoreId::random()?.halves();
+    meta.insert("store_id_hi", hi).map_err(storage)?;
+    meta.insert("store_id_lo", lo).map_err(storage)?;
+    meta.insert("format", FORMAT).map_err(storage)?;
+    let mut leases = txn.open_table(LEASES).map_err(storage)?;
+    for entry in read
+        .open_table(LEASES)
+        .map_err(storage)?
+        .iter()
+        .map_err(storage)?
+    {
+        let (k, v) = entry.map_err(storage)?;
+        let mut value = v.value().to_vec();
+        if value.len() != LEASE_LEN_BYTES {
+            return Err(StoreError::Corrupt(format!(
+                "lease {:?}: {} bytes, expected {LEASE_LEN_BYTES}",
+                k.value(),
+                value.len()
+            )));
+        }
+        let id = AcquisitionId::from_slice(&value[..16]).expect("16 bytes");
+        value[..16].copy_from_slice(id.digest().as_bytes());
+        leases
+            .insert(k.value(), value.as_slice())
+            .map_err(storage)?;
+    }
+    Ok(())
+}
+
+fn read_meta(db: &Database) -> Result<Meta, StoreError> {
+    let txn = db.begin_read().map_err(storage)?;
+    let meta = txn.open_table(META).map_err(storage)?;
+    let get = |key: &str| -> Result<u64, StoreError> {
+        meta.get(key)
+            .map_err(storage)?
+            .map(|v| v.value())
+            .ok_or_else(|| StoreError::Corrupt(format!("meta key {key:?} missing")))
+    };
+    let format = get("format")?;
+    if format != FORMAT {
+        return Err(StoreError::UnsupportedFormat {
+            found: format,
+            supported: FORMAT,
+        });
+    }
+    let epoch = u32::try_from(get("epoch")?).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+    let epoch = Epoch::new(epoch).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+    let counter = get("counter")?;
+    FencingToken::new(epoch, counter).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+    let store_id = StoreId::from_halves(get("store_id_hi")?, get("store_id_lo")?);
+    Ok(Meta {
+        store_id,
+        epoch,
+        counter,
+    })
+}
+
+impl RedbStore {
+    fn load_inner(&self) -> Result<Stored, StoreError> {
+        let meta = read_meta(&self.db)?;
         let txn = self.db.begin_read().map_err(storage)?;
-        let meta = txn.open_table(META).map_err(storage)?;
-        let get = |key: &str| -> Result<u64, StoreError> {
-            meta.get(key)
-                .map_err(storage)?
-                .map(|v| v.value())
-                .ok_or_else(|| StoreError::Corrupt(format!("meta key {key:?} missing")))
-        };
-        let epoch = u32::try_from(get("epoch")?).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-        let epoch = Epoch::new(epoch).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-        let counter = get("counter")?;
-        FencingToken::new(epoch, counter).map_err(|e| StoreError::Corrupt(e.to_string()))?;
         let table = txn.open_table(LEASES).map_err(storage)?;
-        let mut leases = Vec::new();
+        let mut leases = Vec::with_capacity(table.len().map_err(storage)? as usize);
         for entry in table.iter().map_err(storage)? {
             let (k, v) = entry.map_err(storage)?;
             leases.push(decode(k.value(), v.value())?);
         }
         Ok(Stored {
-            epoch,
-            counter,
+            epoch: meta.epoch,
+            counter: meta.counter,
             leases,
         })
     }
 
-    fn commit(&mut self, writes: &[Write]) -> Result<(), StoreError> {
-        if self.poisoned {
-            return Err(StoreError::PreviousIo);
-        }
-        // Any failure below may leave the file state unknown to us (for
-        // example a failed fsync): stop trusting the handle.
-        self.poisoned = true;
+    fn commit_inner(&mut self, writes: &[Write]) -> Result<Option<Epoch>, StoreError> {
+        let mut new_epoch = None;
         let txn = self.db.begin_write().map_err(storage)?;
         {
             let mut leases = txn.open_table(LEASES).map_err(storage)?;
@@ -200,94 +417,42 @@ impl LeaseStore for RedbStore {
                         meta.insert("epoch", u64::from(epoch.get()))
                             .map_err(storage)?;
                         meta.insert("counter", *counter).map_err(storage)?;
+                        if *epoch > self.identity.floor_epoch {
+                            new_epoch = Some(*epoch);
+                        }
                     }
                 }
             }
         }
         txn.commit().map_err(storage)?;
+        Ok(new_epoch)
+    }
+}
+
+impl LeaseStore for RedbStore {
+    fn load(&self) -> Result<Stored, StoreError> {
+        contain_panics(&Self::path_in(&self.data_dir), || self.load_inner())
+    }
+
+    fn commit(&mut self, writes: &[Write]) -> Result<(), StoreError> {
+        if self.poisoned {
+            return Err(StoreError::PreviousIo);
+        }
+        // Any failure below may leave the file state unknown to us (for
+        // example a failed fsync): stop trusting the handle.
+        self.poisoned = true;
+        let path = Self::path_in(&self.data_dir);
+        let new_epoch = contain_panics(&path, || self.commit_inner(writes))?;
+        if let Some(epoch) = new_epoch {
+            // After the store's commit, so the floor is never above the store.
+            self.identity.floor_epoch = epoch;
+            self.identity.floor_counter = 0;
+            self.identity.write(&self.data_dir)?;
+        }
         self.poisoned = false;
         Ok(())
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn dir(tag: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("baton-store-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        d
-    }
-
-    fn lease(n: u8, counter: u64) -> (ResourceName, LeaseRecord) {
-        let record = LeaseRecord {
-            acquisition_id: AcquisitionId::from_bytes([n; 16]),
-            token: FencingToken::new(Epoch::FIRST, counter).unwrap(),
-            ttl_ms: 5_000,
-        };
-        (ResourceName::parse(&format!("r{n}")).unwrap(), record)
-    }
-
-    #[test]
-    fn commits_survive_reopen_and_deletes_apply_in_order() {
-        let d = dir("reopen");
-        {
-            let mut s = RedbStore::open(&d).unwrap();
-            let (r1, l1) = lease(1, 1);
-            let (r2, l2) = lease(2, 2);
-            s.commit(&[
-                Write::PutLease {
-                    resource: r1.clone(),
-                    record: l1,
-                },
-                Write::PutLease {
-                    resource: r2,
-                    record: l2.clone(),
-                },
-                Write::DeleteLease { resource: r1 },
-                Write::Tokens {
-                    epoch: Epoch::FIRST,
-                    counter: 2,
-                },
-            ])
-            .unwrap();
-        }
-        let s = RedbStore::open(&d).unwrap();
-        let stored = s.load().unwrap();
-        assert_eq!(stored.counter, 2);
-        assert_eq!(stored.leases, vec![lease(2, 2)]);
-        assert!(matches!(RedbStore::open(&d), Err(StoreError::InUse { .. })));
-        drop(s);
-        std::fs::remove_dir_all(&d).unwrap();
-    }
-
-    #[test]
-    fn fresh_store_replaces_old_state_with_new_epoch() {
-        let d = dir("fresh");
-        {
-            let mut s = RedbStore::open(&d).unwrap();
-            let (r, l) = lease(1, 9);
-            s.commit(&[
-                Write::PutLease {
-                    resource: r,
-                    record: l,
-                },
-                Write::Tokens {
-                    epoch: Epoch::FIRST,
-                    counter: 9,
-                },
-            ])
-            .unwrap();
-        }
-        assert_eq!(RedbStore::peek_epoch(&d).unwrap(), Some(Epoch::FIRST));
-        let e7 = Epoch::new(7).unwrap();
-        RedbStore::create_fresh(&d, e7).unwrap();
-        let stored = RedbStore::open(&d).unwrap().load().unwrap();
-        assert_eq!(
-            (stored.epoch, stored.counter, stored.leases.len()),
-            (e7, 0, 0)
-        );
-        std::fs::remove_dir_all(&d).unwrap();
-    }
-}
+mod tests;

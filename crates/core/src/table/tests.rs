@@ -52,7 +52,7 @@ fn grant_is_synced_and_carries_its_write() {
             Write::PutLease {
                 resource: name("a"),
                 record: LeaseRecord {
-                    acquisition_id: id(1),
+                    acquisition_digest: id(1).digest(),
                     token: tok(1),
                     ttl_ms: 5_000
                 }
@@ -344,7 +344,7 @@ fn fence_revokes_and_orders_tokens() {
 #[test]
 fn recovery_holds_every_lease_for_a_full_ttl_from_restart() {
     let record = LeaseRecord {
-        acquisition_id: id(1),
+        acquisition_digest: id(1).digest(),
         token: tok(7),
         ttl_ms: 5_000,
     };
@@ -526,7 +526,7 @@ fn op() -> impl Strategy<Value = Op> {
 /// The model's view of one lease: who holds it and until when.
 #[derive(Clone, Debug)]
 struct ModelLease {
-    id: AcquisitionId,
+    digest: AcquisitionDigest,
     token: FencingToken,
     ttl_ms: u64,
     expires_at: u64,
@@ -601,7 +601,7 @@ impl Harness {
         self.model.insert(
             r.clone(),
             ModelLease {
-                id: g.acquisition_id,
+                digest: g.acquisition_id.digest(),
                 token: g.token,
                 ttl_ms: g.ttl_ms,
                 expires_at: self.now + g.ttl_ms,
@@ -703,7 +703,7 @@ impl Harness {
                 let expect = self
                     .model
                     .get(&r)
-                    .is_some_and(|l| l.id == id && self.now < l.expires_at);
+                    .is_some_and(|l| l.digest.matches(&id) && self.now < l.expires_at);
                 let out = self.table.renew(now, &name(&r), &id);
                 assert_eq!(
                     matches!(out, RenewOutcome::Renewed { .. }),
@@ -725,7 +725,7 @@ impl Harness {
                 let expect = self
                     .model
                     .get(&r)
-                    .is_some_and(|l| l.id == id && self.now < l.expires_at);
+                    .is_some_and(|l| l.digest.matches(&id) && self.now < l.expires_at);
                 let out = self.table.release(now, &name(&r), &id);
                 assert_eq!(
                     matches!(out, ReleaseOutcome::Released { .. }),
@@ -776,7 +776,7 @@ impl Harness {
                         (
                             r.clone(),
                             ModelLease {
-                                id: rec.acquisition_id,
+                                digest: rec.acquisition_digest,
                                 token: rec.token,
                                 ttl_ms: rec.ttl_ms,
                                 expires_at: self.now + rec.ttl_ms,

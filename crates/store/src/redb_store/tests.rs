@@ -1,0 +1,240 @@
+use super::*;
+
+fn dir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("baton-store-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+fn lease(n: u8, counter: u64) -> (ResourceName, LeaseRecord) {
+    let record = LeaseRecord {
+        acquisition_digest: AcquisitionId::from_bytes([n; 16]).digest(),
+        token: FencingToken::new(Epoch::FIRST, counter).unwrap(),
+        ttl_ms: 5_000,
+    };
+    (ResourceName::parse(&format!("r{n}")).unwrap(), record)
+}
+
+#[test]
+fn commits_survive_reopen_and_deletes_apply_in_order() {
+    let d = dir("reopen");
+    {
+        let mut s = RedbStore::open(&d).unwrap();
+        let (r1, l1) = lease(1, 1);
+        let (r2, l2) = lease(2, 2);
+        s.commit(&[
+            Write::PutLease {
+                resource: r1.clone(),
+                record: l1,
+            },
+            Write::PutLease {
+                resource: r2,
+                record: l2.clone(),
+            },
+            Write::DeleteLease { resource: r1 },
+            Write::Tokens {
+                epoch: Epoch::FIRST,
+                counter: 2,
+            },
+        ])
+        .unwrap();
+    }
+    let s = RedbStore::open(&d).unwrap();
+    let stored = s.load().unwrap();
+    assert_eq!(stored.counter, 2);
+    assert_eq!(stored.leases, vec![lease(2, 2)]);
+    assert!(matches!(RedbStore::open(&d), Err(StoreError::InUse { .. })));
+    drop(s);
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn fresh_store_replaces_old_state_with_new_epoch() {
+    let d = dir("fresh");
+    {
+        let mut s = RedbStore::open(&d).unwrap();
+        let (r, l) = lease(1, 9);
+        s.commit(&[
+            Write::PutLease {
+                resource: r,
+                record: l,
+            },
+            Write::Tokens {
+                epoch: Epoch::FIRST,
+                counter: 9,
+            },
+        ])
+        .unwrap();
+    }
+    assert_eq!(RedbStore::peek_epoch(&d).unwrap(), Some(Epoch::FIRST));
+    let e7 = Epoch::new(7).unwrap();
+    RedbStore::create_fresh(&d, e7).unwrap();
+    let stored = RedbStore::open(&d).unwrap().load().unwrap();
+    assert_eq!(
+        (stored.epoch, stored.counter, stored.leases.len()),
+        (e7, 0, 0)
+    );
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+fn served(tag: &str, counter: u64) -> PathBuf {
+    let d = dir(tag);
+    let mut s = RedbStore::open(&d).unwrap();
+    let (r, l) = lease(1, counter);
+    s.commit(&[
+        Write::PutLease {
+            resource: r,
+            record: l,
+        },
+        Write::Tokens {
+            epoch: Epoch::FIRST,
+            counter,
+        },
+    ])
+    .unwrap();
+    d
+}
+
+#[test]
+fn a_missing_or_empty_store_in_a_used_directory_is_refused() {
+    let d = served("lost", 5);
+    std::fs::write(RedbStore::path_in(&d), b"").unwrap();
+    let err = RedbStore::open(&d).err().expect("empty store refused");
+    assert!(
+        matches!(err, StoreError::StoreLost { state: "empty", .. }),
+        "{err}"
+    );
+    std::fs::remove_file(RedbStore::path_in(&d)).unwrap();
+    let err = RedbStore::open(&d).err().expect("missing store refused");
+    assert!(
+        matches!(
+            err,
+            StoreError::StoreLost {
+                state: "missing",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(
+        !RedbStore::path_in(&d).exists(),
+        "refusing must not create a store"
+    );
+    // A restore is the way back, above the epoch the directory used.
+    assert_eq!(RedbStore::peek_epoch(&d).unwrap(), Some(Epoch::FIRST));
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn an_empty_store_file_without_identity_is_refused_too() {
+    let d = dir("empty-legacy");
+    std::fs::create_dir_all(&d).unwrap();
+    std::fs::write(RedbStore::path_in(&d), b"").unwrap();
+    assert!(matches!(
+        RedbStore::open(&d),
+        Err(StoreError::StoreLost { .. })
+    ));
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn a_zeroed_store_file_is_a_corrupt_error_not_a_panic() {
+    let d = served("zeroed", 3);
+    let path = RedbStore::path_in(&d);
+    let len = std::fs::metadata(&path).unwrap().len() as usize;
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[4096.min(len)..].fill(0);
+    std::fs::write(&path, &bytes).unwrap();
+    let err = RedbStore::open(&d).err().expect("zeroed store refused");
+    assert!(err.to_string().contains("baton.redb"), "{err}");
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn another_servers_store_or_an_older_copy_is_refused() {
+    let a = served("mismatch-a", 9);
+    let b = served("mismatch-b", 2);
+    let old_copy = std::fs::read(RedbStore::path_in(&a)).unwrap();
+    std::fs::copy(RedbStore::path_in(&b), RedbStore::path_in(&a)).unwrap();
+    assert!(matches!(
+        RedbStore::open(&a),
+        Err(StoreError::IdentityMismatch { .. })
+    ));
+    // The same store, copied back after it went on to issue more tokens.
+    std::fs::write(RedbStore::path_in(&a), &old_copy).unwrap();
+    {
+        let mut s = RedbStore::open(&a).unwrap();
+        s.commit(&[Write::Tokens {
+            epoch: Epoch::FIRST,
+            counter: 20,
+        }])
+        .unwrap();
+    }
+    // The floor moves when the store is opened, so open once more.
+    drop(RedbStore::open(&a).unwrap());
+    std::fs::write(RedbStore::path_in(&a), &old_copy).unwrap();
+    assert!(matches!(
+        RedbStore::open(&a),
+        Err(StoreError::BehindFloor { .. })
+    ));
+    std::fs::remove_dir_all(&a).unwrap();
+    std::fs::remove_dir_all(&b).unwrap();
+}
+
+#[test]
+fn a_format_1_store_is_migrated_to_digests_and_gets_an_identity() {
+    let d = dir("migrate");
+    std::fs::create_dir_all(&d).unwrap();
+    let id = AcquisitionId::from_bytes([9; 16]);
+    {
+        let db = Database::create(RedbStore::path_in(&d)).unwrap();
+        let txn = db.begin_write().unwrap();
+        {
+            let mut meta = txn.open_table(META).unwrap();
+            meta.insert("format", FORMAT_WITH_IDS).unwrap();
+            meta.insert("epoch", 1).unwrap();
+            meta.insert("counter", 4).unwrap();
+            let mut leases = txn.open_table(LEASES).unwrap();
+            let mut value = [0u8; LEASE_LEN_BYTES];
+            value[..16].copy_from_slice(id.as_bytes());
+            value[16..24].copy_from_slice(
+                &FencingToken::new(Epoch::FIRST, 4)
+                    .unwrap()
+                    .get()
+                    .to_be_bytes(),
+            );
+            value[24..].copy_from_slice(&5_000u64.to_be_bytes());
+            leases.insert("job", &value[..]).unwrap();
+        }
+        txn.commit().unwrap();
+    }
+    let s = RedbStore::open(&d).unwrap();
+    let stored = s.load().unwrap();
+    assert_eq!(stored.leases[0].1.acquisition_digest, id.digest());
+    let raw = std::fs::read(RedbStore::path_in(&d)).unwrap();
+    assert!(
+        !raw.windows(16).any(|w| w == id.as_bytes()),
+        "the acquisition id is still in the file"
+    );
+    let identity = Identity::read(&d).unwrap().unwrap();
+    assert_eq!(
+        (identity.floor_epoch, identity.floor_counter),
+        (Epoch::FIRST, 4)
+    );
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn an_epoch_change_raises_the_identity_floor() {
+    let d = served("epoch", 1);
+    let e2 = Epoch::new(2).unwrap();
+    let mut s = RedbStore::open(&d).unwrap();
+    s.commit(&[Write::Tokens {
+        epoch: e2,
+        counter: 1,
+    }])
+    .unwrap();
+    assert_eq!(Identity::read(&d).unwrap().unwrap().floor_epoch, e2);
+    drop(s);
+    std::fs::remove_dir_all(&d).unwrap();
+}
