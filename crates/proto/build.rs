@@ -10,6 +10,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     std::fs::write(&out, descriptors.encode_to_vec())?;
     tonic_prost_build::configure()
         .skip_protoc_run()
+        .codec_path("crate::codec::BatonCodec")
         .file_descriptor_set_path(&out)
         .compile_protos(&[proto], &["proto"])?;
     Ok(())

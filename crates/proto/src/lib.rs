@@ -1,6 +1,8 @@
 //! Wire types for the Baton gRPC API (`proto/baton/v1/baton.proto`) and their
 //! conversion into validated core types.
 
+pub mod codec;
+
 pub mod v1 {
     #![allow(clippy::all, missing_docs)]
     tonic::include_proto!("baton.v1");
@@ -12,5 +14,9 @@ pub const REQUEST_LEN_BYTES_MAX: usize = 256 * 1024;
 /// Default and maximum page sizes of `List`.
 pub const LIST_LIMIT_DEFAULT: u32 = 100;
 pub const LIST_LIMIT_MAX: u32 = 1_000;
-/// Snapshot format version written by this build.
-pub const SNAPSHOT_FORMAT: u32 = 1;
+/// Snapshot format version written by this build: 2 holds acquisition
+/// digests (`Snapshot.stored_leases`), never acquisition ids.
+pub const SNAPSHOT_FORMAT: u32 = 2;
+/// The earlier format, whose `leases` held usable acquisition ids. A restore
+/// still reads it (it drops every lease anyway).
+pub const SNAPSHOT_FORMAT_WITH_IDS: u32 = 1;

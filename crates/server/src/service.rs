@@ -303,12 +303,13 @@ impl Leases for LeaseService {
             format: SNAPSHOT_FORMAT,
             epoch: stored.epoch.get(),
             counter: stored.counter,
-            leases: stored
+            leases: Vec::new(),
+            stored_leases: stored
                 .leases
                 .into_iter()
-                .map(|(r, l)| v1::Lease {
+                .map(|(r, l)| v1::StoredLease {
                     resource: r.to_string(),
-                    acquisition_id: l.acquisition_id.as_bytes().to_vec(),
+                    acquisition_digest: l.acquisition_digest.as_bytes().to_vec(),
                     token: l.token.get(),
                     ttl_ms: l.ttl_ms,
                 })
