@@ -1,56 +1,194 @@
-//! Accepted connections, counted against a limit.
+//! Accepted connections: counted against a limit, and never held by a peer
+//! that does not use them.
 //!
 //! Connections over the limit are still accepted at the TCP level, so that
 //! their requests can be answered `RESOURCE_EXHAUSTED` by [`check`] instead
 //! of hanging in the kernel's backlog.
+//!
+//! A socket that never sends a byte would otherwise hold a slot forever, and
+//! enough of them lock every client out (including a holder that reconnects
+//! to renew). Three rules prevent that:
+//! - a connection must send its first request within the handshake timeout;
+//! - at the limit, a new connection evicts the oldest connection that has not
+//!   sent a request yet (a client's connection sends its first request within
+//!   milliseconds, so an attacker's idle sockets are the ones evicted);
+//! - a connection with no request in flight for the idle timeout is closed
+//!   (silent HTTP/2 peers are also dropped by the keepalive ping timeout).
 
+use std::collections::VecDeque;
+use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
+use tokio::time::{Instant, Sleep};
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 use tonic::transport::server::Connected;
 use tonic::{Request, Status};
 
 use crate::metrics::Metrics;
 
+/// The connection rules, from the server configuration.
+#[derive(Clone, Copy, Debug)]
+pub struct ConnLimits {
+    pub connections_max: usize,
+    pub handshake_timeout: Duration,
+    pub idle_timeout: Duration,
+}
+
+/// What the request path knows about one connection.
+#[derive(Debug)]
+pub struct ConnState {
+    accepted_at: Instant,
+    /// Set by the first request that reaches the service.
+    proven: AtomicBool,
+    in_flight: AtomicUsize,
+    /// Milliseconds after `accepted_at` of the last request start or end.
+    last_activity_ms: AtomicU64,
+    evict: CancellationToken,
+}
+
+impl ConnState {
+    fn touch(&self) {
+        let ms = self.accepted_at.elapsed().as_millis() as u64;
+        self.last_activity_ms.fetch_max(ms, Relaxed);
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct ConnInfo {
     pub over_limit: bool,
     pub connections_max: usize,
+    pub state: Arc<ConnState>,
+}
+
+/// Admits connections: counts them and evicts idle newcomers at the limit.
+pub struct Registry {
+    limits: ConnLimits,
+    metrics: Arc<Metrics>,
+    /// Connections that have not sent a request yet, oldest first (proven or
+    /// closed ones are skipped lazily).
+    unproven: Mutex<VecDeque<Arc<ConnState>>>,
+}
+
+impl Registry {
+    pub fn new(limits: ConnLimits, metrics: Arc<Metrics>) -> Arc<Self> {
+        Arc::new(Self {
+            limits,
+            metrics,
+            unproven: Mutex::new(VecDeque::new()),
+        })
+    }
+
+    /// Wraps an accepted socket.
+    pub fn admit(&self, io: TcpStream) -> Conn {
+        let _ = io.set_nodelay(true);
+        let n_open = self.metrics.connections.fetch_add(1, Relaxed) + 1;
+        let state = Arc::new(ConnState {
+            accepted_at: Instant::now(),
+            proven: AtomicBool::new(false),
+            in_flight: AtomicUsize::new(0),
+            last_activity_ms: AtomicU64::new(0),
+            evict: CancellationToken::new(),
+        });
+        let mut unproven = self.unproven.lock().expect("registry lock");
+        let over_limit =
+            n_open as usize > self.limits.connections_max && !self.evict_one(&mut unproven);
+        if over_limit {
+            self.metrics.connections_refused.fetch_add(1, Relaxed);
+        }
+        unproven.retain(|c| !c.proven.load(Relaxed) && !c.evict.is_cancelled());
+        unproven.push_back(state.clone());
+        drop(unproven);
+        let deadline = state.accepted_at + self.limits.handshake_timeout;
+        Conn {
+            io,
+            evicted: Box::pin(state.evict.clone().cancelled_owned()),
+            timer: Box::pin(tokio::time::sleep_until(deadline)),
+            info: ConnInfo {
+                over_limit,
+                connections_max: self.limits.connections_max,
+                state,
+            },
+            limits: self.limits,
+            metrics: self.metrics.clone(),
+        }
+    }
+
+    /// Evicts the oldest connection that has not sent a request; false if none.
+    fn evict_one(&self, unproven: &mut VecDeque<Arc<ConnState>>) -> bool {
+        while let Some(oldest) = unproven.pop_front() {
+            if !oldest.proven.load(Relaxed) && !oldest.evict.is_cancelled() {
+                oldest.evict.cancel();
+                self.metrics.connections_evicted.fetch_add(1, Relaxed);
+                return true;
+            }
+        }
+        false
+    }
 }
 
 pub struct Conn {
     io: TcpStream,
     info: ConnInfo,
+    evicted: Pin<Box<WaitForCancellationFutureOwned>>,
+    timer: Pin<Box<Sleep>>,
+    limits: ConnLimits,
     metrics: Arc<Metrics>,
 }
 
 impl Conn {
-    pub fn new(io: TcpStream, metrics: Arc<Metrics>, connections_max: usize) -> Self {
-        let _ = io.set_nodelay(true);
-        let n_open = metrics.connections.fetch_add(1, Relaxed) + 1;
-        let over_limit = n_open as usize > connections_max;
-        if over_limit {
-            metrics.connections_refused.fetch_add(1, Relaxed);
+    /// When the connection is due to close, or `None` if it is due now.
+    fn next_check(&self) -> Option<Instant> {
+        let state = &self.info.state;
+        let now = Instant::now();
+        if !state.proven.load(Relaxed) {
+            let deadline = state.accepted_at + self.limits.handshake_timeout;
+            return (now < deadline).then_some(deadline);
         }
-        Self {
-            io,
-            info: ConnInfo {
-                over_limit,
-                connections_max,
-            },
-            metrics,
+        if state.in_flight.load(Relaxed) > 0 {
+            return Some(now + self.limits.idle_timeout);
         }
+        let last = state.accepted_at + Duration::from_millis(state.last_activity_ms.load(Relaxed));
+        let deadline = last + self.limits.idle_timeout;
+        (now < deadline).then_some(deadline)
+    }
+
+    /// `Err` once the connection must close: evicted, or past its deadline.
+    fn poll_rules(&mut self, cx: &mut Context<'_>) -> io::Result<()> {
+        if self.evicted.as_mut().poll(cx).is_ready() {
+            return Err(io::Error::new(
+                io::ErrorKind::ConnectionAborted,
+                "evicted: no request sent while the server was at its connection limit",
+            ));
+        }
+        while self.timer.as_mut().poll(cx).is_ready() {
+            match self.next_check() {
+                Some(at) => self.timer.as_mut().reset(at),
+                None => {
+                    self.metrics.connections_closed_idle.fetch_add(1, Relaxed);
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "closed: no request in time",
+                    ));
+                }
+            }
+        }
+        Ok(())
     }
 }
 
 impl Drop for Conn {
     fn drop(&mut self) {
         self.metrics.connections.fetch_sub(1, Relaxed);
+        // Leaves the unproven queue at the next admission.
+        self.info.state.evict.cancel();
     }
 }
 
@@ -68,6 +206,9 @@ impl AsyncRead for Conn {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
+        if let Err(e) = self.poll_rules(cx) {
+            return Poll::Ready(Err(e));
+        }
         Pin::new(&mut self.io).poll_read(cx, buf)
     }
 }
@@ -112,4 +253,61 @@ pub fn check(request: Request<()>) -> Result<Request<()>, Status> {
         ))),
         _ => Ok(request),
     }
+}
+
+/// Counts a request in flight on its connection for as long as it lives.
+struct InFlight(Arc<ConnState>);
+
+impl InFlight {
+    fn start(state: Arc<ConnState>) -> Self {
+        state.proven.store(true, Relaxed);
+        state.in_flight.fetch_add(1, Relaxed);
+        state.touch();
+        Self(state)
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.touch();
+        self.0.in_flight.fetch_sub(1, Relaxed);
+    }
+}
+
+/// Wraps the gRPC service: marks a connection as used and counts its
+/// requests in flight, for the idle rules above.
+#[derive(Clone)]
+pub struct Tracked<S> {
+    pub inner: S,
+}
+
+impl<S, B> tower_service::Service<http::Request<B>> for Tracked<S>
+where
+    S: tower_service::Service<http::Request<B>>,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<S::Response, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        let guard = request
+            .extensions()
+            .get::<ConnInfo>()
+            .map(|info| InFlight::start(info.state.clone()));
+        let response = self.inner.call(request);
+        Box::pin(async move {
+            let out = response.await;
+            drop(guard);
+            out
+        })
+    }
+}
+
+impl<S: tonic::server::NamedService> tonic::server::NamedService for Tracked<S> {
+    const NAME: &'static str = S::NAME;
 }

@@ -1,4 +1,5 @@
-//! A minimal HTTP/1.1 endpoint for `GET /healthz` and `GET /metrics`.
+//! A minimal HTTP/1.1 endpoint for `GET /healthz` (alive), `GET /readyz`
+//! (recovered and granting) and `GET /metrics`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -52,6 +53,18 @@ async fn handle(mut stream: TcpStream, metrics: &Metrics) -> std::io::Result<()>
     let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
     match (method, path) {
         ("GET", "/healthz") => respond(&mut stream, "200 OK", "text/plain", "ok\n").await,
+        ("GET", "/readyz") if metrics.ready.load(std::sync::atomic::Ordering::Acquire) => {
+            respond(&mut stream, "200 OK", "text/plain", "ready\n").await
+        }
+        ("GET", "/readyz") => {
+            respond(
+                &mut stream,
+                "503 Service Unavailable",
+                "text/plain",
+                "not ready: recovering the lease state\n",
+            )
+            .await
+        }
         ("GET", "/metrics") => {
             respond(
                 &mut stream,

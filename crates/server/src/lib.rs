@@ -42,7 +42,15 @@ pub struct ServerConfig {
     pub limits: Limits,
     pub default_ttl_ms: u64,
     pub connections_max: usize,
+    /// A connection must send its first request within this long.
+    pub handshake_timeout_ms: u64,
+    /// A connection with no request in flight for this long is closed.
+    pub idle_timeout_ms: u64,
 }
+
+/// Defaults for the connection rules (see `conn.rs`).
+pub const HANDSHAKE_TIMEOUT_MS_DEFAULT: u64 = 10_000;
+pub const IDLE_TIMEOUT_MS_DEFAULT: u64 = 15 * 60_000;
 
 impl Default for ServerConfig {
     fn default() -> Self {
@@ -53,6 +61,8 @@ impl Default for ServerConfig {
             limits: Limits::default(),
             default_ttl_ms: 30_000,
             connections_max: 1_024,
+            handshake_timeout_ms: HANDSHAKE_TIMEOUT_MS_DEFAULT,
+            idle_timeout_ms: IDLE_TIMEOUT_MS_DEFAULT,
         }
     }
 }
@@ -71,6 +81,8 @@ impl ServerConfig {
             },
             default_ttl_ms: 30_000,
             connections_max: 256,
+            handshake_timeout_ms: HANDSHAKE_TIMEOUT_MS_DEFAULT,
+            idle_timeout_ms: IDLE_TIMEOUT_MS_DEFAULT,
         }
     }
 }
@@ -87,6 +99,12 @@ pub enum ServerError {
     },
     #[error(transparent)]
     Store(#[from] StoreError),
+    #[error("cannot open the lease store in {data_dir}: {source}{hint}")]
+    StoreOpen {
+        data_dir: String,
+        source: Box<StoreError>,
+        hint: String,
+    },
     #[error("the lease engine stopped: {0}")]
     Engine(String),
     #[error("transport error: {0}")]
@@ -132,6 +150,11 @@ fn validate(config: &ServerConfig) -> Result<(), ServerError> {
             config.default_ttl_ms, l.ttl_ms_min, l.ttl_ms_max
         )));
     }
+    if config.handshake_timeout_ms == 0 || config.idle_timeout_ms == 0 {
+        return Err(ServerError::Config(
+            "the handshake and idle timeouts must be positive".into(),
+        ));
+    }
     if config.connections_max == 0 || l.n_waiters_max == 0 || l.n_waiters_per_resource_max == 0 {
         return Err(ServerError::Config(
             "connection and waiter limits must be positive".into(),
@@ -140,10 +163,31 @@ fn validate(config: &ServerConfig) -> Result<(), ServerError> {
     Ok(())
 }
 
+/// How to get out of a store that cannot be opened, if there is a way.
+fn recovery_hint(data_dir: &std::path::Path, e: &StoreError) -> String {
+    match e {
+        StoreError::InUse { .. } | StoreError::Io { .. } => String::new(),
+        _ => format!(
+            "\nto recover: with no server running on it, `baton admin restore --data-dir {dir} --from BACKUP` \
+             (or `--empty` if there is no backup; add `--floor-from DATABASE_URL` to start above every token \
+             your resources recorded): the restore starts a new token epoch above every token this directory issued",
+            dir = data_dir.display()
+        ),
+    }
+}
+
+fn open_store(data_dir: &std::path::Path) -> Result<RedbStore, ServerError> {
+    RedbStore::open(data_dir).map_err(|source| ServerError::StoreOpen {
+        data_dir: data_dir.display().to_string(),
+        hint: recovery_hint(data_dir, &source),
+        source: Box::new(source),
+    })
+}
+
 pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
     validate(&config)?;
     let metrics = Arc::new(Metrics::default());
-    let store = RedbStore::open(&config.data_dir)?;
+    let store = open_store(&config.data_dir)?;
     let grpc = TcpListener::bind(config.listen)
         .await
         .map_err(|source| ServerError::Bind {
@@ -171,14 +215,22 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         engine::Engine::start(Box::new(store), config.limits.clone(), metrics.clone())?;
     let engine_stop = engine.clone();
     let service = service::LeaseService::new(engine, metrics.clone(), config.default_ttl_ms);
-    let grpc_service = tonic::service::interceptor::InterceptedService::new(
-        LeasesServer::new(service).max_decoding_message_size(REQUEST_LEN_BYTES_MAX),
-        conn::check,
+    let grpc_service = conn::Tracked {
+        inner: tonic::service::interceptor::InterceptedService::new(
+            LeasesServer::new(service).max_decoding_message_size(REQUEST_LEN_BYTES_MAX),
+            conn::check,
+        ),
+    };
+    let registry = conn::Registry::new(
+        conn::ConnLimits {
+            connections_max: config.connections_max,
+            handshake_timeout: Duration::from_millis(config.handshake_timeout_ms),
+            idle_timeout: Duration::from_millis(config.idle_timeout_ms),
+        },
+        metrics.clone(),
     );
-    let connections_max = config.connections_max;
-    let conn_metrics = metrics.clone();
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(grpc)
-        .map(move |r| r.map(|io| conn::Conn::new(io, conn_metrics.clone(), connections_max)));
+        .map(move |r| r.map(|io| registry.admit(io)));
     let (shutdown_tx, shutdown_rx) = oneshot::channel::<()>();
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
     let router = tonic::transport::Server::builder()
@@ -189,7 +241,10 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
     let serve = router.serve_with_incoming_shutdown(incoming, async move {
         let _ = stop_rx.await;
     });
-    info!(%grpc_addr, ?http_addr, data_dir = %config.data_dir.display(), "baton serving");
+    metrics
+        .ready
+        .store(true, std::sync::atomic::Ordering::Release);
+    info!(%grpc_addr, http_addr = %http_addr.map(|a| a.to_string()).unwrap_or_else(|| "off".into()), data_dir = %config.data_dir.display(), "baton serving");
     let task = tokio::spawn(async move {
         let mut engine_join = tokio::task::spawn_blocking(move || engine_thread.join());
         let mut serve = Box::pin(serve);

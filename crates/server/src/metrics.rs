@@ -26,6 +26,10 @@ pub struct Metrics {
     pub waiters: AtomicU64,
     pub connections: AtomicU64,
     pub connections_refused: AtomicU64,
+    pub connections_closed_idle: AtomicU64,
+    pub connections_evicted: AtomicU64,
+    /// 1 once recovery is done and the server grants (`/readyz`).
+    pub ready: std::sync::atomic::AtomicBool,
     latency_buckets: [AtomicU64; LATENCY_BUCKETS_US.len()],
     latency_count: AtomicU64,
     latency_sum_us: AtomicU64,
@@ -43,7 +47,7 @@ impl Metrics {
 
     pub fn render(&self) -> String {
         let mut out = String::new();
-        let counters: [(&str, &str, &AtomicU64); 13] = [
+        let counters: [(&str, &str, &AtomicU64); 15] = [
             (
                 "baton_acquire_requests_total",
                 "acquire requests received",
@@ -108,6 +112,16 @@ impl Metrics {
                 "baton_connections_refused_total",
                 "connections over the limit, answered RESOURCE_EXHAUSTED",
                 &self.connections_refused,
+            ),
+            (
+                "baton_connections_closed_idle_total",
+                "connections closed for sending no request in time or idling with no request in flight",
+                &self.connections_closed_idle,
+            ),
+            (
+                "baton_connections_evicted_total",
+                "connections that had not sent a request yet, closed to admit a new one at the limit",
+                &self.connections_evicted,
             ),
         ];
         for (name, help, value) in counters {
