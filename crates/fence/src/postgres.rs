@@ -10,8 +10,13 @@ use crate::{
     metrics, FenceError, FenceRequest, Outcome, Policy, Publication, ResourceKey, Sequence, Token,
 };
 
-/// The migration that installs the `baton` schema, tables and functions.
-pub const MIGRATION: &str = include_str!("../sql/001_baton_fence.sql");
+/// The migrations that install and upgrade the `baton` schema, tables and
+/// functions, by version. Each runs once, in order, recorded in
+/// `baton.schema_migrations`; run them by hand with psql in the same order.
+pub const MIGRATIONS: [(i32, &str); 2] = [
+    (1, include_str!("../sql/001_baton_fence.sql")),
+    (2, include_str!("../sql/002_names_and_races.sql")),
+];
 
 const FENCE_SQL: &str = "SELECT outcome, token, current_token, current_seq, detail, result
     FROM baton.fence($1, $2, $3, $4, $5, $6, $7, $8)";
@@ -85,9 +90,46 @@ impl PgFence {
             &[],
         )
         .await?;
-        tx.batch_execute(MIGRATION).await?;
+        let installed = tx
+            .query_one(
+                "SELECT to_regclass('baton.schema_migrations') IS NOT NULL",
+                &[],
+            )
+            .await?
+            .try_get::<_, bool>(0)?;
+        let mut done: Vec<i32> = Vec::new();
+        if installed {
+            for row in tx
+                .query("SELECT version FROM baton.schema_migrations", &[])
+                .await?
+            {
+                done.push(row.try_get(0)?);
+            }
+        }
+        for (version, sql) in MIGRATIONS {
+            if !done.contains(&version) {
+                tx.batch_execute(sql).await?;
+            }
+        }
         tx.commit().await?;
         Ok(())
+    }
+
+    /// The highest token this database has recorded for any resource
+    /// (generations, tombstone floors, cancellations, operation records), or
+    /// `None` if it recorded none. A lease-service restore starts its new
+    /// epoch above it (`baton admin restore --floor-from`).
+    pub async fn highest_token(client: &impl GenericClient) -> Result<Option<Token>, FenceError> {
+        let row = client
+            .query_one(
+                "SELECT greatest(
+                    (SELECT max(greatest(generation, coalesce(cancelled_at, 0), coalesce(published_token, 0)))
+                       FROM baton.resources),
+                    (SELECT max(token) FROM baton.operations))",
+                &[],
+            )
+            .await?;
+        row.try_get::<_, Option<i64>>(0)?.map(token).transpose()
     }
 
     pub async fn prepare(client: &impl GenericClient) -> Result<Prepared, FenceError> {

@@ -47,6 +47,20 @@ impl SqliteFence {
         Ok(())
     }
 
+    /// The highest token this database has recorded for any resource, or
+    /// `None`: see [`crate::postgres::PgFence::highest_token`].
+    pub fn highest_token(conn: &Connection) -> Result<Option<Token>, FenceError> {
+        let highest: Option<i64> = conn.query_row(
+            "SELECT max(
+                (SELECT coalesce(max(max(generation, coalesce(cancelled_at, 0), coalesce(published_token, 0))), 0)
+                   FROM baton_resources),
+                (SELECT coalesce(max(token), 0) FROM baton_operations))",
+            [],
+            |r| r.get(0),
+        )?;
+        highest.filter(|t| *t > 0).map(token).transpose()
+    }
+
     pub fn state(
         conn: &Connection,
         resource: &ResourceKey,

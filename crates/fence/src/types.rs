@@ -29,6 +29,11 @@ pub enum InputError {
     TokenOutOfRange { token: u64 },
     #[error("sequence {seq} is out of range: sequences are 0 to 9223372036854775807 (a BIGINT)")]
     SequenceOutOfRange { seq: u64 },
+    /// The lease service's name rules (one copy: `baton_core::ResourceName`).
+    #[error(transparent)]
+    ResourceName(#[from] baton_core::NameError),
+    #[error("resource name {given:?} is not in canonical form (Unicode NFC); write it as {canonical:?}, the name the lease service returns")]
+    NotCanonical { given: String, canonical: String },
 }
 
 fn text(field: &'static str, raw: &str, len_bytes_max: usize) -> Result<String, InputError> {
@@ -53,8 +58,18 @@ fn text(field: &'static str, raw: &str, len_bytes_max: usize) -> Result<String, 
 pub struct ResourceKey(String);
 
 impl ResourceKey {
+    /// Accepts a name that follows the lease service's rules and is already
+    /// canonical: a spelling that normalizes to another name would otherwise
+    /// be a different row here while it is the same lease there.
     pub fn new(raw: &str) -> Result<Self, InputError> {
-        text("resource", raw, RESOURCE_LEN_BYTES_MAX).map(Self)
+        let canonical = baton_core::ResourceName::parse(raw)?;
+        if canonical.as_str() != raw {
+            return Err(InputError::NotCanonical {
+                given: raw.to_string(),
+                canonical: canonical.as_str().to_string(),
+            });
+        }
+        Ok(Self(raw.to_string()))
     }
 
     pub fn as_str(&self) -> &str {

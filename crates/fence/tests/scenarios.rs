@@ -492,19 +492,30 @@ fn bad_input_is_refused_naming_the_rule() {
     );
     assert_eq!(
         FenceRequest::new("", 1, "op", b"f", b"").unwrap_err(),
-        InputError::Empty { field: "resource" }
+        InputError::ResourceName(baton_core::NameError::Empty)
     );
     let long = "r".repeat(513);
     let err = FenceRequest::new(&long, 1, "op", b"f", b"").unwrap_err();
     assert_eq!(
         err,
-        InputError::TooLong {
-            field: "resource",
+        InputError::ResourceName(baton_core::NameError::TooLong {
             len_bytes: 513,
             len_bytes_max: 512
-        }
+        })
     );
     assert!(err.to_string().contains("513") && err.to_string().contains("512"));
+    // The lease service's rules, and its canonical spelling only.
+    assert!(FenceRequest::new("a::b", 1, "op", b"f", b"").is_err());
+    assert!(FenceRequest::new(" r", 1, "op", b"f", b"").is_err());
+    let err = FenceRequest::new("cafe\u{301}", 1, "op", b"f", b"").unwrap_err();
+    assert_eq!(
+        err,
+        InputError::NotCanonical {
+            given: "cafe\u{301}".into(),
+            canonical: "caf\u{e9}".into()
+        }
+    );
+    assert!(err.to_string().contains("caf\u{e9}"), "{err}");
     assert!(FenceRequest::new("r", 1, &"o".repeat(129), b"f", b"").is_err());
     assert!(FenceRequest::new("r", 1, "a\nb", b"f", b"").is_err());
     assert_eq!(
@@ -530,12 +541,53 @@ async fn postgres_sql_functions_refuse_bad_input_and_write_nothing() {
         .iter()
         .map(|r| r.get(0))
         .collect();
-    assert_eq!(versions, vec![1]);
+    assert_eq!(versions, vec![1, 2]);
     let cases = [
         (
             "SELECT * FROM baton.fence('', 1, 'op', '\\x01'::bytea)",
-            "resource is 0 bytes",
+            "resource name is empty",
         ),
+        (
+            "SELECT * FROM baton.fence(NULL, 1, 'op', '\\x01'::bytea)",
+            "resource name is empty",
+        ),
+        (
+            "SELECT * FROM baton.fence('a::b', 1, 'op', '\\x01'::bytea)",
+            "empty ':'-separated segment",
+        ),
+        (
+            "SELECT * FROM baton.fence(' a', 1, 'op', '\\x01'::bytea)",
+            "leading or trailing whitespace",
+        ),
+        (
+            "SELECT * FROM baton.fence(E'a\\tb', 1, 'op', '\\x01'::bytea)",
+            "control character U+0009",
+        ),
+        (
+            "SELECT * FROM baton.publish('cafe' || chr(769), 1, 'op', '\\x01'::bytea, 'k')",
+            "write it as 'caf\u{e9}'",
+        ),
+        (
+            "SELECT * FROM baton.fence('r', 1, 'op', '\\x01'::bytea, NULL)",
+            "result is NULL",
+        ),
+        (
+            "SELECT * FROM baton.fence('r', 1, 'op', '\\x01'::bytea, ''::bytea, 0, NULL::smallint)",
+            "policy NULL is unknown",
+        ),
+        ("SELECT baton.cancel(NULL, 5)", "resource name is empty"),
+        ("SELECT baton.cancel('', 5)", "resource name is empty"),
+        (
+            "SELECT baton.cancel('r', NULL)",
+            "token NULL is out of range",
+        ),
+        (
+            "SELECT baton.cancel('r', 5, 9::smallint)",
+            "policy 9 is unknown",
+        ),
+        ("SELECT baton.recreate(NULL, 5)", "resource name is empty"),
+        ("SELECT baton.recreate('r', 0)", "token 0 is out of range"),
+        ("SELECT baton.prune_operations(NULL)", "never pruned"),
         (
             "SELECT * FROM baton.fence('r', 0, 'op', '\\x01'::bytea)",
             "token 0 is out of range",
@@ -629,4 +681,159 @@ async fn policy_mismatch_and_pruning() {
         lite.write(&req("p", 1, "a", "x")).await,
         Outcome::GenerationUsed { .. }
     ));
+}
+
+/// Session 1 holds an operation id in an open transaction; session 2 reuses
+/// it with a higher token and blocks on the row. Once session 1 commits,
+/// session 2 must hear `replayed` (same payload) or `conflict` (another
+/// payload), never a unique-key error, through both SQL entry points and
+/// whether or not the resource row existed before.
+#[tokio::test]
+async fn concurrent_reuse_of_an_operation_id_is_replayed_or_a_conflict() {
+    let pg = Pg::new().await;
+    let second = pg._db.connect().await;
+    let cases = [
+        ("publish", true, "\\x01", "replayed"),
+        ("publish", false, "\\x02", "conflict"),
+        ("fence", true, "\\x01", "replayed"),
+        ("fence", false, "\\x02", "conflict"),
+        ("publish", true, "\\x01", "replayed"),
+    ];
+    for (i, (function, row_exists, fingerprint, expected)) in cases.into_iter().enumerate() {
+        let resource = format!("job:{i}");
+        if row_exists {
+            pg.client
+                .batch_execute(&format!(
+                    "SELECT baton.fence('{resource}', 10, 'init', '\\x09'::bytea)"
+                ))
+                .await
+                .unwrap();
+        }
+        let call = |token: u64, fp: &str| {
+            match function {
+            "publish" => format!("SELECT outcome FROM baton.publish('{resource}', {token}, 'job-7', '{fp}'::bytea, 'k{token}')"),
+            _ => format!("SELECT outcome FROM baton.fence('{resource}', {token}, 'job-7', '{fp}'::bytea)"),
+        }
+        };
+        pg.client.batch_execute("BEGIN").await.unwrap();
+        let first: String = pg
+            .client
+            .query_one(&call(50, "\\x01"), &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(first, "applied");
+        let pid: i32 = second
+            .query_one("SELECT pg_backend_pid()", &[])
+            .await
+            .unwrap()
+            .get(0);
+        let sql = call(51, fingerprint);
+        let blocked = async { second.query_one(&sql, &[]).await };
+        let commit = async {
+            baton_testkit::until(async || {
+                pg.client
+                    .query_one(
+                        "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1",
+                        &[&pid],
+                    )
+                    .await
+                    .ok()
+                    .and_then(|r| r.get::<_, Option<bool>>(0))
+                    .unwrap_or(false)
+            })
+            .await;
+            pg.client.batch_execute("COMMIT").await.unwrap();
+        };
+        let (outcome, ()) = tokio::join!(blocked, commit);
+        let outcome: String = outcome
+            .unwrap_or_else(|e| panic!("case {i} ({function}): {e:?}"))
+            .get(0);
+        assert_eq!(
+            outcome, expected,
+            "case {i} ({function}, row existed: {row_exists})"
+        );
+        let (generation, n_ops): (i64, i64) = {
+            let r = pg
+                .client
+                .query_one(
+                    "SELECT generation, (SELECT count(*) FROM baton.operations WHERE resource = $1 AND operation = 'job-7')
+                     FROM baton.resources WHERE resource = $1",
+                    &[&resource],
+                )
+                .await
+                .unwrap();
+            (r.get(0), r.get(1))
+        };
+        assert_eq!((generation, n_ops), (50, 1), "case {i}");
+    }
+}
+
+#[tokio::test]
+async fn sqlite_writers_reusing_an_operation_id_get_replayed() {
+    let path = std::env::temp_dir().join(format!("{}.db", unique("fence-reuse")));
+    let mut conns: Vec<Connection> = (0..4).map(|_| Connection::open(&path).unwrap()).collect();
+    for c in &conns {
+        c.busy_timeout(std::time::Duration::from_secs(10)).unwrap();
+    }
+    SqliteFence::migrate(&conns[0]).unwrap();
+    let outcomes: Vec<Outcome> = std::thread::scope(|s| {
+        let handles: Vec<_> = conns
+            .iter_mut()
+            .enumerate()
+            .map(|(i, conn)| {
+                s.spawn(move || {
+                    let r = req("job", 50 + i as u64, "job-7", "same");
+                    SqliteFence::write(conn, &r, |_| Ok::<(), FenceError>(())).unwrap()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let applied = outcomes.iter().filter(|o| o.is_applied()).count();
+    let replayed = outcomes
+        .iter()
+        .filter(|o| matches!(o, Outcome::Replayed { .. }))
+        .count();
+    assert_eq!((applied, replayed), (1, 3), "{outcomes:?}");
+    drop(conns);
+    let _ = std::fs::remove_file(&path);
+}
+
+/// An installation of migration 1 alone, with data, is upgraded in place.
+#[tokio::test]
+async fn migration_2_upgrades_an_installed_migration_1_in_place() {
+    let db = PgDb::create("baton_fence_upgrade").await;
+    let mut client = db.connect().await;
+    client
+        .batch_execute(baton_fence::postgres::MIGRATIONS[0].1)
+        .await
+        .unwrap();
+    client
+        .batch_execute("SELECT baton.fence('cafe' || chr(769), 19, 'old', '\\x01'::bytea)")
+        .await
+        .unwrap();
+    PgFence::migrate(&mut client).await.unwrap();
+    let versions: Vec<i32> = client
+        .query(
+            "SELECT version FROM baton.schema_migrations ORDER BY 1",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(versions, vec![1, 2]);
+    let err = client
+        .batch_execute("SELECT baton.fence('cafe' || chr(769), 20, 'new', '\\x01'::bytea)")
+        .await
+        .unwrap_err();
+    assert_eq!(err.as_db_error().unwrap().code().code(), "22023");
+    let n: i64 = client
+        .query_one("SELECT count(*) FROM baton.resources", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 1, "the row written before the upgrade stays");
 }
