@@ -3,6 +3,7 @@
 
 mod json;
 mod parse;
+mod restore;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -10,7 +11,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use baton_client::{AcquiredAll, Client, ClientError, Release, Renewal};
-use baton_core::{AcquisitionId, Epoch, Limits};
+use baton_core::{AcquisitionId, Limits};
 use clap::{Args, Parser, Subcommand};
 use json::Json;
 use parse::parse_duration;
@@ -133,14 +134,28 @@ enum Admin {
         client: ClientOpts,
     },
     /// Replace a (stopped) server's data directory with a backup, in a new token epoch.
+    ///
+    /// The new epoch is above the backup's, above the replaced directory's
+    /// (read from its store or its identity file), above every token the
+    /// resources named by --floor-from recorded, at least --min-epoch, and at
+    /// least a wall-clock floor. Every lease is dropped: holders acquire again.
+    #[command(group(clap::ArgGroup::new("source").required(true).args(["from", "empty"])))]
     Restore {
+        /// The backup file written by `baton admin backup`.
         #[arg(long)]
-        from: PathBuf,
+        from: Option<PathBuf>,
+        /// No backup: start an empty store (for a store file that was lost or damaged).
+        #[arg(long)]
+        empty: bool,
         #[arg(long, default_value = "baton-data")]
         data_dir: PathBuf,
-        /// Lowest acceptable new epoch, for example (highest token any resource recorded >> 40) + 1.
+        /// Lowest acceptable new epoch.
         #[arg(long)]
         min_epoch: Option<u32>,
+        /// A fence-kit database (postgres://… or sqlite:PATH) whose highest
+        /// recorded token the new epoch must be above; repeat for several.
+        #[arg(long)]
+        floor_from: Vec<String>,
         #[arg(long)]
         json: bool,
     },
@@ -171,6 +186,12 @@ struct ServeArgs {
     max_waiters: usize,
     #[arg(long, default_value_t = 1_024)]
     max_connections: usize,
+    /// A new connection must send its first request within this long.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    handshake_timeout: Duration,
+    /// A connection with no request in flight for this long is closed.
+    #[arg(long, default_value = "15m", value_parser = parse_duration)]
+    idle_timeout: Duration,
     #[arg(long, default_value_t = 64)]
     max_resources_per_request: usize,
 }
@@ -267,10 +288,12 @@ async fn run(command: Command) -> Exit {
         Command::Admin(Admin::Backup { out, client }) => backup(&client, &out).await,
         Command::Admin(Admin::Restore {
             from,
+            empty: _,
             data_dir,
             min_epoch,
+            floor_from,
             json,
-        }) => restore(&from, &data_dir, min_epoch, json),
+        }) => restore(from.as_deref(), &data_dir, min_epoch, &floor_from, json).await,
         Command::Bench {
             fill_leases: Some(n),
             ttl,
@@ -313,6 +336,8 @@ async fn serve(args: ServeArgs) -> Result<Exit, Exit> {
         },
         default_ttl_ms: ms(args.default_ttl),
         connections_max: args.max_connections,
+        handshake_timeout_ms: ms(args.handshake_timeout),
+        idle_timeout_ms: ms(args.idle_timeout),
     };
     let mut server = match baton_server::start(config).await {
         Ok(s) => s,
@@ -596,7 +621,7 @@ async fn backup(opts: &ClientOpts, out: &std::path::Path) -> Result<Exit, Exit> 
                 .str("path", &out.display().to_string())
                 .num("epoch", u64::from(snapshot.epoch))
                 .num("counter", snapshot.counter)
-                .num("n_leases", snapshot.leases.len() as u64)
+                .num("n_leases", snapshot.stored_leases.len() as u64)
         );
     } else {
         println!(
@@ -604,77 +629,54 @@ async fn backup(opts: &ClientOpts, out: &std::path::Path) -> Result<Exit, Exit> 
             out.display(),
             snapshot.epoch,
             snapshot.counter,
-            snapshot.leases.len()
+            snapshot.stored_leases.len()
         );
     }
     Ok(Exit::Ok)
 }
 
-fn restore(
-    from: &std::path::Path,
+async fn restore(
+    from: Option<&std::path::Path>,
     data_dir: &std::path::Path,
     min_epoch: Option<u32>,
+    floor_from: &[String],
     json: bool,
 ) -> Result<Exit, Exit> {
-    use prost::Message;
-    let bytes = std::fs::read(from).map_err(|e| {
-        fail(
-            json,
-            Exit::Failure,
-            &format!("cannot read {}: {e}", from.display()),
-        )
-    })?;
-    let snapshot = baton_proto::v1::Snapshot::decode(bytes.as_slice()).map_err(|e| {
-        fail(
-            json,
-            Exit::Usage,
-            &format!("{} is not a baton backup: {e}", from.display()),
-        )
-    })?;
-    if snapshot.format != baton_proto::SNAPSHOT_FORMAT {
-        return Err(fail(
-            json,
-            Exit::Usage,
-            &format!(
-                "backup format {} is not supported; this build reads format {}",
-                snapshot.format,
-                baton_proto::SNAPSHOT_FORMAT
-            ),
-        ));
+    let to_exit = |e: restore::RestoreError| {
+        let code = if e.usage { Exit::Usage } else { Exit::Failure };
+        fail(json, code, &e.message)
+    };
+    let mut resources_floor = None;
+    for url in floor_from {
+        let floor = restore::resources_floor(url).await.map_err(to_exit)?;
+        resources_floor = resources_floor.max(floor);
     }
-    let backup_epoch =
-        Epoch::new(snapshot.epoch).map_err(|e| fail(json, Exit::Usage, &format!("backup: {e}")))?;
-    let min_epoch = min_epoch
-        .map(Epoch::new)
-        .transpose()
-        .map_err(|e| fail(json, Exit::Usage, &format!("--min-epoch: {e}")))?;
-    let replaced = baton_store::RedbStore::peek_epoch(data_dir)
-        .map_err(|e| fail(json, Exit::Failure, &e.to_string()))?;
     let now_unix_s = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
-    let epoch = baton_core::restore_epoch(backup_epoch, replaced, min_epoch, now_unix_s)
-        .map_err(|e| fail(json, Exit::Failure, &e.to_string()))?;
-    baton_store::RedbStore::create_fresh(data_dir, epoch)
-        .map_err(|e| fail(json, Exit::Failure, &e.to_string()))?;
-    let first = baton_core::FencingToken::new(epoch, 1).expect("counter 1 is in range");
+    let r = restore::restore(from, data_dir, min_epoch, resources_floor, now_unix_s)
+        .map_err(to_exit)?;
+    let backup_epoch = r.backup_epoch.map_or(0, |e| u64::from(e.get()));
     if json {
         println!(
             "{}",
             Json::obj()
-                .num("backup_epoch", u64::from(backup_epoch.get()))
-                .num("epoch", u64::from(epoch.get()))
-                .num("first_token", first.get())
-                .num("dropped_leases", snapshot.leases.len() as u64)
+                .num("backup_epoch", backup_epoch)
+                .num("resources_floor", r.resources_floor.map_or(0, |t| t.get()))
+                .num("epoch", u64::from(r.epoch.get()))
+                .num("first_token", r.first_token.get())
+                .num("dropped_leases", r.dropped_leases as u64)
         );
     } else {
+        let floor = r.resources_floor.map_or(String::new(), |t| {
+            format!("; resources recorded up to token {t}")
+        });
         println!(
-            "restored into {}: new epoch {} (backup epoch {}); every new token is at least {}; {} leases from the backup were dropped",
+            "restored into {}: new epoch {} (backup epoch {backup_epoch}{floor}); every new token is at least {}; {} leases from the backup were dropped",
             data_dir.display(),
-            epoch.get(),
-            backup_epoch.get(),
-            first,
-            snapshot.leases.len()
+            r.epoch.get(),
+            r.first_token,
+            r.dropped_leases
         );
     }
     Ok(Exit::Ok)
