@@ -252,10 +252,55 @@ struct Lease {
     expires_at: MonoMs,
 }
 
+/// A resource's waiters, FIFO. Most resources never have one, so the queue
+/// is allocated on first use: a held resource costs 8 bytes here, not 24
+/// (10M live leases are the benchmark's top row).
+#[derive(Clone, Debug, Default)]
+#[allow(clippy::box_collection)] // the box is the point: 8 bytes per idle resource, not 24
+struct Queue(Option<Box<VecDeque<WaiterId>>>);
+
+impl Queue {
+    fn is_empty(&self) -> bool {
+        self.0.as_ref().is_none_or(|q| q.is_empty())
+    }
+
+    fn len(&self) -> usize {
+        self.0.as_ref().map_or(0, |q| q.len())
+    }
+
+    fn front(&self) -> Option<&WaiterId> {
+        self.0.as_ref()?.front()
+    }
+
+    fn push_back(&mut self, waiter: WaiterId) {
+        self.0
+            .get_or_insert_with(Default::default)
+            .push_back(waiter);
+    }
+
+    fn pop_front(&mut self) -> Option<WaiterId> {
+        let q = self.0.as_mut()?;
+        let head = q.pop_front();
+        if q.is_empty() {
+            self.0 = None;
+        }
+        head
+    }
+
+    fn retain(&mut self, keep: impl FnMut(&WaiterId) -> bool) {
+        if let Some(q) = self.0.as_mut() {
+            q.retain(keep);
+            if q.is_empty() {
+                self.0 = None;
+            }
+        }
+    }
+}
+
 #[derive(Clone, Debug, Default)]
 struct ResourceState {
     lease: Option<Lease>,
-    queue: VecDeque<WaiterId>,
+    queue: Queue,
 }
 
 impl ResourceState {
@@ -340,7 +385,7 @@ impl LeaseTable {
                 resource,
                 ResourceState {
                     lease: Some(lease),
-                    queue: VecDeque::new(),
+                    queue: Queue::default(),
                 },
             );
             table.n_leases += 1;

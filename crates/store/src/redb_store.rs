@@ -16,6 +16,11 @@ const FORMAT: u64 = 2;
 const FORMAT_WITH_IDS: u64 = 1;
 const FILE_NAME: &str = "baton.redb";
 const LEASE_LEN_BYTES: usize = 32;
+/// redb's page cache. Its default (1 GiB) would hold most of the file in
+/// memory next to the lease table, which already holds every lease: a grant
+/// only needs the pages on its path, and the kernel's page cache serves the
+/// rest. At 10M live leases the file is about 1.4 GB.
+const CACHE_LEN_BYTES: usize = 64 << 20;
 
 /// The embedded backend: one redb file under the data directory, guarded by
 /// the directory's identity file. Every commit is `Durability::Immediate`
@@ -246,12 +251,15 @@ fn position((epoch, counter): (Epoch, u64)) -> String {
 
 fn open_db(path: &Path) -> Result<Database, StoreError> {
     contain_panics(path, || {
-        Database::create(path).map_err(|e| match e {
-            redb::DatabaseError::DatabaseAlreadyOpen => StoreError::InUse {
-                path: path.display().to_string(),
-            },
-            other => StoreError::Corrupt(format!("{}: {other}", path.display())),
-        })
+        redb::Builder::new()
+            .set_cache_size(CACHE_LEN_BYTES)
+            .create(path)
+            .map_err(|e| match e {
+                redb::DatabaseError::DatabaseAlreadyOpen => StoreError::InUse {
+                    path: path.display().to_string(),
+                },
+                other => StoreError::Corrupt(format!("{}: {other}", path.display())),
+            })
     })
 }
 
