@@ -297,3 +297,123 @@ pub async fn fill(
     }
     Ok(started.elapsed())
 }
+
+/// One row of the scaling benchmark: cycles with `live_leases` held, and
+/// the same cycles on an empty server measured in alternating rounds.
+#[derive(Clone, Debug)]
+pub struct ScaleRow {
+    pub live_leases: usize,
+    pub fill_s: f64,
+    /// Medians over the rounds.
+    pub cycles_per_s: f64,
+    pub acquire_p99_us: u64,
+    pub baseline_cycles_per_s: Option<f64>,
+    pub baseline_acquire_p99_us: Option<u64>,
+    /// The server's resident memory after the row, if its pid was given.
+    pub server_rss_bytes: Option<u64>,
+}
+
+/// Resident set size of process `pid`, from `/proc` (Linux).
+pub fn rss_bytes(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kb * 1024)
+}
+
+/// Parses `0,100k,1M,10M` into ascending live-lease counts.
+pub fn parse_counts(s: &str) -> Result<Vec<usize>, String> {
+    let mut out = Vec::new();
+    for p in s.split(',') {
+        let p = p.trim();
+        let (digits, factor) = match p.char_indices().last() {
+            Some((i, 'k')) => (&p[..i], 1_000),
+            Some((i, 'M')) => (&p[..i], 1_000_000),
+            _ => (p, 1),
+        };
+        let n: usize = digits.parse().map_err(|_| {
+            format!(
+                "lease count {p:?} must be a whole number, optionally with k or M (like 100k, 1M)"
+            )
+        })?;
+        out.push(n * factor);
+    }
+    if out.windows(2).any(|w| w[0] > w[1]) {
+        return Err(format!("lease counts {s:?} must be ascending"));
+    }
+    Ok(out)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// The scaling run's settings.
+pub struct Scale<'a> {
+    pub target: &'a Baton,
+    /// An empty server measured in alternating rounds, for the ratio.
+    pub baseline: Option<&'a Baton>,
+    pub levels: &'a [usize],
+    pub fill_ttl: Duration,
+    pub clients: usize,
+    pub duration: Duration,
+    pub rounds: usize,
+    pub server_pid: Option<u32>,
+}
+
+/// For each level, tops the target up to `level` live leases, then runs
+/// `rounds` rounds of distinct acquire → release cycles on it, alternating
+/// with the same rounds on the empty baseline: whether a request's cost
+/// grows with the number of leases, measured side by side.
+pub async fn scale(
+    s: &Scale<'_>,
+    run_id: &str,
+    mut on_row: impl FnMut(&ScaleRow),
+) -> Result<Vec<ScaleRow>, String> {
+    let mut held = 0;
+    let mut rows = Vec::new();
+    for &level in s.levels {
+        let fill_s = if level > held {
+            let took = fill(
+                &s.target.url,
+                level - held,
+                s.fill_ttl,
+                &format!("{run_id}-{level}"),
+            )
+            .await?;
+            held = level;
+            took.as_secs_f64()
+        } else {
+            0.0
+        };
+        let (mut loaded, mut base) = (Vec::new(), Vec::new());
+        for round in 0..s.rounds.max(1) {
+            let tag = format!("{run_id}-at{level}-{round}");
+            if let Some(b) = s.baseline {
+                base.push(run(b, Mode::Distinct, s.clients, s.duration, &tag).await?);
+            }
+            loaded.push(run(s.target, Mode::Distinct, s.clients, s.duration, &tag).await?);
+        }
+        let cycles = |v: &[Report]| median(v.iter().map(|r| r.cycles_per_s).collect());
+        let p99 = |v: &[Report]| median(v.iter().map(|r| r.acquire_us.p99 as f64).collect()) as u64;
+        let row = ScaleRow {
+            live_leases: level,
+            fill_s,
+            cycles_per_s: cycles(&loaded),
+            acquire_p99_us: p99(&loaded),
+            baseline_cycles_per_s: (!base.is_empty()).then(|| cycles(&base)),
+            baseline_acquire_p99_us: (!base.is_empty()).then(|| p99(&base)),
+            server_rss_bytes: s.server_pid.and_then(rss_bytes),
+        };
+        on_row(&row);
+        rows.push(row);
+    }
+    Ok(rows)
+}

@@ -16,6 +16,13 @@ use clap::{Args, Parser, Subcommand};
 use json::Json;
 use parse::parse_duration;
 
+/// glibc's allocator slows down as the heap fills with millions of small
+/// lease entries (its free lists grow: `_int_malloc` was the top symbol at
+/// 10M live leases); mimalloc's per-size pages keep a request's allocations
+/// cheap whatever the table's size.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const EXIT_CODES: &str = "Exit codes:
   0  success (also: release of a lease that was not held, which changes nothing)
   1  any other failure (server unreachable, outcome unknown, storage error)
@@ -119,6 +126,20 @@ enum Command {
         /// (TTL --ttl) and report the rate; then read the server's memory.
         #[arg(long)]
         fill_leases: Option<usize>,
+        /// Scaling run: for each count (ascending, like 0,100k,1M,10M), top
+        /// the server up to that many live leases (TTL --ttl), then cycle on
+        /// distinct resources with the first --clients count.
+        #[arg(long)]
+        live_leases: Option<String>,
+        /// The server's process id, to report its resident memory per row.
+        #[arg(long)]
+        server_pid: Option<u32>,
+        /// With --live-leases: an empty server measured in alternating rounds.
+        #[arg(long)]
+        baseline_server: Option<String>,
+        /// With --live-leases: rounds per level (medians are reported).
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
         #[command(flatten)]
         client: ClientOpts,
     },
@@ -300,6 +321,28 @@ async fn run(command: Command) -> Exit {
             client,
             ..
         } => fill(&client, n, ttl).await,
+        Command::Bench {
+            live_leases: Some(levels),
+            clients,
+            duration,
+            ttl,
+            server_pid,
+            baseline_server,
+            rounds,
+            client,
+            ..
+        } => {
+            let run = ScaleArgs {
+                levels,
+                clients,
+                duration,
+                ttl,
+                server_pid,
+                baseline_server,
+                rounds,
+            };
+            scale(&client, run).await
+        }
         Command::Bench {
             clients,
             duration,
@@ -701,6 +744,109 @@ async fn fill(opts: &ClientOpts, n_leases: usize, ttl: Duration) -> Result<Exit,
             "filled {n_leases} leases in {:.1}s ({per_s:.0} leases/s)",
             took.as_secs_f64()
         );
+    }
+    Ok(Exit::Ok)
+}
+
+struct ScaleArgs {
+    levels: String,
+    clients: String,
+    duration: Duration,
+    ttl: Duration,
+    server_pid: Option<u32>,
+    baseline_server: Option<String>,
+    rounds: usize,
+}
+
+fn scale_line(row: &baton_bench::ScaleRow) -> String {
+    let ms = |us: u64| format!("{:.2}ms", us as f64 / 1000.0);
+    let rss = row
+        .server_rss_bytes
+        .map_or("-".to_string(), |b| format!("{} MiB", b / (1 << 20)));
+    let (base, base_p99, ratio) = match (row.baseline_cycles_per_s, row.baseline_acquire_p99_us) {
+        (Some(b), Some(p)) => (
+            format!("{b:.0}"),
+            ms(p),
+            format!("{:.2}", row.cycles_per_s / b),
+        ),
+        _ => ("-".into(), "-".into(), "-".into()),
+    };
+    format!(
+        "{:>12} {:>10.0} {:>9} {:>10} {:>9} {:>6} {:>11} {:>8.1}",
+        row.live_leases,
+        row.cycles_per_s,
+        ms(row.acquire_p99_us),
+        base,
+        base_p99,
+        ratio,
+        rss,
+        row.fill_s
+    )
+}
+
+async fn scale(opts: &ClientOpts, a: ScaleArgs) -> Result<Exit, Exit> {
+    let usage = |flag: &str, e: String| fail(opts.json, Exit::Usage, &format!("{flag}: {e}"));
+    let levels = baton_bench::parse_counts(&a.levels).map_err(|e| usage("--live-leases", e))?;
+    let clients = baton_bench::parse_clients(&a.clients).map_err(|e| usage("--clients", e))?[0];
+    let target = baton_bench::Baton {
+        url: opts.server.clone(),
+        ttl: a.ttl,
+    };
+    let baseline = a
+        .baseline_server
+        .map(|url| baton_bench::Baton { url, ttl: a.ttl });
+    let run = baton_bench::Scale {
+        target: &target,
+        baseline: baseline.as_ref(),
+        levels: &levels,
+        fill_ttl: a.ttl,
+        clients,
+        duration: a.duration,
+        rounds: a.rounds,
+        server_pid: a.server_pid,
+    };
+    if !opts.json {
+        println!(
+            "distinct acquire -> release cycles, C={clients}, medians of {} rounds",
+            a.rounds
+        );
+        println!(
+            "{:>12} {:>10} {:>9} {:>10} {:>9} {:>6} {:>11} {:>8}",
+            "live leases",
+            "cycles/s",
+            "acq p99",
+            "empty c/s",
+            "empty p99",
+            "ratio",
+            "server RSS",
+            "fill s"
+        );
+    }
+    let json = opts.json;
+    let run_id = std::process::id().to_string();
+    let rows = baton_bench::scale(&run, &run_id, |row| {
+        if !json {
+            println!("{}", scale_line(row));
+        }
+    })
+    .await
+    .map_err(|e| fail(opts.json, Exit::Failure, &format!("bench: {e}")))?;
+    if opts.json {
+        let rows = rows
+            .iter()
+            .map(|r| {
+                Json::obj()
+                    .num("live_leases", r.live_leases as u64)
+                    .num("cycles_per_s", r.cycles_per_s.round() as u64)
+                    .num("acquire_p99_us", r.acquire_p99_us)
+                    .num(
+                        "baseline_cycles_per_s",
+                        r.baseline_cycles_per_s.map_or(0, |c| c.round() as u64),
+                    )
+                    .num("server_rss_bytes", r.server_rss_bytes.unwrap_or(0))
+            })
+            .collect();
+        println!("{}", Json::obj().arr("rows", rows));
     }
     Ok(Exit::Ok)
 }
