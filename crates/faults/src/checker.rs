@@ -9,9 +9,12 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
+/// What a worker heard back about one operation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Status {
+    /// Acknowledged: it happened.
     Ok,
+    /// Refused: it did not happen.
     Failed,
     /// The client cannot know: it may or may not have happened.
     Unknown,
@@ -20,20 +23,28 @@ pub enum Status {
 /// One operation as a worker saw it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Observed {
+    /// The fenced resource.
     pub resource: String,
+    /// The operation id.
     pub operation: String,
+    /// The token the worker presented.
     pub token: i64,
+    /// What the worker heard.
     pub status: Status,
 }
 
 /// One write the resource accepted, in commit order.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Accepted {
+    /// The fenced resource.
     pub resource: String,
+    /// The operation id.
     pub operation: String,
+    /// The token the write carried.
     pub token: i64,
 }
 
+/// Every violation the checker found; empty lists mean a clean run.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Verdict {
     /// Accepted writes whose token was below (or, with one write per
@@ -48,6 +59,7 @@ pub struct Verdict {
 }
 
 impl Verdict {
+    /// No violation of any kind.
     pub fn is_clean(&self) -> bool {
         self.stale_overwrites.is_empty()
             && self.doubled_operations.is_empty()

@@ -17,6 +17,7 @@
 //! instead (an operation id in a PostgreSQL Bind message, a resource name in a
 //! gRPC request). [`FaultCounts`] tells a test how often each fault
 //! fired: a fault test whose fault never fired proved nothing.
+#![warn(missing_docs)]
 
 pub mod checker;
 
@@ -33,7 +34,9 @@ use tokio::sync::watch;
 /// Which way bytes flow.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Direction {
+    /// Requests.
     ClientToServer,
+    /// Responses.
     ServerToClient,
 }
 
@@ -46,6 +49,7 @@ pub struct FaultCounts {
     pub dropped_responses: u64,
     /// Connections reset on command.
     pub resets: u64,
+    /// Connections accepted by the proxy.
     pub connections: u64,
 }
 
@@ -145,6 +149,7 @@ impl Proxy {
         self.control.hold_flag(direction).send_replace(true);
     }
 
+    /// Lets the held direction flow again, held chunks first.
     pub fn release(&self, direction: Direction) {
         self.control.hold_flag(direction).send_replace(false);
     }
@@ -187,6 +192,7 @@ impl Proxy {
         self.control.reset_epoch.send_modify(|e| *e += 1);
     }
 
+    /// How often each fault fired so far.
     pub fn counts(&self) -> FaultCounts {
         let c = &self.control;
         FaultCounts {

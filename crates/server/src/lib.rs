@@ -7,6 +7,7 @@
 //! I/O ordering (see ARCHITECTURE.md): a reply that carries a token, or that
 //! follows a batch that issued one, is sent only after the batch's writes
 //! were committed with fsync.
+#![warn(missing_docs)]
 
 mod conn;
 mod engine;
@@ -22,7 +23,7 @@ use std::time::Duration;
 use baton_core::Limits;
 use baton_proto::v1::leases_server::LeasesServer;
 use baton_proto::REQUEST_LEN_BYTES_MAX;
-use baton_store::{RedbStore, StoreError};
+use baton_store::{LeaseStore, RedbStore, StoreError};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio_stream::StreamExt;
@@ -33,14 +34,20 @@ pub use metrics::Metrics;
 /// How long a shutdown waits for in-flight requests (waiting acquires included).
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
 
+/// Everything `baton serve` can be told, validated by [`start`].
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
+    /// The gRPC address.
     pub listen: SocketAddr,
-    /// `/healthz` and `/metrics`; `None` disables the HTTP port.
+    /// `/healthz`, `/readyz` and `/metrics`; `None` disables the HTTP port.
     pub http_listen: Option<SocketAddr>,
+    /// Where [`start`] opens the embedded store (unused by [`start_with_store`]).
     pub data_dir: PathBuf,
+    /// Bounds on names, TTLs, waits and waiters.
     pub limits: Limits,
+    /// The TTL of an acquire that names none.
     pub default_ttl_ms: u64,
+    /// Open connections; a request on one beyond it is `RESOURCE_EXHAUSTED`.
     pub connections_max: usize,
     /// A connection must send its first request within this long.
     pub handshake_timeout_ms: u64,
@@ -50,6 +57,7 @@ pub struct ServerConfig {
 
 /// Defaults for the connection rules (see `conn.rs`).
 pub const HANDSHAKE_TIMEOUT_MS_DEFAULT: u64 = 10_000;
+/// See [`HANDSHAKE_TIMEOUT_MS_DEFAULT`].
 pub const IDLE_TIMEOUT_MS_DEFAULT: u64 = 15 * 60_000;
 
 impl Default for ServerConfig {
@@ -87,6 +95,8 @@ impl ServerConfig {
     }
 }
 
+/// Why the server did not start or stopped.
+#[allow(missing_docs)] // variant fields are named for what they hold; the messages explain them
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ServerError {
@@ -111,9 +121,13 @@ pub enum ServerError {
     Transport(String),
 }
 
+/// A started server; dropping it does not stop it, [`RunningServer::shutdown`] does.
 pub struct RunningServer {
+    /// The bound gRPC address (useful with port 0).
     pub grpc_addr: SocketAddr,
+    /// The bound HTTP address, if the port is on.
     pub http_addr: Option<SocketAddr>,
+    /// The server's counters and gauges.
     pub metrics: Arc<Metrics>,
     shutdown: Option<oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<Result<(), ServerError>>,
@@ -184,10 +198,22 @@ fn open_store(data_dir: &std::path::Path) -> Result<RedbStore, ServerError> {
     })
 }
 
+/// Opens the embedded store under `config.data_dir` and starts serving.
 pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
     validate(&config)?;
-    let metrics = Arc::new(Metrics::default());
     let store = open_store(&config.data_dir)?;
+    start_with_store(config, Box::new(store)).await
+}
+
+/// Starts serving on any [`LeaseStore`]: binds the listeners, recovers the
+/// lease state from `store`, and serves until shut down or until a commit
+/// fails (then [`RunningServer::wait`] returns the engine's error).
+pub async fn start_with_store(
+    config: ServerConfig,
+    store: Box<dyn LeaseStore>,
+) -> Result<RunningServer, ServerError> {
+    validate(&config)?;
+    let metrics = Arc::new(Metrics::default());
     let grpc = TcpListener::bind(config.listen)
         .await
         .map_err(|source| ServerError::Bind {
@@ -212,7 +238,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         None => None,
     };
     let (engine, engine_thread) =
-        engine::Engine::start(Box::new(store), config.limits.clone(), metrics.clone())?;
+        engine::Engine::start(store, config.limits.clone(), metrics.clone())?;
     let engine_stop = engine.clone();
     let service = service::LeaseService::new(engine, metrics.clone(), config.default_ttl_ms);
     let grpc_service = conn::Tracked {

@@ -8,28 +8,29 @@ const LATENCY_BUCKETS_US: [u64; 12] = [
     100, 250, 500, 1_000, 2_000, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 1_000_000,
 ];
 
+/// The server's counters and gauges, rendered for `/metrics`.
 #[derive(Default)]
 pub struct Metrics {
-    pub acquire_requests: AtomicU64,
-    pub grants: AtomicU64,
-    pub grants_after_wait: AtomicU64,
-    pub not_acquired: AtomicU64,
-    pub wait_timeouts: AtomicU64,
-    pub renewals: AtomicU64,
-    pub renewals_failed: AtomicU64,
-    pub releases: AtomicU64,
-    pub expiries: AtomicU64,
-    pub ownership_transfers: AtomicU64,
-    pub fences: AtomicU64,
-    pub commits: AtomicU64,
-    pub leases: AtomicU64,
-    pub waiters: AtomicU64,
-    pub connections: AtomicU64,
-    pub connections_refused: AtomicU64,
-    pub connections_closed_idle: AtomicU64,
-    pub connections_evicted: AtomicU64,
+    pub(crate) acquire_requests: AtomicU64,
+    pub(crate) grants: AtomicU64,
+    pub(crate) grants_after_wait: AtomicU64,
+    pub(crate) not_acquired: AtomicU64,
+    pub(crate) wait_timeouts: AtomicU64,
+    pub(crate) renewals: AtomicU64,
+    pub(crate) renewals_failed: AtomicU64,
+    pub(crate) releases: AtomicU64,
+    pub(crate) expiries: AtomicU64,
+    pub(crate) ownership_transfers: AtomicU64,
+    pub(crate) fences: AtomicU64,
+    pub(crate) commits: AtomicU64,
+    pub(crate) leases: AtomicU64,
+    pub(crate) waiters: AtomicU64,
+    pub(crate) connections: AtomicU64,
+    pub(crate) connections_refused: AtomicU64,
+    pub(crate) connections_closed_idle: AtomicU64,
+    pub(crate) connections_evicted: AtomicU64,
     /// 1 once recovery is done and the server grants (`/readyz`).
-    pub ready: std::sync::atomic::AtomicBool,
+    pub(crate) ready: std::sync::atomic::AtomicBool,
     latency_buckets: [AtomicU64; LATENCY_BUCKETS_US.len()],
     latency_count: AtomicU64,
     latency_sum_us: AtomicU64,
@@ -37,7 +38,7 @@ pub struct Metrics {
 
 impl Metrics {
     /// Records the service time of an acquire answered without waiting in line.
-    pub fn observe_acquire_latency_us(&self, us: u64) {
+    pub(crate) fn observe_acquire_latency_us(&self, us: u64) {
         if let Some(i) = LATENCY_BUCKETS_US.iter().position(|b| us <= *b) {
             self.latency_buckets[i].fetch_add(1, Relaxed);
         }
@@ -45,6 +46,7 @@ impl Metrics {
         self.latency_sum_us.fetch_add(us, Relaxed);
     }
 
+    /// The Prometheus text exposition of every metric.
     pub fn render(&self) -> String {
         let mut out = String::new();
         let counters: [(&str, &str, &AtomicU64); 15] = [

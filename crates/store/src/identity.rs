@@ -44,6 +44,7 @@ impl StoreId {
         Self(bytes)
     }
 
+    /// The id as 32 hex digits, as the identity file writes it.
     pub fn to_hex(&self) -> String {
         self.0.iter().map(|b| format!("{b:02x}")).collect()
     }
@@ -69,9 +70,11 @@ impl std::fmt::Display for StoreId {
 /// What the identity file says.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Identity {
+    /// The store this directory belongs to.
     pub store_id: StoreId,
     /// No token of this directory's store is below `FencingToken(floor_epoch, floor_counter)`.
     pub floor_epoch: Epoch,
+    /// See `floor_epoch`.
     pub floor_counter: u64,
 }
 
@@ -85,6 +88,7 @@ struct IdentityFile {
 }
 
 impl Identity {
+    /// Where the identity file of `data_dir` lives.
     pub fn path_in(data_dir: &Path) -> PathBuf {
         data_dir.join(FILE_NAME)
     }

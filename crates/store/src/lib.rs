@@ -4,6 +4,7 @@
 //! (epoch and counter), the held leases, and a format number. The trait is
 //! small on purpose so that another backend (PostgreSQL, etcd) can implement
 //! it and crash tests can wrap it.
+#![warn(missing_docs)]
 
 mod identity;
 mod quiet;
@@ -17,12 +18,22 @@ use baton_core::{Epoch, LeaseRecord, ResourceName, Write};
 /// Everything a restart needs.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Stored {
+    /// Epoch of the last issued token.
     pub epoch: Epoch,
     /// Counter of the last issued token in `epoch`.
     pub counter: u64,
+    /// Every held lease, with its acquisition digest, token and TTL.
     pub leases: Vec<(ResourceName, LeaseRecord)>,
 }
 
+/// Where the engine makes lease state durable.
+///
+/// The engine calls [`LeaseStore::load`] once at start and
+/// [`LeaseStore::commit`] with every batch that must be durable before its
+/// replies go out (see ARCHITECTURE.md, "I/O ordering"). An implementation
+/// must make a commit's writes durable, all of them or none, before it
+/// returns `Ok`; after it returns `Err` the engine stops and never calls it
+/// again, so a store may leave itself unusable (`StoreError::PreviousIo`).
 pub trait LeaseStore: Send {
     /// Reads the durable state.
     fn load(&self) -> Result<Stored, StoreError>;
@@ -31,15 +42,21 @@ pub trait LeaseStore: Send {
     fn commit(&mut self, writes: &[Write]) -> Result<(), StoreError>;
 }
 
+/// Why the store could not open, load or commit.
+#[allow(missing_docs)] // variant fields are named for what they hold; the messages explain them
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum StoreError {
+    /// Another process holds the store file open.
     #[error("the data directory {path} is in use by another process (is a server running?)")]
     InUse { path: String },
+    /// The storage library failed; the outcome of a commit is unknown.
     #[error("storage failure: {0}")]
     Storage(String),
+    /// The file cannot be read as a lease store.
     #[error("stored data is corrupt: {0}")]
     Corrupt(String),
+    /// The store file is gone or empty in a directory that served before.
     #[error("the store file {path} is {state}, but its data directory {data_dir} has served before (tokens at or above epoch {floor_epoch}); starting would issue tokens again from epoch 1")]
     StoreLost {
         path: String,
@@ -47,24 +64,30 @@ pub enum StoreError {
         data_dir: String,
         floor_epoch: u32,
     },
+    /// The store belongs to another directory's identity.
     #[error("the store in {data_dir} has id {found}, but the directory's identity file names store {expected}: it is another server's store")]
     IdentityMismatch {
         data_dir: String,
         expected: String,
         found: String,
     },
+    /// The store is an older copy than the directory already reached.
     #[error("the store file {path} is at {found}, below the floor {floor} that this directory already reached: it is an older copy and would issue tokens again")]
     BehindFloor {
         path: String,
         found: String,
         floor: String,
     },
+    /// The identity file cannot be parsed.
     #[error("the identity file {path} is unreadable: {why}")]
     IdentityUnreadable { path: String, why: String },
+    /// Written by a newer build.
     #[error("stored format {found} is not supported; this build reads format {supported}")]
     UnsupportedFormat { found: u64, supported: u64 },
+    /// An earlier commit failed; the handle is no longer trusted.
     #[error("an earlier storage failure makes this store unusable; restart the server")]
     PreviousIo,
+    /// A file operation around the store failed.
     #[error("i/o error on {path}: {source}")]
     Io {
         path: String,

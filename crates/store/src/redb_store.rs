@@ -95,6 +95,7 @@ struct Meta {
 }
 
 impl RedbStore {
+    /// Where the store file of `data_dir` lives.
     pub fn path_in(data_dir: &Path) -> PathBuf {
         data_dir.join(FILE_NAME)
     }

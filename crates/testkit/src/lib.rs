@@ -1,5 +1,8 @@
 //! Shared test fixtures. Each test owns its data: a PostgreSQL database
 //! created for it and dropped after it, a directory removed after it.
+#![warn(missing_docs)]
+
+pub mod store;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -35,12 +38,14 @@ pub async fn pg_connect(url: &str) -> Client {
 
 /// A database of its own, dropped (with any connections left) when the test ends.
 pub struct PgDb {
+    /// The database's name (unique to the test).
     pub name: String,
     /// Connection string for this database.
     pub url: String,
 }
 
 impl PgDb {
+    /// Creates a database named after `tag` and this process.
     pub async fn create(tag: &str) -> Self {
         let name = unique(tag);
         let admin = pg_connect(&pg_admin_url()).await;
@@ -55,6 +60,7 @@ impl PgDb {
         Self { name, url }
     }
 
+    /// A new connection to the database.
     pub async fn connect(&self) -> Client {
         pg_connect(&self.url).await
     }
@@ -111,6 +117,7 @@ impl Drop for PgDb {
 pub struct TempDir(PathBuf);
 
 impl TempDir {
+    /// Creates an empty directory named after `tag` and this process.
     pub fn new(tag: &str) -> Self {
         let path = std::env::temp_dir().join(unique(tag));
         let _ = std::fs::remove_dir_all(&path);
@@ -118,6 +125,7 @@ impl TempDir {
         Self(path)
     }
 
+    /// The directory's path.
     pub fn path(&self) -> &Path {
         &self.0
     }
