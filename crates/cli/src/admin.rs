@@ -1,0 +1,114 @@
+//! `baton admin`: backup of a running server, restore of a stopped one.
+
+use std::path::Path;
+
+use serde::Serialize;
+
+use crate::args::{ClientOpts, RestoreArgs};
+use crate::error::CliError;
+use crate::lease::connect;
+use crate::output::Rendered;
+use crate::restore;
+
+/// What `admin backup` prints.
+#[derive(Serialize)]
+pub struct BackupOut {
+    path: String,
+    epoch: u32,
+    counter: u64,
+    n_leases: usize,
+}
+
+impl Rendered for BackupOut {
+    fn text(&self) -> String {
+        format!(
+            "backup written to {}: epoch {} counter {} leases {}",
+            self.path, self.epoch, self.counter, self.n_leases
+        )
+    }
+}
+
+/// Writes `bytes` to `out` durably: a temporary file, fsync, rename.
+fn write_durably(out: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write as _;
+    let tmp = out.with_extension("tmp");
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, out)
+}
+
+/// `baton admin backup`.
+pub async fn backup(opts: &ClientOpts, out: &Path) -> Result<BackupOut, CliError> {
+    use prost::Message;
+    let mut client = connect(opts).await?;
+    let snapshot = client.backup().await?;
+    write_durably(out, &snapshot.encode_to_vec())
+        .map_err(|e| CliError::failure(format!("cannot write {}: {e}", out.display())))?;
+    Ok(BackupOut {
+        path: out.display().to_string(),
+        epoch: snapshot.epoch,
+        counter: snapshot.counter,
+        n_leases: snapshot.stored_leases.len(),
+    })
+}
+
+/// What `admin restore` prints.
+#[derive(Serialize)]
+pub struct RestoreOut {
+    backup_epoch: u32,
+    resources_floor: u64,
+    epoch: u32,
+    first_token: u64,
+    dropped_leases: usize,
+    #[serde(skip)]
+    data_dir: String,
+}
+
+impl Rendered for RestoreOut {
+    fn text(&self) -> String {
+        let floor = match self.resources_floor {
+            0 => String::new(),
+            t => format!("; resources recorded up to token {t}"),
+        };
+        format!(
+            "restored into {}: new epoch {} (backup epoch {}{floor}); every new token is at least {}; {} leases from the backup were dropped",
+            self.data_dir, self.epoch, self.backup_epoch, self.first_token, self.dropped_leases
+        )
+    }
+}
+
+/// `baton admin restore`: reads the floors, then restores.
+pub async fn restore(a: &RestoreArgs) -> Result<RestoreOut, CliError> {
+    let to_cli = |e: restore::RestoreError| CliError {
+        code: if e.usage {
+            crate::error::Exit::Usage
+        } else {
+            crate::error::Exit::Failure
+        },
+        message: e.message,
+    };
+    let mut resources_floor = None;
+    for url in &a.floor_from {
+        resources_floor = resources_floor.max(restore::resources_floor(url).await.map_err(to_cli)?);
+    }
+    let now_unix_s = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let r = restore::restore(
+        a.from.as_deref(),
+        &a.data_dir,
+        a.min_epoch,
+        resources_floor,
+        now_unix_s,
+    )
+    .map_err(to_cli)?;
+    Ok(RestoreOut {
+        backup_epoch: r.backup_epoch.map_or(0, |e| e.get()),
+        resources_floor: r.resources_floor.map_or(0, |t| t.get()),
+        epoch: r.epoch.get(),
+        first_token: r.first_token.get(),
+        dropped_leases: r.dropped_leases,
+        data_dir: a.data_dir.display().to_string(),
+    })
+}

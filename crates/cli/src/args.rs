@@ -1,0 +1,212 @@
+//! The `baton` command line: flag definitions only. Values are validated
+//! into configuration by the subcommand modules.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::parse::parse_duration;
+
+pub const EXIT_CODES: &str = "Exit codes:
+  0  success (also: release of a lease that was not held, which changes nothing)
+  1  any other failure (server unreachable, outcome unknown, storage error)
+  2  invalid usage or input (bad name, TTL or wait out of bounds, bad flag)
+  3  not acquired (held by someone else, or the wait ran out)
+  4  not owner (renew of a lease that expired, was released, fenced or replaced)";
+
+#[derive(Parser)]
+#[command(name = "baton", version, about = "Leases with fencing tokens that make stale workers harmless", after_help = EXIT_CODES)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Args, Clone)]
+pub struct ClientOpts {
+    /// Server address.
+    #[arg(long, default_value = "http://127.0.0.1:7700", global = true)]
+    pub server: String,
+    /// Print one JSON object instead of text.
+    #[arg(long, global = true)]
+    pub json: bool,
+}
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// Run the lease server on the embedded store.
+    Serve(ServeArgs),
+    /// Acquire one resource, or several all or nothing.
+    Acquire {
+        /// Resource names; with several, every lease is granted or none.
+        #[arg(required = true)]
+        names: Vec<String>,
+        /// Lease duration, like 500ms, 30s or 5m.
+        #[arg(long, default_value = "30s", value_parser = parse_duration)]
+        ttl: Duration,
+        /// Wait in line up to this long (0: try once).
+        #[arg(long, default_value = "0s", value_parser = parse_duration)]
+        wait: Duration,
+        #[command(flatten)]
+        client: ClientOpts,
+    },
+    /// Extend a lease by its TTL, proving ownership with its acquisition id.
+    Renew {
+        name: String,
+        /// The acquisition id (32 hex digits) printed by acquire.
+        #[arg(long)]
+        acquisition: String,
+        #[command(flatten)]
+        client: ClientOpts,
+    },
+    /// Release a lease. Releasing twice, or with an old id, changes nothing.
+    Release {
+        name: String,
+        #[arg(long)]
+        acquisition: String,
+        #[command(flatten)]
+        client: ClientOpts,
+    },
+    /// Holder token, remaining TTL and waiters of a resource.
+    Status {
+        name: String,
+        #[command(flatten)]
+        client: ClientOpts,
+    },
+    /// Resources with a lease or waiters, by name prefix.
+    List {
+        #[arg(long, default_value = "")]
+        prefix: String,
+        /// Continue after this name.
+        #[arg(long)]
+        start_after: Option<String>,
+        #[arg(long, default_value_t = 100)]
+        limit: u32,
+        #[command(flatten)]
+        client: ClientOpts,
+    },
+    /// Revoke a resource's lease and advance its token (operator cancel).
+    Fence {
+        name: String,
+        #[command(flatten)]
+        client: ClientOpts,
+    },
+    /// Backup and restore.
+    #[command(subcommand)]
+    Admin(Admin),
+    /// Load generator: acquire → release cycles against a running server.
+    Bench(BenchArgs),
+}
+
+/// `baton bench`.
+#[derive(Args)]
+pub struct BenchArgs {
+    /// Client counts to run, comma-separated.
+    #[arg(long, default_value = "1,16,64")]
+    pub clients: String,
+    /// Time per measurement.
+    #[arg(long, default_value = "3s", value_parser = parse_duration)]
+    pub duration: Duration,
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub ttl: Duration,
+    /// distinct (each client its own resource), shared (all on one), or both.
+    #[arg(long, default_value = "both", value_parser = ["distinct", "shared", "both"])]
+    pub modes: String,
+    /// Instead of cycling, fill the server with this many live leases
+    /// (TTL --ttl) and report the rate; then read the server's memory.
+    #[arg(long)]
+    pub fill_leases: Option<usize>,
+    /// Scaling run: for each count (ascending, like 0,100k,1M,10M), top
+    /// the server up to that many live leases (TTL --ttl), then cycle on
+    /// distinct resources with the first --clients count.
+    #[arg(long)]
+    pub live_leases: Option<String>,
+    /// The server's process id, to report its resident memory per row.
+    #[arg(long)]
+    pub server_pid: Option<u32>,
+    /// With --live-leases: an empty server measured in alternating rounds.
+    #[arg(long)]
+    pub baseline_server: Option<String>,
+    /// With --live-leases: rounds per level (medians are reported).
+    #[arg(long, default_value_t = 3)]
+    pub rounds: usize,
+    #[command(flatten)]
+    pub client: ClientOpts,
+}
+
+#[derive(Subcommand)]
+pub enum Admin {
+    /// Write a consistent snapshot of a running server to a file.
+    Backup {
+        #[arg(long)]
+        out: PathBuf,
+        #[command(flatten)]
+        client: ClientOpts,
+    },
+    /// Replace a (stopped) server's data directory with a backup, in a new token epoch.
+    ///
+    /// The new epoch is above the backup's, above the replaced directory's
+    /// (read from its store or its identity file), above every token the
+    /// resources named by --floor-from recorded, at least --min-epoch, and at
+    /// least a wall-clock floor. Every lease is dropped: holders acquire again.
+    Restore(RestoreArgs),
+}
+
+/// `baton admin restore`.
+#[derive(Args)]
+#[command(group(clap::ArgGroup::new("source").required(true).args(["from", "empty"])))]
+pub struct RestoreArgs {
+    /// The backup file written by `baton admin backup`.
+    #[arg(long)]
+    pub from: Option<PathBuf>,
+    /// No backup: start an empty store (for a store file that was lost or damaged).
+    #[arg(long)]
+    pub empty: bool,
+    #[arg(long, default_value = "baton-data")]
+    pub data_dir: PathBuf,
+    /// Lowest acceptable new epoch.
+    #[arg(long)]
+    pub min_epoch: Option<u32>,
+    /// A fence-kit database (postgres://… or sqlite:PATH) whose highest
+    /// recorded token the new epoch must be above; repeat for several.
+    #[arg(long)]
+    pub floor_from: Vec<String>,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args)]
+pub struct ServeArgs {
+    /// gRPC address.
+    #[arg(long, default_value = "127.0.0.1:7700")]
+    pub listen: SocketAddr,
+    /// HTTP address for /healthz and /metrics.
+    #[arg(long, default_value = "127.0.0.1:7701")]
+    pub http_listen: SocketAddr,
+    /// Where the embedded store keeps its file.
+    #[arg(long, default_value = "baton-data")]
+    pub data_dir: PathBuf,
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub default_ttl: Duration,
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    pub ttl_min: Duration,
+    #[arg(long, default_value = "10m", value_parser = parse_duration)]
+    pub ttl_max: Duration,
+    #[arg(long, default_value = "10m", value_parser = parse_duration)]
+    pub wait_max: Duration,
+    #[arg(long, default_value_t = 1_024)]
+    pub max_waiters_per_resource: usize,
+    #[arg(long, default_value_t = 100_000)]
+    pub max_waiters: usize,
+    #[arg(long, default_value_t = 1_024)]
+    pub max_connections: usize,
+    /// A new connection must send its first request within this long.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub handshake_timeout: Duration,
+    /// A connection with no request in flight for this long is closed.
+    #[arg(long, default_value = "15m", value_parser = parse_duration)]
+    pub idle_timeout: Duration,
+    #[arg(long, default_value_t = 64)]
+    pub max_resources_per_request: usize,
+}

@@ -1,0 +1,70 @@
+//! Exit codes and the one error type of the command line; `main` prints an
+//! error once, as text on stderr and, with `--json`, as one object on stdout.
+
+use baton_client::ClientError;
+use serde::Serialize;
+
+/// The documented exit codes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Exit {
+    Ok = 0,
+    Failure = 1,
+    Usage = 2,
+    NotAcquired = 3,
+    NotOwner = 4,
+}
+
+/// A command that failed: what to say and how to exit.
+#[derive(Debug)]
+pub struct CliError {
+    pub code: Exit,
+    pub message: String,
+}
+
+impl CliError {
+    /// Invalid usage or input (exit 2).
+    pub fn usage(message: impl Into<String>) -> Self {
+        Self {
+            code: Exit::Usage,
+            message: message.into(),
+        }
+    }
+
+    /// Any other failure (exit 1).
+    pub fn failure(message: impl Into<String>) -> Self {
+        Self {
+            code: Exit::Failure,
+            message: message.into(),
+        }
+    }
+
+    /// Prints the error once: JSON on stdout when asked for, text on stderr.
+    pub fn report(&self, json: bool) -> Exit {
+        #[derive(Serialize)]
+        struct ErrorJson<'a> {
+            error: &'a str,
+            exit_code: u8,
+        }
+        if json {
+            let out = ErrorJson {
+                error: &self.message,
+                exit_code: self.code as u8,
+            };
+            println!(
+                "{}",
+                serde_json::to_string(&out).expect("plain struct serializes")
+            );
+        }
+        eprintln!("error: {}", self.message);
+        self.code
+    }
+}
+
+impl From<ClientError> for CliError {
+    fn from(e: ClientError) -> Self {
+        match e {
+            ClientError::Invalid(_) => Self::usage(e.to_string()),
+            _ => Self::failure(e.to_string()),
+        }
+    }
+}

@@ -1,0 +1,68 @@
+//! `baton serve`: flags into a validated server configuration, then run
+//! until SIGTERM, Ctrl-C or an engine failure.
+
+use std::time::Duration;
+
+use baton_core::Limits;
+
+use crate::args::ServeArgs;
+use crate::error::{CliError, Exit};
+
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(ansi)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+/// The server configuration the flags describe.
+pub fn config(args: ServeArgs) -> baton_server::ServerConfig {
+    let ms = |d: Duration| d.as_millis() as u64;
+    baton_server::ServerConfig {
+        listen: args.listen,
+        http_listen: Some(args.http_listen),
+        data_dir: args.data_dir,
+        limits: Limits {
+            ttl_ms_min: ms(args.ttl_min),
+            ttl_ms_max: ms(args.ttl_max),
+            wait_ms_max: ms(args.wait_max),
+            n_resources_per_request_max: args.max_resources_per_request,
+            n_waiters_per_resource_max: args.max_waiters_per_resource,
+            n_waiters_max: args.max_waiters,
+        },
+        default_ttl_ms: ms(args.default_ttl),
+        connections_max: args.max_connections,
+        handshake_timeout_ms: ms(args.handshake_timeout),
+        idle_timeout_ms: ms(args.idle_timeout),
+    }
+}
+
+/// `baton serve`. Prints one "baton listening" line once it serves.
+pub async fn serve(args: ServeArgs) -> Result<Exit, CliError> {
+    init_logging();
+    let mut server = baton_server::start(config(args))
+        .await
+        .map_err(|e| match e {
+            baton_server::ServerError::Config(_) => CliError::usage(e.to_string()),
+            other => CliError::failure(other.to_string()),
+        })?;
+    let http = server.http_addr.map(|a| a.to_string()).unwrap_or_default();
+    println!("baton listening grpc={} http={http}", server.grpc_addr);
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| CliError::failure(format!("cannot install SIGTERM handler: {e}")))?;
+    let stopped = tokio::select! {
+        _ = tokio::signal::ctrl_c() => None,
+        _ = term.recv() => None,
+        r = server.wait() => Some(r),
+    };
+    let result = match stopped {
+        Some(r) => r,
+        None => server.shutdown().await,
+    };
+    result.map_err(|e| CliError::failure(e.to_string()))?;
+    Ok(Exit::Ok)
+}
