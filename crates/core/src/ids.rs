@@ -1,5 +1,22 @@
 use std::fmt;
 
+/// Lowercase hex of `bytes`.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Exactly 32 hex digits as 16 bytes.
+pub fn parse_hex16(hex: &str) -> Option<[u8; 16]> {
+    if hex.len() != 32 || !hex.is_ascii() {
+        return None;
+    }
+    let mut out = [0u8; 16];
+    for (i, byte) in out.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).ok()?;
+    }
+    Some(out)
+}
+
 /// The 128-bit secret that proves ownership of one acquisition.
 ///
 /// It is drawn at random by the shell; whoever knows it may renew and release
@@ -24,18 +41,11 @@ impl AcquisitionId {
     }
 
     pub fn to_hex(&self) -> String {
-        self.0.iter().map(|b| format!("{b:02x}")).collect()
+        hex(&self.0)
     }
 
     pub fn from_hex(hex: &str) -> Option<Self> {
-        if hex.len() != 32 || !hex.is_ascii() {
-            return None;
-        }
-        let mut out = [0u8; 16];
-        for (i, byte) in out.iter_mut().enumerate() {
-            *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).ok()?;
-        }
-        Some(Self(out))
+        parse_hex16(hex).map(Self)
     }
 
     /// The first 8 hex digits: enough to correlate logs, useless to an attacker.
@@ -82,8 +92,7 @@ impl AcquisitionDigest {
 
 impl fmt::Debug for AcquisitionDigest {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let hex: String = self.0[..4].iter().map(|b| format!("{b:02x}")).collect();
-        write!(f, "AcquisitionDigest({hex}…)")
+        write!(f, "AcquisitionDigest({}…)", hex(&self.0[..4]))
     }
 }
 

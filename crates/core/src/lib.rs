@@ -23,7 +23,7 @@ mod name;
 mod table;
 mod token;
 
-pub use ids::{AcquisitionDigest, AcquisitionId, WaiterId};
+pub use ids::{hex, parse_hex16, AcquisitionDigest, AcquisitionId, WaiterId};
 pub use name::{NameError, ResourceName, RESOURCE_NAME_LEN_BYTES_MAX};
 pub use table::{
     AcquireError, AcquireOutcome, AcquireRequest, Effects, Event, FenceOutcome, Grant, LeaseRecord,

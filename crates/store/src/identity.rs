@@ -46,18 +46,11 @@ impl StoreId {
 
     /// The id as 32 hex digits, as the identity file writes it.
     pub fn to_hex(&self) -> String {
-        self.0.iter().map(|b| format!("{b:02x}")).collect()
+        baton_core::hex(&self.0)
     }
 
     fn from_hex(hex: &str) -> Option<Self> {
-        if hex.len() != 32 || !hex.is_ascii() {
-            return None;
-        }
-        let mut out = [0u8; 16];
-        for (i, byte) in out.iter_mut().enumerate() {
-            *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).ok()?;
-        }
-        Some(Self(out))
+        baton_core::parse_hex16(hex).map(Self)
     }
 }
 
