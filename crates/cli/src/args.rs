@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::parse::parse_duration;
+use baton_client::flags::parse_duration;
 
 pub const EXIT_CODES: &str = "Exit codes:
   0  success (also: release of a lease that was not held, which changes nothing)

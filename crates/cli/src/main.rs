@@ -8,7 +8,6 @@ mod bench;
 mod error;
 mod lease;
 mod output;
-mod parse;
 mod restore;
 mod serve;
 

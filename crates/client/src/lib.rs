@@ -20,6 +20,8 @@
 //! ([`ClientError::is_definite`]) or may have ([`ClientError::Indeterminate`]):
 //! after an indeterminate acquire a lease may be held until its TTL runs out.
 
+pub mod flags;
+
 use std::time::Duration;
 
 use baton_core::{AcquisitionId, FencingToken};

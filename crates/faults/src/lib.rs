@@ -17,6 +17,8 @@
 //! instead (an operation id in a PostgreSQL Bind message, a resource name in a
 //! gRPC request). [`FaultCounts`] tells a test how often each fault
 //! fired: a fault test whose fault never fired proved nothing.
+//!
+#![doc = include_str!("../../../docs/fault-suite.md")]
 #![warn(missing_docs)]
 
 pub mod checker;

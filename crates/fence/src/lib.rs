@@ -18,6 +18,8 @@
 //! let Decision::Refuse(outcome) = decide(Some(&next), None, &alice).unwrap() else { panic!() };
 //! assert_eq!(outcome.label(), "stale");
 //! ```
+//!
+#![doc = include_str!("../../../docs/fence-kit.md")]
 
 mod error;
 pub mod metrics;

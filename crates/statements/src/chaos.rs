@@ -222,11 +222,9 @@ fn say(cfg: &ChaosConfig, text: &str) {
     }
 }
 
-fn signal(child: &Child, sig: &str) {
+fn signal(child: &Child, sig: crate::signal::Signal) {
     if let Some(pid) = child.id() {
-        let _ = std::process::Command::new("kill")
-            .args([format!("-{sig}"), pid.to_string()])
-            .status();
+        let _ = crate::signal::send(pid, sig);
     }
 }
 
@@ -553,7 +551,7 @@ impl Run {
             return;
         };
         if tries >= 1_000 || child.id().is_none_or(process_stopped) {
-            signal(child, "CONT");
+            signal(child, crate::signal::Signal::SIGCONT);
             slot.stopped = false;
             return;
         }
@@ -633,7 +631,7 @@ impl Run {
                 let slot = &mut self.slots[worker];
                 match &slot.child {
                     Some(child) if !slot.stopped => {
-                        signal(child, "STOP");
+                        signal(child, crate::signal::Signal::SIGSTOP);
                         slot.stopped = true;
                         let incarnation = slot.incarnation;
                         self.timers.push((
@@ -1138,22 +1136,6 @@ impl Report<'_> {
     }
 }
 
-/// `60s`, `10m`, `500ms`, or a number of seconds.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let bad = || format!("{s:?} is not a duration; write e.g. 60s, 10m or 500ms");
-    let (num, unit) = s
-        .find(|c: char| !c.is_ascii_digit())
-        .map_or((s, "s"), |i| s.split_at(i));
-    let n: u64 = num.parse().map_err(|_| bad())?;
-    match unit {
-        "ms" => Ok(Duration::from_millis(n)),
-        "s" => Ok(Duration::from_secs(n)),
-        "m" => Ok(Duration::from_secs(n * 60)),
-        "h" => Ok(Duration::from_secs(n * 3600)),
-        _ => Err(bad()),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1176,19 +1158,5 @@ mod tests {
         let sqlite = schedule(7, 8, Duration::from_secs(60), Duration::from_secs(1), false);
         assert!(sqlite.iter().all(|(_, f)| !f.kind().contains("postgres")));
         assert!(a.windows(2).all(|w| w[0].0 < w[1].0) && a.last().unwrap().0 < 60_000);
-    }
-
-    #[test]
-    fn durations_parse_with_units_and_bad_ones_name_the_rule() {
-        assert_eq!(parse_duration("60s").unwrap(), Duration::from_secs(60));
-        assert_eq!(parse_duration("10m").unwrap(), Duration::from_secs(600));
-        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
-        assert_eq!(parse_duration("90").unwrap(), Duration::from_secs(90));
-        for bad in ["", "s", "10x", "-1s", "1.5s"] {
-            assert!(
-                parse_duration(bad).unwrap_err().contains("e.g. 60s"),
-                "{bad}"
-            );
-        }
     }
 }

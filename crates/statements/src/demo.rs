@@ -192,10 +192,7 @@ async fn story(dir: &Path, json: bool, database_url: Option<String>) -> Result<E
     let bob_lines = read_until(&mut bob_out, &mut timeline, None).await?;
     bob.wait().await.map_err(|e| e.to_string())?;
 
-    std::process::Command::new("kill")
-        .args(["-CONT", &pid.to_string()])
-        .status()
-        .map_err(|e| e.to_string())?;
+    crate::signal::send(pid, crate::signal::Signal::SIGCONT).map_err(|e| e.to_string())?;
     timeline.note("alice", "resumed (SIGCONT)");
     alice_lines.extend(read_until(&mut alice_out, &mut timeline, None).await?);
     alice.wait().await.map_err(|e| e.to_string())?;

@@ -5,6 +5,7 @@ mod chaos;
 mod demo;
 mod events;
 mod rng;
+mod signal;
 mod store;
 mod worker;
 
@@ -105,7 +106,7 @@ enum Command {
         #[arg(long, default_value_t = 8)]
         workers: usize,
         /// How long faults are injected (e.g. 60s, 10m); the run then settles.
-        #[arg(long, default_value = "60s", value_parser = chaos::parse_duration)]
+        #[arg(long, default_value = "60s", value_parser = baton_client::flags::parse_duration)]
         duration: Duration,
         /// Seed of the fault schedule; random if not given (and printed).
         #[arg(long)]

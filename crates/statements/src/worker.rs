@@ -87,9 +87,7 @@ fn hex_bytes(hex: &str) -> Vec<u8> {
 
 fn stop_self() {
     // A real SIGSTOP, delivered by the kernel like any other pause.
-    let _ = std::process::Command::new("kill")
-        .args(["-STOP", &std::process::id().to_string()])
-        .status();
+    let _ = crate::signal::send(std::process::id(), crate::signal::Signal::SIGSTOP);
 }
 
 /// Runs the worker. With `once`, the first error ends it; otherwise a

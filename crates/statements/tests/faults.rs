@@ -78,12 +78,9 @@ impl Proc {
         &self.seen
     }
 
-    fn signal(&self, sig: &str) {
-        let ok = Command::new("kill")
-            .args([format!("-{sig}"), self.child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(ok.success());
+    fn signal(&self, sig: nix::sys::signal::Signal) {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        nix::sys::signal::kill(pid, sig).expect("signal a worker");
     }
 
     fn stopped(&self) -> bool {
@@ -285,7 +282,7 @@ async fn a_publish_delayed_in_the_network_is_refused_after_the_lease_moved() {
     // From here Alice's network is slow: her publish and her renewals wait.
     pg_proxy.hold(Direction::ClientToServer);
     baton_proxy.hold(Direction::ClientToServer);
-    alice.signal("CONT");
+    alice.signal(nix::sys::signal::Signal::SIGCONT);
     alice.wait_for("\"event\":\"resumed\"");
     while pg_proxy.counts().held_chunks == 0 {
         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -696,7 +693,7 @@ fn a_short_chaos_run_is_clean_and_its_negative_control_is_caught() {
 fn chaos_refuses_bad_settings_with_the_rule() {
     for (args, rule) in [
         (vec!["--workers", "0"], "must be 1 to 64"),
-        (vec!["--duration", "10x"], "e.g. 60s"),
+        (vec!["--duration", "10x"], "like 500ms, 30s"),
         (vec!["--duration", "0s"], "at least 1s"),
         (vec!["--ttl-ms", "50"], "must be 200 to 60000"),
         (

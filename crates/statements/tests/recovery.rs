@@ -175,10 +175,11 @@ async fn pause_story(env: &Env, pause_flag: &str, between: impl AsyncFnOnce()) -
         tokio::task::yield_now().await;
     }
     between().await;
-    Command::new("kill")
-        .args(["-CONT", &pid.to_string()])
-        .status()
-        .unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGCONT,
+    )
+    .expect("resume alice");
     let mut after = String::new();
     std::io::Read::read_to_string(&mut out, &mut after).unwrap();
     alice.wait().unwrap();

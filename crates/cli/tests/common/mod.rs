@@ -108,8 +108,8 @@ impl Server {
 
     /// SIGTERM, and the exit status.
     pub fn terminate(&mut self) -> std::process::ExitStatus {
-        let pid = self.child.id().to_string();
-        Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
         self.child.wait().unwrap()
     }
 
