@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use baton_client::{Acquired, Client, Release};
-use common::{Server, TempDir};
+use common::TempDir;
 
 const TTL: Duration = Duration::from_millis(120);
 const RESOURCES: usize = 3;
@@ -122,7 +122,7 @@ async fn tokens_stay_ordered_and_exclusive_across_sigkill() {
     let seed = seed();
     println!("crash test seed {seed} (rerun with BATON_CRASH_SEED={seed}), kills {kills}");
     let dir = TempDir::new("crash");
-    let server = Server::start(dir.path(), &[]);
+    let server = common::serve(dir.path(), &[]);
     let url = server.url();
     let stop = Arc::new(AtomicBool::new(false));
     let history = Arc::new(Mutex::new(Vec::new()));

@@ -62,7 +62,7 @@ fn assert_clear_refusal(code: Option<i32>, text: &str, mentions: &str) {
 #[tokio::test]
 async fn an_emptied_or_deleted_store_file_refuses_to_start_and_restore_continues_above() {
     let dir = TempDir::new("lost-store");
-    let mut s = Server::start(dir.path(), &[]);
+    let mut s = common::serve(dir.path(), &[]);
     let mut highest = 0;
     for i in 0..3 {
         highest = highest.max(grant(&s.url(), &format!("r{i}")).await.token.get());
@@ -97,7 +97,7 @@ async fn an_emptied_or_deleted_store_file_refuses_to_start_and_restore_continues
 #[tokio::test]
 async fn a_damaged_store_file_is_one_clear_error_and_no_panic() {
     let dir = TempDir::new("damaged-store");
-    let mut s = Server::start(dir.path(), &[]);
+    let mut s = common::serve(dir.path(), &[]);
     grant(&s.url(), "d").await;
     s.kill9();
     let store = dir.path().join("baton.redb");
@@ -113,7 +113,7 @@ async fn a_damaged_store_file_is_one_clear_error_and_no_panic() {
 async fn backups_and_the_store_never_hold_an_acquisition_id() {
     let dir = TempDir::new("no-ids");
     let files = TempDir::new("no-ids-files");
-    let mut s = Server::start(dir.path(), &[]);
+    let mut s = common::serve(dir.path(), &[]);
     let mut ids = Vec::new();
     for i in 0..20 {
         ids.push(grant(&s.url(), &format!("job:{i}")).await.acquisition_id);
@@ -158,7 +158,7 @@ async fn backups_and_the_store_never_hold_an_acquisition_id() {
 #[tokio::test]
 async fn a_name_that_is_not_utf8_is_invalid_argument() {
     let dir = TempDir::new("utf8");
-    let s = Server::start(dir.path(), &[]);
+    let s = common::serve(dir.path(), &[]);
     // AcquireRequest { resources: [0xff, 0xfe] }, sent as raw bytes.
     let channel = tonic::transport::Endpoint::from_shared(s.url())
         .unwrap()
@@ -259,7 +259,7 @@ fn hold_idle_sockets(
 async fn idle_sockets_up_to_the_limit_do_not_lock_out_a_holder_that_reconnects() {
     let dir = TempDir::new("idle");
     let limit = 64;
-    let s = Server::start(
+    let s = common::serve(
         dir.path(),
         &[
             "--max-connections",
@@ -418,7 +418,7 @@ async fn restore_starts_above_every_token_the_resources_recorded() {
     use baton_fence::FenceRequest;
     let dir = TempDir::new("floor");
     let files = TempDir::new("floor-files");
-    let mut s = Server::start(dir.path(), &[]);
+    let mut s = common::serve(dir.path(), &[]);
     grant(&s.url(), "doc").await;
     s.kill9();
     // Tokens from a history this directory does not know (another restore,

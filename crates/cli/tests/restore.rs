@@ -9,7 +9,7 @@ use std::time::Duration;
 use baton_client::{Acquired, Client};
 use baton_fence::sqlite::SqliteFence;
 use baton_fence::{FenceRequest, Outcome, ResourceKey};
-use common::{cli, json_u64, Server, TempDir};
+use common::{cli, json_u64, TempDir};
 
 async fn grant_tokens(url: &str, prefix: &str, n: usize) -> Vec<u64> {
     let mut c = Client::connect(url).await.unwrap();
@@ -58,7 +58,7 @@ async fn restore_starts_an_epoch_above_every_earlier_token() {
     let dir = TempDir::new("restore");
     let files = TempDir::new("restore-files");
     let backup = files.path().join("baton.backup");
-    let mut s = Server::start(dir.path(), &[]);
+    let mut s = common::serve(dir.path(), &[]);
     let before = grant_tokens(&s.url(), "before", 5).await;
     let out = cli(&[
         "admin",
@@ -105,7 +105,7 @@ async fn restore_starts_an_epoch_above_every_earlier_token() {
     let min_epoch = ((highest_restored >> 40) + 1).to_string();
     let (code, text) = restore(&backup, fresh.path(), &["--min-epoch", &min_epoch]);
     assert_eq!(code, Some(0), "{text}");
-    let s2 = Server::start(fresh.path(), &[]);
+    let s2 = common::serve(fresh.path(), &[]);
     let again = grant_tokens(&s2.url(), "again", 2).await;
     assert!(
         again.iter().all(|t| *t > highest_restored),
@@ -152,7 +152,7 @@ async fn after_a_restore_from_an_old_backup_every_pre_restore_token_is_refused_a
     let backup = files.path().join("baton.backup");
     let mut conn = rusqlite::Connection::open(files.path().join("resource.sqlite")).unwrap();
     SqliteFence::migrate(&conn).unwrap();
-    let mut s = Server::start(dir.path(), &[]);
+    let mut s = common::serve(dir.path(), &[]);
     let mut pre_restore = vec![owned_write(&s.url(), &mut conn, "w0").await];
     let out = cli(&[
         "admin",

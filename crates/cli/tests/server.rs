@@ -24,7 +24,7 @@ fn granted(a: Acquired) -> baton_client::Lease {
 #[tokio::test]
 async fn exclusion_and_canonical_names() {
     let dir = TempDir::new("excl");
-    let s = Server::start(dir.path(), &[]);
+    let s = common::serve(dir.path(), &[]);
     let (mut a, mut b) = (client(&s).await, client(&s).await);
     // "e" + combining accent and the precomposed "é" name one resource.
     let lease = granted(
@@ -49,7 +49,7 @@ async fn exclusion_and_canonical_names() {
 #[tokio::test]
 async fn waiters_are_served_in_arrival_order_with_higher_tokens() {
     let dir = TempDir::new("fifo");
-    let s = Server::start(dir.path(), &[]);
+    let s = common::serve(dir.path(), &[]);
     let mut holder = client(&s).await;
     let first = granted(holder.acquire("q", TTL, NO_WAIT).await.unwrap());
     let mut tasks = Vec::new();
@@ -91,7 +91,7 @@ async fn waiters_are_served_in_arrival_order_with_higher_tokens() {
 #[tokio::test]
 async fn wait_runs_out_and_a_gone_waiter_leaves_the_queue() {
     let dir = TempDir::new("wait");
-    let s = Server::start(dir.path(), &[]);
+    let s = common::serve(dir.path(), &[]);
     let mut a = client(&s).await;
     granted(a.acquire("w", TTL, NO_WAIT).await.unwrap());
     match a
@@ -121,7 +121,7 @@ async fn wait_runs_out_and_a_gone_waiter_leaves_the_queue() {
 #[tokio::test]
 async fn renew_extends_and_fails_after_expiry_without_recreating() {
     let dir = TempDir::new("renew");
-    let s = Server::start(dir.path(), &[]);
+    let s = common::serve(dir.path(), &[]);
     let mut c = client(&s).await;
     // Long enough that the renew below lands inside it even on a loaded machine.
     let ttl = Duration::from_secs(1);
@@ -160,7 +160,7 @@ async fn renew_extends_and_fails_after_expiry_without_recreating() {
 #[tokio::test]
 async fn release_by_wrong_or_old_id_changes_nothing() {
     let dir = TempDir::new("release");
-    let s = Server::start(dir.path(), &[]);
+    let s = common::serve(dir.path(), &[]);
     let mut c = client(&s).await;
     let lease = granted(c.acquire("x", TTL, NO_WAIT).await.unwrap());
     let wrong = baton_client::baton_core::AcquisitionId::from_bytes([0; 16]);
@@ -190,7 +190,7 @@ async fn release_by_wrong_or_old_id_changes_nothing() {
 #[tokio::test]
 async fn multi_acquire_is_all_or_nothing_and_does_not_deadlock() {
     let dir = TempDir::new("multi");
-    let s = Server::start(dir.path(), &[]);
+    let s = common::serve(dir.path(), &[]);
     let mut c = client(&s).await;
     let b = granted(c.acquire("m:b", TTL, NO_WAIT).await.unwrap());
     match c
@@ -259,7 +259,7 @@ async fn multi_acquire_is_all_or_nothing_and_does_not_deadlock() {
 #[tokio::test]
 async fn fence_revokes_and_orders_the_next_token_above_it() {
     let dir = TempDir::new("fence");
-    let s = Server::start(dir.path(), &[]);
+    let s = common::serve(dir.path(), &[]);
     let mut c = client(&s).await;
     let lease = granted(c.acquire("f", TTL, NO_WAIT).await.unwrap());
     let fenced = c.fence("f").await.unwrap();
@@ -279,7 +279,7 @@ async fn fence_revokes_and_orders_the_next_token_above_it() {
 #[tokio::test]
 async fn bad_input_gets_invalid_argument_naming_the_rule_and_the_server_keeps_serving() {
     let dir = TempDir::new("bad");
-    let s = Server::start(dir.path(), &[]);
+    let s = common::serve(dir.path(), &[]);
     let mut c = client(&s).await;
     let long = "x".repeat(513);
     let cases: Vec<(Vec<&str>, Duration, Duration, &str)> = vec![
@@ -356,7 +356,7 @@ async fn bad_input_gets_invalid_argument_naming_the_rule_and_the_server_keeps_se
 #[tokio::test]
 async fn waiter_and_connection_limits_answer_resource_exhausted() {
     let dir = TempDir::new("limits");
-    let s = Server::start(
+    let s = common::serve(
         dir.path(),
         &["--max-waiters-per-resource", "1", "--max-connections", "3"],
     );
@@ -390,7 +390,7 @@ async fn waiter_and_connection_limits_answer_resource_exhausted() {
 #[tokio::test]
 async fn list_by_prefix_never_shows_acquisition_ids() {
     let dir = TempDir::new("list");
-    let s = Server::start(dir.path(), &[]);
+    let s = common::serve(dir.path(), &[]);
     let mut c = client(&s).await;
     let mut ids = Vec::new();
     for r in ["tenant:b:1", "tenant:a:1", "other:1"] {
@@ -420,7 +420,7 @@ async fn list_by_prefix_never_shows_acquisition_ids() {
 #[tokio::test]
 async fn cli_prints_json_and_uses_documented_exit_codes() {
     let dir = TempDir::new("cli");
-    let s = Server::start(dir.path(), &[]);
+    let s = common::serve(dir.path(), &[]);
     let url = s.url();
     let out = cli(&[
         "acquire", "job:1", "--ttl", "30s", "--server", &url, "--json",
@@ -524,7 +524,7 @@ async fn cli_prints_json_and_uses_documented_exit_codes() {
 #[tokio::test]
 async fn healthz_and_metrics_over_http() {
     let dir = TempDir::new("http");
-    let s = Server::start(dir.path(), &[]);
+    let s = common::serve(dir.path(), &[]);
     let mut c = client(&s).await;
     let lease = granted(c.acquire("m", TTL, NO_WAIT).await.unwrap());
     c.renew("m", &lease.acquisition_id).await.unwrap();
@@ -551,7 +551,7 @@ async fn healthz_and_metrics_over_http() {
 #[tokio::test]
 async fn sigterm_stops_cleanly_and_a_restart_keeps_leases_and_token_order() {
     let dir = TempDir::new("restart");
-    let mut s = Server::start(dir.path(), &[]);
+    let mut s = common::serve(dir.path(), &[]);
     let mut c = client(&s).await;
     let lease = granted(c.acquire("keep", TTL, NO_WAIT).await.unwrap());
     let released = granted(c.acquire("gone", TTL, NO_WAIT).await.unwrap());

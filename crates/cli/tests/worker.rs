@@ -10,12 +10,12 @@ use baton_client::worker::{
     acquire_with_backoff, run_guarded, Backoff, Guarded, KeeperConfig, Ownership,
 };
 use baton_client::{Acquired, Client};
-use common::{Server, TempDir};
+use common::TempDir;
 
 #[tokio::test]
 async fn guarded_work_completes_then_releases() {
     let dir = TempDir::new("guarded");
-    let s = Server::start(dir.path(), &[]);
+    let s = common::serve(dir.path(), &[]);
     let client = Client::connect(&s.url()).await.unwrap();
     let out = run_guarded(
         &client,
@@ -53,7 +53,7 @@ async fn guarded_work_completes_then_releases() {
 #[tokio::test]
 async fn guarded_work_is_stopped_when_the_lease_is_fenced() {
     let dir = TempDir::new("fenced");
-    let s = Server::start(dir.path(), &[]);
+    let s = common::serve(dir.path(), &[]);
     let client = Client::connect(&s.url()).await.unwrap();
     let mut operator = client.clone();
     let out = run_guarded(
@@ -78,7 +78,7 @@ async fn guarded_work_is_stopped_when_the_lease_is_fenced() {
 #[tokio::test]
 async fn acquisition_backs_off_until_the_resource_frees() {
     let dir = TempDir::new("backoff");
-    let s = Server::start(dir.path(), &[]);
+    let s = common::serve(dir.path(), &[]);
     let mut holder = Client::connect(&s.url()).await.unwrap();
     let Acquired::Granted(held) = holder
         .acquire("job:busy", Duration::from_millis(300), Duration::ZERO)

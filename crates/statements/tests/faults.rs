@@ -5,8 +5,6 @@
 //! ends with the history checker (`statements check`) and says how often its
 //! fault fired.
 
-mod common;
-
 use std::io::BufRead;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -84,7 +82,7 @@ impl Proc {
     }
 
     fn stopped(&self) -> bool {
-        common::stopped(self.child.id())
+        baton_testkit::stopped(self.child.id())
     }
 
     fn kill(&mut self) {
@@ -189,17 +187,10 @@ impl Store {
     }
 
     /// Waits until every job of `accounts` is published.
-    fn all_published(&self, accounts: &[String]) {
-        let deadline = Instant::now() + WAIT;
+    async fn all_published(&self, accounts: &[String]) {
         for a in accounts {
-            while !self.show(a).contains("\"job_state\":\"published\"") {
-                assert!(
-                    Instant::now() < deadline,
-                    "{a} never published: {}",
-                    self.show(a)
-                );
-                std::thread::sleep(Duration::from_millis(50));
-            }
+            baton_testkit::until(async || self.show(a).contains("\"job_state\":\"published\""))
+                .await;
         }
     }
 }
@@ -244,11 +235,7 @@ fn clean(store: &Store, accounts: &str) -> String {
 
 async fn lease_free(url: &str, resource: &str) {
     let mut c = Client::connect(url).await.unwrap();
-    let deadline = Instant::now() + WAIT;
-    while c.status(resource).await.unwrap().holder_token.is_some() {
-        assert!(Instant::now() < deadline, "the lease never expired");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    baton_testkit::until(async || c.status(resource).await.unwrap().holder_token.is_none()).await;
 }
 
 /// The paused-worker story with the process running and its network slow:
@@ -276,17 +263,13 @@ async fn a_publish_delayed_in_the_network_is_refused_after_the_lease_moved() {
     );
     let paused = alice.wait_for("\"event\":\"paused\"");
     let alice_token = num(&paused, "token");
-    while !alice.stopped() {
-        tokio::task::yield_now().await;
-    }
+    baton_testkit::until(async || alice.stopped()).await;
     // From here Alice's network is slow: her publish and her renewals wait.
     pg_proxy.hold(Direction::ClientToServer);
     baton_proxy.hold(Direction::ClientToServer);
     alice.signal(nix::sys::signal::Signal::SIGCONT);
     alice.wait_for("\"event\":\"resumed\"");
-    while pg_proxy.counts().held_chunks == 0 {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    baton_testkit::until(async || pg_proxy.counts().held_chunks > 0).await;
     lease_free(&direct, "statement:delayed-1:2026-10-01").await;
     let mut bob = store.worker(&direct, "bob", None, &["--once", "--ttl-ms", "5000"]);
     let bob_published = bob.wait_for("\"event\":\"published\"");
@@ -452,7 +435,7 @@ async fn the_server_killed_and_restarted_while_workers_run_keeps_tokens_rising_a
             "token {after} after a restart, {before} before"
         );
     }
-    store.all_published(&accounts);
+    store.all_published(&accounts).await;
     let mut grants = Vec::new();
     for w in &mut workers {
         w.kill();
@@ -485,119 +468,12 @@ async fn the_server_killed_and_restarted_while_workers_run_keeps_tokens_rising_a
     println!("server killed {kills} times; {n} grants, {errors} worker errors survived; {report}");
 }
 
-/// A private PostgreSQL cluster (the machine's own server must not be
-/// restarted under the other tests).
-struct Cluster {
-    dir: TempDir,
-    port: u16,
-}
-
-fn pg_bin(tool: &str) -> PathBuf {
-    let dir = std::env::var_os("BATON_PG_BIN")
-        .map(PathBuf::from)
-        .or_else(|| {
-            let mut dirs: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
-                .ok()?
-                .filter_map(|e| Some(e.ok()?.path().join("bin")))
-                .filter(|d| d.join("initdb").exists())
-                .collect();
-            dirs.sort();
-            dirs.pop()
-        });
-    let dir = dir.expect(
-        "PostgreSQL server binaries (initdb, pg_ctl) not found: install them or set BATON_PG_BIN",
-    );
-    dir.join(tool)
-}
-
-fn is_root() -> bool {
-    let out = Command::new("id").arg("-u").output().unwrap();
-    String::from_utf8_lossy(&out.stdout).trim() == "0"
-}
-
-impl Cluster {
-    /// initdb refuses to run as root: as root, run the tools as `postgres`.
-    fn tool(tool: &str) -> Command {
-        if is_root() {
-            let mut c = Command::new("runuser");
-            c.args(["-u", "postgres", "--"]).arg(pg_bin(tool));
-            c
-        } else {
-            Command::new(pg_bin(tool))
-        }
-    }
-
-    fn start() -> Self {
-        let dir = TempDir::new("stmt-pg-cluster");
-        if is_root() {
-            let ok = Command::new("chown")
-                .args(["-R", "postgres"])
-                .arg(dir.path())
-                .status()
-                .unwrap();
-            assert!(ok.success());
-        }
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let out = Self::tool("initdb")
-            .arg("-D")
-            .arg(dir.path().join("data"))
-            .args(["-A", "trust", "-U", "postgres", "--no-sync"])
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "initdb: {out:?}");
-        let c = Cluster { dir, port };
-        c.ctl(&[
-            "start",
-            "-o",
-            &format!(
-                "-p {port} -c listen_addresses=127.0.0.1 -k {}",
-                c.dir.path().display()
-            ),
-        ]);
-        c
-    }
-
-    fn ctl(&self, args: &[&str]) {
-        let out = Self::tool("pg_ctl")
-            .arg("-D")
-            .arg(self.dir.path().join("data"))
-            .arg("-l")
-            .arg(self.dir.path().join("log"))
-            .arg("-w")
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "pg_ctl {args:?}: {out:?}");
-    }
-
-    fn url(&self) -> String {
-        format!(
-            "host=127.0.0.1 port={} user=postgres dbname=postgres",
-            self.port
-        )
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        let _ = Self::tool("pg_ctl")
-            .arg("-D")
-            .arg(self.dir.path().join("data"))
-            .args(["-m", "immediate", "-w", "stop"])
-            .output();
-    }
-}
-
 /// PostgreSQL is restarted in immediate mode (a crash: no shutdown
 /// checkpoint, every connection cut) twice while three workers publish: no
 /// acknowledged publication is lost and none is doubled.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgresql_restarted_while_workers_run_loses_and_doubles_nothing() {
-    let cluster = Cluster::start();
+    let cluster = baton_testkit::pg_cluster::PgCluster::start("stmt-pg-cluster");
     let dir = TempDir::new("stmt-pg-restart");
     let store = Store::new(&dir, Some(cluster.url()));
     let server = local_server(&dir).await;
@@ -628,7 +504,7 @@ async fn postgresql_restarted_while_workers_run_loses_and_doubles_nothing() {
         seed(6, &mut accounts);
         cluster.ctl(&["-m", "immediate", "restart"]);
     }
-    store.all_published(&accounts);
+    store.all_published(&accounts).await;
     let mut errors = 0;
     for w in &mut workers {
         w.kill();

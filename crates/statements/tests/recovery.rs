@@ -2,11 +2,8 @@
 //! on loopback: the paused worker, crashes at the two dangerous points, and
 //! cancellation while a worker is generating.
 
-mod common;
-
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
 
 use baton_client::Client;
 use baton_fence::objects::ObjectKit;
@@ -94,11 +91,8 @@ impl Env {
     /// crashed or paused worker's lease ran out.
     async fn lease_free(&self) {
         let mut c = Client::connect(&self.url).await.unwrap();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while c.status(RESOURCE).await.unwrap().holder_token.is_some() {
-            assert!(Instant::now() < deadline, "the lease never expired");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        baton_testkit::until(async || c.status(RESOURCE).await.unwrap().holder_token.is_none())
+            .await;
     }
 
     fn job_state(&self) -> String {
@@ -171,9 +165,7 @@ async fn pause_story(env: &Env, pause_flag: &str, between: impl AsyncFnOnce()) -
     let mut out = std::io::BufReader::new(alice.stdout.take().unwrap());
     let before = read_until(&mut out, "paused");
     let pid = alice.id();
-    while !common::stopped(pid) {
-        tokio::task::yield_now().await;
-    }
+    baton_testkit::until(async || baton_testkit::stopped(pid)).await;
     between().await;
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(pid as i32),

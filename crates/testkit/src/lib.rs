@@ -2,6 +2,9 @@
 //! created for it and dropped after it, a directory removed after it.
 #![warn(missing_docs)]
 
+pub mod json;
+pub mod pg_cluster;
+pub mod process;
 pub mod store;
 
 use std::path::{Path, PathBuf};
@@ -140,12 +143,38 @@ impl Drop for TempDir {
 /// Polls `check` until it holds, failing the test after 20 seconds: for
 /// state another process or task changes and nothing announces.
 pub async fn until(mut check: impl AsyncFnMut() -> bool) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let timeout = std::time::Duration::from_secs(20);
+    let deadline = std::time::Instant::now() + timeout;
     while !check().await {
         assert!(
             std::time::Instant::now() < deadline,
-            "condition not reached within 20 s"
+            "condition not reached within {timeout:?}"
         );
         tokio::time::sleep(std::time::Duration::from_millis(2)).await;
     }
+}
+
+/// Polls `check` until it holds, failing the test after `timeout`.
+pub async fn eventually<F, Fut>(timeout: std::time::Duration, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = std::time::Instant::now() + timeout;
+    while !check().await {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "condition not reached within {timeout:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    }
+}
+
+/// Whether process `pid` is stopped (SIGSTOP delivered and taken), from `/proc`.
+pub fn stopped(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        s.rsplit(')')
+            .next()
+            .is_some_and(|r| r.trim_start().starts_with('T'))
+    })
 }

@@ -1,0 +1,137 @@
+//! A real `baton serve` process on loopback, owning its own data directory,
+//! killed when dropped.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A `baton serve` process.
+pub struct Server {
+    /// The `baton serve` process.
+    pub child: Child,
+    /// The binary it runs.
+    pub bin: PathBuf,
+    /// The gRPC address it listens on.
+    pub grpc: SocketAddr,
+    /// The HTTP address (`/healthz`, `/readyz`, `/metrics`).
+    pub http: SocketAddr,
+    /// Its data directory, kept across restarts.
+    pub data_dir: PathBuf,
+    /// Extra `serve` flags, kept across restarts.
+    pub extra: Vec<String>,
+}
+
+impl Server {
+    /// Starts `bin serve` on ephemeral ports with short TTL bounds for tests.
+    pub fn start(bin: &Path, data_dir: &Path, extra: &[&str]) -> Self {
+        let extra = extra.iter().map(|s| s.to_string()).collect();
+        Self::spawn(bin, "127.0.0.1:0", data_dir, extra).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Starts `bin serve` on `listen`; `Err` if it did not report listening.
+    pub fn spawn(
+        bin: &Path,
+        listen: &str,
+        data_dir: &Path,
+        extra: Vec<String>,
+    ) -> Result<Self, String> {
+        let mut child = Command::new(bin)
+            .args([
+                "serve",
+                "--listen",
+                listen,
+                "--http-listen",
+                "127.0.0.1:0",
+                "--ttl-min",
+                "100ms",
+            ])
+            .arg("--data-dir")
+            .arg(data_dir)
+            .args(&extra)
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn baton serve");
+        let stdout = child.stdout.take().unwrap();
+        let mut line = String::new();
+        BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("read ready line");
+        if !line.starts_with("baton listening") {
+            let _ = child.kill();
+            let status = child.wait();
+            return Err(format!("server did not start: {line:?} {status:?}"));
+        }
+        let field = |key: &str| -> SocketAddr {
+            line.split_whitespace()
+                .find_map(|w| w.strip_prefix(key))
+                .unwrap_or_else(|| panic!("no {key} in {line:?}"))
+                .parse()
+                .unwrap()
+        };
+        let (grpc, http) = (field("grpc="), field("http="));
+        Ok(Server {
+            child,
+            bin: bin.to_path_buf(),
+            grpc,
+            http,
+            data_dir: data_dir.to_path_buf(),
+            extra,
+        })
+    }
+
+    /// `http://` + the gRPC address.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.grpc)
+    }
+
+    /// SIGKILL, and wait for it.
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM, and the exit status.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+        self.child.wait().unwrap()
+    }
+
+    /// Kills (if running) and restarts on the same gRPC port and data directory.
+    pub fn restart(&mut self) {
+        self.kill9();
+        let listen = self.grpc.to_string();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match Server::spawn(&self.bin, &listen, &self.data_dir, self.extra.clone()) {
+                Ok(s) => {
+                    *self = s;
+                    return;
+                }
+                Err(e) if Instant::now() > deadline => panic!("{e}"),
+                Err(_) => std::thread::yield_now(),
+            }
+        }
+    }
+
+    /// One `GET path` on the HTTP port: the whole response.
+    pub fn http_get(&self, path: &str) -> String {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(self.http).unwrap();
+        write!(s, "GET {path} HTTP/1.1\r\nhost: x\r\n\r\n").unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        out
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
