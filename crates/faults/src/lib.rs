@@ -22,6 +22,7 @@
 #![warn(missing_docs)]
 
 pub mod checker;
+pub mod history;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};

@@ -17,7 +17,7 @@ use baton_fence::ResourceKey;
 use tokio::io::{AsyncBufReadExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdout, Command};
 
-use crate::events::{field, object, V};
+use crate::events::field;
 use crate::{store, worker};
 
 const ACCOUNT: &str = "account-42";
@@ -37,7 +37,7 @@ impl Timeline {
     }
 
     fn note(&mut self, who: &str, what: &str) {
-        self.add(&object(&[("event", V::S(what)), ("worker", V::S(who))]));
+        self.add(&serde_json::json!({"event": what, "worker": who}).to_string());
     }
 }
 
@@ -213,23 +213,24 @@ async fn story(dir: &Path, json: bool, database_url: Option<String>) -> Result<E
     server.shutdown().await.map_err(|e| e.to_string())?;
 
     if json {
-        let rows: Vec<String> = timeline
+        let rows: Vec<serde_json::Value> = timeline
             .rows
             .iter()
-            .map(|(ms, l)| format!("{{\"ms\":{ms},\"line\":{l}}}"))
+            .map(|(ms, l)| {
+                let line: serde_json::Value =
+                    serde_json::from_str(l).unwrap_or(serde_json::Value::Null);
+                serde_json::json!({"ms": *ms as u64, "line": line})
+            })
             .collect();
-        let head = object(&[
-            ("authoritative_token", V::N(authoritative)),
-            ("stale_token", V::N(alice_token)),
-            ("stale_outcome", V::S(&stale_outcome)),
-            ("published_key", V::S(&published_key)),
-            ("verdict", V::S(if ok { "ok" } else { "failed" })),
-        ]);
-        println!(
-            "{},\"timeline\":[{}]}}",
-            head.trim_end_matches('}'),
-            rows.join(",")
-        );
+        let report = serde_json::json!({
+            "authoritative_token": authoritative,
+            "stale_token": alice_token,
+            "stale_outcome": stale_outcome,
+            "published_key": published_key,
+            "verdict": if ok { "ok" } else { "failed" },
+            "timeline": rows,
+        });
+        println!("{report}");
     } else {
         println!("The paused-worker story (lease TTL {TTL_MS} ms):\n");
         for (ms, line) in &timeline.rows {

@@ -16,7 +16,6 @@ use std::time::Duration;
 use baton_fence::objects::ObjectKit;
 use baton_fence::{ResourceKey, Token};
 use clap::{Parser, Subcommand};
-use events::{object, V};
 
 #[derive(Parser)]
 #[command(
@@ -309,15 +308,18 @@ async fn run(command: Command) -> Result<ExitCode, String> {
         } => {
             let db = store::open(&paths.target()).await?;
             let checked = chaos::check(&db, &history, &accounts).await?;
-            let fields = checked.fields();
+            let figures = checked.figures();
             if json {
-                println!("{}", object(&fields));
-            } else {
-                for (k, v) in &fields {
-                    match v {
-                        V::N(n) => println!("{k:<36} {n}"),
-                        V::S(s) | V::Raw(s) => println!("{k:<36} {s}"),
-                    }
+                println!(
+                    "{}",
+                    serde_json::to_string(&figures).expect("figures serialize")
+                );
+            } else if let serde_json::Value::Object(fields) =
+                serde_json::to_value(&figures).expect("figures serialize")
+            {
+                for (k, v) in fields {
+                    let v = v.as_str().map_or(v.to_string(), str::to_string);
+                    println!("{k:<36} {v}");
                 }
             }
             Ok(if checked.verdict.is_clean() {
@@ -423,40 +425,27 @@ async fn show(paths: &Paths, account: &str, date: &str, json: bool) -> Result<St
         None => (String::new(), String::new(), "no publication".to_string()),
     };
     if json {
-        let outcome_list: Vec<String> = outcomes
+        let outcome_list: Vec<serde_json::Value> = outcomes
             .iter()
-            .map(|(w, t, o, d)| {
-                object(&[
-                    ("worker", V::S(w)),
-                    ("token", V::N(*t)),
-                    ("outcome", V::S(o)),
-                    ("detail", V::S(d)),
-                ])
-            })
+            .map(|(w, t, o, d)| serde_json::json!({"worker": w, "token": t, "outcome": o, "detail": d}))
             .collect();
-        let head = object(&[
-            ("account", V::S(account)),
-            ("date", V::S(date)),
-            ("job_state", V::S(&job.state)),
-            ("job_token", V::N(job.token.unwrap_or(0))),
-            (
-                "input_version",
-                V::N(input.as_ref().map_or(0, |i| i.version)),
-            ),
-            ("generation", V::N(generation)),
-            ("cancelled_at", V::N(cancelled_at)),
-            ("published_token", V::N(ptoken)),
-            ("published_key", V::S(pkey)),
-            ("published_operation", V::S(pop)),
-            ("manifest_input", V::S(&snapshot)),
-            ("manifest_sha256", V::S(&checksum)),
-            ("object", V::S(&valid)),
-        ]);
-        return Ok(format!(
-            "{},\"outcomes\":[{}]}}",
-            head.trim_end_matches('}'),
-            outcome_list.join(",")
-        ));
+        let shown = serde_json::json!({
+            "account": account,
+            "date": date,
+            "job_state": job.state,
+            "job_token": job.token.unwrap_or(0),
+            "input_version": input.as_ref().map_or(0, |i| i.version),
+            "generation": generation,
+            "cancelled_at": cancelled_at,
+            "published_token": ptoken,
+            "published_key": pkey,
+            "published_operation": pop,
+            "manifest_input": snapshot,
+            "manifest_sha256": checksum,
+            "object": valid,
+            "outcomes": outcome_list,
+        });
+        return Ok(shown.to_string());
     }
     let mut out = format!(
         "statement {account} {date}\n  job:          {} (token {}, {})\n  input:        version {}\n  resource:     generation {generation}{}\n  publication:  {}\n  object:       {valid}{}\n  outcomes:\n",

@@ -4,6 +4,7 @@
 //! a statement already published for this input, or reuse a validated
 //! candidate, before generating anything new.
 
+use baton_faults::history::Step;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -13,8 +14,9 @@ use baton_fence::objects::{ObjectKit, Provenance};
 use baton_fence::{FenceRequest, Outcome, ResourceKey};
 use tokio::time::Instant;
 
-use crate::events::{emit, object, V};
+use crate::events::emit;
 use crate::store::{self, Db, Input, Result, Target};
+use serde_json::json;
 
 pub const GENERATOR: &str = "statements/1";
 
@@ -100,7 +102,7 @@ pub async fn run(cfg: WorkerConfig) -> Result<()> {
             Ok(()) => return Ok(()),
             Err(e) if cfg.once => return Err(e),
             Err(e) => {
-                emit("error", &[("worker", V::S(&cfg.name)), ("why", V::S(&e))]);
+                emit("error", json!({"worker": cfg.name, "why": e}));
                 tokio::time::sleep(backoff.next_delay()).await;
             }
         }
@@ -125,31 +127,25 @@ async fn session(cfg: &WorkerConfig, backoff: &mut Backoff) -> Result<()> {
     }
 }
 
-/// Appends one line to the publish history: `status` is invoke, ok, failed
-/// or unknown. A line reaches the kernel before the call returns, so it
+/// Appends one line to the publish history (`baton_faults::history`). A line reaches the kernel before the call returns, so it
 /// survives a SIGKILL of this process.
 fn record(
     cfg: &WorkerConfig,
     resource: &str,
     operation: &str,
     token: i64,
-    status: &str,
+    status: Step,
     outcome: &str,
 ) {
     let Some(path) = &cfg.history else { return };
-    let line = object(&[
-        ("resource", V::S(resource)),
-        ("operation", V::S(operation)),
-        ("token", V::N(token)),
-        ("status", V::S(status)),
-        ("outcome", V::S(outcome)),
-    ]) + "\n";
-    let written = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-        .and_then(|mut f| std::io::Write::write_all(&mut f, line.as_bytes()));
-    if let Err(e) = written {
+    let line = baton_faults::history::Line {
+        resource: resource.into(),
+        operation: operation.into(),
+        token,
+        status,
+        outcome: outcome.into(),
+    };
+    if let Err(e) = baton_faults::history::append(path, &line) {
         // A history with holes would let the checker miss a violation.
         eprintln!("cannot append to the history {}: {e}", path.display());
         std::process::abort();
@@ -193,11 +189,7 @@ async fn process(
     );
     emit(
         "acquired",
-        &[
-            ("worker", V::S(&cfg.name)),
-            ("resource", V::S(&resource)),
-            ("token", V::N(lease.token.get() as i64)),
-        ],
+        json!({"worker": cfg.name, "resource": resource, "token": lease.token.get() as i64}),
     );
     let result = pipeline(cfg, kit, db, account, date, &keeper.guard()).await;
     let lease = keeper.stop();
@@ -219,10 +211,7 @@ async fn pipeline(
     let token = guard.token().get() as i64;
     let job = db.job(account, date).await?.ok_or("job vanished")?;
     if job.state == "cancelled" || job.state == "published" {
-        emit(
-            "skipped",
-            &[("worker", V::S(name)), ("state", V::S(&job.state))],
-        );
+        emit("skipped", json!({"worker": name, "state": job.state}));
         return Ok(());
     }
     db.set_state(
@@ -240,16 +229,12 @@ async fn pipeline(
     let snap = snapshot(account, date, &input);
     emit(
         "read_input",
-        &[
-            ("worker", V::S(name)),
-            ("token", V::N(token)),
-            ("input", V::S(&snap)),
-        ],
+        json!({"worker": name, "token": token, "input": snap}),
     );
     if cfg.pause_after_read {
-        emit("paused", &[("worker", V::S(name)), ("token", V::N(token))]);
+        emit("paused", json!({"worker": name, "token": token}));
         stop_self();
-        emit("resumed", &[("worker", V::S(name)), ("token", V::N(token))]);
+        emit("resumed", json!({"worker": name, "token": token}));
     }
     // Every step below has an effect (even bookkeeping): check ownership first.
     if !guard.may_start_effect() {
@@ -277,11 +262,7 @@ async fn pipeline(
                 .await?;
             emit(
                 "completed_bookkeeping",
-                &[
-                    ("worker", V::S(name)),
-                    ("published_token", V::N(p.token.get())),
-                    ("key", V::S(&p.object_key)),
-                ],
+                json!({"worker": name, "published_token": p.token.get(), "key": p.object_key}),
             );
             return Ok(());
         }
@@ -302,20 +283,13 @@ async fn pipeline(
             .map_err(|e| e.to_string())?
         {
             Ok(manifest) => {
-                emit(
-                    "reuse_candidate",
-                    &[("worker", V::S(name)), ("key", V::S(&candidate))],
-                );
+                emit("reuse_candidate", json!({"worker": name, "key": candidate}));
                 chosen = Some((candidate, manifest));
                 break;
             }
             Err(why) => emit(
                 "candidate_rejected",
-                &[
-                    ("worker", V::S(name)),
-                    ("key", V::S(&candidate)),
-                    ("why", V::S(&why.to_string())),
-                ],
+                json!({"worker": name, "key": candidate, "why": why.to_string()}),
             ),
         }
     }
@@ -344,20 +318,13 @@ async fn pipeline(
                 .map_err(|e| e.to_string())?;
             emit(
                 "uploaded",
-                &[
-                    ("worker", V::S(name)),
-                    ("token", V::N(token)),
-                    ("key", V::S(&c.key)),
-                ],
+                json!({"worker": name, "token": token, "key": c.key}),
             );
             (c.key, c.manifest)
         }
     };
     if cfg.crash_after == Some(CrashPoint::Upload) {
-        emit(
-            "crashing",
-            &[("worker", V::S(name)), ("after", V::S("upload"))],
-        );
+        emit("crashing", json!({"worker": name, "after": "upload"}));
         std::process::abort();
     }
     if !guard.may_start_effect() {
@@ -366,26 +333,22 @@ async fn pipeline(
     if cfg.pause_before_publish || chaos_pause(cfg, &resource, token) {
         emit(
             "paused",
-            &[
-                ("worker", V::S(name)),
-                ("token", V::N(token)),
-                ("resource", V::S(&resource)),
-            ],
+            json!({"worker": name, "token": token, "resource": resource}),
         );
         stop_self();
-        emit("resumed", &[("worker", V::S(name)), ("token", V::N(token))]);
+        emit("resumed", json!({"worker": name, "token": token}));
     }
     let op = format!("publish:{account}:{date}:t{token}");
     if cfg.unfenced {
-        record(cfg, &resource, &op, token, "invoke", "");
+        record(cfg, &resource, &op, token, Step::Invoke, "");
         if let Err(e) = db
             .publish_unfenced(&resource, token, &op, &object_key)
             .await
         {
-            record(cfg, &resource, &op, token, "unknown", &e);
+            record(cfg, &resource, &op, token, Step::Unknown, &e);
             return Err(e);
         }
-        record(cfg, &resource, &op, token, "ok", "applied_unfenced");
+        record(cfg, &resource, &op, token, Step::Ok, "applied_unfenced");
         db.record_outcome(name, account, date, token, "applied_unfenced", &object_key)
             .await?;
         return finish(cfg, db, account, date, token, &object_key).await;
@@ -400,18 +363,18 @@ async fn pipeline(
     .map_err(|e| e.to_string())?;
     let mut retried = false;
     let outcome = loop {
-        record(cfg, &resource, &op, token, "invoke", "");
+        record(cfg, &resource, &op, token, Step::Invoke, "");
         match db.publish(kit, &req).await {
             Ok(Ok(outcome)) => {
                 let status = match outcome {
-                    Outcome::Applied { .. } | Outcome::Replayed { .. } => "ok",
-                    _ => "failed",
+                    Outcome::Applied { .. } | Outcome::Replayed { .. } => Step::Ok,
+                    _ => Step::Failed,
                 };
                 record(cfg, &resource, &op, token, status, outcome.label());
                 break outcome;
             }
             Ok(Err(invalid)) => {
-                record(cfg, &resource, &op, token, "failed", "invalid");
+                record(cfg, &resource, &op, token, Step::Failed, "invalid");
                 db.set_state(
                     account,
                     date,
@@ -422,21 +385,17 @@ async fn pipeline(
                 .await?;
                 emit(
                     "needs_attention",
-                    &[("worker", V::S(name)), ("why", V::S(&invalid.to_string()))],
+                    json!({"worker": name, "why": invalid.to_string()}),
                 );
                 return Ok(());
             }
             Err(e) => {
                 // Sent, no answer: it may have committed. Retry once with the
                 // same operation id; a replay returns the saved result.
-                record(cfg, &resource, &op, token, "unknown", &e);
+                record(cfg, &resource, &op, token, Step::Unknown, &e);
                 emit(
                     "publish_unknown",
-                    &[
-                        ("worker", V::S(name)),
-                        ("token", V::N(token)),
-                        ("why", V::S(&e)),
-                    ],
+                    json!({"worker": name, "token": token, "why": e}),
                 );
                 if retried || !guard.may_start_effect() {
                     return Err(e);
@@ -455,35 +414,21 @@ async fn pipeline(
         }
         Outcome::Stale { presented, current } => emit(
             "publish_refused",
-            &[
-                ("worker", V::S(name)),
-                ("outcome", V::S("stale")),
-                ("token", V::N(presented.get())),
-                ("current", V::N(current.get())),
-            ],
+            json!({"worker": name, "outcome": "stale", "token": presented.get(), "current": current.get()}),
         ),
         Outcome::Cancelled {
             presented,
             cancelled_at,
         } => emit(
             "publish_refused",
-            &[
-                ("worker", V::S(name)),
-                ("outcome", V::S("cancelled")),
-                ("token", V::N(presented.get())),
-                ("current", V::N(cancelled_at.get())),
-            ],
+            json!({"worker": name, "outcome": "cancelled", "token": presented.get(), "current": cancelled_at.get()}),
         ),
         other => {
             db.set_state(account, date, "needs_attention", token, &detail)
                 .await?;
             emit(
                 "publish_refused",
-                &[
-                    ("worker", V::S(name)),
-                    ("outcome", V::S(other.label())),
-                    ("token", V::N(token)),
-                ],
+                json!({"worker": name, "outcome": other.label(), "token": token}),
             );
         }
     }
@@ -502,17 +447,10 @@ async fn finish(
     let name = cfg.name.as_str();
     emit(
         "published",
-        &[
-            ("worker", V::S(name)),
-            ("token", V::N(token)),
-            ("key", V::S(object_key)),
-        ],
+        json!({"worker": name, "token": token, "key": object_key}),
     );
     if cfg.crash_after == Some(CrashPoint::Publish) {
-        emit(
-            "crashing",
-            &[("worker", V::S(name)), ("after", V::S("publish"))],
-        );
+        emit("crashing", json!({"worker": name, "after": "publish"}));
         std::process::abort();
     }
     db.set_state(
@@ -523,10 +461,7 @@ async fn finish(
         &format!("published by {name}"),
     )
     .await?;
-    emit(
-        "completed",
-        &[("worker", V::S(name)), ("token", V::N(token))],
-    );
+    emit("completed", json!({"worker": name, "token": token}));
     Ok(())
 }
 
@@ -546,11 +481,7 @@ async fn lost(
         .await?;
     emit(
         "lease_lost",
-        &[
-            ("worker", V::S(name)),
-            ("token", V::N(token)),
-            ("when", V::S(when)),
-        ],
+        json!({"worker": name, "token": token, "when": when}),
     );
     Ok(())
 }

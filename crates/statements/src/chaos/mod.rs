@@ -1,0 +1,310 @@
+//! `statements chaos`: the statement service under a seeded storm of faults,
+//! then the history checker's verdict.
+//!
+//! Real processes: a Baton server (`statements serve-baton`, killed with
+//! SIGKILL and restarted on the same port and data directory) and N worker
+//! processes (paused with SIGSTOP, killed and restarted). Each worker talks
+//! to Baton, and with PostgreSQL to the database, through its own fault
+//! proxy, which holds traffic, drops the response to a request it delivered,
+//! or resets connections. The faults come from a schedule that is a pure
+//! function of the seed; on top of it, workers stop themselves just before
+//! a publish on a seeded share of attempts (the seed's window: ownership
+//! confirmed, then a pause), and the run either resumes them later or lets
+//! them go at once with their publish held in the database proxy.
+//!
+//! Every worker appends each publish to its history (invoked, then ok, failed
+//! or unknown); a trigger appends each pointer move to the publication log in
+//! the same transaction. At the end the checker compares the two.
+
+//!
+//! Code map: `schedule.rs` (the faults, a pure function of the seed),
+//! `procs.rs` (server, workers, proxies and timers), `seeder.rs` (jobs from
+//! a thread of their own), `net.rs` (proxied addresses), `report.rs` (the
+//! checker's verdict and the report). The history format and its reader are
+//! `baton_faults::history`, next to the checker.
+
+mod net;
+mod procs;
+mod report;
+mod schedule;
+mod seeder;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use baton_faults::Proxy;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+pub use report::check;
+pub use schedule::{fingerprint, schedule, Fault};
+
+use crate::rng::Rng;
+use crate::store::{self, Target};
+use procs::{Run, WorkerSlot};
+use report::Report;
+use seeder::Seeder;
+
+#[derive(Clone, Debug)]
+pub struct ChaosConfig {
+    pub workers: usize,
+    pub duration: Duration,
+    pub seed: u64,
+    pub database_url: Option<String>,
+    pub json: bool,
+    pub negative_control: bool,
+    pub ttl: Duration,
+    pub dir: Option<PathBuf>,
+    /// Percent of publish attempts on which a worker stops itself first.
+    pub pause_chance_pct: u32,
+}
+
+/// Pauses announced by the workers: (worker, incarnation).
+type Paused = mpsc::UnboundedReceiver<(usize, u32)>;
+
+fn say(cfg: &ChaosConfig, text: &str) {
+    // With --json, stdout carries only the report.
+    if cfg.json {
+        eprintln!("{text}");
+    } else {
+        println!("{text}");
+    }
+}
+
+fn validate(cfg: &ChaosConfig) -> Result<(), String> {
+    if cfg.workers == 0 || cfg.workers > 64 {
+        return Err(format!("--workers is {}; it must be 1 to 64", cfg.workers));
+    }
+    if cfg.duration < Duration::from_secs(1) {
+        return Err("--duration must be at least 1s".into());
+    }
+    if cfg.ttl < Duration::from_millis(200) || cfg.ttl > Duration::from_secs(60) {
+        return Err("--ttl-ms must be 200 to 60000".into());
+    }
+    Ok(())
+}
+
+/// Runs the storm, settles, and prints the verdict; exit 0 only when clean.
+pub async fn run(cfg: ChaosConfig) -> Result<ExitCode, String> {
+    validate(&cfg)?;
+    let (mut run, target, mut paused) = setup(cfg).await?;
+    let sched = schedule(
+        run.cfg.seed,
+        run.cfg.workers,
+        run.cfg.duration,
+        run.cfg.ttl,
+        run.cfg.database_url.is_some(),
+    );
+    announce(&run, &sched);
+    run.start_server().await?;
+    for w in 0..run.cfg.workers {
+        run.start_worker(w)?;
+    }
+    let seeder = Seeder::start(target.clone(), run.prefix.clone(), run.cfg.workers * 2);
+    storm(&mut run, &sched, &mut paused).await?;
+    let db = store::open(&target).await?;
+    let (seeded, open_at_end) = settle(&mut run, seeder, &db, &mut paused).await?;
+    run.kill_all().await;
+    verdict(&run, &db, &sched, seeded, open_at_end).await
+}
+
+/// The run's directory, database, proxies and worker slots.
+async fn setup(cfg: ChaosConfig) -> Result<(Run, Target, Paused), String> {
+    let worker_url = match &cfg.database_url {
+        Some(url) => Some(net::postgres_via_proxy(url).await?),
+        None => None,
+    };
+    let prefix = format!("c{:x}p{}-", cfg.seed, std::process::id());
+    let dir = match &cfg.dir {
+        Some(d) => d.clone(),
+        None => std::env::temp_dir().join(format!("baton-chaos-{prefix}")),
+    };
+    for sub in ["history", "logs"] {
+        std::fs::create_dir_all(dir.join(sub)).map_err(|e| format!("{}: {e}", dir.display()))?;
+    }
+    let target = Target {
+        db: dir.join("statements.sqlite"),
+        database_url: cfg.database_url.clone(),
+    };
+    store::open(&target).await?;
+    if cfg.negative_control {
+        eprintln!(
+            "*** NEGATIVE CONTROL: fencing is OFF at the resource. Workers move the publication \
+             pointer with a blind write. This run is expected to FAIL; if the checker finds \
+             nothing, the suite proves nothing. ***"
+        );
+    }
+    let server_addr = net::free_port()?;
+    let mut slots = Vec::new();
+    for _ in 0..cfg.workers {
+        let baton = Proxy::start(server_addr).await.map_err(|e| e.to_string())?;
+        let postgres = match &worker_url {
+            Some((_, upstream)) => Some(Proxy::start(*upstream).await.map_err(|e| e.to_string())?),
+            None => None,
+        };
+        slots.push(WorkerSlot {
+            child: None,
+            incarnation: 0,
+            stopped: false,
+            baton,
+            postgres,
+        });
+    }
+    let (events, paused) = mpsc::unbounded_channel();
+    let run = Run {
+        rng: Rng::new(cfg.seed ^ 0x5eed),
+        exe: std::env::current_exe().map_err(|e| e.to_string())?,
+        cfg,
+        dir,
+        prefix,
+        server_addr,
+        server: None,
+        worker_url,
+        slots,
+        timers: Vec::new(),
+        fired: BTreeMap::new(),
+        events,
+    };
+    Ok((run, target, paused))
+}
+
+fn announce(run: &Run, sched: &[(u64, Fault)]) {
+    let cfg = &run.cfg;
+    say(
+        cfg,
+        &format!(
+            "chaos: seed {} ({} faults scheduled, schedule {}), {} workers, {:?}, TTL {} ms, {}, files in {}",
+            cfg.seed,
+            sched.len(),
+            fingerprint(sched),
+            cfg.workers,
+            cfg.duration,
+            cfg.ttl.as_millis(),
+            if cfg.database_url.is_some() { "PostgreSQL" } else { "SQLite" },
+            run.dir.display()
+        ),
+    );
+}
+
+/// Applies the schedule until the duration is over, with the timers and
+/// the workers' own pauses in between.
+async fn storm(run: &mut Run, sched: &[(u64, Fault)], paused: &mut Paused) -> Result<(), String> {
+    let start = Instant::now();
+    let end = start + run.cfg.duration;
+    let mut next = 0;
+    loop {
+        let now = Instant::now();
+        if now >= end {
+            return Ok(());
+        }
+        while next < sched.len() && start + Duration::from_millis(sched[next].0) <= now {
+            run.apply(&sched[next].1).await?;
+            next += 1;
+        }
+        run.fire_timers(now, false).await?;
+        let due = sched
+            .get(next)
+            .map_or(end, |(at, _)| end.min(start + Duration::from_millis(*at)));
+        tokio::select! {
+            _ = tokio::time::sleep_until(run.next_wake(due)) => {}
+            Some((w, inc)) = paused.recv() => run.paused_before_publish(w, inc, true),
+        }
+    }
+}
+
+/// No more faults and no more jobs: everything resumed, restarted and
+/// released, and the workers finish the open jobs (bounded). Resume first:
+/// the seeder may be waiting for a SQLite lock that a stopped worker holds.
+/// Returns the jobs seeded and those still open.
+async fn settle(
+    run: &mut Run,
+    seeder: Seeder,
+    db: &store::Db,
+    paused: &mut Paused,
+) -> Result<(u64, i64), String> {
+    run.fire_timers(Instant::now(), true).await?;
+    run.release_everything();
+    let seeded = tokio::task::spawn_blocking(move || seeder.stop())
+        .await
+        .map_err(|e| e.to_string())??;
+    let settle_end = Instant::now() + (run.cfg.ttl * 10).max(Duration::from_secs(20));
+    let mut open = i64::MAX;
+    while Instant::now() < settle_end {
+        open = db
+            .job_states(&run.prefix)
+            .await
+            .map_err(|e| format!("waiting for the open jobs: {e}"))?
+            .iter()
+            .filter(|(s, _)| s == "pending" || s == "generating")
+            .map(|(_, n)| n)
+            .sum();
+        if open == 0 {
+            break;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep_until(run.next_wake(Instant::now() + Duration::from_millis(200))) => {}
+            Some((w, inc)) = paused.recv() => run.paused_before_publish(w, inc, false),
+        }
+        run.fire_timers(Instant::now(), false).await?;
+    }
+    Ok((seeded, open))
+}
+
+/// The checker's verdict and the report; exit 0 only when clean.
+async fn verdict(
+    run: &Run,
+    db: &store::Db,
+    sched: &[(u64, Fault)],
+    seeded: u64,
+    open_at_end: i64,
+) -> Result<ExitCode, String> {
+    let checked = check(db, &run.dir.join("history"), &run.prefix).await?;
+    let jobs = db
+        .job_states(&run.prefix)
+        .await
+        .map_err(|e| format!("reading the jobs: {e}"))?;
+    let cfg = &run.cfg;
+    let report = Report {
+        seed: cfg.seed,
+        schedule: fingerprint(sched),
+        negative_control: cfg.negative_control,
+        backend: if cfg.database_url.is_some() {
+            "postgres"
+        } else {
+            "sqlite"
+        },
+        workers: cfg.workers,
+        duration_s: cfg.duration.as_secs(),
+        ttl_ms: cfg.ttl.as_millis() as u64,
+        faults: run.fired.clone(),
+        proxy: run.proxy_totals(),
+        jobs_seeded: seeded,
+        jobs: jobs.into_iter().collect(),
+        open_jobs_at_end: open_at_end,
+        stale_overwrite_examples: Vec::new(),
+        files: run.dir.display().to_string(),
+        accounts: run.prefix.clone(),
+        figures: checked.figures(),
+        examples_text: Vec::new(),
+    }
+    .with_verdict(&checked);
+    if cfg.json {
+        println!(
+            "{}",
+            serde_json::to_string(&report).expect("the report serializes")
+        );
+    } else {
+        println!("{}", report.text());
+    }
+    let clean = checked.verdict.is_clean();
+    if clean && cfg.dir.is_none() {
+        let _ = std::fs::remove_dir_all(&run.dir);
+    }
+    Ok(if clean {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}

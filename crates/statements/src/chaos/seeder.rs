@@ -1,0 +1,70 @@
+//! Jobs keep coming from a thread of their own with its own connection:
+//! with SQLite, a worker stopped inside a write transaction blocks every
+//! writer until it is resumed, and resuming is the orchestrator loop's job.
+
+use std::time::Duration;
+
+use crate::store::{self, Target};
+
+/// The statement date of every chaos job.
+pub const DATE: &str = "2026-12-01";
+
+/// Keeps `target` jobs open, seeding new accounts every 100 ms while fewer
+/// are open, until stopped.
+pub struct Seeder {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<Result<u64, String>>,
+}
+
+impl Seeder {
+    pub fn start(target: Target, prefix: String, open_target: usize) -> Self {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| e.to_string())?;
+            rt.block_on(async {
+                let db = store::open(&target).await?;
+                let mut seeded = 0u64;
+                while !flag.load(std::sync::atomic::Ordering::SeqCst) {
+                    seeded += seed_jobs(&db, &prefix, open_target, seeded).await?;
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Ok(seeded)
+            })
+        });
+        Self { stop, thread }
+    }
+
+    /// Stops seeding; returns how many jobs were seeded.
+    pub fn stop(self) -> Result<u64, String> {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.thread
+            .join()
+            .map_err(|_| "the seeding thread panicked".to_string())?
+    }
+}
+
+async fn seed_jobs(
+    db: &store::Db,
+    prefix: &str,
+    target: usize,
+    seeded: u64,
+) -> Result<u64, String> {
+    let open = db
+        .open_jobs(prefix)
+        .await
+        .map_err(|e| format!("counting open jobs: {e}"))?
+        .len();
+    let mut added = 0;
+    for n in open..target {
+        let account = format!("{prefix}{:06}", seeded + added);
+        db.seed(&account, DATE, 1_000 + n as i64)
+            .await
+            .map_err(|e| format!("seeding {account}: {e}"))?;
+        added += 1;
+    }
+    Ok(added)
+}
