@@ -259,14 +259,16 @@ async fn run(command: Command) -> Result<ExitCode, String> {
                 ttl: Duration::from_millis(ttl_ms),
                 once,
                 poll: Duration::from_millis(poll_ms),
-                pause_before_publish,
-                pause_after_read,
-                crash_after,
                 accounts,
                 history,
-                unfenced,
-                pause_chance_pct,
-                chaos_seed,
+                drills: worker::Drills {
+                    pause_before_publish,
+                    pause_after_read,
+                    crash_after,
+                    unfenced,
+                    pause_chance_pct,
+                    chaos_seed,
+                },
             })
             .await?;
             Ok(ExitCode::SUCCESS)

@@ -148,11 +148,65 @@ pub struct Target {
     pub database_url: Option<String>,
 }
 
+/// Where a statement job stands; what customers and operators see.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JobState {
+    Pending,
+    Generating,
+    Published,
+    NeedsAttention,
+    Cancelled,
+}
+
+impl JobState {
+    /// The label stored in the `state` column.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Pending => "pending",
+            JobState::Generating => "generating",
+            JobState::Published => "published",
+            JobState::NeedsAttention => "needs_attention",
+            JobState::Cancelled => "cancelled",
+        }
+    }
+
+    /// Reads a stored label.
+    pub fn parse(label: &str) -> Result<Self> {
+        [
+            Self::Pending,
+            Self::Generating,
+            Self::Published,
+            Self::NeedsAttention,
+            Self::Cancelled,
+        ]
+        .into_iter()
+        .find(|s| s.as_str() == label)
+        .ok_or_else(|| format!("unknown job state {label:?} in the database"))
+    }
+
+    /// Cancelled and published are final: no worker moves a job out of them.
+    pub fn is_final(self) -> bool {
+        matches!(self, JobState::Published | JobState::Cancelled)
+    }
+
+    /// A worker may pick the job up (a generating job's worker may have died).
+    pub fn is_open(self) -> bool {
+        matches!(self, JobState::Pending | JobState::Generating)
+    }
+}
+
+impl std::fmt::Display for JobState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Job {
     pub account: String,
     pub date: String,
-    pub state: String,
+    pub state: JobState,
     pub token: Option<i64>,
     pub detail: Option<String>,
 }
@@ -268,15 +322,23 @@ impl Db {
                 .query_row(
                     "SELECT account, date, state, token, detail FROM jobs WHERE account = ?1 AND date = ?2",
                     params![account, date],
-                    |r| Ok(Job { account: r.get(0)?, date: r.get(1)?, state: r.get(2)?, token: r.get(3)?, detail: r.get(4)? }),
+                    |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?, r.get::<_, String>(2)?, r.get(3)?, r.get(4)?)),
                 )
                 .optional()
-                .map_err(err),
+                .map_err(err)?
+                .map(|(account, date, state, token, detail)| {
+                    Ok(Job { account, date, state: JobState::parse(&state)?, token, detail })
+                })
+                .transpose(),
             Db::Postgres { client, .. } => Ok(client
                 .query_opt("SELECT account, date, state, token, detail FROM statements.jobs WHERE account = $1 AND date = $2", &[&account, &date])
                 .await
                 .map_err(err)?
-                .map(|r| Job { account: r.get(0), date: r.get(1), state: r.get(2), token: r.get(3), detail: r.get(4) })),
+                .map(|r| {
+                    let state: String = r.get(2);
+                    Ok::<Job, String>(Job { account: r.get(0), date: r.get(1), state: JobState::parse(&state)?, token: r.get(3), detail: r.get(4) })
+                })
+                .transpose()?),
         }
     }
 
@@ -393,10 +455,11 @@ impl Db {
         &self,
         account: &str,
         date: &str,
-        state: &str,
+        state: JobState,
         token: i64,
         detail: &str,
     ) -> Result<bool> {
+        let state = state.as_str();
         let n = match self {
             Db::Sqlite(c) => c
                 .execute(

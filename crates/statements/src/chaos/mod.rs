@@ -237,7 +237,7 @@ async fn settle(
             .await
             .map_err(|e| format!("waiting for the open jobs: {e}"))?
             .iter()
-            .filter(|(s, _)| s == "pending" || s == "generating")
+            .filter(|(s, _)| store::JobState::parse(s).is_ok_and(store::JobState::is_open))
             .map(|(_, n)| n)
             .sum();
         if open == 0 {
