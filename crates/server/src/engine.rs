@@ -16,7 +16,7 @@ use baton_core::{
     LeaseStatus, LeaseTable, MonoMs, NotAcquired, ReleaseOutcome, RenewOutcome, ResourceName,
     WaitResult, WaiterId, Write,
 };
-use baton_store::{LeaseStore, Stored};
+use baton_store::{LeaseStore, StoreError, Stored};
 use tokio::sync::oneshot;
 use tracing::{debug, error, info};
 
@@ -112,8 +112,13 @@ impl Engine {
         store: Box<dyn LeaseStore>,
         limits: baton_core::Limits,
         metrics: Arc<Metrics>,
-    ) -> Result<(EngineHandle, std::thread::JoinHandle<Result<(), String>>), baton_store::StoreError>
-    {
+    ) -> Result<
+        (
+            EngineHandle,
+            std::thread::JoinHandle<Result<(), StoreError>>,
+        ),
+        StoreError,
+    > {
         let stored = store.load()?;
         let origin = Instant::now();
         let n_leases = stored.leases.len();
@@ -153,7 +158,7 @@ impl Engine {
         MonoMs(self.origin.elapsed().as_millis() as u64)
     }
 
-    fn run(mut self) -> Result<(), String> {
+    fn run(mut self) -> Result<(), StoreError> {
         let mut batch = Vec::with_capacity(64);
         let mut again = false;
         loop {
@@ -191,16 +196,14 @@ impl Engine {
         }
         // Every handle is gone: the server is shutting down.
         if !self.pending.is_empty() {
-            self.store
-                .commit(&self.pending)
-                .map_err(|e| e.to_string())?;
+            self.store.commit(&self.pending)?;
         }
         info!("engine stopped; lazy writes flushed");
         Ok(())
     }
 
     /// Runs one batch. Returns true if it left work for an immediate next round.
-    fn step(&mut self, batch: &mut Vec<Command>) -> Result<bool, String> {
+    fn step(&mut self, batch: &mut Vec<Command>) -> Result<bool, StoreError> {
         let now = self.now();
         let mut replies: Vec<Deferred> = Vec::with_capacity(batch.len());
         for command in batch.drain(..) {
@@ -215,7 +218,7 @@ impl Engine {
             if let Err(e) = self.store.commit(&self.pending) {
                 // Dropping the replies tells every caller the outcome is unknown.
                 error!(error = %e, "lease store commit failed; stopping");
-                return Err(e.to_string());
+                return Err(e);
             }
             self.metrics.commits.fetch_add(1, Relaxed);
             self.pending.clear();

@@ -116,9 +116,35 @@ pub enum ServerError {
         hint: String,
     },
     #[error("the lease engine stopped: {0}")]
-    Engine(String),
+    Engine(#[from] EngineFailure),
     #[error("transport error: {0}")]
     Transport(String),
+}
+
+/// Why the lease engine stopped serving.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum EngineFailure {
+    /// A commit failed: its batch's callers heard "indeterminate", and the
+    /// store is not trusted again (ARCHITECTURE.md).
+    #[error("a store commit failed: {0}")]
+    Store(#[from] StoreError),
+    /// The engine thread panicked (a violated invariant).
+    #[error("the engine thread panicked")]
+    Panicked,
+    /// The engine stopped while the server was still serving.
+    #[error("the engine stopped unexpectedly")]
+    Unexpected,
+}
+
+type EngineJoin = Result<std::thread::Result<Result<(), StoreError>>, tokio::task::JoinError>;
+
+/// Flattens the engine thread's three layers of outcome into one.
+fn engine_outcome(joined: EngineJoin) -> Result<(), EngineFailure> {
+    match joined {
+        Ok(Ok(stopped)) => Ok(stopped?),
+        Ok(Err(_)) | Err(_) => Err(EngineFailure::Panicked),
+    }
 }
 
 /// A started server; dropping it does not stop it, [`RunningServer::shutdown`] does.
@@ -146,7 +172,7 @@ impl RunningServer {
     pub async fn wait(&mut self) -> Result<(), ServerError> {
         (&mut self.task)
             .await
-            .map_err(|e| ServerError::Engine(e.to_string()))?
+            .map_err(|_| ServerError::Engine(EngineFailure::Panicked))?
     }
 }
 
@@ -286,24 +312,15 @@ pub async fn start_with_store(
                 }
             }
             joined = &mut engine_join => {
-                let message = match joined {
-                    Ok(Ok(Ok(()))) => "engine stopped".to_string(),
-                    Ok(Ok(Err(e))) => e,
-                    Ok(Err(_)) => "engine panicked".to_string(),
-                    Err(e) => e.to_string(),
-                };
-                error!(%message, "lease engine stopped; the server stops");
-                return Err(ServerError::Engine(message));
+                let failure = engine_outcome(joined).err().unwrap_or(EngineFailure::Unexpected);
+                error!(%failure, "lease engine stopped; the server stops");
+                return Err(failure.into());
             }
         };
         drop(serve);
         engine_stop.send(engine::Command::Shutdown);
-        match engine_join.await {
-            Ok(Ok(Ok(()))) => outcome,
-            Ok(Ok(Err(e))) => Err(ServerError::Engine(e)),
-            Ok(Err(_)) => Err(ServerError::Engine("engine panicked".into())),
-            Err(e) => Err(ServerError::Engine(e.to_string())),
-        }
+        engine_outcome(engine_join.await)?;
+        outcome
     });
     Ok(RunningServer {
         grpc_addr,
