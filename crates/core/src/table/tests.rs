@@ -1,4 +1,5 @@
 use super::*;
+use crate::AcquisitionDigest;
 use proptest::prelude::*;
 
 fn name(s: &str) -> ResourceName {

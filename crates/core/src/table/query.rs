@@ -1,0 +1,68 @@
+//! Read-only questions to the table: status, listing, and the leases in
+//! durable form. Each is O(log n) plus what it returns.
+
+use std::ops::Bound;
+
+use super::state::ResourceState;
+use super::{LeaseRecord, LeaseStatus, LeaseTable, MonoMs};
+use crate::ResourceName;
+
+impl LeaseTable {
+    pub fn status(&mut self, now: MonoMs, resource: &ResourceName) -> LeaseStatus {
+        self.tick(now);
+        self.status_of(now, resource, self.resources.get(resource))
+    }
+
+    fn status_of(
+        &self,
+        now: MonoMs,
+        resource: &ResourceName,
+        state: Option<&ResourceState>,
+    ) -> LeaseStatus {
+        let lease = state.and_then(|s| s.lease.as_ref());
+        LeaseStatus {
+            resource: resource.clone(),
+            holder_token: lease.map(|l| l.token),
+            remaining_ms: lease.map_or(0, |l| l.expires_at.0.saturating_sub(now.0)),
+            ttl_ms: lease.map_or(0, |l| l.ttl_ms),
+            n_waiters: state.map_or(0, |s| s.queue.len()),
+        }
+    }
+
+    /// Resources with a lease or waiters whose name starts with `prefix`, in
+    /// name order, after `start_after`, at most `limit` of them.
+    pub fn list(
+        &mut self,
+        now: MonoMs,
+        prefix: &str,
+        start_after: Option<&str>,
+        limit: usize,
+    ) -> Vec<LeaseStatus> {
+        self.tick(now);
+        let lower = match start_after {
+            Some(after) if after >= prefix => Bound::Excluded(after),
+            _ => Bound::Included(prefix),
+        };
+        self.resources
+            .range::<str, _>((lower, Bound::Unbounded))
+            .take_while(|(r, _)| r.as_str().starts_with(prefix))
+            .take(limit)
+            .map(|(r, s)| self.status_of(now, r, Some(s)))
+            .collect()
+    }
+
+    /// Every held lease in durable form (for snapshots).
+    pub fn leases(&self) -> impl Iterator<Item = (&ResourceName, LeaseRecord)> {
+        self.resources.iter().filter_map(|(r, s)| {
+            let l = s.lease.as_ref()?;
+            Some((
+                r,
+                LeaseRecord {
+                    acquisition_digest: l.acquisition_digest,
+                    token: l.token,
+                    ttl_ms: l.ttl_ms,
+                },
+            ))
+        })
+    }
+}

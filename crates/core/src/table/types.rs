@@ -1,0 +1,235 @@
+//! What goes in and out of the lease table: requests, outcomes, durable
+//! records, writes, events and effects.
+
+use crate::{AcquisitionDigest, AcquisitionId, Epoch, FencingToken, ResourceName, WaiterId};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct MonoMs(pub u64);
+
+impl MonoMs {
+    pub(crate) fn plus(self, ms: u64) -> MonoMs {
+        MonoMs(self.0.saturating_add(ms))
+    }
+}
+
+/// Bounds on everything a request can ask for or make the table hold.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Limits {
+    pub ttl_ms_min: u64,
+    pub ttl_ms_max: u64,
+    pub wait_ms_max: u64,
+    pub n_resources_per_request_max: usize,
+    pub n_waiters_per_resource_max: usize,
+    pub n_waiters_max: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            ttl_ms_min: 1_000,
+            ttl_ms_max: 600_000,
+            wait_ms_max: 600_000,
+            n_resources_per_request_max: 64,
+            n_waiters_per_resource_max: 1_024,
+            n_waiters_max: 100_000,
+        }
+    }
+}
+
+/// One acquire request: one or more resources, all or nothing.
+#[derive(Clone, Debug)]
+pub struct AcquireRequest {
+    /// Each resource with the acquisition id its lease will carry.
+    pub claims: Vec<(ResourceName, AcquisitionId)>,
+    pub ttl_ms: u64,
+    /// 0 means try once. Otherwise the request queues, FIFO, for at most this long.
+    pub wait_ms: u64,
+    /// Identifies the request if it has to wait; the shell picks a unique one.
+    pub waiter: WaiterId,
+}
+
+impl AcquireRequest {
+    pub fn single(resource: ResourceName, acquisition_id: AcquisitionId, ttl_ms: u64) -> Self {
+        Self {
+            claims: vec![(resource, acquisition_id)],
+            ttl_ms,
+            wait_ms: 0,
+            waiter: WaiterId(0),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Grant {
+    pub resource: ResourceName,
+    pub acquisition_id: AcquisitionId,
+    pub token: FencingToken,
+    pub ttl_ms: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AcquireOutcome {
+    /// Every requested lease is held now, one grant per resource, in request order.
+    Granted(Vec<Grant>),
+    /// The request waits; its result arrives later as [`WaitResult`] in [`Effects::woken`].
+    Queued {
+        waiter: WaiterId,
+    },
+    NotAcquired(NotAcquired),
+}
+
+/// Why a try-once acquire was refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NotAcquired {
+    /// The first requested resource that is held or has waiters.
+    pub resource: ResourceName,
+    /// The current holder's token, if the resource is held (it may only have waiters).
+    pub holder_token: Option<FencingToken>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WaitResult {
+    Granted(Vec<Grant>),
+    TimedOut,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum AcquireError {
+    #[error(
+        "ttl {ttl_ms}ms is out of range: it must be between {ttl_ms_min}ms and {ttl_ms_max}ms"
+    )]
+    TtlOutOfRange {
+        ttl_ms: u64,
+        ttl_ms_min: u64,
+        ttl_ms_max: u64,
+    },
+    #[error("wait {wait_ms}ms is above the maximum {wait_ms_max}ms")]
+    WaitTooLong { wait_ms: u64, wait_ms_max: u64 },
+    #[error("an acquire request must name at least one resource")]
+    NoResources,
+    #[error("an acquire request names {n_resources} resources; the limit is {n_resources_max}")]
+    TooManyResources {
+        n_resources: usize,
+        n_resources_max: usize,
+    },
+    #[error("resource {resource} appears more than once in one acquire request")]
+    DuplicateResource { resource: ResourceName },
+    #[error("resource {resource} already has {n_waiters} waiters, the limit per resource")]
+    TooManyWaitersOnResource {
+        resource: ResourceName,
+        n_waiters: usize,
+    },
+    #[error("the server already has {n_waiters} waiting requests, its limit")]
+    TooManyWaiters { n_waiters: usize },
+    #[error("waiter id {0:?} is already in use")]
+    DuplicateWaiter(WaiterId),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RenewOutcome {
+    /// Extended by its TTL from `now`; `ttl_ms` is the remaining time.
+    Renewed { token: FencingToken, ttl_ms: u64 },
+    /// Expired, released, fenced or replaced: nothing was extended or created.
+    NotOwner,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ReleaseOutcome {
+    Released {
+        token: FencingToken,
+    },
+    /// Already released, expired, fenced, or never this id's: nothing changed.
+    NotHeld,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FenceOutcome {
+    /// Issued to the fence itself: above every earlier grant, below every later one.
+    pub token: FencingToken,
+    /// The token of the lease the fence revoked, if one was held.
+    pub revoked: Option<FencingToken>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaseStatus {
+    pub resource: ResourceName,
+    pub holder_token: Option<FencingToken>,
+    pub remaining_ms: u64,
+    pub ttl_ms: u64,
+    pub n_waiters: usize,
+}
+
+/// The durable form of a lease. Expiry is not stored: after a restart every
+/// stored lease gets its full TTL again from the restart. The acquisition id
+/// itself is never stored, only its digest.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaseRecord {
+    pub acquisition_digest: AcquisitionDigest,
+    pub token: FencingToken,
+    pub ttl_ms: u64,
+}
+
+/// A change to durable state, applied by the shell in order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Write {
+    PutLease {
+        resource: ResourceName,
+        record: LeaseRecord,
+    },
+    DeleteLease {
+        resource: ResourceName,
+    },
+    /// The last issued token position.
+    Tokens {
+        epoch: Epoch,
+        counter: u64,
+    },
+}
+
+/// What happened, for metrics and logs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    Granted {
+        resource: ResourceName,
+        token: FencingToken,
+        acquisition_id: AcquisitionId,
+        after_wait: bool,
+    },
+    Renewed {
+        resource: ResourceName,
+        token: FencingToken,
+    },
+    RenewRefused {
+        resource: ResourceName,
+    },
+    Released {
+        resource: ResourceName,
+        token: FencingToken,
+    },
+    Expired {
+        resource: ResourceName,
+        token: FencingToken,
+    },
+    Fenced {
+        resource: ResourceName,
+        token: FencingToken,
+        revoked: Option<FencingToken>,
+    },
+    WaitTimedOut {
+        waiter: WaiterId,
+    },
+}
+
+/// Everything the shell must do after a batch of operations.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Effects {
+    /// Changes to persist, in order.
+    pub writes: Vec<Write>,
+    /// True when a token was issued: the writes must be durable before any
+    /// reply of this batch (or wake-up below) is released.
+    pub sync: bool,
+    /// Waiting requests that finished, to be answered.
+    pub woken: Vec<(WaiterId, WaitResult)>,
+    pub events: Vec<Event>,
+}
