@@ -1,0 +1,184 @@
+//! The service's durable state: account data (the input), jobs (what
+//! customers and operators see), and each worker's recorded outcome. The
+//! fence kit's tables live in the same database. SQLite by default
+//! (`--db`), PostgreSQL with `--database-url` (schema `statements`, plus the
+//! fence kit's schema `baton`).
+
+//!
+//! One trait, [`Store`], with a dialect per file: `sqlite.rs` and
+//! `postgres.rs`. Both create the same tables and the same publication log.
+
+mod postgres;
+mod sqlite;
+
+use std::path::PathBuf;
+
+use baton_fence::objects::{Invalid, ObjectKit};
+use baton_fence::{FenceRequest, Outcome, Publication, ResourceKey, Token};
+
+pub type Result<T> = std::result::Result<T, String>;
+
+pub(crate) fn err(e: impl std::fmt::Display) -> String {
+    e.to_string()
+}
+
+/// One accepted publication, from the publication log.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LoggedPublication {
+    pub resource: String,
+    pub token: i64,
+    pub operation: String,
+}
+
+/// Where the state lives.
+#[derive(Clone, Debug)]
+pub struct Target {
+    pub db: PathBuf,
+    pub database_url: Option<String>,
+}
+
+/// Where a statement job stands; what customers and operators see.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JobState {
+    Pending,
+    Generating,
+    Published,
+    NeedsAttention,
+    Cancelled,
+}
+
+impl JobState {
+    /// The label stored in the `state` column.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Pending => "pending",
+            JobState::Generating => "generating",
+            JobState::Published => "published",
+            JobState::NeedsAttention => "needs_attention",
+            JobState::Cancelled => "cancelled",
+        }
+    }
+
+    /// Reads a stored label.
+    pub fn parse(label: &str) -> Result<Self> {
+        [
+            Self::Pending,
+            Self::Generating,
+            Self::Published,
+            Self::NeedsAttention,
+            Self::Cancelled,
+        ]
+        .into_iter()
+        .find(|s| s.as_str() == label)
+        .ok_or_else(|| format!("unknown job state {label:?} in the database"))
+    }
+
+    /// Cancelled and published are final: no worker moves a job out of them.
+    pub fn is_final(self) -> bool {
+        matches!(self, JobState::Published | JobState::Cancelled)
+    }
+
+    /// A worker may pick the job up (a generating job's worker may have died).
+    pub fn is_open(self) -> bool {
+        matches!(self, JobState::Pending | JobState::Generating)
+    }
+}
+
+impl std::fmt::Display for JobState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Job {
+    pub account: String,
+    pub date: String,
+    pub state: JobState,
+    pub token: Option<i64>,
+    pub detail: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Input {
+    pub version: i64,
+    pub balance_cents: i64,
+}
+
+/// The service's state, in whichever database the target names.
+pub type Db = Box<dyn Store>;
+
+/// Opens (and creates or migrates) the store the target names.
+pub async fn open(target: &Target) -> Result<Db> {
+    match &target.database_url {
+        Some(url) => Ok(Box::new(postgres::PgDb::open(url).await?)),
+        None => Ok(Box::new(sqlite::SqliteDb::open(&target.db)?)),
+    }
+}
+
+/// Everything the service keeps. Futures are not `Send`: a SQLite
+/// connection is not `Sync`, and each worker uses its store from one task.
+#[async_trait::async_trait(?Send)]
+pub trait Store {
+    async fn seed(&self, account: &str, date: &str, balance_cents: i64) -> Result<i64>;
+
+    async fn input(&self, account: &str, date: &str) -> Result<Option<Input>>;
+
+    async fn job(&self, account: &str, date: &str) -> Result<Option<Job>>;
+
+    async fn open_jobs(&self, prefix: &str) -> Result<Vec<(String, String)>>;
+
+    async fn job_states(&self, prefix: &str) -> Result<Vec<(String, i64)>>;
+
+    async fn publication_log(&self, prefix: &str) -> Result<Vec<LoggedPublication>>;
+
+    async fn pointers(&self, prefix: &str) -> Result<Vec<(String, i64)>>;
+
+    async fn publish_unfenced(
+        &self,
+        resource: &str,
+        token: i64,
+        operation: &str,
+        object_key: &str,
+    ) -> Result<()>;
+
+    async fn set_state(
+        &self,
+        account: &str,
+        date: &str,
+        state: JobState,
+        token: i64,
+        detail: &str,
+    ) -> Result<bool>;
+
+    async fn cancel_job(&self, account: &str, date: &str) -> Result<bool>;
+
+    async fn record_outcome(
+        &self,
+        worker: &str,
+        account: &str,
+        date: &str,
+        token: i64,
+        outcome: &str,
+        detail: &str,
+    ) -> Result<()>;
+
+    async fn outcomes(
+        &self,
+        account: &str,
+        date: &str,
+    ) -> Result<Vec<(String, i64, String, String)>>;
+
+    async fn publication(&self, key: &ResourceKey) -> Result<Option<Publication>>;
+
+    async fn fence_state(&self, key: &ResourceKey) -> Result<Option<baton_fence::ResourceState>>;
+
+    async fn publish(
+        &mut self,
+        kit: &ObjectKit,
+        req: &FenceRequest,
+    ) -> Result<std::result::Result<Outcome, Invalid>>;
+
+    async fn fence_cancel(&mut self, key: &ResourceKey, at: Token) -> Result<()>;
+}
