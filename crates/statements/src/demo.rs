@@ -46,8 +46,8 @@ fn spawn_worker(
     url: &str,
     name: &str,
     pause: bool,
-) -> Result<(Child, Lines<BufReader<ChildStdout>>), String> {
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+) -> anyhow::Result<(Child, Lines<BufReader<ChildStdout>>)> {
+    let exe = std::env::current_exe()?;
     let mut cmd = Command::new(exe);
     cmd.arg("worker")
         .arg("--db")
@@ -73,9 +73,11 @@ fn spawn_worker(
         .stdout(Stdio::piped())
         .stdin(Stdio::null())
         .kill_on_drop(true)
-        .spawn()
-        .map_err(|e| e.to_string())?;
-    let stdout = child.stdout.take().ok_or("no stdout")?;
+        .spawn()?;
+    let stdout = child
+        .stdout
+        .take()
+        .ok_or_else(|| anyhow::anyhow!("no stdout"))?;
     Ok((child, BufReader::new(stdout).lines()))
 }
 
@@ -84,13 +86,13 @@ async fn read_until(
     lines: &mut Lines<BufReader<ChildStdout>>,
     timeline: &mut Timeline,
     until: Option<&str>,
-) -> Result<Vec<String>, String> {
+) -> anyhow::Result<Vec<String>> {
     let mut seen = Vec::new();
     loop {
         let next = tokio::time::timeout(STEP_TIMEOUT, lines.next_line())
             .await
-            .map_err(|_| "a worker went silent")?;
-        let Some(line) = next.map_err(|e| e.to_string())? else {
+            .map_err(|_| anyhow::anyhow!("a worker went silent"))?;
+        let Some(line) = next? else {
             return Ok(seen);
         };
         timeline.add(&line);
@@ -108,11 +110,11 @@ fn proc_state(pid: u32) -> Option<char> {
 }
 
 /// Polls until `check` holds: waits for an event in another process, never for time to pass.
-async fn until(what: &str, mut check: impl AsyncFnMut() -> bool) -> Result<(), String> {
+async fn until(what: &str, mut check: impl AsyncFnMut() -> bool) -> anyhow::Result<()> {
     let deadline = Instant::now() + STEP_TIMEOUT;
     while !check().await {
         if Instant::now() > deadline {
-            return Err(format!("timed out waiting for {what}"));
+            return Err(anyhow::anyhow!("timed out waiting for {what}"));
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -130,7 +132,7 @@ pub async fn run(
     json: bool,
     dir: Option<PathBuf>,
     database_url: Option<String>,
-) -> Result<ExitCode, String> {
+) -> anyhow::Result<ExitCode> {
     let (dir, temporary) = match dir {
         Some(d) => (d, false),
         None => (
@@ -139,7 +141,7 @@ pub async fn run(
         ),
     };
     let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    std::fs::create_dir_all(&dir).map_err(|e| anyhow::anyhow!("{}: {e}", dir.display()))?;
     let result = story(&dir, json, database_url).await;
     if temporary {
         let _ = std::fs::remove_dir_all(&dir);
@@ -147,16 +149,14 @@ pub async fn run(
     result
 }
 
-async fn story(dir: &Path, json: bool, database_url: Option<String>) -> Result<ExitCode, String> {
+async fn story(dir: &Path, json: bool, database_url: Option<String>) -> anyhow::Result<ExitCode> {
     let paths = crate::Paths {
         db: dir.join("statements.sqlite"),
         objects: dir.join("objects"),
         database_url,
     };
     let config = baton_server::ServerConfig::ephemeral(dir.join("baton-data"));
-    let server = baton_server::start(config)
-        .await
-        .map_err(|e| e.to_string())?;
+    let server = baton_server::start(config).await?;
     let url = format!("http://{}", server.grpc_addr);
     let db = store::open(&paths.target()).await?;
     db.seed(ACCOUNT, DATE, 123_456).await?;
@@ -168,7 +168,7 @@ async fn story(dir: &Path, json: bool, database_url: Option<String>) -> Result<E
 
     let (mut alice, mut alice_out) = spawn_worker(&paths, &url, "alice", true)?;
     let mut alice_lines = read_until(&mut alice_out, &mut timeline, Some("paused")).await?;
-    let pid = alice.id().ok_or("alice exited")?;
+    let pid = alice.id().ok_or_else(|| anyhow::anyhow!("alice exited"))?;
     until("alice to be stopped", async || proc_state(pid) == Some('T')).await?;
     timeline.note("alice", "stopped (SIGSTOP)");
     // While Alice sleeps the account data changes, as in the seed.
@@ -178,7 +178,7 @@ async fn story(dir: &Path, json: bool, database_url: Option<String>) -> Result<E
         &format!("account data updated to input version {version}"),
     );
 
-    let mut client = Client::connect(&url).await.map_err(|e| e.to_string())?;
+    let mut client = Client::connect(&url).await?;
     until("alice's lease to expire", async || {
         client
             .status(&resource)
@@ -190,14 +190,14 @@ async fn story(dir: &Path, json: bool, database_url: Option<String>) -> Result<E
 
     let (mut bob, mut bob_out) = spawn_worker(&paths, &url, "bob", false)?;
     let bob_lines = read_until(&mut bob_out, &mut timeline, None).await?;
-    bob.wait().await.map_err(|e| e.to_string())?;
+    bob.wait().await?;
 
-    crate::signal::send(pid, crate::signal::Signal::SIGCONT).map_err(|e| e.to_string())?;
+    crate::signal::send(pid, crate::signal::Signal::SIGCONT)?;
     timeline.note("alice", "resumed (SIGCONT)");
     alice_lines.extend(read_until(&mut alice_out, &mut timeline, None).await?);
-    alice.wait().await.map_err(|e| e.to_string())?;
+    alice.wait().await?;
 
-    let key = ResourceKey::new(&resource).map_err(|e| e.to_string())?;
+    let key = ResourceKey::new(&resource)?;
     let pointer = db.publication(&key).await?;
     let alice_token = token_of(&alice_lines, "acquired").unwrap_or(0);
     let bob_token = token_of(&bob_lines, "acquired").unwrap_or(0);
@@ -210,7 +210,7 @@ async fn story(dir: &Path, json: bool, database_url: Option<String>) -> Result<E
     let (authoritative, published_key) =
         pointer.map_or((0, String::new()), |p| (p.token.get(), p.object_key));
     let ok = authoritative == bob_token && bob_token > alice_token && stale_outcome == "stale";
-    server.shutdown().await.map_err(|e| e.to_string())?;
+    server.shutdown().await?;
 
     if json {
         let rows: Vec<serde_json::Value> = timeline

@@ -216,13 +216,14 @@ fn main() -> ExitCode {
     match rt.block_on(run(cli.command)) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e}");
+            // `{:#}` prints the context chain on one line: "seeding x: cannot connect ...".
+            eprintln!("error: {e:#}");
             ExitCode::FAILURE
         }
     }
 }
 
-async fn run(command: Command) -> Result<ExitCode, String> {
+async fn run(command: Command) -> anyhow::Result<ExitCode> {
     match command {
         Command::Seed {
             paths,
@@ -333,9 +334,7 @@ async fn run(command: Command) -> Result<ExitCode, String> {
         Command::ServeBaton { data_dir, listen } => {
             let mut config = baton_server::ServerConfig::ephemeral(data_dir);
             config.listen = listen;
-            let server = baton_server::start(config)
-                .await
-                .map_err(|e| e.to_string())?;
+            let server = baton_server::start(config).await?;
             println!("listening on {}", server.grpc_addr);
             // Runs until killed: that is what it is for.
             std::future::pending::<()>().await;
@@ -373,39 +372,33 @@ async fn run(command: Command) -> Result<ExitCode, String> {
 /// that pick it up skip it); Baton fences the lease (revoking it: the holder's
 /// keeper sees "not owner" on its next renewal) and returns a token above
 /// every token issued; the fence kit refuses every token at or below it.
-async fn cancel(paths: &Paths, server: &str, account: &str, date: &str) -> Result<i64, String> {
+async fn cancel(paths: &Paths, server: &str, account: &str, date: &str) -> anyhow::Result<i64> {
     let mut db = store::open(&paths.target()).await?;
     if !db.cancel_job(account, date).await? {
-        return Err(format!("no job for {account} {date}"));
+        return Err(anyhow::anyhow!("no job for {account} {date}"));
     }
     let resource = worker::resource(account, date);
-    let mut client = baton_client::Client::connect(server)
-        .await
-        .map_err(|e| e.to_string())?;
-    let fenced = client.fence(&resource).await.map_err(|e| e.to_string())?;
-    let at = Token::new(fenced.token.get()).map_err(|e| e.to_string())?;
-    let key = ResourceKey::new(&resource).map_err(|e| e.to_string())?;
+    let mut client = baton_client::Client::connect(server).await?;
+    let fenced = client.fence(&resource).await?;
+    let at = Token::new(fenced.token.get())?;
+    let key = ResourceKey::new(&resource)?;
     db.fence_cancel(&key, at).await?;
     Ok(at.get())
 }
 
-async fn show(paths: &Paths, account: &str, date: &str, json: bool) -> Result<String, String> {
+async fn show(paths: &Paths, account: &str, date: &str, json: bool) -> anyhow::Result<String> {
     let db = store::open(&paths.target()).await?;
-    let kit = ObjectKit::local(&paths.objects).map_err(|e| e.to_string())?;
+    let kit = ObjectKit::local(&paths.objects)?;
     let job = db
         .job(account, date)
         .await?
-        .ok_or_else(|| format!("no job for {account} {date}"))?;
+        .ok_or_else(|| anyhow::anyhow!("no job for {account} {date}"))?;
     let input = db.input(account, date).await?;
-    let key = ResourceKey::new(&worker::resource(account, date)).map_err(|e| e.to_string())?;
+    let key = ResourceKey::new(&worker::resource(account, date))?;
     let state = db.fence_state(&key).await?;
     let pointer = db.publication(&key).await?;
     let manifest = match &pointer {
-        Some(p) => Some(
-            kit.validate(&p.object_key, None, None)
-                .await
-                .map_err(|e| e.to_string())?,
-        ),
+        Some(p) => Some(kit.validate(&p.object_key, None, None).await?),
         None => None,
     };
     let outcomes = db.outcomes(account, date).await?;

@@ -118,7 +118,10 @@ pub async fn run(cfg: WorkerConfig) -> Result<()> {
             Ok(()) => return Ok(()),
             Err(e) if cfg.once => return Err(e),
             Err(e) => {
-                emit("error", json!({"worker": cfg.name, "why": e}));
+                emit(
+                    "error",
+                    json!({"worker": cfg.name, "why": format!("{e:#}")}),
+                );
                 tokio::time::sleep(backoff.next_delay()).await;
             }
         }
@@ -126,10 +129,8 @@ pub async fn run(cfg: WorkerConfig) -> Result<()> {
 }
 
 async fn session(cfg: &WorkerConfig, backoff: &mut Backoff) -> Result<()> {
-    let client = Client::connect(&cfg.server)
-        .await
-        .map_err(|e| e.to_string())?;
-    let kit = ObjectKit::local(&cfg.objects).map_err(|e| e.to_string())?;
+    let client = Client::connect(&cfg.server).await?;
+    let kit = ObjectKit::local(&cfg.objects)?;
     let mut db = store::open(&cfg.target).await?;
     loop {
         for (account, date) in db.open_jobs(&cfg.accounts).await? {
@@ -191,11 +192,7 @@ async fn process(
     let resource = resource(account, date);
     let mut c = client.clone();
     let sent_at = Instant::now();
-    let lease = match c
-        .acquire(&resource, cfg.ttl, Duration::ZERO)
-        .await
-        .map_err(|e| e.to_string())?
-    {
+    let lease = match c.acquire(&resource, cfg.ttl, Duration::ZERO).await? {
         Acquired::Granted(lease) => lease,
         Acquired::NotAcquired(_) => return Ok(()),
     };
@@ -205,7 +202,7 @@ async fn process(
         sent_at,
         KeeperConfig::default(),
     );
-    let token = Token::new(lease.token.get()).map_err(|e| e.to_string())?;
+    let token = Token::new(lease.token.get())?;
     emit(
         "acquired",
         json!({"worker": cfg.name, "resource": resource, "token": token.get()}),

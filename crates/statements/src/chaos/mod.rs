@@ -73,21 +73,24 @@ fn say(cfg: &ChaosConfig, text: &str) {
     }
 }
 
-fn validate(cfg: &ChaosConfig) -> Result<(), String> {
+fn validate(cfg: &ChaosConfig) -> anyhow::Result<()> {
     if cfg.workers == 0 || cfg.workers > 64 {
-        return Err(format!("--workers is {}; it must be 1 to 64", cfg.workers));
+        return Err(anyhow::anyhow!(
+            "--workers is {}; it must be 1 to 64",
+            cfg.workers
+        ));
     }
     if cfg.duration < Duration::from_secs(1) {
-        return Err("--duration must be at least 1s".into());
+        anyhow::bail!("--duration must be at least 1s");
     }
     if cfg.ttl < Duration::from_millis(200) || cfg.ttl > Duration::from_secs(60) {
-        return Err("--ttl-ms must be 200 to 60000".into());
+        anyhow::bail!("--ttl-ms must be 200 to 60000");
     }
     Ok(())
 }
 
 /// Runs the storm, settles, and prints the verdict; exit 0 only when clean.
-pub async fn run(cfg: ChaosConfig) -> Result<ExitCode, String> {
+pub async fn run(cfg: ChaosConfig) -> anyhow::Result<ExitCode> {
     validate(&cfg)?;
     let (mut run, target, mut paused) = setup(cfg).await?;
     let sched = schedule(
@@ -111,7 +114,7 @@ pub async fn run(cfg: ChaosConfig) -> Result<ExitCode, String> {
 }
 
 /// The run's directory, database, proxies and worker slots.
-async fn setup(cfg: ChaosConfig) -> Result<(Run, Target, Paused), String> {
+async fn setup(cfg: ChaosConfig) -> anyhow::Result<(Run, Target, Paused)> {
     let worker_url = match &cfg.database_url {
         Some(url) => Some(net::postgres_via_proxy(url).await?),
         None => None,
@@ -122,7 +125,8 @@ async fn setup(cfg: ChaosConfig) -> Result<(Run, Target, Paused), String> {
         None => std::env::temp_dir().join(format!("baton-chaos-{prefix}")),
     };
     for sub in ["history", "logs"] {
-        std::fs::create_dir_all(dir.join(sub)).map_err(|e| format!("{}: {e}", dir.display()))?;
+        std::fs::create_dir_all(dir.join(sub))
+            .map_err(|e| anyhow::anyhow!("{}: {e}", dir.display()))?;
     }
     let target = Target {
         db: dir.join("statements.sqlite"),
@@ -139,9 +143,9 @@ async fn setup(cfg: ChaosConfig) -> Result<(Run, Target, Paused), String> {
     let server_addr = net::free_port()?;
     let mut slots = Vec::new();
     for _ in 0..cfg.workers {
-        let baton = Proxy::start(server_addr).await.map_err(|e| e.to_string())?;
+        let baton = Proxy::start(server_addr).await?;
         let postgres = match &worker_url {
-            Some((_, upstream)) => Some(Proxy::start(*upstream).await.map_err(|e| e.to_string())?),
+            Some((_, upstream)) => Some(Proxy::start(*upstream).await?),
             None => None,
         };
         slots.push(WorkerSlot {
@@ -155,7 +159,7 @@ async fn setup(cfg: ChaosConfig) -> Result<(Run, Target, Paused), String> {
     let (events, paused) = mpsc::unbounded_channel();
     let run = Run {
         rng: Rng::new(cfg.seed ^ 0x5eed),
-        exe: std::env::current_exe().map_err(|e| e.to_string())?,
+        exe: std::env::current_exe()?,
         cfg,
         dir,
         prefix,
@@ -190,7 +194,7 @@ fn announce(run: &Run, sched: &[(u64, Fault)]) {
 
 /// Applies the schedule until the duration is over, with the timers and
 /// the workers' own pauses in between.
-async fn storm(run: &mut Run, sched: &[(u64, Fault)], paused: &mut Paused) -> Result<(), String> {
+async fn storm(run: &mut Run, sched: &[(u64, Fault)], paused: &mut Paused) -> anyhow::Result<()> {
     let start = Instant::now();
     let end = start + run.cfg.duration;
     let mut next = 0;
@@ -223,19 +227,17 @@ async fn settle(
     seeder: Seeder,
     db: &store::Db,
     paused: &mut Paused,
-) -> Result<(u64, i64), String> {
+) -> anyhow::Result<(u64, i64)> {
     run.fire_timers(Instant::now(), true).await?;
     run.release_everything();
-    let seeded = tokio::task::spawn_blocking(move || seeder.stop())
-        .await
-        .map_err(|e| e.to_string())??;
+    let seeded = tokio::task::spawn_blocking(move || seeder.stop()).await??;
     let settle_end = Instant::now() + (run.cfg.ttl * 10).max(Duration::from_secs(20));
     let mut open = i64::MAX;
     while Instant::now() < settle_end {
         open = db
             .job_states(&run.prefix)
             .await
-            .map_err(|e| format!("waiting for the open jobs: {e}"))?
+            .map_err(|e| anyhow::anyhow!("waiting for the open jobs: {e}"))?
             .iter()
             .filter(|(s, _)| store::JobState::parse(s).is_ok_and(store::JobState::is_open))
             .map(|(_, n)| n)
@@ -259,12 +261,12 @@ async fn verdict(
     sched: &[(u64, Fault)],
     seeded: u64,
     open_at_end: i64,
-) -> Result<ExitCode, String> {
+) -> anyhow::Result<ExitCode> {
     let checked = check(db, &run.dir.join("history"), &run.prefix).await?;
     let jobs = db
         .job_states(&run.prefix)
         .await
-        .map_err(|e| format!("reading the jobs: {e}"))?;
+        .map_err(|e| anyhow::anyhow!("reading the jobs: {e}"))?;
     let cfg = &run.cfg;
     let report = Report {
         seed: cfg.seed,

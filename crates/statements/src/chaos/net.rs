@@ -13,30 +13,29 @@ pub fn direction(to_server: bool) -> Direction {
     }
 }
 
-pub fn free_port() -> Result<SocketAddr, String> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
-    l.local_addr().map_err(|e| e.to_string())
+pub fn free_port() -> anyhow::Result<SocketAddr> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(l.local_addr()?)
 }
 
 /// The worker's connection string with the host and port of its proxy (the
 /// port left as `{port}`), and the database's own address.
-pub async fn postgres_via_proxy(url: &str) -> Result<(String, SocketAddr), String> {
-    let config = tokio_postgres::Config::from_str(url)
-        .map_err(|e| format!("--database-url is not a PostgreSQL connection string: {e}"))?;
+pub async fn postgres_via_proxy(url: &str) -> anyhow::Result<(String, SocketAddr)> {
+    let config = tokio_postgres::Config::from_str(url).map_err(|e| {
+        anyhow::anyhow!("--database-url is not a PostgreSQL connection string: {e}")
+    })?;
     let host = match config.get_hosts().first() {
         Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
         _ => {
-            return Err(
-                "chaos puts a proxy in front of PostgreSQL, so --database-url needs a TCP host (host=127.0.0.1, not a socket directory)".into(),
-            )
+            anyhow::bail!("chaos puts a proxy in front of PostgreSQL, so --database-url needs a TCP host (host=127.0.0.1, not a socket directory)")
         }
     };
     let port = config.get_ports().first().copied().unwrap_or(5432);
     let upstream = tokio::net::lookup_host((host.as_str(), port))
         .await
-        .map_err(|e| format!("cannot resolve {host}: {e}"))?
+        .map_err(|e| anyhow::anyhow!("cannot resolve {host}: {e}"))?
         .next()
-        .ok_or_else(|| format!("cannot resolve {host}"))?;
+        .ok_or_else(|| anyhow::anyhow!("cannot resolve {host}"))?;
     let quote = |s: &str| format!("'{}'", s.replace('\\', "\\\\").replace('\'', "\\'"));
     let mut out = String::from("host=127.0.0.1 port={port}");
     if let Some(user) = config.get_user() {

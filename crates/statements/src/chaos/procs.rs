@@ -57,12 +57,11 @@ pub struct Run {
 }
 
 impl Run {
-    pub async fn start_server(&mut self) -> Result<(), String> {
+    pub async fn start_server(&mut self) -> anyhow::Result<()> {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
-            .open(self.dir.join("logs").join("server.log"))
-            .map_err(|e| e.to_string())?;
+            .open(self.dir.join("logs").join("server.log"))?;
         let mut child = Command::new(&self.exe)
             .arg("serve-baton")
             .arg("--data-dir")
@@ -74,14 +73,17 @@ impl Run {
             .stdin(Stdio::null())
             .kill_on_drop(true)
             .spawn()
-            .map_err(|e| format!("cannot start the Baton server: {e}"))?;
-        let stdout = child.stdout.take().ok_or("no stdout")?;
+            .map_err(|e| anyhow::anyhow!("cannot start the Baton server: {e}"))?;
+        let stdout = child
+            .stdout
+            .take()
+            .ok_or_else(|| anyhow::anyhow!("no stdout"))?;
         let mut lines = BufReader::new(stdout).lines();
         // The server prints one line once it listens.
         match tokio::time::timeout(Duration::from_secs(30), lines.next_line()).await {
             Ok(Ok(Some(line))) if line.starts_with("listening") => {}
             other => {
-                return Err(format!(
+                return Err(anyhow::anyhow!(
                     "the Baton server did not start ({other:?}); see {}",
                     self.dir.join("logs").join("server.log").display()
                 ))
@@ -91,7 +93,7 @@ impl Run {
         Ok(())
     }
 
-    pub fn start_worker(&mut self, w: usize) -> Result<(), String> {
+    pub fn start_worker(&mut self, w: usize) -> anyhow::Result<()> {
         self.slots[w].incarnation += 1;
         self.slots[w].stopped = false;
         let incarnation = self.slots[w].incarnation;
@@ -101,8 +103,7 @@ impl Run {
         let stderr = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
-            .open(&log_path)
-            .map_err(|e| e.to_string())?;
+            .open(&log_path)?;
         let mut cmd = cmd;
         let mut child = cmd
             .stdout(Stdio::piped())
@@ -110,8 +111,11 @@ impl Run {
             .stdin(Stdio::null())
             .kill_on_drop(true)
             .spawn()
-            .map_err(|e| format!("cannot start a worker: {e}"))?;
-        let stdout = child.stdout.take().ok_or("no stdout")?;
+            .map_err(|e| anyhow::anyhow!("cannot start a worker: {e}"))?;
+        let stdout = child
+            .stdout
+            .take()
+            .ok_or_else(|| anyhow::anyhow!("no stdout"))?;
         forward_output(stdout, log_path, self.events.clone(), w, incarnation);
         self.slots[w].child = Some(child);
         Ok(())
@@ -216,7 +220,7 @@ impl Run {
         }
     }
 
-    pub async fn fire_timers(&mut self, now: Instant, all: bool) -> Result<(), String> {
+    pub async fn fire_timers(&mut self, now: Instant, all: bool) -> anyhow::Result<()> {
         let (due, later): (Vec<_>, Vec<_>) = std::mem::take(&mut self.timers)
             .into_iter()
             .partition(|(at, _)| all || *at <= now);
@@ -241,7 +245,7 @@ impl Run {
 
     /// Carries out one scheduled fault, counting it if it fired (a fault on
     /// a worker that is down or already stopped does not).
-    pub async fn apply(&mut self, fault: &Fault) -> Result<(), String> {
+    pub async fn apply(&mut self, fault: &Fault) -> anyhow::Result<()> {
         let fired = match *fault {
             Fault::Pause { worker, ms } => self.pause(worker, ms),
             Fault::KillWorker { worker, ms } => self.kill_worker(worker, ms).await,

@@ -62,13 +62,13 @@ impl Checked {
 
 /// Checks the histories in `history` against the publication log and the
 /// pointers of the statements of accounts starting with `prefix`.
-pub async fn check(db: &store::Db, history: &Path, prefix: &str) -> Result<Checked, String> {
+pub async fn check(db: &store::Db, history: &Path, prefix: &str) -> anyhow::Result<Checked> {
     let resource_prefix = format!("statement:{prefix}");
-    let histories = baton_faults::history::read_dir(history)?;
+    let histories = baton_faults::history::read_dir(history).map_err(anyhow::Error::msg)?;
     let accepted: Vec<Accepted> = db
         .publication_log(&resource_prefix)
         .await
-        .map_err(|e| format!("reading the publication log: {e}"))?
+        .map_err(|e| anyhow::anyhow!("reading the publication log: {e}"))?
         .into_iter()
         .map(|p| Accepted {
             resource: p.resource,
@@ -79,7 +79,7 @@ pub async fn check(db: &store::Db, history: &Path, prefix: &str) -> Result<Check
     let pointers: BTreeMap<String, i64> = db
         .pointers(&resource_prefix)
         .await
-        .map_err(|e| format!("reading the pointers: {e}"))?
+        .map_err(|e| anyhow::anyhow!("reading the pointers: {e}"))?
         .into_iter()
         .collect();
     let verdict = checker::check(&histories.observed, &accepted, &pointers, true);

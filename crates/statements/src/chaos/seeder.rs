@@ -13,7 +13,7 @@ pub const DATE: &str = "2026-12-01";
 /// are open, until stopped.
 pub struct Seeder {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    thread: std::thread::JoinHandle<Result<u64, String>>,
+    thread: std::thread::JoinHandle<anyhow::Result<u64>>,
 }
 
 impl Seeder {
@@ -23,8 +23,7 @@ impl Seeder {
         let thread = std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
-                .build()
-                .map_err(|e| e.to_string())?;
+                .build()?;
             rt.block_on(async {
                 let db = store::open(&target).await?;
                 let mut seeded = 0u64;
@@ -39,11 +38,11 @@ impl Seeder {
     }
 
     /// Stops seeding; returns how many jobs were seeded.
-    pub fn stop(self) -> Result<u64, String> {
+    pub fn stop(self) -> anyhow::Result<u64> {
         self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
         self.thread
             .join()
-            .map_err(|_| "the seeding thread panicked".to_string())?
+            .map_err(|_| anyhow::anyhow!("the seeding thread panicked"))?
     }
 }
 
@@ -52,18 +51,18 @@ async fn seed_jobs(
     prefix: &str,
     target: usize,
     seeded: u64,
-) -> Result<u64, String> {
+) -> anyhow::Result<u64> {
     let open = db
         .open_jobs(prefix)
         .await
-        .map_err(|e| format!("counting open jobs: {e}"))?
+        .map_err(|e| anyhow::anyhow!("counting open jobs: {e}"))?
         .len();
     let mut added = 0;
     for n in open..target {
         let account = format!("{prefix}{:06}", seeded + added);
         db.seed(&account, DATE, 1_000 + n as i64)
             .await
-            .map_err(|e| format!("seeding {account}: {e}"))?;
+            .map_err(|e| anyhow::anyhow!("seeding {account}: {e}"))?;
         added += 1;
     }
     Ok(added)

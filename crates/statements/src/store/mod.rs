@@ -16,10 +16,11 @@ use std::path::PathBuf;
 use baton_fence::objects::{Invalid, ObjectKit};
 use baton_fence::{FenceRequest, Outcome, Publication, ResourceKey, Token};
 
-pub type Result<T> = std::result::Result<T, String>;
+pub type Result<T> = anyhow::Result<T>;
 
-pub(crate) fn err(e: impl std::fmt::Display) -> String {
-    e.to_string()
+/// A library error as this binary's error (its message is kept whole).
+pub(crate) fn err(e: impl std::fmt::Display) -> anyhow::Error {
+    anyhow::anyhow!("{e}")
 }
 
 /// One accepted publication, from the publication log.
@@ -71,7 +72,7 @@ impl JobState {
         ]
         .into_iter()
         .find(|s| s.as_str() == label)
-        .ok_or_else(|| format!("unknown job state {label:?} in the database"))
+        .ok_or_else(|| anyhow::anyhow!("unknown job state {label:?} in the database"))
     }
 
     /// Cancelled and published are final: no worker moves a job out of them.

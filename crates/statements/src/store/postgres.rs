@@ -68,7 +68,7 @@ impl PgDb {
     pub async fn open(url: &str) -> Result<Self> {
         let (mut client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
             .await
-            .map_err(|e| format!("cannot connect to {url}: {e}"))?;
+            .map_err(|e| anyhow::anyhow!("cannot connect to {url}: {e}"))?;
         tokio::spawn(connection);
         PgFence::migrate(&mut client).await.map_err(err)?;
         // One migrating worker at a time: concurrent CREATE ... IF NOT
@@ -126,7 +126,7 @@ impl Store for PgDb {
                 .map_err(err)?
                 .map(|r| {
                     let state: String = r.get(2);
-                    Ok::<Job, String>(Job { account: r.get(0), date: r.get(1), state: JobState::parse(&state)?, token: r.get(3), detail: r.get(4) })
+                    Ok::<Job, anyhow::Error>(Job { account: r.get(0), date: r.get(1), state: JobState::parse(&state)?, token: r.get(3), detail: r.get(4) })
                 })
                 .transpose()?)
     }

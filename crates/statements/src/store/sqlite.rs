@@ -80,8 +80,8 @@ pub struct SqliteDb(Connection);
 
 impl SqliteDb {
     pub fn open(path: &Path) -> Result<Self> {
-        let conn =
-            Connection::open(path).map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+        let conn = Connection::open(path)
+            .map_err(|e| anyhow::anyhow!("cannot open {}: {e}", path.display()))?;
         conn.busy_timeout(std::time::Duration::from_secs(30))
             .map_err(err)?;
         conn.pragma_update(None, "journal_mode", "WAL")

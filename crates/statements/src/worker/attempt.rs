@@ -66,7 +66,7 @@ impl Attempt<'_> {
         let job = db
             .job(self.account, self.date)
             .await?
-            .ok_or("job vanished")?;
+            .ok_or_else(|| anyhow::anyhow!("job vanished"))?;
         if job.state.is_final() {
             emit("skipped", json!({"worker": name, "state": job.state}));
             return Ok(None);
@@ -83,7 +83,7 @@ impl Attempt<'_> {
         let input = db
             .input(self.account, self.date)
             .await?
-            .ok_or("no account data for the job")?;
+            .ok_or_else(|| anyhow::anyhow!("no account data for the job"))?;
         let snap = snapshot(self.account, self.date, &input);
         emit(
             "read_input",
@@ -105,15 +105,14 @@ impl Attempt<'_> {
     /// Recovery: the statement may already be published for this input;
     /// then only the bookkeeping is left. True if it was.
     async fn recover_published(&self, db: &mut Db, snap: &str) -> Result<bool> {
-        let key = ResourceKey::new(&self.resource).map_err(|e| e.to_string())?;
+        let key = ResourceKey::new(&self.resource)?;
         let Some(p) = db.publication(&key).await? else {
             return Ok(false);
         };
         let valid = self
             .kit
             .validate(&p.object_key, Some(snap), Some(GENERATOR))
-            .await
-            .map_err(|e| e.to_string())?
+            .await?
             .is_ok();
         if !valid {
             return Ok(false);
@@ -176,8 +175,7 @@ impl Attempt<'_> {
         let c = self
             .kit
             .put_candidate(&path, self.token, "txt", body, &provenance)
-            .await
-            .map_err(|e| e.to_string())?;
+            .await?;
         emit(
             "uploaded",
             json!({"worker": self.name(), "token": self.token.get(), "key": c.key}),
@@ -187,13 +185,12 @@ impl Attempt<'_> {
 
     async fn reusable_candidate(&self, snap: &str) -> Result<Option<(String, Manifest)>> {
         let path = object_path(self.account, self.date);
-        let candidates = self.kit.list(&path).await.map_err(|e| e.to_string())?;
+        let candidates = self.kit.list(&path).await?;
         for candidate in candidates.into_iter().rev() {
             let checked = self
                 .kit
                 .validate(&candidate, Some(snap), Some(GENERATOR))
-                .await
-                .map_err(|e| e.to_string())?;
+                .await?;
             match checked {
                 Ok(manifest) => {
                     emit(
@@ -251,7 +248,14 @@ impl Attempt<'_> {
             .publish_unfenced(&self.resource, self.token.get(), &op, object_key)
             .await
         {
-            record(cfg, &self.resource, &op, self.token, Step::Unknown, &e);
+            record(
+                cfg,
+                &self.resource,
+                &op,
+                self.token,
+                Step::Unknown,
+                &format!("{e:#}"),
+            );
             return Err(e);
         }
         record(
@@ -292,8 +296,7 @@ impl Attempt<'_> {
             &op,
             &fingerprint,
             object_key.as_bytes(),
-        )
-        .map_err(|e| e.to_string())?;
+        )?;
         let mut retried = false;
         loop {
             record(cfg, &self.resource, &op, self.token, Step::Invoke, "");
@@ -338,10 +341,17 @@ impl Attempt<'_> {
                     return Ok(None);
                 }
                 Err(e) => {
-                    record(cfg, &self.resource, &op, self.token, Step::Unknown, &e);
+                    record(
+                        cfg,
+                        &self.resource,
+                        &op,
+                        self.token,
+                        Step::Unknown,
+                        &format!("{e:#}"),
+                    );
                     emit(
                         "publish_unknown",
-                        json!({"worker": self.name(), "token": self.token.get(), "why": e}),
+                        json!({"worker": self.name(), "token": self.token.get(), "why": format!("{e:#}")}),
                     );
                     if retried || !self.guard.may_start_effect() {
                         return Err(e);
