@@ -42,7 +42,7 @@ impl Timeline {
 }
 
 fn spawn_worker(
-    paths: &crate::Paths,
+    paths: &crate::args::Paths,
     url: &str,
     name: &str,
     pause: bool,
@@ -150,7 +150,7 @@ pub async fn run(
 }
 
 async fn story(dir: &Path, json: bool, database_url: Option<String>) -> anyhow::Result<ExitCode> {
-    let paths = crate::Paths {
+    let paths = crate::args::Paths {
         db: dir.join("statements.sqlite"),
         objects: dir.join("objects"),
         database_url,

@@ -1,0 +1,246 @@
+//! The `statements` command line: flag definitions, and their conversion
+//! into each subcommand's configuration.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+
+use crate::{store, worker};
+
+#[derive(Parser)]
+#[command(
+    name = "statements",
+    about = "Daily account statements, published safely by competing workers"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(clap::Args, Clone)]
+pub struct Paths {
+    /// SQLite database with accounts, jobs and the fence tables.
+    #[arg(long, default_value = "statements.sqlite")]
+    pub db: PathBuf,
+    /// Use PostgreSQL instead of SQLite, for example
+    /// `host=127.0.0.1 user=postgres dbname=test` or `postgres://...`.
+    #[arg(long)]
+    pub database_url: Option<String>,
+    /// Directory for the immutable statement objects.
+    #[arg(long, default_value = "statement-objects")]
+    pub objects: PathBuf,
+}
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// Create (or bump the input version of) an account's data and queue its job.
+    Seed {
+        #[command(flatten)]
+        paths: Paths,
+        #[arg(long)]
+        account: String,
+        #[arg(long)]
+        date: String,
+        #[arg(long, default_value_t = 10_000)]
+        balance_cents: i64,
+    },
+    /// Poll for open jobs and publish their statements.
+    Worker(WorkerArgs),
+    /// Run the service under a seeded storm of faults (pauses, kills of
+    /// workers and of the Baton server, held, dropped and reset traffic),
+    /// then check the histories against the resource's durable state.
+    /// Exits 0 only when the verdict is clean.
+    Chaos(ChaosArgs),
+    /// Check publish histories (written by workers with `--history`) against
+    /// the publication log and pointers in the database. Exits 0 only when
+    /// clean: no stale overwrite, no doubled operation, no lost publication,
+    /// no pointer that moved backwards.
+    Check {
+        #[command(flatten)]
+        paths: Paths,
+        /// Directory of history files (one per worker).
+        #[arg(long)]
+        history: PathBuf,
+        /// Only statements of accounts starting with this.
+        #[arg(long, default_value = "")]
+        accounts: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// A Baton server in its own process, for chaos runs (killable with SIGKILL).
+    #[command(hide = true)]
+    ServeBaton {
+        #[arg(long)]
+        data_dir: PathBuf,
+        #[arg(long)]
+        listen: std::net::SocketAddr,
+    },
+    /// The authoritative state of one statement, side by side.
+    Show {
+        #[command(flatten)]
+        paths: Paths,
+        #[arg(long)]
+        account: String,
+        #[arg(long)]
+        date: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Cancel a job durably: job state, lease fence, and the resource's generation.
+    Cancel {
+        #[command(flatten)]
+        paths: Paths,
+        #[arg(long, default_value = "http://127.0.0.1:7700")]
+        server: String,
+        #[arg(long)]
+        account: String,
+        #[arg(long)]
+        date: String,
+    },
+    /// The paused-worker story with an embedded Baton server: Alice pauses,
+    /// Bob takes over and publishes, Alice resumes and is rejected.
+    Demo {
+        #[arg(long)]
+        json: bool,
+        /// Keep the service's state in PostgreSQL instead of SQLite.
+        #[arg(long)]
+        database_url: Option<String>,
+        /// Keep the demo's files in this directory instead of a temporary one.
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
+}
+
+impl Paths {
+    pub fn target(&self) -> store::Target {
+        store::Target {
+            db: self.db.clone(),
+            database_url: self.database_url.clone(),
+        }
+    }
+}
+
+/// `statements worker`.
+#[derive(clap::Args)]
+pub struct WorkerArgs {
+    #[command(flatten)]
+    pub paths: Paths,
+    #[arg(long, default_value = "http://127.0.0.1:7700")]
+    pub server: String,
+    #[arg(long, default_value = "worker")]
+    pub name: String,
+    /// Lease TTL in milliseconds.
+    #[arg(long, default_value_t = 5_000)]
+    pub ttl_ms: u64,
+    /// One pass over the open jobs, then exit.
+    #[arg(long)]
+    pub once: bool,
+    #[arg(long, default_value_t = 200)]
+    pub poll_ms: u64,
+    /// Stop with SIGSTOP after the last local ownership check, just before publishing.
+    #[arg(long)]
+    pub pause_before_publish: bool,
+    /// Stop with SIGSTOP right after reading the input.
+    #[arg(long)]
+    pub pause_after_read: bool,
+    /// Abort the process at this point (crash drills).
+    #[arg(long)]
+    pub crash_after: Option<worker::CrashPoint>,
+    /// Only jobs of accounts whose name starts with this.
+    #[arg(long, default_value = "")]
+    pub accounts: String,
+    /// Append every publish attempt (invoked, then ok, failed or unknown)
+    /// to this file, for the fault suite's checker.
+    #[arg(long)]
+    pub history: Option<PathBuf>,
+    /// NEGATIVE CONTROL ONLY: move the publication pointer with a blind
+    /// write, no fence. Exists to prove the fault suite can see a stale write.
+    #[arg(long, hide = true)]
+    pub unfenced: bool,
+    /// Chaos runs: stop with SIGSTOP before this percent of publishes.
+    #[arg(long, hide = true, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=100))]
+    pub pause_chance_pct: u32,
+    #[arg(long, hide = true, default_value_t = 0)]
+    pub chaos_seed: u64,
+}
+
+/// `statements chaos`.
+#[derive(clap::Args)]
+pub struct ChaosArgs {
+    /// Worker processes (1 to 64).
+    #[arg(long, default_value_t = 8)]
+    pub workers: usize,
+    /// How long faults are injected (e.g. 60s, 10m); the run then settles.
+    #[arg(long, default_value = "60s", value_parser = baton_client::flags::parse_duration)]
+    pub duration: Duration,
+    /// Seed of the fault schedule; random if not given (and printed).
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Run against PostgreSQL (a TCP address) instead of SQLite.
+    #[arg(long)]
+    pub database_url: Option<String>,
+    /// Print one JSON object as the report.
+    #[arg(long)]
+    pub json: bool,
+    /// Switch fencing off at the resource. The run must then find stale
+    /// overwrites and exit non-zero; otherwise the suite proves nothing.
+    #[arg(long)]
+    pub negative_control: bool,
+    /// Lease TTL of the workers in milliseconds; pauses last 0.5 to 3 TTLs.
+    #[arg(long, default_value_t = 1_000)]
+    pub ttl_ms: u64,
+    /// Percent of publish attempts on which a worker stops itself just
+    /// before publishing (after its last ownership check).
+    #[arg(long, default_value_t = 15, value_parser = clap::value_parser!(u32).range(0..=100))]
+    pub pause_chance_pct: u32,
+    /// Keep the run's files (server data, logs, histories) here.
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+}
+
+impl From<WorkerArgs> for crate::worker::WorkerConfig {
+    fn from(a: WorkerArgs) -> Self {
+        Self {
+            target: a.paths.target(),
+            objects: a.paths.objects,
+            server: a.server,
+            name: a.name,
+            ttl: Duration::from_millis(a.ttl_ms),
+            once: a.once,
+            poll: Duration::from_millis(a.poll_ms),
+            accounts: a.accounts,
+            history: a.history,
+            drills: crate::worker::Drills {
+                pause_before_publish: a.pause_before_publish,
+                pause_after_read: a.pause_after_read,
+                crash_after: a.crash_after,
+                unfenced: a.unfenced,
+                pause_chance_pct: a.pause_chance_pct,
+                chaos_seed: a.chaos_seed,
+            },
+        }
+    }
+}
+
+impl From<ChaosArgs> for crate::chaos::ChaosConfig {
+    /// A run without `--seed` takes one from the clock (and prints it).
+    fn from(a: ChaosArgs) -> Self {
+        let seed = a.seed.unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(1, |d| d.as_nanos() as u64 % 1_000_000_007)
+        });
+        Self {
+            workers: a.workers,
+            duration: a.duration,
+            seed,
+            database_url: a.database_url,
+            json: a.json,
+            negative_control: a.negative_control,
+            ttl: Duration::from_millis(a.ttl_ms),
+            dir: a.dir,
+            pause_chance_pct: a.pause_chance_pct,
+        }
+    }
+}
