@@ -240,24 +240,10 @@ pub async fn start_with_store(
 ) -> Result<RunningServer, ServerError> {
     validate(&config)?;
     let metrics = Arc::new(Metrics::default());
-    let grpc = TcpListener::bind(config.listen)
-        .await
-        .map_err(|source| ServerError::Bind {
-            addr: config.listen,
-            source,
-        })?;
-    let grpc_addr = grpc.local_addr().map_err(|source| ServerError::Bind {
-        addr: config.listen,
-        source,
-    })?;
+    let (grpc, grpc_addr) = bind(config.listen).await?;
     let http_addr = match config.http_listen {
         Some(addr) => {
-            let http = TcpListener::bind(addr)
-                .await
-                .map_err(|source| ServerError::Bind { addr, source })?;
-            let bound = http
-                .local_addr()
-                .map_err(|source| ServerError::Bind { addr, source })?;
+            let (http, bound) = bind(addr).await?;
             tokio::spawn(http::serve(http, metrics.clone()));
             Some(bound)
         }
@@ -266,33 +252,9 @@ pub async fn start_with_store(
     let (engine, engine_thread) =
         engine::Engine::start(store, config.limits.clone(), metrics.clone())?;
     let engine_stop = engine.clone();
-    let service = service::LeaseService::new(engine, metrics.clone(), config.default_ttl_ms);
-    let grpc_service = conn::Tracked {
-        inner: tonic::service::interceptor::InterceptedService::new(
-            LeasesServer::new(service).max_decoding_message_size(REQUEST_LEN_BYTES_MAX),
-            conn::check,
-        ),
-    };
-    let registry = conn::Registry::new(
-        conn::ConnLimits {
-            connections_max: config.connections_max,
-            handshake_timeout: Duration::from_millis(config.handshake_timeout_ms),
-            idle_timeout: Duration::from_millis(config.idle_timeout_ms),
-        },
-        metrics.clone(),
-    );
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(grpc)
-        .map(move |r| r.map(|io| registry.admit(io)));
     let (shutdown_tx, shutdown_rx) = oneshot::channel::<()>();
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
-    let router = tonic::transport::Server::builder()
-        .tcp_nodelay(true)
-        .http2_keepalive_interval(Some(Duration::from_secs(10)))
-        .http2_keepalive_timeout(Some(Duration::from_secs(10)))
-        .add_service(grpc_service);
-    let serve = router.serve_with_incoming_shutdown(incoming, async move {
-        let _ = stop_rx.await;
-    });
+    let serve = grpc_server(&config, engine, metrics.clone(), grpc, stop_rx);
     metrics
         .ready
         .store(true, std::sync::atomic::Ordering::Release);
@@ -329,4 +291,49 @@ pub async fn start_with_store(
         shutdown: Some(shutdown_tx),
         task,
     })
+}
+
+async fn bind(addr: SocketAddr) -> Result<(TcpListener, SocketAddr), ServerError> {
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|source| ServerError::Bind { addr, source })?;
+    let bound = listener
+        .local_addr()
+        .map_err(|source| ServerError::Bind { addr, source })?;
+    Ok((listener, bound))
+}
+
+/// The gRPC service behind the connection rules, served until `stop`.
+fn grpc_server(
+    config: &ServerConfig,
+    engine: engine::EngineHandle,
+    metrics: Arc<Metrics>,
+    grpc: TcpListener,
+    stop: oneshot::Receiver<()>,
+) -> impl std::future::Future<Output = Result<(), tonic::transport::Error>> {
+    let service = service::LeaseService::new(engine, metrics.clone(), config.default_ttl_ms);
+    let grpc_service = conn::Tracked {
+        inner: tonic::service::interceptor::InterceptedService::new(
+            LeasesServer::new(service).max_decoding_message_size(REQUEST_LEN_BYTES_MAX),
+            conn::check,
+        ),
+    };
+    let registry = conn::Registry::new(
+        conn::ConnLimits {
+            connections_max: config.connections_max,
+            handshake_timeout: Duration::from_millis(config.handshake_timeout_ms),
+            idle_timeout: Duration::from_millis(config.idle_timeout_ms),
+        },
+        metrics,
+    );
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(grpc)
+        .map(move |r| r.map(|io| registry.admit(io)));
+    tonic::transport::Server::builder()
+        .tcp_nodelay(true)
+        .http2_keepalive_interval(Some(Duration::from_secs(10)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+        .add_service(grpc_service)
+        .serve_with_incoming_shutdown(incoming, async move {
+            let _ = stop.await;
+        })
 }

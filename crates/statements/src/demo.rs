@@ -104,11 +104,6 @@ async fn read_until(
     }
 }
 
-fn proc_state(pid: u32) -> Option<char> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    stat.rsplit(')').next()?.trim_start().chars().next()
-}
-
 /// Polls until `check` holds: waits for an event in another process, never for time to pass.
 async fn until(what: &str, mut check: impl AsyncFnMut() -> bool) -> anyhow::Result<()> {
     let deadline = Instant::now() + STEP_TIMEOUT;
@@ -164,12 +159,37 @@ async fn story(dir: &Path, json: bool, database_url: Option<String>) -> anyhow::
         start: Instant::now(),
         rows: Vec::new(),
     };
-    let resource = worker::resource(ACCOUNT, DATE);
+    let (alice_lines, bob_lines) = play(&paths, &url, &db, &mut timeline).await?;
+    let ending = Ending::read(&db, &alice_lines, &bob_lines).await?;
+    server.shutdown().await?;
+    if json {
+        println!("{}", ending.json(&timeline));
+    } else {
+        print_story(&paths, &timeline, &ending).await?;
+    }
+    Ok(if ending.ok() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
 
-    let (mut alice, mut alice_out) = spawn_worker(&paths, &url, "alice", true)?;
-    let mut alice_lines = read_until(&mut alice_out, &mut timeline, Some("paused")).await?;
+/// Alice pauses after her last check; the data changes; her lease expires;
+/// Bob publishes; Alice resumes and tries. Returns both workers' lines.
+async fn play(
+    paths: &crate::args::Paths,
+    url: &str,
+    db: &store::Db,
+    timeline: &mut Timeline,
+) -> anyhow::Result<(Vec<String>, Vec<String>)> {
+    let resource = worker::resource(ACCOUNT, DATE);
+    let (mut alice, mut alice_out) = spawn_worker(paths, url, "alice", true)?;
+    let mut alice_lines = read_until(&mut alice_out, timeline, Some("paused")).await?;
     let pid = alice.id().ok_or_else(|| anyhow::anyhow!("alice exited"))?;
-    until("alice to be stopped", async || proc_state(pid) == Some('T')).await?;
+    until("alice to be stopped", async || {
+        crate::signal::is_stopped(pid)
+    })
+    .await?;
     timeline.note("alice", "stopped (SIGSTOP)");
     // While Alice sleeps the account data changes, as in the seed.
     let version = db.seed(ACCOUNT, DATE, 99_000).await?;
@@ -177,8 +197,7 @@ async fn story(dir: &Path, json: bool, database_url: Option<String>) -> anyhow::
         "bank",
         &format!("account data updated to input version {version}"),
     );
-
-    let mut client = Client::connect(&url).await?;
+    let mut client = Client::connect(url).await?;
     until("alice's lease to expire", async || {
         client
             .status(&resource)
@@ -187,32 +206,57 @@ async fn story(dir: &Path, json: bool, database_url: Option<String>) -> anyhow::
     })
     .await?;
     timeline.note("baton", "alice's lease expired");
-
-    let (mut bob, mut bob_out) = spawn_worker(&paths, &url, "bob", false)?;
-    let bob_lines = read_until(&mut bob_out, &mut timeline, None).await?;
+    let (mut bob, mut bob_out) = spawn_worker(paths, url, "bob", false)?;
+    let bob_lines = read_until(&mut bob_out, timeline, None).await?;
     bob.wait().await?;
-
     crate::signal::send(pid, crate::signal::Signal::SIGCONT)?;
     timeline.note("alice", "resumed (SIGCONT)");
-    alice_lines.extend(read_until(&mut alice_out, &mut timeline, None).await?);
+    alice_lines.extend(read_until(&mut alice_out, timeline, None).await?);
     alice.wait().await?;
+    Ok((alice_lines, bob_lines))
+}
 
-    let key = ResourceKey::new(&resource)?;
-    let pointer = db.publication(&key).await?;
-    let alice_token = token_of(&alice_lines, "acquired").unwrap_or(0);
-    let bob_token = token_of(&bob_lines, "acquired").unwrap_or(0);
-    let refusal = alice_lines
-        .iter()
-        .find(|l| field(l, "event").as_deref() == Some("publish_refused"));
-    let stale_outcome = refusal
-        .and_then(|l| field(l, "outcome"))
-        .unwrap_or_else(|| "none".into());
-    let (authoritative, published_key) =
-        pointer.map_or((0, String::new()), |p| (p.token.get(), p.object_key));
-    let ok = authoritative == bob_token && bob_token > alice_token && stale_outcome == "stale";
-    server.shutdown().await?;
+/// How the story ended, at the resource and in the workers' words.
+struct Ending {
+    authoritative: i64,
+    published_key: String,
+    alice_token: i64,
+    bob_token: i64,
+    stale_outcome: String,
+}
 
-    if json {
+impl Ending {
+    async fn read(
+        db: &store::Db,
+        alice_lines: &[String],
+        bob_lines: &[String],
+    ) -> anyhow::Result<Self> {
+        let key = ResourceKey::new(&worker::resource(ACCOUNT, DATE))?;
+        let pointer = db.publication(&key).await?;
+        let stale_outcome = alice_lines
+            .iter()
+            .find(|l| field(l, "event").as_deref() == Some("publish_refused"))
+            .and_then(|l| field(l, "outcome"))
+            .unwrap_or_else(|| "none".into());
+        let (authoritative, published_key) =
+            pointer.map_or((0, String::new()), |p| (p.token.get(), p.object_key));
+        Ok(Self {
+            authoritative,
+            published_key,
+            alice_token: token_of(alice_lines, "acquired").unwrap_or(0),
+            bob_token: token_of(bob_lines, "acquired").unwrap_or(0),
+            stale_outcome,
+        })
+    }
+
+    /// The seed's ending: Bob's token is authoritative, Alice's refused as stale.
+    fn ok(&self) -> bool {
+        self.authoritative == self.bob_token
+            && self.bob_token > self.alice_token
+            && self.stale_outcome == "stale"
+    }
+
+    fn json(&self, timeline: &Timeline) -> serde_json::Value {
         let rows: Vec<serde_json::Value> = timeline
             .rows
             .iter()
@@ -222,37 +266,44 @@ async fn story(dir: &Path, json: bool, database_url: Option<String>) -> anyhow::
                 serde_json::json!({"ms": *ms as u64, "line": line})
             })
             .collect();
-        let report = serde_json::json!({
-            "authoritative_token": authoritative,
-            "stale_token": alice_token,
-            "stale_outcome": stale_outcome,
-            "published_key": published_key,
-            "verdict": if ok { "ok" } else { "failed" },
+        serde_json::json!({
+            "authoritative_token": self.authoritative,
+            "stale_token": self.alice_token,
+            "stale_outcome": self.stale_outcome,
+            "published_key": self.published_key,
+            "verdict": if self.ok() { "ok" } else { "failed" },
             "timeline": rows,
-        });
-        println!("{report}");
-    } else {
-        println!("The paused-worker story (lease TTL {TTL_MS} ms):\n");
-        for (ms, line) in &timeline.rows {
-            let who = field(line, "worker").unwrap_or_default();
-            let what = field(line, "event").unwrap_or_default();
-            let detail: Vec<String> = ["token", "input", "key", "outcome", "current"]
-                .iter()
-                .filter_map(|k| field(line, k).map(|v| format!("{k}={v}")))
-                .collect();
-            println!("{ms:>6} ms  {who:<6} {what:<22} {}", detail.join(" "));
-        }
-        let show = crate::show(&paths, ACCOUNT, DATE, false).await?;
-        println!("\n{show}\n");
-        if ok {
-            println!("Bob's token {bob_token} is authoritative; Alice's stale publish with token {alice_token} was rejected at the resource.");
-        } else {
-            println!("UNEXPECTED: authoritative token {authoritative}, Bob {bob_token}, Alice {alice_token}, Alice's outcome {stale_outcome}");
-        }
+        })
     }
-    Ok(if ok {
-        ExitCode::SUCCESS
+}
+
+async fn print_story(
+    paths: &crate::args::Paths,
+    timeline: &Timeline,
+    e: &Ending,
+) -> anyhow::Result<()> {
+    println!("The paused-worker story (lease TTL {TTL_MS} ms):\n");
+    for (ms, line) in &timeline.rows {
+        let who = field(line, "worker").unwrap_or_default();
+        let what = field(line, "event").unwrap_or_default();
+        let detail: Vec<String> = ["token", "input", "key", "outcome", "current"]
+            .iter()
+            .filter_map(|k| field(line, k).map(|v| format!("{k}={v}")))
+            .collect();
+        println!("{ms:>6} ms  {who:<6} {what:<22} {}", detail.join(" "));
+    }
+    let show = crate::show(paths, ACCOUNT, DATE, false).await?;
+    println!("\n{show}\n");
+    if e.ok() {
+        println!(
+            "Bob's token {} is authoritative; Alice's stale publish with token {} was rejected at the resource.",
+            e.bob_token, e.alice_token
+        );
     } else {
-        ExitCode::FAILURE
-    })
+        println!(
+            "UNEXPECTED: authoritative token {}, Bob {}, Alice {}, Alice's outcome {}",
+            e.authoritative, e.bob_token, e.alice_token, e.stale_outcome
+        );
+    }
+    Ok(())
 }

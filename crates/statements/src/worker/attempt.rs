@@ -325,19 +325,7 @@ impl Attempt<'_> {
                         Step::Failed,
                         "invalid",
                     );
-                    let why = invalid.to_string();
-                    db.set_state(
-                        self.account,
-                        self.date,
-                        JobState::NeedsAttention,
-                        self.token.get(),
-                        &why,
-                    )
-                    .await?;
-                    emit(
-                        "needs_attention",
-                        json!({"worker": self.name(), "why": why}),
-                    );
+                    self.needs_attention(db, &invalid.to_string()).await?;
                     return Ok(None);
                 }
                 Err(e) => {
@@ -361,6 +349,23 @@ impl Attempt<'_> {
                 }
             }
         }
+    }
+
+    /// A request the fence kit refused as invalid cannot succeed by retrying.
+    async fn needs_attention(&self, db: &Db, why: &str) -> Result<()> {
+        db.set_state(
+            self.account,
+            self.date,
+            JobState::NeedsAttention,
+            self.token.get(),
+            why,
+        )
+        .await?;
+        emit(
+            "needs_attention",
+            json!({"worker": self.name(), "why": why}),
+        );
+        Ok(())
     }
 
     /// Records the outcome; a publication completes the job, a refusal is
