@@ -68,15 +68,26 @@ impl Verdict {
     }
 }
 
+/// Which writes per generation the resource may accept, as the fence kit's
+/// policy says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PerGeneration {
+    /// One write per generation: an equal token after an accepted one is a
+    /// violation too.
+    One,
+    /// Several writes with the same token are allowed (ordered or session).
+    Several,
+}
+
 /// Checks `observed` against the resource's `accepted` log (commit order) and
-/// its final `pointers` (resource to token). `strict` is the one-write-per-
-/// generation rule: an equal token is a violation too.
+/// its final `pointers` (resource to token).
 pub fn check(
     observed: &[Observed],
     accepted: &[Accepted],
     pointers: &BTreeMap<String, i64>,
-    strict: bool,
+    per_generation: PerGeneration,
 ) -> Verdict {
+    let strict = per_generation == PerGeneration::One;
     let mut verdict = Verdict::default();
     let mut highest: HashMap<&str, i64> = HashMap::new();
     let mut seen_ops: HashSet<(&str, &str)> = HashSet::new();
@@ -135,7 +146,7 @@ mod tests {
             obs("a", "o2", 3, Status::Ok),
         ];
         let pointers = BTreeMap::from([("a".to_string(), 3), ("b".to_string(), 2)]);
-        assert!(check(&observed, &accepted, &pointers, true).is_clean());
+        assert!(check(&observed, &accepted, &pointers, PerGeneration::One).is_clean());
     }
 
     #[test]
@@ -152,7 +163,7 @@ mod tests {
             obs("a", "no", 9, Status::Failed),
         ];
         let pointers = BTreeMap::from([("a".to_string(), 4)]);
-        let v = check(&observed, &accepted, &pointers, true);
+        let v = check(&observed, &accepted, &pointers, PerGeneration::One);
         assert_eq!(
             v.stale_overwrites,
             vec![acc("a", "o2", 4), acc("a", "o3", 6)]
@@ -164,7 +175,7 @@ mod tests {
             &[],
             &[acc("s", "x", 2), acc("s", "y", 2)],
             &BTreeMap::new(),
-            false,
+            PerGeneration::Several,
         );
         assert!(
             session.stale_overwrites.is_empty(),
@@ -174,7 +185,7 @@ mod tests {
             &[],
             &[acc("s", "x", 2), acc("s", "y", 2)],
             &BTreeMap::new(),
-            true,
+            PerGeneration::One,
         );
         assert_eq!(
             strict.stale_overwrites.len(),

@@ -9,14 +9,12 @@
 //! first, so no pointer ever names an object without its manifest.
 
 use std::collections::HashSet;
-use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use object_store::local::LocalFileSystem;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
-use sha2::{Digest, Sha256};
 
 use crate::Token;
 
@@ -47,7 +45,7 @@ pub enum ObjectError {
 /// Why a candidate may not be reused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
-pub enum Invalid {
+pub enum Rejection {
     #[error("no manifest for {key}")]
     NoManifest { key: String },
     #[error("manifest for {key} is malformed: {detail}")]
@@ -113,101 +111,6 @@ pub struct GcReport {
     pub deleted: Vec<String>,
     pub kept_published: usize,
     pub kept_young: usize,
-}
-
-fn field(name: &'static str, value: &str) -> Result<(), ObjectError> {
-    if value.is_empty() {
-        return Err(ObjectError::InvalidManifestField {
-            field: name,
-            rule: "must not be empty",
-        });
-    }
-    if value.len() > MANIFEST_FIELD_LEN_BYTES_MAX {
-        return Err(ObjectError::InvalidManifestField {
-            field: name,
-            rule: "longer than 512 bytes",
-        });
-    }
-    if value.chars().any(char::is_control) {
-        return Err(ObjectError::InvalidManifestField {
-            field: name,
-            rule: "contains a control character",
-        });
-    }
-    Ok(())
-}
-
-/// Checks a caller-supplied relative path such as `statements/account-42/2026-09-13`.
-fn relative_path(raw: &str) -> Result<(), ObjectError> {
-    let bad = |rule| {
-        Err(ObjectError::InvalidPath {
-            path: raw.to_string(),
-            rule,
-        })
-    };
-    if raw.is_empty() || raw.len() > OBJECT_PATH_LEN_BYTES_MAX {
-        return bad("must be 1 to 1024 bytes");
-    }
-    if raw.starts_with('/') {
-        return bad("must be relative to the prefix");
-    }
-    for segment in raw.split('/') {
-        if segment.is_empty() || segment == "." || segment == ".." {
-            return bad(
-                "segments must be non-empty and not '.' or '..' (it would escape its prefix)",
-            );
-        }
-        if segment.chars().any(|c| c.is_control() || c == '\\') {
-            return bad("segments must not contain control characters or backslashes");
-        }
-    }
-    Ok(())
-}
-
-impl Manifest {
-    fn render(&self) -> String {
-        let mut out = String::from(MANIFEST_HEADER);
-        out.push('\n');
-        let _ = write!(
-            out,
-            "sha256: {}\nsize_bytes: {}\ninput_snapshot: {}\ngenerator_version: {}\noperation: {}\nresource: {}\ntoken: {}\n",
-            self.sha256_hex, self.size_bytes, self.input_snapshot, self.generator_version, self.operation, self.resource, self.token
-        );
-        out
-    }
-
-    fn parse(text: &str) -> Result<Self, String> {
-        let mut lines = text.lines();
-        if lines.next() != Some(MANIFEST_HEADER) {
-            return Err("missing header".into());
-        }
-        let mut get = |name: &str| -> Result<String, String> {
-            let line = lines.next().ok_or_else(|| format!("missing {name}"))?;
-            line.strip_prefix(&format!("{name}: "))
-                .map(str::to_string)
-                .ok_or_else(|| format!("expected {name}, found {line:?}"))
-        };
-        Ok(Manifest {
-            sha256_hex: get("sha256")?,
-            size_bytes: get("size_bytes")?
-                .parse()
-                .map_err(|e| format!("size_bytes: {e}"))?,
-            input_snapshot: get("input_snapshot")?,
-            generator_version: get("generator_version")?,
-            operation: get("operation")?,
-            resource: get("resource")?,
-            token: get("token")?.parse().map_err(|e| format!("token: {e}"))?,
-        })
-    }
-}
-
-fn sha256_hex(bytes: &[u8]) -> String {
-    Sha256::digest(bytes)
-        .iter()
-        .fold(String::with_capacity(64), |mut s, b| {
-            let _ = write!(s, "{b:02x}");
-            s
-        })
 }
 
 /// Generation-keyed immutable objects in an object store, under a prefix.
@@ -326,12 +229,12 @@ impl ObjectKit {
         key: &str,
         input_snapshot: Option<&str>,
         generator_version: Option<&str>,
-    ) -> Result<Result<Manifest, Invalid>, ObjectError> {
+    ) -> Result<Result<Manifest, Rejection>, ObjectError> {
         relative_path(key)?;
         let text = match self.store.get(&self.full(&format!("{key}.manifest"))).await {
             Ok(r) => r.bytes().await?,
             Err(object_store::Error::NotFound { .. }) => {
-                return Ok(Err(Invalid::NoManifest { key: key.into() }))
+                return Ok(Err(Rejection::NoManifest { key: key.into() }))
             }
             Err(e) => return Err(e.into()),
         };
@@ -341,7 +244,7 @@ impl ObjectKit {
         {
             Ok(m) => m,
             Err(detail) => {
-                return Ok(Err(Invalid::BadManifest {
+                return Ok(Err(Rejection::BadManifest {
                     key: key.into(),
                     detail,
                 }))
@@ -350,13 +253,13 @@ impl ObjectKit {
         let bytes = match self.store.get(&self.full(key)).await {
             Ok(r) => r.bytes().await?,
             Err(object_store::Error::NotFound { .. }) => {
-                return Ok(Err(Invalid::NoObject { key: key.into() }))
+                return Ok(Err(Rejection::NoObject { key: key.into() }))
             }
             Err(e) => return Err(e.into()),
         };
         let k = || key.to_string();
         if bytes.len() as u64 != manifest.size_bytes {
-            return Ok(Err(Invalid::SizeMismatch {
+            return Ok(Err(Rejection::SizeMismatch {
                 key: k(),
                 expected: manifest.size_bytes,
                 actual: bytes.len() as u64,
@@ -364,21 +267,21 @@ impl ObjectKit {
         }
         let actual = sha256_hex(&bytes);
         if actual != manifest.sha256_hex {
-            return Ok(Err(Invalid::ChecksumMismatch {
+            return Ok(Err(Rejection::ChecksumMismatch {
                 key: k(),
                 expected: manifest.sha256_hex,
                 actual,
             }));
         }
         if let Some(expected) = input_snapshot.filter(|e| *e != manifest.input_snapshot) {
-            return Ok(Err(Invalid::WrongInputSnapshot {
+            return Ok(Err(Rejection::WrongInputSnapshot {
                 key: k(),
                 expected: expected.into(),
                 actual: manifest.input_snapshot,
             }));
         }
         if let Some(expected) = generator_version.filter(|e| *e != manifest.generator_version) {
-            return Ok(Err(Invalid::WrongGenerator {
+            return Ok(Err(Rejection::WrongGenerator {
                 key: k(),
                 expected: expected.into(),
                 actual: manifest.generator_version,
@@ -395,7 +298,7 @@ impl ObjectKit {
         &self,
         conn: &mut rusqlite::Connection,
         req: &crate::FenceRequest,
-    ) -> Result<Result<crate::Outcome, Invalid>, crate::FenceError> {
+    ) -> Result<Result<crate::Outcome, Rejection>, crate::FenceError> {
         if let Err(invalid) = self.validate_for(req).await? {
             return Ok(Err(invalid));
         }
@@ -409,7 +312,7 @@ impl ObjectKit {
         client: &impl tokio_postgres::GenericClient,
         prepared: &crate::postgres::Prepared,
         req: &crate::FenceRequest,
-    ) -> Result<Result<crate::Outcome, Invalid>, crate::FenceError> {
+    ) -> Result<Result<crate::Outcome, Rejection>, crate::FenceError> {
         if let Err(invalid) = self.validate_for(req).await? {
             return Ok(Err(invalid));
         }
@@ -422,7 +325,7 @@ impl ObjectKit {
     async fn validate_for(
         &self,
         req: &crate::FenceRequest,
-    ) -> Result<Result<Manifest, Invalid>, crate::FenceError> {
+    ) -> Result<Result<Manifest, Rejection>, crate::FenceError> {
         let key =
             std::str::from_utf8(&req.result).map_err(|_| crate::InputError::ControlCharacter {
                 field: "object key",
@@ -522,37 +425,9 @@ fn io_rule(e: &std::io::Error) -> &'static str {
     }
 }
 
+mod manifest;
+
+use manifest::{field, relative_path, sha256_hex};
+
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn paths_that_escape_the_prefix_are_refused() {
-        for bad in [
-            "", "/abs", "a/../b", "a//b", "./a", "a/..", "a\\b", "a/\u{0}",
-        ] {
-            assert!(relative_path(bad).is_err(), "{bad:?}");
-        }
-        relative_path("statements/account-42/2026-09-13").unwrap();
-        assert!(ObjectKit::key("s/a", Token::new(1).unwrap(), "p/df").is_err());
-        assert_eq!(
-            ObjectKit::key("s/a", Token::new(108).unwrap(), "pdf").unwrap(),
-            "s/a/generation-108.pdf"
-        );
-    }
-
-    #[test]
-    fn manifest_round_trips() {
-        let m = Manifest {
-            sha256_hex: sha256_hex(b"x"),
-            size_bytes: 1,
-            input_snapshot: "snap-1".into(),
-            generator_version: "gen 2".into(),
-            operation: "op".into(),
-            resource: "statement:a:b".into(),
-            token: 108,
-        };
-        assert_eq!(Manifest::parse(&m.render()), Ok(m));
-        assert!(Manifest::parse("nope").is_err());
-    }
-}
+mod tests;

@@ -55,40 +55,13 @@ pub fn decide(
     existing: Option<&OperationRecord>,
     req: &FenceRequest,
 ) -> Result<Decision, PolicyMismatch> {
-    use Decision::{Apply, Refuse};
+    // Replays are found by operation id before any token comparison, so a
+    // retry after a lost answer gets its saved result.
     if let Some(op) = existing {
-        return Ok(Refuse(if op.fingerprint == req.fingerprint {
-            Outcome::Replayed {
-                token: op.token,
-                result: op.result.clone(),
-            }
-        } else {
-            Outcome::Conflict {
-                operation: req.operation.clone(),
-                token: op.token,
-            }
-        }));
+        return Ok(Decision::Refuse(replay_or_conflict(op, req)));
     }
     let Some(state) = state else {
-        if req.must_exist {
-            return Ok(Refuse(Outcome::Missing));
-        }
-        let next = ResourceState {
-            policy: req.policy,
-            generation: req.token,
-            seq: req.seq,
-            last_operation: Some(req.operation.as_str().to_string()),
-            cancelled_at: None,
-            deleted: false,
-            incarnation: 1,
-        };
-        return Ok(Apply {
-            outcome: Outcome::Applied {
-                token: req.token,
-                created: true,
-            },
-            next,
-        });
+        return Ok(create(req));
     };
     if state.policy != req.policy {
         return Err(PolicyMismatch {
@@ -97,66 +70,103 @@ pub fn decide(
             requested: req.policy,
         });
     }
-    let presented = req.token;
+    if let Some(refusal) = refusal(state, req.token) {
+        return Ok(Decision::Refuse(refusal));
+    }
+    Ok(same_or_newer_generation(state, req))
+}
+
+fn replay_or_conflict(op: &OperationRecord, req: &FenceRequest) -> Outcome {
+    if op.fingerprint == req.fingerprint {
+        Outcome::Replayed {
+            token: op.token,
+            result: op.result.clone(),
+        }
+    } else {
+        Outcome::Conflict {
+            operation: req.operation.clone(),
+            token: op.token,
+        }
+    }
+}
+
+/// No row yet: first creation, unless the request says it must exist.
+fn create(req: &FenceRequest) -> Decision {
+    if req.must_exist {
+        return Decision::Refuse(Outcome::Missing);
+    }
+    let next = ResourceState {
+        policy: req.policy,
+        generation: req.token,
+        seq: req.seq,
+        last_operation: Some(req.operation.as_str().to_string()),
+        cancelled_at: None,
+        deleted: false,
+        incarnation: 1,
+    };
+    Decision::Apply {
+        outcome: Outcome::Applied {
+            token: req.token,
+            created: true,
+        },
+        next,
+    }
+}
+
+/// A tombstone, a cancellation at or above the token, or an older token.
+fn refusal(state: &ResourceState, presented: Token) -> Option<Outcome> {
     if state.deleted {
-        return Ok(Refuse(Outcome::Deleted {
+        return Some(Outcome::Deleted {
             presented,
             floor: state.generation,
-        }));
-    }
-    if let Some(cancelled_at) = state.cancelled_at.filter(|c| presented <= *c) {
-        return Ok(Refuse(Outcome::Cancelled {
-            presented,
-            cancelled_at,
-        }));
-    }
-    if presented < state.generation {
-        return Ok(Refuse(Outcome::Stale {
-            presented,
-            current: state.generation,
-        }));
-    }
-    let advance = |seq: Sequence| ResourceState {
-        generation: presented,
-        seq,
-        last_operation: Some(req.operation.as_str().to_string()),
-        ..state.clone()
-    };
-    let applied = Outcome::Applied {
-        token: presented,
-        created: false,
-    };
-    if presented > state.generation {
-        return Ok(Apply {
-            outcome: applied,
-            next: advance(req.seq),
         });
     }
-    // The same generation: the policy decides. A generation opened by
-    // `recreate` has no operation yet: its owner's first write is that one.
-    Ok(match state.policy {
-        Policy::OnePerGeneration if state.last_operation.is_none() => Apply {
-            outcome: applied,
-            next: advance(req.seq),
+    if let Some(cancelled_at) = state.cancelled_at.filter(|c| presented <= *c) {
+        return Some(Outcome::Cancelled {
+            presented,
+            cancelled_at,
+        });
+    }
+    (presented < state.generation).then_some(Outcome::Stale {
+        presented,
+        current: state.generation,
+    })
+}
+
+/// A newer generation applies; the same generation is the policy's call. A
+/// generation opened by `recreate` has no operation yet: its owner's first
+/// write is that one.
+fn same_or_newer_generation(state: &ResourceState, req: &FenceRequest) -> Decision {
+    let presented = req.token;
+    let apply = || Decision::Apply {
+        outcome: Outcome::Applied {
+            token: presented,
+            created: false,
         },
-        Policy::OnePerGeneration => Refuse(Outcome::GenerationUsed {
+        next: ResourceState {
+            generation: presented,
+            seq: req.seq,
+            last_operation: Some(req.operation.as_str().to_string()),
+            ..state.clone()
+        },
+    };
+    if presented > state.generation {
+        return apply();
+    }
+    match state.policy {
+        Policy::OnePerGeneration if state.last_operation.is_none() => apply(),
+        Policy::OnePerGeneration => Decision::Refuse(Outcome::GenerationUsed {
             token: presented,
             by_operation: state.last_operation.clone().unwrap_or_default(),
         }),
-        Policy::Ordered if req.seq > state.seq => Apply {
-            outcome: applied,
-            next: advance(req.seq),
-        },
-        Policy::Ordered => Refuse(Outcome::OutOfOrder {
+        Policy::Ordered if req.seq > state.seq => apply(),
+        Policy::Ordered => Decision::Refuse(Outcome::OutOfOrder {
             token: presented,
             presented_seq: req.seq,
             current_seq: state.seq,
         }),
-        Policy::Session => Apply {
-            outcome: applied,
-            next: advance(req.seq),
-        },
-    })
+        Policy::Session => apply(),
+    }
 }
 
 /// Durable cancellation: every token at or below `at` is refused from now on,

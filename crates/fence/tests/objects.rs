@@ -3,7 +3,7 @@
 use std::collections::HashSet;
 use std::time::{Duration, SystemTime};
 
-use baton_fence::objects::{Candidate, Invalid, ObjectError, ObjectKit, Provenance};
+use baton_fence::objects::{Candidate, ObjectError, ObjectKit, Provenance, Rejection};
 use baton_fence::sqlite::SqliteFence;
 use baton_fence::{FenceRequest, Outcome, ResourceKey, Token};
 
@@ -106,13 +106,13 @@ async fn validation_catches_a_changed_byte_a_wrong_snapshot_and_a_missing_manife
     assert_eq!(m, c.manifest);
     assert!(matches!(
         kit.validate(&c.key, Some("snap-8"), None).await.unwrap(),
-        Err(Invalid::WrongInputSnapshot { .. })
+        Err(Rejection::WrongInputSnapshot { .. })
     ));
     assert!(matches!(
         kit.validate(&c.key, None, Some("statements 2.0"))
             .await
             .unwrap(),
-        Err(Invalid::WrongGenerator { .. })
+        Err(Rejection::WrongGenerator { .. })
     ));
     // Flip one byte on disk.
     let file = dir.0.join(&c.key);
@@ -121,14 +121,14 @@ async fn validation_catches_a_changed_byte_a_wrong_snapshot_and_a_missing_manife
     std::fs::write(&file, bytes).unwrap();
     assert!(matches!(
         kit.validate(&c.key, None, None).await.unwrap(),
-        Err(Invalid::ChecksumMismatch { .. })
+        Err(Rejection::ChecksumMismatch { .. })
     ));
     // An upload that crashed before its manifest.
     let orphan = format!("{PATH}/generation-109.pdf");
     std::fs::write(dir.0.join(&orphan), b"partial").unwrap();
     assert_eq!(
         kit.validate(&orphan, None, None).await.unwrap(),
-        Err(Invalid::NoManifest {
+        Err(Rejection::NoManifest {
             key: orphan.clone()
         })
     );

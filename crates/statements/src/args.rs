@@ -113,8 +113,8 @@ pub enum Command {
 }
 
 impl Paths {
-    pub fn target(&self) -> store::Target {
-        store::Target {
+    pub fn target(&self) -> store::Location {
+        store::Location {
             db: self.db.clone(),
             database_url: self.database_url.clone(),
         }

@@ -20,7 +20,7 @@ use serde_json::json;
 use tokio::time::Instant;
 
 use crate::events::emit;
-use crate::store::{self, Db, Input, Result, Target};
+use crate::store::{self, Db, Input, Location, Result};
 
 mod attempt;
 
@@ -57,7 +57,7 @@ pub struct Drills {
 
 #[derive(Clone, Debug)]
 pub struct WorkerConfig {
-    pub target: Target,
+    pub target: Location,
     pub objects: PathBuf,
     pub server: String,
     pub name: String,

@@ -42,7 +42,7 @@ pub use report::check;
 pub use schedule::{fingerprint, schedule, Fault};
 
 use crate::rng::Rng;
-use crate::store::{self, Target};
+use crate::store::{self, Location};
 use procs::{Run, WorkerSlot};
 use report::Report;
 use seeder::Seeder;
@@ -114,7 +114,7 @@ pub async fn run(cfg: ChaosConfig) -> anyhow::Result<ExitCode> {
 }
 
 /// The run's directory, database, proxies and worker slots.
-async fn setup(cfg: ChaosConfig) -> anyhow::Result<(Run, Target, Paused)> {
+async fn setup(cfg: ChaosConfig) -> anyhow::Result<(Run, Location, Paused)> {
     let worker_url = match &cfg.database_url {
         Some(url) => Some(net::postgres_via_proxy(url).await?),
         None => None,
@@ -128,7 +128,7 @@ async fn setup(cfg: ChaosConfig) -> anyhow::Result<(Run, Target, Paused)> {
         std::fs::create_dir_all(dir.join(sub))
             .map_err(|e| anyhow::anyhow!("{}: {e}", dir.display()))?;
     }
-    let target = Target {
+    let target = Location {
         db: dir.join("statements.sqlite"),
         database_url: cfg.database_url.clone(),
     };

@@ -82,7 +82,12 @@ pub async fn check(db: &store::Db, history: &Path, prefix: &str) -> anyhow::Resu
         .map_err(|e| anyhow::anyhow!("reading the pointers: {e}"))?
         .into_iter()
         .collect();
-    let verdict = checker::check(&histories.observed, &accepted, &pointers, true);
+    let verdict = checker::check(
+        &histories.observed,
+        &accepted,
+        &pointers,
+        checker::PerGeneration::One,
+    );
     let mut per_resource: BTreeMap<&str, u64> = BTreeMap::new();
     for a in &accepted {
         *per_resource.entry(a.resource.as_str()).or_default() += 1;

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crate::store::{self, Target};
+use crate::store::{self, Location};
 
 /// The statement date of every chaos job.
 pub const DATE: &str = "2026-12-01";
@@ -17,7 +17,7 @@ pub struct Seeder {
 }
 
 impl Seeder {
-    pub fn start(target: Target, prefix: String, open_target: usize) -> Self {
+    pub fn start(target: Location, prefix: String, open_target: usize) -> Self {
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let flag = stop.clone();
         let thread = std::thread::spawn(move || {

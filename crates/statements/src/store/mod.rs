@@ -13,7 +13,7 @@ mod sqlite;
 
 use std::path::PathBuf;
 
-use baton_fence::objects::{Invalid, ObjectKit};
+use baton_fence::objects::{ObjectKit, Rejection};
 use baton_fence::{FenceRequest, Outcome, Publication, ResourceKey, Token};
 
 pub type Result<T> = anyhow::Result<T>;
@@ -33,7 +33,7 @@ pub struct LoggedPublication {
 
 /// Where the state lives.
 #[derive(Clone, Debug)]
-pub struct Target {
+pub struct Location {
     pub db: PathBuf,
     pub database_url: Option<String>,
 }
@@ -111,7 +111,7 @@ pub struct Input {
 pub type Db = Box<dyn Store>;
 
 /// Opens (and creates or migrates) the store the target names.
-pub async fn open(target: &Target) -> Result<Db> {
+pub async fn open(target: &Location) -> Result<Db> {
     match &target.database_url {
         Some(url) => Ok(Box::new(postgres::PgDb::open(url).await?)),
         None => Ok(Box::new(sqlite::SqliteDb::open(&target.db)?)),
@@ -179,7 +179,7 @@ pub trait Store {
         &mut self,
         kit: &ObjectKit,
         req: &FenceRequest,
-    ) -> Result<std::result::Result<Outcome, Invalid>>;
+    ) -> Result<std::result::Result<Outcome, Rejection>>;
 
     async fn fence_cancel(&mut self, key: &ResourceKey, at: Token) -> Result<()>;
 }

@@ -1,7 +1,7 @@
 //! The PostgreSQL dialect of the store (schema `statements`, next to the
 //! fence kit's schema `baton`).
 
-use baton_fence::objects::{Invalid, ObjectKit};
+use baton_fence::objects::{ObjectKit, Rejection};
 use baton_fence::postgres::{PgFence, Prepared};
 use baton_fence::{FenceRequest, Outcome, Policy, Publication, ResourceKey, Token};
 
@@ -290,7 +290,7 @@ impl Store for PgDb {
         &mut self,
         kit: &ObjectKit,
         req: &FenceRequest,
-    ) -> Result<std::result::Result<Outcome, Invalid>> {
+    ) -> Result<std::result::Result<Outcome, Rejection>> {
         let (client, prepared) = (&mut self.client, &mut self.prepared);
         kit.publish_postgres(client, prepared, req)
             .await

@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use baton_fence::objects::{Invalid, ObjectKit};
+use baton_fence::objects::{ObjectKit, Rejection};
 use baton_fence::sqlite::SqliteFence;
 use baton_fence::{FenceRequest, Outcome, Policy, Publication, ResourceKey, Token};
 use rusqlite::{params, Connection, OptionalExtension};
@@ -288,7 +288,7 @@ impl Store for SqliteDb {
         &mut self,
         kit: &ObjectKit,
         req: &FenceRequest,
-    ) -> Result<std::result::Result<Outcome, Invalid>> {
+    ) -> Result<std::result::Result<Outcome, Rejection>> {
         let c = &mut self.0;
         kit.publish_sqlite(c, req).await.map_err(err)
     }
