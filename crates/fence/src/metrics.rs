@@ -1,4 +1,7 @@
-//! Process-wide counters of fenced-write outcomes, and the log line per write.
+//! Fenced-write outcomes: emitted through the `metrics` facade as
+//! `baton_fence_outcomes_total{outcome="..."}` (install any recorder, such
+//! as a Prometheus exporter, and they appear there), tallied in-process for
+//! [`outcome_counts`], and logged one line per write.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
@@ -26,23 +29,13 @@ pub fn outcome_counts() -> Vec<(&'static str, u64)> {
         .collect()
 }
 
-/// Prometheus text for the counters (`baton_fence_outcomes_total{outcome=...}`).
-pub fn render_prometheus() -> String {
-    let mut out = String::from("# HELP baton_fence_outcomes_total fenced writes by outcome\n# TYPE baton_fence_outcomes_total counter\n");
-    for (label, n) in outcome_counts() {
-        out.push_str(&format!(
-            "baton_fence_outcomes_total{{outcome=\"{label}\"}} {n}\n"
-        ));
-    }
-    out
-}
-
 /// Counts and logs one judged write. Logs carry identities and tokens, never payloads.
 pub(crate) fn record(req: &FenceRequest, outcome: &Outcome) {
     let label = outcome.label();
     if let Some(i) = LABELS.iter().position(|l| *l == label) {
         COUNTS[i].fetch_add(1, Relaxed);
     }
+    metrics::counter!("baton_fence_outcomes_total", "outcome" => label).increment(1);
     match outcome {
         Outcome::Applied { .. } | Outcome::Replayed { .. } => {
             tracing::debug!(resource = %req.resource, token = %req.token, operation = %req.operation, outcome = label, "fenced write")

@@ -213,6 +213,79 @@ async fn publish_a_validated_candidate_through_the_fenced_pointer() {
     let counts: std::collections::HashMap<_, _> =
         baton_fence::metrics::outcome_counts().into_iter().collect();
     assert!(counts["applied"] >= 1 && counts["stale"] >= 1, "{counts:?}");
-    assert!(baton_fence::metrics::render_prometheus()
-        .contains("baton_fence_outcomes_total{outcome=\"stale\"}"));
+}
+
+/// The kit's counters go through the `metrics` facade: whatever recorder the
+/// application installs sees `baton_fence_outcomes_total` by outcome.
+#[test]
+fn outcomes_reach_the_installed_metrics_recorder() {
+    use std::sync::{Arc, Mutex};
+    #[derive(Default)]
+    struct Names(Mutex<Vec<String>>);
+    impl metrics::Recorder for Names {
+        fn describe_counter(
+            &self,
+            _: metrics::KeyName,
+            _: Option<metrics::Unit>,
+            _: metrics::SharedString,
+        ) {
+        }
+        fn describe_gauge(
+            &self,
+            _: metrics::KeyName,
+            _: Option<metrics::Unit>,
+            _: metrics::SharedString,
+        ) {
+        }
+        fn describe_histogram(
+            &self,
+            _: metrics::KeyName,
+            _: Option<metrics::Unit>,
+            _: metrics::SharedString,
+        ) {
+        }
+        fn register_counter(
+            &self,
+            key: &metrics::Key,
+            _: &metrics::Metadata<'_>,
+        ) -> metrics::Counter {
+            let labels: Vec<String> = key
+                .labels()
+                .map(|l| format!("{}={}", l.key(), l.value()))
+                .collect();
+            self.0
+                .lock()
+                .unwrap()
+                .push(format!("{}{{{}}}", key.name(), labels.join(",")));
+            metrics::Counter::noop()
+        }
+        fn register_gauge(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
+            metrics::Gauge::noop()
+        }
+        fn register_histogram(
+            &self,
+            _: &metrics::Key,
+            _: &metrics::Metadata<'_>,
+        ) -> metrics::Histogram {
+            metrics::Histogram::noop()
+        }
+    }
+    let recorder = Arc::new(Names::default());
+    let mut conn = rusqlite::Connection::open_in_memory().unwrap();
+    SqliteFence::migrate(&conn).unwrap();
+    metrics::with_local_recorder(&*recorder, || {
+        for (token, op) in [(108, "bob"), (107, "alice")] {
+            let req = FenceRequest::new("doc", token, op, op.as_bytes(), b"").unwrap();
+            SqliteFence::write(&mut conn, &req, |_| Ok::<(), baton_fence::FenceError>(())).unwrap();
+        }
+    });
+    let names = recorder.0.lock().unwrap().clone();
+    assert!(
+        names.contains(&"baton_fence_outcomes_total{outcome=applied}".to_string()),
+        "{names:?}"
+    );
+    assert!(
+        names.contains(&"baton_fence_outcomes_total{outcome=stale}".to_string()),
+        "{names:?}"
+    );
 }

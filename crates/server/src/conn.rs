@@ -89,7 +89,7 @@ impl Registry {
     /// Wraps an accepted socket.
     pub fn admit(&self, io: TcpStream) -> Conn {
         let _ = io.set_nodelay(true);
-        let n_open = self.metrics.connections.fetch_add(1, Relaxed) + 1;
+        let n_open = self.metrics.connections.inc() + 1;
         let state = Arc::new(ConnState {
             accepted_at: Instant::now(),
             proven: AtomicBool::new(false),
@@ -101,7 +101,7 @@ impl Registry {
         let over_limit =
             n_open as usize > self.limits.connections_max && !self.evict_one(&mut unproven);
         if over_limit {
-            self.metrics.connections_refused.fetch_add(1, Relaxed);
+            self.metrics.connections_refused.inc();
         }
         unproven.retain(|c| !c.proven.load(Relaxed) && !c.evict.is_cancelled());
         unproven.push_back(state.clone());
@@ -126,7 +126,7 @@ impl Registry {
         while let Some(oldest) = unproven.pop_front() {
             if !oldest.proven.load(Relaxed) && !oldest.evict.is_cancelled() {
                 oldest.evict.cancel();
-                self.metrics.connections_evicted.fetch_add(1, Relaxed);
+                self.metrics.connections_evicted.inc();
                 return true;
             }
         }
@@ -172,7 +172,7 @@ impl Conn {
             match self.next_check() {
                 Some(at) => self.timer.as_mut().reset(at),
                 None => {
-                    self.metrics.connections_closed_idle.fetch_add(1, Relaxed);
+                    self.metrics.connections_closed_idle.inc();
                     return Err(io::Error::new(
                         io::ErrorKind::TimedOut,
                         "closed: no request in time",
@@ -186,7 +186,7 @@ impl Conn {
 
 impl Drop for Conn {
     fn drop(&mut self) {
-        self.metrics.connections.fetch_sub(1, Relaxed);
+        self.metrics.connections.dec();
         // Leaves the unproven queue at the next admission.
         self.info.state.evict.cancel();
     }

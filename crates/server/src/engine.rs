@@ -6,7 +6,6 @@
 //! lazily: losing them in a crash only keeps a lease held for one more TTL.
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering::Relaxed;
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -135,7 +134,7 @@ impl Engine {
             n_leases,
             "recovered lease state; stored leases are held for a full TTL from now"
         );
-        metrics.leases.store(n_leases as u64, Relaxed);
+        metrics.leases.set(n_leases as i64);
         let (tx, rx) = mpsc::channel();
         let engine = Engine {
             table,
@@ -220,7 +219,7 @@ impl Engine {
                 error!(error = %e, "lease store commit failed; stopping");
                 return Err(e);
             }
-            self.metrics.commits.fetch_add(1, Relaxed);
+            self.metrics.commits.inc();
             self.pending.clear();
             self.flush_at = MonoMs(now.0 + LAZY_FLUSH_INTERVAL_MS);
         }
@@ -236,7 +235,7 @@ impl Engine {
             };
             let answer = match result {
                 WaitResult::Granted(grants) => {
-                    self.metrics.grants_after_wait.fetch_add(1, Relaxed);
+                    self.metrics.grants_after_wait.inc();
                     AcquireReply::Granted {
                         grants,
                         after_wait: true,
@@ -255,12 +254,8 @@ impl Engine {
         for reply in replies {
             reply();
         }
-        self.metrics
-            .leases
-            .store(self.table.n_leases() as u64, Relaxed);
-        self.metrics
-            .waiters
-            .store(self.table.n_waiters() as u64, Relaxed);
+        self.metrics.leases.set(self.table.n_leases() as i64);
+        self.metrics.waiters.set(self.table.n_waiters() as i64);
         Ok(again)
     }
 
@@ -279,7 +274,7 @@ impl Engine {
                         after_wait: false,
                     }),
                     Ok(AcquireOutcome::NotAcquired(n)) => {
-                        self.metrics.not_acquired.fetch_add(1, Relaxed);
+                        self.metrics.not_acquired.inc();
                         Ok(AcquireReply::NotAcquired(n))
                     }
                     Ok(AcquireOutcome::Queued { .. }) => {
@@ -355,25 +350,25 @@ impl Engine {
                     acquisition_id,
                     after_wait,
                 } => {
-                    m.grants.fetch_add(1, Relaxed);
+                    m.grants.inc();
                     if *after_wait {
-                        m.ownership_transfers.fetch_add(1, Relaxed);
+                        m.ownership_transfers.inc();
                     }
                     debug!(%resource, %token, acquisition = %acquisition_id.prefix(), after_wait, "granted");
                 }
                 Event::Renewed { .. } => {
-                    m.renewals.fetch_add(1, Relaxed);
+                    m.renewals.inc();
                 }
                 Event::RenewRefused { resource } => {
-                    m.renewals_failed.fetch_add(1, Relaxed);
+                    m.renewals_failed.inc();
                     debug!(%resource, "renewal refused: not owner");
                 }
                 Event::Released { resource, token } => {
-                    m.releases.fetch_add(1, Relaxed);
+                    m.releases.inc();
                     debug!(%resource, %token, "released");
                 }
                 Event::Expired { resource, token } => {
-                    m.expiries.fetch_add(1, Relaxed);
+                    m.expiries.inc();
                     info!(%resource, %token, "lease expired");
                 }
                 Event::Fenced {
@@ -381,11 +376,11 @@ impl Engine {
                     token,
                     revoked,
                 } => {
-                    m.fences.fetch_add(1, Relaxed);
+                    m.fences.inc();
                     info!(%resource, %token, revoked = ?revoked.map(|t| t.get()), "fenced");
                 }
                 Event::WaitTimedOut { .. } => {
-                    m.wait_timeouts.fetch_add(1, Relaxed);
+                    m.wait_timeouts.inc();
                 }
             }
         }

@@ -69,7 +69,7 @@ async fn handle(mut stream: TcpStream, metrics: &Metrics) -> std::io::Result<()>
             respond(
                 &mut stream,
                 "200 OK",
-                "text/plain; version=0.0.4",
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
                 &metrics.render(),
             )
             .await

@@ -1,181 +1,142 @@
-//! Counters and gauges, rendered in the Prometheus text format.
+//! The server's counters, gauges and acquire-latency histogram, in a
+//! prometheus-client registry of their own (one per server, so servers
+//! embedded in one process do not mix), rendered for `/metrics`.
 
-use std::fmt::Write as _;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::AtomicBool;
 
-/// Upper bounds of the acquire-latency buckets, in microseconds.
-const LATENCY_BUCKETS_US: [u64; 12] = [
-    100, 250, 500, 1_000, 2_000, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 1_000_000,
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+/// Upper bounds of the acquire-latency buckets, in seconds.
+const LATENCY_BUCKETS_S: [f64; 12] = [
+    0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
 ];
 
 /// The server's counters and gauges, rendered for `/metrics`.
-#[derive(Default)]
 pub struct Metrics {
-    pub(crate) acquire_requests: AtomicU64,
-    pub(crate) grants: AtomicU64,
-    pub(crate) grants_after_wait: AtomicU64,
-    pub(crate) not_acquired: AtomicU64,
-    pub(crate) wait_timeouts: AtomicU64,
-    pub(crate) renewals: AtomicU64,
-    pub(crate) renewals_failed: AtomicU64,
-    pub(crate) releases: AtomicU64,
-    pub(crate) expiries: AtomicU64,
-    pub(crate) ownership_transfers: AtomicU64,
-    pub(crate) fences: AtomicU64,
-    pub(crate) commits: AtomicU64,
-    pub(crate) leases: AtomicU64,
-    pub(crate) waiters: AtomicU64,
-    pub(crate) connections: AtomicU64,
-    pub(crate) connections_refused: AtomicU64,
-    pub(crate) connections_closed_idle: AtomicU64,
-    pub(crate) connections_evicted: AtomicU64,
-    /// 1 once recovery is done and the server grants (`/readyz`).
-    pub(crate) ready: std::sync::atomic::AtomicBool,
-    latency_buckets: [AtomicU64; LATENCY_BUCKETS_US.len()],
-    latency_count: AtomicU64,
-    latency_sum_us: AtomicU64,
+    registry: Registry,
+    pub(crate) acquire_requests: Counter,
+    pub(crate) grants: Counter,
+    pub(crate) grants_after_wait: Counter,
+    pub(crate) not_acquired: Counter,
+    pub(crate) wait_timeouts: Counter,
+    pub(crate) renewals: Counter,
+    pub(crate) renewals_failed: Counter,
+    pub(crate) releases: Counter,
+    pub(crate) expiries: Counter,
+    pub(crate) ownership_transfers: Counter,
+    pub(crate) fences: Counter,
+    pub(crate) commits: Counter,
+    pub(crate) connections_refused: Counter,
+    pub(crate) connections_closed_idle: Counter,
+    pub(crate) connections_evicted: Counter,
+    pub(crate) leases: Gauge,
+    pub(crate) waiters: Gauge,
+    /// Open connections; the connection limit reads it too.
+    pub(crate) connections: Gauge,
+    acquire_latency_s: Histogram,
+    /// True once recovery is done and the server grants (`/readyz`).
+    pub(crate) ready: AtomicBool,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::default();
+        let mut counter = |name: &str, help: &str| {
+            let c = Counter::default();
+            // prometheus-client appends `_total` to counter names.
+            registry.register(name, help, c.clone());
+            c
+        };
+        let acquire_requests = counter("baton_acquire_requests", "acquire requests received");
+        let grants = counter("baton_grants", "leases granted (one per resource)");
+        let grants_after_wait = counter(
+            "baton_grants_after_wait",
+            "acquire requests granted after waiting in line",
+        );
+        let not_acquired = counter(
+            "baton_not_acquired",
+            "try-once acquire requests refused because a resource was held",
+        );
+        let wait_timeouts = counter(
+            "baton_wait_timeouts",
+            "waiting acquire requests whose wait ran out",
+        );
+        let renewals = counter("baton_renewals", "successful renewals");
+        let renewals_failed = counter("baton_renewals_failed", "renewals refused as not owner");
+        let releases = counter("baton_releases", "leases released by their holder");
+        let expiries = counter("baton_expiries", "leases that expired");
+        let ownership_transfers = counter(
+            "baton_ownership_transfers",
+            "hand-offs of a resource to a waiter",
+        );
+        let fences = counter("baton_fences", "operator fences");
+        let commits = counter("baton_store_commits", "durable commits of the lease store");
+        let connections_refused = counter(
+            "baton_connections_refused",
+            "connections over the limit, answered RESOURCE_EXHAUSTED",
+        );
+        let connections_closed_idle = counter(
+            "baton_connections_closed_idle",
+            "connections closed for sending no request in time or idling with no request in flight",
+        );
+        let connections_evicted = counter(
+            "baton_connections_evicted",
+            "connections that had not sent a request yet, closed to admit a new one at the limit",
+        );
+        let mut gauge = |name: &str, help: &str| {
+            let g = Gauge::default();
+            registry.register(name, help, g.clone());
+            g
+        };
+        let leases = gauge("baton_leases", "leases currently held");
+        let waiters = gauge("baton_waiters", "acquire requests currently waiting");
+        let connections = gauge("baton_connections", "open client connections");
+        let acquire_latency_s = Histogram::new(LATENCY_BUCKETS_S);
+        registry.register(
+            "baton_acquire_latency_seconds",
+            "service time of acquire requests answered without waiting in line",
+            acquire_latency_s.clone(),
+        );
+        Self {
+            registry,
+            acquire_requests,
+            grants,
+            grants_after_wait,
+            not_acquired,
+            wait_timeouts,
+            renewals,
+            renewals_failed,
+            releases,
+            expiries,
+            ownership_transfers,
+            fences,
+            commits,
+            connections_refused,
+            connections_closed_idle,
+            connections_evicted,
+            leases,
+            waiters,
+            connections,
+            acquire_latency_s,
+            ready: AtomicBool::new(false),
+        }
+    }
 }
 
 impl Metrics {
     /// Records the service time of an acquire answered without waiting in line.
     pub(crate) fn observe_acquire_latency_us(&self, us: u64) {
-        if let Some(i) = LATENCY_BUCKETS_US.iter().position(|b| us <= *b) {
-            self.latency_buckets[i].fetch_add(1, Relaxed);
-        }
-        self.latency_count.fetch_add(1, Relaxed);
-        self.latency_sum_us.fetch_add(us, Relaxed);
+        self.acquire_latency_s.observe(us as f64 / 1e6);
     }
 
-    /// The Prometheus text exposition of every metric.
+    /// The text exposition of every metric (OpenMetrics, which Prometheus reads).
     pub fn render(&self) -> String {
         let mut out = String::new();
-        let counters: [(&str, &str, &AtomicU64); 15] = [
-            (
-                "baton_acquire_requests_total",
-                "acquire requests received",
-                &self.acquire_requests,
-            ),
-            (
-                "baton_grants_total",
-                "leases granted (one per resource)",
-                &self.grants,
-            ),
-            (
-                "baton_grants_after_wait_total",
-                "acquire requests granted after waiting in line",
-                &self.grants_after_wait,
-            ),
-            (
-                "baton_not_acquired_total",
-                "try-once acquire requests refused because a resource was held",
-                &self.not_acquired,
-            ),
-            (
-                "baton_wait_timeouts_total",
-                "waiting acquire requests whose wait ran out",
-                &self.wait_timeouts,
-            ),
-            (
-                "baton_renewals_total",
-                "successful renewals",
-                &self.renewals,
-            ),
-            (
-                "baton_renewals_failed_total",
-                "renewals refused as not owner",
-                &self.renewals_failed,
-            ),
-            (
-                "baton_releases_total",
-                "leases released by their holder",
-                &self.releases,
-            ),
-            (
-                "baton_expiries_total",
-                "leases that expired",
-                &self.expiries,
-            ),
-            (
-                "baton_ownership_transfers_total",
-                "leases handed directly to a waiting request",
-                &self.ownership_transfers,
-            ),
-            (
-                "baton_fences_total",
-                "operator fence operations",
-                &self.fences,
-            ),
-            (
-                "baton_store_commits_total",
-                "durable commits of the lease store",
-                &self.commits,
-            ),
-            (
-                "baton_connections_refused_total",
-                "connections over the limit, answered RESOURCE_EXHAUSTED",
-                &self.connections_refused,
-            ),
-            (
-                "baton_connections_closed_idle_total",
-                "connections closed for sending no request in time or idling with no request in flight",
-                &self.connections_closed_idle,
-            ),
-            (
-                "baton_connections_evicted_total",
-                "connections that had not sent a request yet, closed to admit a new one at the limit",
-                &self.connections_evicted,
-            ),
-        ];
-        for (name, help, value) in counters {
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}",
-                value.load(Relaxed)
-            );
-        }
-        let gauges: [(&str, &str, &AtomicU64); 3] = [
-            ("baton_leases", "leases currently held", &self.leases),
-            (
-                "baton_waiters",
-                "acquire requests currently waiting",
-                &self.waiters,
-            ),
-            (
-                "baton_connections",
-                "open client connections",
-                &self.connections,
-            ),
-        ];
-        for (name, help, value) in gauges {
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {}",
-                value.load(Relaxed)
-            );
-        }
-        let name = "baton_acquire_latency_seconds";
-        let _ = writeln!(
-            out,
-            "# HELP {name} service time of acquire requests answered without waiting in line"
-        );
-        let _ = writeln!(out, "# TYPE {name} histogram");
-        let mut cumulative = 0;
-        for (bound_us, bucket) in LATENCY_BUCKETS_US.iter().zip(&self.latency_buckets) {
-            cumulative += bucket.load(Relaxed);
-            let _ = writeln!(
-                out,
-                "{name}_bucket{{le=\"{}\"}} {cumulative}",
-                *bound_us as f64 / 1e6
-            );
-        }
-        let count = self.latency_count.load(Relaxed);
-        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
-        let _ = writeln!(
-            out,
-            "{name}_sum {}",
-            self.latency_sum_us.load(Relaxed) as f64 / 1e6
-        );
-        let _ = writeln!(out, "{name}_count {count}");
+        encode(&mut out, &self.registry).expect("writing to a String cannot fail");
         out
     }
 }
@@ -185,23 +146,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn histogram_buckets_are_cumulative() {
+    fn counters_gauges_and_histogram_buckets_render_under_their_names() {
         let m = Metrics::default();
+        m.grants.inc();
+        m.leases.set(3);
         m.observe_acquire_latency_us(90);
         m.observe_acquire_latency_us(1_500);
         m.observe_acquire_latency_us(5_000_000);
         let text = m.render();
-        assert!(
-            text.contains("baton_acquire_latency_seconds_bucket{le=\"0.0001\"} 1"),
-            "{text}"
-        );
-        assert!(
-            text.contains("baton_acquire_latency_seconds_bucket{le=\"0.002\"} 2"),
-            "{text}"
-        );
-        assert!(
-            text.contains("baton_acquire_latency_seconds_bucket{le=\"+Inf\"} 3"),
-            "{text}"
-        );
+        for line in [
+            "baton_grants_total 1",
+            "baton_leases 3",
+            "baton_acquire_latency_seconds_bucket{le=\"0.0001\"} 1",
+            "baton_acquire_latency_seconds_bucket{le=\"0.002\"} 2",
+            "baton_acquire_latency_seconds_bucket{le=\"+Inf\"} 3",
+            "baton_acquire_latency_seconds_count 3",
+        ] {
+            assert!(text.contains(line), "missing {line:?} in\n{text}");
+        }
     }
 }

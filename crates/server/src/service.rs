@@ -117,7 +117,7 @@ impl Leases for LeaseService {
         request: Request<v1::AcquireRequest>,
     ) -> Result<Response<v1::AcquireResponse>, Status> {
         let started = Instant::now();
-        self.metrics.acquire_requests.fetch_add(1, Relaxed);
+        self.metrics.acquire_requests.inc();
         let req = request.into_inner();
         let mut claims = Vec::with_capacity(req.resources.len());
         for (i, raw) in req.resources.iter().enumerate() {
