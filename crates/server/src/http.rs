@@ -1,103 +1,77 @@
-//! A minimal HTTP/1.1 endpoint for `GET /healthz` (alive), `GET /readyz`
-//! (recovered and granting) and `GET /metrics`.
+//! The HTTP port: `GET /healthz` (alive), `GET /readyz` (recovered and
+//! granting) and `GET /metrics`, routed by axum and served one request per
+//! connection by hyper, each connection bounded in time so an idle or slow
+//! client cannot hold it.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use axum::Router;
+use hyper_util::rt::TokioIo;
+use hyper_util::service::TowerToHyperService;
+use tokio::net::TcpListener;
 use tracing::debug;
 
 use crate::metrics::Metrics;
 
+/// How long one HTTP connection may take, request and answer.
+const CONNECTION_TIME_MAX: Duration = Duration::from_secs(5);
+/// The largest request head the port reads.
 const REQUEST_HEAD_LEN_BYTES_MAX: usize = 8 * 1024;
 
+fn router(metrics: Arc<Metrics>) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(render_metrics))
+        .fallback(|| async { (StatusCode::NOT_FOUND, "not found\n") })
+        .with_state(metrics)
+}
+
+async fn readyz(State(metrics): State<Arc<Metrics>>) -> impl IntoResponse {
+    if metrics.ready.load(Ordering::Acquire) {
+        (StatusCode::OK, "ready\n")
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not ready: recovering the lease state\n",
+        )
+    }
+}
+
+async fn render_metrics(State(metrics): State<Arc<Metrics>>) -> impl IntoResponse {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        metrics.render(),
+    )
+}
+
+/// Serves the port until the process ends.
 pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
+    let app = router(metrics);
     loop {
         let Ok((stream, _)) = listener.accept().await else {
             continue;
         };
-        let metrics = metrics.clone();
+        let service = TowerToHyperService::new(app.clone());
         tokio::spawn(async move {
-            if let Err(e) =
-                tokio::time::timeout(Duration::from_secs(5), handle(stream, &metrics)).await
-            {
-                debug!(error = %e, "http request timed out");
+            let connection = hyper::server::conn::http1::Builder::new()
+                .keep_alive(false)
+                .max_buf_size(REQUEST_HEAD_LEN_BYTES_MAX)
+                .serve_connection(TokioIo::new(stream), service);
+            match tokio::time::timeout(CONNECTION_TIME_MAX, connection).await {
+                Ok(Err(e)) => debug!(error = %e, "http connection failed"),
+                Err(_) => debug!("http connection timed out"),
+                Ok(Ok(())) => {}
             }
         });
     }
-}
-
-async fn handle(mut stream: TcpStream, metrics: &Metrics) -> std::io::Result<()> {
-    let mut head = Vec::with_capacity(512);
-    let mut buf = [0u8; 1024];
-    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-        let n = stream.read(&mut buf).await?;
-        if n == 0 {
-            return Ok(());
-        }
-        head.extend_from_slice(&buf[..n]);
-        if head.len() > REQUEST_HEAD_LEN_BYTES_MAX {
-            return respond(
-                &mut stream,
-                "431 Request Header Fields Too Large",
-                "text/plain",
-                "request head too large\n",
-            )
-            .await;
-        }
-    }
-    let line = head.split(|b| *b == b'\r').next().unwrap_or_default();
-    let line = String::from_utf8_lossy(line);
-    let mut parts = line.split(' ');
-    let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-    match (method, path) {
-        ("GET", "/healthz") => respond(&mut stream, "200 OK", "text/plain", "ok\n").await,
-        ("GET", "/readyz") if metrics.ready.load(std::sync::atomic::Ordering::Acquire) => {
-            respond(&mut stream, "200 OK", "text/plain", "ready\n").await
-        }
-        ("GET", "/readyz") => {
-            respond(
-                &mut stream,
-                "503 Service Unavailable",
-                "text/plain",
-                "not ready: recovering the lease state\n",
-            )
-            .await
-        }
-        ("GET", "/metrics") => {
-            respond(
-                &mut stream,
-                "200 OK",
-                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                &metrics.render(),
-            )
-            .await
-        }
-        ("GET", _) => respond(&mut stream, "404 Not Found", "text/plain", "not found\n").await,
-        _ => {
-            respond(
-                &mut stream,
-                "405 Method Not Allowed",
-                "text/plain",
-                "only GET is served\n",
-            )
-            .await
-        }
-    }
-}
-
-async fn respond(
-    stream: &mut TcpStream,
-    status: &str,
-    content_type: &str,
-    body: &str,
-) -> std::io::Result<()> {
-    let head = format!(
-        "HTTP/1.1 {status}\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
-        body.len()
-    );
-    stream.write_all(head.as_bytes()).await?;
-    stream.write_all(body.as_bytes()).await?;
-    stream.shutdown().await
 }
