@@ -25,21 +25,7 @@ struct Grant {
     abandoned: bool,
 }
 
-/// xorshift64*: deterministic from the printed seed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
+use baton_client::rng::Rng;
 
 fn seed() -> u64 {
     std::env::var("BATON_CRASH_SEED")
@@ -61,7 +47,7 @@ async fn worker(
     stop: Arc<AtomicBool>,
     history: Arc<Mutex<Vec<Grant>>>,
 ) {
-    let mut rng = Rng(seed ^ (id + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    let mut rng = Rng::new(seed ^ (id + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
     let mut client: Option<Client> = None;
     while !stop.load(Ordering::Relaxed) {
         let c = match &mut client {
@@ -131,7 +117,7 @@ async fn tokens_stay_ordered_and_exclusive_across_sigkill() {
         .collect();
     let killer = tokio::task::spawn_blocking(move || {
         let mut server = server;
-        let mut rng = Rng(seed);
+        let mut rng = Rng::new(seed);
         for _ in 0..kills {
             std::thread::sleep(Duration::from_millis(150 + rng.below(250)));
             server.restart();

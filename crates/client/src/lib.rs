@@ -21,6 +21,7 @@
 //! after an indeterminate acquire a lease may be held until its TTL runs out.
 
 pub mod flags;
+pub mod rng;
 
 use std::time::Duration;
 

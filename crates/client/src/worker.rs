@@ -78,7 +78,7 @@ pub struct Backoff {
     base: Duration,
     max: Duration,
     attempt: u32,
-    state: u64,
+    rng: crate::rng::Rng,
 }
 
 impl Backoff {
@@ -95,7 +95,7 @@ impl Backoff {
             base,
             max,
             attempt: 0,
-            state: seed | 1,
+            rng: crate::rng::Rng::new(seed),
         }
     }
 
@@ -108,13 +108,8 @@ impl Backoff {
     pub fn next_delay(&mut self) -> Duration {
         let ceiling = self.ceiling();
         self.attempt = self.attempt.saturating_add(1);
-        // xorshift64*
-        self.state ^= self.state >> 12;
-        self.state ^= self.state << 25;
-        self.state ^= self.state >> 27;
-        let r = self.state.wrapping_mul(0x2545_f491_4f6c_dd1d);
         let nanos = ceiling.as_nanos() as u64;
-        Duration::from_nanos(if nanos == 0 { 0 } else { r % (nanos + 1) })
+        Duration::from_nanos(self.rng.below(nanos.saturating_add(1)))
     }
 
     pub fn reset(&mut self) {

@@ -10,17 +10,11 @@ use baton_fence::{FenceError, FenceRequest, Outcome, ResourceKey};
 const WRITERS: u64 = 8;
 const WRITES_EACH: u64 = 40;
 
-/// xorshift64*, seeded per writer.
+/// Seeded per writer: rising with jitter, so writers overtake each other often.
 fn tokens(seed: u64) -> Vec<u64> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    // Rising with jitter, so writers overtake each other often.
+    let mut rng = baton_client::rng::Rng::new(seed);
     (0..WRITES_EACH)
-        .map(|i| {
-            x ^= x >> 12;
-            x ^= x << 25;
-            x ^= x >> 27;
-            i * 10 + x.wrapping_mul(0x2545_f491_4f6c_dd1d) % 40 + 1
-        })
+        .map(|i| i * 10 + rng.below(40) + 1)
         .collect()
 }
 

@@ -5,7 +5,6 @@ mod args;
 mod chaos;
 mod demo;
 mod events;
-mod rng;
 mod signal;
 mod store;
 mod worker;

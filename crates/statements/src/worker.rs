@@ -177,8 +177,8 @@ fn chaos_pause(cfg: &WorkerConfig, resource: &str, token: Token) -> bool {
     if d.pause_chance_pct == 0 {
         return false;
     }
-    let h = crate::rng::hash(d.chaos_seed, cfg.name.bytes().chain(resource.bytes()));
-    crate::rng::Rng::new(h ^ token.get() as u64).below(100) < u64::from(d.pause_chance_pct)
+    let h = baton_client::rng::hash(d.chaos_seed, cfg.name.bytes().chain(resource.bytes()));
+    baton_client::rng::Rng::new(h ^ token.get() as u64).below(100) < u64::from(d.pause_chance_pct)
 }
 
 async fn process(

@@ -41,8 +41,8 @@ use tokio::time::Instant;
 pub use report::check;
 pub use schedule::{fingerprint, schedule, Fault};
 
-use crate::rng::Rng;
 use crate::store::{self, Location};
+use baton_client::rng::Rng;
 use procs::{Run, WorkerSlot};
 use report::Report;
 use seeder::Seeder;

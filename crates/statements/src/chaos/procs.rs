@@ -17,8 +17,8 @@ use super::net::direction;
 use super::schedule::Fault;
 use super::ChaosConfig;
 use crate::events::field;
-use crate::rng::Rng;
 use crate::signal::Signal;
+use baton_client::rng::Rng;
 
 pub struct WorkerSlot {
     pub child: Option<Child>,

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::rng::Rng;
+use baton_client::rng::Rng;
 
 /// One scheduled fault. Durations are in milliseconds.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -129,7 +129,7 @@ pub fn fingerprint(schedule: &[(u64, Fault)]) -> String {
         .iter()
         .map(|(at, fault)| format!("{at}{fault:?}"))
         .collect();
-    format!("{:016x}", crate::rng::hash(0, text.into_bytes()))
+    format!("{:016x}", baton_client::rng::hash(0, text.into_bytes()))
 }
 
 #[cfg(test)]

@@ -1,14 +1,19 @@
-//! A small seeded generator (SplitMix64) for chaos schedules: the same seed
-//! gives the same sequence on every machine.
+//! The one seeded generator of the project (SplitMix64): backoff jitter,
+//! chaos schedules and test drivers. The same seed gives the same sequence
+//! on every machine and every version of this crate; it is not for secrets
+//! (acquisition ids come from the operating system).
 
+/// SplitMix64.
 #[derive(Clone, Debug)]
 pub struct Rng(u64);
 
 impl Rng {
+    /// A generator whose sequence is a function of `seed` alone.
     pub fn new(seed: u64) -> Self {
         Self(seed)
     }
 
+    /// The next value.
     pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
