@@ -5,12 +5,14 @@
 //! (`shared`, where acquires wait in line). The report gives cycles per
 //! second and the p50/p99/max latency of each step. These are benchmark
 //! figures, printed for people; no test asserts on them.
+#![warn(missing_docs)]
 
 use std::future::Future;
 use std::time::{Duration, Instant};
 
 use baton_client::{Acquired, Client, Release};
 
+/// How the clients share resources.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
     /// Every client on its own resource: uncontended throughput.
@@ -20,6 +22,7 @@ pub enum Mode {
 }
 
 impl Mode {
+    /// The name printed in reports.
     pub fn label(self) -> &'static str {
         match self {
             Mode::Distinct => "distinct",
@@ -30,38 +33,57 @@ impl Mode {
 
 /// One system under test.
 pub trait Target: Sync {
+    /// A connection to the target.
     type Conn: Conn;
+    /// The name printed in reports.
     fn name(&self) -> String;
+    /// Opens one client connection.
     fn connect(&self) -> impl Future<Output = Result<Self::Conn, String>> + Send;
 }
 
 /// One client's connection: acquire (waiting if `wait`) and release.
 pub trait Conn: Send + 'static {
+    /// What an acquire returns and a release takes back.
     type Held: Send;
+    /// Acquires `resource`, waiting in line if `wait`.
     fn acquire(
         &mut self,
         resource: &str,
         wait: bool,
     ) -> impl Future<Output = Result<Self::Held, String>> + Send;
+    /// Releases what `acquire` returned.
     fn release(&mut self, held: Self::Held) -> impl Future<Output = Result<(), String>> + Send;
 }
 
+/// One measurement: a target, a mode and a client count.
 #[derive(Clone, Debug)]
 pub struct Report {
+    /// The system measured.
     pub target: String,
+    /// Distinct or shared resources.
     pub mode: Mode,
+    /// Concurrent clients.
     pub clients: usize,
+    /// Completed acquire → release cycles.
     pub cycles: u64,
+    /// Cycles per second.
     pub cycles_per_s: f64,
+    /// Acquire latency, µs.
     pub acquire_us: Percentiles,
+    /// Release latency, µs.
     pub release_us: Percentiles,
+    /// Failed steps.
     pub errors: u64,
 }
 
+/// Latency percentiles in microseconds.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Percentiles {
+    /// Median.
     pub p50: u64,
+    /// 99th percentile.
     pub p99: u64,
+    /// Largest.
     pub max: u64,
 }
 
@@ -79,6 +101,7 @@ fn percentiles(mut v: Vec<u64>) -> Percentiles {
 }
 
 impl Report {
+    /// The header line of the text table.
     pub fn header() -> String {
         format!(
             "{:<26} {:<9} {:>4} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>6}",
@@ -96,6 +119,7 @@ impl Report {
         )
     }
 
+    /// The row of this report in the text table.
     pub fn line(&self) -> String {
         let ms = |us: u64| format!("{:.2}ms", us as f64 / 1000.0);
         format!(
@@ -184,7 +208,9 @@ pub async fn run<T: Target>(
 
 /// Baton itself, over its gRPC API.
 pub struct Baton {
+    /// The server's gRPC URL.
     pub url: String,
+    /// TTL of every lease acquired.
     pub ttl: Duration,
 }
 
@@ -206,6 +232,7 @@ impl Target for Baton {
     }
 }
 
+/// One client connection to Baton.
 pub struct BatonConn {
     client: Client,
     ttl: Duration,
@@ -302,12 +329,17 @@ pub async fn fill(
 /// the same cycles on an empty server measured in alternating rounds.
 #[derive(Clone, Debug)]
 pub struct ScaleRow {
+    /// Live leases held during the row.
     pub live_leases: usize,
+    /// Seconds it took to top the server up to this level.
     pub fill_s: f64,
     /// Medians over the rounds.
     pub cycles_per_s: f64,
+    /// Median acquire p99, µs.
     pub acquire_p99_us: u64,
+    /// Median cycles per second on the empty server.
     pub baseline_cycles_per_s: Option<f64>,
+    /// Median acquire p99 on the empty server, µs.
     pub baseline_acquire_p99_us: Option<u64>,
     /// The server's resident memory after the row, if its pid was given.
     pub server_rss_bytes: Option<u64>,
@@ -357,14 +389,21 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 /// The scaling run's settings.
 pub struct Scale<'a> {
+    /// The server being filled.
     pub target: &'a Baton,
     /// An empty server measured in alternating rounds, for the ratio.
     pub baseline: Option<&'a Baton>,
+    /// Live-lease levels, ascending.
     pub levels: &'a [usize],
+    /// TTL of the filled leases (must outlast the run).
     pub fill_ttl: Duration,
+    /// Concurrent clients per measurement.
     pub clients: usize,
+    /// Time per round.
     pub duration: Duration,
+    /// Rounds per level (medians are reported).
     pub rounds: usize,
+    /// The filled server's pid, to read its RSS.
     pub server_pid: Option<u32>,
 }
 

@@ -19,6 +19,7 @@
 //! Every error says whether the request definitely did not take effect
 //! ([`ClientError::is_definite`]) or may have ([`ClientError::Indeterminate`]):
 //! after an indeterminate acquire a lease may be held until its TTL runs out.
+#![warn(missing_docs)]
 
 pub mod flags;
 pub mod rng;
@@ -38,6 +39,7 @@ pub use baton_proto::v1::Snapshot;
 /// Time allowed for a request beyond any server-side wait it asks for.
 const RPC_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
 
+/// What went wrong with a call, and whether it may have taken effect.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ClientError {
@@ -49,7 +51,12 @@ pub enum ClientError {
     Exhausted(String),
     /// No connection could be made, so nothing was sent. Not applied.
     #[error("cannot connect to {url}: {message}")]
-    Connect { url: String, message: String },
+    Connect {
+        /// The server address tried.
+        url: String,
+        /// Why the connection failed.
+        message: String,
+    },
     /// The request may or may not have taken effect (timeout, reset or
     /// server failure after it was sent). Retries of effects must reuse the
     /// same operation id.
@@ -88,68 +95,97 @@ fn from_status(status: tonic::Status) -> ClientError {
 /// A held lease. `acquisition_id` is the secret that renews and releases it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Lease {
+    /// The canonical resource name the server returned.
     pub resource: String,
+    /// The secret that renews and releases this lease; keep it.
     pub acquisition_id: AcquisitionId,
+    /// The fencing token: carry it into every protected write.
     pub token: FencingToken,
+    /// The granted TTL.
     pub ttl: Duration,
 }
 
+/// Why an acquire was refused.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NotAcquired {
     /// True if the wait ran out; false if a try-once request found the resource busy.
     pub timed_out: bool,
     /// The resource that blocked the request, for a try-once request.
     pub resource: Option<String>,
+    /// The holder's token, if the resource was held.
     pub holder_token: Option<FencingToken>,
 }
 
+/// The answer to a single-resource acquire.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Acquired {
+    /// The lease is yours.
     Granted(Lease),
+    /// Refused (held, or the wait ran out).
     NotAcquired(NotAcquired),
 }
 
+/// The answer to a multi-resource acquire: all or nothing.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum AcquiredAll {
     /// One lease per requested resource, in request order.
     Granted {
+        /// One lease per claimed resource.
         leases: Vec<Lease>,
+        /// Whether the request waited in line first.
         after_wait: bool,
     },
+    /// Refused: nothing was granted.
     NotAcquired(NotAcquired),
 }
 
+/// The answer to a renew.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Renewal {
+    /// Extended by its TTL from now.
     Renewed {
+        /// The lease's token (unchanged by renewals).
         token: FencingToken,
+        /// Time left from now.
         remaining: Duration,
     },
     /// The lease expired, was released, fenced or replaced. You no longer own it.
     NotOwner,
 }
 
+/// The answer to a release.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Release {
+    /// Given back.
     Released {
+        /// The released lease's token.
         token: FencingToken,
     },
     /// Already released, expired, fenced or never this id's. Nothing changed.
     NotHeld,
 }
 
+/// A resource as the server reports it (never the acquisition id).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Status {
+    /// The canonical name.
     pub resource: String,
+    /// The holder's token, if held.
     pub holder_token: Option<FencingToken>,
+    /// Time left on the lease.
     pub remaining: Duration,
+    /// The lease's TTL.
     pub ttl: Duration,
+    /// Requests waiting in line.
     pub n_waiters: u64,
 }
 
+/// What an operator fence did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Fenced {
+    /// A token above every token issued before it; write it into the resource to cancel durably.
     pub token: FencingToken,
+    /// The token of the lease it revoked, if one was held.
     pub revoked: Option<FencingToken>,
 }
 
@@ -300,6 +336,7 @@ impl Client {
         }
     }
 
+    /// Extends the lease by its TTL if `id` still holds it; "not owner" otherwise (nothing is extended).
     pub async fn renew(
         &mut self,
         resource: &str,
@@ -325,6 +362,7 @@ impl Client {
         })
     }
 
+    /// Gives the lease back if `id` holds it; an old or wrong id changes nothing.
     pub async fn release(
         &mut self,
         resource: &str,
@@ -349,6 +387,7 @@ impl Client {
         })
     }
 
+    /// Holder token, remaining TTL and waiters of a resource.
     pub async fn status(&mut self, resource: &str) -> Result<Status, ClientError> {
         let message = v1::StatusRequest {
             resource: resource.to_string(),

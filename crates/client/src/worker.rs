@@ -39,6 +39,7 @@ pub enum Ownership {
 
 /// Renews a lease. [`Client`] implements it; tests use scripted renewers.
 pub trait Renewer: Send + 'static {
+    /// Renews `resource` held by `id`.
     fn renew(
         &mut self,
         resource: &str,
@@ -52,6 +53,7 @@ impl Renewer for Client {
     }
 }
 
+/// How a keeper renews and how much margin it keeps.
 #[derive(Clone, Debug, Default)]
 pub struct KeeperConfig {
     /// Time between renewals; default TTL/3.
@@ -82,6 +84,7 @@ pub struct Backoff {
 }
 
 impl Backoff {
+    /// Backoff seeded from the process's hash randomness.
     pub fn new(base: Duration, max: Duration) -> Self {
         let seed = std::collections::hash_map::RandomState::new()
             .build_hasher()
@@ -105,6 +108,7 @@ impl Backoff {
         self.base.saturating_mul(factor).min(self.max)
     }
 
+    /// The next delay: uniform in `[0, ceiling]`, then the ceiling doubles.
     pub fn next_delay(&mut self) -> Duration {
         let ceiling = self.ceiling();
         self.attempt = self.attempt.saturating_add(1);
@@ -112,6 +116,7 @@ impl Backoff {
         Duration::from_nanos(self.rng.below(nanos.saturating_add(1)))
     }
 
+    /// Back to the first delay (after a success).
     pub fn reset(&mut self) {
         self.attempt = 0;
     }
@@ -151,6 +156,7 @@ pub struct Guard {
 }
 
 impl Guard {
+    /// The lease being kept.
     pub fn lease(&self) -> &Lease {
         &self.lease
     }
@@ -165,6 +171,7 @@ impl Guard {
         self.shared.safe_until()
     }
 
+    /// Held, uncertain or lost, answered from the deadline and the clock.
     pub fn ownership(&self) -> Ownership {
         self.shared.ownership()
     }
@@ -212,26 +219,32 @@ impl Keeper {
         }
     }
 
+    /// A cheap handle the work carries to ask about ownership.
     pub fn guard(&self) -> Guard {
         self.guard.clone()
     }
 
+    /// The lease being kept.
     pub fn lease(&self) -> &Lease {
         &self.guard.lease
     }
 
+    /// Held, uncertain or lost, answered from the deadline and the clock.
     pub fn ownership(&self) -> Ownership {
         self.guard.ownership()
     }
 
+    /// Whether an effect may start now: only before the safe-until deadline.
     pub fn may_start_effect(&self) -> bool {
         self.guard.may_start_effect()
     }
 
+    /// The instant after which the server may have expired the lease.
     pub fn safe_until(&self) -> Instant {
         self.guard.safe_until()
     }
 
+    /// Fires when ownership is lost or at the deadline, whichever is first.
     pub fn cancellation(&self) -> CancellationToken {
         self.guard.cancellation()
     }
@@ -332,7 +345,10 @@ pub enum Guarded<T> {
     /// The work finished while the lease was held (or at least not known lost).
     Completed(T),
     /// The lease was lost; the work was stopped (its future dropped).
-    Lost { token: FencingToken },
+    Lost {
+        /// The token of the lease that was lost.
+        token: FencingToken,
+    },
     /// The resource could not be acquired.
     NotAcquired,
 }

@@ -25,8 +25,10 @@ pub fn parse_hex16(hex: &str) -> Option<[u8; 16]> {
 pub struct AcquisitionId([u8; 16]);
 
 impl AcquisitionId {
+    /// Length of an acquisition id in bytes.
     pub const LEN_BYTES: usize = 16;
 
+    /// An id from its 16 bytes (the shell draws them at random).
     pub fn from_bytes(bytes: [u8; 16]) -> Self {
         Self(bytes)
     }
@@ -36,14 +38,17 @@ impl AcquisitionId {
         <[u8; 16]>::try_from(bytes).ok().map(Self)
     }
 
+    /// The 16 bytes, for the wire.
     pub fn as_bytes(&self) -> &[u8; 16] {
         &self.0
     }
 
+    /// The id as 32 lowercase hex digits (what the CLI prints).
     pub fn to_hex(&self) -> String {
         hex(&self.0)
     }
 
+    /// Parses 32 hex digits; `None` for anything else.
     pub fn from_hex(hex: &str) -> Option<Self> {
         parse_hex16(hex).map(Self)
     }
@@ -73,6 +78,7 @@ impl AcquisitionId {
 pub struct AcquisitionDigest([u8; 16]);
 
 impl AcquisitionDigest {
+    /// Length of a digest in bytes.
     pub const LEN_BYTES: usize = 16;
 
     /// A digest read back from storage.
@@ -80,6 +86,7 @@ impl AcquisitionDigest {
         Self(bytes)
     }
 
+    /// The 16 bytes, for storage.
     pub fn as_bytes(&self) -> &[u8; 16] {
         &self.0
     }

@@ -17,6 +17,7 @@
 //! assert!(effects.sync);
 //! assert_eq!(grants[0].token.get(), (1 << 40) | 1);
 //! ```
+#![warn(missing_docs)]
 
 mod ids;
 mod name;

@@ -14,8 +14,10 @@ const RAW_LEN_BYTES_MAX: usize = 4 * RESOURCE_NAME_LEN_BYTES_MAX;
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ResourceName(Arc<str>);
 
+/// Why a resource name was refused; each message names the rule and the value.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
+#[allow(missing_docs)] // variants carry their message; fields are named for the value and the rule
 pub enum NameError {
     #[error("resource name is empty")]
     Empty,
@@ -80,6 +82,7 @@ impl ResourceName {
         Ok(Self(canonical.into()))
     }
 
+    /// The canonical (NFC) text.
     pub fn as_str(&self) -> &str {
         &self.0
     }

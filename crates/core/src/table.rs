@@ -102,6 +102,7 @@ impl LeaseTable {
         self.n_leases
     }
 
+    /// Waiting acquire requests (O(1)).
     pub fn n_waiters(&self) -> usize {
         self.waiters.len()
     }
@@ -158,6 +159,7 @@ impl LeaseTable {
         self.pump(now, &resource);
     }
 
+    /// Acquires every claimed resource, or none: granted now, refused (try-once), or queued until `wait_ms` runs out. A grant sets `sync` in the effects.
     pub fn acquire(
         &mut self,
         now: MonoMs,
@@ -405,6 +407,7 @@ impl LeaseTable {
             .filter(|l| l.acquisition_digest.matches(id))
     }
 
+    /// Extends a lease by its TTL from `now` if `id` still holds it; "not owner" otherwise (nothing is extended or recreated).
     pub fn renew(
         &mut self,
         now: MonoMs,
@@ -436,6 +439,7 @@ impl LeaseTable {
         RenewOutcome::Renewed { token, ttl_ms }
     }
 
+    /// Gives a lease back if `id` holds it; hands the resource to the next waiter. An old or wrong id changes nothing.
     pub fn release(
         &mut self,
         now: MonoMs,

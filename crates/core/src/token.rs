@@ -13,8 +13,10 @@ pub const EPOCH_MAX: u32 = (1 << (63 - COUNTER_BITS)) - 1;
 pub struct Epoch(u32);
 
 impl Epoch {
+    /// The epoch of a new data directory.
     pub const FIRST: Epoch = Epoch(1);
 
+    /// An epoch from 1 to `EPOCH_MAX`.
     pub fn new(value: u32) -> Result<Self, TokenError> {
         if value == 0 || value > EPOCH_MAX {
             return Err(TokenError::EpochOutOfRange {
@@ -24,10 +26,12 @@ impl Epoch {
         Ok(Self(value))
     }
 
+    /// The epoch as a number.
     pub fn get(self) -> u32 {
         self.0
     }
 
+    /// The epoch after this one (a restore, or a counter that ran out).
     pub fn next(self) -> Result<Self, TokenError> {
         Self::new(self.0 + 1)
     }
@@ -42,6 +46,7 @@ impl Epoch {
 pub struct FencingToken(u64);
 
 impl FencingToken {
+    /// The token `epoch << 40 | counter`.
     pub fn new(epoch: Epoch, counter: u64) -> Result<Self, TokenError> {
         if counter > COUNTER_MAX {
             return Err(TokenError::CounterOutOfRange { counter });
@@ -59,6 +64,7 @@ impl FencingToken {
         Ok(token)
     }
 
+    /// The token as an integer: compare tokens as plain integers.
     pub fn get(self) -> u64 {
         self.0
     }
@@ -67,10 +73,12 @@ impl FencingToken {
         (self.0 >> COUNTER_BITS) as u32
     }
 
+    /// The epoch part.
     pub fn epoch(self) -> Epoch {
         Epoch(self.epoch_value())
     }
 
+    /// The counter part.
     pub fn counter(self) -> u64 {
         self.0 & COUNTER_MAX
     }
@@ -82,8 +90,10 @@ impl fmt::Display for FencingToken {
     }
 }
 
+/// A token or epoch out of range, or a clock a restore refuses.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
+#[allow(missing_docs)] // variants carry their message; fields are named for the value and the rule
 pub enum TokenError {
     #[error("epoch {epoch} is out of range: epochs run from 1 to {EPOCH_MAX}")]
     EpochOutOfRange { epoch: u64 },

@@ -4,6 +4,7 @@ use crate::{InputError, PolicyMismatch};
 /// are [`crate::Outcome`]s, never errors.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
+#[allow(missing_docs)] // variants carry their message; fields are named for the value and the rule
 pub enum FenceError {
     #[error(transparent)]
     Input(#[from] InputError),

@@ -19,6 +19,7 @@
 //! assert_eq!(outcome.label(), "stale");
 //! ```
 //!
+#![warn(missing_docs)]
 #![doc = include_str!("../../../docs/fence-kit.md")]
 
 mod error;

@@ -26,6 +26,7 @@ const MANIFEST_HEADER: &str = "baton-manifest 1";
 
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
+#[allow(missing_docs)] // variants carry their message; fields are named for the value and the rule
 pub enum ObjectError {
     #[error("object path {path:?} is not allowed: {rule}")]
     InvalidPath { path: String, rule: &'static str },
@@ -45,6 +46,7 @@ pub enum ObjectError {
 /// Why a candidate may not be reused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
+#[allow(missing_docs)] // variants carry their message; fields are named for the value and the rule
 pub enum Rejection {
     #[error("no manifest for {key}")]
     NoManifest { key: String },
@@ -81,35 +83,52 @@ pub enum Rejection {
 /// What produced an object: written beside it, checked before reuse.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Manifest {
+    /// SHA-256 of the object, hex.
     pub sha256_hex: String,
+    /// The object's size.
     pub size_bytes: u64,
+    /// The input version the object was made from.
     pub input_snapshot: String,
+    /// The program version that made it.
     pub generator_version: String,
+    /// The operation that made it.
     pub operation: String,
+    /// The fenced resource it is a candidate for.
     pub resource: String,
+    /// The token of the owner that made it.
     pub token: i64,
 }
 
 /// The caller's description of a new candidate.
 #[derive(Clone, Debug)]
 pub struct Provenance<'a> {
+    /// The input version the object is made from.
     pub input_snapshot: &'a str,
+    /// The program version making it.
     pub generator_version: &'a str,
+    /// The operation making it.
     pub operation: &'a str,
+    /// The fenced resource it is a candidate for.
     pub resource: &'a str,
 }
 
+/// An uploaded candidate: its key and manifest.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Candidate {
     /// The object's key, to publish.
     pub key: String,
+    /// What it was made from.
     pub manifest: Manifest,
 }
 
+/// What a garbage collection did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct GcReport {
+    /// Objects deleted.
     pub deleted: Vec<String>,
+    /// Objects kept because a pointer names them.
     pub kept_published: usize,
+    /// Objects kept because they are younger than the retention.
     pub kept_young: usize,
 }
 
@@ -336,6 +355,7 @@ impl ObjectKit {
             .map_err(|e| crate::FenceError::Corrupt(e.to_string()))
     }
 
+    /// The object's bytes.
     pub async fn read(&self, key: &str) -> Result<Vec<u8>, ObjectError> {
         relative_path(key)?;
         Ok(self

@@ -78,6 +78,7 @@ pub struct Prepared {
     publish: Statement,
 }
 
+/// The fence kit on PostgreSQL: the rule runs in the database (`baton.fence`).
 pub struct PgFence;
 
 impl PgFence {
@@ -132,6 +133,7 @@ impl PgFence {
         row.try_get::<_, Option<i64>>(0)?.map(token).transpose()
     }
 
+    /// Prepares the hot statements once per connection.
     pub async fn prepare(client: &impl GenericClient) -> Result<Prepared, FenceError> {
         Ok(Prepared {
             fence: client.prepare(FENCE_SQL).await?,
@@ -231,6 +233,7 @@ impl PgFence {
         Self::fence_prepared(client, &prepared.fence, req).await
     }
 
+    /// The publication pointer of `resource`, if it has one.
     pub async fn publication(
         client: &impl GenericClient,
         resource: &ResourceKey,
@@ -252,6 +255,7 @@ impl PgFence {
         .transpose()
     }
 
+    /// What `resource` has recorded, if it has a row.
     pub async fn state(
         client: &impl GenericClient,
         resource: &ResourceKey,
@@ -309,6 +313,7 @@ impl PgFence {
         token(row.try_get(0)?)
     }
 
+    /// Opens a new incarnation of a deleted resource at `token` (above its floor).
     pub async fn recreate(
         client: &impl GenericClient,
         resource: &ResourceKey,

@@ -10,6 +10,7 @@ use crate::{FenceRequest, Fingerprint, Outcome, Policy, Sequence, Token};
 /// What a resource has recorded.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ResourceState {
+    /// The policy the resource was created with.
     pub policy: Policy,
     /// The highest accepted token (or cancel or recreate point): the floor.
     pub generation: Token,
@@ -19,37 +20,50 @@ pub struct ResourceState {
     pub last_operation: Option<String>,
     /// Writes with a token at or below this are cancelled.
     pub cancelled_at: Option<Token>,
+    /// A tombstone: the resource was deleted.
     pub deleted: bool,
+    /// Counts recreations after deletion.
     pub incarnation: i64,
 }
 
 /// A saved operation: what a replay returns.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct OperationRecord {
+    /// The token the operation was applied with.
     pub token: Token,
+    /// The request's fingerprint: the same id with another is a conflict.
     pub fingerprint: Fingerprint,
+    /// The saved result, returned on replay.
     pub result: Vec<u8>,
 }
 
+/// What `decide` concluded.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Decision {
     /// Record `next`, save the operation, and let the caller's effect happen.
     Apply {
+        /// The outcome to report (`applied`).
         outcome: Outcome,
+        /// The resource's state after the write.
         next: ResourceState,
     },
     /// Change nothing.
     Refuse(Outcome),
 }
 
+/// A request whose policy differs from the resource's: a programming error, not an outcome.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("resource {resource} uses the {recorded:?} policy; the request asked for {requested:?}")]
 pub struct PolicyMismatch {
+    /// The resource.
     pub resource: String,
+    /// The policy the resource was created with.
     pub recorded: Policy,
+    /// The policy the request asked for.
     pub requested: Policy,
 }
 
+/// The fencing rule: judges `req` against what the resource recorded and the operation record with its id, if any. `Refuse` is a normal outcome; `Err` only for a policy mismatch.
 pub fn decide(
     state: Option<&ResourceState>,
     existing: Option<&OperationRecord>,
@@ -193,6 +207,7 @@ pub fn cancel(state: Option<&ResourceState>, policy: Policy, at: Token) -> Resou
 
 /// Outcome of an explicit new incarnation.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[allow(missing_docs)] // variants are documented in the README's outcome table; fields name the tokens compared
 pub enum Recreate {
     /// A new incarnation whose floor is the presented token.
     Recreated { incarnation: i64, token: Token },
@@ -202,6 +217,7 @@ pub enum Recreate {
     Stale { presented: Token, floor: Token },
 }
 
+/// Recreates a deleted resource at `token`, which must be above its floor.
 pub fn recreate(state: &ResourceState, token: Token) -> (Recreate, Option<ResourceState>) {
     if !state.deleted {
         return (Recreate::NotDeleted, None);

@@ -38,6 +38,7 @@ CREATE TABLE IF NOT EXISTS baton_operations (
 );
 ";
 
+/// The fence kit on SQLite: the rule runs in Rust inside `BEGIN IMMEDIATE`.
 pub struct SqliteFence;
 
 impl SqliteFence {
@@ -61,6 +62,7 @@ impl SqliteFence {
         highest.filter(|t| *t > 0).map(token).transpose()
     }
 
+    /// What `resource` has recorded, if it has a row.
     pub fn state(
         conn: &Connection,
         resource: &ResourceKey,
@@ -218,6 +220,7 @@ impl SqliteFence {
         })
     }
 
+    /// The publication pointer of `resource`, if it has one.
     pub fn publication(
         conn: &Connection,
         resource: &ResourceKey,

@@ -14,6 +14,7 @@ pub const RESULT_LEN_BYTES_MAX: usize = 4_096;
 /// Refusals of malformed input. Nothing is written when one is returned.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
+#[allow(missing_docs)] // variants carry their message; fields are named for the value and the rule
 pub enum InputError {
     #[error("{field} is empty")]
     Empty { field: &'static str },
@@ -72,6 +73,7 @@ impl ResourceKey {
         Ok(Self(raw.to_string()))
     }
 
+    /// The canonical name.
     pub fn as_str(&self) -> &str {
         &self.0
     }
@@ -88,10 +90,12 @@ impl fmt::Display for ResourceKey {
 pub struct OperationId(String);
 
 impl OperationId {
+    /// An operation id: 1 to 128 bytes, no control characters.
     pub fn new(raw: &str) -> Result<Self, InputError> {
         text("operation id", raw, OPERATION_LEN_BYTES_MAX).map(Self)
     }
 
+    /// The id.
     pub fn as_str(&self) -> &str {
         &self.0
     }
@@ -109,6 +113,7 @@ impl fmt::Display for OperationId {
 pub struct Fingerprint(Vec<u8>);
 
 impl Fingerprint {
+    /// A fingerprint: 1 to 64 bytes.
     pub fn new(bytes: &[u8]) -> Result<Self, InputError> {
         if bytes.is_empty() {
             return Err(InputError::Empty {
@@ -125,6 +130,7 @@ impl Fingerprint {
         Ok(Self(bytes.to_vec()))
     }
 
+    /// The bytes.
     pub fn as_bytes(&self) -> &[u8] {
         &self.0
     }
@@ -136,6 +142,7 @@ impl Fingerprint {
 pub struct Token(i64);
 
 impl Token {
+    /// A token: 1 to 2^63-1 (a BIGINT), from Baton or any other issuer.
     pub fn new(token: u64) -> Result<Self, InputError> {
         match i64::try_from(token) {
             Ok(t) if t >= 1 => Ok(Self(t)),
@@ -143,6 +150,7 @@ impl Token {
         }
     }
 
+    /// The token as stored (BIGINT).
     pub fn get(self) -> i64 {
         self.0
     }
@@ -162,12 +170,14 @@ impl fmt::Display for Token {
 pub struct Sequence(i64);
 
 impl Sequence {
+    /// A sequence number: 0 to 2^63-1.
     pub fn new(seq: u64) -> Result<Self, InputError> {
         i64::try_from(seq)
             .map(Self)
             .map_err(|_| InputError::SequenceOutOfRange { seq })
     }
 
+    /// The sequence as stored.
     pub fn get(self) -> i64 {
         self.0
     }
@@ -192,6 +202,7 @@ pub enum Policy {
 }
 
 impl Policy {
+    /// The number stored in the `policy` column.
     pub fn code(self) -> i16 {
         match self {
             Policy::OnePerGeneration => 1,
@@ -200,6 +211,7 @@ impl Policy {
         }
     }
 
+    /// The policy a stored number names.
     pub fn from_code(code: i16) -> Option<Self> {
         match code {
             1 => Some(Policy::OnePerGeneration),
@@ -213,12 +225,17 @@ impl Policy {
 /// One fenced write, presented with its token.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FenceRequest {
+    /// The fenced resource (canonical name).
     pub resource: ResourceKey,
+    /// The writer's fencing token.
     pub token: Token,
+    /// The logical operation; a retry reuses it.
     pub operation: OperationId,
+    /// A digest of the payload.
     pub fingerprint: Fingerprint,
     /// Used by [`Policy::Ordered`]; ignored otherwise.
     pub seq: Sequence,
+    /// Which writes per generation the resource accepts.
     pub policy: Policy,
     /// When true, a resource with no row yet is [`Outcome::Missing`] instead of created.
     pub must_exist: bool,
@@ -254,16 +271,19 @@ impl FenceRequest {
         })
     }
 
+    /// The same request under another policy.
     pub fn with_policy(mut self, policy: Policy) -> Self {
         self.policy = policy;
         self
     }
 
+    /// The same request with a sequence number (ordered policy).
     pub fn with_seq(mut self, seq: u64) -> Result<Self, InputError> {
         self.seq = Sequence::new(seq)?;
         Ok(self)
     }
 
+    /// The same request, refused as `missing` if the resource has no row.
     pub fn must_exist(mut self) -> Self {
         self.must_exist = true;
         self
@@ -273,6 +293,7 @@ impl FenceRequest {
 /// The answer to a fenced write. Refusals are outcomes, not errors: an
 /// `Err` means the write could not be judged at all.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[allow(missing_docs)] // variants are documented in the README's outcome table; fields name the tokens compared
 pub enum Outcome {
     /// The token passed; the caller's effect belongs to this transaction.
     Applied { token: Token, created: bool },
@@ -306,6 +327,7 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    /// Whether the write was applied now (not a replay or a refusal).
     pub fn is_applied(&self) -> bool {
         matches!(self, Outcome::Applied { .. })
     }
@@ -329,7 +351,10 @@ impl Outcome {
 /// The published pointer of a resource: which immutable object is authoritative.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Publication {
+    /// The authoritative object.
     pub object_key: String,
+    /// The token that published it.
     pub token: Token,
+    /// The operation that published it.
     pub operation: String,
 }

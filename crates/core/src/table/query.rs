@@ -8,6 +8,7 @@ use super::{LeaseRecord, LeaseStatus, LeaseTable, MonoMs};
 use crate::ResourceName;
 
 impl LeaseTable {
+    /// Holder token, remaining TTL and waiters of one resource (never the acquisition id).
     pub fn status(&mut self, now: MonoMs, resource: &ResourceName) -> LeaseStatus {
         self.tick(now);
         self.status_of(now, resource, self.resources.get(resource))

@@ -3,6 +3,7 @@
 
 use crate::{AcquisitionDigest, AcquisitionId, Epoch, FencingToken, ResourceName, WaiterId};
 
+/// Milliseconds on the server's monotonic clock, from an origin the shell picks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub struct MonoMs(pub u64);
 
@@ -15,11 +16,17 @@ impl MonoMs {
 /// Bounds on everything a request can ask for or make the table hold.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Limits {
+    /// Shortest TTL accepted.
     pub ttl_ms_min: u64,
+    /// Longest TTL accepted.
     pub ttl_ms_max: u64,
+    /// Longest wait accepted.
     pub wait_ms_max: u64,
+    /// Most resources in one acquire.
     pub n_resources_per_request_max: usize,
+    /// Most waiters queued on one resource.
     pub n_waiters_per_resource_max: usize,
+    /// Most waiters in all.
     pub n_waiters_max: usize,
 }
 
@@ -41,6 +48,7 @@ impl Default for Limits {
 pub struct AcquireRequest {
     /// Each resource with the acquisition id its lease will carry.
     pub claims: Vec<(ResourceName, AcquisitionId)>,
+    /// Lease duration of every claimed resource.
     pub ttl_ms: u64,
     /// 0 means try once. Otherwise the request queues, FIFO, for at most this long.
     pub wait_ms: u64,
@@ -49,6 +57,7 @@ pub struct AcquireRequest {
 }
 
 impl AcquireRequest {
+    /// A request for one resource, try-once.
     pub fn single(resource: ResourceName, acquisition_id: AcquisitionId, ttl_ms: u64) -> Self {
         Self {
             claims: vec![(resource, acquisition_id)],
@@ -59,22 +68,28 @@ impl AcquireRequest {
     }
 }
 
+/// One granted lease, as the holder hears it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Grant {
+    /// The canonical resource name.
     pub resource: ResourceName,
+    /// The holder's secret.
     pub acquisition_id: AcquisitionId,
+    /// Above every token issued before.
     pub token: FencingToken,
+    /// The granted duration.
     pub ttl_ms: u64,
 }
 
+/// What an acquire did.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[allow(missing_docs)] // fields are named for what they hold: the resource, its token, the waiter
 pub enum AcquireOutcome {
     /// Every requested lease is held now, one grant per resource, in request order.
     Granted(Vec<Grant>),
     /// The request waits; its result arrives later as [`WaitResult`] in [`Effects::woken`].
-    Queued {
-        waiter: WaiterId,
-    },
+    Queued { waiter: WaiterId },
+    /// Refused without waiting: the first held resource, or waiters ahead.
     NotAcquired(NotAcquired),
 }
 
@@ -87,14 +102,19 @@ pub struct NotAcquired {
     pub holder_token: Option<FencingToken>,
 }
 
+/// How a waiting acquire ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum WaitResult {
+    /// Every claimed resource, granted together.
     Granted(Vec<Grant>),
+    /// The wait ran out; nothing was granted.
     TimedOut,
 }
 
+/// A request the table refuses to judge: it broke a rule (or a limit).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
+#[allow(missing_docs)] // variants carry their message; fields are named for the value and the rule
 pub enum AcquireError {
     #[error(
         "ttl {ttl_ms}ms is out of range: it must be between {ttl_ms_min}ms and {ttl_ms_max}ms"
@@ -126,7 +146,9 @@ pub enum AcquireError {
     DuplicateWaiter(WaiterId),
 }
 
+/// What a renew did.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[allow(missing_docs)] // fields are named for what they hold: the resource, its token, the waiter
 pub enum RenewOutcome {
     /// Extended by its TTL from `now`; `ttl_ms` is the remaining time.
     Renewed { token: FencingToken, ttl_ms: u64 },
@@ -134,7 +156,9 @@ pub enum RenewOutcome {
     NotOwner,
 }
 
+/// What a release did.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[allow(missing_docs)] // fields are named for what they hold: the resource, its token, the waiter
 pub enum ReleaseOutcome {
     Released {
         token: FencingToken,
@@ -143,6 +167,7 @@ pub enum ReleaseOutcome {
     NotHeld,
 }
 
+/// What an operator fence did.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FenceOutcome {
     /// Issued to the fence itself: above every earlier grant, below every later one.
@@ -151,12 +176,18 @@ pub struct FenceOutcome {
     pub revoked: Option<FencingToken>,
 }
 
+/// A resource as `status` and `list` show it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LeaseStatus {
+    /// The canonical name.
     pub resource: ResourceName,
+    /// The holder's token, if held.
     pub holder_token: Option<FencingToken>,
+    /// Time left on the lease (0 if free).
     pub remaining_ms: u64,
+    /// The lease's TTL (0 if free).
     pub ttl_ms: u64,
+    /// Requests waiting in line.
     pub n_waiters: usize,
 }
 
@@ -165,13 +196,17 @@ pub struct LeaseStatus {
 /// itself is never stored, only its digest.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LeaseRecord {
+    /// SHA-256 of the acquisition id, first 16 bytes.
     pub acquisition_digest: AcquisitionDigest,
+    /// The lease's token.
     pub token: FencingToken,
+    /// The lease's TTL; recovery gives it in full again.
     pub ttl_ms: u64,
 }
 
 /// A change to durable state, applied by the shell in order.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[allow(missing_docs)] // fields are named for what they hold: the resource, its token, the waiter
 pub enum Write {
     PutLease {
         resource: ResourceName,
@@ -189,6 +224,7 @@ pub enum Write {
 
 /// What happened, for metrics and logs.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[allow(missing_docs)] // fields are named for what they hold: the resource, its token, the waiter
 pub enum Event {
     Granted {
         resource: ResourceName,
@@ -231,5 +267,6 @@ pub struct Effects {
     pub sync: bool,
     /// Waiting requests that finished, to be answered.
     pub woken: Vec<(WaiterId, WaitResult)>,
+    /// What happened, for metrics and logs.
     pub events: Vec<Event>,
 }
