@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use baton_client::{Acquired, Client};
 use baton_fence::sqlite::SqliteFence;
-use baton_fence::{FenceRequest, Outcome, ResourceKey};
+use baton_fence::{resource_name, FenceRequest, Outcome};
 use common::{cli, json_u64, TempDir};
 
 async fn grant_tokens(url: &str, prefix: &str, n: usize) -> Vec<u64> {
@@ -190,7 +190,7 @@ async fn after_a_restore_from_an_old_backup_every_pre_restore_token_is_refused_a
             "pre-restore token {old}: {late:?}"
         );
     }
-    let pointer = SqliteFence::publication(&conn, &ResourceKey::new("doc").unwrap())
+    let pointer = SqliteFence::publication(&conn, &resource_name("doc").unwrap())
         .unwrap()
         .unwrap();
     assert_eq!(

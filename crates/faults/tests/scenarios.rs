@@ -110,7 +110,7 @@ async fn a_lost_publication_response_is_retried_to_the_saved_result_then_a_chang
     assert_eq!(
         retry,
         Outcome::Replayed {
-            token: baton_fence::Token::new(108).unwrap(),
+            token: baton_fence::FencingToken::new(108).unwrap(),
             result: key.as_bytes().to_vec()
         }
     );
@@ -203,12 +203,12 @@ async fn a_request_delayed_across_deletion_and_recreation_is_refused() {
     ));
     baton.release(resource, &bob.acquisition_id).await.unwrap();
     let carol = owner(&mut baton).await;
-    let key = baton_fence::ResourceKey::new(resource).unwrap();
+    let key = baton_fence::resource_name(resource).unwrap();
     assert!(matches!(
         PgFence::recreate(
             &setup,
             &key,
-            baton_fence::Token::new(carol.token.get()).unwrap()
+            baton_fence::FencingToken::new(carol.token.get()).unwrap()
         )
         .await
         .unwrap(),

@@ -39,7 +39,7 @@ pub use rule::{
     cancel, decide, recreate, Decision, OperationRecord, PolicyMismatch, Recreate, ResourceState,
 };
 pub use types::{
-    FenceRequest, Fingerprint, InputError, OperationId, Outcome, Policy, Publication, ResourceKey,
-    Sequence, Token, FINGERPRINT_LEN_BYTES_MAX, OPERATION_LEN_BYTES_MAX, RESOURCE_LEN_BYTES_MAX,
-    RESULT_LEN_BYTES_MAX,
+    resource_name, FenceRequest, FencingToken, Fingerprint, InputError, OperationId, Outcome,
+    Policy, Publication, ResourceName, Sequence, FINGERPRINT_LEN_BYTES_MAX,
+    OPERATION_LEN_BYTES_MAX, RESOURCE_LEN_BYTES_MAX, RESULT_LEN_BYTES_MAX,
 };

@@ -16,7 +16,7 @@ use object_store::local::LocalFileSystem;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
 
-use crate::Token;
+use crate::FencingToken;
 
 /// Longest object key below the prefix, in bytes.
 pub const OBJECT_PATH_LEN_BYTES_MAX: usize = 1_024;
@@ -181,7 +181,7 @@ impl ObjectKit {
     }
 
     /// The key a generation's object gets: `{resource_path}/generation-{token}.{ext}`.
-    pub fn key(resource_path: &str, token: Token, ext: &str) -> Result<String, ObjectError> {
+    pub fn key(resource_path: &str, token: FencingToken, ext: &str) -> Result<String, ObjectError> {
         relative_path(resource_path)?;
         if ext.is_empty() || ext.len() > 16 || !ext.bytes().all(|b| b.is_ascii_alphanumeric()) {
             return Err(ObjectError::InvalidPath {
@@ -216,7 +216,7 @@ impl ObjectKit {
     pub async fn put_candidate(
         &self,
         resource_path: &str,
-        token: Token,
+        token: FencingToken,
         ext: &str,
         bytes: Vec<u8>,
         provenance: &Provenance<'_>,

@@ -7,7 +7,8 @@ use tokio_postgres::{Client, GenericClient, Row, Statement, Transaction};
 use crate::error::{check_prune_age, stored_token as token};
 use crate::rule::{Recreate, ResourceState};
 use crate::{
-    metrics, FenceError, FenceRequest, Outcome, Policy, Publication, ResourceKey, Sequence, Token,
+    metrics, FenceError, FenceRequest, FencingToken, Outcome, Policy, Publication, ResourceName,
+    Sequence,
 };
 
 /// The migrations that install and upgrade the `baton` schema, tables and
@@ -30,7 +31,7 @@ fn seq(v: i64) -> Result<Sequence, FenceError> {
 fn outcome(req: &FenceRequest, row: &Row) -> Result<Outcome, FenceError> {
     let label: String = row.try_get(0)?;
     let t = token(row.try_get(1)?)?;
-    let current = || -> Result<Token, FenceError> { token(row.try_get::<_, i64>(2)?) };
+    let current = || -> Result<FencingToken, FenceError> { token(row.try_get::<_, i64>(2)?) };
     let out = match label.as_str() {
         "applied" => Outcome::Applied {
             token: t,
@@ -120,7 +121,9 @@ impl PgFence {
     /// (generations, tombstone floors, cancellations, operation records), or
     /// `None` if it recorded none. A lease-service restore starts its new
     /// epoch above it (`baton admin restore --floor-from`).
-    pub async fn highest_token(client: &impl GenericClient) -> Result<Option<Token>, FenceError> {
+    pub async fn highest_token(
+        client: &impl GenericClient,
+    ) -> Result<Option<FencingToken>, FenceError> {
         let row = client
             .query_one(
                 "SELECT greatest(
@@ -236,7 +239,7 @@ impl PgFence {
     /// The publication pointer of `resource`, if it has one.
     pub async fn publication(
         client: &impl GenericClient,
-        resource: &ResourceKey,
+        resource: &ResourceName,
     ) -> Result<Option<Publication>, FenceError> {
         let row = client
             .query_opt(
@@ -258,7 +261,7 @@ impl PgFence {
     /// What `resource` has recorded, if it has a row.
     pub async fn state(
         client: &impl GenericClient,
-        resource: &ResourceKey,
+        resource: &ResourceName,
     ) -> Result<Option<ResourceState>, FenceError> {
         let row = client
             .query_opt(
@@ -299,10 +302,10 @@ impl PgFence {
     /// Durable cancellation: every token at or below `at` is refused from now on.
     pub async fn cancel(
         client: &impl GenericClient,
-        resource: &ResourceKey,
+        resource: &ResourceName,
         policy: Policy,
-        at: Token,
-    ) -> Result<Token, FenceError> {
+        at: FencingToken,
+    ) -> Result<FencingToken, FenceError> {
         let row = client
             .query_one(
                 "SELECT baton.cancel($1, $2, $3)",
@@ -316,8 +319,8 @@ impl PgFence {
     /// Opens a new incarnation of a deleted resource at `token` (above its floor).
     pub async fn recreate(
         client: &impl GenericClient,
-        resource: &ResourceKey,
-        token_: Token,
+        resource: &ResourceName,
+        token_: FencingToken,
     ) -> Result<Recreate, FenceError> {
         let label: String = client
             .query_one(

@@ -5,7 +5,7 @@
 //! PostgreSQL backend runs the same rule as the SQL function `baton.fence`
 //! (`sql/001_baton_fence.sql`). One test suite runs against both.
 
-use crate::{FenceRequest, Fingerprint, Outcome, Policy, Sequence, Token};
+use crate::{FenceRequest, FencingToken, Fingerprint, Outcome, Policy, Sequence};
 
 /// What a resource has recorded.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -13,13 +13,13 @@ pub struct ResourceState {
     /// The policy the resource was created with.
     pub policy: Policy,
     /// The highest accepted token (or cancel or recreate point): the floor.
-    pub generation: Token,
+    pub generation: FencingToken,
     /// The last applied sequence within `generation` (ordered policy).
     pub seq: Sequence,
     /// The operation applied at `generation`, if any.
     pub last_operation: Option<String>,
     /// Writes with a token at or below this are cancelled.
-    pub cancelled_at: Option<Token>,
+    pub cancelled_at: Option<FencingToken>,
     /// A tombstone: the resource was deleted.
     pub deleted: bool,
     /// Counts recreations after deletion.
@@ -30,7 +30,7 @@ pub struct ResourceState {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct OperationRecord {
     /// The token the operation was applied with.
-    pub token: Token,
+    pub token: FencingToken,
     /// The request's fingerprint: the same id with another is a conflict.
     pub fingerprint: Fingerprint,
     /// The saved result, returned on replay.
@@ -128,7 +128,7 @@ fn create(req: &FenceRequest) -> Decision {
 }
 
 /// A tombstone, a cancellation at or above the token, or an older token.
-fn refusal(state: &ResourceState, presented: Token) -> Option<Outcome> {
+fn refusal(state: &ResourceState, presented: FencingToken) -> Option<Outcome> {
     if state.deleted {
         return Some(Outcome::Deleted {
             presented,
@@ -186,7 +186,7 @@ fn same_or_newer_generation(state: &ResourceState, req: &FenceRequest) -> Decisi
 /// Durable cancellation: every token at or below `at` is refused from now on,
 /// and the generation floor rises to `at`. Cancelling a resource that has no
 /// row yet creates it, cancelled. Never lowers anything.
-pub fn cancel(state: Option<&ResourceState>, policy: Policy, at: Token) -> ResourceState {
+pub fn cancel(state: Option<&ResourceState>, policy: Policy, at: FencingToken) -> ResourceState {
     match state {
         Some(s) => ResourceState {
             generation: s.generation.max(at),
@@ -210,15 +210,21 @@ pub fn cancel(state: Option<&ResourceState>, policy: Policy, at: Token) -> Resou
 #[allow(missing_docs)] // variants are documented in the README's outcome table; fields name the tokens compared
 pub enum Recreate {
     /// A new incarnation whose floor is the presented token.
-    Recreated { incarnation: i64, token: Token },
+    Recreated {
+        incarnation: i64,
+        token: FencingToken,
+    },
     /// Only a deleted resource can be recreated.
     NotDeleted,
     /// The new incarnation's token must be above the tombstone's floor.
-    Stale { presented: Token, floor: Token },
+    Stale {
+        presented: FencingToken,
+        floor: FencingToken,
+    },
 }
 
 /// Recreates a deleted resource at `token`, which must be above its floor.
-pub fn recreate(state: &ResourceState, token: Token) -> (Recreate, Option<ResourceState>) {
+pub fn recreate(state: &ResourceState, token: FencingToken) -> (Recreate, Option<ResourceState>) {
     if !state.deleted {
         return (Recreate::NotDeleted, None);
     }
@@ -264,8 +270,8 @@ mod tests {
             .unwrap()
     }
 
-    fn t(n: u64) -> Token {
-        Token::new(n).unwrap()
+    fn t(n: u64) -> FencingToken {
+        FencingToken::new(n).unwrap()
     }
 
     /// Applies a decision to a one-resource store, as a backend would.
@@ -461,8 +467,8 @@ mod tests {
         fn rule_keeps_its_invariants(policy in policy(), steps in proptest::collection::vec(step(), 1..60)) {
             let mut s = Store::default();
             let mut floor = 0i64;
-            let mut applied_ops: HashMap<String, (Token, Vec<u8>, Vec<u8>)> = HashMap::new();
-            let mut last_applied: Option<(Token, Sequence)> = None;
+            let mut applied_ops: HashMap<String, (FencingToken, Vec<u8>, Vec<u8>)> = HashMap::new();
+            let mut last_applied: Option<(FencingToken, Sequence)> = None;
             for st in steps {
                 let before = s.state.as_ref().map(|x| x.generation.get()).unwrap_or(0);
                 match st {

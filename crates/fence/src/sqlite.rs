@@ -9,8 +9,8 @@ use rusqlite::{params, Connection, OptionalExtension, Transaction, TransactionBe
 use crate::error::{check_prune_age, stored_token as token};
 use crate::rule::{self, Decision, OperationRecord, Recreate, ResourceState};
 use crate::{
-    metrics, FenceError, FenceRequest, Fingerprint, Outcome, Policy, Publication, ResourceKey,
-    Sequence, Token,
+    metrics, FenceError, FenceRequest, FencingToken, Fingerprint, Outcome, Policy, Publication,
+    ResourceName, Sequence,
 };
 
 const SCHEMA: &str = "
@@ -50,7 +50,7 @@ impl SqliteFence {
 
     /// The highest token this database has recorded for any resource, or
     /// `None`: see [`crate::postgres::PgFence::highest_token`].
-    pub fn highest_token(conn: &Connection) -> Result<Option<Token>, FenceError> {
+    pub fn highest_token(conn: &Connection) -> Result<Option<FencingToken>, FenceError> {
         let highest: Option<i64> = conn.query_row(
             "SELECT max(
                 (SELECT coalesce(max(max(generation, coalesce(cancelled_at, 0), coalesce(published_token, 0))), 0)
@@ -65,7 +65,7 @@ impl SqliteFence {
     /// What `resource` has recorded, if it has a row.
     pub fn state(
         conn: &Connection,
-        resource: &ResourceKey,
+        resource: &ResourceName,
     ) -> Result<Option<ResourceState>, FenceError> {
         let row = conn
             .query_row(
@@ -104,7 +104,7 @@ impl SqliteFence {
 
     fn put_state(
         tx: &Transaction<'_>,
-        resource: &ResourceKey,
+        resource: &ResourceName,
         s: &ResourceState,
     ) -> Result<(), FenceError> {
         tx.execute(
@@ -119,7 +119,7 @@ impl SqliteFence {
                 s.generation.get(),
                 s.seq.get(),
                 s.last_operation,
-                s.cancelled_at.map(Token::get),
+                s.cancelled_at.map(FencingToken::get),
                 s.deleted,
                 s.incarnation
             ],
@@ -223,7 +223,7 @@ impl SqliteFence {
     /// The publication pointer of `resource`, if it has one.
     pub fn publication(
         conn: &Connection,
-        resource: &ResourceKey,
+        resource: &ResourceName,
     ) -> Result<Option<Publication>, FenceError> {
         let row = conn
             .query_row(
@@ -264,8 +264,8 @@ impl SqliteFence {
     /// Starts a new incarnation of a deleted resource, above its floor.
     pub fn recreate(
         conn: &mut Connection,
-        resource: &ResourceKey,
-        token: Token,
+        resource: &ResourceName,
+        token: FencingToken,
     ) -> Result<Recreate, FenceError> {
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
         let Some(state) = Self::state(&tx, resource)? else {
@@ -282,9 +282,9 @@ impl SqliteFence {
     /// Durable cancellation: refuses every token at or below `at` from now on.
     pub fn cancel(
         conn: &mut Connection,
-        resource: &ResourceKey,
+        resource: &ResourceName,
         policy: Policy,
-        at: Token,
+        at: FencingToken,
     ) -> Result<ResourceState, FenceError> {
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
         let next = rule::cancel(Self::state(&tx, resource)?.as_ref(), policy, at);

@@ -2,6 +2,8 @@
 
 use std::fmt;
 
+pub use baton_core::ResourceName;
+
 /// Longest resource identity, in bytes.
 pub const RESOURCE_LEN_BYTES_MAX: usize = 512;
 /// Longest operation id, in bytes.
@@ -54,35 +56,20 @@ fn text(field: &'static str, raw: &str, len_bytes_max: usize) -> Result<String, 
     Ok(raw.to_string())
 }
 
-/// The identity of a protected resource, for example `statement:account-42:2026-09-13`.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ResourceKey(String);
-
-impl ResourceKey {
-    /// Accepts a name that follows the lease service's rules and is already
-    /// canonical: a spelling that normalizes to another name would otherwise
-    /// be a different row here while it is the same lease there.
-    pub fn new(raw: &str) -> Result<Self, InputError> {
-        let canonical = baton_core::ResourceName::parse(raw)?;
-        if canonical.as_str() != raw {
-            return Err(InputError::NotCanonical {
-                given: raw.to_string(),
-                canonical: canonical.as_str().to_string(),
-            });
-        }
-        Ok(Self(raw.to_string()))
+/// The identity of a protected resource is the lease service's
+/// [`ResourceName`] (same rules), and only in its canonical form: a spelling
+/// that normalizes to another name would be a different row here while it is
+/// the same lease there. Use this for names from outside (configuration,
+/// user input); a name returned by Baton is canonical already.
+pub fn resource_name(raw: &str) -> Result<ResourceName, InputError> {
+    let canonical = ResourceName::parse(raw)?;
+    if canonical.as_str() != raw {
+        return Err(InputError::NotCanonical {
+            given: raw.to_string(),
+            canonical: canonical.as_str().to_string(),
+        });
     }
-
-    /// The canonical name.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Display for ResourceKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
+    Ok(canonical)
 }
 
 /// Names one logical operation; a retry reuses it.
@@ -139,9 +126,9 @@ impl Fingerprint {
 /// A fencing token as the resource sees it: a positive `BIGINT`. Baton's
 /// tokens fit; so do tokens from other sources (etcd revisions, sequences).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Token(i64);
+pub struct FencingToken(i64);
 
-impl Token {
+impl FencingToken {
     /// A token: 1 to 2^63-1 (a BIGINT), from Baton or any other issuer.
     pub fn new(token: u64) -> Result<Self, InputError> {
         match i64::try_from(token) {
@@ -156,10 +143,10 @@ impl Token {
     }
 
     /// The largest token: cancelling "at" it blocks every token.
-    pub const MAX: Token = Token(i64::MAX);
+    pub const MAX: FencingToken = FencingToken(i64::MAX);
 }
 
-impl fmt::Display for Token {
+impl fmt::Display for FencingToken {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}", self.0)
     }
@@ -226,9 +213,9 @@ impl Policy {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FenceRequest {
     /// The fenced resource (canonical name).
-    pub resource: ResourceKey,
+    pub resource: ResourceName,
     /// The writer's fencing token.
-    pub token: Token,
+    pub token: FencingToken,
     /// The logical operation; a retry reuses it.
     pub operation: OperationId,
     /// A digest of the payload.
@@ -260,8 +247,8 @@ impl FenceRequest {
             });
         }
         Ok(Self {
-            resource: ResourceKey::new(resource)?,
-            token: Token::new(token)?,
+            resource: resource_name(resource)?,
+            token: FencingToken::new(token)?,
             operation: OperationId::new(operation)?,
             fingerprint: Fingerprint::new(fingerprint)?,
             seq: Sequence::default(),
@@ -296,31 +283,43 @@ impl FenceRequest {
 #[allow(missing_docs)] // variants are documented in the README's outcome table; fields name the tokens compared
 pub enum Outcome {
     /// The token passed; the caller's effect belongs to this transaction.
-    Applied { token: Token, created: bool },
+    Applied { token: FencingToken, created: bool },
     /// This operation id with this fingerprint was applied before: here is
     /// its saved result. Nothing was applied again.
-    Replayed { token: Token, result: Vec<u8> },
+    Replayed {
+        token: FencingToken,
+        result: Vec<u8>,
+    },
     /// The token is below the resource's recorded generation.
-    Stale { presented: Token, current: Token },
+    Stale {
+        presented: FencingToken,
+        current: FencingToken,
+    },
     /// The operation id was used before with a different fingerprint.
     Conflict {
         operation: OperationId,
-        token: Token,
+        token: FencingToken,
     },
     /// The resource was cancelled at or above this token.
     Cancelled {
-        presented: Token,
-        cancelled_at: Token,
+        presented: FencingToken,
+        cancelled_at: FencingToken,
     },
     /// The resource is deleted (tombstoned); its generation floor remains.
-    Deleted { presented: Token, floor: Token },
+    Deleted {
+        presented: FencingToken,
+        floor: FencingToken,
+    },
     /// No such resource, and the request said it must exist.
     Missing,
     /// [`Policy::OnePerGeneration`]: another operation already used this token.
-    GenerationUsed { token: Token, by_operation: String },
+    GenerationUsed {
+        token: FencingToken,
+        by_operation: String,
+    },
     /// [`Policy::Ordered`]: the sequence is not above the last applied one.
     OutOfOrder {
-        token: Token,
+        token: FencingToken,
         presented_seq: Sequence,
         current_seq: Sequence,
     },
@@ -354,7 +353,7 @@ pub struct Publication {
     /// The authoritative object.
     pub object_key: String,
     /// The token that published it.
-    pub token: Token,
+    pub token: FencingToken,
     /// The operation that published it.
     pub operation: String,
 }

@@ -5,7 +5,7 @@
 
 use baton_fence::postgres::PgFence;
 use baton_fence::sqlite::SqliteFence;
-use baton_fence::{FenceError, FenceRequest, Outcome, ResourceKey};
+use baton_fence::{resource_name, FenceError, FenceRequest, Outcome};
 
 const WRITERS: u64 = 8;
 const WRITES_EACH: u64 = 40;
@@ -90,7 +90,7 @@ async fn postgres_concurrent_writers_cannot_slip_past_the_check() {
         .iter()
         .map(|r| (r.get(0), r.get(1)))
         .collect();
-    let generation = PgFence::state(&setup, &ResourceKey::new("hot").unwrap())
+    let generation = PgFence::state(&setup, &resource_name("hot").unwrap())
         .await
         .unwrap()
         .unwrap()
@@ -194,7 +194,7 @@ fn sqlite_concurrent_writers_cannot_slip_past_the_check() {
         .unwrap()
         .map(Result::unwrap)
         .collect();
-    let generation = SqliteFence::state(&setup, &ResourceKey::new("hot").unwrap())
+    let generation = SqliteFence::state(&setup, &resource_name("hot").unwrap())
         .unwrap()
         .unwrap()
         .generation

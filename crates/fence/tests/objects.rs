@@ -5,7 +5,7 @@ use std::time::{Duration, SystemTime};
 
 use baton_fence::objects::{Candidate, ObjectError, ObjectKit, Provenance, Rejection};
 use baton_fence::sqlite::SqliteFence;
-use baton_fence::{FenceRequest, Outcome, ResourceKey, Token};
+use baton_fence::{resource_name, FenceRequest, FencingToken, Outcome};
 
 struct Dir(std::path::PathBuf);
 
@@ -48,8 +48,8 @@ async fn put(kit: &ObjectKit, token: u64, body: &[u8], snapshot: &str) -> Candid
     .unwrap()
 }
 
-fn t(n: u64) -> Token {
-    Token::new(n).unwrap()
+fn t(n: u64) -> FencingToken {
+    FencingToken::new(n).unwrap()
 }
 
 fn age(path: &std::path::Path, by: Duration) {
@@ -205,7 +205,7 @@ async fn publish_a_validated_candidate_through_the_fenced_pointer() {
             current: t(108)
         }
     );
-    let pointer = SqliteFence::publication(&conn, &ResourceKey::new(resource).unwrap())
+    let pointer = SqliteFence::publication(&conn, &resource_name(resource).unwrap())
         .unwrap()
         .unwrap();
     assert_eq!(pointer.object_key, bob.key);

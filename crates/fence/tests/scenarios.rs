@@ -4,18 +4,19 @@
 use baton_fence::postgres::{PgFence, Prepared};
 use baton_fence::sqlite::SqliteFence;
 use baton_fence::{
-    FenceError, FenceRequest, Outcome, Policy, Recreate, ResourceKey, ResourceState, Token,
+    resource_name, FenceError, FenceRequest, FencingToken, Outcome, Policy, Recreate, ResourceName,
+    ResourceState,
 };
 use baton_testkit::{unique, PgDb};
 use rusqlite::Connection;
 use tokio_postgres::Client;
 
-fn t(n: u64) -> Token {
-    Token::new(n).unwrap()
+fn t(n: u64) -> FencingToken {
+    FencingToken::new(n).unwrap()
 }
 
-fn key(s: &str) -> ResourceKey {
-    ResourceKey::new(s).unwrap()
+fn key(s: &str) -> ResourceName {
+    resource_name(s).unwrap()
 }
 
 /// The statement publication of the seed: resource, token, operation, payload.

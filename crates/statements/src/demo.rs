@@ -8,12 +8,12 @@
 //! resource as stale. The account data changes while Alice sleeps, so Bob
 //! refuses her candidate (wrong input version) and publishes his own. The demo exits 0 only if that is how it ended.
 
+use baton_fence::resource_name;
 use std::path::{Path, PathBuf};
 use std::process::{ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
 use baton_client::Client;
-use baton_fence::ResourceKey;
 use tokio::io::{AsyncBufReadExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdout, Command};
 
@@ -231,7 +231,7 @@ impl Ending {
         alice_lines: &[String],
         bob_lines: &[String],
     ) -> anyhow::Result<Self> {
-        let key = ResourceKey::new(&worker::resource(ACCOUNT, DATE))?;
+        let key = resource_name(&worker::resource(ACCOUNT, DATE))?;
         let pointer = db.publication(&key).await?;
         let stale_outcome = alice_lines
             .iter()

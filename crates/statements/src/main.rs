@@ -13,7 +13,7 @@ use std::process::ExitCode;
 
 use args::{Cli, Command, Paths};
 use baton_fence::objects::ObjectKit;
-use baton_fence::{ResourceKey, Token};
+use baton_fence::{resource_name, FencingToken};
 use clap::Parser;
 
 fn main() -> ExitCode {
@@ -134,8 +134,8 @@ async fn cancel(paths: &Paths, server: &str, account: &str, date: &str) -> anyho
     let resource = worker::resource(account, date);
     let mut client = baton_client::Client::connect(server).await?;
     let fenced = client.fence(&resource).await?;
-    let at = Token::new(fenced.token.get())?;
-    let key = ResourceKey::new(&resource)?;
+    let at = FencingToken::new(fenced.token.get())?;
+    let key = resource_name(&resource)?;
     db.fence_cancel(&key, at).await?;
     Ok(at.get())
 }
@@ -148,7 +148,7 @@ async fn show(paths: &Paths, account: &str, date: &str, json: bool) -> anyhow::R
         .await?
         .ok_or_else(|| anyhow::anyhow!("no job for {account} {date}"))?;
     let input = db.input(account, date).await?;
-    let key = ResourceKey::new(&worker::resource(account, date))?;
+    let key = resource_name(&worker::resource(account, date))?;
     let state = db.fence_state(&key).await?;
     let pointer = db.publication(&key).await?;
     let manifest = match &pointer {
@@ -160,7 +160,7 @@ async fn show(paths: &Paths, account: &str, date: &str, json: bool) -> anyhow::R
     let cancelled_at = state
         .as_ref()
         .and_then(|s| s.cancelled_at)
-        .map_or(0, Token::get);
+        .map_or(0, FencingToken::get);
     let (pkey, ptoken, pop) = pointer.as_ref().map_or(("", 0, ""), |p| {
         (p.object_key.as_str(), p.token.get(), p.operation.as_str())
     });

@@ -15,7 +15,7 @@ use baton_client::worker::{Backoff, Keeper, KeeperConfig};
 use baton_client::{Acquired, Client};
 use baton_faults::history::Step;
 use baton_fence::objects::ObjectKit;
-use baton_fence::Token;
+use baton_fence::FencingToken;
 use serde_json::json;
 use tokio::time::Instant;
 
@@ -151,7 +151,7 @@ fn record(
     cfg: &WorkerConfig,
     resource: &str,
     operation: &str,
-    token: Token,
+    token: FencingToken,
     status: Step,
     outcome: &str,
 ) {
@@ -172,7 +172,7 @@ fn record(
 
 /// Whether a chaos run pauses this attempt: a pure function of the seed,
 /// the worker, the resource and the token.
-fn chaos_pause(cfg: &WorkerConfig, resource: &str, token: Token) -> bool {
+fn chaos_pause(cfg: &WorkerConfig, resource: &str, token: FencingToken) -> bool {
     let d = &cfg.drills;
     if d.pause_chance_pct == 0 {
         return false;
@@ -202,7 +202,7 @@ async fn process(
         sent_at,
         KeeperConfig::default(),
     );
-    let token = Token::new(lease.token.get())?;
+    let token = FencingToken::new(lease.token.get())?;
     emit(
         "acquired",
         json!({"worker": cfg.name, "resource": resource, "token": token.get()}),

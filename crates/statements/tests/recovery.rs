@@ -2,13 +2,13 @@
 //! on loopback: the paused worker, crashes at the two dangerous points, and
 //! cancellation while a worker is generating.
 
+use baton_fence::resource_name;
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 
 use baton_client::Client;
 use baton_fence::objects::ObjectKit;
 use baton_fence::sqlite::SqliteFence;
-use baton_fence::ResourceKey;
 
 const BIN: &str = env!("CARGO_BIN_EXE_statements");
 const ACCOUNT: &str = "account-7";
@@ -107,7 +107,7 @@ impl Env {
 
     fn publication(&self) -> Option<baton_fence::Publication> {
         let conn = rusqlite::Connection::open(self.db()).unwrap();
-        SqliteFence::publication(&conn, &ResourceKey::new(RESOURCE).unwrap()).unwrap()
+        SqliteFence::publication(&conn, &resource_name(RESOURCE).unwrap()).unwrap()
     }
 
     async fn objects_published(&self) -> Vec<String> {

@@ -14,7 +14,7 @@ mod sqlite;
 use std::path::PathBuf;
 
 use baton_fence::objects::{ObjectKit, Rejection};
-use baton_fence::{FenceRequest, Outcome, Publication, ResourceKey, Token};
+use baton_fence::{FenceRequest, FencingToken, Outcome, Publication, ResourceName};
 
 pub type Result<T> = anyhow::Result<T>;
 
@@ -171,9 +171,9 @@ pub trait Store {
         date: &str,
     ) -> Result<Vec<(String, i64, String, String)>>;
 
-    async fn publication(&self, key: &ResourceKey) -> Result<Option<Publication>>;
+    async fn publication(&self, key: &ResourceName) -> Result<Option<Publication>>;
 
-    async fn fence_state(&self, key: &ResourceKey) -> Result<Option<baton_fence::ResourceState>>;
+    async fn fence_state(&self, key: &ResourceName) -> Result<Option<baton_fence::ResourceState>>;
 
     async fn publish(
         &mut self,
@@ -181,5 +181,5 @@ pub trait Store {
         req: &FenceRequest,
     ) -> Result<std::result::Result<Outcome, Rejection>>;
 
-    async fn fence_cancel(&mut self, key: &ResourceKey, at: Token) -> Result<()>;
+    async fn fence_cancel(&mut self, key: &ResourceName, at: FencingToken) -> Result<()>;
 }

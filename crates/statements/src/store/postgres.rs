@@ -3,7 +3,7 @@
 
 use baton_fence::objects::{ObjectKit, Rejection};
 use baton_fence::postgres::{PgFence, Prepared};
-use baton_fence::{FenceRequest, Outcome, Policy, Publication, ResourceKey, Token};
+use baton_fence::{FenceRequest, FencingToken, Outcome, Policy, Publication, ResourceName};
 
 use super::{err, Input, Job, JobState, LoggedPublication, Result, Store};
 
@@ -276,12 +276,12 @@ impl Store for PgDb {
                 .collect())
     }
 
-    async fn publication(&self, key: &ResourceKey) -> Result<Option<Publication>> {
+    async fn publication(&self, key: &ResourceName) -> Result<Option<Publication>> {
         let client = &self.client;
         PgFence::publication(client, key).await.map_err(err)
     }
 
-    async fn fence_state(&self, key: &ResourceKey) -> Result<Option<baton_fence::ResourceState>> {
+    async fn fence_state(&self, key: &ResourceName) -> Result<Option<baton_fence::ResourceState>> {
         let client = &self.client;
         PgFence::state(client, key).await.map_err(err)
     }
@@ -297,7 +297,7 @@ impl Store for PgDb {
             .map_err(err)
     }
 
-    async fn fence_cancel(&mut self, key: &ResourceKey, at: Token) -> Result<()> {
+    async fn fence_cancel(&mut self, key: &ResourceName, at: FencingToken) -> Result<()> {
         let client = &mut self.client;
         {
             PgFence::cancel(client, key, Policy::OnePerGeneration, at)

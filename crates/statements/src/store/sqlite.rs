@@ -4,7 +4,7 @@ use std::path::Path;
 
 use baton_fence::objects::{ObjectKit, Rejection};
 use baton_fence::sqlite::SqliteFence;
-use baton_fence::{FenceRequest, Outcome, Policy, Publication, ResourceKey, Token};
+use baton_fence::{FenceRequest, FencingToken, Outcome, Policy, Publication, ResourceName};
 use rusqlite::{params, Connection, OptionalExtension};
 
 use super::{err, Input, Job, JobState, LoggedPublication, Result, Store};
@@ -274,12 +274,12 @@ impl Store for SqliteDb {
         }
     }
 
-    async fn publication(&self, key: &ResourceKey) -> Result<Option<Publication>> {
+    async fn publication(&self, key: &ResourceName) -> Result<Option<Publication>> {
         let c = &self.0;
         SqliteFence::publication(c, key).map_err(err)
     }
 
-    async fn fence_state(&self, key: &ResourceKey) -> Result<Option<baton_fence::ResourceState>> {
+    async fn fence_state(&self, key: &ResourceName) -> Result<Option<baton_fence::ResourceState>> {
         let c = &self.0;
         SqliteFence::state(c, key).map_err(err)
     }
@@ -293,7 +293,7 @@ impl Store for SqliteDb {
         kit.publish_sqlite(c, req).await.map_err(err)
     }
 
-    async fn fence_cancel(&mut self, key: &ResourceKey, at: Token) -> Result<()> {
+    async fn fence_cancel(&mut self, key: &ResourceName, at: FencingToken) -> Result<()> {
         let c = &mut self.0;
         SqliteFence::cancel(c, key, Policy::OnePerGeneration, at)
             .map(|_| ())

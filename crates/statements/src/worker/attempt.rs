@@ -3,7 +3,7 @@
 use baton_client::worker::Guard;
 use baton_faults::history::Step;
 use baton_fence::objects::{Manifest, ObjectKit, Provenance};
-use baton_fence::{FenceRequest, Outcome, ResourceKey, Token};
+use baton_fence::{resource_name, FenceRequest, FencingToken, Outcome};
 use serde_json::json;
 
 use super::{
@@ -20,7 +20,7 @@ pub(super) struct Attempt<'a> {
     pub(super) account: &'a str,
     pub(super) date: &'a str,
     pub(super) resource: String,
-    pub(super) token: Token,
+    pub(super) token: FencingToken,
     pub(super) guard: Guard,
 }
 
@@ -105,7 +105,7 @@ impl Attempt<'_> {
     /// Recovery: the statement may already be published for this input;
     /// then only the bookkeeping is left. True if it was.
     async fn recover_published(&self, db: &mut Db, snap: &str) -> Result<bool> {
-        let key = ResourceKey::new(&self.resource)?;
+        let key = resource_name(&self.resource)?;
         let Some(p) = db.publication(&key).await? else {
             return Ok(false);
         };
