@@ -275,7 +275,7 @@ async fn idle_sockets_up_to_the_limit_do_not_lock_out_a_holder_that_reconnects()
         let (stop, reopened, addr) = (stop.clone(), reopened.clone(), s.grpc);
         std::thread::spawn(move || hold_idle_sockets(addr, limit, stop, reopened))
     };
-    eventually(Duration::from_secs(10), || async {
+    eventually(Duration::from_secs(10), async || {
         metric(&s, "baton_connections") >= limit as u64
     })
     .await;
@@ -300,7 +300,7 @@ async fn idle_sockets_up_to_the_limit_do_not_lock_out_a_holder_that_reconnects()
     renew_over_fresh_connections().await;
     // The handshake deadline closes idle sockets even without newcomers; the
     // attacker opens them again, and the holder still gets in.
-    eventually(Duration::from_secs(10), || async {
+    eventually(Duration::from_secs(10), async || {
         metric(&s, "baton_connections_closed_idle_total") >= limit as u64 / 2
             && reopened.load(Ordering::Relaxed) >= limit as u64 / 2
     })
@@ -382,7 +382,7 @@ async fn readyz_waits_for_recovery_and_the_gauges_are_set_from_it() {
         Some(out)
     };
     let (mut not_ready, mut alive_while_loading) = (0, 0);
-    eventually(Duration::from_secs(30), || {
+    eventually(Duration::from_secs(30), async || {
         let ready = get("/readyz");
         if ready
             .as_deref()
@@ -393,8 +393,7 @@ async fn readyz_waits_for_recovery_and_the_gauges_are_set_from_it() {
                 alive_while_loading += 1;
             }
         }
-        let done = ready.is_some_and(|r| r.starts_with("HTTP/1.1 200"));
-        async move { done }
+        ready.is_some_and(|r| r.starts_with("HTTP/1.1 200"))
     })
     .await;
     let metrics = get("/metrics").unwrap();

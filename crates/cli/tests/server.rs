@@ -63,9 +63,9 @@ async fn waiters_are_served_in_arrival_order_with_higher_tokens() {
         }));
         let mut probe = client(&s).await;
         // Queue them one by one so that arrival order is known.
-        eventually(Duration::from_secs(5), || {
+        eventually(Duration::from_secs(5), async || {
             let mut probe = probe.clone();
-            async move { probe.status("q").await.unwrap().n_waiters == i + 1 }
+            probe.status("q").await.unwrap().n_waiters == i + 1
         })
         .await;
         let _ = &mut probe;
@@ -105,15 +105,15 @@ async fn wait_runs_out_and_a_gone_waiter_leaves_the_queue() {
     let mut leaver = client(&s).await;
     let waiting =
         tokio::spawn(async move { leaver.acquire("w", TTL, Duration::from_secs(60)).await });
-    eventually(Duration::from_secs(5), || {
+    eventually(Duration::from_secs(5), async || {
         let mut a = a.clone();
-        async move { a.status("w").await.unwrap().n_waiters == 1 }
+        a.status("w").await.unwrap().n_waiters == 1
     })
     .await;
     waiting.abort();
-    eventually(Duration::from_secs(5), || {
+    eventually(Duration::from_secs(5), async || {
         let mut a = a.clone();
-        async move { a.status("w").await.unwrap().n_waiters == 0 }
+        a.status("w").await.unwrap().n_waiters == 0
     })
     .await;
 }
@@ -134,9 +134,9 @@ async fn renew_extends_and_fails_after_expiry_without_recreating() {
         other => panic!("{other:?}"),
     }
     // Let the lease run out on the server's clock.
-    eventually(Duration::from_secs(5), || {
+    eventually(Duration::from_secs(5), async || {
         let mut c = c.clone();
-        async move { c.status("r").await.unwrap().holder_token.is_none() }
+        c.status("r").await.unwrap().holder_token.is_none()
     })
     .await;
     assert_eq!(
@@ -364,9 +364,9 @@ async fn waiter_and_connection_limits_answer_resource_exhausted() {
     granted(a.acquire("l", TTL, NO_WAIT).await.unwrap());
     let mut b = client(&s).await;
     let waiting = tokio::spawn(async move { b.acquire("l", TTL, Duration::from_secs(30)).await });
-    eventually(Duration::from_secs(5), || {
+    eventually(Duration::from_secs(5), async || {
         let mut a = a.clone();
-        async move { a.status("l").await.unwrap().n_waiters == 1 }
+        a.status("l").await.unwrap().n_waiters == 1
     })
     .await;
     let mut c = client(&s).await;

@@ -142,24 +142,12 @@ impl Drop for TempDir {
 
 /// Polls `check` until it holds, failing the test after 20 seconds: for
 /// state another process or task changes and nothing announces.
-pub async fn until(mut check: impl AsyncFnMut() -> bool) {
-    let timeout = std::time::Duration::from_secs(20);
-    let deadline = std::time::Instant::now() + timeout;
-    while !check().await {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "condition not reached within {timeout:?}"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
-    }
+pub async fn until(check: impl AsyncFnMut() -> bool) {
+    eventually(std::time::Duration::from_secs(20), check).await
 }
 
 /// Polls `check` until it holds, failing the test after `timeout`.
-pub async fn eventually<F, Fut>(timeout: std::time::Duration, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
+pub async fn eventually(timeout: std::time::Duration, mut check: impl AsyncFnMut() -> bool) {
     let deadline = std::time::Instant::now() + timeout;
     while !check().await {
         assert!(
