@@ -71,9 +71,13 @@ impl Rendered for RestoreOut {
             0 => String::new(),
             t => format!("; resources recorded up to token {t}"),
         };
+        let backup = match self.backup_epoch {
+            0 => "no backup".to_string(),
+            e => format!("backup epoch {e}"),
+        };
         format!(
-            "restored into {}: new epoch {} (backup epoch {}{floor}); every new token is at least {}; {} leases from the backup were dropped",
-            self.data_dir, self.epoch, self.backup_epoch, self.first_token, self.dropped_leases
+            "restored into {}: new epoch {} ({backup}{floor}); every new token is at least {}; {} leases from the backup were dropped",
+            self.data_dir, self.epoch, self.first_token, self.dropped_leases
         )
     }
 }

@@ -119,11 +119,21 @@ pub fn restore(
         .map(Epoch::new)
         .transpose()
         .map_err(|e| usage(format!("--min-epoch: {e}")))?;
-    let replaced = baton_store::RedbStore::peek_epoch(data_dir).map_err(|e| {
-        failure(format!(
-            "{e}; pass --min-epoch or --floor-from to restore without reading it"
-        ))
-    })?;
+    let replaced = match baton_store::RedbStore::peek_epoch(data_dir) {
+        Ok(epoch) => epoch,
+        Err(e @ baton_store::StoreError::InUse { .. }) => return Err(failure(e.to_string())),
+        // Nothing in the directory can be read: the operator's floors must
+        // stand in for it.
+        Err(e) if min_epoch.is_some() || resources_floor.is_some() => {
+            eprintln!("warning: {e}; restoring above --min-epoch / --floor-from instead");
+            None
+        }
+        Err(e) => {
+            return Err(failure(format!(
+                "{e}; pass --floor-from (or --min-epoch) to restore without reading it"
+            )))
+        }
+    };
     let epoch = baton_core::restore_epoch(&RestoreFloors {
         backup: backup.map(|(e, _)| e),
         replaced,

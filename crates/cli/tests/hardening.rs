@@ -491,3 +491,33 @@ async fn restore_starts_above_every_token_the_resources_recorded() {
         "--from or --empty is required: {out:?}"
     );
 }
+
+#[tokio::test]
+async fn an_unreadable_identity_and_store_need_a_floor_and_then_restore() {
+    let dir = TempDir::new("garbage-identity");
+    let mut s = common::serve(dir.path(), &[]);
+    let before = grant(&s.url(), "g").await.token.get();
+    s.kill9();
+    std::fs::write(dir.path().join("baton.identity"), "garbage").unwrap();
+    std::fs::write(dir.path().join("baton.redb"), "junk").unwrap();
+    let data_dir = dir.path().to_str().unwrap();
+    let out = cli(&["admin", "restore", "--empty", "--data-dir", data_dir]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--floor-from"),
+        "{out:?}"
+    );
+    let min_epoch = ((before >> 40) + 1).to_string();
+    let out = cli(&[
+        "admin",
+        "restore",
+        "--empty",
+        "--data-dir",
+        data_dir,
+        "--min-epoch",
+        &min_epoch,
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    s.restart();
+    assert!(grant(&s.url(), "g").await.token.get() > before);
+}

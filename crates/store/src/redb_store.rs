@@ -217,7 +217,12 @@ impl RedbStore {
     /// A store that cannot be read is an error only when no identity file
     /// vouches for its epoch.
     pub fn peek_epoch(data_dir: &Path) -> Result<Option<Epoch>, StoreError> {
-        let identity = Identity::read(data_dir)?;
+        // An unreadable identity file is only fatal when the store cannot
+        // vouch for the epoch either.
+        let (identity, identity_error) = match Identity::read(data_dir) {
+            Ok(identity) => (identity, None),
+            Err(e) => (None, Some(e)),
+        };
         let path = Self::path_in(data_dir);
         let from_store = match file_state(&path)? {
             FileState::Present => {
@@ -239,7 +244,10 @@ impl RedbStore {
             }
             _ => None,
         };
-        Ok(from_store.max(identity.map(|i| i.floor_epoch)))
+        match (from_store, identity_error) {
+            (None, Some(e)) => Err(e),
+            _ => Ok(from_store.max(identity.map(|i| i.floor_epoch))),
+        }
     }
 }
 
