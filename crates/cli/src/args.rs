@@ -25,8 +25,13 @@ pub struct Cli {
 
 #[derive(Args, Clone)]
 pub struct ClientOpts {
-    /// Server address.
-    #[arg(long, default_value = "http://127.0.0.1:7700", global = true)]
+    /// Server address, like http://127.0.0.1:7700 or 127.0.0.1:7700.
+    #[arg(
+        long,
+        env = "BATON_SERVER",
+        default_value = "http://127.0.0.1:7700",
+        global = true
+    )]
     pub server: String,
     /// Print one JSON object instead of text.
     #[arg(long, global = true)]
@@ -42,9 +47,9 @@ pub enum Command {
         /// Resource names; with several, every lease is granted or none.
         #[arg(required = true)]
         names: Vec<String>,
-        /// Lease duration, like 500ms, 30s or 5m.
-        #[arg(long, default_value = "30s", value_parser = parse_duration)]
-        ttl: Duration,
+        /// Lease duration, like 500ms, 30s or 5m [default: the server's --default-ttl].
+        #[arg(long, value_parser = parse_duration)]
+        ttl: Option<Duration>,
         /// Wait in line up to this long (0: try once).
         #[arg(long, default_value = "0s", value_parser = parse_duration)]
         wait: Duration,
@@ -179,34 +184,42 @@ pub struct RestoreArgs {
 #[derive(Args)]
 pub struct ServeArgs {
     /// gRPC address.
-    #[arg(long, default_value = "127.0.0.1:7700")]
+    #[arg(long, env = "BATON_LISTEN", default_value = "127.0.0.1:7700")]
     pub listen: SocketAddr,
-    /// HTTP address for /healthz and /metrics.
-    #[arg(long, default_value = "127.0.0.1:7701")]
+    /// HTTP address for /healthz, /readyz and /metrics.
+    #[arg(long, env = "BATON_HTTP_LISTEN", default_value = "127.0.0.1:7701")]
     pub http_listen: SocketAddr,
     /// Where the embedded store keeps its file.
-    #[arg(long, default_value = "baton-data")]
+    #[arg(long, env = "BATON_DATA_DIR", default_value = "baton-data")]
     pub data_dir: PathBuf,
-    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    /// Lease duration when a client names none.
+    #[arg(long, env = "BATON_DEFAULT_TTL", default_value = "30s", value_parser = parse_duration)]
     pub default_ttl: Duration,
-    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    /// Shortest lease duration accepted.
+    #[arg(long, env = "BATON_TTL_MIN", default_value = "1s", value_parser = parse_duration)]
     pub ttl_min: Duration,
-    #[arg(long, default_value = "10m", value_parser = parse_duration)]
+    /// Longest lease duration accepted.
+    #[arg(long, env = "BATON_TTL_MAX", default_value = "10m", value_parser = parse_duration)]
     pub ttl_max: Duration,
-    #[arg(long, default_value = "10m", value_parser = parse_duration)]
+    /// Longest time an acquire may wait in line.
+    #[arg(long, env = "BATON_WAIT_MAX", default_value = "10m", value_parser = parse_duration)]
     pub wait_max: Duration,
-    #[arg(long, default_value_t = 1_024)]
+    /// Most requests waiting on one resource; beyond, RESOURCE_EXHAUSTED.
+    #[arg(long, env = "BATON_MAX_WAITERS_PER_RESOURCE", default_value_t = 1_024)]
     pub max_waiters_per_resource: usize,
-    #[arg(long, default_value_t = 100_000)]
+    /// Most requests waiting in all.
+    #[arg(long, env = "BATON_MAX_WAITERS", default_value_t = 100_000)]
     pub max_waiters: usize,
-    #[arg(long, default_value_t = 1_024)]
+    /// Most open client connections (a newcomer first evicts one that sent nothing).
+    #[arg(long, env = "BATON_MAX_CONNECTIONS", default_value_t = 1_024)]
     pub max_connections: usize,
     /// A new connection must send its first request within this long.
-    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    #[arg(long, env = "BATON_HANDSHAKE_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
     pub handshake_timeout: Duration,
     /// A connection with no request in flight for this long is closed.
-    #[arg(long, default_value = "15m", value_parser = parse_duration)]
+    #[arg(long, env = "BATON_IDLE_TIMEOUT", default_value = "15m", value_parser = parse_duration)]
     pub idle_timeout: Duration,
-    #[arg(long, default_value_t = 64)]
+    /// Most resources in one all-or-nothing acquire.
+    #[arg(long, env = "BATON_MAX_RESOURCES_PER_REQUEST", default_value_t = 64)]
     pub max_resources_per_request: usize,
 }

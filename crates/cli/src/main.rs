@@ -70,7 +70,7 @@ async fn run(command: Command) -> Result<Exit, CliError> {
             client,
         } => emit(
             client.json,
-            &lease::acquire(&client, &names, ttl, wait).await?,
+            &lease::acquire(&client, &names, ttl.unwrap_or_default(), wait).await?,
         ),
         Command::Renew {
             name,

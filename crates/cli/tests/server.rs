@@ -574,3 +574,55 @@ async fn sigterm_stops_cleanly_and_a_restart_keeps_leases_and_token_order() {
     let next = granted(c.acquire("gone", TTL, NO_WAIT).await.unwrap());
     assert!(next.token > lease.token && next.token > released.token);
 }
+
+/// The address without a scheme, `BATON_SERVER`, the server's default TTL
+/// when `--ttl` is not given, and one clear line (exit 2) for bad values.
+#[tokio::test]
+async fn addresses_env_default_ttl_and_bad_values_as_a_newcomer_meets_them() {
+    let dir = TempDir::new("first-hour");
+    let s = common::serve(dir.path(), &["--default-ttl", "7s"]);
+    let bare = s.grpc.to_string();
+    let out = cli(&["acquire", "bare", "--json", "--server", &bare]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert_eq!(
+        json_u64(&text, "ttl_ms"),
+        Some(7_000),
+        "the server's --default-ttl: {text}"
+    );
+    let out = std::process::Command::new(common::BIN)
+        .args(["status", "bare", "--json"])
+        .env("BATON_SERVER", &bare)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("\"held\":true"),
+        "{out:?}"
+    );
+    for (args, says) in [
+        (
+            vec!["acquire", "x", "--ttl", "1.5s", "--server", &bare],
+            "1500ms",
+        ),
+        (
+            vec!["acquire", "x", "--ttl", "30", "--server", &bare],
+            "no unit",
+        ),
+        (vec!["status", "x", "--server", "ht tp://x"], "server url"),
+    ] {
+        let out = cli(&args);
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+        assert_eq!(err.matches("error").count(), 1, "one error line: {err}");
+    }
+    let out = cli(&["status", "x", "--server", "127.0.0.1:1"]);
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(
+        err.matches("Connection refused").count(),
+        1,
+        "not doubled: {err}"
+    );
+}

@@ -92,6 +92,21 @@ fn from_status(status: tonic::Status) -> ClientError {
     }
 }
 
+/// An error and its sources on one line, each message once (tonic's
+/// transport errors repeat their source's text).
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut message = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !message.contains(&text) {
+            message = format!("{message}: {text}");
+        }
+        source = s.source();
+    }
+    message
+}
+
 /// A held lease. `acquisition_id` is the secret that renews and releases it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Lease {
@@ -235,23 +250,24 @@ pub struct Client {
 impl Client {
     /// Connects to `url` (for example `http://127.0.0.1:7700`).
     pub async fn connect(url: &str) -> Result<Self, ClientError> {
+        // `127.0.0.1:7700` means plain HTTP/2, as `PGHOST` or etcdctl take an address.
+        let url = if url.contains("://") {
+            url.to_string()
+        } else {
+            format!("http://{url}")
+        };
         let connect_err = |message: String| ClientError::Connect {
-            url: url.to_string(),
+            url: url.clone(),
             message,
         };
-        let endpoint = Endpoint::from_shared(url.to_string())
+        let endpoint = Endpoint::from_shared(url.clone())
             .map_err(|e| ClientError::Invalid(format!("server url {url:?}: {e}")))?
             .connect_timeout(Duration::from_secs(5))
             .tcp_nodelay(true);
-        let channel = endpoint.connect().await.map_err(|e| {
-            let mut message = e.to_string();
-            let mut source = std::error::Error::source(&e);
-            while let Some(s) = source {
-                message = format!("{message}: {s}");
-                source = s.source();
-            }
-            connect_err(message)
-        })?;
+        let channel = endpoint
+            .connect()
+            .await
+            .map_err(|e| connect_err(error_chain(&e)))?;
         Ok(Self {
             inner: LeasesClient::new(channel),
             rpc_timeout: RPC_TIMEOUT_DEFAULT,

@@ -369,7 +369,7 @@ impl Engine {
                 }
                 Event::Expired { resource, token } => {
                     m.expiries.inc();
-                    info!(%resource, %token, "lease expired");
+                    debug!(%resource, %token, "lease expired");
                 }
                 Event::Fenced {
                     resource,
