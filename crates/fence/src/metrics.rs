@@ -41,21 +41,7 @@ pub(crate) fn record(req: &FenceRequest, outcome: &Outcome) {
             tracing::debug!(resource = %req.resource, token = %req.token, operation = %req.operation, outcome = label, "fenced write")
         }
         _ => {
-            tracing::info!(resource = %req.resource, token = %req.token, operation = %req.operation, outcome = ?outcome_summary(outcome), "fenced write refused")
+            tracing::info!(resource = %req.resource, token = %req.token, operation = %req.operation, outcome = %outcome.describe(), "fenced write refused")
         }
-    }
-}
-
-fn outcome_summary(outcome: &Outcome) -> String {
-    match outcome {
-        Outcome::Stale { presented, current } => format!("stale: {presented} < {current}"),
-        Outcome::Cancelled {
-            presented,
-            cancelled_at,
-        } => format!("cancelled: {presented} <= {cancelled_at}"),
-        Outcome::Deleted { presented, floor } => {
-            format!("deleted: floor {floor}, presented {presented}")
-        }
-        other => other.label().to_string(),
     }
 }

@@ -331,6 +331,43 @@ impl Outcome {
         matches!(self, Outcome::Applied { .. })
     }
 
+    /// The outcome in a few words for people: `applied (created)`,
+    /// `stale: 107 < 108`, `cancelled at 110`.
+    pub fn describe(&self) -> String {
+        match self {
+            Outcome::Applied { created: true, .. } => "applied (created)".into(),
+            Outcome::Applied { token, .. } => format!("applied at {token}"),
+            Outcome::Replayed { token, .. } => format!("replayed (applied earlier at {token})"),
+            Outcome::Stale { presented, current } => format!("stale: {presented} < {current}"),
+            Outcome::Conflict { operation, token } => {
+                format!("conflict: operation {operation} was used at {token} with another payload")
+            }
+            Outcome::Cancelled {
+                presented,
+                cancelled_at,
+            } => format!("cancelled: {presented} <= {cancelled_at}"),
+            Outcome::Deleted { presented, floor } => {
+                format!("deleted: floor {floor}, presented {presented}")
+            }
+            Outcome::Missing => "missing: no such resource".into(),
+            Outcome::GenerationUsed {
+                token,
+                by_operation,
+            } => {
+                format!("generation {token} already used by {by_operation}")
+            }
+            Outcome::OutOfOrder {
+                token,
+                presented_seq,
+                current_seq,
+            } => format!(
+                "out of order at {token}: sequence {} <= {}",
+                presented_seq.get(),
+                current_seq.get()
+            ),
+        }
+    }
+
     /// A short label for logs and metrics.
     pub fn label(&self) -> &'static str {
         match self {

@@ -8,9 +8,53 @@ use clap::{Parser, Subcommand};
 
 use crate::{store, worker};
 
+/// The exit codes of `statements`.
+const EXIT_CODES: &str = "Exit codes:
+  0  success (chaos, check, demo: the verdict is clean)
+  1  failure, or a verdict that is not clean
+  2  invalid usage or input
+  3  no such job (show, cancel)";
+
+/// A statement date: `YYYY-MM-DD`, a real day of a real month.
+pub fn parse_date(s: &str) -> Result<String, String> {
+    let bad = || {
+        format!("{s:?} is not a date: write YYYY-MM-DD with a real month and day, like 2026-09-13")
+    };
+    let parts: Vec<&str> = s.split('-').collect();
+    let [y, m, d] = parts.as_slice() else {
+        return Err(bad());
+    };
+    if y.len() != 4
+        || m.len() != 2
+        || d.len() != 2
+        || !s.bytes().all(|b| b.is_ascii_digit() || b == b'-')
+    {
+        return Err(bad());
+    }
+    let (y, m, d): (u32, u32, u32) = (
+        y.parse().map_err(|_| bad())?,
+        m.parse().map_err(|_| bad())?,
+        d.parse().map_err(|_| bad())?,
+    );
+    let leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
+    let days = match m {
+        1 | 3 | 5 | 7 | 8 | 10 | 12 => 31,
+        4 | 6 | 9 | 11 => 30,
+        2 if leap => 29,
+        2 => 28,
+        _ => return Err(bad()),
+    };
+    if d == 0 || d > days {
+        return Err(bad());
+    }
+    Ok(s.to_string())
+}
+
 #[derive(Parser)]
 #[command(
+    after_help = EXIT_CODES,
     name = "statements",
+    version,
     about = "Daily account statements, published safely by competing workers"
 )]
 pub struct Cli {
@@ -38,9 +82,11 @@ pub enum Command {
     Seed {
         #[command(flatten)]
         paths: Paths,
+        /// The account, for example account-42.
         #[arg(long)]
         account: String,
-        #[arg(long)]
+        /// The statement date, YYYY-MM-DD.
+        #[arg(long, value_parser = parse_date)]
         date: String,
         #[arg(long, default_value_t = 10_000)]
         balance_cents: i64,
@@ -80,9 +126,11 @@ pub enum Command {
     Show {
         #[command(flatten)]
         paths: Paths,
+        /// The account, for example account-42.
         #[arg(long)]
         account: String,
-        #[arg(long)]
+        /// The statement date, YYYY-MM-DD.
+        #[arg(long, value_parser = parse_date)]
         date: String,
         #[arg(long)]
         json: bool,
@@ -93,9 +141,11 @@ pub enum Command {
         paths: Paths,
         #[arg(long, default_value = "http://127.0.0.1:7700")]
         server: String,
+        /// The account, for example account-42.
         #[arg(long)]
         account: String,
-        #[arg(long)]
+        /// The statement date, YYYY-MM-DD.
+        #[arg(long, value_parser = parse_date)]
         date: String,
     },
     /// The paused-worker story with an embedded Baton server: Alice pauses,
@@ -241,6 +291,30 @@ impl From<ChaosArgs> for crate::chaos::ChaosConfig {
             ttl: Duration::from_millis(a.ttl_ms),
             dir: a.dir,
             pause_chance_pct: a.pause_chance_pct,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_date;
+
+    #[test]
+    fn dates_are_real_days() {
+        for good in ["2026-09-13", "2024-02-29", "2026-12-31"] {
+            assert!(parse_date(good).is_ok(), "{good}");
+        }
+        for bad in [
+            "2026-13-45",
+            "2026-02-29",
+            "2026-9-13",
+            "26-09-13",
+            "2026-09-13x",
+            "",
+            "2026-00-10",
+            "2026-04-31",
+        ] {
+            assert!(parse_date(bad).unwrap_err().contains("YYYY-MM-DD"), "{bad}");
         }
     }
 }

@@ -16,6 +16,11 @@ use baton_fence::objects::ObjectKit;
 use baton_fence::{resource_name, FencingToken};
 use clap::Parser;
 
+/// A show or cancel of a job that does not exist (exit code 3).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct NoSuchJob(String);
+
 fn main() -> ExitCode {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
@@ -34,7 +39,11 @@ fn main() -> ExitCode {
         Err(e) => {
             // `{:#}` prints the context chain on one line: "seeding x: cannot connect ...".
             eprintln!("error: {e:#}");
-            ExitCode::FAILURE
+            if e.downcast_ref::<NoSuchJob>().is_some() {
+                ExitCode::from(3)
+            } else {
+                ExitCode::FAILURE
+            }
         }
     }
 }
@@ -129,7 +138,7 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
 async fn cancel(paths: &Paths, server: &str, account: &str, date: &str) -> anyhow::Result<i64> {
     let mut db = store::open(&paths.target()).await?;
     if !db.cancel_job(account, date).await? {
-        return Err(anyhow::anyhow!("no job for {account} {date}"));
+        return Err(NoSuchJob(format!("no job for {account} {date}")).into());
     }
     let resource = worker::resource(account, date);
     let mut client = baton_client::Client::connect(server).await?;
@@ -146,7 +155,7 @@ async fn show(paths: &Paths, account: &str, date: &str, json: bool) -> anyhow::R
     let job = db
         .job(account, date)
         .await?
-        .ok_or_else(|| anyhow::anyhow!("no job for {account} {date}"))?;
+        .ok_or_else(|| NoSuchJob(format!("no job for {account} {date}")))?;
     let input = db.input(account, date).await?;
     let key = resource_name(&worker::resource(account, date))?;
     let state = db.fence_state(&key).await?;

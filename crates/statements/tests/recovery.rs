@@ -378,3 +378,26 @@ async fn a_worker_paused_after_reading_stops_itself_before_any_effect() {
     assert_eq!(env.publication().unwrap().token.get(), bob_token);
     assert_eq!(env.objects_published().await.len(), 1, "only Bob's object");
 }
+
+/// A newcomer's mistakes get one line and a documented exit code.
+#[test]
+fn a_bad_date_is_usage_and_an_unknown_job_is_exit_3() {
+    let dir = baton_testkit::TempDir::new("stmt-codes");
+    let db = dir.path().join("s.sqlite");
+    let run = |args: &[&str]| {
+        std::process::Command::new(BIN)
+            .args(args)
+            .arg("--db")
+            .arg(&db)
+            .output()
+            .unwrap()
+    };
+    let out = run(&["seed", "--account", "a", "--date", "2026-13-45"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("YYYY-MM-DD"), "{out:?}");
+    let out = run(&["show", "--account", "nobody", "--date", "2026-01-01"]);
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no job for nobody"), "{out:?}");
+    let version = std::process::Command::new(BIN).arg("--version").output().unwrap();
+    assert_eq!(version.status.code(), Some(0));
+}

@@ -372,7 +372,7 @@ impl Attempt<'_> {
     /// said and, unless it is the ordinary stale or cancelled case, flagged.
     async fn settle(&self, db: &Db, outcome: Outcome, object_key: &str) -> Result<()> {
         let (name, token) = (self.name(), self.token.get());
-        let detail = format!("{outcome:?}");
+        let detail = outcome.describe();
         db.record_outcome(
             name,
             self.account,
