@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use baton_client::flags::parse_duration;
 use clap::{Parser, Subcommand};
 
 use crate::{store, worker};
@@ -178,16 +179,18 @@ pub struct WorkerArgs {
     pub paths: Paths,
     #[arg(long, default_value = "http://127.0.0.1:7700")]
     pub server: String,
+    /// The worker's name, in its events and recorded outcomes.
     #[arg(long, default_value = "worker")]
     pub name: String,
-    /// Lease TTL in milliseconds.
-    #[arg(long, default_value_t = 5_000)]
-    pub ttl_ms: u64,
+    /// Lease duration, like 5s.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    pub ttl: Duration,
     /// One pass over the open jobs, then exit.
     #[arg(long)]
     pub once: bool,
-    #[arg(long, default_value_t = 200)]
-    pub poll_ms: u64,
+    /// Time between polls for open jobs.
+    #[arg(long, default_value = "200ms", value_parser = parse_duration)]
+    pub poll: Duration,
     /// Stop with SIGSTOP after the last local ownership check, just before publishing.
     #[arg(long)]
     pub pause_before_publish: bool,
@@ -237,9 +240,9 @@ pub struct ChaosArgs {
     /// overwrites and exit non-zero; otherwise the suite proves nothing.
     #[arg(long)]
     pub negative_control: bool,
-    /// Lease TTL of the workers in milliseconds; pauses last 0.5 to 3 TTLs.
-    #[arg(long, default_value_t = 1_000)]
-    pub ttl_ms: u64,
+    /// Lease duration of the workers (200ms to 60s); pauses last 0.5 to 3 TTLs.
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    pub ttl: Duration,
     /// Percent of publish attempts on which a worker stops itself just
     /// before publishing (after its last ownership check).
     #[arg(long, default_value_t = 15, value_parser = clap::value_parser!(u32).range(0..=100))]
@@ -256,9 +259,9 @@ impl From<WorkerArgs> for crate::worker::WorkerConfig {
             objects: a.paths.objects,
             server: a.server,
             name: a.name,
-            ttl: Duration::from_millis(a.ttl_ms),
+            ttl: a.ttl,
             once: a.once,
-            poll: Duration::from_millis(a.poll_ms),
+            poll: a.poll,
             accounts: a.accounts,
             history: a.history,
             drills: crate::worker::Drills {
@@ -288,7 +291,7 @@ impl From<ChaosArgs> for crate::chaos::ChaosConfig {
             database_url: a.database_url,
             json: a.json,
             negative_control: a.negative_control,
-            ttl: Duration::from_millis(a.ttl_ms),
+            ttl: a.ttl,
             dir: a.dir,
             pause_chance_pct: a.pause_chance_pct,
         }

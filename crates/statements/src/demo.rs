@@ -62,8 +62,8 @@ fn spawn_worker(
         url,
         "--name",
         name,
-        "--ttl-ms",
-        &TTL_MS.to_string(),
+        "--ttl",
+        &format!("{TTL_MS}ms"),
         "--once",
     ]);
     if pause {

@@ -150,7 +150,7 @@ impl Store {
         let mut cmd = Command::new(BIN);
         cmd.arg("worker")
             .args(self.args(url))
-            .args(["--server", server, "--name", name, "--poll-ms", "50"])
+            .args(["--server", server, "--name", name, "--poll", "50ms"])
             .arg("--history")
             .arg(self.dir.join("history").join(format!("{name}.jsonl")))
             .args(extra);
@@ -259,7 +259,7 @@ async fn a_publish_delayed_in_the_network_is_refused_after_the_lease_moved() {
         &format!("http://{}", baton_proxy.addr()),
         "alice",
         Some(&pg.url_via(pg_proxy.addr().port())),
-        &["--once", "--ttl-ms", "1500", "--pause-before-publish"],
+        &["--once", "--ttl", "1500ms", "--pause-before-publish"],
     );
     let paused = alice.wait_for("\"event\":\"paused\"");
     let alice_token = num(&paused, "token");
@@ -271,7 +271,7 @@ async fn a_publish_delayed_in_the_network_is_refused_after_the_lease_moved() {
     alice.wait_for("\"event\":\"resumed\"");
     baton_testkit::until(async || pg_proxy.counts().held_chunks > 0).await;
     lease_free(&direct, "statement:delayed-1:2026-10-01").await;
-    let mut bob = store.worker(&direct, "bob", None, &["--once", "--ttl-ms", "5000"]);
+    let mut bob = store.worker(&direct, "bob", None, &["--once", "--ttl", "5000ms"]);
     let bob_published = bob.wait_for("\"event\":\"published\"");
     let bob_token = num(&bob_published, "token");
     assert!(bob_token > alice_token);
@@ -311,7 +311,7 @@ async fn a_lost_publish_answer_is_retried_by_the_worker_to_the_saved_result() {
         &format!("http://{}", server.grpc_addr),
         "w",
         Some(&pg.url_via(pg_proxy.addr().port())),
-        &["--once", "--ttl-ms", "5000"],
+        &["--once", "--ttl", "5000ms"],
     );
     let unknown = worker.wait_for("\"event\":\"publish_unknown\"");
     let published = worker.wait_for("\"event\":\"published\"");
@@ -420,7 +420,7 @@ async fn the_server_killed_and_restarted_while_workers_run_keeps_tokens_rising_a
                 &baton.url(),
                 &format!("w{i}"),
                 None,
-                &["--ttl-ms", "2000", "--accounts", "kill-"],
+                &["--ttl", "2000ms", "--accounts", "kill-"],
             )
         })
         .collect();
@@ -493,7 +493,7 @@ async fn postgresql_restarted_while_workers_run_loses_and_doubles_nothing() {
                 &url,
                 &format!("w{i}"),
                 None,
-                &["--ttl-ms", "2000", "--accounts", "pgr-"],
+                &["--ttl", "2000ms", "--accounts", "pgr-"],
             )
         })
         .collect();
@@ -571,7 +571,7 @@ fn chaos_refuses_bad_settings_with_the_rule() {
         (vec!["--workers", "0"], "must be 1 to 64"),
         (vec!["--duration", "10x"], "like 500ms, 30s"),
         (vec!["--duration", "0s"], "at least 1s"),
-        (vec!["--ttl-ms", "50"], "must be 200 to 60000"),
+        (vec!["--ttl", "50ms"], "must be 200ms to 60s"),
         (
             vec!["--database-url", "host=/var/run/postgresql user=postgres"],
             "needs a TCP host",

@@ -72,7 +72,7 @@ impl Env {
         c.arg("worker")
             .args(self.paths())
             .args([
-                "--server", &self.url, "--name", name, "--ttl-ms", "2000", "--once",
+                "--server", &self.url, "--name", name, "--ttl", "2000ms", "--once",
             ])
             .args(extra);
         c.stdin(Stdio::null())
@@ -394,10 +394,19 @@ fn a_bad_date_is_usage_and_an_unknown_job_is_exit_3() {
     };
     let out = run(&["seed", "--account", "a", "--date", "2026-13-45"]);
     assert_eq!(out.status.code(), Some(2), "{out:?}");
-    assert!(String::from_utf8_lossy(&out.stderr).contains("YYYY-MM-DD"), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("YYYY-MM-DD"),
+        "{out:?}"
+    );
     let out = run(&["show", "--account", "nobody", "--date", "2026-01-01"]);
     assert_eq!(out.status.code(), Some(3), "{out:?}");
-    assert!(String::from_utf8_lossy(&out.stderr).contains("no job for nobody"), "{out:?}");
-    let version = std::process::Command::new(BIN).arg("--version").output().unwrap();
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("no job for nobody"),
+        "{out:?}"
+    );
+    let version = std::process::Command::new(BIN)
+        .arg("--version")
+        .output()
+        .unwrap();
     assert_eq!(version.status.code(), Some(0));
 }

@@ -84,7 +84,7 @@ fn validate(cfg: &ChaosConfig) -> anyhow::Result<()> {
         anyhow::bail!("--duration must be at least 1s");
     }
     if cfg.ttl < Duration::from_millis(200) || cfg.ttl > Duration::from_secs(60) {
-        anyhow::bail!("--ttl-ms must be 200 to 60000");
+        anyhow::bail!("--ttl is {:?}; it must be 200ms to 60s", cfg.ttl);
     }
     Ok(())
 }

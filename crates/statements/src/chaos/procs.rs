@@ -135,8 +135,8 @@ impl Run {
             .arg(self.dir.join("history").join(format!("w{w}.jsonl")))
             .args(["--server", &format!("http://{}", slot.baton.addr())])
             .args(["--name", name])
-            .args(["--ttl-ms", &self.cfg.ttl.as_millis().to_string()])
-            .args(["--poll-ms", "50"])
+            .args(["--ttl", &format!("{}ms", self.cfg.ttl.as_millis())])
+            .args(["--poll", "50ms"])
             .args(["--accounts", &self.prefix])
             .args(["--pause-chance-pct", &self.cfg.pause_chance_pct.to_string()])
             .args([
