@@ -23,11 +23,15 @@ pub fn unique(tag: &str) -> String {
     )
 }
 
-/// The administrative connection string: `BATON_TEST_PG`, or the local
-/// trust-auth server as `postgres`.
+/// The administrative connection string: `BATON_TEST_PG` if set (for
+/// example `host=127.0.0.1 user=postgres dbname=postgres` for the machine's
+/// own server); otherwise the test run's private cluster, started on first
+/// use under the target directory and shared by every test process.
 pub fn pg_admin_url() -> String {
-    std::env::var("BATON_TEST_PG")
-        .unwrap_or_else(|_| "host=127.0.0.1 user=postgres dbname=postgres".into())
+    match std::env::var("BATON_TEST_PG") {
+        Ok(url) if !url.is_empty() => url,
+        _ => pg_cluster::shared_url(),
+    }
 }
 
 /// Connects and drives the connection in the background.

@@ -2,8 +2,9 @@
 //! for tests that restart or crash PostgreSQL: the machine's own server must
 //! not be restarted under the other tests.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::OnceLock;
 
 use crate::TempDir;
 
@@ -67,7 +68,16 @@ impl PgCluster {
         let out = Self::tool("initdb")
             .arg("-D")
             .arg(dir.path().join("data"))
-            .args(["-A", "trust", "-U", "postgres", "--no-sync"])
+            .args([
+                "-A",
+                "trust",
+                "-U",
+                "postgres",
+                "--no-sync",
+                "-E",
+                "UTF8",
+                "--locale=C",
+            ])
             .output()
             .expect("run initdb");
         assert!(
@@ -123,4 +133,106 @@ impl Drop for PgCluster {
             .args(["-m", "immediate", "-w", "stop"])
             .output();
     }
+}
+
+/// The target directory of this build (tests run from `target/<profile>/deps`).
+fn target_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    exe.ancestors()
+        .find(|p| p.file_name().is_some_and(|n| n == "target"))
+        .map(Path::to_path_buf)
+        .unwrap_or_else(std::env::temp_dir)
+}
+
+/// The run's shared private cluster: started by the first test process that
+/// needs it (under a file lock), reused by the others and by later runs,
+/// never the machine's own server. Its port is kept in `port` beside it.
+pub fn shared_url() -> String {
+    static URL: OnceLock<String> = OnceLock::new();
+    URL.get_or_init(|| {
+        let dir = target_dir().join("baton-test-pg");
+        std::fs::create_dir_all(&dir).expect("create the private cluster's directory");
+        let lock = std::fs::File::create(dir.join("lock")).expect("create the cluster lock");
+        let _held = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive)
+            .unwrap_or_else(|(_, e)| panic!("lock {}: {e}", dir.display()));
+        let port = match running_port(&dir) {
+            Some(port) => port,
+            None => start_shared(&dir),
+        };
+        format!("host=127.0.0.1 port={port} user=postgres dbname=postgres")
+    })
+    .clone()
+}
+
+fn running_port(dir: &Path) -> Option<u16> {
+    let port: u16 = std::fs::read_to_string(dir.join("port"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    Some(port)
+}
+
+fn start_shared(dir: &Path) -> u16 {
+    let data = dir.join("data");
+    if is_root() {
+        let ok = Command::new("chown")
+            .args(["-R", "postgres"])
+            .arg(dir)
+            .status();
+        assert!(
+            ok.is_ok_and(|s| s.success()),
+            "chown of {} to postgres failed",
+            dir.display()
+        );
+    }
+    if !data.join("PG_VERSION").exists() {
+        let _ = std::fs::remove_dir_all(&data);
+        let out = PgCluster::tool("initdb")
+            .arg("-D")
+            .arg(&data)
+            .args([
+                "-A",
+                "trust",
+                "-U",
+                "postgres",
+                "--no-sync",
+                "-E",
+                "UTF8",
+                "--locale=C",
+            ])
+            .output()
+            .expect("run initdb");
+        assert!(
+            out.status.success(),
+            "initdb failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let options = format!(
+        "-p {port} -c listen_addresses=127.0.0.1 -k {} -c max_connections=400 -c fsync=off",
+        dir.display()
+    );
+    let out = PgCluster::tool("pg_ctl")
+        .arg("-D")
+        .arg(&data)
+        .arg("-l")
+        .arg(dir.join("log"))
+        .args(["-w", "start", "-o", &options])
+        .output()
+        .expect("run pg_ctl");
+    assert!(
+        out.status.success(),
+        "the private PostgreSQL cluster did not start: {}{} (log: {})",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+        dir.join("log").display()
+    );
+    std::fs::write(dir.join("port"), port.to_string()).expect("write the cluster's port");
+    port
 }
