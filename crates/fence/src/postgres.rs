@@ -14,15 +14,16 @@ use crate::{
 /// The migrations that install and upgrade the `baton` schema, tables and
 /// functions, by version. Each runs once, in order, recorded in
 /// `baton.schema_migrations`; run them by hand with psql in the same order.
-pub const MIGRATIONS: [(i32, &str); 2] = [
+pub const MIGRATIONS: [(i32, &str); 3] = [
     (1, include_str!("../sql/001_baton_fence.sql")),
     (2, include_str!("../sql/002_names_and_races.sql")),
+    (3, include_str!("../sql/003_documented_names.sql")),
 ];
 
 const FENCE_SQL: &str = "SELECT outcome, token, current_token, current_seq, detail, result
-    FROM baton.fence($1, $2, $3, $4, $5, $6, $7, $8)";
+    FROM baton.fence_impl($1, $2, $3, $4, $5, $6, $7, $8)";
 const PUBLISH_SQL: &str = "SELECT outcome, token, current_token, current_seq, detail, result
-    FROM baton.publish($1, $2, $3, $4, $5)";
+    FROM baton.publish_impl($1, $2, $3, $4, $5)";
 
 fn seq(v: i64) -> Result<Sequence, FenceError> {
     Sequence::new(v as u64).map_err(|e| FenceError::Corrupt(e.to_string()))
@@ -292,7 +293,7 @@ impl PgFence {
     ) -> Result<Outcome, FenceError> {
         let row = client
             .query_one(
-                "SELECT outcome, token, current_token, current_seq, detail, result FROM baton.delete($1, $2, $3, $4)",
+                "SELECT outcome, token, current_token, current_seq, detail, result FROM baton.delete_impl($1, $2, $3, $4)",
                 &[&req.resource.as_str(), &req.token.get(), &req.operation.as_str(), &req.fingerprint.as_bytes()],
             )
             .await?;
@@ -308,7 +309,7 @@ impl PgFence {
     ) -> Result<FencingToken, FenceError> {
         let row = client
             .query_one(
-                "SELECT baton.cancel($1, $2, $3)",
+                "SELECT baton.cancel_impl($1, $2, $3)",
                 &[&resource.as_str(), &at.get(), &policy.code()],
             )
             .await?;
@@ -324,7 +325,7 @@ impl PgFence {
     ) -> Result<Recreate, FenceError> {
         let label: String = client
             .query_one(
-                "SELECT baton.recreate($1, $2)",
+                "SELECT baton.recreate_impl($1, $2)",
                 &[&resource.as_str(), &token_.get()],
             )
             .await?
@@ -360,7 +361,7 @@ impl PgFence {
         check_prune_age(min_age_s)?;
         let n: i64 = client
             .query_one(
-                "SELECT baton.prune_operations(make_interval(secs => $1))",
+                "SELECT baton.prune_operations_impl(make_interval(secs => $1))",
                 &[&(min_age_s as f64)],
             )
             .await?
