@@ -74,20 +74,36 @@ impl ClientError {
     }
 }
 
+/// Whether the error chain holds an I/O error that means the connection
+/// was never made (so the request was never sent).
+fn never_connected(status: &tonic::Status) -> bool {
+    use std::io::ErrorKind::{
+        AddrNotAvailable, ConnectionRefused, HostUnreachable, NetworkUnreachable,
+    };
+    let mut source = std::error::Error::source(status);
+    while let Some(e) = source {
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            return matches!(
+                io.kind(),
+                ConnectionRefused | HostUnreachable | NetworkUnreachable | AddrNotAvailable
+            );
+        }
+        source = e.source();
+    }
+    false
+}
+
 fn from_status(status: tonic::Status) -> ClientError {
     let message = status.message().to_string();
     match status.code() {
         Code::InvalidArgument | Code::OutOfRange => ClientError::Invalid(message),
         Code::ResourceExhausted => ClientError::Exhausted(message),
-        // tonic reports a refused (re)connection as UNAVAILABLE before sending anything.
-        Code::Unavailable
-            if message.contains("tcp connect error") || message.contains("Connection refused") =>
-        {
-            ClientError::Connect {
-                url: String::new(),
-                message,
-            }
-        }
+        // A (re)connection that failed is reported as UNAVAILABLE before
+        // anything was sent: known from the I/O error's kind, not its text.
+        Code::Unavailable if never_connected(&status) => ClientError::Connect {
+            url: String::new(),
+            message,
+        },
         _ => ClientError::Indeterminate(format!("{:?}: {message}", status.code())),
     }
 }

@@ -82,3 +82,28 @@ async fn a_server_restarted_on_the_committed_image_continues_above_it() {
     assert!(tokens.iter().all(|t| t.token < d.token));
     restarted.shutdown().await.unwrap();
 }
+
+/// A server that is gone: the client's next call says "not sent" (definite),
+/// decided from the connection error's kind, not from its message text.
+#[tokio::test]
+async fn a_call_to_a_stopped_server_is_a_definite_connect_error() {
+    let server = start_with_store(config(), Box::new(MemStore::default()))
+        .await
+        .unwrap();
+    let mut client = Client::connect(&format!("http://{}", server.grpc_addr))
+        .await
+        .unwrap();
+    client.status("x").await.unwrap();
+    server.shutdown().await.unwrap();
+    let mut last = None;
+    for _ in 0..50 {
+        match client.status("x").await {
+            Err(e @ ClientError::Connect { .. }) => {
+                assert!(e.is_definite());
+                return;
+            }
+            other => last = Some(other),
+        }
+    }
+    panic!("never a Connect error: {last:?}");
+}
