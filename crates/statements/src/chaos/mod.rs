@@ -170,6 +170,7 @@ async fn setup(cfg: ChaosConfig) -> anyhow::Result<(Run, Location, Paused)> {
         timers: Vec::new(),
         fired: BTreeMap::new(),
         events,
+        stale_seen: Default::default(),
     };
     Ok((run, target, paused))
 }
@@ -198,9 +199,12 @@ async fn storm(run: &mut Run, sched: &[(u64, Fault)], paused: &mut Paused) -> an
     let start = Instant::now();
     let end = start + run.cfg.duration;
     let mut next = 0;
+    let mut status = Status::new(&run.cfg, start);
     loop {
         let now = Instant::now();
+        status.show(run, now);
         if now >= end {
+            status.finish();
             return Ok(());
         }
         while next < sched.len() && start + Duration::from_millis(sched[next].0) <= now {
@@ -214,6 +218,51 @@ async fn storm(run: &mut Run, sched: &[(u64, Fault)], paused: &mut Paused) -> an
         tokio::select! {
             _ = tokio::time::sleep_until(run.next_wake(due)) => {}
             Some((w, inc)) = paused.recv() => run.paused_before_publish(w, inc, true),
+        }
+    }
+}
+
+/// A status line on a terminal every few seconds: elapsed time, faults
+/// fired, stale publishes refused so far. Quiet with --json or when stdout
+/// is not a terminal (CI logs stay clean).
+struct Status {
+    on: bool,
+    start: Instant,
+    next: Instant,
+    total: Duration,
+}
+
+impl Status {
+    const EVERY: Duration = Duration::from_secs(3);
+
+    fn new(cfg: &ChaosConfig, start: Instant) -> Self {
+        let on = !cfg.json && std::io::IsTerminal::is_terminal(&std::io::stdout());
+        Self {
+            on,
+            start,
+            next: start + Self::EVERY,
+            total: cfg.duration,
+        }
+    }
+
+    fn show(&mut self, run: &Run, now: Instant) {
+        if !self.on || now < self.next {
+            return;
+        }
+        self.next = now + Self::EVERY;
+        let fired: u64 = run.fired.values().sum();
+        let stale = run.stale_seen.load(std::sync::atomic::Ordering::Relaxed);
+        print!(
+            "\r  {}s / {}s  faults fired {fired}  stale publishes refused {stale}   ",
+            (now - self.start).as_secs(),
+            self.total.as_secs()
+        );
+        let _ = std::io::Write::flush(&mut std::io::stdout());
+    }
+
+    fn finish(&self) {
+        if self.on {
+            println!();
         }
     }
 }

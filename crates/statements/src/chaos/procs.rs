@@ -53,6 +53,8 @@ pub struct Run {
     pub timers: Vec<(Instant, Timer)>,
     pub fired: BTreeMap<&'static str, u64>,
     pub events: mpsc::UnboundedSender<(usize, u32)>,
+    /// Publishes the workers reported refused as stale, for the status line.
+    pub stale_seen: std::sync::Arc<std::sync::atomic::AtomicU64>,
     pub rng: Rng,
 }
 
@@ -116,7 +118,8 @@ impl Run {
             .stdout
             .take()
             .ok_or_else(|| anyhow::anyhow!("no stdout"))?;
-        forward_output(stdout, log_path, self.events.clone(), w, incarnation);
+        let stale = self.stale_seen.clone();
+        forward_output(stdout, log_path, self.events.clone(), stale, w, incarnation);
         self.slots[w].child = Some(child);
         Ok(())
     }
@@ -398,6 +401,7 @@ fn forward_output(
     stdout: ChildStdout,
     log_path: PathBuf,
     events: mpsc::UnboundedSender<(usize, u32)>,
+    stale: std::sync::Arc<std::sync::atomic::AtomicU64>,
     w: usize,
     incarnation: u32,
 ) {
@@ -412,8 +416,14 @@ fn forward_output(
         let mut lines = BufReader::new(stdout).lines();
         while let Ok(Some(line)) = lines.next_line().await {
             let _ = std::io::Write::write_all(&mut log, format!("{line}\n").as_bytes());
-            if field(&line, "event").as_deref() == Some("paused") {
-                let _ = events.send((w, incarnation));
+            match field(&line, "event").as_deref() {
+                Some("paused") => {
+                    let _ = events.send((w, incarnation));
+                }
+                Some("publish_refused") if field(&line, "outcome").as_deref() == Some("stale") => {
+                    stale.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+                _ => {}
             }
         }
     });
