@@ -183,6 +183,10 @@ pub struct RestoreArgs {
 
 #[derive(Args)]
 pub struct ServeArgs {
+    /// A TOML file of these flags (keys like data_dir, default_ttl); a flag
+    /// on the command line wins, then its BATON_* variable, then the file.
+    #[arg(long, env = "BATON_CONFIG")]
+    pub config: Option<std::path::PathBuf>,
     /// gRPC address.
     #[arg(long, env = "BATON_LISTEN", default_value = "127.0.0.1:7700")]
     pub listen: SocketAddr,

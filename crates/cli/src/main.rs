@@ -5,6 +5,7 @@
 mod admin;
 mod args;
 mod bench;
+mod config_file;
 mod error;
 mod lease;
 mod output;
@@ -33,6 +34,10 @@ impl From<Exit> for ExitCode {
 }
 
 fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().collect();
+    if let Err(message) = config_file::apply(&args) {
+        return CliError::usage(message).report(false).into();
+    }
     let cli = Cli::parse();
     let json = wants_json(&cli.command);
     let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -626,3 +626,83 @@ async fn addresses_env_default_ttl_and_bad_values_as_a_newcomer_meets_them() {
         "not doubled: {err}"
     );
 }
+
+/// `serve --config FILE`: the file sets flags, the environment overrides the
+/// file, a flag overrides both; an unknown key is exit 2 naming it.
+#[tokio::test]
+async fn a_config_file_sets_serve_flags_and_flags_and_env_win() {
+    let dir = TempDir::new("config-file");
+    let file = dir.path().join("baton.toml");
+    std::fs::write(
+        &file,
+        "default-ttl = \"9s\"\nttl_min = \"100ms\"\nmax_waiters = 5\n",
+    )
+    .unwrap();
+    let config = file.to_str().unwrap();
+    let data = dir.path().join("data");
+    let start = |env_ttl: Option<&str>, flag_ttl: Option<&str>| {
+        let mut cmd = std::process::Command::new(common::BIN);
+        cmd.args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--http-listen",
+            "127.0.0.1:0",
+            "--config",
+            config,
+        ])
+        .arg("--data-dir")
+        .arg(&data)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null());
+        if let Some(t) = flag_ttl {
+            cmd.args(["--default-ttl", t]);
+        }
+        match env_ttl {
+            Some(t) => cmd.env("BATON_DEFAULT_TTL", t),
+            None => cmd.env_remove("BATON_DEFAULT_TTL"),
+        };
+        let mut child = cmd.spawn().unwrap();
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        let grpc = line
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("grpc="))
+            .unwrap()
+            .to_string();
+        (child, grpc)
+    };
+    for (env_ttl, flag_ttl, expected_ms) in [
+        (None, None, 9_000),
+        (Some("8s"), None, 8_000),
+        (Some("8s"), Some("7s"), 7_000),
+    ] {
+        let (mut child, grpc) = start(env_ttl, flag_ttl);
+        let out = cli(&[
+            "acquire",
+            &format!("cfg-{expected_ms}"),
+            "--json",
+            "--server",
+            &grpc,
+        ]);
+        let _ = child.kill();
+        let _ = child.wait();
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        assert_eq!(
+            json_u64(&text, "ttl_ms"),
+            Some(expected_ms),
+            "env {env_ttl:?} flag {flag_ttl:?}: {text}"
+        );
+    }
+    std::fs::write(&file, "nope = 1\n").unwrap();
+    let out = cli(&["serve", "--config", config]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("unknown key \"nope\""),
+        "{out:?}"
+    );
+}

@@ -1,0 +1,86 @@
+//! `baton serve --config FILE`: a TOML file of serve flags.
+//!
+//! The file is a flat table whose keys are the flag names (`listen`,
+//! `data_dir` or `data-dir`, `default_ttl`, ...). Precedence: a flag on the
+//! command line, then its `BATON_*` environment variable, then the file,
+//! then the built-in default. The file's values are handed to clap as
+//! those environment variables, so one parser validates every source.
+
+use std::collections::BTreeMap;
+
+/// The serve flags a config file may set.
+const KEYS: [&str; 14] = [
+    "listen",
+    "http_listen",
+    "data_dir",
+    "default_ttl",
+    "ttl_min",
+    "ttl_max",
+    "wait_max",
+    "max_waiters_per_resource",
+    "max_waiters",
+    "max_connections",
+    "handshake_timeout",
+    "idle_timeout",
+    "max_resources_per_request",
+    "config",
+];
+
+/// The `--config` path among `args` (or `BATON_CONFIG`), for `serve` only.
+fn config_path(args: &[String]) -> Option<String> {
+    if args.get(1).map(String::as_str) != Some("serve") {
+        return None;
+    }
+    let mut it = args.iter().skip(2);
+    while let Some(a) = it.next() {
+        if let Some(v) = a.strip_prefix("--config=") {
+            return Some(v.to_string());
+        }
+        if a == "--config" {
+            return it.next().cloned();
+        }
+    }
+    std::env::var("BATON_CONFIG").ok()
+}
+
+/// Reads the config file named on the command line, if any, and exposes
+/// each value that neither a flag nor the environment sets as its `BATON_*`
+/// variable. An unreadable file or an unknown key is an error naming it.
+pub fn apply(args: &[String]) -> Result<(), String> {
+    let Some(path) = config_path(args) else {
+        return Ok(());
+    };
+    let text = std::fs::read_to_string(&path).map_err(|e| format!("--config {path}: {e}"))?;
+    let table: BTreeMap<String, toml::Value> = toml::from_str(&text)
+        .map_err(|e| format!("--config {path}: not a TOML table of serve flags: {e}"))?;
+    for (key, value) in table {
+        let key = key.replace('-', "_");
+        if !KEYS.contains(&key.as_str()) || key == "config" {
+            return Err(format!(
+                "--config {path}: unknown key {key:?}; the keys are the serve flags: {}",
+                KEYS[..KEYS.len() - 1].join(", ")
+            ));
+        }
+        let flag = format!("--{}", key.replace('_', "-"));
+        let on_command_line = args
+            .iter()
+            .any(|a| a == &flag || a.starts_with(&format!("{flag}=")));
+        let env = format!("BATON_{}", key.to_uppercase());
+        if on_command_line || std::env::var_os(&env).is_some() {
+            continue;
+        }
+        let value = match value {
+            toml::Value::String(s) => s,
+            toml::Value::Integer(n) => n.to_string(),
+            other => {
+                return Err(format!(
+                    "--config {path}: {key} must be a string or a number, not a {}",
+                    other.type_str()
+                ))
+            }
+        };
+        // Edition 2021, before any thread starts: set_var is sound here.
+        std::env::set_var(env, value);
+    }
+    Ok(())
+}
