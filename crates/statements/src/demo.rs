@@ -36,8 +36,9 @@ impl Timeline {
             .push((self.start.elapsed().as_millis(), line.to_string()));
     }
 
-    fn note(&mut self, who: &str, what: &str) {
-        self.add(&serde_json::json!({"event": what, "worker": who}).to_string());
+    /// An event the story itself observed, named like the workers' events.
+    fn note(&mut self, who: &str, event: &str, detail: &str) {
+        self.add(&serde_json::json!({"event": event, "worker": who, "detail": detail}).to_string());
     }
 }
 
@@ -190,13 +191,10 @@ async fn play(
         crate::signal::is_stopped(pid)
     })
     .await?;
-    timeline.note("alice", "stopped (SIGSTOP)");
+    timeline.note("alice", "stopped", "SIGSTOP");
     // While Alice sleeps the account data changes, as in the seed.
     let version = db.seed(ACCOUNT, DATE, 99_000).await?;
-    timeline.note(
-        "bank",
-        &format!("account data updated to input version {version}"),
-    );
+    timeline.note("bank", "input_updated", &format!("input version {version}"));
     let mut client = Client::connect(url).await?;
     until("alice's lease to expire", async || {
         client
@@ -205,12 +203,12 @@ async fn play(
             .is_ok_and(|s| s.holder_token.is_none())
     })
     .await?;
-    timeline.note("baton", "alice's lease expired");
+    timeline.note("baton", "lease_expired", "alice's lease");
     let (mut bob, mut bob_out) = spawn_worker(paths, url, "bob", false)?;
     let bob_lines = read_until(&mut bob_out, timeline, None).await?;
     bob.wait().await?;
     crate::signal::send(pid, crate::signal::Signal::SIGCONT)?;
-    timeline.note("alice", "resumed (SIGCONT)");
+    timeline.note("alice", "resumed", "SIGCONT");
     alice_lines.extend(read_until(&mut alice_out, timeline, None).await?);
     alice.wait().await?;
     Ok((alice_lines, bob_lines))
@@ -286,7 +284,7 @@ async fn print_story(
     for (ms, line) in &timeline.rows {
         let who = field(line, "worker").unwrap_or_default();
         let what = field(line, "event").unwrap_or_default();
-        let detail: Vec<String> = ["token", "input", "key", "outcome", "current"]
+        let detail: Vec<String> = ["token", "input", "key", "outcome", "current", "detail"]
             .iter()
             .filter_map(|k| field(line, k).map(|v| format!("{k}={v}")))
             .collect();
