@@ -58,6 +58,7 @@ pub enum Command {
     },
     /// Extend a lease by its TTL, proving ownership with its acquisition id.
     Renew {
+        /// The resource name.
         name: String,
         /// The acquisition id (32 hex digits) printed by acquire.
         #[arg(long)]
@@ -67,7 +68,9 @@ pub enum Command {
     },
     /// Release a lease. Releasing twice, or with an old id, changes nothing.
     Release {
+        /// The resource name.
         name: String,
+        /// The acquisition id (32 hex digits) printed by acquire.
         #[arg(long)]
         acquisition: String,
         #[command(flatten)]
@@ -75,17 +78,20 @@ pub enum Command {
     },
     /// Holder token, remaining TTL and waiters of a resource.
     Status {
+        /// The resource name.
         name: String,
         #[command(flatten)]
         client: ClientOpts,
     },
     /// Resources with a lease or waiters, by name prefix.
     List {
+        /// Only names starting with this ("" for all).
         #[arg(long, default_value = "")]
         prefix: String,
         /// Continue after this name.
         #[arg(long)]
         start_after: Option<String>,
+        /// Most entries in one page (at most 1000).
         #[arg(long, default_value_t = 100)]
         limit: u32,
         #[command(flatten)]
@@ -93,6 +99,7 @@ pub enum Command {
     },
     /// Revoke a resource's lease and advance its token (operator cancel).
     Fence {
+        /// The resource name.
         name: String,
         #[command(flatten)]
         client: ClientOpts,
@@ -113,6 +120,7 @@ pub struct BenchArgs {
     /// Time per measurement.
     #[arg(long, default_value = "3s", value_parser = parse_duration)]
     pub duration: Duration,
+    /// TTL of every lease the benchmark takes.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub ttl: Duration,
     /// distinct (each client its own resource), shared (all on one), or both.
@@ -144,6 +152,7 @@ pub struct BenchArgs {
 pub enum Admin {
     /// Write a consistent snapshot of a running server to a file.
     Backup {
+        /// The file to write (written beside, fsynced, then renamed).
         #[arg(long)]
         out: PathBuf,
         #[command(flatten)]
@@ -168,6 +177,7 @@ pub struct RestoreArgs {
     /// No backup: start an empty store (for a store file that was lost or damaged).
     #[arg(long)]
     pub empty: bool,
+    /// The stopped server's data directory.
     #[arg(long, default_value = "baton-data")]
     pub data_dir: PathBuf,
     /// Lowest acceptable new epoch.
@@ -177,6 +187,7 @@ pub struct RestoreArgs {
     /// recorded token the new epoch must be above; repeat for several.
     #[arg(long)]
     pub floor_from: Vec<String>,
+    /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
 }

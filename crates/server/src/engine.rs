@@ -377,7 +377,12 @@ impl Engine {
                     revoked,
                 } => {
                     m.fences.inc();
-                    info!(%resource, %token, revoked = ?revoked.map(|t| t.get()), "fenced");
+                    match revoked {
+                        Some(revoked) => {
+                            info!(%resource, %token, %revoked, "fenced; lease revoked")
+                        }
+                        None => info!(%resource, %token, "fenced; no lease was held"),
+                    }
                 }
                 Event::WaitTimedOut { .. } => {
                     m.wait_timeouts.inc();

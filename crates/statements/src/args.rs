@@ -89,6 +89,7 @@ pub enum Command {
         /// The statement date, YYYY-MM-DD.
         #[arg(long, value_parser = parse_date)]
         date: String,
+        /// The account's closing balance, in cents.
         #[arg(long, default_value_t = 10_000)]
         balance_cents: i64,
     },
@@ -112,6 +113,7 @@ pub enum Command {
         /// Only statements of accounts starting with this.
         #[arg(long, default_value = "")]
         accounts: String,
+        /// Print one JSON object instead of text.
         #[arg(long)]
         json: bool,
     },
@@ -133,6 +135,7 @@ pub enum Command {
         /// The statement date, YYYY-MM-DD.
         #[arg(long, value_parser = parse_date)]
         date: String,
+        /// Print one JSON object instead of text.
         #[arg(long)]
         json: bool,
     },
@@ -140,6 +143,7 @@ pub enum Command {
     Cancel {
         #[command(flatten)]
         paths: Paths,
+        /// The Baton server whose lease the cancel fences.
         #[arg(long, default_value = "http://127.0.0.1:7700")]
         server: String,
         /// The account, for example account-42.
@@ -152,6 +156,7 @@ pub enum Command {
     /// The paused-worker story with an embedded Baton server: Alice pauses,
     /// Bob takes over and publishes, Alice resumes and is rejected.
     Demo {
+        /// Print one JSON object instead of text.
         #[arg(long)]
         json: bool,
         /// Keep the service's state in PostgreSQL instead of SQLite.

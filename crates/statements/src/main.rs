@@ -206,10 +206,14 @@ async fn show(paths: &Paths, account: &str, date: &str, json: bool) -> anyhow::R
         return Ok(shown.to_string());
     }
     let mut out = format!(
-        "statement {account} {date}\n  job:          {} (token {}, {})\n  input:        version {}\n  resource:     generation {generation}{}\n  publication:  {}\n  object:       {valid}{}\n  outcomes:\n",
+        "statement {account} {date}\n  job:          {}{}\n  input:        version {}\n  resource:     generation {generation}{}\n  publication:  {}\n  object:       {valid}{}\n  outcomes:\n",
         job.state,
-        job.token.map_or("-".into(), |t| t.to_string()),
-        job.detail.unwrap_or_default(),
+        match (job.token, job.detail.as_deref()) {
+            (Some(t), Some(d)) => format!(" (token {t}, {d})"),
+            (Some(t), None) => format!(" (token {t})"),
+            (None, Some(d)) => format!(" ({d})"),
+            (None, None) => String::new(),
+        },
         input.map_or("-".into(), |i| i.version.to_string()),
         if cancelled_at > 0 { format!(", cancelled at {cancelled_at}") } else { String::new() },
         if pkey.is_empty() { "none".to_string() } else { format!("{pkey} (token {ptoken}, operation {pop})") },
