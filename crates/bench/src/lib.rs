@@ -292,6 +292,17 @@ pub async fn fill(
     ttl: Duration,
     run_id: &str,
 ) -> Result<Duration, String> {
+    fill_counting(url, n_leases, ttl, run_id, Default::default()).await
+}
+
+/// [`fill`], counting the leases granted so far in `done` (for a progress line).
+pub async fn fill_counting(
+    url: &str,
+    n_leases: usize,
+    ttl: Duration,
+    run_id: &str,
+    done: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) -> Result<Duration, String> {
     const CLIENTS: usize = 16;
     const PER_REQUEST: usize = 64;
     let started = Instant::now();
@@ -299,6 +310,7 @@ pub async fn fill(
     for c in 0..CLIENTS {
         let mut client = Client::connect(url).await.map_err(|e| e.to_string())?;
         let run_id = run_id.to_string();
+        let done = done.clone();
         tasks.push(tokio::spawn(async move {
             let mut i = c * PER_REQUEST;
             while i < n_leases {
@@ -311,7 +323,9 @@ pub async fn fill(
                     .await
                     .map_err(|e| e.to_string())?
                 {
-                    baton_client::AcquiredAll::Granted { .. } => {}
+                    baton_client::AcquiredAll::Granted { leases, .. } => {
+                        done.fetch_add(leases.len(), std::sync::atomic::Ordering::Relaxed);
+                    }
                     other => return Err(format!("fill: not granted: {other:?}")),
                 }
                 i += CLIENTS * PER_REQUEST;

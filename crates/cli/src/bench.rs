@@ -61,6 +61,26 @@ impl From<&ScaleRow> for ScaleJson {
     }
 }
 
+/// On a terminal (and without --json), a line every 2 s: leases filled so far.
+fn progress_line(
+    json: bool,
+    total: usize,
+    done: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) -> Option<tokio::task::JoinHandle<()>> {
+    if json || !std::io::IsTerminal::is_terminal(&std::io::stdout()) {
+        return None;
+    }
+    Some(tokio::spawn(async move {
+        let mut tick = tokio::time::interval(std::time::Duration::from_secs(2));
+        loop {
+            tick.tick().await;
+            let n = done.load(std::sync::atomic::Ordering::Relaxed);
+            print!("\r  filled {n} of {total} leases   ");
+            let _ = std::io::Write::flush(&mut std::io::stdout());
+        }
+    }))
+}
+
 fn print_json(value: &impl Serialize) {
     println!(
         "{}",
@@ -124,9 +144,16 @@ async fn cycles(a: &BenchArgs) -> Result<Exit, CliError> {
 
 async fn fill(a: &BenchArgs, n_leases: usize) -> Result<Exit, CliError> {
     let run_id = std::process::id().to_string();
-    let took = baton_bench::fill(&a.client.server, n_leases, a.ttl, &run_id)
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let progress = progress_line(a.client.json, n_leases, done.clone());
+    let took = baton_bench::fill_counting(&a.client.server, n_leases, a.ttl, &run_id, done)
         .await
-        .map_err(bench_error)?;
+        .map_err(bench_error);
+    if let Some(p) = progress {
+        p.abort();
+        println!();
+    }
+    let took = took?;
     let per_s = n_leases as f64 / took.as_secs_f64();
     if a.client.json {
         #[derive(Serialize)]
