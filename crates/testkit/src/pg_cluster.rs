@@ -25,6 +25,31 @@ pub fn pg_bin_dir() -> Result<PathBuf, String> {
     })
 }
 
+/// A new cluster in `data`: trust auth, user postgres, UTF8 (the fence kit
+/// needs it), no fsync during initialization.
+fn initdb(data: &Path) {
+    let out = PgCluster::tool("initdb")
+        .arg("-D")
+        .arg(data)
+        .args([
+            "-A",
+            "trust",
+            "-U",
+            "postgres",
+            "--no-sync",
+            "-E",
+            "UTF8",
+            "--locale=C",
+        ])
+        .output()
+        .expect("run initdb");
+    assert!(
+        out.status.success(),
+        "initdb failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 fn is_root() -> bool {
     nix::unistd::geteuid().is_root()
 }
@@ -65,26 +90,7 @@ impl PgCluster {
             .and_then(|l| l.local_addr())
             .expect("a free port")
             .port();
-        let out = Self::tool("initdb")
-            .arg("-D")
-            .arg(dir.path().join("data"))
-            .args([
-                "-A",
-                "trust",
-                "-U",
-                "postgres",
-                "--no-sync",
-                "-E",
-                "UTF8",
-                "--locale=C",
-            ])
-            .output()
-            .expect("run initdb");
-        assert!(
-            out.status.success(),
-            "initdb failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        initdb(&dir.path().join("data"));
         let cluster = Self { dir, port };
         cluster.ctl(&[
             "start",
@@ -189,26 +195,7 @@ fn start_shared(dir: &Path) -> u16 {
     }
     if !data.join("PG_VERSION").exists() {
         let _ = std::fs::remove_dir_all(&data);
-        let out = PgCluster::tool("initdb")
-            .arg("-D")
-            .arg(&data)
-            .args([
-                "-A",
-                "trust",
-                "-U",
-                "postgres",
-                "--no-sync",
-                "-E",
-                "UTF8",
-                "--locale=C",
-            ])
-            .output()
-            .expect("run initdb");
-        assert!(
-            out.status.success(),
-            "initdb failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        initdb(&data);
     }
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
