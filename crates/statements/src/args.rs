@@ -281,7 +281,7 @@ impl From<WorkerArgs> for crate::worker::WorkerConfig {
     }
 }
 
-impl From<ChaosArgs> for crate::chaos::ChaosConfig {
+impl From<ChaosArgs> for baton_chaos::ChaosConfig {
     /// A run without `--seed` takes one from the clock (and prints it).
     fn from(a: ChaosArgs) -> Self {
         let seed = a.seed.unwrap_or_else(|| {

@@ -2,7 +2,7 @@
 //! on Baton's public APIs. See `statements demo`.
 
 mod args;
-mod chaos;
+mod chaos_service;
 mod demo;
 mod events;
 mod signal;
@@ -65,7 +65,10 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
             worker::run(args.into()).await?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Chaos(args) => chaos::run(args.into()).await,
+        Command::Chaos(args) => {
+            let service = std::sync::Arc::new(chaos_service::StatementsService::new()?);
+            baton_chaos::run(args.into(), service).await
+        }
         Command::Check {
             paths,
             history,
@@ -73,7 +76,8 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
             json,
         } => {
             let db = store::open(&paths.target()).await?;
-            let checked = chaos::check(&db, &history, &accounts).await?;
+            let db = chaos_service::StatementsDb(db);
+            let checked = baton_chaos::check(&db, &history, &accounts).await?;
             let figures = checked.figures();
             if json {
                 println!(

@@ -16,8 +16,9 @@ use tokio::time::Instant;
 use super::net::direction;
 use super::schedule::Fault;
 use super::ChaosConfig;
-use crate::events::field;
-use crate::signal::Signal;
+use nix::sys::signal::Signal;
+
+use crate::service::{Service, WorkerSpec};
 use baton_client::rng::Rng;
 
 pub struct WorkerSlot {
@@ -43,7 +44,7 @@ pub enum Timer {
 
 pub struct Run {
     pub cfg: ChaosConfig,
-    pub exe: PathBuf,
+    pub service: std::sync::Arc<dyn Service>,
     pub dir: PathBuf,
     pub prefix: String,
     pub server_addr: SocketAddr,
@@ -64,12 +65,9 @@ impl Run {
             .create(true)
             .append(true)
             .open(self.dir.join("logs").join("server.log"))?;
-        let mut child = Command::new(&self.exe)
-            .arg("serve-baton")
-            .arg("--data-dir")
-            .arg(self.dir.join("baton-data"))
-            .arg("--listen")
-            .arg(self.server_addr.to_string())
+        let mut child = self
+            .service
+            .server_command(&self.dir.join("baton-data"), self.server_addr)
             .stdout(Stdio::piped())
             .stderr(Stdio::from(log))
             .stdin(Stdio::null())
@@ -124,38 +122,26 @@ impl Run {
         Ok(())
     }
 
-    /// The command line of worker `w`'s next incarnation.
+    /// The command line of worker `w`'s next incarnation, from the service.
     fn worker_command(&self, w: usize, name: &str) -> Command {
         let slot = &self.slots[w];
         let incarnation = slot.incarnation;
-        let mut cmd = Command::new(&self.exe);
-        cmd.arg("worker")
-            .arg("--db")
-            .arg(self.dir.join("statements.sqlite"))
-            .arg("--objects")
-            .arg(self.dir.join("objects"))
-            .arg("--history")
-            .arg(self.dir.join("history").join(format!("w{w}.jsonl")))
-            .args(["--server", &format!("http://{}", slot.baton.addr())])
-            .args(["--name", name])
-            .args(["--ttl", &format!("{}ms", self.cfg.ttl.as_millis())])
-            .args(["--poll", "50ms"])
-            .args(["--accounts", &self.prefix])
-            .args(["--pause-chance-pct", &self.cfg.pause_chance_pct.to_string()])
-            .args([
-                "--chaos-seed",
-                &(self.cfg.seed ^ ((w as u64) << 32) ^ u64::from(incarnation)).to_string(),
-            ]);
-        if let (Some((url, _)), Some(p)) = (&self.worker_url, &slot.postgres) {
-            cmd.args([
-                "--database-url",
-                &url.replace("{port}", &p.addr().port().to_string()),
-            ]);
-        }
-        if self.cfg.negative_control {
-            cmd.arg("--unfenced");
-        }
-        cmd
+        let database_url = match (&self.worker_url, &slot.postgres) {
+            (Some((url, _)), Some(p)) => Some(url.replace("{port}", &p.addr().port().to_string())),
+            _ => None,
+        };
+        self.service.worker_command(&WorkerSpec {
+            dir: self.dir.clone(),
+            history: self.dir.join("history").join(format!("w{w}.jsonl")),
+            server_url: format!("http://{}", slot.baton.addr()),
+            name: name.to_string(),
+            ttl: self.cfg.ttl,
+            accounts: self.prefix.clone(),
+            pause_chance_pct: self.cfg.pause_chance_pct,
+            chaos_seed: self.cfg.seed ^ ((w as u64) << 32) ^ u64::from(incarnation),
+            database_url,
+            unfenced: self.cfg.negative_control,
+        })
     }
 
     fn count(&mut self, kind: &'static str) {
@@ -172,7 +158,7 @@ impl Run {
             slot.stopped = false;
             return;
         };
-        if tries >= 1_000 || child.id().is_none_or(crate::signal::is_stopped) {
+        if tries >= 1_000 || child.id().is_none_or(is_stopped) {
             signal(child, Signal::SIGCONT);
             slot.stopped = false;
             return;
@@ -431,6 +417,29 @@ fn forward_output(
 
 fn signal(child: &Child, sig: Signal) {
     if let Some(pid) = child.id() {
-        let _ = crate::signal::send(pid, sig);
+        if let Ok(pid) = i32::try_from(pid) {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig);
+        }
+    }
+}
+
+/// Whether process `pid` is stopped (state `T` in `/proc/PID/stat`).
+fn is_stopped(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        s.rsplit(')')
+            .next()
+            .is_some_and(|r| r.trim_start().starts_with('T'))
+    })
+}
+
+/// Field `key` of one JSON event line, as text.
+fn field(line: &str, key: &str) -> Option<String> {
+    match serde_json::from_str::<serde_json::Value>(line)
+        .ok()?
+        .get(key)?
+    {
+        serde_json::Value::String(s) => Some(s.clone()),
+        serde_json::Value::Null => None,
+        other => Some(other.to_string()),
     }
 }

@@ -4,7 +4,10 @@
 
 use std::time::Duration;
 
-use crate::store::{self, Location};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use crate::service::{Service, ServiceDb};
 
 /// The statement date of every chaos job.
 pub const DATE: &str = "2026-12-01";
@@ -17,7 +20,13 @@ pub struct Seeder {
 }
 
 impl Seeder {
-    pub fn start(target: Location, prefix: String, open_target: usize) -> Self {
+    pub fn start(
+        service: Arc<dyn Service>,
+        dir: PathBuf,
+        database_url: Option<String>,
+        prefix: String,
+        open_target: usize,
+    ) -> Self {
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let flag = stop.clone();
         let thread = std::thread::spawn(move || {
@@ -25,10 +34,10 @@ impl Seeder {
                 .enable_all()
                 .build()?;
             rt.block_on(async {
-                let db = store::open(&target).await?;
+                let db = service.open(&dir, database_url.as_deref()).await?;
                 let mut seeded = 0u64;
                 while !flag.load(std::sync::atomic::Ordering::SeqCst) {
-                    seeded += seed_jobs(&db, &prefix, open_target, seeded).await?;
+                    seeded += seed_jobs(&*db, &prefix, open_target, seeded).await?;
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
                 Ok(seeded)
@@ -47,7 +56,7 @@ impl Seeder {
 }
 
 async fn seed_jobs(
-    db: &store::Db,
+    db: &dyn ServiceDb,
     prefix: &str,
     target: usize,
     seeded: u64,
@@ -55,12 +64,11 @@ async fn seed_jobs(
     let open = db
         .open_jobs(prefix)
         .await
-        .map_err(|e| anyhow::anyhow!("counting open jobs: {e}"))?
-        .len();
+        .map_err(|e| anyhow::anyhow!("counting open jobs: {e}"))?;
     let mut added = 0;
     for n in open..target {
         let account = format!("{prefix}{:06}", seeded + added);
-        db.seed(&account, DATE, 1_000 + n as i64)
+        db.seed_job(&account, DATE, 1_000 + n as i64)
             .await
             .map_err(|e| anyhow::anyhow!("seeding {account}: {e}"))?;
         added += 1;

@@ -1,7 +1,8 @@
-//! `statements chaos`: the statement service under a seeded storm of faults,
-//! then the history checker's verdict.
+//! The fault suite's chaos run: a service under a seeded storm of faults,
+//! then the history checker's verdict. `statements chaos` runs it on the
+//! reference application through the [`Service`] seam (`service.rs`).
 //!
-//! Real processes: a Baton server (`statements serve-baton`, killed with
+//! Real processes: a Baton server (the service's server command, killed with
 //! SIGKILL and restarted on the same port and data directory) and N worker
 //! processes (paused with SIGSTOP, killed and restarted). Each worker talks
 //! to Baton, and with PostgreSQL to the database, through its own fault
@@ -15,9 +16,8 @@
 //! Every worker appends each publish to its history (invoked, then ok, failed
 //! or unknown); a trigger appends each pointer move to the publication log in
 //! the same transaction. At the end the checker compares the two.
-
 //!
-//! Code map: `schedule.rs` (the faults, a pure function of the seed),
+//! Code map: `service.rs` (what the run needs from the service), `schedule.rs` (the faults, a pure function of the seed),
 //! `procs.rs` (server, workers, proxies and timers), `seeder.rs` (jobs from
 //! a thread of their own), `net.rs` (proxied addresses), `report.rs` (the
 //! checker's verdict and the report). The history format and its reader are
@@ -28,6 +28,7 @@ mod procs;
 mod report;
 mod schedule;
 mod seeder;
+mod service;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -38,14 +39,15 @@ use baton_faults::Proxy;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-pub use report::check;
+pub use report::{check, Checked, Figures};
 pub use schedule::{fingerprint, schedule, Fault};
+pub use service::{Opening, Service, ServiceDb, WorkerSpec};
 
-use crate::store::{self, Location};
 use baton_client::rng::Rng;
 use procs::{Run, WorkerSlot};
 use report::Report;
 use seeder::Seeder;
+use std::sync::Arc;
 
 #[derive(Clone, Debug)]
 pub struct ChaosConfig {
@@ -90,9 +92,9 @@ fn validate(cfg: &ChaosConfig) -> anyhow::Result<()> {
 }
 
 /// Runs the storm, settles, and prints the verdict; exit 0 only when clean.
-pub async fn run(cfg: ChaosConfig) -> anyhow::Result<ExitCode> {
+pub async fn run(cfg: ChaosConfig, service: Arc<dyn Service>) -> anyhow::Result<ExitCode> {
     validate(&cfg)?;
-    let (mut run, target, mut paused) = setup(cfg).await?;
+    let (mut run, mut paused) = setup(cfg, service.clone()).await?;
     let sched = schedule(
         run.cfg.seed,
         run.cfg.workers,
@@ -105,16 +107,24 @@ pub async fn run(cfg: ChaosConfig) -> anyhow::Result<ExitCode> {
     for w in 0..run.cfg.workers {
         run.start_worker(w)?;
     }
-    let seeder = Seeder::start(target.clone(), run.prefix.clone(), run.cfg.workers * 2);
+    let seeder = Seeder::start(
+        service.clone(),
+        run.dir.clone(),
+        run.cfg.database_url.clone(),
+        run.prefix.clone(),
+        run.cfg.workers * 2,
+    );
     storm(&mut run, &sched, &mut paused).await?;
-    let db = store::open(&target).await?;
-    let (seeded, open_at_end) = settle(&mut run, seeder, &db, &mut paused).await?;
+    let db = service
+        .open(&run.dir, run.cfg.database_url.as_deref())
+        .await?;
+    let (seeded, open_at_end) = settle(&mut run, seeder, &*db, &mut paused).await?;
     run.kill_all().await;
-    verdict(&run, &db, &sched, seeded, open_at_end).await
+    verdict(&run, &*db, &sched, seeded, open_at_end).await
 }
 
 /// The run's directory, database, proxies and worker slots.
-async fn setup(cfg: ChaosConfig) -> anyhow::Result<(Run, Location, Paused)> {
+async fn setup(cfg: ChaosConfig, service: Arc<dyn Service>) -> anyhow::Result<(Run, Paused)> {
     let worker_url = match &cfg.database_url {
         Some(url) => Some(net::postgres_via_proxy(url).await?),
         None => None,
@@ -128,11 +138,7 @@ async fn setup(cfg: ChaosConfig) -> anyhow::Result<(Run, Location, Paused)> {
         std::fs::create_dir_all(dir.join(sub))
             .map_err(|e| anyhow::anyhow!("{}: {e}", dir.display()))?;
     }
-    let target = Location {
-        db: dir.join("statements.sqlite"),
-        database_url: cfg.database_url.clone(),
-    };
-    store::open(&target).await?;
+    service.open(&dir, cfg.database_url.as_deref()).await?;
     if cfg.negative_control {
         eprintln!(
             "*** NEGATIVE CONTROL: fencing is OFF at the resource. Workers move the publication \
@@ -159,7 +165,7 @@ async fn setup(cfg: ChaosConfig) -> anyhow::Result<(Run, Location, Paused)> {
     let (events, paused) = mpsc::unbounded_channel();
     let run = Run {
         rng: Rng::new(cfg.seed ^ 0x5eed),
-        exe: std::env::current_exe()?,
+        service,
         cfg,
         dir,
         prefix,
@@ -172,7 +178,7 @@ async fn setup(cfg: ChaosConfig) -> anyhow::Result<(Run, Location, Paused)> {
         events,
         stale_seen: Default::default(),
     };
-    Ok((run, target, paused))
+    Ok((run, paused))
 }
 
 fn announce(run: &Run, sched: &[(u64, Fault)]) {
@@ -274,7 +280,7 @@ impl Status {
 async fn settle(
     run: &mut Run,
     seeder: Seeder,
-    db: &store::Db,
+    db: &dyn ServiceDb,
     paused: &mut Paused,
 ) -> anyhow::Result<(u64, i64)> {
     run.fire_timers(Instant::now(), true).await?;
@@ -288,7 +294,7 @@ async fn settle(
             .await
             .map_err(|e| anyhow::anyhow!("waiting for the open jobs: {e}"))?
             .iter()
-            .filter(|(s, _)| store::JobState::parse(s).is_ok_and(store::JobState::is_open))
+            .filter(|(s, _)| run.service.is_open_state(s))
             .map(|(_, n)| n)
             .sum();
         if open == 0 {
@@ -306,7 +312,7 @@ async fn settle(
 /// The checker's verdict and the report; exit 0 only when clean.
 async fn verdict(
     run: &Run,
-    db: &store::Db,
+    db: &dyn ServiceDb,
     sched: &[(u64, Fault)],
     seeded: u64,
     open_at_end: i64,

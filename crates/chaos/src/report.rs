@@ -7,7 +7,7 @@ use std::path::Path;
 use baton_faults::checker::{self, Accepted, Verdict};
 use serde::Serialize;
 
-use crate::store;
+use crate::service::ServiceDb;
 
 /// The checker's verdict on one run, with the counts around it.
 pub struct Checked {
@@ -62,20 +62,13 @@ impl Checked {
 
 /// Checks the histories in `history` against the publication log and the
 /// pointers of the statements of accounts starting with `prefix`.
-pub async fn check(db: &store::Db, history: &Path, prefix: &str) -> anyhow::Result<Checked> {
+pub async fn check(db: &dyn ServiceDb, history: &Path, prefix: &str) -> anyhow::Result<Checked> {
     let resource_prefix = format!("statement:{prefix}");
     let histories = baton_faults::history::read_dir(history).map_err(anyhow::Error::msg)?;
     let accepted: Vec<Accepted> = db
         .publication_log(&resource_prefix)
         .await
-        .map_err(|e| anyhow::anyhow!("reading the publication log: {e}"))?
-        .into_iter()
-        .map(|p| Accepted {
-            resource: p.resource,
-            operation: p.operation,
-            token: p.token,
-        })
-        .collect();
+        .map_err(|e| anyhow::anyhow!("reading the publication log: {e}"))?;
     let pointers: BTreeMap<String, i64> = db
         .pointers(&resource_prefix)
         .await
