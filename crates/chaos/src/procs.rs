@@ -16,7 +16,7 @@ use tokio::time::Instant;
 use super::net::direction;
 use super::schedule::Fault;
 use super::ChaosConfig;
-use nix::sys::signal::Signal;
+use baton_faults::signal::Signal;
 
 use crate::service::{Service, WorkerSpec};
 use baton_client::rng::Rng;
@@ -158,7 +158,7 @@ impl Run {
             slot.stopped = false;
             return;
         };
-        if tries >= 1_000 || child.id().is_none_or(is_stopped) {
+        if tries >= 1_000 || child.id().is_none_or(baton_faults::signal::is_stopped) {
             signal(child, Signal::SIGCONT);
             slot.stopped = false;
             return;
@@ -417,19 +417,8 @@ fn forward_output(
 
 fn signal(child: &Child, sig: Signal) {
     if let Some(pid) = child.id() {
-        if let Ok(pid) = i32::try_from(pid) {
-            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig);
-        }
+        let _ = baton_faults::signal::send(pid, sig);
     }
-}
-
-/// Whether process `pid` is stopped (state `T` in `/proc/PID/stat`).
-fn is_stopped(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
-        s.rsplit(')')
-            .next()
-            .is_some_and(|r| r.trim_start().starts_with('T'))
-    })
 }
 
 /// Field `key` of one JSON event line, as text.

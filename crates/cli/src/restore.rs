@@ -38,7 +38,7 @@ fn failure(message: String) -> RestoreError {
     }
 }
 
-/// The backup's epoch and how many leases it held; `None` without a backup.
+/// The backup's epoch and how many leases it held.
 fn read_backup(from: &Path) -> Result<(Epoch, usize), RestoreError> {
     let bytes =
         std::fs::read(from).map_err(|e| failure(format!("cannot read {}: {e}", from.display())))?;

@@ -23,6 +23,7 @@
 
 pub mod checker;
 pub mod history;
+pub mod signal;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};

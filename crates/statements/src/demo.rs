@@ -188,7 +188,7 @@ async fn play(
     let mut alice_lines = read_until(&mut alice_out, timeline, Some("paused")).await?;
     let pid = alice.id().ok_or_else(|| anyhow::anyhow!("alice exited"))?;
     until("alice to be stopped", async || {
-        crate::signal::is_stopped(pid)
+        baton_faults::signal::is_stopped(pid)
     })
     .await?;
     timeline.note("alice", "stopped", "SIGSTOP");
@@ -207,7 +207,7 @@ async fn play(
     let (mut bob, mut bob_out) = spawn_worker(paths, url, "bob", false)?;
     let bob_lines = read_until(&mut bob_out, timeline, None).await?;
     bob.wait().await?;
-    crate::signal::send(pid, crate::signal::Signal::SIGCONT)?;
+    baton_faults::signal::send(pid, baton_faults::signal::Signal::SIGCONT)?;
     timeline.note("alice", "resumed", "SIGCONT");
     alice_lines.extend(read_until(&mut alice_out, timeline, None).await?);
     alice.wait().await?;

@@ -5,7 +5,6 @@ mod args;
 mod chaos_service;
 mod demo;
 mod events;
-mod signal;
 mod store;
 mod worker;
 

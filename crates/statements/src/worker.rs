@@ -105,7 +105,7 @@ fn hex_bytes(hex: &str) -> Vec<u8> {
 
 fn stop_self() {
     // A real SIGSTOP, delivered by the kernel like any other pause.
-    let _ = crate::signal::send(std::process::id(), crate::signal::Signal::SIGSTOP);
+    let _ = baton_faults::signal::send(std::process::id(), baton_faults::signal::Signal::SIGSTOP);
 }
 
 /// Runs the worker. With `once`, the first error ends it; otherwise a

@@ -231,6 +231,11 @@ impl Attempt<'_> {
         Ok(Ok(()))
     }
 
+    /// One line of the publish history for operation `op` of this attempt.
+    fn record(&self, op: &str, step: Step, outcome: &str) {
+        record(self.cfg, &self.resource, op, self.token, step, outcome);
+    }
+
     fn publish_operation(&self) -> String {
         format!(
             "publish:{}:{}:t{}",
@@ -242,30 +247,16 @@ impl Attempt<'_> {
 
     /// The negative control: a blind pointer write.
     async fn publish_unfenced(&self, db: &Db, object_key: &str) -> Result<()> {
-        let (cfg, op) = (self.cfg, self.publish_operation());
-        record(cfg, &self.resource, &op, self.token, Step::Invoke, "");
+        let op = self.publish_operation();
+        self.record(&op, Step::Invoke, "");
         if let Err(e) = db
             .publish_unfenced(&self.resource, self.token.get(), &op, object_key)
             .await
         {
-            record(
-                cfg,
-                &self.resource,
-                &op,
-                self.token,
-                Step::Unknown,
-                &format!("{e:#}"),
-            );
+            self.record(&op, Step::Unknown, &format!("{e:#}"));
             return Err(e);
         }
-        record(
-            cfg,
-            &self.resource,
-            &op,
-            self.token,
-            Step::Ok,
-            "applied_unfenced",
-        );
+        self.record(&op, Step::Ok, "applied_unfenced");
         db.record_outcome(
             self.name(),
             self.account,
@@ -288,7 +279,7 @@ impl Attempt<'_> {
         object_key: &str,
         manifest: &Manifest,
     ) -> Result<Option<Outcome>> {
-        let (cfg, op) = (self.cfg, self.publish_operation());
+        let op = self.publish_operation();
         let fingerprint = hex_bytes(&manifest.sha256_hex);
         let req = FenceRequest::new(
             &self.resource,
@@ -299,44 +290,23 @@ impl Attempt<'_> {
         )?;
         let mut retried = false;
         loop {
-            record(cfg, &self.resource, &op, self.token, Step::Invoke, "");
+            self.record(&op, Step::Invoke, "");
             match db.publish(self.kit, &req).await {
                 Ok(Ok(outcome)) => {
                     let status = match outcome {
                         Outcome::Applied { .. } | Outcome::Replayed { .. } => Step::Ok,
                         _ => Step::Failed,
                     };
-                    record(
-                        cfg,
-                        &self.resource,
-                        &op,
-                        self.token,
-                        status,
-                        outcome.label(),
-                    );
+                    self.record(&op, status, outcome.label());
                     return Ok(Some(outcome));
                 }
                 Ok(Err(invalid)) => {
-                    record(
-                        cfg,
-                        &self.resource,
-                        &op,
-                        self.token,
-                        Step::Failed,
-                        "invalid",
-                    );
+                    self.record(&op, Step::Failed, "invalid");
                     self.needs_attention(db, &invalid.to_string()).await?;
                     return Ok(None);
                 }
                 Err(e) => {
-                    record(
-                        cfg,
-                        &self.resource,
-                        &op,
-                        self.token,
-                        Step::Unknown,
-                        &format!("{e:#}"),
-                    );
+                    self.record(&op, Step::Unknown, &format!("{e:#}"));
                     emit(
                         "publish_unknown",
                         json!({"worker": self.name(), "token": self.token.get(), "why": format!("{e:#}")}),
@@ -345,7 +315,7 @@ impl Attempt<'_> {
                         return Err(e);
                     }
                     retried = true;
-                    *db = store::open(&cfg.target).await?;
+                    *db = store::open(&self.cfg.target).await?;
                 }
             }
         }

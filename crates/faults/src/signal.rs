@@ -1,5 +1,6 @@
 //! Real signals to real processes: the pauses and kills of the demo, the
 //! drills and the chaos run are delivered by the kernel, as in production.
+//! Linux: whether a process is stopped is read from `/proc`.
 
 pub use nix::sys::signal::Signal;
 
