@@ -25,7 +25,8 @@ pub struct Cli {
 
 #[derive(Args, Clone)]
 pub struct ClientOpts {
-    /// Server address, like http://127.0.0.1:7700 or 127.0.0.1:7700.
+    /// Server address, like http://127.0.0.1:7700 or 127.0.0.1:7700; for a
+    /// cluster, several separated by commas (the client finds the leader).
     #[arg(
         long,
         env = "BATON_SERVER",
@@ -40,8 +41,14 @@ pub struct ClientOpts {
 
 #[derive(Subcommand)]
 pub enum Command {
-    /// Run the lease server on the embedded store.
+    /// Run the lease server (on the embedded store, or with --store as one
+    /// server of a cluster on PostgreSQL).
     Serve(ServeArgs),
+    /// The cluster as a server sees it: leader, term, members.
+    Cluster {
+        #[command(subcommand)]
+        command: ClusterCommand,
+    },
     /// Acquire one resource, or several all or nothing.
     Acquire {
         /// Resource names; with several, every lease is granted or none.
@@ -149,6 +156,16 @@ pub struct BenchArgs {
 }
 
 #[derive(Subcommand)]
+pub enum ClusterCommand {
+    /// Show the leader, its term, and every server seen in the last hour
+    /// (asks each --server address; followers answer too).
+    Status {
+        #[command(flatten)]
+        client: ClientOpts,
+    },
+}
+
+#[derive(Subcommand)]
 pub enum Admin {
     /// Write a consistent snapshot of a running server to a file.
     Backup {
@@ -237,4 +254,27 @@ pub struct ServeArgs {
     /// Most resources in one all-or-nothing acquire.
     #[arg(long, env = "BATON_MAX_RESOURCES_PER_REQUEST", default_value_t = 64)]
     pub max_resources_per_request: usize,
+    /// Keep the lease state in PostgreSQL instead of the data directory and
+    /// serve as one server of a cluster (postgres://USER@HOST:PORT/DB, or
+    /// key=value pairs; list several hosts with target_session_attrs=read-write
+    /// to follow a database failover). Servers given the same database and
+    /// --cluster elect one leader.
+    #[arg(long, env = "BATON_STORE")]
+    pub store: Option<String>,
+    /// The cluster's name; a database holds the state of one cluster only.
+    #[arg(
+        long,
+        env = "BATON_CLUSTER",
+        default_value = "baton",
+        requires = "store"
+    )]
+    pub cluster: String,
+    /// The address clients should dial for this server, told to them by
+    /// followers [default: http:// and --listen, if that is not 0.0.0.0 or ::].
+    #[arg(long, env = "BATON_ADVERTISE", requires = "store")]
+    pub advertise: Option<String>,
+    /// A follower takes over when the leader has not renewed for this long;
+    /// failover takes about this plus loading the leases.
+    #[arg(long, env = "BATON_LEADER_TTL", default_value = "4s", value_parser = parse_duration, requires = "store")]
+    pub leader_ttl: Duration,
 }

@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 
 /// The serve flags a config file may set.
-const KEYS: [&str; 14] = [
+const KEYS: [&str; 18] = [
     "listen",
     "http_listen",
     "data_dir",
@@ -23,6 +23,10 @@ const KEYS: [&str; 14] = [
     "handshake_timeout",
     "idle_timeout",
     "max_resources_per_request",
+    "store",
+    "cluster",
+    "advertise",
+    "leader_ttl",
     "config",
 ];
 

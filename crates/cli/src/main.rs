@@ -5,6 +5,7 @@
 mod admin;
 mod args;
 mod bench;
+mod cluster;
 mod config_file;
 mod error;
 mod lease;
@@ -16,7 +17,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-use args::{Admin, Cli, Command};
+use args::{Admin, Cli, ClusterCommand, Command};
 use error::{CliError, Exit};
 use output::emit;
 
@@ -62,6 +63,9 @@ fn wants_json(command: &Command) -> bool {
         | Command::Admin(Admin::Backup { client, .. }) => client.json,
         Command::Admin(Admin::Restore(a)) => a.json,
         Command::Bench(a) => a.client.json,
+        Command::Cluster {
+            command: ClusterCommand::Status { client },
+        } => client.json,
     }
 }
 
@@ -111,5 +115,8 @@ async fn run(command: Command) -> Result<Exit, CliError> {
         }
         Command::Admin(Admin::Restore(a)) => emit(a.json, &admin::restore(&a).await?),
         Command::Bench(a) => bench::bench(a).await?,
+        Command::Cluster {
+            command: ClusterCommand::Status { client },
+        } => emit(client.json, &cluster::status(&client).await?),
     })
 }

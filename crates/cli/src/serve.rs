@@ -19,6 +19,29 @@ fn init_logging() {
         .init();
 }
 
+/// The cluster configuration, if `--store` was given.
+fn cluster_config(args: &ServeArgs) -> Result<Option<baton_server::ClusterConfig>, CliError> {
+    let Some(store_url) = args.store.clone() else {
+        return Ok(None);
+    };
+    let advertise = match &args.advertise {
+        Some(a) => a.clone(),
+        None if args.listen.ip().is_unspecified() => {
+            return Err(CliError::usage(format!(
+                "--advertise is required with --store when --listen is {}: followers must tell clients an address they can dial",
+                args.listen
+            )))
+        }
+        None => format!("http://{}", args.listen),
+    };
+    Ok(Some(baton_server::ClusterConfig {
+        store_url,
+        cluster: args.cluster.clone(),
+        advertise,
+        leader_ttl_ms: args.leader_ttl.as_millis() as u64,
+    }))
+}
+
 /// The server configuration the flags describe.
 pub fn config(args: ServeArgs) -> baton_server::ServerConfig {
     let ms = |d: Duration| d.as_millis() as u64;
@@ -44,12 +67,22 @@ pub fn config(args: ServeArgs) -> baton_server::ServerConfig {
 /// `baton serve`. Prints one "baton listening" line once it serves.
 pub async fn serve(args: ServeArgs) -> Result<Exit, CliError> {
     init_logging();
-    let mut server = baton_server::start(config(args))
-        .await
-        .map_err(|e| match e {
-            baton_server::ServerError::Config(_) => CliError::usage(e.to_string()),
-            other => CliError::failure(other.to_string()),
-        })?;
+    let cluster = cluster_config(&args)?;
+    let started = match cluster {
+        Some(cluster) => {
+            if args.listen.port() == 0 && args.advertise.is_none() {
+                return Err(CliError::usage(
+                    "--advertise is required with --store when --listen has port 0",
+                ));
+            }
+            baton_server::start_cluster(config(args), cluster).await
+        }
+        None => baton_server::start(config(args)).await,
+    };
+    let mut server = started.map_err(|e| match e {
+        baton_server::ServerError::Config(_) => CliError::usage(e.to_string()),
+        other => CliError::failure(other.to_string()),
+    })?;
     let http = server.http_addr.map(|a| a.to_string()).unwrap_or_default();
     println!("baton listening grpc={} http={http}", server.grpc_addr);
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())

@@ -256,41 +256,142 @@ fn status(s: v1::StatusResponse) -> Result<Status, ClientError> {
     })
 }
 
-/// A connection to one Baton server. Cheap to clone; clones share the connection.
+/// The leader's address from a follower's answer: `Some("")` while no
+/// leader is known, `None` if the answer is not a follower's.
+fn redirect(status: &tonic::Status) -> Option<String> {
+    if status.code() != Code::Unavailable {
+        return None;
+    }
+    status
+        .metadata()
+        .get(baton_proto::LEADER_METADATA)
+        .map(|v| v.to_str().unwrap_or_default().to_string())
+}
+
+/// `127.0.0.1:7700` means plain HTTP/2, as `PGHOST` or etcdctl take an address.
+fn normalize(url: &str) -> String {
+    let url = url.trim();
+    if url.contains("://") {
+        url.to_string()
+    } else {
+        format!("http://{url}")
+    }
+}
+
+fn endpoint(url: &str) -> Result<Endpoint, ClientError> {
+    Ok(Endpoint::from_shared(url.to_string())
+        .map_err(|e| ClientError::Invalid(format!("server url {url:?}: {e}")))?
+        .connect_timeout(Duration::from_secs(5))
+        .tcp_nodelay(true))
+}
+
+/// The servers a client knows and the one it talks to now. Shared by clones,
+/// so a leader found by one is used by all.
+#[derive(Debug)]
+struct Servers {
+    urls: Vec<String>,
+    state: std::sync::Mutex<ServersState>,
+}
+
+#[derive(Debug)]
+struct ServersState {
+    current: String,
+    channels: std::collections::HashMap<String, LeasesClient<Channel>>,
+}
+
+impl Servers {
+    fn current(&self) -> Result<(String, LeasesClient<Channel>), ClientError> {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let url = st.current.clone();
+        if let Some(c) = st.channels.get(&url) {
+            return Ok((url, c.clone()));
+        }
+        let c = LeasesClient::new(endpoint(&url)?.connect_lazy());
+        st.channels.insert(url.clone(), c.clone());
+        Ok((url, c))
+    }
+
+    fn switch_to(&self, url: &str) {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).current = url.to_string();
+    }
+
+    /// Moves on from `from` to the next configured server.
+    fn rotate(&self, from: &str) {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if st.current != from {
+            return;
+        }
+        let i = self.urls.iter().position(|u| u == from);
+        let next = i.map_or(0, |i| (i + 1) % self.urls.len());
+        st.current = self.urls[next].clone();
+    }
+}
+
+/// A connection to a Baton server, or to the leader of a cluster. Cheap to
+/// clone; clones share the connections.
 #[derive(Clone, Debug)]
 pub struct Client {
-    inner: LeasesClient<Channel>,
+    servers: std::sync::Arc<Servers>,
     rpc_timeout: Duration,
 }
 
 impl Client {
-    /// Connects to `url` (for example `http://127.0.0.1:7700`).
+    /// Connects to `url` (for example `http://127.0.0.1:7700`), or to the
+    /// first reachable of several separated by commas (the servers of one
+    /// cluster). Calls go to the leader: a follower's answer names it and
+    /// the call is sent there, which is safe because a follower does
+    /// nothing. A server that refuses connections is skipped. A call that
+    /// may have taken effect is never repeated: it is reported as
+    /// [`ClientError::Indeterminate`].
     pub async fn connect(url: &str) -> Result<Self, ClientError> {
-        // `127.0.0.1:7700` means plain HTTP/2, as `PGHOST` or etcdctl take an address.
-        let url = if url.contains("://") {
-            url.to_string()
-        } else {
-            format!("http://{url}")
+        let urls: Vec<String> = url
+            .split(',')
+            .filter(|u| !u.trim().is_empty())
+            .map(normalize)
+            .collect();
+        if urls.is_empty() {
+            return Err(ClientError::Invalid(format!(
+                "server url {url:?}: no address given"
+            )));
+        }
+        let mut channels = std::collections::HashMap::new();
+        let mut errors = Vec::new();
+        for u in &urls {
+            match endpoint(u)?.connect().await {
+                Ok(channel) => {
+                    channels.insert(u.clone(), LeasesClient::new(channel));
+                    break;
+                }
+                Err(e) => errors.push(format!("{u}: {}", error_chain(&e))),
+            }
+        }
+        let Some(current) = urls.iter().find(|u| channels.contains_key(*u)).cloned() else {
+            return Err(ClientError::Connect {
+                url: urls.join(","),
+                message: errors.join("; "),
+            });
         };
-        let connect_err = |message: String| ClientError::Connect {
-            url: url.clone(),
-            message,
-        };
-        let endpoint = Endpoint::from_shared(url.clone())
-            .map_err(|e| ClientError::Invalid(format!("server url {url:?}: {e}")))?
-            .connect_timeout(Duration::from_secs(5))
-            .tcp_nodelay(true);
-        let channel = endpoint
-            .connect()
-            .await
-            .map_err(|e| connect_err(error_chain(&e)))?;
         Ok(Self {
-            inner: LeasesClient::new(channel),
+            servers: std::sync::Arc::new(Servers {
+                urls,
+                state: std::sync::Mutex::new(ServersState { current, channels }),
+            }),
             rpc_timeout: RPC_TIMEOUT_DEFAULT,
         })
     }
 
-    /// Sets the time allowed for each request beyond its server-side wait.
+    /// The server this client sends its next call to.
+    pub fn current_server(&self) -> String {
+        self.servers
+            .state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .current
+            .clone()
+    }
+
+    /// Sets the time allowed for each request beyond its server-side wait;
+    /// also how long a call looks for the leader during a failover.
     pub fn with_rpc_timeout(mut self, timeout: Duration) -> Self {
         self.rpc_timeout = timeout;
         self
@@ -300,6 +401,76 @@ impl Client {
         let mut request = Request::new(message);
         request.set_timeout(self.rpc_timeout + extra);
         request
+    }
+
+    /// Sends `message` to the leader. Followers' answers and refused
+    /// connections are definite, so the call moves on (to the named leader,
+    /// or the next server, pausing briefly once every server was tried)
+    /// until `rpc_timeout`; any other failure is returned as it is.
+    async fn call<M, R, F, Fut>(&self, message: M, extra: Duration, f: F) -> Result<R, ClientError>
+    where
+        M: Clone,
+        F: Fn(LeasesClient<Channel>, Request<M>) -> Fut,
+        Fut: std::future::Future<Output = Result<tonic::Response<R>, tonic::Status>>,
+    {
+        let started = std::time::Instant::now();
+        let mut pause = Duration::from_millis(20);
+        let mut misses = 0usize;
+        loop {
+            let (url, channel) = self.servers.current()?;
+            let status = match f(channel, self.request(message.clone(), extra)).await {
+                Ok(r) => return Ok(r.into_inner()),
+                Err(status) => status,
+            };
+            let last = match redirect(&status) {
+                Some(leader) if !leader.is_empty() && leader != url => {
+                    self.servers.switch_to(&leader);
+                    ClientError::Connect {
+                        url,
+                        message: format!("not the leader; the leader is {leader}"),
+                    }
+                }
+                Some(_) => {
+                    self.servers.rotate(&url);
+                    misses += 1;
+                    ClientError::Connect {
+                        url,
+                        message: status.message().to_string(),
+                    }
+                }
+                None if never_connected(&status) => {
+                    self.servers.rotate(&url);
+                    misses += 1;
+                    ClientError::Connect {
+                        url,
+                        message: status.message().to_string(),
+                    }
+                }
+                None => {
+                    // Possibly applied: never repeated. The next call tries
+                    // another server first if this one may be gone.
+                    let server_trouble = matches!(
+                        status.code(),
+                        Code::Unavailable
+                            | Code::DeadlineExceeded
+                            | Code::Cancelled
+                            | Code::Unknown
+                    );
+                    if self.servers.urls.len() > 1 && server_trouble {
+                        self.servers.rotate(&url);
+                    }
+                    return Err(from_status(status));
+                }
+            };
+            if started.elapsed() >= self.rpc_timeout {
+                return Err(last);
+            }
+            if misses >= self.servers.urls.len() {
+                misses = 0;
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_millis(500));
+            }
+        }
     }
 
     /// Acquires one resource. `wait` of zero tries once; otherwise the
@@ -335,11 +506,8 @@ impl Client {
             wait_ms: wait.as_millis() as u64,
         };
         let response = self
-            .inner
-            .acquire(self.request(message, wait))
-            .await
-            .map_err(from_status)?
-            .into_inner();
+            .call(message, wait, |mut c, r| async move { c.acquire(r).await })
+            .await?;
         match response.outcome {
             Some(v1::acquire_response::Outcome::Granted(g)) => {
                 if g.leases.len() != resources.len() {
@@ -379,11 +547,10 @@ impl Client {
             acquisition_id: id.as_bytes().to_vec(),
         };
         let r = self
-            .inner
-            .renew(self.request(message, Duration::ZERO))
-            .await
-            .map_err(from_status)?
-            .into_inner();
+            .call(message, Duration::ZERO, |mut c, r| async move {
+                c.renew(r).await
+            })
+            .await?;
         Ok(if r.renewed {
             Renewal::Renewed {
                 token: token(r.token)?,
@@ -405,11 +572,10 @@ impl Client {
             acquisition_id: id.as_bytes().to_vec(),
         };
         let r = self
-            .inner
-            .release(self.request(message, Duration::ZERO))
-            .await
-            .map_err(from_status)?
-            .into_inner();
+            .call(message, Duration::ZERO, |mut c, r| async move {
+                c.release(r).await
+            })
+            .await?;
         Ok(if r.released {
             Release::Released {
                 token: token(r.token)?,
@@ -425,11 +591,10 @@ impl Client {
             resource: resource.to_string(),
         };
         status(
-            self.inner
-                .status(self.request(message, Duration::ZERO))
-                .await
-                .map_err(from_status)?
-                .into_inner(),
+            self.call(message, Duration::ZERO, |mut c, r| async move {
+                c.status(r).await
+            })
+            .await?,
         )
     }
 
@@ -446,11 +611,10 @@ impl Client {
             limit,
         };
         let r = self
-            .inner
-            .list(self.request(message, Duration::ZERO))
-            .await
-            .map_err(from_status)?
-            .into_inner();
+            .call(message, Duration::ZERO, |mut c, r| async move {
+                c.list(r).await
+            })
+            .await?;
         r.entries.into_iter().map(status).collect()
     }
 
@@ -460,11 +624,10 @@ impl Client {
             resource: resource.to_string(),
         };
         let r = self
-            .inner
-            .fence(self.request(message, Duration::ZERO))
-            .await
-            .map_err(from_status)?
-            .into_inner();
+            .call(message, Duration::ZERO, |mut c, r| async move {
+                c.fence(r).await
+            })
+            .await?;
         Ok(Fenced {
             token: token(r.token)?,
             revoked: if r.revoked {
@@ -477,10 +640,23 @@ impl Client {
 
     /// A consistent snapshot of the server's durable state.
     pub async fn backup(&mut self) -> Result<Snapshot, ClientError> {
-        let r = self
-            .inner
-            .backup(self.request(v1::BackupRequest {}, Duration::from_secs(60)))
-            .await;
-        Ok(r.map_err(from_status)?.into_inner())
+        self.call(
+            v1::BackupRequest {},
+            Duration::from_secs(60),
+            |mut c, r| async move { c.backup(r).await },
+        )
+        .await
+    }
+
+    /// The cluster as the server this client talks to sees it (any server
+    /// answers, leader or follower; nothing is redirected).
+    pub async fn cluster_status(&mut self) -> Result<v1::ClusterStatusResponse, ClientError> {
+        let (_, mut c) = self.servers.current()?;
+        Ok(
+            c.cluster_status(self.request(v1::ClusterStatusRequest {}, Duration::ZERO))
+                .await
+                .map_err(from_status)?
+                .into_inner(),
+        )
     }
 }

@@ -20,3 +20,7 @@ pub const SNAPSHOT_FORMAT: u32 = 2;
 /// The earlier format, whose `leases` held usable acquisition ids. A restore
 /// still reads it (it drops every lease anyway).
 pub const SNAPSHOT_FORMAT_WITH_IDS: u32 = 1;
+
+/// gRPC metadata key on a follower's UNAVAILABLE answer: the leader's
+/// advertised address, empty while none is known (see `baton.proto`).
+pub const LEADER_METADATA: &str = "baton-leader";

@@ -214,11 +214,15 @@ impl Engine {
         let flush = !self.pending.is_empty()
             && (fx.sync || now >= self.flush_at || self.pending.len() >= LAZY_WRITES_MAX);
         if flush {
+            let started = Instant::now();
             if let Err(e) = self.store.commit(&self.pending) {
                 // Dropping the replies tells every caller the outcome is unknown.
+                self.metrics.store_errors.inc();
                 error!(error = %e, "lease store commit failed; stopping");
                 return Err(e);
             }
+            self.metrics
+                .observe_commit_latency_us(started.elapsed().as_micros() as u64);
             self.metrics.commits.inc();
             self.pending.clear();
             self.flush_at = MonoMs(now.0 + LAZY_FLUSH_INTERVAL_MS);

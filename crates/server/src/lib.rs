@@ -9,10 +9,12 @@
 //! were committed with fsync.
 #![warn(missing_docs)]
 
+mod cluster;
 mod conn;
 mod engine;
 mod http;
 mod metrics;
+mod seat;
 mod service;
 
 use std::net::SocketAddr;
@@ -29,7 +31,11 @@ use tokio::sync::oneshot;
 use tokio_stream::StreamExt;
 use tracing::{error, info};
 
+pub use cluster::{ClusterConfig, LEADER_TTL_MS_DEFAULT, LEADER_TTL_MS_MIN};
 pub use metrics::Metrics;
+pub use seat::LEADER_METADATA;
+
+use seat::Seat;
 
 /// How long a shutdown waits for in-flight requests (waiting acquires included).
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
@@ -115,6 +121,8 @@ pub enum ServerError {
         source: Box<StoreError>,
         hint: String,
     },
+    #[error("{0}")]
+    Cluster(#[from] baton_store_pg::PgError),
     #[error("the lease engine stopped: {0}")]
     Engine(#[from] EngineFailure),
     #[error("transport error: {0}")]
@@ -241,20 +249,22 @@ pub async fn start_with_store(
     validate(&config)?;
     let metrics = Arc::new(Metrics::default());
     let (grpc, grpc_addr) = bind(config.listen).await?;
-    let http_addr = match config.http_listen {
-        Some(addr) => {
-            let (http, bound) = bind(addr).await?;
-            tokio::spawn(http::serve(http, metrics.clone()));
-            Some(bound)
-        }
+    let http = match config.http_listen {
+        Some(addr) => Some(bind(addr).await?),
         None => None,
     };
     let (engine, engine_thread) =
         engine::Engine::start(store, config.limits.clone(), metrics.clone())?;
     let engine_stop = engine.clone();
+    let seat = Arc::new(Seat::single(engine));
+    let http_addr = http.map(|(listener, bound)| {
+        tokio::spawn(http::serve(listener, metrics.clone(), seat.clone()));
+        bound
+    });
+    metrics.is_leader.set(1);
     let (shutdown_tx, shutdown_rx) = oneshot::channel::<()>();
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
-    let serve = grpc_server(&config, engine, metrics.clone(), grpc, stop_rx);
+    let serve = grpc_server(&config, seat, metrics.clone(), grpc, stop_rx);
     metrics
         .ready
         .store(true, std::sync::atomic::Ordering::Release);
@@ -293,6 +303,75 @@ pub async fn start_with_store(
     })
 }
 
+/// Starts one server of a cluster on PostgreSQL: checks the store (every
+/// problem a person must fix fails here), binds the listeners and serves as
+/// a follower until it wins leadership (see `cluster.rs`). It keeps running
+/// through database outages and lost terms; only [`RunningServer::shutdown`]
+/// stops it, stepping down first if it leads.
+pub async fn start_cluster(
+    config: ServerConfig,
+    cluster: ClusterConfig,
+) -> Result<RunningServer, ServerError> {
+    validate(&config)?;
+    cluster::validate(&cluster)?;
+    let pg = cluster::prepare(&cluster).await?;
+    let metrics = Arc::new(Metrics::default());
+    let (grpc, grpc_addr) = bind(config.listen).await?;
+    let http = match config.http_listen {
+        Some(addr) => Some(bind(addr).await?),
+        None => None,
+    };
+    let seat = Arc::new(Seat::follower(
+        baton_store_pg::random_id(),
+        cluster.cluster.clone(),
+    ));
+    let http_addr = http.map(|(listener, bound)| {
+        tokio::spawn(http::serve(listener, metrics.clone(), seat.clone()));
+        bound
+    });
+    let (shutdown_tx, shutdown_rx) = oneshot::channel::<()>();
+    let (stop_tx, stop_rx) = oneshot::channel::<()>();
+    let serve = grpc_server(&config, seat.clone(), metrics.clone(), grpc, stop_rx);
+    let (election_stop, election_stop_rx) = tokio::sync::watch::channel(false);
+    let node = seat.node.clone();
+    let election = cluster::Election::new(
+        seat,
+        metrics.clone(),
+        config.limits.clone(),
+        pg,
+        cluster.clone(),
+    );
+    let mut election = tokio::spawn(election.run(election_stop_rx));
+    info!(%grpc_addr, http_addr = %http_addr.map(|a| a.to_string()).unwrap_or_else(|| "off".into()), cluster = %cluster.cluster, %node, advertise = %cluster.advertise, "baton serving as a cluster member");
+    let task = tokio::spawn(async move {
+        let mut serve = Box::pin(serve);
+        let mut shutdown_rx = shutdown_rx;
+        let outcome = tokio::select! {
+            r = &mut serve => r.map_err(|e| ServerError::Transport(e.to_string())),
+            _ = &mut shutdown_rx => {
+                info!("shutting down");
+                let _ = election_stop.send(true);
+                let _ = (&mut election).await;
+                let _ = stop_tx.send(());
+                match tokio::time::timeout(SHUTDOWN_GRACE, &mut serve).await {
+                    Ok(r) => r.map_err(|e| ServerError::Transport(e.to_string())),
+                    Err(_) => Ok(()),
+                }
+            }
+            _ = &mut election => Err(ServerError::Engine(EngineFailure::Unexpected)),
+        };
+        let _ = election_stop.send(true);
+        outcome
+    });
+    Ok(RunningServer {
+        grpc_addr,
+        http_addr,
+        metrics,
+        shutdown: Some(shutdown_tx),
+        task,
+    })
+}
+
 async fn bind(addr: SocketAddr) -> Result<(TcpListener, SocketAddr), ServerError> {
     let listener = TcpListener::bind(addr)
         .await
@@ -306,12 +385,12 @@ async fn bind(addr: SocketAddr) -> Result<(TcpListener, SocketAddr), ServerError
 /// The gRPC service behind the connection rules, served until `stop`.
 fn grpc_server(
     config: &ServerConfig,
-    engine: engine::EngineHandle,
+    seat: Arc<Seat>,
     metrics: Arc<Metrics>,
     grpc: TcpListener,
     stop: oneshot::Receiver<()>,
 ) -> impl std::future::Future<Output = Result<(), tonic::transport::Error>> {
-    let service = service::LeaseService::new(engine, metrics.clone(), config.default_ttl_ms);
+    let service = service::LeaseService::new(seat, metrics.clone(), config.default_ttl_ms);
     let grpc_service = conn::Tracked {
         inner: tonic::service::interceptor::InterceptedService::new(
             LeasesServer::new(service).max_decoding_message_size(REQUEST_LEN_BYTES_MAX),

@@ -30,6 +30,8 @@ pub struct Metrics {
     pub(crate) ownership_transfers: Counter,
     pub(crate) fences: Counter,
     pub(crate) commits: Counter,
+    pub(crate) store_errors: Counter,
+    pub(crate) leader_changes: Counter,
     pub(crate) connections_refused: Counter,
     pub(crate) connections_closed_idle: Counter,
     pub(crate) connections_evicted: Counter,
@@ -37,7 +39,10 @@ pub struct Metrics {
     pub(crate) waiters: Gauge,
     /// Open connections; the connection limit reads it too.
     pub(crate) connections: Gauge,
+    pub(crate) leader_term: Gauge,
+    pub(crate) is_leader: Gauge,
     acquire_latency_s: Histogram,
+    commit_latency_s: Histogram,
     /// True once recovery is done and the server grants (`/readyz`).
     pub(crate) ready: AtomicBool,
 }
@@ -75,6 +80,14 @@ impl Default for Metrics {
         );
         let fences = counter("baton_fences", "operator fences");
         let commits = counter("baton_store_commits", "durable commits of the lease store");
+        let store_errors = counter(
+            "baton_store_errors",
+            "failed store commits (each ends the engine: a single server stops, a cluster leader steps down)",
+        );
+        let leader_changes = counter(
+            "baton_leader_changes",
+            "leadership terms this server started (clusters only)",
+        );
         let connections_refused = counter(
             "baton_connections_refused",
             "connections over the limit, answered RESOURCE_EXHAUSTED",
@@ -95,6 +108,20 @@ impl Default for Metrics {
         let leases = gauge("baton_leases", "leases currently held");
         let waiters = gauge("baton_waiters", "acquire requests currently waiting");
         let connections = gauge("baton_connections", "open client connections");
+        let leader_term = gauge(
+            "baton_leader_term",
+            "the leadership term this server last saw (clusters; 0 for a single server)",
+        );
+        let is_leader = gauge(
+            "baton_is_leader",
+            "1 while this server leads and answers lease requests",
+        );
+        let commit_latency_s = Histogram::new(LATENCY_BUCKETS_S);
+        registry.register(
+            "baton_store_commit_latency_seconds",
+            "time of each durable commit of the lease store",
+            commit_latency_s.clone(),
+        );
         let acquire_latency_s = Histogram::new(LATENCY_BUCKETS_S);
         registry.register(
             "baton_acquire_latency_seconds",
@@ -115,13 +142,18 @@ impl Default for Metrics {
             ownership_transfers,
             fences,
             commits,
+            store_errors,
+            leader_changes,
             connections_refused,
             connections_closed_idle,
             connections_evicted,
             leases,
             waiters,
             connections,
+            leader_term,
+            is_leader,
             acquire_latency_s,
+            commit_latency_s,
             ready: AtomicBool::new(false),
         }
     }
@@ -131,6 +163,11 @@ impl Metrics {
     /// Records the service time of an acquire answered without waiting in line.
     pub(crate) fn observe_acquire_latency_us(&self, us: u64) {
         self.acquire_latency_s.observe(us as f64 / 1e6);
+    }
+
+    /// Records the time of one store commit.
+    pub(crate) fn observe_commit_latency_us(&self, us: u64) {
+        self.commit_latency_s.observe(us as f64 / 1e6);
     }
 
     /// The text exposition of every metric (OpenMetrics, which Prometheus reads).

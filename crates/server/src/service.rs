@@ -14,18 +14,19 @@ use tonic::{Request, Response, Status};
 
 use crate::engine::{AcquireReply, Command, EngineHandle};
 use crate::metrics::Metrics;
+use crate::seat::{Seat, Term};
 
 pub struct LeaseService {
-    engine: EngineHandle,
+    seat: Arc<Seat>,
     metrics: Arc<Metrics>,
     default_ttl_ms: u64,
     next_waiter: AtomicU64,
 }
 
 impl LeaseService {
-    pub fn new(engine: EngineHandle, metrics: Arc<Metrics>, default_ttl_ms: u64) -> Self {
+    pub fn new(seat: Arc<Seat>, metrics: Arc<Metrics>, default_ttl_ms: u64) -> Self {
         Self {
-            engine,
+            seat,
             metrics,
             default_ttl_ms,
             next_waiter: AtomicU64::new(1),
@@ -33,15 +34,30 @@ impl LeaseService {
     }
 
     async fn call<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> Command) -> Result<T, Status> {
+        let term = self.seat.term()?;
+        self.call_on(&term, make).await
+    }
+
+    /// Sends a command to `term`'s engine; the answer goes out only if the
+    /// term still leads (see `Seat::confirm`).
+    async fn call_on<T>(
+        &self,
+        term: &Term,
+        make: impl FnOnce(oneshot::Sender<T>) -> Command,
+    ) -> Result<T, Status> {
         let (tx, rx) = oneshot::channel();
-        if !self.engine.send(make(tx)) {
-            return Err(Status::unavailable("the server is shutting down"));
+        if !term.engine.send(make(tx)) {
+            return Err(Status::unavailable(
+                "the server is shutting down or its leadership just ended; nothing was done",
+            ));
         }
-        rx.await.map_err(|_| {
+        let answer = rx.await.map_err(|_| {
             Status::unavailable(
                 "the server could not complete the operation; it may or may not have taken effect",
             )
-        })
+        })?;
+        self.seat.confirm(term)?;
+        Ok(answer)
     }
 }
 
@@ -135,11 +151,14 @@ impl Leases for LeaseService {
             wait_ms: req.wait_ms,
             waiter,
         };
+        let term = self.seat.term()?;
         let mut guard = WaitGuard {
-            engine: &self.engine,
+            engine: &term.engine,
             waiter: (req.wait_ms > 0).then_some(waiter),
         };
-        let reply = self.call(|reply| Command::Acquire { request, reply }).await;
+        let reply = self
+            .call_on(&term, |reply| Command::Acquire { request, reply })
+            .await;
         guard.waiter = None;
         let outcome = match reply?.map_err(acquire_error)? {
             AcquireReply::Granted { grants, after_wait } => {
@@ -316,6 +335,38 @@ impl Leases for LeaseService {
                 .collect(),
         }))
     }
+    async fn cluster_status(
+        &self,
+        _request: Request<v1::ClusterStatusRequest>,
+    ) -> Result<Response<v1::ClusterStatusResponse>, Status> {
+        let role = if self.seat.is_leader() {
+            "leader"
+        } else {
+            "follower"
+        };
+        let mut out = v1::ClusterStatusResponse {
+            node: self.seat.node.clone(),
+            role: role.into(),
+            ..Default::default()
+        };
+        if let Some(v) = self.seat.view() {
+            out.clustered = true;
+            out.term = v.term;
+            out.cluster = v.cluster;
+            out.leader = v.leader.unwrap_or_default();
+            out.members = v
+                .members
+                .into_iter()
+                .map(|(node, advertise, seen_ms_ago)| v1::ClusterMember {
+                    leader: v.leader_node.as_deref() == Some(node.as_str()),
+                    node,
+                    advertise,
+                    seen_ms_ago,
+                })
+                .collect();
+        }
+        Ok(Response::new(out))
+    }
 }
 
 #[cfg(test)]
@@ -343,7 +394,11 @@ mod fuzz {
             .enable_all()
             .build()
             .unwrap();
-        (rt, LeaseService::new(engine, metrics, 30_000), dir)
+        (
+            rt,
+            LeaseService::new(Arc::new(Seat::single(engine)), metrics, 30_000),
+            dir,
+        )
     }
 
     /// A status code the contract allows for a request the server could judge.

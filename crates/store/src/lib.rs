@@ -84,6 +84,12 @@ pub enum StoreError {
     /// Written by a newer build.
     #[error("stored format {found} is not supported; this build reads format {supported}")]
     UnsupportedFormat { found: u64, supported: u64 },
+    /// Another server leads now: this leader's term is over and the commit
+    /// was refused (nothing of it was written).
+    #[error(
+        "leadership term {term} is over, another server took over; nothing was written: {why}"
+    )]
+    Deposed { term: u64, why: String },
     /// An earlier commit failed; the handle is no longer trusted.
     #[error("an earlier storage failure makes this store unusable; restart the server")]
     PreviousIo,

@@ -1,0 +1,330 @@
+//! Several servers on one PostgreSQL database: the election task.
+//!
+//! Every server runs this loop. As a follower it reads the leadership row
+//! every `poll` interval, reports itself in the members table, and takes
+//! over when the row has not changed for a full leadership TTL on its own
+//! monotonic clock (`baton_store_pg::election`). As leader it loads the
+//! leases into a new engine (each gets its full TTL again from the
+//! takeover), seats it, and renews the row; the seat stops answering at
+//! `renewal sent + ttl - margin` unless a later renewal succeeded. A lost
+//! renewal, a refused or failed commit, or a deadline that passed ends the
+//! term: the seat goes back to following, the engine is dropped, and the
+//! loop starts over (PostgreSQL coming back is picked up by itself).
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use baton_core::Limits;
+use baton_store_pg::election::{Timing, Verdict, Watch};
+use baton_store_pg::{leader, PgError, PgLeaseStore};
+use tokio::sync::watch;
+use tracing::{error, info, warn};
+
+use crate::engine::{Command, Engine};
+use crate::metrics::Metrics;
+use crate::seat::Seat;
+use crate::ServerError;
+
+/// What `baton serve --store` is told.
+#[derive(Clone, Debug)]
+pub struct ClusterConfig {
+    /// The PostgreSQL connection string (URL or key=value; several hosts
+    /// with `target_session_attrs=read-write` follow a database failover).
+    pub store_url: String,
+    /// The cluster's name; a database holds one cluster's state.
+    pub cluster: String,
+    /// The address clients should use for this server (`http://host:port`).
+    pub advertise: String,
+    /// How long the leadership row must go unchanged before a follower takes over.
+    pub leader_ttl_ms: u64,
+}
+
+/// The shortest leadership TTL accepted (renewals every quarter of it).
+pub const LEADER_TTL_MS_MIN: u64 = 400;
+/// The default leadership TTL.
+pub const LEADER_TTL_MS_DEFAULT: u64 = 4_000;
+
+pub(crate) fn validate(c: &ClusterConfig) -> Result<(), ServerError> {
+    if !(LEADER_TTL_MS_MIN..=600_000).contains(&c.leader_ttl_ms) {
+        return Err(ServerError::Config(format!(
+            "leader ttl {}ms is outside {LEADER_TTL_MS_MIN}ms..600s",
+            c.leader_ttl_ms
+        )));
+    }
+    let ok_scheme = c.advertise.starts_with("http://") || c.advertise.starts_with("https://");
+    let printable = c.advertise.bytes().all(|b| b.is_ascii_graphic());
+    if !ok_scheme || !printable || c.advertise.len() > 256 {
+        return Err(ServerError::Config(format!(
+            "advertise address {:?} must be an http:// or https:// address of at most 256 printable characters, as clients should dial it",
+            c.advertise
+        )));
+    }
+    Ok(())
+}
+
+/// Connects and creates or checks the schema: every problem a person must
+/// fix (address, privileges, a newer schema, another cluster) fails here.
+pub(crate) async fn prepare(c: &ClusterConfig) -> Result<tokio_postgres::Config, ServerError> {
+    let pg = baton_store_pg::parse_url(&c.store_url)?;
+    let mut client = baton_store_pg::connect(&pg).await?;
+    let meta = baton_store_pg::schema::prepare(&mut client, &c.cluster).await?;
+    info!(cluster = %meta.cluster, store_id = %meta.store_id, "store schema ready");
+    Ok(pg)
+}
+
+pub(crate) struct Election {
+    pub seat: Arc<Seat>,
+    pub metrics: Arc<Metrics>,
+    pub limits: Limits,
+    pub pg: tokio_postgres::Config,
+    pub config: ClusterConfig,
+    client: Option<tokio_postgres::Client>,
+    timing: Timing,
+    watch: Watch,
+    /// Whether the last attempt to reach the database failed (log once per outage).
+    outage: bool,
+}
+
+impl Election {
+    pub fn new(
+        seat: Arc<Seat>,
+        metrics: Arc<Metrics>,
+        limits: Limits,
+        pg: tokio_postgres::Config,
+        config: ClusterConfig,
+    ) -> Self {
+        let timing = Timing {
+            ttl_ms: config.leader_ttl_ms,
+        };
+        let watch = Watch::new(timing, &seat.node);
+        Self {
+            seat,
+            metrics,
+            limits,
+            pg,
+            config,
+            client: None,
+            timing,
+            watch,
+            outage: false,
+        }
+    }
+
+    async fn client(&mut self) -> Result<&tokio_postgres::Client, PgError> {
+        if self.client.as_ref().is_none_or(|c| c.is_closed()) {
+            self.client = Some(baton_store_pg::connect(&self.pg).await?);
+        }
+        Ok(self.client.as_ref().expect("just connected"))
+    }
+
+    fn trouble(&mut self, what: &str, e: &PgError) {
+        self.client = None;
+        if !self.outage {
+            warn!(error = %e, "{what}; retrying until the database answers");
+        }
+        self.outage = true;
+    }
+
+    /// Runs until `stop` turns true; then steps down if leading.
+    pub async fn run(mut self, mut stop: watch::Receiver<bool>) {
+        let poll = Duration::from_millis(self.timing.poll_interval_ms());
+        while !*stop.borrow() {
+            match self.follow_once().await {
+                Ok(Some((term, sent_ms))) => {
+                    if self.lead(term, sent_ms, &mut stop).await {
+                        return;
+                    }
+                    continue;
+                }
+                Ok(None) => {
+                    if self.outage {
+                        info!("store database reachable again");
+                    }
+                    self.outage = false;
+                }
+                Err(e) => self.trouble("cannot read the leadership row", &e),
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(poll) => {}
+                _ = stop.changed() => {}
+            }
+        }
+    }
+
+    /// One follower round: read, report, maybe take over. The new term and
+    /// the instant (seat ms) its takeover was sent.
+    async fn follow_once(&mut self) -> Result<Option<(u64, u64)>, PgError> {
+        let node = self.seat.node.clone();
+        let advertise = self.config.advertise.clone();
+        let client = self.client().await?;
+        let row = leader::read(client).await?;
+        leader::report(client, &node, &advertise).await?;
+        let members = leader::members(client).await?;
+        let known = row.holder.is_some() && row.holder.as_deref() != Some(node.as_str());
+        let leader_addr = if known { row.advertise.clone() } else { None };
+        self.seat.follow(leader_addr.clone());
+        self.metrics.leader_term.set(row.term as i64);
+        self.seat.set_view(|v| {
+            v.term = row.term;
+            v.leader_node = row.holder.clone();
+            v.leader = leader_addr;
+            v.members = members
+                .iter()
+                .map(|m| (m.node.clone(), m.advertise.clone(), m.seen_ms_ago))
+                .collect();
+        });
+        if self.watch.observe(self.seat.now_ms(), &row) == Verdict::Wait {
+            return Ok(None);
+        }
+        let sent_ms = self.seat.now_ms();
+        let client = self.client.as_mut().expect("connected above");
+        let term = leader::take_over(client, &row, &node, &advertise).await?;
+        Ok(term.map(|t| (t, sent_ms)))
+    }
+
+    /// Leads `term` until it ends. True if the server is stopping.
+    async fn lead(&mut self, term: u64, sent_ms: u64, stop: &mut watch::Receiver<bool>) -> bool {
+        let node = self.seat.node.clone();
+        let mut deadline_ms = self.timing.deadline_ms(sent_ms);
+        self.metrics.leader_changes.inc();
+        self.metrics.leader_term.set(term as i64);
+        info!(term, "won leadership; loading leases");
+        let started = Instant::now();
+        let commit_timeout = Duration::from_millis(self.timing.ttl_ms);
+        let engine = match PgLeaseStore::open(&self.pg, term, commit_timeout).await {
+            Ok(store) => {
+                let limits = self.limits.clone();
+                let metrics = self.metrics.clone();
+                tokio::task::spawn_blocking(move || Engine::start(Box::new(store), limits, metrics))
+                    .await
+                    .map_err(|_| "the engine panicked while loading".to_string())
+                    .and_then(|r| r.map_err(|e| e.to_string()))
+            }
+            Err(e) => Err(e.to_string()),
+        };
+        let (engine, thread) = match engine {
+            Ok(e) => e,
+            Err(e) => {
+                error!(term, error = %e, "cannot load the leases; giving up the term");
+                self.end_term(term, true).await;
+                return false;
+            }
+        };
+        if self.seat.now_ms() >= deadline_ms {
+            warn!(
+                term,
+                "loading outlasted the leadership deadline; giving up the term"
+            );
+            engine.send(Command::Shutdown);
+            self.end_term(term, true).await;
+            return false;
+        }
+        self.seat.lead(engine.clone(), term, deadline_ms);
+        self.seat.set_view(|v| {
+            v.term = term;
+            v.leader_node = Some(node.clone());
+            v.leader = Some(self.config.advertise.clone());
+        });
+        self.metrics.is_leader.set(1);
+        self.metrics.ready.store(true, Ordering::Release);
+        info!(
+            term,
+            load_ms = started.elapsed().as_millis() as u64,
+            "leading"
+        );
+        let mut joined = tokio::task::spawn_blocking(move || thread.join());
+        let renew_every = Duration::from_millis(self.timing.renew_interval_ms());
+        let mut stopping = false;
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(renew_every) => {}
+                r = &mut joined => {
+                    let why = match r {
+                        Ok(Ok(Err(e))) => e.to_string(),
+                        Ok(Ok(Ok(()))) => "the engine stopped".into(),
+                        _ => "the engine panicked".into(),
+                    };
+                    error!(term, error = %why, "the leader's engine stopped; stepping down");
+                    break;
+                }
+                _ = stop.changed() => { stopping = true; break; }
+            }
+            let sent_ms = self.seat.now_ms();
+            let renewed = match self.client().await {
+                Ok(client) => tokio::time::timeout(renew_every, leader::renew(client, term, &node))
+                    .await
+                    .unwrap_or_else(|_| Err(PgError::Db("leadership renewal timed out".into()))),
+                Err(e) => Err(e),
+            };
+            match renewed {
+                Ok(true) => {
+                    deadline_ms = self.timing.deadline_ms(sent_ms);
+                    self.seat.extend(term, deadline_ms);
+                    self.outage = false;
+                    self.refresh_members().await;
+                }
+                Ok(false) => {
+                    warn!(term, "another server took over; stepping down");
+                    break;
+                }
+                Err(e) => self.trouble("cannot renew leadership", &e),
+            }
+            if self.seat.now_ms() >= deadline_ms {
+                warn!(
+                    term,
+                    "leadership deadline passed without a renewal; stepping down"
+                );
+                break;
+            }
+        }
+        engine.send(Command::Shutdown);
+        if stopping {
+            // Flush the lazy writes under this term before stepping down.
+            self.seat.follow(None);
+            let _ = tokio::time::timeout(Duration::from_secs(3), joined).await;
+        }
+        self.end_term(term, stopping).await;
+        stopping
+    }
+
+    /// Reports this leader in the members table and refreshes the view
+    /// (best effort: `cluster status` only).
+    async fn refresh_members(&mut self) {
+        let node = self.seat.node.clone();
+        let advertise = self.config.advertise.clone();
+        let Ok(client) = self.client().await else {
+            return;
+        };
+        if leader::report(client, &node, &advertise).await.is_err() {
+            return;
+        }
+        if let Ok(members) = leader::members(client).await {
+            self.seat.set_view(|v| {
+                v.members = members
+                    .into_iter()
+                    .map(|m| (m.node, m.advertise, m.seen_ms_ago))
+                    .collect();
+            });
+        }
+    }
+
+    /// Stops answering for `term`; if `release`, clears the row so a
+    /// follower can take over without waiting.
+    async fn end_term(&mut self, term: u64, release: bool) {
+        self.seat.follow(None);
+        self.metrics.is_leader.set(0);
+        self.metrics.ready.store(false, Ordering::Release);
+        self.watch.ended_own_term(term);
+        if release {
+            let node = self.seat.node.clone();
+            if let Ok(client) = self.client().await {
+                match leader::step_down(client, term, &node).await {
+                    Ok(true) => info!(term, "stepped down"),
+                    Ok(false) => {}
+                    Err(e) => warn!(term, error = %e, "could not clear the leadership row"),
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,139 @@
+//! Baton's lease state in PostgreSQL, shared by the servers of a cluster.
+//!
+//! - [`schema`]: the `baton_server` schema, created and checked by the
+//!   server itself (versioned; a newer schema or another cluster's is refused).
+//! - [`leader`]: the leadership lease (one row, a term that only goes up).
+//! - [`election`]: the pure rule for when a follower may take over, and the
+//!   leader's own deadline; no I/O, no clock.
+//! - [`PgLeaseStore`]: the [`baton_store::LeaseStore`] a leader commits to;
+//!   every commit is refused unless its term is still the current one.
+#![warn(missing_docs)]
+
+pub mod election;
+pub mod leader;
+pub mod schema;
+mod store;
+
+pub use store::PgLeaseStore;
+
+/// Why the PostgreSQL store cannot be used.
+#[allow(missing_docs)] // variant fields are named for what they hold; the messages explain them
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PgError {
+    #[error("the store address is not a PostgreSQL connection string ({why}); use postgres://USER@HOST:PORT/DB or 'host=... dbname=...'")]
+    BadUrl { why: String },
+    #[error("cannot connect to the store database: {0}")]
+    Connect(String),
+    #[error("the store database refused {action}: {message}; the role needs CREATE on the database (first start) and SELECT, INSERT, UPDATE, DELETE on schema baton_server")]
+    Privileges {
+        action: &'static str,
+        message: String,
+    },
+    #[error("the baton_server schema has version {found}, written by a newer Baton; this build knows version {supported} and will not touch it")]
+    NewerSchema { found: i32, supported: i32 },
+    #[error("the baton_server schema in this database belongs to cluster {found:?}, not {expected:?}: two clusters must not share one database (they would share tokens); use another database or --cluster {found}")]
+    ClusterMismatch { expected: String, found: String },
+    #[error(
+        "the cluster name {0:?} is invalid: use 1 to 64 characters from a-z, 0-9, '-' and '_'"
+    )]
+    BadClusterName(String),
+    #[error("store database error: {0}")]
+    Db(String),
+}
+
+impl PgError {
+    /// Whether retrying later may help (the database is down or busy), as
+    /// opposed to a problem that needs a person (URL, privileges, schema).
+    pub fn is_transient(&self) -> bool {
+        matches!(self, PgError::Connect(_) | PgError::Db(_))
+    }
+}
+
+/// The full text of a database error: its message, detail and hint.
+pub(crate) fn db_message(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => {
+            let mut m = db.message().to_string();
+            if let Some(d) = db.detail() {
+                m = format!("{m} ({d})");
+            }
+            m
+        }
+        None => {
+            let mut m = e.to_string();
+            let mut source = std::error::Error::source(e);
+            while let Some(s) = source {
+                let t = s.to_string();
+                if !m.contains(&t) {
+                    m = format!("{m}: {t}");
+                }
+                source = s.source();
+            }
+            m
+        }
+    }
+}
+
+impl From<tokio_postgres::Error> for PgError {
+    fn from(e: tokio_postgres::Error) -> Self {
+        if e.code() == Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE) {
+            return PgError::Privileges {
+                action: "an operation",
+                message: db_message(&e),
+            };
+        }
+        if e.as_db_error().is_none() {
+            return PgError::Connect(db_message(&e));
+        }
+        PgError::Db(db_message(&e))
+    }
+}
+
+/// Parses a store address: a `postgres://` URL or a `key=value` string.
+pub fn parse_url(url: &str) -> Result<tokio_postgres::Config, PgError> {
+    let looks_like =
+        url.starts_with("postgres://") || url.starts_with("postgresql://") || url.contains('=');
+    if !looks_like {
+        return Err(PgError::BadUrl {
+            why: format!("{url:?} is neither a postgres:// URL nor key=value pairs"),
+        });
+    }
+    let mut config: tokio_postgres::Config =
+        url.parse()
+            .map_err(|e: tokio_postgres::Error| PgError::BadUrl {
+                why: db_message(&e),
+            })?;
+    if config.get_hosts().is_empty() {
+        return Err(PgError::BadUrl {
+            why: "it names no host".into(),
+        });
+    }
+    if config.get_connect_timeout().is_none() {
+        config.connect_timeout(std::time::Duration::from_secs(5));
+    }
+    config.keepalives_idle(std::time::Duration::from_secs(5));
+    config.application_name("baton-server");
+    Ok(config)
+}
+
+/// Connects and drives the connection on the current runtime.
+pub async fn connect(config: &tokio_postgres::Config) -> Result<tokio_postgres::Client, PgError> {
+    let (client, connection) = config
+        .connect(tokio_postgres::NoTls)
+        .await
+        .map_err(|e| PgError::Connect(db_message(&e)))?;
+    tokio::spawn(async move {
+        if let Err(e) = connection.await {
+            tracing::debug!(error = %e, "store connection closed");
+        }
+    });
+    Ok(client)
+}
+
+/// A random 64-bit hex id (store ids, node ids).
+pub fn random_id() -> String {
+    let mut bytes = [0u8; 8];
+    getrandom::fill(&mut bytes).expect("the OS random source");
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}

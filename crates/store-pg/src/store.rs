@@ -1,0 +1,184 @@
+//! [`PgLeaseStore`]: the lease store of one leadership term.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use baton_core::{AcquisitionDigest, Epoch, FencingToken, LeaseRecord, ResourceName, Write};
+use baton_store::{LeaseStore, StoreError, Stored};
+use tokio::runtime::Handle;
+use tokio_postgres::{Client, Statement};
+
+use crate::{db_message, PgError};
+
+/// SQLSTATE raised by `commit_batch` when the term is over.
+const TERM_OVER: &str = "BA001";
+
+/// The lease store of the leader of `term`. Every commit is one call of
+/// `baton_server.commit_batch`, refused once another server took over.
+///
+/// The engine calls it from its own thread; the calls run on the runtime
+/// whose handle it keeps.
+pub struct PgLeaseStore {
+    client: Client,
+    runtime: Handle,
+    term: u64,
+    commit: Statement,
+    commit_timeout: Duration,
+    poisoned: bool,
+}
+
+impl PgLeaseStore {
+    /// Opens a connection of its own for the leader of `term`. A commit
+    /// that has no answer within `commit_timeout` is reported as failed
+    /// with an unknown outcome.
+    pub async fn open(
+        config: &tokio_postgres::Config,
+        term: u64,
+        commit_timeout: Duration,
+    ) -> Result<Self, PgError> {
+        let client = crate::connect(config).await?;
+        let commit = client
+            .prepare("SELECT baton_server.commit_batch($1, $2, $3, $4, $5, $6, $7, $8)")
+            .await?;
+        Ok(Self {
+            client,
+            runtime: Handle::current(),
+            term,
+            commit,
+            commit_timeout,
+            poisoned: false,
+        })
+    }
+
+    async fn load_async(&self) -> Result<Stored, StoreError> {
+        let storage = |e: tokio_postgres::Error| StoreError::Storage(db_message(&e));
+        let meta = self
+            .client
+            .query_one(
+                "SELECT epoch, counter FROM baton_server.meta WHERE id = 1",
+                &[],
+            )
+            .await
+            .map_err(storage)?;
+        let epoch: i64 = meta.get(0);
+        let counter: i64 = meta.get(1);
+        let epoch = u32::try_from(epoch)
+            .ok()
+            .and_then(|e| Epoch::new(e).ok())
+            .ok_or_else(|| StoreError::Corrupt(format!("stored epoch {epoch} is out of range")))?;
+        let rows = self
+            .client
+            .query(
+                "SELECT resource, digest, token, ttl_ms FROM baton_server.leases",
+                &[],
+            )
+            .await
+            .map_err(storage)?;
+        let mut leases = Vec::with_capacity(rows.len());
+        for r in rows {
+            let name: String = r.get(0);
+            let corrupt = |what: String| StoreError::Corrupt(format!("lease {name:?}: {what}"));
+            let resource = ResourceName::parse(&name).map_err(|e| corrupt(e.to_string()))?;
+            let digest: Vec<u8> = r.get(1);
+            let digest: [u8; 16] = digest
+                .try_into()
+                .map_err(|_| corrupt("digest is not 16 bytes".into()))?;
+            let token = FencingToken::from_u64(r.get::<_, i64>(2) as u64)
+                .map_err(|e| corrupt(e.to_string()))?;
+            leases.push((
+                resource,
+                LeaseRecord {
+                    acquisition_digest: AcquisitionDigest::from_bytes(digest),
+                    token,
+                    ttl_ms: r.get::<_, i64>(3) as u64,
+                },
+            ));
+        }
+        Ok(Stored {
+            epoch,
+            counter: counter as u64,
+            leases,
+        })
+    }
+
+    async fn commit_async(&self, writes: &[Write]) -> Result<(), StoreError> {
+        // The last write of each resource wins; the batch is one statement.
+        let mut last: BTreeMap<&str, Option<&LeaseRecord>> = BTreeMap::new();
+        let mut position: Option<(i64, i64)> = None;
+        for w in writes {
+            match w {
+                Write::PutLease { resource, record } => {
+                    last.insert(resource.as_str(), Some(record));
+                }
+                Write::DeleteLease { resource } => {
+                    last.insert(resource.as_str(), None);
+                }
+                Write::Tokens { epoch, counter } => {
+                    position = Some((i64::from(epoch.get()), *counter as i64));
+                }
+            }
+        }
+        let mut put_resources = Vec::new();
+        let mut put_digests = Vec::new();
+        let mut put_tokens = Vec::new();
+        let mut put_ttls = Vec::new();
+        let mut deletes = Vec::new();
+        for (resource, record) in last {
+            match record {
+                Some(r) => {
+                    put_resources.push(resource);
+                    put_digests.push(&r.acquisition_digest.as_bytes()[..]);
+                    put_tokens.push(r.token.get() as i64);
+                    put_ttls.push(r.ttl_ms as i64);
+                }
+                None => deletes.push(resource),
+            }
+        }
+        let term = self.term as i64;
+        let (epoch, counter) = (position.map(|p| p.0), position.map(|p| p.1));
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 8] = [
+            &term,
+            &epoch,
+            &counter,
+            &put_resources,
+            &put_digests,
+            &put_tokens,
+            &put_ttls,
+            &deletes,
+        ];
+        let call = self.client.execute(&self.commit, &params);
+        match tokio::time::timeout(self.commit_timeout, call).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) if e.code().is_some_and(|c| c.code() == TERM_OVER) => {
+                Err(StoreError::Deposed {
+                    term: self.term,
+                    why: db_message(&e),
+                })
+            }
+            Ok(Err(e)) => Err(StoreError::Storage(format!(
+                "commit to PostgreSQL failed, outcome unknown: {}",
+                db_message(&e)
+            ))),
+            Err(_) => Err(StoreError::Storage(format!(
+                "commit to PostgreSQL had no answer within {} ms, outcome unknown",
+                self.commit_timeout.as_millis()
+            ))),
+        }
+    }
+}
+
+impl LeaseStore for PgLeaseStore {
+    fn load(&self) -> Result<Stored, StoreError> {
+        self.runtime.block_on(self.load_async())
+    }
+
+    fn commit(&mut self, writes: &[Write]) -> Result<(), StoreError> {
+        if self.poisoned {
+            return Err(StoreError::PreviousIo);
+        }
+        self.poisoned = true;
+        self.runtime.block_on(self.commit_async(writes))?;
+        self.poisoned = false;
+        Ok(())
+    }
+}

@@ -1,0 +1,254 @@
+//! The PostgreSQL store against a real server: the schema's refusals, the
+//! commit round trip, and the fencing of a deposed leader's commits.
+
+use std::time::Duration;
+
+use baton_core::{AcquisitionId, Epoch, FencingToken, LeaseRecord, ResourceName, Write};
+use baton_store::{LeaseStore, StoreError};
+use baton_store_pg::leader::{self, LeaderRow};
+use baton_store_pg::{schema, PgError, PgLeaseStore};
+use baton_testkit::PgDb;
+
+async fn prepared(db: &PgDb, cluster: &str) -> (tokio_postgres::Config, tokio_postgres::Client) {
+    let pg = baton_store_pg::parse_url(&db.url).unwrap();
+    let mut client = baton_store_pg::connect(&pg).await.unwrap();
+    schema::prepare(&mut client, cluster).await.unwrap();
+    (pg, client)
+}
+
+fn lease(name: &str, token: u64) -> Write {
+    Write::PutLease {
+        resource: ResourceName::parse(name).unwrap(),
+        record: LeaseRecord {
+            acquisition_digest: AcquisitionId::from_bytes([7; 16]).digest(),
+            token: FencingToken::from_u64(token).unwrap(),
+            ttl_ms: 5_000,
+        },
+    }
+}
+
+fn position(counter: u64) -> Write {
+    Write::Tokens {
+        epoch: Epoch::FIRST,
+        counter,
+    }
+}
+
+const T1: u64 = (1 << 40) + 1;
+
+async fn take(client: &mut tokio_postgres::Client, node: &str) -> u64 {
+    let row = leader::read(client).await.unwrap();
+    leader::take_over(client, &row, node, "http://x:1")
+        .await
+        .unwrap()
+        .expect("row unchanged")
+}
+
+/// The store's calls block on the runtime, as the engine thread does.
+async fn on_thread<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    tokio::task::spawn_blocking(f).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_round_trips_and_the_position_never_moves_back() {
+    let db = PgDb::create("pgstore_roundtrip").await;
+    let (pg, mut client) = prepared(&db, "main").await;
+    let term = take(&mut client, "a").await;
+    let mut store = PgLeaseStore::open(&pg, term, Duration::from_secs(5))
+        .await
+        .unwrap();
+    let stored = on_thread(move || {
+        store
+            .commit(&[position(1), lease("job:a", T1), lease("job:b", T1 + 1)])
+            .unwrap();
+        store
+            .commit(&[
+                Write::DeleteLease {
+                    resource: ResourceName::parse("job:b").unwrap(),
+                },
+                position(2),
+            ])
+            .unwrap();
+        let stored = store.load().unwrap();
+        let back = store.commit(&[position(1)]);
+        (stored, back)
+    })
+    .await;
+    let (stored, back) = stored;
+    assert_eq!(stored.counter, 2);
+    assert_eq!(stored.leases.len(), 1);
+    assert_eq!(stored.leases[0].0.as_str(), "job:a");
+    assert!(
+        matches!(&back, Err(StoreError::Storage(m)) if m.contains("backwards")),
+        "{back:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deposed_leader_cannot_write_anything() {
+    let db = PgDb::create("pgstore_deposed").await;
+    let (pg, mut client) = prepared(&db, "main").await;
+    let old_term = take(&mut client, "old").await;
+    let mut old = PgLeaseStore::open(&pg, old_term, Duration::from_secs(5))
+        .await
+        .unwrap();
+    // A new leader takes over (it waited out the old one's lease elsewhere).
+    let new_term = take(&mut client, "new").await;
+    assert!(new_term > old_term);
+    let refused = on_thread(move || old.commit(&[position(9), lease("job:a", T1 + 8)])).await;
+    assert!(
+        matches!(&refused, Err(StoreError::Deposed { term, .. }) if *term == old_term),
+        "{refused:?}"
+    );
+    let n: i64 = client
+        .query_one("SELECT count(*) FROM baton_server.leases", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let counter: i64 = client
+        .query_one("SELECT counter FROM baton_server.meta", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        (n, counter),
+        (0, 0),
+        "the deposed leader's commit left nothing"
+    );
+    // The old leader's renewals and step-down are refused as well.
+    assert!(!leader::renew(&client, old_term, "old").await.unwrap());
+    assert!(!leader::step_down(&client, old_term, "old").await.unwrap());
+    assert!(leader::renew(&client, new_term, "new").await.unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_takeover_waits_for_a_commit_in_flight_and_a_stale_view_is_refused() {
+    let db = PgDb::create("pgstore_race").await;
+    let (_pg, mut client) = prepared(&db, "main").await;
+    let term = take(&mut client, "a").await;
+    // A commit in flight holds the row share-locked.
+    let mut other = baton_store_pg::connect(&baton_store_pg::parse_url(&db.url).unwrap())
+        .await
+        .unwrap();
+    let txn = other.transaction().await.unwrap();
+    txn.execute(
+        "SELECT baton_server.commit_batch($1, 1, 1, ARRAY['job:x'], ARRAY['\\x00112233445566778899aabbccddeeff'::bytea], ARRAY[1099511627777::bigint], ARRAY[1000::bigint], '{}')",
+        &[&(term as i64)],
+    )
+    .await
+    .unwrap();
+    let seen = leader::read(&client).await.unwrap();
+    let takeover = tokio::spawn(async move {
+        let r = leader::take_over(&mut client, &seen, "b", "http://b:1").await;
+        (r, client)
+    });
+    // The takeover blocks on the row lock until the commit ends.
+    let watcher = db.connect().await;
+    baton_testkit::eventually(Duration::from_secs(10), async || {
+        let waiting: i64 = watcher
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        waiting == 1
+    })
+    .await;
+    assert!(
+        !takeover.is_finished(),
+        "the takeover must wait for the commit"
+    );
+    txn.commit().await.unwrap();
+    let (r, client) = takeover.await.unwrap();
+    assert_eq!(r.unwrap(), Some(term + 1));
+    // The commit that finished first is there for the new leader to load.
+    let n: i64 = client
+        .query_one("SELECT count(*) FROM baton_server.leases", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 1);
+    // A view of the row from before the takeover no longer takes over.
+    let stale = LeaderRow {
+        term,
+        holder: Some("a".into()),
+        advertise: Some("http://x:1".into()),
+        beats: 0,
+    };
+    let mut client = client;
+    assert_eq!(
+        leader::take_over(&mut client, &stale, "c", "http://c:1")
+            .await
+            .unwrap(),
+        None
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_cluster_a_newer_schema_and_bad_addresses_are_refused() {
+    let db = PgDb::create("pgstore_refuse").await;
+    let (pg, client) = prepared(&db, "blue").await;
+    let mut again = baton_store_pg::connect(&pg).await.unwrap();
+    let e = schema::prepare(&mut again, "green").await.unwrap_err();
+    assert!(
+        matches!(&e, PgError::ClusterMismatch { found, .. } if found == "blue"),
+        "{e}"
+    );
+    assert!(e
+        .to_string()
+        .contains("two clusters must not share one database"));
+    // Preparing twice is fine.
+    schema::prepare(&mut again, "blue").await.unwrap();
+    client
+        .execute("UPDATE baton_server.meta SET schema_version = 99", &[])
+        .await
+        .unwrap();
+    let e = schema::prepare(&mut again, "blue").await.unwrap_err();
+    assert!(matches!(e, PgError::NewerSchema { found: 99, .. }), "{e}");
+    let version: i32 = client
+        .query_one("SELECT schema_version FROM baton_server.meta", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(version, 99, "a newer schema is left as it was");
+
+    for bad in ["mysql://x/y", "localhost", "postgres://[::1/x", ""] {
+        let e = baton_store_pg::parse_url(bad).unwrap_err();
+        assert!(matches!(e, PgError::BadUrl { .. }), "{bad:?}: {e}");
+    }
+    for bad in ["", "Blue", "a b", &"x".repeat(65)] {
+        let e = schema::check_cluster_name(bad).unwrap_err();
+        assert!(e.to_string().contains("a-z, 0-9"), "{e}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_role_without_privileges_is_told_what_it_needs() {
+    let db = PgDb::create("pgstore_privs").await;
+    let admin = db.connect().await;
+    let role = format!("{}_ro", db.name);
+    admin
+        .batch_execute(&format!(
+            "CREATE ROLE {role} LOGIN; REVOKE CREATE ON SCHEMA public FROM PUBLIC; \
+             REVOKE CREATE ON DATABASE {name} FROM PUBLIC",
+            name = db.name
+        ))
+        .await
+        .unwrap();
+    let url = format!("{} user={role}", db.url);
+    let pg = baton_store_pg::parse_url(&url).unwrap();
+    let mut client = baton_store_pg::connect(&pg).await.unwrap();
+    let e = schema::prepare(&mut client, "main").await.unwrap_err();
+    drop(client);
+    admin
+        .batch_execute(&format!("DROP OWNED BY {role}; DROP ROLE {role}"))
+        .await
+        .ok();
+    assert!(matches!(e, PgError::Privileges { .. }), "{e}");
+    assert!(
+        e.to_string().contains("needs CREATE on the database"),
+        "{e}"
+    );
+}
