@@ -103,6 +103,85 @@ impl PgCluster {
         cluster
     }
 
+    /// The cluster's loopback port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// A streaming standby of this cluster (pg_basebackup), started on its
+    /// own port and made this cluster's synchronous standby: a commit on
+    /// this primary returns only once the standby has it.
+    pub fn synchronous_standby(&self, tag: &str) -> PgCluster {
+        let dir = TempDir::new(tag);
+        if is_root() {
+            let ok = Command::new("chown")
+                .args(["-R", "postgres"])
+                .arg(dir.path())
+                .status();
+            assert!(
+                ok.is_ok_and(|s| s.success()),
+                "chown of the standby directory failed"
+            );
+        }
+        let out = Self::tool("pg_basebackup")
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-U",
+                "postgres",
+            ])
+            .arg("-D")
+            .arg(dir.path().join("data"))
+            .args(["-R", "-X", "stream", "-c", "fast"])
+            .output()
+            .expect("run pg_basebackup");
+        assert!(
+            out.status.success(),
+            "pg_basebackup failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let standby = Self { dir, port };
+        standby.ctl(&[
+            "start",
+            "-o",
+            &format!(
+                "-p {port} -c listen_addresses=127.0.0.1 -k {} -c cluster_name=standby",
+                standby.dir.path().display()
+            ),
+        ]);
+        self.psql("ALTER SYSTEM SET synchronous_standby_names = '*'");
+        self.psql("SELECT pg_reload_conf()");
+        standby
+    }
+
+    /// Runs one SQL statement with psql on its `postgres` database.
+    pub fn psql(&self, sql: &str) -> String {
+        let out = Self::tool("psql")
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-U",
+                "postgres",
+            ])
+            .args(["-d", "postgres", "-XAtc", sql])
+            .output()
+            .expect("run psql");
+        assert!(
+            out.status.success(),
+            "psql {sql:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
     /// Runs `pg_ctl` with `args` on this cluster and waits for it.
     pub fn ctl(&self, args: &[&str]) {
         let out = Self::tool("pg_ctl")

@@ -1,0 +1,646 @@
+//! Three `baton serve` processes on one PostgreSQL database: leader kills,
+//! a paused leader, PostgreSQL restarts and a database failover, with
+//! every answer recorded and checked.
+
+mod common;
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use baton_client::{Acquired, Client, ClientError, Release, Renewal};
+use baton_testkit::pg_cluster::PgCluster;
+use baton_testkit::{eventually, PgDb, TempDir};
+use common::{Server, BIN};
+
+/// Leadership TTL of the test clusters: failover in about a second.
+const LEADER_TTL: &str = "1s";
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+/// Servers of one cluster, on fixed loopback ports so a killed one comes
+/// back on its address.
+struct Cluster {
+    nodes: Vec<Server>,
+    _dir: TempDir,
+}
+
+impl Cluster {
+    fn start(store_url: &str, n: usize) -> Self {
+        Self::start_each(&vec![store_url.to_string(); n])
+    }
+
+    /// One server per store address (each may go through its own proxy).
+    fn start_each(store_urls: &[String]) -> Self {
+        let dir = TempDir::new("cluster");
+        let nodes = store_urls
+            .iter()
+            .map(|store_url| {
+                let listen = format!("127.0.0.1:{}", free_port());
+                let extra = vec![
+                    "--store".to_string(),
+                    store_url.to_string(),
+                    "--leader-ttl".to_string(),
+                    LEADER_TTL.to_string(),
+                ];
+                Server::spawn(Path::new(BIN), &listen, dir.path(), extra)
+                    .unwrap_or_else(|e| panic!("{e}"))
+            })
+            .collect();
+        Self { nodes, _dir: dir }
+    }
+
+    fn endpoints(&self) -> String {
+        self.nodes
+            .iter()
+            .map(|n| n.url())
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// The node whose `/healthz` says it leads (skipping `except`, which
+    /// may be stopped and must not be asked).
+    fn leader(&self, except: Option<usize>) -> Option<usize> {
+        (0..self.nodes.len())
+            .filter(|i| Some(*i) != except)
+            .find(|i| self.nodes[*i].http_get("/healthz").contains("ok leader"))
+    }
+
+    async fn wait_leader(&self, except: Option<usize>) -> usize {
+        let mut found = None;
+        eventually(Duration::from_secs(30), async || {
+            found = self.leader(except);
+            found.is_some()
+        })
+        .await;
+        found.expect("a leader")
+    }
+
+    fn pid(&self, i: usize) -> u32 {
+        self.nodes[i].child.id()
+    }
+}
+
+fn metric(server: &Server, name: &str) -> u64 {
+    let text = server.http_get("/metrics");
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in /metrics"))
+}
+
+async fn client(endpoints: &str) -> Client {
+    Client::connect(endpoints)
+        .await
+        .expect("connect")
+        .with_rpc_timeout(Duration::from_secs(5))
+}
+
+/// One grant as a worker saw it. `end` is the earliest the server can have
+/// ended it: the release's send instant, or the last confirmed (acquire or
+/// renew) send instant plus the TTL.
+#[derive(Clone, Debug)]
+struct Grant {
+    resource: String,
+    token: u64,
+    invoked: Instant,
+    answered: Instant,
+    end: Instant,
+}
+
+#[derive(Default, Debug)]
+struct Tally {
+    ok: u64,
+    refused: u64,
+    definite_errors: u64,
+    unknown: u64,
+}
+
+#[derive(Default)]
+struct History {
+    grants: Vec<Grant>,
+    acquires: Tally,
+    renewals: Tally,
+    releases: Tally,
+}
+
+impl History {
+    fn count<T>(t: &mut Tally, r: &Result<T, ClientError>, refused: impl Fn(&T) -> bool) {
+        match r {
+            Ok(v) if refused(v) => t.refused += 1,
+            Ok(_) => t.ok += 1,
+            Err(e) if e.is_definite() => t.definite_errors += 1,
+            Err(_) => t.unknown += 1,
+        }
+    }
+
+    /// The three properties, over every grant: no token twice; per resource,
+    /// a grant answered before another was asked for has the lower token;
+    /// and the holder with the higher token was answered only after the
+    /// lower one's lease could have ended.
+    fn check(&self) {
+        let mut seen = HashSet::new();
+        for g in &self.grants {
+            assert!(seen.insert(g.token), "token {} was granted twice", g.token);
+        }
+        let mut by_resource: BTreeMap<&str, Vec<&Grant>> = BTreeMap::new();
+        for g in &self.grants {
+            by_resource.entry(&g.resource).or_default().push(g);
+        }
+        for (resource, mut grants) in by_resource {
+            for a in &grants {
+                for b in &grants {
+                    if a.answered < b.invoked {
+                        assert!(
+                            a.token < b.token,
+                            "{resource}: token {} answered before token {} was asked for, yet is not lower",
+                            a.token,
+                            b.token
+                        );
+                    }
+                }
+            }
+            grants.sort_by_key(|g| g.token);
+            for pair in grants.windows(2) {
+                let (a, b) = (pair[0], pair[1]);
+                assert!(
+                    b.answered >= a.end,
+                    "{resource}: token {} was granted {:?} before token {}'s lease could have ended",
+                    b.token,
+                    a.end - b.answered,
+                    a.token
+                );
+            }
+        }
+    }
+}
+
+/// A worker: acquire one of `resources` (waiting briefly), renew once,
+/// release; every answer recorded.
+async fn worker(
+    endpoints: String,
+    resources: Vec<String>,
+    seed: u64,
+    history: Arc<Mutex<History>>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+) {
+    let ttl = Duration::from_millis(1_500);
+    let mut client = client(&endpoints).await;
+    let mut rng = baton_client::rng::Rng::new(seed);
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        let resource = &resources[rng.below(resources.len() as u64) as usize];
+        let invoked = Instant::now();
+        let r = client
+            .acquire(resource, ttl, Duration::from_millis(300))
+            .await;
+        let answered = Instant::now();
+        History::count(&mut history.lock().unwrap().acquires, &r, |a| {
+            matches!(a, Acquired::NotAcquired(_))
+        });
+        let lease = match r {
+            Ok(Acquired::Granted(lease)) => lease,
+            Ok(Acquired::NotAcquired(_)) => continue,
+            Err(_) => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                continue;
+            }
+        };
+        let mut confirmed = invoked;
+        tokio::time::sleep(Duration::from_millis(10 + rng.below(20))).await;
+        let sent = Instant::now();
+        let renewed = client.renew(resource, &lease.acquisition_id).await;
+        History::count(&mut history.lock().unwrap().renewals, &renewed, |r| {
+            matches!(r, Renewal::NotOwner)
+        });
+        if let Ok(Renewal::Renewed { token, .. }) = renewed {
+            assert_eq!(token, lease.token, "a renewal keeps the token");
+            confirmed = sent;
+        }
+        tokio::time::sleep(Duration::from_millis(rng.below(20))).await;
+        let release_sent = Instant::now();
+        let released = client.release(resource, &lease.acquisition_id).await;
+        History::count(&mut history.lock().unwrap().releases, &released, |r| {
+            matches!(r, Release::NotHeld)
+        });
+        let end = (confirmed + ttl).min(release_sent);
+        history.lock().unwrap().grants.push(Grant {
+            resource: resource.clone(),
+            token: lease.token.get(),
+            invoked,
+            answered,
+            end,
+        });
+    }
+}
+
+struct Load {
+    history: Arc<Mutex<History>>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Load {
+    fn start(endpoints: &str, prefix: &str, n_workers: u64, n_resources: usize) -> Self {
+        let history = Arc::new(Mutex::new(History::default()));
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let resources: Vec<String> = (0..n_resources).map(|i| format!("{prefix}:r{i}")).collect();
+        let tasks = (0..n_workers)
+            .map(|i| {
+                tokio::spawn(worker(
+                    endpoints.to_string(),
+                    resources.clone(),
+                    0xba70 + i,
+                    history.clone(),
+                    stop.clone(),
+                ))
+            })
+            .collect();
+        Self {
+            history,
+            stop,
+            tasks,
+        }
+    }
+
+    fn n_grants(&self) -> usize {
+        self.history.lock().unwrap().grants.len()
+    }
+
+    async fn finish(self) -> History {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for t in self.tasks {
+            t.await.expect("worker");
+        }
+        Arc::try_unwrap(self.history)
+            .ok()
+            .expect("workers done")
+            .into_inner()
+            .unwrap()
+    }
+}
+
+/// Acquires `resource` try-once until granted; the time it took.
+async fn first_grant(client: &mut Client, resource: &str) -> Duration {
+    let started = Instant::now();
+    loop {
+        if let Ok(Acquired::Granted(_)) = client
+            .acquire(resource, Duration::from_secs(1), Duration::ZERO)
+            .await
+        {
+            return started.elapsed();
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "no grant within 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+/// Kill the leader with SIGKILL again and again under load; every answer
+/// is checked. BATON_CLUSTER_KILLS sets the count (default 20).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn leader_kills_lose_no_grant_and_never_reuse_or_lower_a_token() {
+    let kills: usize = std::env::var("BATON_CLUSTER_KILLS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20);
+    let db = PgDb::create("cluster_kills").await;
+    let mut cluster = Cluster::start(&db.url, 3);
+    cluster.wait_leader(None).await;
+    let load = Load::start(&cluster.endpoints(), "kill", 8, 4);
+    let mut probe = client(&cluster.endpoints()).await;
+    let mut failovers = Vec::new();
+    for k in 0..kills {
+        let leader = cluster.wait_leader(None).await;
+        // Some load on this leader before it dies.
+        let before = load.n_grants();
+        eventually(Duration::from_secs(30), async || {
+            load.n_grants() >= before + 5
+        })
+        .await;
+        let killed = Instant::now();
+        cluster.nodes[leader].kill9();
+        first_grant(&mut probe, &format!("kill:probe{k}")).await;
+        failovers.push(killed.elapsed());
+        cluster.nodes[leader].restart();
+    }
+    let history = load.finish().await;
+    eprintln!(
+        "leader kills: {kills}; failover (kill to first grant) median {:?} max {:?}; grants {}; acquires {:?}; renewals {:?}; releases {:?}",
+        median(failovers.clone()),
+        failovers.iter().max().unwrap(),
+        history.grants.len(),
+        history.acquires,
+        history.renewals,
+        history.releases,
+    );
+    assert!(
+        history.grants.len() > kills * 5,
+        "the load made progress across the kills"
+    );
+    history.check();
+}
+
+/// A 30 s lease is renewed through a failover with its token, and nobody
+/// else gets the resource meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_lease_is_renewed_through_a_failover_and_keeps_its_token() {
+    let db = PgDb::create("cluster_held").await;
+    let mut cluster = Cluster::start(&db.url, 3);
+    let leader = cluster.wait_leader(None).await;
+    let mut holder = client(&cluster.endpoints()).await;
+    let Acquired::Granted(lease) = holder
+        .acquire("held:r", Duration::from_secs(30), Duration::ZERO)
+        .await
+        .unwrap()
+    else {
+        panic!("free resource not granted")
+    };
+    cluster.nodes[leader].kill9();
+    let mut rival = client(&cluster.endpoints()).await;
+    let mut renew_failures = 0;
+    let mut rival_refusals = 0;
+    loop {
+        if let Ok(Acquired::Granted(l)) = rival
+            .acquire("held:r", Duration::from_secs(1), Duration::ZERO)
+            .await
+        {
+            panic!(
+                "held:r was granted to another holder (token {}) during the failover",
+                l.token
+            );
+        }
+        rival_refusals += 1;
+        match holder.renew("held:r", &lease.acquisition_id).await {
+            Ok(Renewal::Renewed { token, .. }) => {
+                assert_eq!(token, lease.token);
+                break;
+            }
+            Ok(Renewal::NotOwner) => panic!("the lease was lost in the failover"),
+            Err(_) => renew_failures += 1,
+        }
+    }
+    let new_leader = cluster.wait_leader(Some(leader)).await;
+    assert_ne!(new_leader, leader);
+    let status = holder.status("held:r").await.unwrap();
+    assert_eq!(status.holder_token, Some(lease.token));
+    eprintln!("renewal failures during the failover: {renew_failures}; rival attempts refused: {rival_refusals}");
+}
+
+/// A leader stopped past its leadership (SIGSTOP) and cut off from the
+/// database wakes to find another in its place: it confirms no renewal it
+/// would answer from memory, commits nothing, and steps down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_leader_confirms_nothing_commits_nothing_and_steps_down() {
+    use baton_faults::{Direction, Proxy};
+    use nix::sys::signal::{kill, Signal::SIGCONT, Signal::SIGSTOP};
+    use nix::unistd::Pid;
+    let db = PgDb::create("cluster_pause").await;
+    let mut proxies = Vec::new();
+    for _ in 0..3 {
+        proxies.push(Proxy::start(db.upstream()).await.unwrap());
+    }
+    let urls: Vec<String> = proxies
+        .iter()
+        .map(|p| db.url_via(p.addr().port()))
+        .collect();
+    let cluster = Cluster::start_each(&urls);
+    let old = cluster.wait_leader(None).await;
+    let old_pid = cluster.pid(old);
+    let mut a = client(&cluster.endpoints()).await;
+    let Acquired::Granted(lease_a) = a
+        .acquire("pause:r", Duration::from_secs(30), Duration::ZERO)
+        .await
+        .unwrap()
+    else {
+        panic!("not granted")
+    };
+    // A connection straight to the old leader, made before it is stopped.
+    let mut direct =
+        baton_proto::v1::leases_client::LeasesClient::connect(cluster.nodes[old].url())
+            .await
+            .unwrap();
+    let commits_before = metric(&cluster.nodes[old], "baton_store_commits_total");
+    let pid = Pid::from_raw(old_pid as i32);
+    kill(pid, SIGSTOP).unwrap();
+    eventually(Duration::from_secs(5), async || {
+        baton_testkit::stopped(old_pid)
+    })
+    .await;
+    // Its database connections stall too: on waking it cannot learn from
+    // the database that it lost; only its own deadline stops it.
+    proxies[old].hold(Direction::ClientToServer);
+    proxies[old].hold(Direction::ServerToClient);
+    let new = cluster.wait_leader(Some(old)).await;
+    // On the new leader an operator fences A's lease (still valid in the
+    // stopped leader's memory) and B (which knows only the live servers: a
+    // call to a stopped one would wait out its timeout) gets the resource
+    // with a higher token.
+    let live: Vec<String> = (0..3)
+        .filter(|i| *i != old)
+        .map(|i| cluster.nodes[i].url())
+        .collect();
+    let mut b = client(&live.join(",")).await;
+    let fenced = b.fence("pause:r").await.unwrap();
+    assert_eq!(fenced.revoked, Some(lease_a.token));
+    let Acquired::Granted(lease_b) = b
+        .acquire("pause:r", Duration::from_secs(30), Duration::ZERO)
+        .await
+        .unwrap()
+    else {
+        panic!("B waited in vain")
+    };
+    assert!(lease_b.token > lease_a.token);
+    // A's renewal reaches the stopped old leader and waits in its socket.
+    let renewal = tokio::spawn(async move {
+        direct
+            .renew(baton_proto::v1::RenewRequest {
+                resource: "pause:r".into(),
+                acquisition_id: lease_a.acquisition_id.as_bytes().to_vec(),
+            })
+            .await
+    });
+    kill(pid, SIGCONT).unwrap();
+    let answer = renewal.await.unwrap();
+    match &answer {
+        Ok(r) => assert!(
+            !r.get_ref().renewed,
+            "the woken old leader confirmed a renewal of a lease that moved on"
+        ),
+        Err(s) => assert_eq!(s.code(), tonic::Code::Unavailable, "{s:?}"),
+    }
+    proxies[old].release(Direction::ClientToServer);
+    proxies[old].release(Direction::ServerToClient);
+    eventually(Duration::from_secs(10), async || {
+        cluster.nodes[old]
+            .http_get("/healthz")
+            .contains("ok follower")
+    })
+    .await;
+    assert_eq!(
+        metric(&cluster.nodes[old], "baton_store_commits_total"),
+        commits_before,
+        "the woken old leader committed something"
+    );
+    assert_eq!(metric(&cluster.nodes[old], "baton_is_leader"), 0);
+    // B's lease is intact in the database and on the leader.
+    let token: i64 = db
+        .connect()
+        .await
+        .query_one(
+            "SELECT token FROM baton_server.leases WHERE resource = 'pause:r'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(token as u64, lease_b.token.get());
+    assert_eq!(cluster.leader(None), Some(new));
+    let status = b.status("pause:r").await.unwrap();
+    assert_eq!(status.holder_token, Some(lease_b.token));
+    eprintln!("old leader's answer after waking: {answer:?}");
+}
+
+/// PostgreSQL restarted under load, fast and immediate: the servers come
+/// back by themselves, no acknowledged grant is lost, no token goes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_restarts_under_load_lose_nothing_and_need_no_restart() {
+    let pg = PgCluster::start("cluster_pg_restart");
+    pg.psql("CREATE DATABASE baton");
+    let url = pg.url().replace("dbname=postgres", "dbname=baton");
+    let cluster = Cluster::start(&url, 2);
+    cluster.wait_leader(None).await;
+    let mut holder = client(&cluster.endpoints()).await;
+    let Acquired::Granted(held) = holder
+        .acquire("restart:held", Duration::from_secs(60), Duration::ZERO)
+        .await
+        .unwrap()
+    else {
+        panic!("not granted")
+    };
+    let load = Load::start(&cluster.endpoints(), "restart", 6, 3);
+    let mut probe = client(&cluster.endpoints()).await;
+    let mut outages = Vec::new();
+    for (i, mode) in ["fast", "immediate", "fast", "immediate"]
+        .iter()
+        .enumerate()
+    {
+        let before = load.n_grants();
+        eventually(Duration::from_secs(30), async || {
+            load.n_grants() >= before + 10
+        })
+        .await;
+        let started = Instant::now();
+        pg.ctl(&["restart", "-m", mode]);
+        first_grant(&mut probe, &format!("restart:probe{i}")).await;
+        outages.push((mode, started.elapsed()));
+        let status = holder.status("restart:held").await.unwrap();
+        assert_eq!(
+            status.holder_token,
+            Some(held.token),
+            "after a {mode} restart"
+        );
+        let renewed = holder.renew("restart:held", &held.acquisition_id).await;
+        assert!(
+            matches!(renewed, Ok(Renewal::Renewed { token, .. }) if token == held.token),
+            "{renewed:?}"
+        );
+    }
+    let history = load.finish().await;
+    eprintln!(
+        "PostgreSQL restarts: {outages:?} (restart to first grant); grants {}; acquires {:?}; renewals {:?}; releases {:?}",
+        history.grants.len(),
+        history.acquires,
+        history.renewals,
+        history.releases
+    );
+    history.check();
+}
+
+/// The primary killed under load, its synchronous standby promoted; Baton
+/// follows through a multi-host connection string. Every acknowledged
+/// grant is there, and tokens continue above every earlier one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_database_failover_to_a_synchronous_standby_keeps_every_grant() {
+    let primary = PgCluster::start("cluster_primary");
+    primary.psql("CREATE DATABASE baton");
+    let standby = primary.synchronous_standby("cluster_standby");
+    let url = format!(
+        "host=127.0.0.1,127.0.0.1 port={},{} user=postgres dbname=baton target_session_attrs=read-write connect_timeout=2",
+        primary.port(),
+        standby.port()
+    );
+    let cluster = Cluster::start(&url, 2);
+    cluster.wait_leader(None).await;
+    let mut holder = client(&cluster.endpoints()).await;
+    let mut held = Vec::new();
+    for i in 0..20 {
+        match holder
+            .acquire(
+                &format!("dbfail:held{i}"),
+                Duration::from_secs(60),
+                Duration::ZERO,
+            )
+            .await
+            .unwrap()
+        {
+            Acquired::Granted(l) => held.push(l),
+            other => panic!("{other:?}"),
+        }
+    }
+    let load = Load::start(&cluster.endpoints(), "dbfail", 6, 3);
+    let before = load.n_grants();
+    eventually(Duration::from_secs(30), async || {
+        load.n_grants() >= before + 20
+    })
+    .await;
+    let started = Instant::now();
+    primary.ctl(&["stop", "-m", "immediate"]);
+    standby.ctl(&["promote"]);
+    let mut probe = client(&cluster.endpoints()).await;
+    first_grant(&mut probe, "dbfail:probe").await;
+    let failover = started.elapsed();
+    let before = load.n_grants();
+    eventually(Duration::from_secs(30), async || {
+        load.n_grants() >= before + 20
+    })
+    .await;
+    let history = load.finish().await;
+    let highest_before = held.iter().map(|l| l.token).max().unwrap();
+    for l in &held {
+        let status = holder.status(&l.resource).await.unwrap();
+        assert_eq!(
+            status.holder_token,
+            Some(l.token),
+            "{} after the failover",
+            l.resource
+        );
+    }
+    let Acquired::Granted(after) = holder
+        .acquire("dbfail:after", Duration::from_secs(5), Duration::ZERO)
+        .await
+        .unwrap()
+    else {
+        panic!("not granted")
+    };
+    assert!(after.token > highest_before);
+    let highest_in_load = history.grants.iter().map(|g| g.token).max().unwrap();
+    assert!(after.token.get() > highest_in_load);
+    eprintln!(
+        "database failover: primary killed to first grant {failover:?}; grants {}; acquires {:?}",
+        history.grants.len(),
+        history.acquires
+    );
+    history.check();
+}
