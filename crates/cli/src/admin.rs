@@ -76,7 +76,7 @@ impl Rendered for RestoreOut {
             e => format!("backup epoch {e}"),
         };
         format!(
-            "restored into {}: new epoch {} ({backup}{floor}); every new token is at least {}; {} leases from the backup were dropped",
+            "restored into {}: new epoch {} ({backup}{floor}); every new token is at least {}; {} leases were dropped (holders acquire again)",
             self.data_dir, self.epoch, self.first_token, self.dropped_leases
         )
     }
@@ -99,13 +99,26 @@ pub async fn restore(a: &RestoreArgs) -> Result<RestoreOut, CliError> {
     let now_unix_s = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
-    let r = restore::restore(
-        a.from.as_deref(),
-        &a.data_dir,
-        a.min_epoch,
-        resources_floor,
-        now_unix_s,
-    )
+    let r = match &a.store {
+        Some(url) => {
+            restore::restore_cluster(
+                a.from.as_deref(),
+                url,
+                &a.cluster,
+                a.min_epoch,
+                resources_floor,
+                now_unix_s,
+            )
+            .await
+        }
+        None => restore::restore(
+            a.from.as_deref(),
+            &a.data_dir,
+            a.min_epoch,
+            resources_floor,
+            now_unix_s,
+        ),
+    }
     .map_err(to_cli)?;
     Ok(RestoreOut {
         backup_epoch: r.backup_epoch.map_or(0, |e| e.get()),
@@ -113,6 +126,9 @@ pub async fn restore(a: &RestoreArgs) -> Result<RestoreOut, CliError> {
         epoch: r.epoch.get(),
         first_token: r.first_token.get(),
         dropped_leases: r.dropped_leases,
-        data_dir: a.data_dir.display().to_string(),
+        data_dir: match &a.store {
+            Some(_) => format!("cluster {} (PostgreSQL store)", a.cluster),
+            None => a.data_dir.display().to_string(),
+        },
     })
 }

@@ -175,7 +175,8 @@ pub enum Admin {
         #[command(flatten)]
         client: ClientOpts,
     },
-    /// Replace a (stopped) server's data directory with a backup, in a new token epoch.
+    /// Replace a (stopped) server's data directory, or a cluster's
+    /// PostgreSQL store (--store), with a backup, in a new token epoch.
     ///
     /// The new epoch is above the backup's, above the replaced directory's
     /// (read from its store or its identity file), above every token the
@@ -195,8 +196,20 @@ pub struct RestoreArgs {
     #[arg(long)]
     pub empty: bool,
     /// The stopped server's data directory.
-    #[arg(long, default_value = "baton-data")]
+    #[arg(long, default_value = "baton-data", conflicts_with = "store")]
     pub data_dir: PathBuf,
+    /// Restore a cluster's PostgreSQL store instead (its servers may keep
+    /// running: the leader's term ends, the next leader loads the new epoch).
+    #[arg(long, env = "BATON_STORE")]
+    pub store: Option<String>,
+    /// The cluster whose store --store holds.
+    #[arg(
+        long,
+        env = "BATON_CLUSTER",
+        default_value = "baton",
+        requires = "store"
+    )]
+    pub cluster: String,
     /// Lowest acceptable new epoch.
     #[arg(long)]
     pub min_epoch: Option<u32>,

@@ -106,6 +106,47 @@ pub async fn resources_floor(url: &str) -> Result<Option<FencingToken>, RestoreE
         })
 }
 
+/// Restores a cluster's store in PostgreSQL (`--store`), online: the
+/// running leader's term ends with it, and the next leader loads the new
+/// epoch.
+pub async fn restore_cluster(
+    from: Option<&Path>,
+    store_url: &str,
+    cluster: &str,
+    min_epoch: Option<u32>,
+    resources_floor: Option<FencingToken>,
+    now_unix_s: u64,
+) -> Result<Restored, RestoreError> {
+    let backup = from.map(read_backup).transpose()?;
+    let min_epoch = min_epoch
+        .map(Epoch::new)
+        .transpose()
+        .map_err(|e| usage(format!("--min-epoch: {e}")))?;
+    let pg = baton_store_pg::parse_url(store_url).map_err(|e| usage(format!("--store: {e}")))?;
+    let mut client = baton_store_pg::connect(&pg)
+        .await
+        .map_err(|e| failure(format!("--store: {e}")))?;
+    let r = baton_store_pg::schema::restore(&mut client, cluster, |replaced| {
+        baton_core::restore_epoch(&RestoreFloors {
+            backup: backup.map(|(e, _)| e),
+            replaced: Some(replaced),
+            min_epoch,
+            resources: resources_floor,
+            now_unix_s,
+        })
+        .map_err(|e| e.to_string())
+    })
+    .await
+    .map_err(|e| failure(format!("--store: {e}")))?;
+    Ok(Restored {
+        backup_epoch: backup.map(|(e, _)| e),
+        resources_floor,
+        epoch: r.epoch,
+        first_token: FencingToken::new(r.epoch, 1).expect("counter 1 is in range"),
+        dropped_leases: r.dropped_leases as usize,
+    })
+}
+
 /// Restores `data_dir` from `from` (or to an empty store when `None`).
 pub fn restore(
     from: Option<&Path>,

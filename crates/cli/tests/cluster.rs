@@ -644,3 +644,80 @@ async fn a_database_failover_to_a_synchronous_standby_keeps_every_grant() {
     );
     history.check();
 }
+
+/// A restore onto a running cluster: the leader's term ends, the next
+/// leader serves the new epoch above every earlier token, the dropped
+/// lease is gone, and the store refuses a second cluster's name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restore_onto_a_running_cluster_starts_above_every_token() {
+    let db = PgDb::create("cluster_restore").await;
+    let cluster = Cluster::start(&db.url, 2);
+    let old = cluster.wait_leader(None).await;
+    let mut c = client(&cluster.endpoints()).await;
+    let Acquired::Granted(before) = c
+        .acquire("restore:r", Duration::from_secs(30), Duration::ZERO)
+        .await
+        .unwrap()
+    else {
+        panic!("not granted")
+    };
+    let backup = TempDir::new("cluster_backup");
+    let backup_file = backup.path().join("b.pb");
+    let out = common::cli(&[
+        "admin",
+        "backup",
+        "--server",
+        &cluster.endpoints(),
+        "--out",
+        backup_file.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let wrong = common::cli(&[
+        "admin",
+        "restore",
+        "--store",
+        &db.url,
+        "--cluster",
+        "other",
+        "--empty",
+    ]);
+    assert_eq!(wrong.status.code(), Some(1), "{wrong:?}");
+    assert!(String::from_utf8_lossy(&wrong.stderr).contains("belongs to cluster \"baton\""));
+    let out = common::cli(&[
+        "admin",
+        "restore",
+        "--store",
+        &db.url,
+        "--from",
+        backup_file.to_str().unwrap(),
+        "--json",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let first = common::json_u64(&text, "first_token").unwrap();
+    assert!(first > before.token.get(), "{text}");
+    // The old leader's term is over: it steps down, and a leader of the
+    // new term serves the new epoch.
+    eventually(
+        Duration::from_secs(20),
+        async || matches!(c.status("restore:r").await, Ok(s) if s.holder_token.is_none()),
+    )
+    .await;
+    let Acquired::Granted(after) = c
+        .acquire("restore:r", Duration::from_secs(30), Duration::ZERO)
+        .await
+        .unwrap()
+    else {
+        panic!("not granted after the restore")
+    };
+    assert!(after.token.get() >= first, "{} < {first}", after.token);
+    assert!(matches!(
+        c.renew("restore:r", &before.acquisition_id).await,
+        Ok(Renewal::NotOwner)
+    ));
+    let leader = cluster.wait_leader(None).await;
+    eprintln!(
+        "restore: leader before {old}, after {leader}; tokens {} -> {}",
+        before.token, after.token
+    );
+}

@@ -120,3 +120,100 @@ pub async fn prepare(client: &mut Client, cluster: &str) -> Result<Meta, PgError
     txn.commit().await?;
     Ok(meta)
 }
+
+/// What a restore onto a cluster did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Restored {
+    /// The epoch the store was in.
+    pub replaced: baton_core::Epoch,
+    /// The new epoch; the next token is its counter 1.
+    pub epoch: baton_core::Epoch,
+    /// Leases dropped (holders acquire again).
+    pub dropped_leases: u64,
+    /// The leadership term the restore ended: a leader of it commits nothing more.
+    pub ended_term: u64,
+    /// The new store id.
+    pub store_id: String,
+}
+
+/// Restores the cluster's store in place, in one transaction: a new store
+/// id, no leases, and the token position at the start of the epoch that
+/// `new_epoch` picks from the replaced one. The leadership term is ended
+/// too, so the running leader's next commit is refused; the row is marked
+/// as changed, not released, so no server takes over before the old
+/// leader's answer deadline has passed (it may still answer renewals of
+/// dropped leases from memory until then).
+pub async fn restore(
+    client: &mut Client,
+    cluster: &str,
+    new_epoch: impl FnOnce(baton_core::Epoch) -> Result<baton_core::Epoch, String>,
+) -> Result<Restored, PgError> {
+    check_cluster_name(cluster)?;
+    let txn = client.transaction().await?;
+    txn.execute(
+        "SELECT pg_advisory_xact_lock(hashtext('baton_server.schema'))",
+        &[],
+    )
+    .await?;
+    let exists: bool = txn
+        .query_one("SELECT to_regclass('baton_server.meta') IS NOT NULL", &[])
+        .await?
+        .get(0);
+    if !exists {
+        return Err(PgError::Db(
+            "this database has no baton_server schema: there is no cluster store to restore (start `baton serve --store` once to create it)".into(),
+        ));
+    }
+    let row = txn
+        .query_one(
+            "SELECT schema_version, cluster, epoch FROM baton_server.meta WHERE id = 1",
+            &[],
+        )
+        .await?;
+    let (version, found, epoch): (i32, String, i64) = (row.get(0), row.get(1), row.get(2));
+    if version > SCHEMA_VERSION {
+        return Err(PgError::NewerSchema {
+            found: version,
+            supported: SCHEMA_VERSION,
+        });
+    }
+    if found != cluster {
+        return Err(PgError::ClusterMismatch {
+            expected: cluster.to_string(),
+            found,
+        });
+    }
+    // Waits for a leader commit in flight, like a takeover.
+    let term: i64 = txn
+        .query_one(
+            "SELECT term FROM baton_server.leader WHERE id = 1 FOR UPDATE",
+            &[],
+        )
+        .await?
+        .get(0);
+    let replaced = u32::try_from(epoch)
+        .ok()
+        .and_then(|e| baton_core::Epoch::new(e).ok())
+        .ok_or_else(|| PgError::Db(format!("stored epoch {epoch} is out of range")))?;
+    let epoch = new_epoch(replaced).map_err(PgError::Db)?;
+    let dropped = txn.execute("DELETE FROM baton_server.leases", &[]).await?;
+    let store_id = crate::random_id();
+    txn.execute(
+        "UPDATE baton_server.meta SET epoch = $1, counter = 0, store_id = $2 WHERE id = 1",
+        &[&i64::from(epoch.get()), &store_id],
+    )
+    .await?;
+    txn.execute(
+        "UPDATE baton_server.leader SET term = term + 1, holder = 'restore', advertise = NULL, beats = beats + 1 WHERE id = 1",
+        &[],
+    )
+    .await?;
+    txn.commit().await?;
+    Ok(Restored {
+        replaced,
+        epoch,
+        dropped_leases: dropped,
+        ended_term: term as u64,
+        store_id,
+    })
+}
