@@ -1,9 +1,16 @@
-//! The engine: one thread that owns the lease table and the store.
+//! The engine: one thread that owns the lease table, and a committer thread
+//! that owns the store.
 //!
-//! It takes commands in batches, applies them to the table, commits the
-//! batch's writes with one fsync when a token was issued (group commit), and
-//! only then releases the batch's replies. Releases and expiries are written
-//! lazily: losing them in a crash only keeps a lease held for one more TTL.
+//! The engine takes commands in batches, applies them to the table and
+//! hands each batch's writes and replies, in order, to the committer. The
+//! committer takes every batch queued while its last commit was in flight,
+//! commits their writes together (group commit) when any of them issued a
+//! token, and only then releases their replies, in order. So a commit's
+//! latency never stops the engine, and no reply goes out before every write
+//! of its batch and of all earlier batches is durable (or, for batches that
+//! issued no token, before every earlier batch that did is). Releases and
+//! expiries are written lazily: losing them in a crash only keeps a lease
+//! held for one more TTL.
 
 use std::collections::HashMap;
 use std::sync::mpsc::{self, RecvTimeoutError};
@@ -78,10 +85,21 @@ pub enum Command {
     Shutdown,
 }
 
-/// A cheap handle for sending commands to the engine.
+/// A cheap handle for sending commands to the engine. When the last one
+/// is dropped the engine flushes and stops (the committer's own sender does
+/// not keep it alive).
 #[derive(Clone)]
 pub struct EngineHandle {
     tx: mpsc::Sender<Command>,
+    _last: Arc<StopOnDrop>,
+}
+
+struct StopOnDrop(mpsc::Sender<Command>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.send(Command::Shutdown);
+    }
 }
 
 impl EngineHandle {
@@ -93,15 +111,33 @@ impl EngineHandle {
 
 type Deferred = Box<dyn FnOnce() + Send>;
 
+/// One batch's share of durable work, handed to the committer in order.
+struct Job {
+    writes: Vec<Write>,
+    /// A token was issued: commit before any reply of this job goes out.
+    sync: bool,
+    replies: Vec<Deferred>,
+    /// Waiters granted or timed out; a grant whose caller left is handed back.
+    woken: Vec<(Reply<Result<AcquireReply, AcquireError>>, AcquireReply)>,
+}
+
+enum ToCommitter {
+    Job(Job),
+    /// Commit whatever is pending, then stop.
+    Flush,
+}
+
 pub struct Engine {
     table: LeaseTable,
-    store: Box<dyn LeaseStore>,
     rx: mpsc::Receiver<Command>,
     origin: Instant,
-    pending: Vec<Write>,
+    /// Lazy writes not yet handed over.
+    lazy: Vec<Write>,
     flush_at: MonoMs,
     waiting: HashMap<WaiterId, Reply<Result<AcquireReply, AcquireError>>>,
     metrics: Arc<Metrics>,
+    committer: mpsc::Sender<ToCommitter>,
+    committer_thread: Option<std::thread::JoinHandle<Result<(), StoreError>>>,
 }
 
 impl Engine {
@@ -136,21 +172,34 @@ impl Engine {
         );
         metrics.leases.set(n_leases as i64);
         let (tx, rx) = mpsc::channel();
+        let (to_committer, committer_rx) = mpsc::channel();
+        let committer = Committer {
+            store,
+            rx: committer_rx,
+            engine: tx.clone(),
+            metrics: metrics.clone(),
+        };
+        let committer_thread = std::thread::Builder::new()
+            .name("baton-commit".into())
+            .spawn(move || committer.run())
+            .expect("spawn committer thread");
         let engine = Engine {
             table,
-            store,
             rx,
             origin,
-            pending: Vec::new(),
+            lazy: Vec::new(),
             flush_at: MonoMs(LAZY_FLUSH_INTERVAL_MS),
             waiting: HashMap::new(),
             metrics,
+            committer: to_committer,
+            committer_thread: Some(committer_thread),
         };
         let thread = std::thread::Builder::new()
             .name("baton-engine".into())
             .spawn(move || engine.run())
             .expect("spawn engine thread");
-        Ok((EngineHandle { tx }, thread))
+        let stop = Arc::new(StopOnDrop(tx.clone()));
+        Ok((EngineHandle { tx, _last: stop }, thread))
     }
 
     fn now(&self) -> MonoMs {
@@ -164,7 +213,7 @@ impl Engine {
             let now = self.now();
             let wake = [
                 self.table.next_deadline(),
-                (!self.pending.is_empty()).then_some(self.flush_at),
+                (!self.lazy.is_empty()).then_some(self.flush_at),
             ]
             .into_iter()
             .flatten()
@@ -188,21 +237,41 @@ impl Engine {
                 }
             }
             let stop = batch.iter().any(|c| matches!(c, Command::Shutdown));
-            again = self.step(&mut batch)?;
+            match self.step(&mut batch) {
+                Some(a) => again = a,
+                // The committer stopped: a commit failed.
+                None => return self.join_committer(),
+            }
             if stop {
                 break;
             }
         }
-        // Every handle is gone: the server is shutting down.
-        if !self.pending.is_empty() {
-            self.store.commit(&self.pending)?;
-        }
+        // The server is shutting down: flush the lazy writes, then stop.
+        let lazy = std::mem::take(&mut self.lazy);
+        let _ = self.committer.send(ToCommitter::Job(Job {
+            writes: lazy,
+            sync: false,
+            replies: Vec::new(),
+            woken: Vec::new(),
+        }));
+        let _ = self.committer.send(ToCommitter::Flush);
+        self.join_committer()?;
         info!("engine stopped; lazy writes flushed");
         Ok(())
     }
 
-    /// Runs one batch. Returns true if it left work for an immediate next round.
-    fn step(&mut self, batch: &mut Vec<Command>) -> Result<bool, StoreError> {
+    fn join_committer(&mut self) -> Result<(), StoreError> {
+        match self.committer_thread.take().map(|t| t.join()) {
+            Some(Ok(result)) => result,
+            Some(Err(_)) => Err(StoreError::Storage("the committer thread panicked".into())),
+            None => Ok(()),
+        }
+    }
+
+    /// Runs one batch and hands it to the committer. Returns whether it
+    /// left work for an immediate next round, or `None` if the committer
+    /// has stopped (a commit failed).
+    fn step(&mut self, batch: &mut Vec<Command>) -> Option<bool> {
         let now = self.now();
         let mut replies: Vec<Deferred> = Vec::with_capacity(batch.len());
         for command in batch.drain(..) {
@@ -210,29 +279,17 @@ impl Engine {
         }
         self.table.tick(now);
         let fx = self.table.take_effects();
-        self.pending.extend(fx.writes);
-        let flush = !self.pending.is_empty()
-            && (fx.sync || now >= self.flush_at || self.pending.len() >= LAZY_WRITES_MAX);
-        if flush {
-            let started = Instant::now();
-            if let Err(e) = self.store.commit(&self.pending) {
-                // Dropping the replies tells every caller the outcome is unknown.
-                self.metrics.store_errors.inc();
-                error!(error = %e, "lease store commit failed; stopping");
-                return Err(e);
-            }
-            self.metrics
-                .observe_commit_latency_us(started.elapsed().as_micros() as u64);
-            self.metrics.commits.inc();
-            self.pending.clear();
+        self.lazy.extend(fx.writes);
+        let flush = !self.lazy.is_empty()
+            && (fx.sync || now >= self.flush_at || self.lazy.len() >= LAZY_WRITES_MAX);
+        let writes = if flush {
             self.flush_at = MonoMs(now.0 + LAZY_FLUSH_INTERVAL_MS);
-        }
-        assert!(
-            !fx.sync || flush,
-            "a batch that issued a token must commit before replying"
-        );
+            std::mem::take(&mut self.lazy)
+        } else {
+            Vec::new()
+        };
         self.record(&fx.events);
-        let mut again = false;
+        let mut woken = Vec::with_capacity(fx.woken.len());
         for (waiter, result) in fx.woken {
             let Some(reply) = self.waiting.remove(&waiter) else {
                 continue;
@@ -247,20 +304,21 @@ impl Engine {
                 }
                 WaitResult::TimedOut => AcquireReply::TimedOut,
             };
-            if let Err(Ok(AcquireReply::Granted { grants, .. })) = reply.send(Ok(answer)) {
-                // The caller left just as its turn came: give the leases back.
-                for g in grants {
-                    self.table.release(now, &g.resource, &g.acquisition_id);
-                }
-                again = true;
-            }
-        }
-        for reply in replies {
-            reply();
+            woken.push((reply, answer));
         }
         self.metrics.leases.set(self.table.n_leases() as i64);
         self.metrics.waiters.set(self.table.n_waiters() as i64);
-        Ok(again)
+        if replies.is_empty() && woken.is_empty() && writes.is_empty() {
+            return Some(false);
+        }
+        let job = Job {
+            writes,
+            sync: fx.sync,
+            replies,
+            woken,
+        };
+        self.committer.send(ToCommitter::Job(job)).ok()?;
+        Some(false)
     }
 
     fn apply(&mut self, now: MonoMs, command: Command, replies: &mut Vec<Deferred>) {
@@ -289,21 +347,24 @@ impl Engine {
                 };
                 defer(replies, reply, answer);
             }
+            // Renewals and releases are answered at once, not behind the
+            // commits in flight: only the holder of a lease can ask, and it
+            // holds a grant that was committed before it heard of it, so
+            // the answer reveals nothing that is not durable. (A release's
+            // own write is lazy, as it always was.)
             Command::Renew {
                 resource,
                 id,
                 reply,
             } => {
-                let out = self.table.renew(now, &resource, &id);
-                defer(replies, reply, out);
+                let _ = reply.send(self.table.renew(now, &resource, &id));
             }
             Command::Release {
                 resource,
                 id,
                 reply,
             } => {
-                let out = self.table.release(now, &resource, &id);
-                defer(replies, reply, out);
+                let _ = reply.send(self.table.release(now, &resource, &id));
             }
             Command::Status { resource, reply } => {
                 let out = self.table.status(now, &resource);
@@ -393,5 +454,82 @@ impl Engine {
                 }
             }
         }
+    }
+}
+
+/// The thread that owns the store: commits queued batches together and
+/// releases their replies in order.
+struct Committer {
+    store: Box<dyn LeaseStore>,
+    rx: mpsc::Receiver<ToCommitter>,
+    /// For handing back grants whose waiter left before its answer (a plain
+    /// sender: it must not keep the engine alive).
+    engine: mpsc::Sender<Command>,
+    metrics: Arc<Metrics>,
+}
+
+impl Committer {
+    fn run(mut self) -> Result<(), StoreError> {
+        let mut pending: Vec<Write> = Vec::new();
+        loop {
+            let Ok(first) = self.rx.recv() else {
+                break;
+            };
+            let mut jobs = Vec::new();
+            let mut stop = false;
+            for message in std::iter::once(first).chain(self.rx.try_iter()) {
+                match message {
+                    ToCommitter::Job(job) => jobs.push(job),
+                    ToCommitter::Flush => stop = true,
+                }
+            }
+            let sync = stop || jobs.iter().any(|j| j.sync || !j.writes.is_empty());
+            for job in &mut jobs {
+                pending.append(&mut job.writes);
+            }
+            if sync && !pending.is_empty() {
+                let started = Instant::now();
+                if let Err(e) = self.store.commit(&pending) {
+                    // Dropping the replies tells every caller the outcome is unknown.
+                    self.metrics.store_errors.inc();
+                    error!(error = %e, "lease store commit failed; stopping");
+                    // Wake the engine so that it stops too.
+                    let _ = self.engine.send(Command::Shutdown);
+                    return Err(e);
+                }
+                self.metrics
+                    .observe_commit_latency_us(started.elapsed().as_micros() as u64);
+                self.metrics.commits.inc();
+                pending.clear();
+            }
+            // Invariant: a job that issued a token is answered only after a
+            // commit that holds its writes and every earlier job's.
+            assert!(
+                pending.is_empty() || !jobs.iter().any(|j| j.sync),
+                "a batch that issued a token must commit before replying"
+            );
+            for job in jobs {
+                for reply in job.replies {
+                    reply();
+                }
+                for (reply, answer) in job.woken {
+                    if let Err(Ok(AcquireReply::Granted { grants, .. })) = reply.send(Ok(answer)) {
+                        // The caller left just as its turn came: give the leases back.
+                        for g in grants {
+                            let (tx, _) = oneshot::channel();
+                            let _ = self.engine.send(Command::Release {
+                                resource: g.resource,
+                                id: g.acquisition_id,
+                                reply: tx,
+                            });
+                        }
+                    }
+                }
+            }
+            if stop {
+                break;
+            }
+        }
+        Ok(())
     }
 }

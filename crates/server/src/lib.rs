@@ -249,18 +249,19 @@ pub async fn start_with_store(
     validate(&config)?;
     let metrics = Arc::new(Metrics::default());
     let (grpc, grpc_addr) = bind(config.listen).await?;
-    let http = match config.http_listen {
-        Some(addr) => Some(bind(addr).await?),
+    let seat = Arc::new(Seat::single());
+    let http_addr = match config.http_listen {
+        Some(addr) => {
+            let (listener, bound) = bind(addr).await?;
+            tokio::spawn(http::serve(listener, metrics.clone(), seat.clone()));
+            Some(bound)
+        }
         None => None,
     };
     let (engine, engine_thread) =
         engine::Engine::start(store, config.limits.clone(), metrics.clone())?;
     let engine_stop = engine.clone();
-    let seat = Arc::new(Seat::single(engine));
-    let http_addr = http.map(|(listener, bound)| {
-        tokio::spawn(http::serve(listener, metrics.clone(), seat.clone()));
-        bound
-    });
+    seat.lead(engine, 0, u64::MAX);
     metrics.is_leader.set(1);
     let (shutdown_tx, shutdown_rx) = oneshot::channel::<()>();
     let (stop_tx, stop_rx) = oneshot::channel::<()>();

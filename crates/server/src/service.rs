@@ -396,7 +396,15 @@ mod fuzz {
             .unwrap();
         (
             rt,
-            LeaseService::new(Arc::new(Seat::single(engine)), metrics, 30_000),
+            LeaseService::new(
+                {
+                    let seat = Arc::new(Seat::single());
+                    seat.lead(engine, 0, u64::MAX);
+                    seat
+                },
+                metrics,
+                30_000,
+            ),
             dir,
         )
     }
