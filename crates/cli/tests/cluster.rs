@@ -721,3 +721,61 @@ async fn a_restore_onto_a_running_cluster_starts_above_every_token() {
         before.token, after.token
     );
 }
+
+/// A server refuses to start on a malformed store address, on another
+/// cluster's database, and without an address to advertise; each message
+/// names the problem.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_store_address_or_another_clusters_database_refuses_to_start() {
+    let refused = |args: &[&str], needle: &str| {
+        let mut all = vec![
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--http-listen",
+            "127.0.0.1:0",
+        ];
+        all.extend_from_slice(args);
+        let out = common::cli(&all);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} started");
+        assert!(stderr.contains(needle), "{args:?}: {stderr}");
+    };
+    refused(
+        &["--store", "mysql://db/x", "--advertise", "http://a:1"],
+        "not a PostgreSQL connection string",
+    );
+    refused(
+        &["--store", "host=127.0.0.1 dbname=x"],
+        "--advertise is required",
+    );
+    let db = PgDb::create("cluster_refuse").await;
+    let cluster = Cluster::start(&db.url, 1);
+    cluster.wait_leader(None).await;
+    refused(
+        &[
+            "--store",
+            &db.url,
+            "--cluster",
+            "other",
+            "--advertise",
+            "http://a:1",
+        ],
+        "belongs to cluster \"baton\"",
+    );
+    refused(
+        &[
+            "--store",
+            &db.url,
+            "--cluster",
+            "Bad Name",
+            "--advertise",
+            "http://a:1",
+        ],
+        "cluster name",
+    );
+    refused(
+        &["--store", &db.url, "--advertise", "ftp://a:1"],
+        "advertise address",
+    );
+}

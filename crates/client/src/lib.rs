@@ -422,50 +422,43 @@ impl Client {
                 Ok(r) => return Ok(r.into_inner()),
                 Err(status) => status,
             };
-            let last = match redirect(&status) {
-                Some(leader) if !leader.is_empty() && leader != url => {
-                    self.servers.switch_to(&leader);
-                    ClientError::Connect {
-                        url,
-                        message: format!("not the leader; the leader is {leader}"),
-                    }
+            let several = self.servers.urls.len() > 1;
+            misses += 1;
+            let hint = redirect(&status);
+            let last = if let Some(leader) = hint.as_ref().filter(|l| !l.is_empty() && **l != url) {
+                self.servers.switch_to(leader);
+                ClientError::Connect {
+                    url,
+                    message: format!("not the leader; the leader is {leader}"),
                 }
-                Some(_) => {
+            } else if hint.is_some() || never_connected(&status) {
+                // Definite: a follower that knows no leader, or no connection.
+                let e = ClientError::Connect {
+                    url: url.clone(),
+                    message: status.message().to_string(),
+                };
+                if !several {
+                    // One server and it cannot serve: nothing else to try.
+                    return Err(e);
+                }
+                self.servers.rotate(&url);
+                e
+            } else {
+                // Possibly applied: never repeated. The next call tries
+                // another server first if this one may be gone.
+                let server_trouble = matches!(
+                    status.code(),
+                    Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Unknown
+                );
+                if several && server_trouble {
                     self.servers.rotate(&url);
-                    misses += 1;
-                    ClientError::Connect {
-                        url,
-                        message: status.message().to_string(),
-                    }
                 }
-                None if never_connected(&status) => {
-                    self.servers.rotate(&url);
-                    misses += 1;
-                    ClientError::Connect {
-                        url,
-                        message: status.message().to_string(),
-                    }
-                }
-                None => {
-                    // Possibly applied: never repeated. The next call tries
-                    // another server first if this one may be gone.
-                    let server_trouble = matches!(
-                        status.code(),
-                        Code::Unavailable
-                            | Code::DeadlineExceeded
-                            | Code::Cancelled
-                            | Code::Unknown
-                    );
-                    if self.servers.urls.len() > 1 && server_trouble {
-                        self.servers.rotate(&url);
-                    }
-                    return Err(from_status(status));
-                }
+                return Err(from_status(status));
             };
             if started.elapsed() >= self.rpc_timeout {
                 return Err(last);
             }
-            if misses >= self.servers.urls.len() {
+            if misses >= self.servers.urls.len().max(2) {
                 misses = 0;
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(Duration::from_millis(500));

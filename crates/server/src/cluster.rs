@@ -124,6 +124,9 @@ impl Election {
             warn!(error = %e, "{what}; retrying until the database answers");
         }
         self.outage = true;
+        if !self.seat.is_leader() {
+            self.seat.trouble(e.to_string());
+        }
     }
 
     /// Runs until `stop` turns true; then steps down if leading.

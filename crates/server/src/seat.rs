@@ -27,9 +27,11 @@ pub struct Term {
 #[derive(Clone)]
 pub enum Role {
     Leader(Term),
-    /// Not leading; the leader's advertised address if one is known.
+    /// Not leading; the leader's advertised address if one is known, or
+    /// why this server cannot tell (its store is unreachable).
     Follower {
         leader: Option<String>,
+        trouble: Option<String>,
     },
 }
 
@@ -53,17 +55,17 @@ pub struct Seat {
 }
 
 impl Seat {
-    /// A single server: leader for good.
-    pub fn single(engine: EngineHandle) -> Self {
+    /// A single server: answers nothing until [`Seat::lead`] seats its
+    /// engine (term 0, no deadline), then leads for good.
+    pub fn single() -> Self {
         Self {
             origin: Instant::now(),
             node: random_node(),
             view: None,
-            role: RwLock::new(Role::Leader(Term {
-                engine,
-                number: 0,
-                deadline_ms: Arc::new(AtomicU64::new(u64::MAX)),
-            })),
+            role: RwLock::new(Role::Follower {
+                leader: None,
+                trouble: None,
+            }),
         }
     }
 
@@ -76,7 +78,10 @@ impl Seat {
                 cluster,
                 ..ClusterView::default()
             })),
-            role: RwLock::new(Role::Follower { leader: None }),
+            role: RwLock::new(Role::Follower {
+                leader: None,
+                trouble: None,
+            }),
         }
     }
 
@@ -129,15 +134,28 @@ impl Seat {
 
     /// Stops answering: every later request hears "not the leader".
     pub fn follow(&self, leader: Option<String>) {
-        self.set(Role::Follower { leader });
+        self.set(Role::Follower {
+            leader,
+            trouble: None,
+        });
+    }
+
+    /// Stops answering (if leading) because the store cannot be reached:
+    /// callers hear the cause.
+    pub fn trouble(&self, cause: String) {
+        let mut role = self.role.write().unwrap_or_else(|p| p.into_inner());
+        *role = Role::Follower {
+            leader: None,
+            trouble: Some(cause),
+        };
     }
 
     /// The term to send a request to, or the answer a follower gives.
     pub fn term(&self) -> Result<Term, Status> {
         match self.role() {
             Role::Leader(t) if self.now_ms() < t.deadline_ms.load(Ordering::Acquire) => Ok(t),
-            Role::Leader(_) => Err(not_leader(None)),
-            Role::Follower { leader } => Err(not_leader(leader)),
+            Role::Leader(_) => Err(not_leader(None, None)),
+            Role::Follower { leader, trouble } => Err(not_leader(leader, trouble)),
         }
     }
 
@@ -160,10 +178,11 @@ impl Seat {
 
 /// UNAVAILABLE, definite: nothing was done; `baton-leader` names the leader
 /// (empty while none is known).
-pub fn not_leader(leader: Option<String>) -> Status {
-    let message = match &leader {
-        Some(l) => format!("this server is not the leader; the leader is {l}"),
-        None => "this server is not the leader and no leader is known yet (an election is under way); retry shortly".to_string(),
+pub fn not_leader(leader: Option<String>, trouble: Option<String>) -> Status {
+    let message = match (&leader, trouble) {
+        (Some(l), _) => format!("this server is not the leader; the leader is {l}"),
+        (None, Some(cause)) => format!("this server cannot serve: its PostgreSQL store is unreachable ({cause}); nothing was done, retry shortly"),
+        (None, None) => "this server is not the leader and no leader is known yet (an election is under way); nothing was done, retry shortly".to_string(),
     };
     let mut status = Status::unavailable(message);
     if let Ok(value) = leader.unwrap_or_default().parse() {
