@@ -208,7 +208,9 @@ pub async fn run<T: Target>(
 
 /// Baton itself, over its gRPC API.
 pub struct Baton {
-    /// The server's gRPC URL.
+    /// The name printed in reports.
+    pub label: String,
+    /// The server's gRPC URL (several, comma-separated, for a cluster).
     pub url: String,
     /// TTL of every lease acquired.
     pub ttl: Duration,
@@ -218,7 +220,7 @@ impl Target for Baton {
     type Conn = BatonConn;
 
     fn name(&self) -> String {
-        "baton".into()
+        self.label.clone()
     }
 
     async fn connect(&self) -> Result<BatonConn, String> {

@@ -113,6 +113,7 @@ async fn cycles(a: &BenchArgs) -> Result<Exit, CliError> {
         _ => vec![Mode::Distinct, Mode::Shared],
     };
     let target = Baton {
+        label: "baton".into(),
         url: a.client.server.clone(),
         ttl: a.ttl,
     };
@@ -209,13 +210,15 @@ async fn scale(a: &BenchArgs, levels: &str) -> Result<Exit, CliError> {
     let clients = baton_bench::parse_clients(&a.clients)
         .map_err(|e| CliError::usage(format!("--clients: {e}")))?[0];
     let target = Baton {
+        label: "baton".into(),
         url: a.client.server.clone(),
         ttl: a.ttl,
     };
-    let baseline = a
-        .baseline_server
-        .clone()
-        .map(|url| Baton { url, ttl: a.ttl });
+    let baseline = a.baseline_server.clone().map(|url| Baton {
+        label: "baton (baseline)".into(),
+        url,
+        ttl: a.ttl,
+    });
     let run = baton_bench::Scale {
         target: &target,
         baseline: baseline.as_ref(),

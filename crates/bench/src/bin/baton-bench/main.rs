@@ -15,9 +15,17 @@ use clap::Parser;
 #[derive(Parser)]
 #[command(about = "Acquire/release cycles against Baton and its peers, side by side")]
 struct Args {
-    /// Baton server.
+    /// Baton server (on its embedded store).
     #[arg(long, default_value = "http://127.0.0.1:7700")]
     server: String,
+    /// A Baton cluster on PostgreSQL (comma-separated servers), measured
+    /// beside the embedded one; empty to skip.
+    #[arg(long, default_value = "")]
+    cluster: String,
+    /// PostgreSQL connection string for the plain lease-table pattern (one
+    /// transaction per acquire and per release); empty to skip.
+    #[arg(long, default_value = "host=127.0.0.1 user=postgres dbname=test")]
+    lease_table: String,
     /// Redis address (host:port); empty to skip.
     #[arg(long, default_value = "127.0.0.1:6379")]
     redis: String,
@@ -43,6 +51,12 @@ struct Args {
     /// Modes: distinct, shared or both.
     #[arg(long, default_value = "both")]
     modes: String,
+    /// Rounds: every target is measured once per round, rounds one after
+    /// the other, so noise falls on all targets alike; with several, a table
+    /// of medians and the median per-round ratio of each Baton target to
+    /// each peer follow.
+    #[arg(long, default_value_t = 1)]
+    rounds: usize,
 }
 
 async fn measure<T: Target>(
@@ -51,12 +65,16 @@ async fn measure<T: Target>(
     clients: &[usize],
     modes: &[Mode],
     run_id: &str,
+    out: &mut Vec<Report>,
 ) {
     let duration = Duration::from_secs_f64(args.seconds);
     for &mode in modes {
         for &c in clients {
             match run(target, mode, c, duration, run_id).await {
-                Ok(report) => println!("{}", report.line()),
+                Ok(report) => {
+                    println!("{}", report.line());
+                    out.push(report);
+                }
                 Err(e) => println!(
                     "{:<26} {:<9} {:>4} failed: {e}",
                     target.name(),
@@ -83,48 +101,139 @@ async fn main() {
         "shared" => vec![Mode::Shared],
         _ => vec![Mode::Distinct, Mode::Shared],
     };
-    let run_id = format!("{}", std::process::id());
-    println!("{}", Report::header());
-    let baton = Baton {
-        url: args.server.clone(),
-        ttl: Duration::from_secs(args.ttl_s),
-    };
-    measure(&baton, &args, &clients, &modes, &run_id).await;
+    let mut all: Vec<Report> = Vec::new();
+    for round in 1..=args.rounds.max(1) {
+        let run_id = format!("{}-{round}", std::process::id());
+        println!("round {round}");
+        println!("{}", Report::header());
+        let baton = Baton {
+            label: "baton embedded".into(),
+            url: args.server.clone(),
+            ttl: Duration::from_secs(args.ttl_s),
+        };
+        measure(&baton, &args, &clients, &modes, &run_id, &mut all).await;
+        if !args.cluster.is_empty() {
+            let cluster = Baton {
+                label: "baton on postgres".into(),
+                url: args.cluster.clone(),
+                ttl: Duration::from_secs(args.ttl_s),
+            };
+            measure(&cluster, &args, &clients, &modes, &run_id, &mut all).await;
+        }
+        if !args.lease_table.is_empty() {
+            match pg::LeaseTable::probe(&args.lease_table, args.ttl_s).await {
+                Err(e) => println!("postgres lease table: not reachable ({e}); skipped"),
+                Ok(target) => measure(&target, &args, &clients, &modes, &run_id, &mut all).await,
+            }
+        }
 
-    if !args.redis.is_empty() {
-        match redis::Redis::probe(&args.redis).await {
-            Err(e) => println!("redis at {}: not running ({e}); skipped", args.redis),
-            Ok(()) if args.redis_aof_modes => {
-                let saved = redis::aof_settings(&args.redis).await;
-                for mode in ["always", "everysec"] {
-                    if let Err(e) = redis::set_aof(&args.redis, mode).await {
-                        println!("redis: cannot set appendfsync {mode}: {e}");
-                        continue;
+        if !args.redis.is_empty() {
+            match redis::Redis::probe(&args.redis).await {
+                Err(e) => println!("redis at {}: not running ({e}); skipped", args.redis),
+                Ok(()) if args.redis_aof_modes => {
+                    let saved = redis::aof_settings(&args.redis).await;
+                    for mode in ["always", "everysec"] {
+                        if let Err(e) = redis::set_aof(&args.redis, mode).await {
+                            println!("redis: cannot set appendfsync {mode}: {e}");
+                            continue;
+                        }
+                        let target = redis::Redis::new(
+                            &args.redis,
+                            &format!("redis aof={mode}"),
+                            args.ttl_s,
+                        );
+                        measure(&target, &args, &clients, &modes, &run_id, &mut all).await;
                     }
-                    let target =
-                        redis::Redis::new(&args.redis, &format!("redis aof={mode}"), args.ttl_s);
-                    measure(&target, &args, &clients, &modes, &run_id).await;
+                    if let Ok((appendonly, fsync)) = saved {
+                        let _ = redis::restore_aof(&args.redis, &appendonly, &fsync).await;
+                    }
                 }
-                if let Ok((appendonly, fsync)) = saved {
-                    let _ = redis::restore_aof(&args.redis, &appendonly, &fsync).await;
+                Ok(()) => {
+                    let target = redis::Redis::new(&args.redis, "redis", args.ttl_s);
+                    measure(&target, &args, &clients, &modes, &run_id, &mut all).await;
                 }
             }
-            Ok(()) => {
-                let target = redis::Redis::new(&args.redis, "redis", args.ttl_s);
-                measure(&target, &args, &clients, &modes, &run_id).await;
+        }
+        if !args.etcd.is_empty() {
+            match etcd::Etcd::probe(&args.etcd).await {
+                Err(e) => println!("etcd at {}: not running ({e}); skipped", args.etcd),
+                Ok(target) => measure(&target, &args, &clients, &modes, &run_id, &mut all).await,
+            }
+        }
+        if !args.postgres.is_empty() {
+            match pg::Advisory::probe(&args.postgres).await {
+                Err(e) => println!("postgres advisory locks: not reachable ({e}); skipped"),
+                Ok(target) => measure(&target, &args, &clients, &modes, &run_id, &mut all).await,
             }
         }
     }
-    if !args.etcd.is_empty() {
-        match etcd::Etcd::probe(&args.etcd).await {
-            Err(e) => println!("etcd at {}: not running ({e}); skipped", args.etcd),
-            Ok(target) => measure(&target, &args, &clients, &modes, &run_id).await,
-        }
+    if args.rounds > 1 {
+        summarize(&all, args.rounds);
     }
-    if !args.postgres.is_empty() {
-        match pg::Advisory::probe(&args.postgres).await {
-            Err(e) => println!("postgres advisory locks: not reachable ({e}); skipped"),
-            Ok(target) => measure(&target, &args, &clients, &modes, &run_id).await,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+/// Medians over the rounds, and each Baton target's median per-round ratio
+/// to each peer (cycles per second).
+fn summarize(all: &[Report], rounds: usize) {
+    use std::collections::BTreeMap;
+    let key = |r: &Report| (r.target.clone(), r.mode.label(), r.clients);
+    let mut groups: BTreeMap<(String, &str, usize), Vec<&Report>> = BTreeMap::new();
+    let mut order = Vec::new();
+    for r in all {
+        let k = key(r);
+        if !groups.contains_key(&k) {
+            order.push(k.clone());
+        }
+        groups.entry(k).or_default().push(r);
+    }
+    println!("\nmedians over {rounds} rounds");
+    println!(
+        "{:<26} {:<9} {:>4} {:>10} {:>9} {:>9} {:>9}",
+        "target", "mode", "C", "cycles/s", "acq p50", "acq p99", "rel p50"
+    );
+    for k in &order {
+        let g = &groups[k];
+        let ms = |v: Vec<f64>| format!("{:.2}ms", median(v) / 1000.0);
+        println!(
+            "{:<26} {:<9} {:>4} {:>10.0} {:>9} {:>9} {:>9}",
+            k.0,
+            k.1,
+            k.2,
+            median(g.iter().map(|r| r.cycles_per_s).collect()),
+            ms(g.iter().map(|r| r.acquire_us.p50 as f64).collect()),
+            ms(g.iter().map(|r| r.acquire_us.p99 as f64).collect()),
+            ms(g.iter().map(|r| r.release_us.p50 as f64).collect()),
+        );
+    }
+    println!("\nmedian per-round ratio of cycles/s (Baton target / peer)");
+    let targets: Vec<String> = {
+        let mut t: Vec<String> = order.iter().map(|k| k.0.clone()).collect();
+        t.dedup();
+        t
+    };
+    for b in targets.iter().filter(|t| t.starts_with("baton")) {
+        for p in targets.iter().filter(|t| *t != b) {
+            for k in order.iter().filter(|k| &k.0 == b) {
+                let Some(peer) = groups.get(&(p.clone(), k.1, k.2)) else {
+                    continue;
+                };
+                let ratios: Vec<f64> = groups[k]
+                    .iter()
+                    .zip(peer.iter())
+                    .map(|(x, y)| x.cycles_per_s / y.cycles_per_s.max(1e-9))
+                    .collect();
+                println!(
+                    "{b:<20} / {p:<24} {:<9} C={:<3} {:>6.2}",
+                    k.1,
+                    k.2,
+                    median(ratios)
+                );
+            }
         }
     }
 }

@@ -1,6 +1,12 @@
-//! PostgreSQL session advisory locks: `pg_advisory_lock` waits in line on the
-//! server, `pg_try_advisory_lock` tries once. No token: this is the hand-off
-//! rate reference for one contended resource.
+//! Two PostgreSQL references.
+//!
+//! - Session advisory locks: `pg_advisory_lock` waits in line on the server,
+//!   `pg_try_advisory_lock` tries once. No token, nothing durable: the
+//!   hand-off rate reference for one contended resource.
+//! - The plain lease table users write themselves: one autocommitted
+//!   statement (one transaction, one WAL flush) per acquire and per release,
+//!   a token column incremented on every grant, expiry by the database's
+//!   clock. A waiting acquire polls every millisecond: the table has no queue.
 
 use baton_bench::{Conn, Target};
 use tokio_postgres::{Client, NoTls};
@@ -81,6 +87,114 @@ impl Conn for AdvisoryConn {
     async fn release(&mut self, k: i64) -> Result<(), String> {
         self.client
             .execute("SELECT pg_advisory_unlock($1)", &[&k])
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(())
+    }
+}
+
+/// The plain lease-table pattern (see the module comment).
+pub struct LeaseTable {
+    conninfo: String,
+    ttl_s: u64,
+}
+
+impl LeaseTable {
+    pub async fn probe(conninfo: &str, ttl_s: u64) -> Result<Self, String> {
+        connect(conninfo)
+            .await?
+            .batch_execute(
+                "CREATE TABLE IF NOT EXISTS bench_leases (
+                    resource text PRIMARY KEY,
+                    holder text,
+                    token bigint NOT NULL,
+                    expires_at timestamptz NOT NULL)",
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(Self {
+            conninfo: conninfo.to_string(),
+            ttl_s,
+        })
+    }
+}
+
+impl Target for LeaseTable {
+    type Conn = LeaseTableConn;
+
+    fn name(&self) -> String {
+        "postgres lease table".into()
+    }
+
+    async fn connect(&self) -> Result<LeaseTableConn, String> {
+        let client = connect(&self.conninfo).await?;
+        let acquire = client
+            .prepare(
+                "INSERT INTO bench_leases AS l (resource, holder, token, expires_at)
+                 VALUES ($1, $2, 1, now() + make_interval(secs => $3))
+                 ON CONFLICT (resource) DO UPDATE
+                    SET holder = excluded.holder, token = l.token + 1, expires_at = excluded.expires_at
+                    WHERE l.holder IS NULL OR l.expires_at < now()
+                 RETURNING token",
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+        let release = client
+            .prepare("UPDATE bench_leases SET holder = NULL WHERE resource = $1 AND holder = $2")
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut id = [0u8; 8];
+        getrandom_id(&mut id);
+        Ok(LeaseTableConn {
+            client,
+            acquire,
+            release,
+            holder: id.iter().map(|b| format!("{b:02x}")).collect(),
+            ttl_s: self.ttl_s as f64,
+        })
+    }
+}
+
+/// A holder id per connection: the process id and a counter are enough here.
+fn getrandom_id(out: &mut [u8; 8]) {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    out[..4].copy_from_slice(&std::process::id().to_le_bytes());
+    out[4..].copy_from_slice(&n.to_le_bytes());
+}
+
+pub struct LeaseTableConn {
+    client: Client,
+    acquire: tokio_postgres::Statement,
+    release: tokio_postgres::Statement,
+    holder: String,
+    ttl_s: f64,
+}
+
+impl Conn for LeaseTableConn {
+    type Held = (String, i64);
+
+    async fn acquire(&mut self, resource: &str, wait: bool) -> Result<(String, i64), String> {
+        loop {
+            let rows = self
+                .client
+                .query(&self.acquire, &[&resource, &self.holder, &self.ttl_s])
+                .await
+                .map_err(|e| e.to_string())?;
+            if let Some(row) = rows.first() {
+                return Ok((resource.to_string(), row.get(0)));
+            }
+            if !wait {
+                return Err("held".into());
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+    }
+
+    async fn release(&mut self, held: (String, i64)) -> Result<(), String> {
+        self.client
+            .execute(&self.release, &[&held.0, &self.holder])
             .await
             .map_err(|e| e.to_string())?;
         Ok(())
