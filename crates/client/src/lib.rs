@@ -23,12 +23,14 @@
 
 pub mod flags;
 pub mod rng;
+mod servers;
 
 use std::time::Duration;
 
 use baton_core::{AcquisitionId, FencingToken};
 use baton_proto::v1::{self, leases_client::LeasesClient};
-use tonic::transport::{Channel, Endpoint};
+use servers::{endpoint, normalize, redirect, Servers, ServersState};
+use tonic::transport::Channel;
 use tonic::{Code, Request};
 
 pub mod worker;
@@ -254,77 +256,6 @@ fn status(s: v1::StatusResponse) -> Result<Status, ClientError> {
         n_waiters: s.n_waiters,
         resource: s.resource,
     })
-}
-
-/// The leader's address from a follower's answer: `Some("")` while no
-/// leader is known, `None` if the answer is not a follower's.
-fn redirect(status: &tonic::Status) -> Option<String> {
-    if status.code() != Code::Unavailable {
-        return None;
-    }
-    status
-        .metadata()
-        .get(baton_proto::LEADER_METADATA)
-        .map(|v| v.to_str().unwrap_or_default().to_string())
-}
-
-/// `127.0.0.1:7700` means plain HTTP/2, as `PGHOST` or etcdctl take an address.
-fn normalize(url: &str) -> String {
-    let url = url.trim();
-    if url.contains("://") {
-        url.to_string()
-    } else {
-        format!("http://{url}")
-    }
-}
-
-fn endpoint(url: &str) -> Result<Endpoint, ClientError> {
-    Ok(Endpoint::from_shared(url.to_string())
-        .map_err(|e| ClientError::Invalid(format!("server url {url:?}: {e}")))?
-        .connect_timeout(Duration::from_secs(5))
-        .tcp_nodelay(true))
-}
-
-/// The servers a client knows and the one it talks to now. Shared by clones,
-/// so a leader found by one is used by all.
-#[derive(Debug)]
-struct Servers {
-    urls: Vec<String>,
-    state: std::sync::Mutex<ServersState>,
-}
-
-#[derive(Debug)]
-struct ServersState {
-    current: String,
-    channels: std::collections::HashMap<String, LeasesClient<Channel>>,
-}
-
-impl Servers {
-    fn current(&self) -> Result<(String, LeasesClient<Channel>), ClientError> {
-        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        let url = st.current.clone();
-        if let Some(c) = st.channels.get(&url) {
-            return Ok((url, c.clone()));
-        }
-        let c = LeasesClient::new(endpoint(&url)?.connect_lazy());
-        st.channels.insert(url.clone(), c.clone());
-        Ok((url, c))
-    }
-
-    fn switch_to(&self, url: &str) {
-        self.state.lock().unwrap_or_else(|p| p.into_inner()).current = url.to_string();
-    }
-
-    /// Moves on from `from` to the next configured server.
-    fn rotate(&self, from: &str) {
-        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        if st.current != from {
-            return;
-        }
-        let i = self.urls.iter().position(|u| u == from);
-        let next = i.map_or(0, |i| (i + 1) % self.urls.len());
-        st.current = self.urls[next].clone();
-    }
 }
 
 /// A connection to a Baton server, or to the leader of a cluster. Cheap to
