@@ -779,3 +779,91 @@ async fn a_bad_store_address_or_another_clusters_database_refuses_to_start() {
         "advertise address",
     );
 }
+
+/// The database loses acknowledged commits (as when an asynchronous standby
+/// is promoted): servers that saw the higher token position refuse to lead
+/// rather than issue tokens again, say why, and serve again after a
+/// restore starts a new epoch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_that_lost_commits_is_refused_until_a_restore() {
+    let db = PgDb::create("cluster_rollback").await;
+    let mut cluster = Cluster::start(&db.url, 3);
+    let leader = cluster.wait_leader(None).await;
+    let mut c = client(&cluster.endpoints()).await;
+    let Acquired::Granted(lease) = c
+        .acquire("rollback:r", Duration::from_secs(30), Duration::ZERO)
+        .await
+        .unwrap()
+    else {
+        panic!("not granted")
+    };
+    // Every server has read the position since the grant: two reports by
+    // each after it.
+    let pg = db.connect().await;
+    for _ in 0..2 {
+        let since: std::time::SystemTime = pg.query_one("SELECT now()", &[]).await.unwrap().get(0);
+        eventually(Duration::from_secs(10), async || {
+            let n: i64 = pg
+                .query_one(
+                    "SELECT count(*) FROM baton_server.members WHERE seen_at > $1",
+                    &[&since],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            n == 3
+        })
+        .await;
+    }
+    // The database forgets the grant.
+    pg.batch_execute(
+        "UPDATE baton_server.meta SET counter = counter - 1; DELETE FROM baton_server.leases",
+    )
+    .await
+    .unwrap();
+    cluster.nodes[leader].kill9();
+    let live: Vec<String> = (0..3)
+        .filter(|i| *i != leader)
+        .map(|i| cluster.nodes[i].url())
+        .collect();
+    let mut other = client(&live.join(",")).await;
+    let mut refusal = String::new();
+    eventually(Duration::from_secs(20), async || {
+        match other
+            .acquire("rollback:r", Duration::from_secs(30), Duration::ZERO)
+            .await
+        {
+            Ok(Acquired::Granted(l)) => {
+                panic!("granted token {} from a store that lost commits", l.token)
+            }
+            Ok(Acquired::NotAcquired(n)) => {
+                panic!("answered from a store that lost commits: {n:?}")
+            }
+            Err(e) => {
+                refusal = e.to_string();
+                refusal.contains("lost acknowledged commits")
+            }
+        }
+    })
+    .await;
+    let out = common::cli(&["admin", "restore", "--store", &db.url, "--empty"]);
+    assert!(out.status.success(), "{out:?}");
+    let mut after = None;
+    eventually(Duration::from_secs(20), async || {
+        if let Ok(Acquired::Granted(l)) = other
+            .acquire("rollback:r", Duration::from_secs(30), Duration::ZERO)
+            .await
+        {
+            after = Some(l);
+        }
+        after.is_some()
+    })
+    .await;
+    let after = after.unwrap();
+    assert!(after.token > lease.token);
+    cluster.nodes[leader].restart();
+    eprintln!(
+        "refused with: {refusal}; after the restore: token {} > {}",
+        after.token, lease.token
+    );
+}

@@ -84,6 +84,14 @@ pub(crate) struct Election {
     watch: Watch,
     /// Whether the last attempt to reach the database failed (log once per outage).
     outage: bool,
+    /// The highest token position this process saw committed in the store.
+    /// A takeover that finds the store below it (the database lost
+    /// acknowledged commits: an asynchronous standby promoted, a restore
+    /// from an older dump) refuses to serve.
+    floor: u64,
+    /// Set once such a rollback was seen: this server does not lead until
+    /// the store's position is back at the floor (after a restore).
+    rolled_back: Option<String>,
 }
 
 impl Election {
@@ -108,6 +116,8 @@ impl Election {
             timing,
             watch,
             outage: false,
+            floor: 0,
+            rolled_back: None,
         }
     }
 
@@ -125,7 +135,9 @@ impl Election {
         }
         self.outage = true;
         if !self.seat.is_leader() {
-            self.seat.trouble(e.to_string());
+            self.seat.trouble(format!(
+                "its PostgreSQL store is unreachable ({e}); retry shortly"
+            ));
         }
     }
 
@@ -162,6 +174,7 @@ impl Election {
         let advertise = self.config.advertise.clone();
         let client = self.client().await?;
         let row = leader::read(client).await?;
+        let position = leader::position(client).await?;
         leader::report(client, &node, &advertise).await?;
         let members = leader::members(client).await?;
         let known = row.holder.is_some() && row.holder.as_deref() != Some(node.as_str());
@@ -177,13 +190,39 @@ impl Election {
                 .map(|m| (m.node.clone(), m.advertise.clone(), m.seen_ms_ago))
                 .collect();
         });
+        if let Some(why) = self.rolled_back.clone() {
+            if position < self.floor {
+                self.seat.trouble(why);
+                return Ok(None);
+            }
+            info!(
+                position,
+                "the store's token position is back above what this server saw; it may lead again"
+            );
+            self.rolled_back = None;
+        }
+        self.floor = self.floor.max(position);
         if self.watch.observe(self.seat.now_ms(), &row) == Verdict::Wait {
             return Ok(None);
         }
         let sent_ms = self.seat.now_ms();
         let client = self.client.as_mut().expect("connected above");
-        let term = leader::take_over(client, &row, &node, &advertise).await?;
-        Ok(term.map(|t| (t, sent_ms)))
+        let Some(won) = leader::take_over(client, &row, &node, &advertise).await? else {
+            return Ok(None);
+        };
+        if won.position < self.floor {
+            let why = format!(
+                "the store's token position {} is below {} which this server saw committed: the database lost acknowledged commits (an asynchronous standby promoted, or a restore from an older copy); run `baton admin restore --store ...` to start a new epoch",
+                won.position, self.floor
+            );
+            error!(term = won.term, "{why}; refusing to lead");
+            self.rolled_back = Some(why.clone());
+            self.watch.ended_own_term(won.term);
+            let _ = leader::step_down(client, won.term, &node).await;
+            self.seat.trouble(why);
+            return Ok(None);
+        }
+        Ok(Some((won.term, sent_ms)))
     }
 
     /// Leads `term` until it ends. True if the server is stopping.
@@ -302,7 +341,12 @@ impl Election {
         if leader::report(client, &node, &advertise).await.is_err() {
             return;
         }
-        if let Ok(members) = leader::members(client).await {
+        let position = leader::position(client).await.ok();
+        let members = leader::members(client).await;
+        if let Some(position) = position {
+            self.floor = self.floor.max(position);
+        }
+        if let Ok(members) = members {
             self.seat.set_view(|v| {
                 v.members = members
                     .into_iter()

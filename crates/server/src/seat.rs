@@ -140,8 +140,8 @@ impl Seat {
         });
     }
 
-    /// Stops answering (if leading) because the store cannot be reached:
-    /// callers hear the cause.
+    /// Stops answering (if leading) because of `cause` (the store cannot be
+    /// reached, or lost commits): callers hear it.
     pub fn trouble(&self, cause: String) {
         let mut role = self.role.write().unwrap_or_else(|p| p.into_inner());
         *role = Role::Follower {
@@ -181,7 +181,7 @@ impl Seat {
 pub fn not_leader(leader: Option<String>, trouble: Option<String>) -> Status {
     let message = match (&leader, trouble) {
         (Some(l), _) => format!("this server is not the leader; the leader is {l}"),
-        (None, Some(cause)) => format!("this server cannot serve: its PostgreSQL store is unreachable ({cause}); nothing was done, retry shortly"),
+        (None, Some(cause)) => format!("this server cannot serve: {cause}; nothing was done"),
         (None, None) => "this server is not the leader and no leader is known yet (an election is under way); nothing was done, retry shortly".to_string(),
     };
     let mut status = Status::unavailable(message);

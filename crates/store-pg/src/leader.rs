@@ -53,14 +53,36 @@ pub async fn read(client: &impl GenericClient) -> Result<LeaderRow, PgError> {
     Ok(row(&r))
 }
 
-/// Takes leadership if the row is still exactly `seen`; the new term, or
-/// `None` if it changed meanwhile.
+/// The committed token position, as one integer (`epoch << 40 | counter`,
+/// the last token issued).
+pub async fn position(client: &impl GenericClient) -> Result<u64, PgError> {
+    let r = client
+        .query_one(
+            "SELECT (epoch << 40) | counter FROM baton_server.meta WHERE id = 1",
+            &[],
+        )
+        .await?;
+    Ok(r.get::<_, i64>(0) as u64)
+}
+
+/// A won takeover.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Takeover {
+    /// The new term.
+    pub term: u64,
+    /// The token position the previous leaders left, read under the lock
+    /// (no commit of theirs can follow).
+    pub position: u64,
+}
+
+/// Takes leadership if the row is still exactly `seen`; `None` if it
+/// changed meanwhile.
 pub async fn take_over(
     client: &mut Client,
     seen: &LeaderRow,
     node: &str,
     advertise: &str,
-) -> Result<Option<u64>, PgError> {
+) -> Result<Option<Takeover>, PgError> {
     let txn = client.transaction().await?;
     let r = txn
         .query_one(
@@ -80,8 +102,12 @@ pub async fn take_over(
         )
         .await?
         .get(0);
+    let position = position(&txn).await?;
     txn.commit().await?;
-    Ok(Some(term as u64))
+    Ok(Some(Takeover {
+        term: term as u64,
+        position,
+    }))
 }
 
 /// Renews leadership of `term`; false if the term is over.

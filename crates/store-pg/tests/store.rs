@@ -42,6 +42,7 @@ async fn take(client: &mut tokio_postgres::Client, node: &str) -> u64 {
         .await
         .unwrap()
         .expect("row unchanged")
+        .term
 }
 
 /// The store's calls block on the runtime, as the engine thread does.
@@ -162,7 +163,13 @@ async fn a_takeover_waits_for_a_commit_in_flight_and_a_stale_view_is_refused() {
     );
     txn.commit().await.unwrap();
     let (r, client) = takeover.await.unwrap();
-    assert_eq!(r.unwrap(), Some(term + 1));
+    let won = r.unwrap().expect("the row was unchanged");
+    assert_eq!(won.term, term + 1);
+    assert_eq!(
+        won.position,
+        (1 << 40) | 1,
+        "the finished commit's position"
+    );
     // The commit that finished first is there for the new leader to load.
     let n: i64 = client
         .query_one("SELECT count(*) FROM baton_server.leases", &[])
