@@ -778,6 +778,38 @@ async fn a_bad_store_address_or_another_clusters_database_refuses_to_start() {
         &["--store", &db.url, "--advertise", "ftp://a:1"],
         "advertise address",
     );
+    let no_such_db = db
+        .url
+        .replace(&format!("dbname={}", db.name), "dbname=baton_no_such_db");
+    refused(
+        &["--store", &no_such_db, "--advertise", "http://a:1"],
+        "refused the connection",
+    );
+}
+
+/// A server started while its database is down starts as a follower that
+/// says why, creates the schema once the database is up, and leads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_started_before_its_database_leads_once_it_is_up() {
+    let pg = PgCluster::start("cluster_late_db");
+    pg.psql("CREATE DATABASE baton");
+    let url = pg.url().replace("dbname=postgres", "dbname=baton");
+    pg.ctl(&["stop", "-m", "fast"]);
+    let cluster = Cluster::start(&url, 1);
+    let mut c = client(&cluster.endpoints()).await;
+    let e = c
+        .acquire("late:r", Duration::from_secs(5), Duration::ZERO)
+        .await
+        .unwrap_err();
+    assert!(e.is_definite(), "{e}");
+    assert!(e.to_string().contains("unreachable"), "{e}");
+    pg.start_again();
+    cluster.wait_leader(None).await;
+    assert!(matches!(
+        c.acquire("late:r", Duration::from_secs(5), Duration::ZERO)
+            .await,
+        Ok(Acquired::Granted(_))
+    ));
 }
 
 /// The database loses acknowledged commits (as when an asynchronous standby

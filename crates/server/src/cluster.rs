@@ -65,12 +65,27 @@ pub(crate) fn validate(c: &ClusterConfig) -> Result<(), ServerError> {
 
 /// Connects and creates or checks the schema: every problem a person must
 /// fix (address, privileges, a newer schema, another cluster) fails here.
-pub(crate) async fn prepare(c: &ClusterConfig) -> Result<tokio_postgres::Config, ServerError> {
+/// A database that cannot be reached yet is not one of them: the server
+/// starts as a follower that says so, and checks the schema once it can.
+pub(crate) async fn prepare(
+    c: &ClusterConfig,
+) -> Result<(tokio_postgres::Config, bool), ServerError> {
     let pg = baton_store_pg::parse_url(&c.store_url)?;
-    let mut client = baton_store_pg::connect(&pg).await?;
-    let meta = baton_store_pg::schema::prepare(&mut client, &c.cluster).await?;
+    match prepare_schema(&pg, &c.cluster).await {
+        Ok(()) => Ok((pg, true)),
+        Err(e) if e.is_transient() => {
+            warn!(error = %e, "the store database is not reachable yet; serving as a follower until it is");
+            Ok((pg, false))
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+async fn prepare_schema(pg: &tokio_postgres::Config, cluster: &str) -> Result<(), PgError> {
+    let mut client = baton_store_pg::connect(pg).await?;
+    let meta = baton_store_pg::schema::prepare(&mut client, cluster).await?;
     info!(cluster = %meta.cluster, store_id = %meta.store_id, "store schema ready");
-    Ok(pg)
+    Ok(())
 }
 
 pub(crate) struct Election {
@@ -89,6 +104,9 @@ pub(crate) struct Election {
     /// acknowledged commits: an asynchronous standby promoted, a restore
     /// from an older dump) refuses to serve.
     floor: u64,
+    /// Whether the schema was created or checked (at start, or once the
+    /// database could be reached).
+    prepared: bool,
     /// Set once such a rollback was seen: this server does not lead until
     /// the store's position is back at the floor (after a restore).
     rolled_back: Option<String>,
@@ -101,6 +119,7 @@ impl Election {
         limits: Limits,
         pg: tokio_postgres::Config,
         config: ClusterConfig,
+        prepared: bool,
     ) -> Self {
         let timing = Timing {
             ttl_ms: config.leader_ttl_ms,
@@ -117,6 +136,7 @@ impl Election {
             watch,
             outage: false,
             floor: 0,
+            prepared,
             rolled_back: None,
         }
     }
@@ -141,14 +161,32 @@ impl Election {
         }
     }
 
-    /// Runs until `stop` turns true; then steps down if leading.
-    pub async fn run(mut self, mut stop: watch::Receiver<bool>) {
+    /// Runs until `stop` turns true (then steps down if leading), or until
+    /// the schema, checked late, turns out to need a person.
+    pub async fn run(mut self, mut stop: watch::Receiver<bool>) -> Result<(), PgError> {
         let poll = Duration::from_millis(self.timing.poll_interval_ms());
         while !*stop.borrow() {
+            if !self.prepared {
+                match prepare_schema(&self.pg, &self.config.cluster).await {
+                    Ok(()) => self.prepared = true,
+                    Err(e) if e.is_transient() => {
+                        self.trouble("cannot prepare the store schema", &e);
+                        tokio::select! {
+                            _ = tokio::time::sleep(poll) => {}
+                            _ = stop.changed() => {}
+                        }
+                        continue;
+                    }
+                    Err(e) => {
+                        error!(error = %e, "the store cannot be used; stopping");
+                        return Err(e);
+                    }
+                }
+            }
             match self.follow_once().await {
                 Ok(Some((term, sent_ms))) => {
                     if self.lead(term, sent_ms, &mut stop).await {
-                        return;
+                        return Ok(());
                     }
                     continue;
                 }
@@ -165,6 +203,7 @@ impl Election {
                 _ = stop.changed() => {}
             }
         }
+        Ok(())
     }
 
     /// One follower round: read, report, maybe take over. The new term and

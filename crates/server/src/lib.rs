@@ -315,7 +315,7 @@ pub async fn start_cluster(
 ) -> Result<RunningServer, ServerError> {
     validate(&config)?;
     cluster::validate(&cluster)?;
-    let pg = cluster::prepare(&cluster).await?;
+    let (pg, prepared) = cluster::prepare(&cluster).await?;
     let metrics = Arc::new(Metrics::default());
     let (grpc, grpc_addr) = bind(config.listen).await?;
     let http = match config.http_listen {
@@ -341,6 +341,7 @@ pub async fn start_cluster(
         config.limits.clone(),
         pg,
         cluster.clone(),
+        prepared,
     );
     let mut election = tokio::spawn(election.run(election_stop_rx));
     info!(%grpc_addr, http_addr = %http_addr.map(|a| a.to_string()).unwrap_or_else(|| "off".into()), cluster = %cluster.cluster, %node, advertise = %cluster.advertise, "baton serving as a cluster member");
@@ -359,7 +360,10 @@ pub async fn start_cluster(
                     Err(_) => Ok(()),
                 }
             }
-            _ = &mut election => Err(ServerError::Engine(EngineFailure::Unexpected)),
+            ended = &mut election => match ended {
+                Ok(Err(e)) => Err(ServerError::Cluster(e)),
+                _ => Err(ServerError::Engine(EngineFailure::Unexpected)),
+            },
         };
         let _ = election_stop.send(true);
         outcome

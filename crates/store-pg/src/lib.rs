@@ -25,6 +25,8 @@ pub enum PgError {
     BadUrl { why: String },
     #[error("cannot connect to the store database: {0}")]
     Connect(String),
+    #[error("the store database refused the connection: {0}")]
+    Refused(String),
     #[error("the store database refused {action}: {message}; the role needs CREATE on the database (first start) and SELECT, INSERT, UPDATE, DELETE on schema baton_server")]
     Privileges {
         action: &'static str,
@@ -119,10 +121,21 @@ pub fn parse_url(url: &str) -> Result<tokio_postgres::Config, PgError> {
 
 /// Connects and drives the connection on the current runtime.
 pub async fn connect(config: &tokio_postgres::Config) -> Result<tokio_postgres::Client, PgError> {
-    let (client, connection) = config
-        .connect(tokio_postgres::NoTls)
-        .await
-        .map_err(|e| PgError::Connect(db_message(&e)))?;
+    let (client, connection) = config.connect(tokio_postgres::NoTls).await.map_err(|e| {
+        use tokio_postgres::error::SqlState;
+        // The server answered: a wrong database, role or password needs
+        // a person; starting up, shutting down or full is transient.
+        let transient = [
+            SqlState::CANNOT_CONNECT_NOW,
+            SqlState::ADMIN_SHUTDOWN,
+            SqlState::CRASH_SHUTDOWN,
+            SqlState::TOO_MANY_CONNECTIONS,
+        ];
+        match e.code() {
+            Some(code) if !transient.contains(code) => PgError::Refused(db_message(&e)),
+            _ => PgError::Connect(db_message(&e)),
+        }
+    })?;
     tokio::spawn(async move {
         if let Err(e) = connection.await {
             tracing::debug!(error = %e, "store connection closed");

@@ -103,6 +103,19 @@ impl PgCluster {
         cluster
     }
 
+    /// Starts the cluster again after `ctl(&["stop", ...])`, on its port.
+    pub fn start_again(&self) {
+        self.ctl(&[
+            "start",
+            "-o",
+            &format!(
+                "-p {} -c listen_addresses=127.0.0.1 -k {}",
+                self.port,
+                self.dir.path().display()
+            ),
+        ]);
+    }
+
     /// The cluster's loopback port.
     pub fn port(&self) -> u16 {
         self.port
