@@ -8,8 +8,10 @@
 //! three interleaved rounds: a plain single-row `UPDATE` in its own
 //! transaction; `baton.publish` (check, generation advance, operation record
 //! and pointer move in one statement); and the generic path (BEGIN, fence,
-//! the caller's UPDATE, COMMIT). Prints operations per second (median of
-//! the rounds) and the ratios to the plain UPDATE.
+//! the caller's UPDATE, COMMIT: four round trips); and the pipelined generic
+//! path (`PgFence::write_pipelined`: BEGIN, fence and UPDATE in one round
+//! trip, COMMIT in a second). Prints operations per second (median of the
+//! rounds) and the ratios to the plain UPDATE.
 
 use std::time::{Duration, Instant};
 
@@ -22,6 +24,7 @@ enum Kind {
     Plain,
     Publish,
     Generic,
+    Pipelined,
 }
 
 async fn connect(url: &str) -> Client {
@@ -90,6 +93,26 @@ async fn run(url: &str, kind: Kind, clients: usize, seconds: f64, round: usize) 
                             .unwrap();
                         tx.commit().await.unwrap();
                     }
+                    Kind::Pipelined => {
+                        let req = FenceRequest::new(
+                            &resource,
+                            token,
+                            &format!("op-{n}"),
+                            b"fingerprint",
+                            b"r",
+                        )
+                        .unwrap();
+                        let out = PgFence::write_pipelined(
+                            &client,
+                            &prepared,
+                            &req,
+                            &effect,
+                            &[&id, &(n as i64)],
+                        )
+                        .await
+                        .unwrap();
+                        assert!(out.is_applied());
+                    }
                 }
             }
             n
@@ -134,21 +157,35 @@ async fn main() {
         .get::<_, String>(0);
     println!("PostgreSQL synchronous_commit={show}; {seconds}s per measurement, 3 rounds, median");
     println!(
-        "{:>3} {:>12} {:>12} {:>12} {:>14} {:>14}",
-        "C", "plain/s", "publish/s", "generic/s", "publish/plain", "generic/plain"
+        "{:>3} {:>10} {:>10} {:>10} {:>10} {:>14} {:>14} {:>16}",
+        "C",
+        "plain/s",
+        "publish/s",
+        "generic/s",
+        "pipelined/s",
+        "publish/plain",
+        "generic/plain",
+        "pipelined/plain"
     );
     for clients in [1, 16] {
-        let (mut plain, mut publish, mut generic) = (vec![], vec![], vec![]);
+        let (mut plain, mut publish, mut generic, mut pipelined) = (vec![], vec![], vec![], vec![]);
         for round in 0..3 {
             plain.push(run(&url, Kind::Plain, clients, seconds, round).await);
             publish.push(run(&url, Kind::Publish, clients, seconds, round).await);
             generic.push(run(&url, Kind::Generic, clients, seconds, round).await);
+            pipelined.push(run(&url, Kind::Pipelined, clients, seconds, round).await);
         }
-        let (p, f, g) = (median(plain), median(publish), median(generic));
+        let (p, f, g, q) = (
+            median(plain),
+            median(publish),
+            median(generic),
+            median(pipelined),
+        );
         println!(
-            "{clients:>3} {p:>12.0} {f:>12.0} {g:>12.0} {:>14.2} {:>14.2}",
+            "{clients:>3} {p:>10.0} {f:>10.0} {g:>10.0} {q:>10.0} {:>14.2} {:>14.2} {:>16.2}",
             f / p,
-            g / p
+            g / p,
+            q / p
         );
     }
     setup

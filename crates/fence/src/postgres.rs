@@ -14,14 +14,19 @@ use crate::{
 /// The migrations that install and upgrade the `baton` schema, tables and
 /// functions, by version. Each runs once, in order, recorded in
 /// `baton.schema_migrations`; run them by hand with psql in the same order.
-pub const MIGRATIONS: [(i32, &str); 3] = [
+pub const MIGRATIONS: [(i32, &str); 4] = [
     (1, include_str!("../sql/001_baton_fence.sql")),
     (2, include_str!("../sql/002_names_and_races.sql")),
     (3, include_str!("../sql/003_documented_names.sql")),
+    (4, include_str!("../sql/004_pipelined_fence.sql")),
 ];
 
 const FENCE_SQL: &str = "SELECT outcome, token, current_token, current_seq, detail, result
     FROM baton.fence_impl($1, $2, $3, $4, $5, $6, $7, $8)";
+const FENCE_OR_ABORT_SQL: &str = "SELECT outcome, token, current_token, current_seq, detail, result
+    FROM baton.fence_or_abort_impl($1, $2, $3, $4, $5, $6, $7, $8)";
+/// SQLSTATE of a pipelined fence that did not apply (migration 4).
+const NOT_APPLIED: &str = "BF001";
 const PUBLISH_SQL: &str = "SELECT outcome, token, current_token, current_seq, detail, result
     FROM baton.publish_impl($1, $2, $3, $4, $5)";
 
@@ -29,18 +34,74 @@ fn seq(v: i64) -> Result<Sequence, FenceError> {
     Sequence::new(v as u64).map_err(|e| FenceError::Corrupt(e.to_string()))
 }
 
+/// The columns of a fence result, from a row or from a pipelined fence's error.
+struct Fields {
+    outcome: String,
+    token: i64,
+    current_token: Option<i64>,
+    current_seq: Option<i64>,
+    detail: Option<String>,
+    result: Option<Vec<u8>>,
+}
+
+impl Fields {
+    fn from_row(row: &Row) -> Result<Self, FenceError> {
+        Ok(Self {
+            outcome: row.try_get(0)?,
+            token: row.try_get(1)?,
+            current_token: row.try_get(2)?,
+            current_seq: row.try_get(3)?,
+            detail: row.try_get(4)?,
+            result: row.try_get(5)?,
+        })
+    }
+
+    /// The DETAIL and HINT of a BF001 error (see `sql/004_pipelined_fence.sql`).
+    fn from_error(detail: &str, hint: Option<&str>) -> Result<Self, FenceError> {
+        let bad = || FenceError::Corrupt(format!("unreadable pipelined fence outcome {detail:?}"));
+        let parts: Vec<&str> = detail.split(',').collect();
+        let [outcome, token, current_token, current_seq, result] = parts[..] else {
+            return Err(bad());
+        };
+        let number = |s: &str| -> Result<Option<i64>, FenceError> {
+            if s.is_empty() {
+                Ok(None)
+            } else {
+                s.parse().map(Some).map_err(|_| bad())
+            }
+        };
+        let bytes = (0..result.len() / 2)
+            .map(|i| u8::from_str_radix(&result[2 * i..2 * i + 2], 16).map_err(|_| bad()))
+            .collect::<Result<Vec<u8>, _>>()?;
+        Ok(Self {
+            outcome: outcome.to_string(),
+            token: number(token)?.ok_or_else(bad)?,
+            current_token: number(current_token)?,
+            current_seq: number(current_seq)?,
+            detail: hint.filter(|h| !h.is_empty()).map(str::to_string),
+            result: Some(bytes),
+        })
+    }
+}
+
 fn outcome(req: &FenceRequest, row: &Row) -> Result<Outcome, FenceError> {
-    let label: String = row.try_get(0)?;
-    let t = token(row.try_get(1)?)?;
-    let current = || -> Result<FencingToken, FenceError> { token(row.try_get::<_, i64>(2)?) };
-    let out = match label.as_str() {
+    outcome_of(req, Fields::from_row(row)?)
+}
+
+fn outcome_of(req: &FenceRequest, f: Fields) -> Result<Outcome, FenceError> {
+    let t = token(f.token)?;
+    let missing = |what: &str| FenceError::Corrupt(format!("{} outcome without {what}", f.outcome));
+    let current = || -> Result<FencingToken, FenceError> {
+        token(f.current_token.ok_or_else(|| missing("a current token"))?)
+    };
+    let out = match f.outcome.as_str() {
         "applied" => Outcome::Applied {
             token: t,
-            created: row.try_get::<_, Option<String>>(4)?.as_deref() == Some("created"),
+            created: f.detail.as_deref() == Some("created"),
         },
         "replayed" => Outcome::Replayed {
             token: t,
-            result: row.try_get(5)?,
+            result: f.result.clone().unwrap_or_default(),
         },
         "stale" => Outcome::Stale {
             presented: t,
@@ -61,12 +122,12 @@ fn outcome(req: &FenceRequest, row: &Row) -> Result<Outcome, FenceError> {
         "missing" => Outcome::Missing,
         "generation_used" => Outcome::GenerationUsed {
             token: t,
-            by_operation: row.try_get::<_, Option<String>>(4)?.unwrap_or_default(),
+            by_operation: f.detail.clone().unwrap_or_default(),
         },
         "out_of_order" => Outcome::OutOfOrder {
             token: t,
             presented_seq: req.seq,
-            current_seq: seq(row.try_get(3)?)?,
+            current_seq: seq(f.current_seq.ok_or_else(|| missing("a current sequence"))?)?,
         },
         other => return Err(FenceError::Corrupt(format!("unknown outcome {other:?}"))),
     };
@@ -77,6 +138,7 @@ fn outcome(req: &FenceRequest, row: &Row) -> Result<Outcome, FenceError> {
 /// Statements prepared once per connection, for hot paths.
 pub struct Prepared {
     fence: Statement,
+    fence_or_abort: Statement,
     publish: Statement,
 }
 
@@ -141,6 +203,7 @@ impl PgFence {
     pub async fn prepare(client: &impl GenericClient) -> Result<Prepared, FenceError> {
         Ok(Prepared {
             fence: client.prepare(FENCE_SQL).await?,
+            fence_or_abort: client.prepare(FENCE_OR_ABORT_SQL).await?,
             publish: client.prepare(PUBLISH_SQL).await?,
         })
     }
@@ -199,6 +262,71 @@ impl PgFence {
         }
         tx.commit().await.map_err(FenceError::from)?;
         Ok(outcome)
+    }
+
+    /// [`PgFence::write`] in two round trips: `BEGIN`, the fence and the
+    /// caller's `effect` statement are sent together (pipelined on the
+    /// connection), then `COMMIT`. A fence that does not apply aborts the
+    /// transaction (SQLSTATE BF001, `baton.fence_or_abort`), so the effect
+    /// never commits; its outcome is returned all the same. If the effect
+    /// fails the transaction rolls back and its error is returned: no
+    /// operation record without its effect. `client` must not be inside a
+    /// transaction, and nothing else may use it meanwhile.
+    pub async fn write_pipelined(
+        client: &Client,
+        prepared: &Prepared,
+        req: &FenceRequest,
+        effect: &Statement,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<Outcome, FenceError> {
+        let policy = req.policy.code();
+        let fence_params: [&(dyn tokio_postgres::types::ToSql + Sync); 8] = [
+            &req.resource.as_str(),
+            &req.token.get(),
+            &req.operation.as_str(),
+            &req.fingerprint.as_bytes(),
+            &req.result,
+            &req.seq.get(),
+            &policy,
+            &req.must_exist,
+        ];
+        let (begun, fenced, effected) = tokio::join!(
+            client.batch_execute("BEGIN"),
+            client.query_one(&prepared.fence_or_abort, &fence_params),
+            client.execute(effect, params),
+        );
+        let finish = |commit: bool| async move {
+            client
+                .batch_execute(if commit { "COMMIT" } else { "ROLLBACK" })
+                .await
+        };
+        if let Err(e) = begun {
+            // A BEGIN that failed leaves no transaction; the two statements
+            // ran on their own and are undone if they can be.
+            let _ = finish(false).await;
+            return Err(e.into());
+        }
+        let row = match fenced {
+            Ok(row) => row,
+            Err(e) => {
+                finish(false).await?;
+                let refused = e.as_db_error().filter(|d| d.code().code() == NOT_APPLIED);
+                return match refused {
+                    Some(db) => {
+                        let fields =
+                            Fields::from_error(db.detail().unwrap_or_default(), db.hint())?;
+                        outcome_of(req, fields)
+                    }
+                    None => Err(e.into()),
+                };
+            }
+        };
+        if let Err(e) = effected {
+            finish(false).await?;
+            return Err(e.into());
+        }
+        finish(true).await?;
+        outcome(req, &row)
     }
 
     /// A fenced move of the publication pointer to `req.result` (an object

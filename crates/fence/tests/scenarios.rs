@@ -458,6 +458,80 @@ async fn a_failed_effect_leaves_no_record(b: &mut impl Backend) {
     );
 }
 
+/// PostgreSQL through the pipelined generic path (`PgFence::write_pipelined`):
+/// every scenario of the suite, with BEGIN, fence and effect in one round trip.
+struct PgPipelined(Pg);
+
+impl PgPipelined {
+    async fn new() -> Self {
+        Self(Pg::new().await)
+    }
+
+    async fn pipelined(&mut self, req: &FenceRequest, sql: &str) -> Result<Outcome, FenceError> {
+        let effect = self.0.client.prepare(sql).await?;
+        PgFence::write_pipelined(
+            &self.0.client,
+            &self.0.prepared,
+            req,
+            &effect,
+            &[
+                &req.resource.as_str(),
+                &req.token.get(),
+                &req.operation.as_str(),
+            ],
+        )
+        .await
+    }
+}
+
+impl Backend for PgPipelined {
+    async fn write(&mut self, req: &FenceRequest) -> Outcome {
+        self.pipelined(
+            req,
+            "INSERT INTO effects (resource, token, operation) VALUES ($1, $2, $3)",
+        )
+        .await
+        .unwrap()
+    }
+
+    async fn write_failing(&mut self, req: &FenceRequest) -> Result<Outcome, FenceError> {
+        // Fails at run time (division by zero) in the effect statement.
+        self.pipelined(
+            req,
+            "INSERT INTO effects (resource, token, operation) VALUES ($1, $2 / 0, $3)",
+        )
+        .await
+    }
+
+    async fn publish(&mut self, req: &FenceRequest) -> Outcome {
+        self.0.publish(req).await
+    }
+
+    async fn publication(&mut self, resource: &str) -> Option<(String, i64)> {
+        self.0.publication(resource).await
+    }
+
+    async fn cancel(&mut self, resource: &str, at: u64) {
+        self.0.cancel(resource, at).await
+    }
+
+    async fn delete(&mut self, req: &FenceRequest) -> Outcome {
+        self.0.delete(req).await
+    }
+
+    async fn recreate(&mut self, resource: &str, token: u64) -> Recreate {
+        self.0.recreate(resource, token).await
+    }
+
+    async fn state(&mut self, resource: &str) -> Option<ResourceState> {
+        self.0.state(resource).await
+    }
+
+    async fn log(&mut self) -> Vec<(String, i64, String)> {
+        self.0.log().await
+    }
+}
+
 macro_rules! suite {
     ($($name:ident),*) => {
         mod sqlite_backend {
@@ -467,6 +541,10 @@ macro_rules! suite {
         mod postgres_backend {
             use super::*;
             $(#[tokio::test] async fn $name() { super::$name(&mut Pg::new().await).await; })*
+        }
+        mod postgres_pipelined {
+            use super::*;
+            $(#[tokio::test] async fn $name() { super::$name(&mut PgPipelined::new().await).await; })*
         }
     };
 }
@@ -542,7 +620,7 @@ async fn postgres_sql_functions_refuse_bad_input_and_write_nothing() {
         .iter()
         .map(|r| r.get(0))
         .collect();
-    assert_eq!(versions, vec![1, 2, 3]);
+    assert_eq!(versions, vec![1, 2, 3, 4]);
     let cases = [
         (
             "SELECT * FROM baton.fence('', 1, 'op', '\\x01'::bytea)",
@@ -825,7 +903,7 @@ async fn migration_2_upgrades_an_installed_migration_1_in_place() {
         .iter()
         .map(|r| r.get(0))
         .collect();
-    assert_eq!(versions, vec![1, 2, 3]);
+    assert_eq!(versions, vec![1, 2, 3, 4]);
     let err = client
         .batch_execute("SELECT baton.fence('cafe' || chr(769), 20, 'new', '\\x01'::bytea)")
         .await
@@ -893,4 +971,38 @@ async fn the_documented_sql_runs_as_written() {
         (r.get(0), r.get(1))
     };
     assert_eq!((seq, generation), (2, 110));
+}
+
+/// The documented pipelined fence in plain SQL: a refused fence aborts the
+/// transaction (SQLSTATE BF001), so an effect sent in the same batch never
+/// commits; an applied one commits with it.
+#[tokio::test]
+async fn fence_or_abort_in_one_batch_commits_the_effect_only_when_applied() {
+    let pg = Pg::new().await;
+    let batch = |token: u64| {
+        format!(
+            "BEGIN;
+             SELECT * FROM baton.fence_or_abort('batch:r', {token}, 'op-{token}', '\\x01'::bytea);
+             INSERT INTO effects (resource, token, operation) VALUES ('batch:r', {token}, 'op-{token}');
+             COMMIT;"
+        )
+    };
+    pg.client.batch_execute(&batch(10)).await.unwrap();
+    let err = pg.client.batch_execute(&batch(9)).await.unwrap_err();
+    assert_eq!(err.code().map(|c| c.code()), Some("BF001"), "{err:?}");
+    let detail = err
+        .as_db_error()
+        .and_then(|d| d.detail())
+        .unwrap_or_default();
+    assert!(detail.starts_with("stale,9,10,"), "{detail}");
+    pg.client.batch_execute("ROLLBACK").await.unwrap();
+    let tokens: Vec<i64> = pg
+        .client
+        .query("SELECT token FROM effects ORDER BY id", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(tokens, vec![10], "the stale effect did not commit");
 }
