@@ -106,6 +106,20 @@ pub async fn resources_floor(url: &str) -> Result<Option<FencingToken>, RestoreE
         })
 }
 
+/// The backup's epoch and lease count (if `from`) and `--min-epoch`, checked.
+#[allow(clippy::type_complexity)]
+fn operator_floors(
+    from: Option<&Path>,
+    min_epoch: Option<u32>,
+) -> Result<(Option<(Epoch, usize)>, Option<Epoch>), RestoreError> {
+    let backup = from.map(read_backup).transpose()?;
+    let min_epoch = min_epoch
+        .map(Epoch::new)
+        .transpose()
+        .map_err(|e| usage(format!("--min-epoch: {e}")))?;
+    Ok((backup, min_epoch))
+}
+
 /// Restores a cluster's store in PostgreSQL (`--store`), online: the
 /// running leader's term ends with it, and the next leader loads the new
 /// epoch.
@@ -117,11 +131,7 @@ pub async fn restore_cluster(
     resources_floor: Option<FencingToken>,
     now_unix_s: u64,
 ) -> Result<Restored, RestoreError> {
-    let backup = from.map(read_backup).transpose()?;
-    let min_epoch = min_epoch
-        .map(Epoch::new)
-        .transpose()
-        .map_err(|e| usage(format!("--min-epoch: {e}")))?;
+    let (backup, min_epoch) = operator_floors(from, min_epoch)?;
     let pg = baton_store_pg::parse_url(store_url).map_err(|e| usage(format!("--store: {e}")))?;
     let mut client = baton_store_pg::connect(&pg)
         .await
@@ -155,11 +165,7 @@ pub fn restore(
     resources_floor: Option<FencingToken>,
     now_unix_s: u64,
 ) -> Result<Restored, RestoreError> {
-    let backup = from.map(read_backup).transpose()?;
-    let min_epoch = min_epoch
-        .map(Epoch::new)
-        .transpose()
-        .map_err(|e| usage(format!("--min-epoch: {e}")))?;
+    let (backup, min_epoch) = operator_floors(from, min_epoch)?;
     let replaced = match baton_store::RedbStore::peek_epoch(data_dir) {
         Ok(epoch) => epoch,
         Err(e @ baton_store::StoreError::InUse { .. }) => return Err(failure(e.to_string())),

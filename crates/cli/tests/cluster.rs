@@ -10,19 +10,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use baton_client::{Acquired, Client, ClientError, Release, Renewal};
-use baton_testkit::pg_cluster::PgCluster;
+use baton_testkit::pg_cluster::{free_port, PgCluster};
 use baton_testkit::{eventually, PgDb, TempDir};
 use common::{Server, BIN};
 
 /// Leadership TTL of the test clusters: failover in about a second.
 const LEADER_TTL: &str = "1s";
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
-}
 
 /// Servers of one cluster, on fixed loopback ports so a killed one comes
 /// back on its address.

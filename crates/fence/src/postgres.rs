@@ -135,6 +135,47 @@ fn outcome_of(req: &FenceRequest, f: Fields) -> Result<Outcome, FenceError> {
     Ok(out)
 }
 
+type Param<'a> = &'a (dyn tokio_postgres::types::ToSql + Sync);
+
+/// The parameters of `baton.fence_impl` and `baton.fence_or_abort_impl`,
+/// held by value so that both calls can borrow them.
+struct FenceArgs<'a> {
+    req: &'a FenceRequest,
+    resource: &'a str,
+    token: i64,
+    operation: &'a str,
+    fingerprint: &'a [u8],
+    seq: i64,
+    policy: i16,
+}
+
+impl<'a> FenceArgs<'a> {
+    fn new(req: &'a FenceRequest) -> Self {
+        Self {
+            req,
+            resource: req.resource.as_str(),
+            token: req.token.get(),
+            operation: req.operation.as_str(),
+            fingerprint: req.fingerprint.as_bytes(),
+            seq: req.seq.get(),
+            policy: req.policy.code(),
+        }
+    }
+
+    fn params(&self) -> [Param<'_>; 8] {
+        [
+            &self.resource,
+            &self.token,
+            &self.operation,
+            &self.fingerprint,
+            &self.req.result,
+            &self.seq,
+            &self.policy,
+            &self.req.must_exist,
+        ]
+    }
+}
+
 /// Statements prepared once per connection, for hot paths.
 pub struct Prepared {
     fence: Statement,
@@ -225,22 +266,8 @@ impl PgFence {
         statement: &Statement,
         req: &FenceRequest,
     ) -> Result<Outcome, FenceError> {
-        let policy = req.policy.code();
-        let row = client
-            .query_one(
-                statement,
-                &[
-                    &req.resource.as_str(),
-                    &req.token.get(),
-                    &req.operation.as_str(),
-                    &req.fingerprint.as_bytes(),
-                    &req.result,
-                    &req.seq.get(),
-                    &policy,
-                    &req.must_exist,
-                ],
-            )
-            .await?;
+        let args = FenceArgs::new(req);
+        let row = client.query_one(statement, &args.params()).await?;
         outcome(req, &row)
     }
 
@@ -279,17 +306,8 @@ impl PgFence {
         effect: &Statement,
         params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
     ) -> Result<Outcome, FenceError> {
-        let policy = req.policy.code();
-        let fence_params: [&(dyn tokio_postgres::types::ToSql + Sync); 8] = [
-            &req.resource.as_str(),
-            &req.token.get(),
-            &req.operation.as_str(),
-            &req.fingerprint.as_bytes(),
-            &req.result,
-            &req.seq.get(),
-            &policy,
-            &req.must_exist,
-        ];
+        let args = FenceArgs::new(req);
+        let fence_params = args.params();
         let (begun, fenced, effected) = tokio::join!(
             client.batch_execute("BEGIN"),
             client.query_one(&prepared.fence_or_abort, &fence_params),

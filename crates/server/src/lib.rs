@@ -250,14 +250,7 @@ pub async fn start_with_store(
     let metrics = Arc::new(Metrics::default());
     let (grpc, grpc_addr) = bind(config.listen).await?;
     let seat = Arc::new(Seat::single());
-    let http_addr = match config.http_listen {
-        Some(addr) => {
-            let (listener, bound) = bind(addr).await?;
-            tokio::spawn(http::serve(listener, metrics.clone(), seat.clone()));
-            Some(bound)
-        }
-        None => None,
-    };
+    let http_addr = serve_http(&config, &metrics, &seat).await?;
     let (engine, engine_thread) =
         engine::Engine::start(store, config.limits.clone(), metrics.clone())?;
     let engine_stop = engine.clone();
@@ -279,10 +272,7 @@ pub async fn start_with_store(
             _ = &mut shutdown_rx => {
                 info!("shutting down");
                 let _ = stop_tx.send(());
-                match tokio::time::timeout(SHUTDOWN_GRACE, &mut serve).await {
-                    Ok(r) => r.map_err(|e| ServerError::Transport(e.to_string())),
-                    Err(_) => Ok(()),
-                }
+                finish_serving(&mut serve).await
             }
             joined = &mut engine_join => {
                 let failure = engine_outcome(joined).err().unwrap_or(EngineFailure::Unexpected);
@@ -318,18 +308,11 @@ pub async fn start_cluster(
     let (pg, prepared) = cluster::prepare(&cluster).await?;
     let metrics = Arc::new(Metrics::default());
     let (grpc, grpc_addr) = bind(config.listen).await?;
-    let http = match config.http_listen {
-        Some(addr) => Some(bind(addr).await?),
-        None => None,
-    };
     let seat = Arc::new(Seat::follower(
         baton_store_pg::random_id(),
         cluster.cluster.clone(),
     ));
-    let http_addr = http.map(|(listener, bound)| {
-        tokio::spawn(http::serve(listener, metrics.clone(), seat.clone()));
-        bound
-    });
+    let http_addr = serve_http(&config, &metrics, &seat).await?;
     let (shutdown_tx, shutdown_rx) = oneshot::channel::<()>();
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
     let serve = grpc_server(&config, seat.clone(), metrics.clone(), grpc, stop_rx);
@@ -355,10 +338,7 @@ pub async fn start_cluster(
                 let _ = election_stop.send(true);
                 let _ = (&mut election).await;
                 let _ = stop_tx.send(());
-                match tokio::time::timeout(SHUTDOWN_GRACE, &mut serve).await {
-                    Ok(r) => r.map_err(|e| ServerError::Transport(e.to_string())),
-                    Err(_) => Ok(()),
-                }
+                finish_serving(&mut serve).await
             }
             ended = &mut election => match ended {
                 Ok(Err(e)) => Err(ServerError::Cluster(e)),
@@ -375,6 +355,31 @@ pub async fn start_cluster(
         shutdown: Some(shutdown_tx),
         task,
     })
+}
+
+/// Binds the HTTP port, if configured, and serves it for the process's life.
+async fn serve_http(
+    config: &ServerConfig,
+    metrics: &Arc<Metrics>,
+    seat: &Arc<Seat>,
+) -> Result<Option<SocketAddr>, ServerError> {
+    let Some(addr) = config.http_listen else {
+        return Ok(None);
+    };
+    let (listener, bound) = bind(addr).await?;
+    tokio::spawn(http::serve(listener, metrics.clone(), seat.clone()));
+    Ok(Some(bound))
+}
+
+/// Lets the gRPC server (already told to stop) finish its in-flight
+/// requests, for at most the shutdown grace.
+async fn finish_serving(
+    serve: &mut (impl std::future::Future<Output = Result<(), tonic::transport::Error>> + Unpin),
+) -> Result<(), ServerError> {
+    match tokio::time::timeout(SHUTDOWN_GRACE, serve).await {
+        Ok(r) => r.map_err(|e| ServerError::Transport(e.to_string())),
+        Err(_) => Ok(()),
+    }
 }
 
 async fn bind(addr: SocketAddr) -> Result<(TcpListener, SocketAddr), ServerError> {

@@ -99,7 +99,11 @@ impl Seat {
     }
 
     pub fn is_leader(&self) -> bool {
-        matches!(self.role(), Role::Leader(_))
+        matches!(*self.read(), Role::Leader(_))
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Role> {
+        self.role.read().unwrap_or_else(|p| p.into_inner())
     }
 
     pub fn now_ms(&self) -> u64 {
@@ -107,7 +111,7 @@ impl Seat {
     }
 
     pub fn role(&self) -> Role {
-        self.role.read().unwrap_or_else(|p| p.into_inner()).clone()
+        self.read().clone()
     }
 
     fn set(&self, role: Role) {
@@ -125,7 +129,7 @@ impl Seat {
 
     /// Moves the current term's deadline (never backwards).
     pub fn extend(&self, number: u64, deadline_ms: u64) {
-        if let Role::Leader(t) = &*self.role.read().unwrap_or_else(|p| p.into_inner()) {
+        if let Role::Leader(t) = &*self.read() {
             if t.number == number {
                 t.deadline_ms.fetch_max(deadline_ms, Ordering::AcqRel);
             }
@@ -164,7 +168,8 @@ impl Seat {
     /// from memory, so a leader that was paused past its deadline must not
     /// confirm anything it computed.
     pub fn confirm(&self, term: &Term) -> Result<(), Status> {
-        let seated = matches!(self.role(), Role::Leader(t) if t.number == term.number);
+        // No clone on this per-answer path: compare under the read lock.
+        let seated = matches!(&*self.read(), Role::Leader(t) if t.number == term.number);
         if seated && self.now_ms() < term.deadline_ms.load(Ordering::Acquire) {
             Ok(())
         } else {

@@ -40,20 +40,26 @@ fn privileges(action: &'static str) -> impl Fn(tokio_postgres::Error) -> PgError
     }
 }
 
-/// Creates or upgrades the schema for `cluster` (under an advisory lock, so
-/// servers starting together create it once) and checks that it is ours.
-pub async fn prepare(client: &mut Client, cluster: &str) -> Result<Meta, PgError> {
-    check_cluster_name(cluster)?;
-    let txn = client.transaction().await?;
+/// Takes the schema's advisory lock for the transaction (servers starting
+/// together, and restores, serialize on it); whether the schema exists.
+async fn lock_schema(txn: &tokio_postgres::Transaction<'_>) -> Result<bool, PgError> {
     txn.execute(
         "SELECT pg_advisory_xact_lock(hashtext('baton_server.schema'))",
         &[],
     )
     .await?;
-    let exists: bool = txn
+    Ok(txn
         .query_one("SELECT to_regclass('baton_server.meta') IS NOT NULL", &[])
         .await?
-        .get(0);
+        .get(0))
+}
+
+/// Creates or upgrades the schema for `cluster` (under an advisory lock, so
+/// servers starting together create it once) and checks that it is ours.
+pub async fn prepare(client: &mut Client, cluster: &str) -> Result<Meta, PgError> {
+    check_cluster_name(cluster)?;
+    let txn = client.transaction().await?;
+    let exists = lock_schema(&txn).await?;
     let mut version = 0;
     if exists {
         version = txn
@@ -150,15 +156,7 @@ pub async fn restore(
 ) -> Result<Restored, PgError> {
     check_cluster_name(cluster)?;
     let txn = client.transaction().await?;
-    txn.execute(
-        "SELECT pg_advisory_xact_lock(hashtext('baton_server.schema'))",
-        &[],
-    )
-    .await?;
-    let exists: bool = txn
-        .query_one("SELECT to_regclass('baton_server.meta') IS NOT NULL", &[])
-        .await?
-        .get(0);
+    let exists = lock_schema(&txn).await?;
     if !exists {
         return Err(PgError::Db(
             "this database has no baton_server schema: there is no cluster store to restore (start `baton serve --store` once to create it)".into(),

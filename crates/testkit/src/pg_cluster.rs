@@ -73,8 +73,8 @@ impl PgCluster {
         }
     }
 
-    /// Creates and starts a cluster on a free loopback port.
-    pub fn start(tag: &str) -> Self {
+    /// A fresh directory for a cluster, owned by `postgres` when running as root.
+    fn owned_dir(tag: &str) -> TempDir {
         let dir = TempDir::new(tag);
         if is_root() {
             let ok = Command::new("chown")
@@ -86,24 +86,22 @@ impl PgCluster {
                 "chown of the cluster directory to postgres failed"
             );
         }
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port")
-            .port();
+        dir
+    }
+
+    /// Creates and starts a cluster on a free loopback port.
+    pub fn start(tag: &str) -> Self {
+        let dir = Self::owned_dir(tag);
         initdb(&dir.path().join("data"));
-        let cluster = Self { dir, port };
-        cluster.ctl(&[
-            "start",
-            "-o",
-            &format!(
-                "-p {port} -c listen_addresses=127.0.0.1 -k {}",
-                cluster.dir.path().display()
-            ),
-        ]);
+        let cluster = Self {
+            dir,
+            port: free_port(),
+        };
+        cluster.start_again();
         cluster
     }
 
-    /// Starts the cluster again after `ctl(&["stop", ...])`, on its port.
+    /// Starts the cluster (again, after `ctl(&["stop", ...])`) on its port.
     pub fn start_again(&self) {
         self.ctl(&[
             "start",
@@ -125,17 +123,7 @@ impl PgCluster {
     /// own port and made this cluster's synchronous standby: a commit on
     /// this primary returns only once the standby has it.
     pub fn synchronous_standby(&self, tag: &str) -> PgCluster {
-        let dir = TempDir::new(tag);
-        if is_root() {
-            let ok = Command::new("chown")
-                .args(["-R", "postgres"])
-                .arg(dir.path())
-                .status();
-            assert!(
-                ok.is_ok_and(|s| s.success()),
-                "chown of the standby directory failed"
-            );
-        }
+        let dir = Self::owned_dir(tag);
         let out = Self::tool("pg_basebackup")
             .args([
                 "-h",
@@ -155,19 +143,11 @@ impl PgCluster {
             "pg_basebackup failed: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port")
-            .port();
-        let standby = Self { dir, port };
-        standby.ctl(&[
-            "start",
-            "-o",
-            &format!(
-                "-p {port} -c listen_addresses=127.0.0.1 -k {} -c cluster_name=standby",
-                standby.dir.path().display()
-            ),
-        ]);
+        let standby = Self {
+            dir,
+            port: free_port(),
+        };
+        standby.start_again();
         self.psql("ALTER SYSTEM SET synchronous_standby_names = '*'");
         self.psql("SELECT pg_reload_conf()");
         standby
@@ -233,6 +213,14 @@ impl Drop for PgCluster {
     }
 }
 
+/// A loopback port nobody listens on now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
 /// The target directory of this build (tests run from `target/<profile>/deps`).
 fn target_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("the test binary's path");
@@ -289,10 +277,7 @@ fn start_shared(dir: &Path) -> u16 {
         let _ = std::fs::remove_dir_all(&data);
         initdb(&data);
     }
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port();
+    let port = free_port();
     let options = format!(
         "-p {port} -c listen_addresses=127.0.0.1 -k {} -c max_connections=400 -c fsync=off",
         dir.display()
