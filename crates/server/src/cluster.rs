@@ -69,16 +69,21 @@ pub(crate) fn validate(c: &ClusterConfig) -> Result<(), ServerError> {
 /// starts as a follower that says so, and checks the schema once it can.
 pub(crate) async fn prepare(
     c: &ClusterConfig,
-) -> Result<(tokio_postgres::Config, bool), ServerError> {
+) -> Result<(tokio_postgres::Config, Option<PgError>), ServerError> {
     let pg = baton_store_pg::parse_url(&c.store_url)?;
     match prepare_schema(&pg, &c.cluster).await {
-        Ok(()) => Ok((pg, true)),
+        Ok(()) => Ok((pg, None)),
         Err(e) if e.is_transient() => {
             warn!(error = %e, "the store database is not reachable yet; serving as a follower until it is");
-            Ok((pg, false))
+            Ok((pg, Some(e)))
         }
         Err(e) => Err(e.into()),
     }
+}
+
+/// What callers hear while the store cannot be reached.
+pub(crate) fn unreachable(e: &PgError) -> String {
+    format!("its PostgreSQL store is unreachable ({e}); retry shortly")
 }
 
 async fn prepare_schema(pg: &tokio_postgres::Config, cluster: &str) -> Result<(), PgError> {

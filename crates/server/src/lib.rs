@@ -305,13 +305,17 @@ pub async fn start_cluster(
 ) -> Result<RunningServer, ServerError> {
     validate(&config)?;
     cluster::validate(&cluster)?;
-    let (pg, prepared) = cluster::prepare(&cluster).await?;
+    let (pg, unprepared) = cluster::prepare(&cluster).await?;
     let metrics = Arc::new(Metrics::default());
     let (grpc, grpc_addr) = bind(config.listen).await?;
     let seat = Arc::new(Seat::follower(
         baton_store_pg::random_id(),
         cluster.cluster.clone(),
     ));
+    if let Some(e) = &unprepared {
+        // Named from the first answer, not only after the first retry.
+        seat.trouble(cluster::unreachable(e));
+    }
     let http_addr = serve_http(&config, &metrics, &seat).await?;
     let (shutdown_tx, shutdown_rx) = oneshot::channel::<()>();
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
@@ -324,7 +328,7 @@ pub async fn start_cluster(
         config.limits.clone(),
         pg,
         cluster.clone(),
-        prepared,
+        unprepared.is_none(),
     );
     let mut election = tokio::spawn(election.run(election_stop_rx));
     info!(%grpc_addr, http_addr = %http_addr.map(|a| a.to_string()).unwrap_or_else(|| "off".into()), cluster = %cluster.cluster, %node, advertise = %cluster.advertise, "baton serving as a cluster member");
