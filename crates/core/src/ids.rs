@@ -74,7 +74,7 @@ impl AcquisitionId {
 /// proves a presented id without being one. Finding an id for a digest is a
 /// 128-bit preimage search, so a stolen data directory or backup cannot renew
 /// or release anyone's lease.
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct AcquisitionDigest([u8; 16]);
 
 impl AcquisitionDigest {
@@ -109,6 +109,14 @@ impl fmt::Debug for AcquisitionId {
         write!(f, "AcquisitionId({}…)", self.prefix())
     }
 }
+
+/// The 128-bit secret that names a session: of the same form as an
+/// acquisition id, drawn at random by the server when the session opens.
+/// Whoever knows it may resume the session and so keep its leases alive.
+pub type SessionId = AcquisitionId;
+
+/// The digest under which a session is kept and stored (never its id).
+pub type SessionDigest = AcquisitionDigest;
 
 /// Identifies one waiting acquire request inside the table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

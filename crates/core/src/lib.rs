@@ -24,12 +24,14 @@ mod name;
 mod table;
 mod token;
 
-pub use ids::{hex, parse_hex16, AcquisitionDigest, AcquisitionId, WaiterId};
+pub use ids::{
+    hex, parse_hex16, AcquisitionDigest, AcquisitionId, SessionDigest, SessionId, WaiterId,
+};
 pub use name::{NameError, ResourceName, RESOURCE_NAME_LEN_BYTES_MAX};
 pub use table::{
     AcquireError, AcquireOutcome, AcquireRequest, Effects, Event, FenceOutcome, Grant, LeaseRecord,
-    LeaseStatus, LeaseTable, Limits, MonoMs, NotAcquired, ReleaseOutcome, RenewOutcome, WaitResult,
-    Write,
+    LeaseStatus, LeaseTable, Limits, MonoMs, NotAcquired, ReleaseOutcome, RenewOutcome,
+    SessionError, SessionRecord, WaitResult, Write,
 };
 pub use token::{
     restore_epoch, Epoch, FencingToken, RestoreFloors, TokenError, COUNTER_BITS, COUNTER_MAX,

@@ -6,19 +6,23 @@
 //! [`LeaseTable::take_effects`].
 
 mod query;
+mod sessions;
 mod state;
 mod types;
 
-use state::{Lease, Queue, ResourceState, Timer, Waiter};
+use state::{Lease, Queue, ResourceState, Session, Timer, Waiter};
 
 pub use types::{
     AcquireError, AcquireOutcome, AcquireRequest, Effects, Event, FenceOutcome, Grant, LeaseRecord,
-    LeaseStatus, Limits, MonoMs, NotAcquired, ReleaseOutcome, RenewOutcome, WaitResult, Write,
+    LeaseStatus, Limits, MonoMs, NotAcquired, ReleaseOutcome, RenewOutcome, SessionError,
+    SessionRecord, WaitResult, Write,
 };
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use crate::{AcquisitionId, Epoch, FencingToken, ResourceName, WaiterId, COUNTER_MAX};
+use crate::{
+    AcquisitionId, Epoch, FencingToken, ResourceName, SessionDigest, WaiterId, COUNTER_MAX,
+};
 
 /// Milliseconds on the server's monotonic clock, from an origin the shell picks.
 /// The lease table. See the crate docs.
@@ -32,6 +36,7 @@ pub struct LeaseTable {
     n_leases: usize,
     resources: BTreeMap<ResourceName, ResourceState>,
     waiters: HashMap<WaiterId, Waiter>,
+    sessions: HashMap<SessionDigest, Session>,
     timers: BTreeSet<(MonoMs, Timer)>,
     effects: Effects,
 }
@@ -48,21 +53,29 @@ impl LeaseTable {
             n_leases: 0,
             resources: BTreeMap::new(),
             waiters: HashMap::new(),
+            sessions: HashMap::new(),
             timers: BTreeSet::new(),
             effects: Effects::default(),
         }
     }
 
-    /// Rebuilds the table after a restart. Every stored lease is held for its
-    /// full TTL from `now`: the server cannot know how long it was down.
+    /// Rebuilds the table after a restart. Every stored session and every
+    /// stored lease is held for its full TTL from `now`: the server cannot
+    /// know how long it was down. A lease tied to a session lives as long
+    /// as the session; one whose session is not stored (its end was written
+    /// but not the lease's) is held for its own TTL.
     pub fn recover(
         limits: Limits,
         now: MonoMs,
         epoch: Epoch,
         counter: u64,
         leases: impl IntoIterator<Item = (ResourceName, LeaseRecord)>,
+        sessions: impl IntoIterator<Item = SessionRecord>,
     ) -> Self {
         let mut table = Self::new(limits, epoch, counter);
+        for record in sessions {
+            table.insert_session(now, record.digest, record.ttl_ms);
+        }
         for (resource, record) in leases {
             let last = FencingToken::new(epoch, counter).expect("stored counter in range");
             assert!(
@@ -70,15 +83,25 @@ impl LeaseTable {
                 "stored lease token {} above last issued {last}",
                 record.token
             );
-            let expires_at = now.plus(record.ttl_ms);
-            table
-                .timers
-                .insert((expires_at, Timer::Expiry(resource.clone())));
+            let session = record.session.filter(|d| table.sessions.contains_key(d));
+            let expires_at = match session {
+                Some(digest) => {
+                    let s = table.sessions.get_mut(&digest).expect("checked");
+                    s.leases.insert(resource.clone());
+                    MonoMs::NEVER
+                }
+                None => {
+                    let at = now.plus(record.ttl_ms);
+                    table.timers.insert((at, Timer::Expiry(resource.clone())));
+                    at
+                }
+            };
             let lease = Lease {
                 acquisition_digest: record.acquisition_digest,
                 token: record.token,
                 ttl_ms: record.ttl_ms,
                 expires_at,
+                session,
             };
             table.resources.insert(
                 resource,
@@ -137,6 +160,7 @@ impl LeaseTable {
                     self.effects.woken.push((waiter, WaitResult::TimedOut));
                     self.effects.events.push(Event::WaitTimedOut { waiter });
                 }
+                Timer::SessionExpiry(digest) => self.end_session(now, digest, true),
             }
         }
     }
@@ -167,6 +191,13 @@ impl LeaseTable {
     ) -> Result<AcquireOutcome, AcquireError> {
         self.tick(now);
         self.validate(&request)?;
+        let ttl_ms = match request.session {
+            Some(digest) => match self.sessions.get(&digest) {
+                Some(session) => session.ttl_ms,
+                None => return Err(AcquireError::SessionNotOpen),
+            },
+            None => request.ttl_ms,
+        };
         let blocker = request.claims.iter().find_map(|(resource, _)| {
             let state = self.resources.get(resource)?;
             (!state.is_idle()).then(|| NotAcquired {
@@ -178,7 +209,7 @@ impl LeaseTable {
             let grants = request
                 .claims
                 .into_iter()
-                .map(|(resource, id)| self.grant(now, resource, id, request.ttl_ms, false))
+                .map(|(resource, id)| self.grant(now, resource, id, ttl_ms, false, request.session))
                 .collect();
             return Ok(AcquireOutcome::Granted(grants));
         };
@@ -190,7 +221,8 @@ impl LeaseTable {
 
     fn validate(&self, request: &AcquireRequest) -> Result<(), AcquireError> {
         let l = &self.limits;
-        if request.ttl_ms < l.ttl_ms_min || request.ttl_ms > l.ttl_ms_max {
+        let own_ttl = request.session.is_none();
+        if own_ttl && (request.ttl_ms < l.ttl_ms_min || request.ttl_ms > l.ttl_ms_max) {
             return Err(AcquireError::TtlOutOfRange {
                 ttl_ms: request.ttl_ms,
                 ttl_ms_min: l.ttl_ms_min,
@@ -258,10 +290,15 @@ impl LeaseTable {
         let deadline = now.plus(request.wait_ms);
         self.timers
             .insert((deadline, Timer::WaitDeadline(request.waiter)));
+        if let Some(digest) = request.session {
+            let session = self.sessions.get_mut(&digest).expect("checked by acquire");
+            session.waiters.insert(request.waiter);
+        }
         let waiter = Waiter {
             claims: request.claims,
             ttl_ms: request.ttl_ms,
             deadline,
+            session: request.session,
         };
         self.waiters.insert(request.waiter, waiter);
         Ok(AcquireOutcome::Queued {
@@ -284,6 +321,7 @@ impl LeaseTable {
             .waiters
             .remove(&waiter)
             .expect("removing an unknown waiter");
+        self.unbind_waiter(waiter, w.session);
         for (resource, _) in &w.claims {
             let state = self
                 .resources
@@ -313,6 +351,13 @@ impl LeaseTable {
             .front()
             .expect("not idle and not held means queued");
         let waiter = &self.waiters[&head];
+        // A session whose end is due is ended within this tick, its waiters
+        // first: never grant to it in the meantime.
+        if let Some(session) = waiter.session.map(|d| &self.sessions[&d]) {
+            if session.expires_at <= now {
+                return;
+            }
+        }
         let ready = waiter.claims.iter().all(|(r, _)| {
             let s = &self.resources[r];
             s.lease.is_none() && s.queue.front() == Some(&head)
@@ -323,6 +368,7 @@ impl LeaseTable {
         let waiter = self.waiters.remove(&head).expect("head waiter exists");
         self.timers
             .remove(&(waiter.deadline, Timer::WaitDeadline(head)));
+        self.unbind_waiter(head, waiter.session);
         let grants = waiter
             .claims
             .into_iter()
@@ -334,7 +380,7 @@ impl LeaseTable {
                     .queue
                     .pop_front();
                 assert_eq!(popped, Some(head));
-                self.grant(now, r, id, waiter.ttl_ms, true)
+                self.grant(now, r, id, waiter.ttl_ms, true, waiter.session)
             })
             .collect();
         self.effects.woken.push((head, WaitResult::Granted(grants)));
@@ -358,9 +404,24 @@ impl LeaseTable {
         id: AcquisitionId,
         ttl_ms: u64,
         after_wait: bool,
+        session: Option<SessionDigest>,
     ) -> Grant {
         let token = self.issue_token();
-        let expires_at = now.plus(ttl_ms);
+        let (ttl_ms, expires_at) = match session {
+            Some(digest) => {
+                let s = self
+                    .sessions
+                    .get_mut(&digest)
+                    .expect("granting on a session that is not open");
+                s.leases.insert(resource.clone());
+                (s.ttl_ms, MonoMs::NEVER)
+            }
+            None => {
+                let at = now.plus(ttl_ms);
+                self.timers.insert((at, Timer::Expiry(resource.clone())));
+                (ttl_ms, at)
+            }
+        };
         let state = self.resources.entry(resource.clone()).or_default();
         assert!(
             state.lease.is_none(),
@@ -373,13 +434,13 @@ impl LeaseTable {
             token,
             ttl_ms,
             expires_at,
+            session,
         });
-        self.timers
-            .insert((expires_at, Timer::Expiry(resource.clone())));
         let record = LeaseRecord {
             acquisition_digest,
             token,
             ttl_ms,
+            session,
         };
         self.effects.writes.push(Write::PutLease {
             resource: resource.clone(),
@@ -408,6 +469,7 @@ impl LeaseTable {
     }
 
     /// Extends a lease by its TTL from `now` if `id` still holds it; "not owner" otherwise (nothing is extended or recreated).
+    /// Renewing a lease tied to a session keeps the whole session alive.
     pub fn renew(
         &mut self,
         now: MonoMs,
@@ -422,6 +484,14 @@ impl LeaseTable {
             return RenewOutcome::NotOwner;
         };
         let (old, ttl_ms, token) = (lease.expires_at, lease.ttl_ms, lease.token);
+        if let Some(digest) = lease.session {
+            let ttl_ms = self.refresh_session(now, digest);
+            self.effects.events.push(Event::Renewed {
+                resource: resource.clone(),
+                token,
+            });
+            return RenewOutcome::Renewed { token, ttl_ms };
+        }
         let expires_at = now.plus(ttl_ms);
         self.timers.remove(&(old, Timer::Expiry(resource.clone())));
         self.timers
@@ -463,8 +533,19 @@ impl LeaseTable {
     fn drop_lease(&mut self, resource: &ResourceName) -> Option<FencingToken> {
         let lease = self.resources.get_mut(resource)?.lease.take()?;
         self.n_leases -= 1;
-        self.timers
-            .remove(&(lease.expires_at, Timer::Expiry(resource.clone())));
+        match lease.session {
+            Some(digest) => {
+                let session = self
+                    .sessions
+                    .get_mut(&digest)
+                    .expect("bound to an open session");
+                session.leases.remove(resource);
+            }
+            None => {
+                self.timers
+                    .remove(&(lease.expires_at, Timer::Expiry(resource.clone())));
+            }
+        }
         self.effects.writes.push(Write::DeleteLease {
             resource: resource.clone(),
         });

@@ -3,7 +3,8 @@
 
 use std::ops::Bound;
 
-use super::state::ResourceState;
+use super::state::{Lease, ResourceState};
+use super::SessionRecord;
 use super::{LeaseRecord, LeaseStatus, LeaseTable, MonoMs};
 use crate::ResourceName;
 
@@ -24,7 +25,7 @@ impl LeaseTable {
         LeaseStatus {
             resource: resource.clone(),
             holder_token: lease.map(|l| l.token),
-            remaining_ms: lease.map_or(0, |l| l.expires_at.0.saturating_sub(now.0)),
+            remaining_ms: lease.map_or(0, |l| self.expiry_of(l).0.saturating_sub(now.0)),
             ttl_ms: lease.map_or(0, |l| l.ttl_ms),
             n_waiters: state.map_or(0, |s| s.queue.len()),
         }
@@ -62,8 +63,25 @@ impl LeaseTable {
                     acquisition_digest: l.acquisition_digest,
                     token: l.token,
                     ttl_ms: l.ttl_ms,
+                    session: l.session,
                 },
             ))
         })
+    }
+
+    /// Every open session in durable form (for snapshots).
+    pub fn sessions(&self) -> impl Iterator<Item = SessionRecord> + '_ {
+        self.sessions.iter().map(|(digest, s)| SessionRecord {
+            digest: *digest,
+            ttl_ms: s.ttl_ms,
+        })
+    }
+
+    /// When `lease` expires: its own deadline, or its session's.
+    fn expiry_of(&self, lease: &Lease) -> MonoMs {
+        match lease.session {
+            Some(digest) => self.sessions[&digest].expires_at,
+            None => lease.expires_at,
+        }
     }
 }

@@ -2,7 +2,11 @@
 
 use std::collections::VecDeque;
 
-use crate::{AcquisitionDigest, AcquisitionId, FencingToken, ResourceName, WaiterId};
+use std::collections::BTreeSet;
+
+use crate::{
+    AcquisitionDigest, AcquisitionId, FencingToken, ResourceName, SessionDigest, WaiterId,
+};
 
 use super::MonoMs;
 
@@ -11,7 +15,19 @@ pub(super) struct Lease {
     pub(super) acquisition_digest: AcquisitionDigest,
     pub(super) token: FencingToken,
     pub(super) ttl_ms: u64,
+    /// Unused (`MonoMs::MAX`) when the lease is tied to a session: the
+    /// session's own expiry governs it.
     pub(super) expires_at: MonoMs,
+    pub(super) session: Option<SessionDigest>,
+}
+
+/// An open session: its expiry, and what is tied to it.
+#[derive(Clone, Debug)]
+pub(super) struct Session {
+    pub(super) ttl_ms: u64,
+    pub(super) expires_at: MonoMs,
+    pub(super) leases: BTreeSet<ResourceName>,
+    pub(super) waiters: BTreeSet<WaiterId>,
 }
 
 /// A resource's waiters, FIFO. Most resources never have one, so the queue
@@ -76,10 +92,12 @@ pub(super) struct Waiter {
     pub(super) claims: Vec<(ResourceName, AcquisitionId)>,
     pub(super) ttl_ms: u64,
     pub(super) deadline: MonoMs,
+    pub(super) session: Option<SessionDigest>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(super) enum Timer {
     Expiry(ResourceName),
     WaitDeadline(WaiterId),
+    SessionExpiry(SessionDigest),
 }

@@ -28,6 +28,7 @@ fn req(resources: &[&str], first_id: u8, ttl_ms: u64, wait_ms: u64, waiter: u64)
         ttl_ms,
         wait_ms,
         waiter: WaiterId(waiter),
+        session: None,
     }
 }
 
@@ -55,7 +56,8 @@ fn grant_is_synced_and_carries_its_write() {
                 record: LeaseRecord {
                     acquisition_digest: id(1).digest(),
                     token: tok(1),
-                    ttl_ms: 5_000
+                    ttl_ms: 5_000,
+                    session: None,
                 }
             },
             Write::Tokens {
@@ -348,6 +350,7 @@ fn recovery_holds_every_lease_for_a_full_ttl_from_restart() {
         acquisition_digest: id(1).digest(),
         token: tok(7),
         ttl_ms: 5_000,
+        session: None,
     };
     let mut t = LeaseTable::recover(
         Limits::default(),
@@ -355,6 +358,7 @@ fn recovery_holds_every_lease_for_a_full_ttl_from_restart() {
         Epoch::FIRST,
         9,
         [(name("a"), record)],
+        [],
     );
     assert!(matches!(
         t.acquire(MonoMs(5_099), req(&["a"], 2, 5_000, 0, 0))
@@ -488,6 +492,7 @@ enum Op {
         resources: Vec<usize>,
         ttl_ms: u64,
         wait_ms: u64,
+        on_session: bool,
     },
     Renew {
         resource: usize,
@@ -507,20 +512,28 @@ enum Op {
         ms: u64,
     },
     Crash,
+    OpenSession {
+        ttl_ms: u64,
+    },
+    KeepAlive,
+    CloseSession,
 }
 
 const RESOURCES: [&str; 4] = ["r0", "r1", "r2", "r3"];
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        4 => (proptest::collection::vec(0..4usize, 1..3), 1_000..4_000u64, prop_oneof![Just(0u64), 1..5_000u64])
-            .prop_map(|(resources, ttl_ms, wait_ms)| Op::Acquire { resources, ttl_ms, wait_ms }),
+        4 => (proptest::collection::vec(0..4usize, 1..3), 1_000..4_000u64, prop_oneof![Just(0u64), 1..5_000u64], any::<bool>())
+            .prop_map(|(resources, ttl_ms, wait_ms, on_session)| Op::Acquire { resources, ttl_ms, wait_ms, on_session }),
         3 => (0..4usize, 0..8usize).prop_map(|(resource, nth_id)| Op::Renew { resource, nth_id }),
         3 => (0..4usize, 0..8usize).prop_map(|(resource, nth_id)| Op::Release { resource, nth_id }),
         1 => (0..8usize).prop_map(|nth| Op::CancelWait { nth }),
         1 => (0..4usize).prop_map(|resource| Op::Fence { resource }),
         4 => (1..3_000u64).prop_map(|ms| Op::Advance { ms }),
         1 => Just(Op::Crash),
+        1 => (1_000..4_000u64).prop_map(|ttl_ms| Op::OpenSession { ttl_ms }),
+        2 => Just(Op::KeepAlive),
+        1 => Just(Op::CloseSession),
     ]
 }
 
@@ -530,6 +543,15 @@ struct ModelLease {
     digest: AcquisitionDigest,
     token: FencingToken,
     ttl_ms: u64,
+    /// Unused when the lease is tied to a session.
+    expires_at: u64,
+    session: Option<AcquisitionDigest>,
+}
+
+/// The model's view of a session.
+#[derive(Clone, Debug)]
+struct ModelSession {
+    ttl_ms: u64,
     expires_at: u64,
 }
 
@@ -538,8 +560,15 @@ struct Harness {
     table: LeaseTable,
     now: u64,
     model: BTreeMap<String, ModelLease>,
+    /// Sessions ever opened (ended ones stay, with an expiry in the past).
+    sessions: BTreeMap<AcquisitionDigest, ModelSession>,
+    /// The id of the session the next session acquire uses.
+    session: Option<AcquisitionId>,
+    /// Which session each waiter was queued on.
+    waiter_sessions: BTreeMap<WaiterId, Option<AcquisitionDigest>>,
     /// Durable state: what a crash leaves.
     disk_leases: BTreeMap<String, LeaseRecord>,
+    disk_sessions: BTreeMap<AcquisitionDigest, SessionRecord>,
     disk_tokens: (Epoch, u64),
     /// Lazy writes not yet on disk.
     pending: Vec<Write>,
@@ -556,7 +585,11 @@ impl Harness {
             table: table(),
             now: 0,
             model: BTreeMap::new(),
+            sessions: BTreeMap::new(),
+            session: None,
+            waiter_sessions: BTreeMap::new(),
             disk_leases: BTreeMap::new(),
+            disk_sessions: BTreeMap::new(),
             disk_tokens: (Epoch::FIRST, 0),
             pending: vec![],
             ids: vec![],
@@ -575,10 +608,34 @@ impl Harness {
     }
 
     fn model_free(&self, r: &str) -> bool {
-        self.model.get(r).is_none_or(|l| l.expires_at <= self.now)
+        self.model.get(r).is_none_or(|l| !self.live(l))
     }
 
-    fn on_grant(&mut self, g: &Grant) {
+    fn expiry(&self, l: &ModelLease) -> u64 {
+        match l.session {
+            Some(d) => self.sessions[&d].expires_at,
+            None => l.expires_at,
+        }
+    }
+
+    fn live(&self, l: &ModelLease) -> bool {
+        self.now < self.expiry(l)
+    }
+
+    fn session_live(&self, d: &AcquisitionDigest) -> bool {
+        self.sessions
+            .get(d)
+            .is_some_and(|s| self.now < s.expires_at)
+    }
+
+    fn on_grant(&mut self, g: &Grant, session: Option<AcquisitionDigest>) {
+        if let Some(d) = session {
+            assert!(self.session_live(&d), "granted on an ended session");
+            assert_eq!(
+                g.ttl_ms, self.sessions[&d].ttl_ms,
+                "a bound lease carries the session TTL"
+            );
+        }
         let r = g.resource.as_str().to_string();
         assert!(
             self.model_free(&r),
@@ -606,6 +663,7 @@ impl Harness {
                 token: g.token,
                 ttl_ms: g.ttl_ms,
                 expires_at: self.now + g.ttl_ms,
+                session,
             },
         );
         self.ids.push((r, g.acquisition_id));
@@ -634,15 +692,32 @@ impl Harness {
                         self.disk_leases.remove(resource.as_str());
                     }
                     Write::Tokens { epoch, counter } => self.disk_tokens = (epoch, counter),
+                    Write::PutSession { record } => {
+                        self.disk_sessions.insert(record.digest, record);
+                    }
+                    Write::DeleteSession { digest } => {
+                        self.disk_sessions.remove(&digest);
+                    }
                 }
             }
         }
         for (w, result) in fx.woken {
             self.waiters.retain(|x| *x != w);
-            if let WaitResult::Granted(grants) = result {
-                for g in &grants {
-                    self.on_grant(g);
+            let session = self.waiter_sessions.remove(&w).flatten();
+            match result {
+                WaitResult::Granted(grants) => {
+                    for g in &grants {
+                        self.on_grant(g, session);
+                    }
                 }
+                WaitResult::SessionEnded => {
+                    let d = session.expect("only a session's waiter ends with it");
+                    assert!(
+                        !self.session_live(&d),
+                        "waiter withdrawn from a live session"
+                    );
+                }
+                WaitResult::TimedOut => {}
             }
         }
     }
@@ -654,7 +729,9 @@ impl Harness {
                 resources,
                 ttl_ms,
                 wait_ms,
+                on_session,
             } => {
+                let session = self.session.filter(|_| on_session).map(|id| id.digest());
                 let mut claims: Vec<(ResourceName, AcquisitionId)> = vec![];
                 for r in resources {
                     let n = name(RESOURCES[r]);
@@ -665,25 +742,29 @@ impl Harness {
                 }
                 let waiter = WaiterId(self.next);
                 let all_free = claims.iter().all(|(r, _)| self.model_free(r.as_str()));
-                match self
-                    .table
-                    .acquire(
-                        now,
-                        AcquireRequest {
-                            claims,
-                            ttl_ms,
-                            wait_ms,
-                            waiter,
-                        },
-                    )
-                    .unwrap()
-                {
+                let out = self.table.acquire(
+                    now,
+                    AcquireRequest {
+                        claims,
+                        ttl_ms,
+                        wait_ms,
+                        waiter,
+                        session,
+                    },
+                );
+                if let Some(d) = session.filter(|d| !self.session_live(d)) {
+                    assert_eq!(out, Err(AcquireError::SessionNotOpen), "{d:?}");
+                    self.drain();
+                    return;
+                }
+                match out.unwrap() {
                     AcquireOutcome::Granted(grants) => {
                         self.drain();
-                        grants.iter().for_each(|g| self.on_grant(g));
+                        grants.iter().for_each(|g| self.on_grant(g, session));
                     }
                     AcquireOutcome::Queued { waiter } => {
                         self.waiters.push(waiter);
+                        self.waiter_sessions.insert(waiter, session);
                         self.drain();
                     }
                     AcquireOutcome::NotAcquired(n) => {
@@ -704,7 +785,7 @@ impl Harness {
                 let expect = self
                     .model
                     .get(&r)
-                    .is_some_and(|l| l.digest.matches(&id) && self.now < l.expires_at);
+                    .is_some_and(|l| l.digest.matches(&id) && self.live(l));
                 let out = self.table.renew(now, &name(&r), &id);
                 assert_eq!(
                     matches!(out, RenewOutcome::Renewed { .. }),
@@ -713,8 +794,16 @@ impl Harness {
                     self.now
                 );
                 if expect {
+                    let now = self.now;
                     let l = self.model.get_mut(&r).unwrap();
-                    l.expires_at = self.now + l.ttl_ms;
+                    match l.session {
+                        // Renewing a bound lease keeps its whole session alive.
+                        Some(d) => {
+                            let s = self.sessions.get_mut(&d).unwrap();
+                            s.expires_at = now + s.ttl_ms;
+                        }
+                        None => l.expires_at = now + l.ttl_ms,
+                    }
                 }
                 self.drain();
             }
@@ -726,7 +815,7 @@ impl Harness {
                 let expect = self
                     .model
                     .get(&r)
-                    .is_some_and(|l| l.digest.matches(&id) && self.now < l.expires_at);
+                    .is_some_and(|l| l.digest.matches(&id) && self.live(l));
                 let out = self.table.release(now, &name(&r), &id);
                 assert_eq!(
                     matches!(out, ReleaseOutcome::Released { .. }),
@@ -765,11 +854,26 @@ impl Harness {
                 // Lazy writes are lost; waiters are gone with their connections.
                 self.pending.clear();
                 self.waiters.clear();
+                self.waiter_sessions.clear();
                 let leases: Vec<_> = self
                     .disk_leases
                     .iter()
                     .map(|(r, rec)| (name(r), rec.clone()))
                     .collect();
+                // Every stored session gets its full TTL again; the others are over.
+                for s in self.sessions.values_mut() {
+                    s.expires_at = s.expires_at.min(self.now);
+                }
+                for (d, rec) in &self.disk_sessions {
+                    self.sessions.insert(
+                        *d,
+                        ModelSession {
+                            ttl_ms: rec.ttl_ms,
+                            expires_at: self.now + rec.ttl_ms,
+                        },
+                    );
+                }
+                let disk_sessions = &self.disk_sessions;
                 self.model = self
                     .disk_leases
                     .iter()
@@ -781,6 +885,7 @@ impl Harness {
                                 token: rec.token,
                                 ttl_ms: rec.ttl_ms,
                                 expires_at: self.now + rec.ttl_ms,
+                                session: rec.session.filter(|d| disk_sessions.contains_key(d)),
                             },
                         )
                     })
@@ -792,23 +897,56 @@ impl Harness {
                     epoch,
                     counter,
                     leases,
+                    self.disk_sessions.values().copied().collect::<Vec<_>>(),
                 );
             }
+            Op::OpenSession { ttl_ms } => {
+                let id = self.fresh_id();
+                self.table.open_session(now, id.digest(), ttl_ms).unwrap();
+                self.drain();
+                assert!(
+                    self.disk_sessions.contains_key(&id.digest()),
+                    "a session is durable before it is answered"
+                );
+                self.sessions.insert(
+                    id.digest(),
+                    ModelSession {
+                        ttl_ms,
+                        expires_at: self.now + ttl_ms,
+                    },
+                );
+                self.session = Some(id);
+            }
+            Op::KeepAlive => {
+                let Some(id) = self.session else { return };
+                let d = id.digest();
+                let expect = self.session_live(&d);
+                let out = self.table.keep_alive(now, d);
+                assert_eq!(out.is_some(), expect, "keep-alive at {}", self.now);
+                if expect {
+                    let s = self.sessions.get_mut(&d).unwrap();
+                    s.expires_at = self.now + s.ttl_ms;
+                    assert_eq!(out, Some(s.ttl_ms));
+                }
+                self.drain();
+            }
+            Op::CloseSession => {
+                let Some(id) = self.session else { return };
+                let d = id.digest();
+                let expect = self.session_live(&d);
+                assert_eq!(self.table.close_session(now, d), expect);
+                if expect {
+                    self.sessions.get_mut(&d).unwrap().expires_at = self.now;
+                }
+                self.drain();
+            }
         }
-        let live = self
-            .model
-            .values()
-            .filter(|l| self.now < l.expires_at)
-            .count();
+        let live = self.model.values().filter(|l| self.live(l)).count();
         assert_eq!(self.table.n_leases(), live, "lease count");
         // At most one unexpired lease per resource, and the table agrees with the model.
         for r in RESOURCES {
             let status = self.table.status(MonoMs(self.now), &name(r));
-            let model = self
-                .model
-                .get(r)
-                .filter(|l| self.now < l.expires_at)
-                .map(|l| l.token);
+            let model = self.model.get(r).filter(|l| self.live(l)).map(|l| l.token);
             assert_eq!(status.holder_token, model, "holder of {r} at {}", self.now);
         }
         self.drain();
@@ -824,4 +962,54 @@ proptest! {
             h.step(op);
         }
     }
+}
+
+#[test]
+fn session_leases_live_by_heartbeat_and_end_together() {
+    let mut t = table();
+    let s = id(90).digest();
+    t.open_session(MonoMs(0), s, 3_000).unwrap();
+    let bound = |names: &[&str], first: u8, wait_ms: u64, waiter: u64| AcquireRequest {
+        session: Some(s),
+        ..req(names, first, 1, wait_ms, waiter)
+    };
+    let AcquireOutcome::Granted(g) = t.acquire(MonoMs(0), bound(&["a", "b"], 1, 0, 0)).unwrap()
+    else {
+        panic!("free resources must be granted")
+    };
+    assert!(
+        g.iter().all(|g| g.ttl_ms == 3_000),
+        "bound leases carry the session TTL"
+    );
+    // A second client waits for "a"; the session itself waits for "c".
+    assert!(matches!(
+        t.acquire(MonoMs(0), req(&["a"], 5, 5_000, 60_000, 7)),
+        Ok(AcquireOutcome::Queued { .. })
+    ));
+    t.acquire(MonoMs(0), req(&["c"], 6, 60_000, 0, 0)).unwrap();
+    assert!(matches!(
+        t.acquire(MonoMs(0), bound(&["c"], 8, 60_000, 8)),
+        Ok(AcquireOutcome::Queued { .. })
+    ));
+    // Heartbeats keep every bound lease, with no renewal of its own.
+    for at in [2_000, 4_000, 6_000] {
+        assert_eq!(t.keep_alive(MonoMs(at), s), Some(3_000));
+    }
+    assert_eq!(t.status(MonoMs(7_000), &name("a")).remaining_ms, 2_000);
+    t.take_effects();
+    // Silence: the session ends at 9_000, its waiter first, then its leases.
+    t.tick(MonoMs(9_000));
+    let fx = t.take_effects();
+    assert!(fx.woken.contains(&(WaiterId(8), WaitResult::SessionEnded)));
+    assert!(fx
+        .woken
+        .iter()
+        .any(|(w, r)| *w == WaiterId(7) && matches!(r, WaitResult::Granted(_))));
+    assert!(fx.writes.contains(&Write::DeleteSession { digest: s }));
+    assert_eq!(t.keep_alive(MonoMs(9_000), s), None);
+    assert_eq!(
+        t.acquire(MonoMs(9_000), bound(&["d"], 9, 0, 0)),
+        Err(AcquireError::SessionNotOpen)
+    );
+    assert_eq!(t.status(MonoMs(9_000), &name("b")).holder_token, None);
 }

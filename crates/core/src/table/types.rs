@@ -1,13 +1,18 @@
 //! What goes in and out of the lease table: requests, outcomes, durable
 //! records, writes, events and effects.
 
-use crate::{AcquisitionDigest, AcquisitionId, Epoch, FencingToken, ResourceName, WaiterId};
+use crate::{
+    AcquisitionDigest, AcquisitionId, Epoch, FencingToken, ResourceName, SessionDigest, WaiterId,
+};
 
 /// Milliseconds on the server's monotonic clock, from an origin the shell picks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub struct MonoMs(pub u64);
 
 impl MonoMs {
+    /// Never reached: the expiry of a lease that its session governs.
+    pub(crate) const NEVER: MonoMs = MonoMs(u64::MAX);
+
     pub(crate) fn plus(self, ms: u64) -> MonoMs {
         MonoMs(self.0.saturating_add(ms))
     }
@@ -28,6 +33,8 @@ pub struct Limits {
     pub n_waiters_per_resource_max: usize,
     /// Most waiters in all.
     pub n_waiters_max: usize,
+    /// Most open sessions.
+    pub n_sessions_max: usize,
 }
 
 impl Default for Limits {
@@ -39,6 +46,7 @@ impl Default for Limits {
             n_resources_per_request_max: 64,
             n_waiters_per_resource_max: 1_024,
             n_waiters_max: 100_000,
+            n_sessions_max: 100_000,
         }
     }
 }
@@ -54,6 +62,10 @@ pub struct AcquireRequest {
     pub wait_ms: u64,
     /// Identifies the request if it has to wait; the shell picks a unique one.
     pub waiter: WaiterId,
+    /// Ties every granted lease to this session: the leases live as long as
+    /// the session (`ttl_ms` is then ignored) and a waiter is withdrawn when
+    /// the session ends. `None`: each lease has its own TTL.
+    pub session: Option<SessionDigest>,
 }
 
 impl AcquireRequest {
@@ -64,6 +76,7 @@ impl AcquireRequest {
             ttl_ms,
             wait_ms: 0,
             waiter: WaiterId(0),
+            session: None,
         }
     }
 }
@@ -109,6 +122,8 @@ pub enum WaitResult {
     Granted(Vec<Grant>),
     /// The wait ran out; nothing was granted.
     TimedOut,
+    /// The waiter's session expired or was closed; nothing was granted.
+    SessionEnded,
 }
 
 /// A request the table refuses to judge: it broke a rule (or a limit).
@@ -144,6 +159,27 @@ pub enum AcquireError {
     TooManyWaiters { n_waiters: usize },
     #[error("waiter id {0:?} is already in use")]
     DuplicateWaiter(WaiterId),
+    #[error("the session is not open (it expired or was closed); nothing was acquired")]
+    SessionNotOpen,
+}
+
+/// A session request the table refuses.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+#[allow(missing_docs)] // variants carry their message; fields are named for the value and the rule
+pub enum SessionError {
+    #[error(
+        "session ttl {ttl_ms}ms is out of range: it must be between {ttl_ms_min}ms and {ttl_ms_max}ms"
+    )]
+    TtlOutOfRange {
+        ttl_ms: u64,
+        ttl_ms_min: u64,
+        ttl_ms_max: u64,
+    },
+    #[error("the server already has {n_sessions} open sessions, its limit")]
+    TooManySessions { n_sessions: usize },
+    #[error("a session with this id is already open")]
+    AlreadyOpen,
 }
 
 /// What a renew did.
@@ -200,7 +236,20 @@ pub struct LeaseRecord {
     pub acquisition_digest: AcquisitionDigest,
     /// The lease's token.
     pub token: FencingToken,
-    /// The lease's TTL; recovery gives it in full again.
+    /// The lease's TTL; recovery gives it in full again. For a lease tied
+    /// to a session, the session's TTL.
+    pub ttl_ms: u64,
+    /// The session the lease is tied to, if any.
+    pub session: Option<SessionDigest>,
+}
+
+/// The durable form of a session. Like a lease's, its expiry is not stored:
+/// after a restart it gets its full TTL again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SessionRecord {
+    /// SHA-256 of the session id, first 16 bytes.
+    pub digest: SessionDigest,
+    /// The session's TTL.
     pub ttl_ms: u64,
 }
 
@@ -214,6 +263,12 @@ pub enum Write {
     },
     DeleteLease {
         resource: ResourceName,
+    },
+    PutSession {
+        record: SessionRecord,
+    },
+    DeleteSession {
+        digest: SessionDigest,
     },
     /// The last issued token position.
     Tokens {
@@ -254,6 +309,15 @@ pub enum Event {
     },
     WaitTimedOut {
         waiter: WaiterId,
+    },
+    SessionOpened {
+        digest: SessionDigest,
+    },
+    SessionEnded {
+        digest: SessionDigest,
+        /// True if it ran out; false if its client closed it.
+        expired: bool,
+        n_leases: usize,
     },
 }
 

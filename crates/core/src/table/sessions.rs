@@ -1,0 +1,163 @@
+//! Sessions: one TTL, kept alive by one heartbeat, for many leases.
+//!
+//! A lease tied to a session has no expiry timer of its own: it lives
+//! exactly as long as the session, and all of a session's leases end in
+//! the same step when the session expires or is closed. A session's
+//! waiters are withdrawn at that step too, before any lease is dropped, so
+//! no grant ever goes to a session that has ended.
+
+use super::Write;
+use super::{Event, LeaseTable, MonoMs, Session, SessionError, SessionRecord, Timer, WaitResult};
+use crate::SessionDigest;
+
+impl LeaseTable {
+    /// Opens a session with its own TTL from `now`. The session must be
+    /// durable before the opener hears of it: this sets `sync`.
+    pub fn open_session(
+        &mut self,
+        now: MonoMs,
+        digest: SessionDigest,
+        ttl_ms: u64,
+    ) -> Result<(), SessionError> {
+        self.tick(now);
+        let l = &self.limits;
+        if ttl_ms < l.ttl_ms_min || ttl_ms > l.ttl_ms_max {
+            return Err(SessionError::TtlOutOfRange {
+                ttl_ms,
+                ttl_ms_min: l.ttl_ms_min,
+                ttl_ms_max: l.ttl_ms_max,
+            });
+        }
+        if self.sessions.contains_key(&digest) {
+            return Err(SessionError::AlreadyOpen);
+        }
+        if self.sessions.len() >= l.n_sessions_max {
+            return Err(SessionError::TooManySessions {
+                n_sessions: self.sessions.len(),
+            });
+        }
+        self.insert_session(now, digest, ttl_ms);
+        self.effects.writes.push(Write::PutSession {
+            record: SessionRecord { digest, ttl_ms },
+        });
+        self.effects.sync = true;
+        self.effects.events.push(Event::SessionOpened { digest });
+        Ok(())
+    }
+
+    pub(super) fn insert_session(&mut self, now: MonoMs, digest: SessionDigest, ttl_ms: u64) {
+        let expires_at = now.plus(ttl_ms);
+        self.timers
+            .insert((expires_at, Timer::SessionExpiry(digest)));
+        self.sessions.insert(
+            digest,
+            Session {
+                ttl_ms,
+                expires_at,
+                leases: Default::default(),
+                waiters: Default::default(),
+            },
+        );
+    }
+
+    /// A heartbeat: extends the session by its TTL from `now` and returns
+    /// that TTL, or `None` if the session is not open (it expired or was
+    /// closed; nothing is extended or recreated).
+    pub fn keep_alive(&mut self, now: MonoMs, digest: SessionDigest) -> Option<u64> {
+        self.tick(now);
+        self.sessions
+            .contains_key(&digest)
+            .then(|| self.refresh_session(now, digest))
+    }
+
+    /// Moves an open session's expiry to a full TTL from `now`.
+    pub(super) fn refresh_session(&mut self, now: MonoMs, digest: SessionDigest) -> u64 {
+        let session = self
+            .sessions
+            .get_mut(&digest)
+            .expect("refreshing an open session");
+        let old = session.expires_at;
+        session.expires_at = now.plus(session.ttl_ms);
+        let (ttl_ms, new) = (session.ttl_ms, session.expires_at);
+        self.timers.remove(&(old, Timer::SessionExpiry(digest)));
+        self.timers.insert((new, Timer::SessionExpiry(digest)));
+        ttl_ms
+    }
+
+    /// Ends a session at its client's request: withdraws its waiters and
+    /// releases its leases. `false` if it was not open.
+    pub fn close_session(&mut self, now: MonoMs, digest: SessionDigest) -> bool {
+        self.tick(now);
+        let Some(session) = self.sessions.get(&digest) else {
+            return false;
+        };
+        let at = session.expires_at;
+        self.timers.remove(&(at, Timer::SessionExpiry(digest)));
+        self.end_session(now, digest, false);
+        true
+    }
+
+    /// Open sessions (O(1)).
+    pub fn n_sessions(&self) -> usize {
+        self.sessions.len()
+    }
+
+    /// Whether `digest` names an open session (for the shell's checks).
+    pub fn session_is_open(&self, digest: &SessionDigest) -> bool {
+        self.sessions.contains_key(digest)
+    }
+
+    /// Withdraws the session's waiters, then drops its leases (handing each
+    /// resource to its next waiter), then forgets the session. Its timer is
+    /// already gone (popped, or removed by the caller).
+    pub(super) fn end_session(&mut self, now: MonoMs, digest: SessionDigest, expired: bool) {
+        let waiters = std::mem::take(
+            &mut self
+                .sessions
+                .get_mut(&digest)
+                .expect("ending an open session")
+                .waiters,
+        );
+        for waiter in waiters {
+            let deadline = self.waiters[&waiter].deadline;
+            self.timers.remove(&(deadline, Timer::WaitDeadline(waiter)));
+            self.remove_waiter(now, waiter);
+            self.effects.woken.push((waiter, WaitResult::SessionEnded));
+        }
+        let leases = self.sessions[&digest].leases.clone();
+        let n_leases = leases.len();
+        for resource in leases {
+            let token = self.drop_lease(&resource).expect("a bound lease is held");
+            self.effects.events.push(if expired {
+                Event::Expired {
+                    resource: resource.clone(),
+                    token,
+                }
+            } else {
+                Event::Released {
+                    resource: resource.clone(),
+                    token,
+                }
+            });
+            self.pump(now, &resource);
+        }
+        self.sessions.remove(&digest);
+        self.effects.writes.push(Write::DeleteSession { digest });
+        self.effects.events.push(Event::SessionEnded {
+            digest,
+            expired,
+            n_leases,
+        });
+    }
+
+    /// Forgets `waiter` in its session's set (it was granted or withdrawn).
+    pub(super) fn unbind_waiter(
+        &mut self,
+        waiter: crate::WaiterId,
+        session: Option<SessionDigest>,
+    ) {
+        if let Some(s) = session.and_then(|d| self.sessions.get_mut(&d)) {
+            s.waiters.remove(&waiter);
+        }
+    }
+}
