@@ -255,6 +255,9 @@ pub struct ServeArgs {
     /// Most requests waiting in all.
     #[arg(long, env = "BATON_MAX_WAITERS", default_value_t = 100_000)]
     pub max_waiters: usize,
+    /// Most open sessions; beyond, opening one gets RESOURCE_EXHAUSTED.
+    #[arg(long, env = "BATON_MAX_SESSIONS", default_value_t = 100_000)]
+    pub max_sessions: usize,
     /// Most open client connections (a newcomer first evicts one that sent nothing).
     #[arg(long, env = "BATON_MAX_CONNECTIONS", default_value_t = 1_024)]
     pub max_connections: usize,

@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 
 /// The serve flags a config file may set.
-const KEYS: [&str; 18] = [
+const KEYS: [&str; 19] = [
     "listen",
     "http_listen",
     "data_dir",
@@ -19,6 +19,7 @@ const KEYS: [&str; 18] = [
     "wait_max",
     "max_waiters_per_resource",
     "max_waiters",
+    "max_sessions",
     "max_connections",
     "handshake_timeout",
     "idle_timeout",

@@ -56,6 +56,7 @@ pub fn config(args: ServeArgs) -> baton_server::ServerConfig {
             n_resources_per_request_max: args.max_resources_per_request,
             n_waiters_per_resource_max: args.max_waiters_per_resource,
             n_waiters_max: args.max_waiters,
+            n_sessions_max: args.max_sessions,
         },
         default_ttl_ms: ms(args.default_ttl),
         connections_max: args.max_connections,

@@ -345,6 +345,7 @@ async fn readyz_waits_for_recovery_and_the_gauges_are_set_from_it() {
                     acquisition_digest: AcquisitionId::from_bytes([1; 16]).digest(),
                     token: FencingToken::new(Epoch::FIRST, i).unwrap(),
                     ttl_ms: 600_000,
+                    session: None,
                 },
             })
             .chain([Write::Tokens {

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use baton_core::{
     AcquireError, AcquireOutcome, AcquireRequest, AcquisitionId, Event, FenceOutcome, Grant,
     LeaseStatus, LeaseTable, MonoMs, NotAcquired, ReleaseOutcome, RenewOutcome, ResourceName,
-    WaitResult, WaiterId, Write,
+    SessionDigest, SessionError, WaitResult, WaiterId, Write,
 };
 use baton_store::{LeaseStore, StoreError, Stored};
 use tokio::sync::oneshot;
@@ -42,6 +42,8 @@ pub enum AcquireReply {
     },
     NotAcquired(NotAcquired),
     TimedOut,
+    /// The request's session ended while it waited.
+    SessionEnded,
 }
 
 pub type Reply<T> = oneshot::Sender<T>;
@@ -80,6 +82,22 @@ pub enum Command {
     },
     CancelWait {
         waiter: WaiterId,
+    },
+    /// Answered after the session is durable.
+    OpenSession {
+        digest: SessionDigest,
+        ttl_ms: u64,
+        reply: Reply<Result<(), SessionError>>,
+    },
+    /// A heartbeat: the session's TTL, or `None` if it is not open.
+    KeepAlive {
+        digest: SessionDigest,
+        reply: Reply<Option<u64>>,
+    },
+    /// Whether the session was open (it is closed now either way).
+    CloseSession {
+        digest: SessionDigest,
+        reply: Reply<bool>,
     },
     /// Flush and stop, even if handles remain (connections that outlived the grace period).
     Shutdown,
@@ -156,19 +174,21 @@ impl Engine {
     > {
         let stored = store.load()?;
         let origin = Instant::now();
-        let n_leases = stored.leases.len();
+        let (n_leases, n_sessions) = (stored.leases.len(), stored.sessions.len());
         let table = LeaseTable::recover(
             limits,
             MonoMs(0),
             stored.epoch,
             stored.counter,
             stored.leases,
+            stored.sessions,
         );
         info!(
             epoch = stored.epoch.get(),
             counter = stored.counter,
             n_leases,
-            "recovered lease state; stored leases are held for a full TTL from now"
+            n_sessions,
+            "recovered lease state; stored leases and sessions are held for a full TTL from now"
         );
         metrics.leases.set(n_leases as i64);
         let (tx, rx) = mpsc::channel();
@@ -303,11 +323,13 @@ impl Engine {
                     }
                 }
                 WaitResult::TimedOut => AcquireReply::TimedOut,
+                WaitResult::SessionEnded => AcquireReply::SessionEnded,
             };
             woken.push((reply, answer));
         }
         self.metrics.leases.set(self.table.n_leases() as i64);
         self.metrics.waiters.set(self.table.n_waiters() as i64);
+        self.metrics.sessions.set(self.table.n_sessions() as i64);
         if replies.is_empty() && woken.is_empty() && writes.is_empty() {
             return Some(false);
         }
@@ -386,6 +408,7 @@ impl Engine {
             Command::Snapshot { reply } => {
                 let (epoch, counter) = self.table.last_token();
                 let leases = self.table.leases().map(|(r, l)| (r.clone(), l)).collect();
+                let sessions = self.table.sessions().collect();
                 defer(
                     replies,
                     reply,
@@ -393,8 +416,25 @@ impl Engine {
                         epoch,
                         counter,
                         leases,
+                        sessions,
                     },
                 );
+            }
+            Command::OpenSession {
+                digest,
+                ttl_ms,
+                reply,
+            } => {
+                let out = self.table.open_session(now, digest, ttl_ms);
+                defer(replies, reply, out);
+            }
+            // Like renewals and releases: only the session's holder can ask,
+            // and the session was durable before its holder heard of it.
+            Command::KeepAlive { digest, reply } => {
+                let _ = reply.send(self.table.keep_alive(now, digest));
+            }
+            Command::CloseSession { digest, reply } => {
+                let _ = reply.send(self.table.close_session(now, digest));
             }
             Command::Shutdown => {}
             Command::CancelWait { waiter } => {
@@ -451,6 +491,20 @@ impl Engine {
                 }
                 Event::WaitTimedOut { .. } => {
                     m.wait_timeouts.inc();
+                }
+                Event::SessionOpened { .. } => {}
+                Event::SessionEnded {
+                    expired, n_leases, ..
+                } => {
+                    if *expired {
+                        m.session_expiries.inc();
+                        info!(
+                            n_leases,
+                            "session expired without a heartbeat; its leases expired with it"
+                        );
+                    } else {
+                        debug!(n_leases, "session closed; its leases released");
+                    }
                 }
             }
         }

@@ -35,6 +35,8 @@ pub struct Metrics {
     pub(crate) connections_refused: Counter,
     pub(crate) connections_closed_idle: Counter,
     pub(crate) connections_evicted: Counter,
+    pub(crate) session_expiries: Counter,
+    pub(crate) sessions: Gauge,
     pub(crate) leases: Gauge,
     pub(crate) waiters: Gauge,
     /// Open connections; the connection limit reads it too.
@@ -100,6 +102,10 @@ impl Default for Metrics {
             "baton_connections_evicted",
             "connections that had not sent a request yet, closed to admit a new one at the limit",
         );
+        let session_expiries = counter(
+            "baton_session_expiries",
+            "sessions that ran out without a heartbeat (their leases expired with them)",
+        );
         let mut gauge = |name: &str, help: &str| {
             let g = Gauge::default();
             registry.register(name, help, g.clone());
@@ -107,6 +113,7 @@ impl Default for Metrics {
         };
         let leases = gauge("baton_leases", "leases currently held");
         let waiters = gauge("baton_waiters", "acquire requests currently waiting");
+        let sessions = gauge("baton_sessions", "sessions currently open");
         let connections = gauge("baton_connections", "open client connections");
         let leader_term = gauge(
             "baton_leader_term",
@@ -147,6 +154,8 @@ impl Default for Metrics {
             connections_refused,
             connections_closed_idle,
             connections_evicted,
+            session_expiries,
+            sessions,
             leases,
             waiters,
             connections,

@@ -16,11 +16,14 @@ use crate::engine::{AcquireReply, Command, EngineHandle};
 use crate::metrics::Metrics;
 use crate::seat::{Seat, Term};
 
+mod session;
+
+#[derive(Clone)]
 pub struct LeaseService {
     seat: Arc<Seat>,
     metrics: Arc<Metrics>,
     default_ttl_ms: u64,
-    next_waiter: AtomicU64,
+    next_waiter: Arc<AtomicU64>,
 }
 
 impl LeaseService {
@@ -29,7 +32,7 @@ impl LeaseService {
             seat,
             metrics,
             default_ttl_ms,
-            next_waiter: AtomicU64::new(1),
+            next_waiter: Arc::new(AtomicU64::new(1)),
         }
     }
 
@@ -101,6 +104,70 @@ fn acquire_error(e: AcquireError) -> Status {
     }
 }
 
+/// An acquire's answer on the wire; `bound`: its leases are tied to a session.
+fn acquire_outcome(reply: AcquireReply, bound: bool) -> v1::acquire_response::Outcome {
+    match reply {
+        AcquireReply::Granted { grants, after_wait } => {
+            let leases = grants
+                .into_iter()
+                .map(|g| v1::Lease {
+                    resource: g.resource.to_string(),
+                    acquisition_id: g.acquisition_id.as_bytes().to_vec(),
+                    token: g.token.get(),
+                    ttl_ms: g.ttl_ms,
+                    session_bound: bound,
+                })
+                .collect();
+            v1::acquire_response::Outcome::Granted(v1::Granted { leases, after_wait })
+        }
+        AcquireReply::NotAcquired(n) => {
+            v1::acquire_response::Outcome::NotAcquired(v1::NotAcquired {
+                reason: v1::not_acquired::Reason::Held.into(),
+                resource: n.resource.to_string(),
+                holder_token: n.holder_token.map_or(0, |t| t.get()),
+            })
+        }
+        AcquireReply::TimedOut => not_acquired(v1::not_acquired::Reason::TimedOut),
+        AcquireReply::SessionEnded => not_acquired(v1::not_acquired::Reason::SessionEnded),
+    }
+}
+
+fn not_acquired(reason: v1::not_acquired::Reason) -> v1::acquire_response::Outcome {
+    v1::acquire_response::Outcome::NotAcquired(v1::NotAcquired {
+        reason: reason.into(),
+        resource: String::new(),
+        holder_token: 0,
+    })
+}
+
+fn renew_message(out: baton_core::RenewOutcome) -> v1::RenewResponse {
+    match out {
+        baton_core::RenewOutcome::Renewed { token, ttl_ms } => v1::RenewResponse {
+            renewed: true,
+            token: token.get(),
+            remaining_ms: ttl_ms,
+        },
+        baton_core::RenewOutcome::NotOwner => v1::RenewResponse {
+            renewed: false,
+            token: 0,
+            remaining_ms: 0,
+        },
+    }
+}
+
+fn release_message(out: baton_core::ReleaseOutcome) -> v1::ReleaseResponse {
+    match out {
+        baton_core::ReleaseOutcome::Released { token } => v1::ReleaseResponse {
+            released: true,
+            token: token.get(),
+        },
+        baton_core::ReleaseOutcome::NotHeld => v1::ReleaseResponse {
+            released: false,
+            token: 0,
+        },
+    }
+}
+
 fn status_message(s: LeaseStatus) -> v1::StatusResponse {
     v1::StatusResponse {
         resource: s.resource.to_string(),
@@ -150,6 +217,7 @@ impl Leases for LeaseService {
             ttl_ms,
             wait_ms: req.wait_ms,
             waiter,
+            session: None,
         };
         let term = self.seat.term()?;
         let mut guard = WaitGuard {
@@ -160,36 +228,18 @@ impl Leases for LeaseService {
             .call_on(&term, |reply| Command::Acquire { request, reply })
             .await;
         guard.waiter = None;
-        let outcome = match reply?.map_err(acquire_error)? {
-            AcquireReply::Granted { grants, after_wait } => {
-                if !after_wait {
-                    self.metrics
-                        .observe_acquire_latency_us(started.elapsed().as_micros() as u64);
-                }
-                let leases = grants
-                    .into_iter()
-                    .map(|g| v1::Lease {
-                        resource: g.resource.to_string(),
-                        acquisition_id: g.acquisition_id.as_bytes().to_vec(),
-                        token: g.token.get(),
-                        ttl_ms: g.ttl_ms,
-                    })
-                    .collect();
-                v1::acquire_response::Outcome::Granted(v1::Granted { leases, after_wait })
+        let reply = reply?.map_err(acquire_error)?;
+        if matches!(
+            reply,
+            AcquireReply::Granted {
+                after_wait: false,
+                ..
             }
-            AcquireReply::NotAcquired(n) => {
-                v1::acquire_response::Outcome::NotAcquired(v1::NotAcquired {
-                    reason: v1::not_acquired::Reason::Held.into(),
-                    resource: n.resource.to_string(),
-                    holder_token: n.holder_token.map_or(0, |t| t.get()),
-                })
-            }
-            AcquireReply::TimedOut => v1::acquire_response::Outcome::NotAcquired(v1::NotAcquired {
-                reason: v1::not_acquired::Reason::TimedOut.into(),
-                resource: String::new(),
-                holder_token: 0,
-            }),
-        };
+        ) {
+            self.metrics
+                .observe_acquire_latency_us(started.elapsed().as_micros() as u64);
+        }
+        let outcome = acquire_outcome(reply, false);
         Ok(Response::new(v1::AcquireResponse {
             outcome: Some(outcome),
         }))
@@ -209,18 +259,7 @@ impl Leases for LeaseService {
                 reply,
             })
             .await?;
-        Ok(Response::new(match out {
-            baton_core::RenewOutcome::Renewed { token, ttl_ms } => v1::RenewResponse {
-                renewed: true,
-                token: token.get(),
-                remaining_ms: ttl_ms,
-            },
-            baton_core::RenewOutcome::NotOwner => v1::RenewResponse {
-                renewed: false,
-                token: 0,
-                remaining_ms: 0,
-            },
-        }))
+        Ok(Response::new(renew_message(out)))
     }
 
     async fn release(
@@ -237,16 +276,7 @@ impl Leases for LeaseService {
                 reply,
             })
             .await?;
-        Ok(Response::new(match out {
-            baton_core::ReleaseOutcome::Released { token } => v1::ReleaseResponse {
-                released: true,
-                token: token.get(),
-            },
-            baton_core::ReleaseOutcome::NotHeld => v1::ReleaseResponse {
-                released: false,
-                token: 0,
-            },
-        }))
+        Ok(Response::new(release_message(out)))
     }
 
     async fn status(
@@ -331,10 +361,28 @@ impl Leases for LeaseService {
                     acquisition_digest: l.acquisition_digest.as_bytes().to_vec(),
                     token: l.token.get(),
                     ttl_ms: l.ttl_ms,
+                    session_digest: l.session.map_or_else(Vec::new, |d| d.as_bytes().to_vec()),
+                })
+                .collect(),
+            sessions: stored
+                .sessions
+                .into_iter()
+                .map(|s| v1::StoredSession {
+                    digest: s.digest.as_bytes().to_vec(),
+                    ttl_ms: s.ttl_ms,
                 })
                 .collect(),
         }))
     }
+    type SessionStream = session::SessionStream;
+
+    async fn session(
+        &self,
+        request: Request<tonic::Streaming<v1::SessionRequest>>,
+    ) -> Result<Response<Self::SessionStream>, Status> {
+        self.session_stream(request).await
+    }
+
     async fn cluster_status(
         &self,
         _request: Request<v1::ClusterStatusRequest>,

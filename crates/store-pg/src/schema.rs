@@ -5,10 +5,13 @@ use tokio_postgres::Client;
 use crate::PgError;
 
 /// The schema version this build writes and reads.
-pub const SCHEMA_VERSION: i32 = 1;
+pub const SCHEMA_VERSION: i32 = 2;
 
 /// Migrations in order; file `N` brings the schema to version `N`.
-const MIGRATIONS: [&str; 1] = [include_str!("../sql/001_cluster.sql")];
+const MIGRATIONS: [&str; 2] = [
+    include_str!("../sql/001_cluster.sql"),
+    include_str!("../sql/002_sessions.sql"),
+];
 
 /// What the schema says about itself.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -143,7 +146,7 @@ pub struct Restored {
 }
 
 /// Restores the cluster's store in place, in one transaction: a new store
-/// id, no leases, and the token position at the start of the epoch that
+/// id, no leases and no sessions, and the token position at the start of the epoch that
 /// `new_epoch` picks from the replaced one. The leadership term is ended
 /// too, so the running leader's next commit is refused; the row is marked
 /// as changed, not released, so no server takes over before the old
@@ -195,6 +198,10 @@ pub async fn restore(
         .ok_or_else(|| PgError::Db(format!("stored epoch {epoch} is out of range")))?;
     let epoch = new_epoch(replaced).map_err(PgError::Db)?;
     let dropped = txn.execute("DELETE FROM baton_server.leases", &[]).await?;
+    if version >= 2 {
+        txn.execute("DELETE FROM baton_server.sessions", &[])
+            .await?;
+    }
     let store_id = crate::random_id();
     txn.execute(
         "UPDATE baton_server.meta SET epoch = $1, counter = 0, store_id = $2 WHERE id = 1",

@@ -3,7 +3,10 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use baton_core::{AcquisitionDigest, Epoch, FencingToken, LeaseRecord, ResourceName, Write};
+use baton_core::{
+    AcquisitionDigest, Epoch, FencingToken, LeaseRecord, ResourceName, SessionDigest,
+    SessionRecord, Write,
+};
 use baton_store::{LeaseStore, StoreError, Stored};
 use tokio::runtime::Handle;
 use tokio_postgres::{Client, Statement};
@@ -38,7 +41,7 @@ impl PgLeaseStore {
     ) -> Result<Self, PgError> {
         let client = crate::connect(config).await?;
         let commit = client
-            .prepare("SELECT baton_server.commit_batch($1, $2, $3, $4, $5, $6, $7, $8)")
+            .prepare("SELECT baton_server.commit_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)")
             .await?;
         Ok(Self {
             client,
@@ -69,7 +72,7 @@ impl PgLeaseStore {
         let rows = self
             .client
             .query(
-                "SELECT resource, digest, token, ttl_ms FROM baton_server.leases",
+                "SELECT resource, digest, token, ttl_ms, session FROM baton_server.leases",
                 &[],
             )
             .await
@@ -85,25 +88,48 @@ impl PgLeaseStore {
                 .map_err(|_| corrupt("digest is not 16 bytes".into()))?;
             let token = FencingToken::from_u64(r.get::<_, i64>(2) as u64)
                 .map_err(|e| corrupt(e.to_string()))?;
+            let session = match r.get::<_, Option<Vec<u8>>>(4) {
+                Some(d) => {
+                    Some(digest16(d).ok_or_else(|| corrupt("session is not 16 bytes".into()))?)
+                }
+                None => None,
+            };
             leases.push((
                 resource,
                 LeaseRecord {
                     acquisition_digest: AcquisitionDigest::from_bytes(digest),
                     token,
                     ttl_ms: r.get::<_, i64>(3) as u64,
+                    session,
                 },
             ));
+        }
+        let rows = self
+            .client
+            .query("SELECT digest, ttl_ms FROM baton_server.sessions", &[])
+            .await
+            .map_err(storage)?;
+        let mut sessions = Vec::with_capacity(rows.len());
+        for r in rows {
+            let digest = digest16(r.get(0))
+                .ok_or_else(|| StoreError::Corrupt("a session digest is not 16 bytes".into()))?;
+            sessions.push(SessionRecord {
+                digest,
+                ttl_ms: r.get::<_, i64>(1) as u64,
+            });
         }
         Ok(Stored {
             epoch,
             counter: counter as u64,
             leases,
+            sessions,
         })
     }
 
     async fn commit_async(&self, writes: &[Write]) -> Result<(), StoreError> {
         // The last write of each resource wins; the batch is one statement.
         let mut last: BTreeMap<&str, Option<&LeaseRecord>> = BTreeMap::new();
+        let mut last_sessions: BTreeMap<SessionDigest, Option<u64>> = BTreeMap::new();
         let mut position: Option<(i64, i64)> = None;
         for w in writes {
             match w {
@@ -112,6 +138,12 @@ impl PgLeaseStore {
                 }
                 Write::DeleteLease { resource } => {
                     last.insert(resource.as_str(), None);
+                }
+                Write::PutSession { record } => {
+                    last_sessions.insert(record.digest, Some(record.ttl_ms));
+                }
+                Write::DeleteSession { digest } => {
+                    last_sessions.insert(*digest, None);
                 }
                 Write::Tokens { epoch, counter } => {
                     position = Some((i64::from(epoch.get()), *counter as i64));
@@ -122,6 +154,7 @@ impl PgLeaseStore {
         let mut put_digests = Vec::new();
         let mut put_tokens = Vec::new();
         let mut put_ttls = Vec::new();
+        let mut put_sessions: Vec<Option<&[u8]>> = Vec::new();
         let mut deletes = Vec::new();
         for (resource, record) in last {
             match record {
@@ -130,13 +163,26 @@ impl PgLeaseStore {
                     put_digests.push(&r.acquisition_digest.as_bytes()[..]);
                     put_tokens.push(r.token.get() as i64);
                     put_ttls.push(r.ttl_ms as i64);
+                    put_sessions.push(r.session.as_ref().map(|d| &d.as_bytes()[..]));
                 }
                 None => deletes.push(resource),
             }
         }
+        let mut session_digests = Vec::new();
+        let mut session_ttls = Vec::new();
+        let mut session_deletes = Vec::new();
+        for (digest, ttl_ms) in &last_sessions {
+            match ttl_ms {
+                Some(ttl_ms) => {
+                    session_digests.push(&digest.as_bytes()[..]);
+                    session_ttls.push(*ttl_ms as i64);
+                }
+                None => session_deletes.push(&digest.as_bytes()[..]),
+            }
+        }
         let term = self.term as i64;
         let (epoch, counter) = (position.map(|p| p.0), position.map(|p| p.1));
-        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 8] = [
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 12] = [
             &term,
             &epoch,
             &counter,
@@ -144,7 +190,11 @@ impl PgLeaseStore {
             &put_digests,
             &put_tokens,
             &put_ttls,
+            &put_sessions,
             &deletes,
+            &session_digests,
+            &session_ttls,
+            &session_deletes,
         ];
         let call = self.client.execute(&self.commit, &params);
         match tokio::time::timeout(self.commit_timeout, call).await {
@@ -181,4 +231,10 @@ impl LeaseStore for PgLeaseStore {
         self.poisoned = false;
         Ok(())
     }
+}
+
+fn digest16(bytes: Vec<u8>) -> Option<AcquisitionDigest> {
+    <[u8; 16]>::try_from(bytes)
+        .ok()
+        .map(AcquisitionDigest::from_bytes)
 }

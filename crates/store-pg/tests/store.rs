@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
-use baton_core::{AcquisitionId, Epoch, FencingToken, LeaseRecord, ResourceName, Write};
+use baton_core::{
+    AcquisitionId, Epoch, FencingToken, LeaseRecord, ResourceName, SessionRecord, Write,
+};
 use baton_store::{LeaseStore, StoreError};
 use baton_store_pg::leader::{self, LeaderRow};
 use baton_store_pg::{schema, PgError, PgLeaseStore};
@@ -23,6 +25,7 @@ fn lease(name: &str, token: u64) -> Write {
             acquisition_digest: AcquisitionId::from_bytes([7; 16]).digest(),
             token: FencingToken::from_u64(token).unwrap(),
             ttl_ms: 5_000,
+            session: None,
         },
     }
 }
@@ -258,4 +261,105 @@ async fn a_role_without_privileges_is_told_what_it_needs() {
         e.to_string().contains("needs CREATE on the database"),
         "{e}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_and_their_leases_round_trip() {
+    let db = PgDb::create("pgstore_sessions").await;
+    let (pg, mut client) = prepared(&db, "main").await;
+    let term = take(&mut client, "a").await;
+    let mut store = PgLeaseStore::open(&pg, term, Duration::from_secs(5))
+        .await
+        .unwrap();
+    let s1 = AcquisitionId::from_bytes([1; 16]).digest();
+    let s2 = AcquisitionId::from_bytes([2; 16]).digest();
+    let bound = |name: &str, token: u64, session| Write::PutLease {
+        resource: ResourceName::parse(name).unwrap(),
+        record: LeaseRecord {
+            acquisition_digest: AcquisitionId::from_bytes([9; 16]).digest(),
+            token: FencingToken::from_u64(token).unwrap(),
+            ttl_ms: 3_000,
+            session: Some(session),
+        },
+    };
+    let stored = on_thread(move || {
+        store
+            .commit(&[
+                Write::PutSession {
+                    record: SessionRecord {
+                        digest: s1,
+                        ttl_ms: 3_000,
+                    },
+                },
+                Write::PutSession {
+                    record: SessionRecord {
+                        digest: s2,
+                        ttl_ms: 4_000,
+                    },
+                },
+                position(2),
+                bound("job:a", T1, s1),
+                bound("job:b", T1 + 1, s2),
+            ])
+            .unwrap();
+        // s2 ends: its lease goes first, then the session.
+        store
+            .commit(&[
+                Write::DeleteLease {
+                    resource: ResourceName::parse("job:b").unwrap(),
+                },
+                Write::DeleteSession { digest: s2 },
+            ])
+            .unwrap();
+        store.load().unwrap()
+    })
+    .await;
+    assert_eq!(
+        stored.sessions,
+        vec![SessionRecord {
+            digest: s1,
+            ttl_ms: 3_000
+        }]
+    );
+    assert_eq!(stored.leases.len(), 1);
+    assert_eq!(stored.leases[0].1.session, Some(s1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_1_schema_is_upgraded_in_place_with_its_leases() {
+    let db = PgDb::create("pgstore_upgrade").await;
+    let mut client = db.connect().await;
+    // What the previous release created, with one lease committed by it.
+    client
+        .batch_execute(include_str!("../sql/001_cluster.sql"))
+        .await
+        .unwrap();
+    client
+        .batch_execute(
+            "INSERT INTO baton_server.meta VALUES (1, 1, 'main', 'old', 1, 1);
+             INSERT INTO baton_server.leader VALUES (1, 7, 'old-node', NULL, 0);
+             SELECT baton_server.commit_batch(7, 1, 1, ARRAY['job:a'],
+                 ARRAY['\\x07070707070707070707070707070707'::bytea], ARRAY[1099511627777],
+                 ARRAY[5000], ARRAY[]::text[]);",
+        )
+        .await
+        .unwrap();
+    let pg = baton_store_pg::parse_url(&db.url).unwrap();
+    let mut admin = baton_store_pg::connect(&pg).await.unwrap();
+    schema::prepare(&mut admin, "main").await.unwrap();
+    let version: i32 = client
+        .query_one("SELECT schema_version FROM baton_server.meta", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(version, schema::SCHEMA_VERSION);
+    let term = take(&mut client, "a").await;
+    let store = PgLeaseStore::open(&pg, term, Duration::from_secs(5))
+        .await
+        .unwrap();
+    let stored = on_thread(move || store.load().unwrap()).await;
+    assert_eq!(stored.leases.len(), 1, "the old lease survives the upgrade");
+    assert_eq!(stored.leases[0].1.session, None);
+    assert_eq!(stored.leases[0].1.token.get(), T1);
+    assert!(stored.sessions.is_empty());
 }

@@ -1,9 +1,9 @@
 //! Durable lease state behind a narrow trait.
 //!
-//! The server persists three things: the position of the last issued token
-//! (epoch and counter), the held leases, and a format number. The trait is
-//! small on purpose so that another backend (PostgreSQL, etcd) can implement
-//! it and crash tests can wrap it.
+//! The server persists four things: the position of the last issued token
+//! (epoch and counter), the held leases, the open sessions, and a format
+//! number. The trait is small on purpose so that another backend
+//! (PostgreSQL, etcd) can implement it and crash tests can wrap it.
 #![warn(missing_docs)]
 
 mod identity;
@@ -13,7 +13,7 @@ mod redb_store;
 pub use identity::{Identity, StoreId};
 pub use redb_store::RedbStore;
 
-use baton_core::{Epoch, LeaseRecord, ResourceName, Write};
+use baton_core::{Epoch, LeaseRecord, ResourceName, SessionRecord, Write};
 
 /// Everything a restart needs.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -24,6 +24,8 @@ pub struct Stored {
     pub counter: u64,
     /// Every held lease, with its acquisition digest, token and TTL.
     pub leases: Vec<(ResourceName, LeaseRecord)>,
+    /// Every open session, with its digest and TTL.
+    pub sessions: Vec<SessionRecord>,
 }
 
 /// Where the engine makes lease state durable.

@@ -1,7 +1,8 @@
 use std::path::{Path, PathBuf};
 
 use baton_core::{
-    AcquisitionDigest, AcquisitionId, Epoch, FencingToken, LeaseRecord, ResourceName, Write,
+    AcquisitionDigest, AcquisitionId, Epoch, FencingToken, LeaseRecord, ResourceName,
+    SessionRecord, Write,
 };
 use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
 
@@ -11,11 +12,17 @@ use crate::{LeaseStore, StoreError, Stored};
 
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 const LEASES: TableDefinition<&str, &[u8]> = TableDefinition::new("leases");
+/// Open sessions: the session digest to its TTL in milliseconds. Created by
+/// the first session; a store without it has none.
+const SESSIONS: TableDefinition<&[u8], u64> = TableDefinition::new("sessions");
 /// Format 1 stored acquisition ids; format 2 stores their digests and a store id.
 const FORMAT: u64 = 2;
 const FORMAT_WITH_IDS: u64 = 1;
 const FILE_NAME: &str = "baton.redb";
 const LEASE_LEN_BYTES: usize = 32;
+/// A lease tied to a session: the record above, then the session's digest.
+/// Readers before sessions existed never meet one unless sessions were used.
+const BOUND_LEASE_LEN_BYTES: usize = 48;
 /// redb's page cache. Its default (1 GiB) would hold most of the file in
 /// memory next to the lease table, which already holds every lease: a grant
 /// only needs the pages on its path, and the kernel's page cache serves the
@@ -36,33 +43,42 @@ fn storage(e: impl std::fmt::Display) -> StoreError {
     StoreError::Storage(e.to_string())
 }
 
-fn encode(record: &LeaseRecord) -> [u8; LEASE_LEN_BYTES] {
-    let mut out = [0u8; LEASE_LEN_BYTES];
+fn encode(record: &LeaseRecord) -> ([u8; BOUND_LEASE_LEN_BYTES], usize) {
+    let mut out = [0u8; BOUND_LEASE_LEN_BYTES];
     out[..16].copy_from_slice(record.acquisition_digest.as_bytes());
     out[16..24].copy_from_slice(&record.token.get().to_be_bytes());
-    out[24..].copy_from_slice(&record.ttl_ms.to_be_bytes());
-    out
+    out[24..32].copy_from_slice(&record.ttl_ms.to_be_bytes());
+    match record.session {
+        Some(session) => {
+            out[32..].copy_from_slice(session.as_bytes());
+            (out, BOUND_LEASE_LEN_BYTES)
+        }
+        None => (out, LEASE_LEN_BYTES),
+    }
 }
 
 fn decode(name: &str, bytes: &[u8]) -> Result<(ResourceName, LeaseRecord), StoreError> {
     let corrupt = |what: String| StoreError::Corrupt(format!("lease {name:?}: {what}"));
     let resource = ResourceName::parse(name).map_err(|e| corrupt(e.to_string()))?;
-    if bytes.len() != LEASE_LEN_BYTES {
+    if bytes.len() != LEASE_LEN_BYTES && bytes.len() != BOUND_LEASE_LEN_BYTES {
         return Err(corrupt(format!(
-            "{} bytes, expected {LEASE_LEN_BYTES}",
+            "{} bytes, expected {LEASE_LEN_BYTES} or {BOUND_LEASE_LEN_BYTES}",
             bytes.len()
         )));
     }
     let digest = AcquisitionDigest::from_bytes(bytes[..16].try_into().expect("16 bytes"));
     let token = u64::from_be_bytes(bytes[16..24].try_into().expect("8 bytes"));
     let token = FencingToken::from_u64(token).map_err(|e| corrupt(e.to_string()))?;
-    let ttl_ms = u64::from_be_bytes(bytes[24..].try_into().expect("8 bytes"));
+    let ttl_ms = u64::from_be_bytes(bytes[24..32].try_into().expect("8 bytes"));
+    let session = (bytes.len() == BOUND_LEASE_LEN_BYTES)
+        .then(|| AcquisitionDigest::from_bytes(bytes[32..].try_into().expect("16 bytes")));
     Ok((
         resource,
         LeaseRecord {
             acquisition_digest: digest,
             token,
             ttl_ms,
+            session,
         },
     ))
 }
@@ -407,10 +423,31 @@ impl RedbStore {
             let (k, v) = entry.map_err(storage)?;
             leases.push(decode(k.value(), v.value())?);
         }
+        let mut sessions = Vec::new();
+        match txn.open_table(SESSIONS) {
+            Ok(table) => {
+                for entry in table.iter().map_err(storage)? {
+                    let (k, v) = entry.map_err(storage)?;
+                    let digest = <[u8; 16]>::try_from(k.value()).map_err(|_| {
+                        StoreError::Corrupt(format!(
+                            "a session key is {} bytes, expected 16",
+                            k.value().len()
+                        ))
+                    })?;
+                    sessions.push(SessionRecord {
+                        digest: AcquisitionDigest::from_bytes(digest),
+                        ttl_ms: v.value(),
+                    });
+                }
+            }
+            Err(redb::TableError::TableDoesNotExist(_)) => {}
+            Err(e) => return Err(storage(e)),
+        }
         Ok(Stored {
             epoch: meta.epoch,
             counter: meta.counter,
             leases,
+            sessions,
         })
     }
 
@@ -420,12 +457,30 @@ impl RedbStore {
         {
             let mut leases = txn.open_table(LEASES).map_err(storage)?;
             let mut meta = txn.open_table(META).map_err(storage)?;
+            let mut sessions = None;
             for write in writes {
                 match write {
                     Write::PutLease { resource, record } => {
+                        let (bytes, len) = encode(record);
                         leases
-                            .insert(resource.as_str(), &encode(record)[..])
+                            .insert(resource.as_str(), &bytes[..len])
                             .map_err(storage)?;
+                    }
+                    Write::PutSession { record } => {
+                        if sessions.is_none() {
+                            sessions = Some(txn.open_table(SESSIONS).map_err(storage)?);
+                        }
+                        let table = sessions.as_mut().expect("opened");
+                        table
+                            .insert(&record.digest.as_bytes()[..], record.ttl_ms)
+                            .map_err(storage)?;
+                    }
+                    Write::DeleteSession { digest } => {
+                        if sessions.is_none() {
+                            sessions = Some(txn.open_table(SESSIONS).map_err(storage)?);
+                        }
+                        let table = sessions.as_mut().expect("opened");
+                        table.remove(&digest.as_bytes()[..]).map_err(storage)?;
                     }
                     Write::DeleteLease { resource } => {
                         leases.remove(resource.as_str()).map_err(storage)?;

@@ -24,6 +24,7 @@ impl Default for MemStore {
                 epoch: Epoch::FIRST,
                 counter: 0,
                 leases: Vec::new(),
+                sessions: Vec::new(),
             })),
         }
     }
@@ -50,6 +51,11 @@ impl LeaseStore for MemStore {
                     d.leases.push((resource.clone(), record.clone()));
                 }
                 Write::DeleteLease { resource } => d.leases.retain(|(r, _)| r != resource),
+                Write::PutSession { record } => {
+                    d.sessions.retain(|s| s.digest != record.digest);
+                    d.sessions.push(*record);
+                }
+                Write::DeleteSession { digest } => d.sessions.retain(|s| s.digest != *digest),
                 Write::Tokens { epoch, counter } => {
                     d.epoch = *epoch;
                     d.counter = *counter;

@@ -11,6 +11,7 @@ fn lease(n: u8, counter: u64) -> (ResourceName, LeaseRecord) {
         acquisition_digest: AcquisitionId::from_bytes([n; 16]).digest(),
         token: FencingToken::new(Epoch::FIRST, counter).unwrap(),
         ttl_ms: 5_000,
+        session: None,
     };
     (ResourceName::parse(&format!("r{n}")).unwrap(), record)
 }
@@ -44,6 +45,57 @@ fn commits_survive_reopen_and_deletes_apply_in_order() {
     assert_eq!(stored.counter, 2);
     assert_eq!(stored.leases, vec![lease(2, 2)]);
     assert!(matches!(RedbStore::open(&d), Err(StoreError::InUse { .. })));
+    drop(s);
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn sessions_and_bound_leases_survive_reopen() {
+    let d = dir("sessions");
+    let s1 = AcquisitionId::from_bytes([41; 16]).digest();
+    let s2 = AcquisitionId::from_bytes([42; 16]).digest();
+    let (r1, mut l1) = lease(1, 1);
+    l1.session = Some(s1);
+    let (r2, l2) = lease(2, 2);
+    {
+        let mut s = RedbStore::open(&d).unwrap();
+        // Before the first session, a store has no session table at all.
+        assert!(s.load().unwrap().sessions.is_empty());
+        s.commit(&[
+            Write::PutSession {
+                record: SessionRecord {
+                    digest: s1,
+                    ttl_ms: 3_000,
+                },
+            },
+            Write::PutSession {
+                record: SessionRecord {
+                    digest: s2,
+                    ttl_ms: 4_000,
+                },
+            },
+            Write::PutLease {
+                resource: r1.clone(),
+                record: l1.clone(),
+            },
+            Write::PutLease {
+                resource: r2.clone(),
+                record: l2.clone(),
+            },
+            Write::DeleteSession { digest: s2 },
+        ])
+        .unwrap();
+    }
+    let s = RedbStore::open(&d).unwrap();
+    let stored = s.load().unwrap();
+    assert_eq!(
+        stored.sessions,
+        vec![SessionRecord {
+            digest: s1,
+            ttl_ms: 3_000
+        }]
+    );
+    assert_eq!(stored.leases, vec![(r1, l1), (r2, l2)]);
     drop(s);
     std::fs::remove_dir_all(&d).unwrap();
 }

@@ -1,0 +1,398 @@
+//! The session stream: many requests on one stream, answered by id.
+//!
+//! One task per stream reads requests, hands each to the engine and keeps
+//! its answer in flight; answers go out as they come, each only if the term
+//! that computed it still leads (as on the unary path). When the stream
+//! breaks, the session's waiting acquires are withdrawn, but the session
+//! itself lives on until its TTL runs out, so a client can resume it.
+
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::Ordering::Relaxed;
+
+use baton_core::{AcquireRequest, AcquisitionId, SessionDigest, SessionError, WaiterId};
+use baton_proto::v1::{self, session_request::Op, session_response::Body};
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use tokio::sync::{mpsc, oneshot};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use super::{
+    acquire_error, acquire_outcome, parse_acquisition_id, parse_resource, random_id,
+    release_message, renew_message, LeaseService, ResourcesField,
+};
+use crate::engine::Command;
+use crate::seat::Term;
+
+/// What the stream returns to tonic.
+pub type SessionStream = ReceiverStream<Result<v1::SessionResponse, Status>>;
+
+/// Answers buffered towards a client that reads slowly, before the
+/// session task waits for it.
+const OUTBOX_LEN: usize = 1_024;
+
+type Answer = Result<Body, Status>;
+type InFlight = Pin<Box<dyn Future<Output = (u64, Answer)> + Send>>;
+
+fn session_error(e: SessionError) -> Status {
+    match e {
+        SessionError::TooManySessions { .. } => Status::resource_exhausted(e.to_string()),
+        other => Status::invalid_argument(other.to_string()),
+    }
+}
+
+/// An answer from the engine, or the indeterminate error if it stopped.
+async fn answer<T>(rx: oneshot::Receiver<T>) -> Result<T, Status> {
+    rx.await.map_err(|_| {
+        Status::unavailable(
+            "the server could not complete the operation; it may or may not have taken effect",
+        )
+    })
+}
+
+fn request_error(status: &Status) -> Body {
+    Body::Error(v1::RequestError {
+        code: status.code() as i32,
+        message: status.message().to_string(),
+    })
+}
+
+impl LeaseService {
+    pub(super) async fn session_stream(
+        &self,
+        request: Request<Streaming<v1::SessionRequest>>,
+    ) -> Result<Response<SessionStream>, Status> {
+        let term = self.seat.term()?;
+        let mut inbound = request.into_inner();
+        let first = inbound.message().await?.ok_or_else(|| {
+            Status::invalid_argument("the stream ended before its `open` request")
+        })?;
+        let Some(Op::Open(open)) = first.op else {
+            return Err(Status::invalid_argument(
+                "the first request of a session stream must be `open`",
+            ));
+        };
+        let (out, rx) = mpsc::channel(OUTBOX_LEN);
+        let (digest, body) = self.open(&term, open).await?;
+        let ended = matches!(body, Body::Ended(_));
+        let _ = out
+            .send(Ok(v1::SessionResponse {
+                id: first.id,
+                body: Some(body),
+            }))
+            .await;
+        if !ended {
+            let stream = SessionTask {
+                service: self.clone(),
+                term,
+                digest,
+                out,
+                waits: HashMap::new(),
+                cancelled: HashSet::new(),
+                in_flight: HashSet::new(),
+                pending: FuturesUnordered::new(),
+            };
+            tokio::spawn(stream.run(inbound));
+        }
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
+    /// Opens a new session or resumes one; the answer to `open`.
+    async fn open(
+        &self,
+        term: &Term,
+        open: v1::OpenSession,
+    ) -> Result<(SessionDigest, Body), Status> {
+        if !open.resume.is_empty() {
+            let id = AcquisitionId::from_slice(&open.resume).ok_or_else(|| {
+                Status::invalid_argument(format!(
+                    "resume is {} bytes; a session id is exactly {} bytes",
+                    open.resume.len(),
+                    AcquisitionId::LEN_BYTES
+                ))
+            })?;
+            let digest = id.digest();
+            let ttl_ms = self
+                .call_on(term, |reply| Command::KeepAlive { digest, reply })
+                .await?;
+            let body = match ttl_ms {
+                Some(ttl_ms) => Body::Opened(v1::SessionOpened {
+                    session_id: id.as_bytes().to_vec(),
+                    ttl_ms,
+                    resumed: true,
+                }),
+                None => Body::Ended(v1::SessionEnded {}),
+            };
+            return Ok((digest, body));
+        }
+        let ttl_ms = if open.ttl_ms == 0 {
+            self.default_ttl_ms
+        } else {
+            open.ttl_ms
+        };
+        let id = random_id()?;
+        let digest = id.digest();
+        self.call_on(term, |reply| Command::OpenSession {
+            digest,
+            ttl_ms,
+            reply,
+        })
+        .await?
+        .map_err(session_error)?;
+        Ok((
+            digest,
+            Body::Opened(v1::SessionOpened {
+                session_id: id.as_bytes().to_vec(),
+                ttl_ms,
+                resumed: false,
+            }),
+        ))
+    }
+}
+
+struct SessionTask {
+    service: LeaseService,
+    term: Term,
+    digest: SessionDigest,
+    out: mpsc::Sender<Result<v1::SessionResponse, Status>>,
+    /// Acquires of this stream that may be waiting, by request id.
+    waits: HashMap<u64, WaiterId>,
+    /// Waiting acquires the client cancelled.
+    cancelled: HashSet<u64>,
+    /// Request ids not answered yet.
+    in_flight: HashSet<u64>,
+    pending: FuturesUnordered<InFlight>,
+}
+
+/// Whether the stream goes on after an answer.
+enum Next {
+    Continue,
+    Stop,
+}
+
+impl SessionTask {
+    async fn run(mut self, mut inbound: Streaming<v1::SessionRequest>) {
+        loop {
+            let next = tokio::select! {
+                message = inbound.message() => match message {
+                    Ok(Some(request)) => self.start(request).await,
+                    // The client finished or the connection broke.
+                    Ok(None) | Err(_) => Next::Stop,
+                },
+                Some((id, answer)) = self.pending.next(), if !self.pending.is_empty() => {
+                    self.finish(id, answer).await
+                }
+            };
+            if let Next::Stop = next {
+                break;
+            }
+        }
+        // The session lives on; only its waiters go (dropping their pending
+        // answers hands any grant that raced with this back to the engine).
+        for waiter in self.waits.values() {
+            self.term
+                .engine
+                .send(Command::CancelWait { waiter: *waiter });
+        }
+    }
+
+    /// Answers `id` with `body` (if the term still leads).
+    async fn send(&mut self, id: u64, body: Body) -> Next {
+        if let Err(status) = self.service.seat.confirm(&self.term) {
+            let _ = self.out.send(Err(status)).await;
+            return Next::Stop;
+        }
+        let stop = matches!(body, Body::Ended(_) | Body::Closed(_));
+        let sent = self
+            .out
+            .send(Ok(v1::SessionResponse {
+                id,
+                body: Some(body),
+            }))
+            .await;
+        if stop || sent.is_err() {
+            Next::Stop
+        } else {
+            Next::Continue
+        }
+    }
+
+    /// Sends the request to the engine and keeps its answer in flight.
+    async fn start(&mut self, request: v1::SessionRequest) -> Next {
+        let id = request.id;
+        let Some(op) = request.op else {
+            return self
+                .send(
+                    id,
+                    request_error(&Status::invalid_argument("the request has no operation")),
+                )
+                .await;
+        };
+        if !self.in_flight.insert(id) {
+            return self
+                .send(
+                    id,
+                    request_error(&Status::invalid_argument(format!(
+                        "request id {id} is already in use by a request waiting for its answer"
+                    ))),
+                )
+                .await;
+        }
+        if let Op::Open(_) = op {
+            let status = Status::invalid_argument(
+                "a second `open` on a session stream: open a new stream for another session",
+            );
+            let _ = self.out.send(Err(status)).await;
+            return Next::Stop;
+        }
+        match self.dispatch(id, op) {
+            Ok(future) => {
+                self.pending.push(future);
+                Next::Continue
+            }
+            Err(status) => {
+                self.in_flight.remove(&id);
+                self.send(id, request_error(&status)).await
+            }
+        }
+    }
+
+    fn dispatch(&mut self, id: u64, op: Op) -> Result<InFlight, Status> {
+        let digest = self.digest;
+        let engine = &self.term.engine;
+        let ask = |make: Box<dyn FnOnce() -> Command>| -> Result<(), Status> {
+            if engine.send(make()) {
+                Ok(())
+            } else {
+                Err(Status::unavailable(
+                    "the server is shutting down or its leadership just ended; nothing was done",
+                ))
+            }
+        };
+        match op {
+            Op::Open(_) => unreachable!("refused by `start`"),
+            Op::Heartbeat(_) => {
+                let (reply, rx) = oneshot::channel();
+                ask(Box::new(move || Command::KeepAlive { digest, reply }))?;
+                Ok(Box::pin(async move {
+                    let body = answer(rx).await.map(|ttl_ms| match ttl_ms {
+                        Some(remaining_ms) => Body::Heartbeat(v1::HeartbeatAck { remaining_ms }),
+                        None => Body::Ended(v1::SessionEnded {}),
+                    });
+                    (id, body)
+                }))
+            }
+            Op::Close(_) => {
+                let (reply, rx) = oneshot::channel();
+                ask(Box::new(move || Command::CloseSession { digest, reply }))?;
+                Ok(Box::pin(async move {
+                    let body = answer(rx)
+                        .await
+                        .map(|was_open| Body::Closed(v1::SessionClosed { was_open }));
+                    (id, body)
+                }))
+            }
+            Op::Renew(r) => {
+                let resource = parse_resource("renew.resource", &r.resource)?;
+                let acquisition = parse_acquisition_id(&r.acquisition_id)?;
+                let (reply, rx) = oneshot::channel();
+                ask(Box::new(move || Command::Renew {
+                    resource,
+                    id: acquisition,
+                    reply,
+                }))?;
+                Ok(Box::pin(async move {
+                    (id, answer(rx).await.map(|o| Body::Renew(renew_message(o))))
+                }))
+            }
+            Op::Release(r) => {
+                let resource = parse_resource("release.resource", &r.resource)?;
+                let acquisition = parse_acquisition_id(&r.acquisition_id)?;
+                let (reply, rx) = oneshot::channel();
+                ask(Box::new(move || Command::Release {
+                    resource,
+                    id: acquisition,
+                    reply,
+                }))?;
+                Ok(Box::pin(async move {
+                    (
+                        id,
+                        answer(rx).await.map(|o| Body::Release(release_message(o))),
+                    )
+                }))
+            }
+            Op::Cancel(c) => {
+                let withdrawn = match self.waits.get(&c.acquire_id) {
+                    Some(waiter) => {
+                        self.cancelled.insert(c.acquire_id);
+                        engine.send(Command::CancelWait { waiter: *waiter });
+                        true
+                    }
+                    None => false,
+                };
+                Ok(Box::pin(async move {
+                    (id, Ok(Body::Cancel(v1::CancelWaitResponse { withdrawn })))
+                }))
+            }
+            Op::Acquire(a) => {
+                self.service.metrics.acquire_requests.inc();
+                let mut claims = Vec::with_capacity(a.resources.len());
+                for (i, raw) in a.resources.iter().enumerate() {
+                    claims.push((parse_resource(ResourcesField(i), raw)?, random_id()?));
+                }
+                let bound = a.ttl_ms == 0;
+                let waiter = WaiterId(self.service.next_waiter.fetch_add(1, Relaxed));
+                let request = AcquireRequest {
+                    claims,
+                    ttl_ms: a.ttl_ms,
+                    wait_ms: a.wait_ms,
+                    waiter,
+                    session: bound.then_some(digest),
+                };
+                let (reply, rx) = oneshot::channel();
+                ask(Box::new(move || Command::Acquire { request, reply }))?;
+                if a.wait_ms > 0 {
+                    self.waits.insert(id, waiter);
+                }
+                Ok(Box::pin(async move {
+                    let body = match rx.await {
+                        Ok(Ok(reply)) => Ok(Body::Acquire(v1::AcquireResponse {
+                            outcome: Some(acquire_outcome(reply, bound)),
+                        })),
+                        Ok(Err(e)) => Ok(request_error(&acquire_error(e))),
+                        // Cancelled (see `finish`) or the engine stopped.
+                        Err(_) => Err(Status::cancelled("")),
+                    };
+                    (id, body)
+                }))
+            }
+        }
+    }
+
+    async fn finish(&mut self, id: u64, answer: Answer) -> Next {
+        self.in_flight.remove(&id);
+        self.waits.remove(&id);
+        let was_cancelled = self.cancelled.remove(&id);
+        match answer {
+            Ok(body) => self.send(id, body).await,
+            Err(s) if s.code() == tonic::Code::Cancelled && was_cancelled => {
+                let body = Body::Acquire(not_acquired(v1::not_acquired::Reason::Cancelled));
+                self.send(id, body).await
+            }
+            Err(_) => {
+                let status = Status::unavailable(
+                    "the server could not complete the operation; it may or may not have taken effect",
+                );
+                let _ = self.out.send(Err(status)).await;
+                Next::Stop
+            }
+        }
+    }
+}
+
+fn not_acquired(reason: v1::not_acquired::Reason) -> v1::AcquireResponse {
+    v1::AcquireResponse {
+        outcome: Some(super::not_acquired(reason)),
+    }
+}
