@@ -1,7 +1,9 @@
 //! Crash test: concurrent acquirers while the server is killed with SIGKILL
 //! and restarted, over and over. Afterwards every token returned for a
 //! resource is unique and ordered consistently with real time, and no lease
-//! that its holder abandoned was granted again within one TTL.
+//! that its holder abandoned was granted again within one TTL. Half of the
+//! acquirers hold their leases on sessions: they resume their session after
+//! each restart, and abandon it (no close, no heartbeat) to abandon a lease.
 
 mod common;
 
@@ -23,6 +25,8 @@ struct Grant {
     received: Instant,
     /// The holder gave it up on purpose (a crashed worker never releases).
     abandoned: bool,
+    /// Held on a session (else with its own TTL).
+    on_session: bool,
 }
 
 use baton_client::rng::Rng;
@@ -79,6 +83,7 @@ async fn worker(
                     sent,
                     received,
                     abandoned,
+                    on_session: false,
                 });
                 if !abandoned {
                     tokio::time::sleep(Duration::from_millis(rng.below(10))).await;
@@ -99,6 +104,108 @@ async fn worker(
     }
 }
 
+/// Like `worker`, with leases tied to a session of `TTL` that lives across
+/// restarts (resumed by the client) until it is abandoned or ends.
+async fn session_worker(
+    url: String,
+    id: u64,
+    seed: u64,
+    stop: Arc<AtomicBool>,
+    history: Arc<Mutex<Vec<Grant>>>,
+    counts: Arc<Mutex<SessionCounts>>,
+) {
+    let mut rng = Rng::new(seed ^ (id + 101).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    let mut session: Option<baton_client::Session> = None;
+    while !stop.load(Ordering::Relaxed) {
+        let s = match &session {
+            Some(s) if s.state().health != baton_client::Health::Ended => s.clone(),
+            _ => {
+                let opened = match Client::connect(&url).await {
+                    Ok(c) => {
+                        c.with_rpc_timeout(Duration::from_secs(2))
+                            .open_session(TTL)
+                            .await
+                    }
+                    Err(e) => Err(e),
+                };
+                match opened {
+                    Ok(s) => {
+                        counts.lock().unwrap().opened += 1;
+                        session.insert(s).clone()
+                    }
+                    Err(_) => {
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                        continue;
+                    }
+                }
+            }
+        };
+        let resource = rng.below(RESOURCES as u64) as usize;
+        let name = format!("crash:{resource}");
+        let wait = if rng.below(2) == 0 {
+            Duration::ZERO
+        } else {
+            Duration::from_millis(150)
+        };
+        let sent = Instant::now();
+        match s.acquire(&name, wait).await {
+            Ok(Acquired::Granted(lease)) => {
+                let received = Instant::now();
+                let abandoned = rng.below(3) == 0;
+                history.lock().unwrap().push(Grant {
+                    resource,
+                    token: lease.token.get(),
+                    sent,
+                    received,
+                    abandoned,
+                    on_session: true,
+                });
+                if abandoned {
+                    // As a crashed process: the session (and the lease) end
+                    // one TTL after the last heartbeat, which is no earlier
+                    // than this acquire (an acquire is a heartbeat).
+                    s.abandon();
+                    counts.lock().unwrap().abandoned += 1;
+                    session = None;
+                } else {
+                    tokio::time::sleep(Duration::from_millis(rng.below(10))).await;
+                    match s.release(&name, &lease.acquisition_id).await {
+                        Ok(Release::NotHeld) | Err(baton_client::ClientError::SessionEnded) => {
+                            // Only if the session went a TTL without a heartbeat
+                            // reaching the server (a slow restart), after `sent`.
+                            assert!(
+                                sent.elapsed() >= TTL,
+                                "lease {} lost before its TTL",
+                                lease.token
+                            );
+                            counts.lock().unwrap().ended += 1;
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            Ok(Acquired::NotAcquired(_)) => {}
+            Err(baton_client::ClientError::SessionEnded) => {
+                counts.lock().unwrap().ended += 1;
+                session = None;
+            }
+            Err(_) => {}
+        }
+    }
+    if let Some(s) = session {
+        let beats = s.state().beats;
+        counts.lock().unwrap().beats += beats;
+    }
+}
+
+#[derive(Debug, Default)]
+struct SessionCounts {
+    opened: u64,
+    abandoned: u64,
+    ended: u64,
+    beats: u64,
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokens_stay_ordered_and_exclusive_across_sigkill() {
     let kills: usize = std::env::var("BATON_CRASH_KILLS")
@@ -112,9 +219,20 @@ async fn tokens_stay_ordered_and_exclusive_across_sigkill() {
     let url = server.url();
     let stop = Arc::new(AtomicBool::new(false));
     let history = Arc::new(Mutex::new(Vec::new()));
-    let workers: Vec<_> = (0..4)
+    let counts = Arc::new(Mutex::new(SessionCounts::default()));
+    let mut workers: Vec<_> = (0..3)
         .map(|id| tokio::spawn(worker(url.clone(), id, seed, stop.clone(), history.clone())))
         .collect();
+    workers.extend((0..3).map(|id| {
+        tokio::spawn(session_worker(
+            url.clone(),
+            id,
+            seed,
+            stop.clone(),
+            history.clone(),
+            counts.clone(),
+        ))
+    }));
     let killer = tokio::task::spawn_blocking(move || {
         let mut server = server;
         let mut rng = Rng::new(seed);
@@ -150,7 +268,7 @@ async fn tokens_stay_ordered_and_exclusive_across_sigkill() {
                 // a was held for a full TTL from its grant, which came after a.sent.
                 assert!(
                     b.received >= a.sent + TTL,
-                    "resource {resource}: token {} granted {:?} after abandoned token {} was requested (TTL {TTL:?})",
+                    "resource {resource}: token {} granted {:?} after abandoned token {} was requested (TTL {TTL:?}): {a:?} then {b:?}",
                     b.token,
                     b.received - a.sent,
                     a.token
@@ -171,9 +289,14 @@ async fn tokens_stay_ordered_and_exclusive_across_sigkill() {
             latest_sent = Some(latest_sent.map_or(g.sent, |s: Instant| s.max(g.sent)));
         }
     }
+    let counts = counts.lock().unwrap();
     println!(
-        "crash test: {kills} SIGKILLs, {} grants, {checked_abandoned} abandoned leases checked for exclusion",
+        "crash test: {kills} SIGKILLs, {} grants, {checked_abandoned} abandoned leases checked for exclusion; sessions: {counts:?}",
         history.len()
+    );
+    assert!(
+        counts.abandoned > 0,
+        "no session was abandoned holding a lease"
     );
     assert!(
         history.len() >= kills,

@@ -87,10 +87,10 @@ async fn acquisition_backs_off_until_the_resource_frees() {
     else {
         panic!()
     };
-    let mut c = Client::connect(&s.url()).await.unwrap();
+    let c = Client::connect(&s.url()).await.unwrap();
     let mut backoff = Backoff::new(Duration::from_millis(10), Duration::from_millis(100));
-    let (leases, _sent_at) = acquire_with_backoff(
-        &mut c,
+    let (leases, _sent_at, _session) = acquire_with_backoff(
+        &c,
         &["job:busy"],
         Duration::from_secs(5),
         Duration::from_secs(10),
@@ -102,7 +102,7 @@ async fn acquisition_backs_off_until_the_resource_frees() {
     assert!(leases[0].token > held.token);
     let mut none = Backoff::new(Duration::from_millis(10), Duration::from_millis(20));
     let gave_up = acquire_with_backoff(
-        &mut holder,
+        &holder,
         &["job:busy"],
         Duration::from_secs(5),
         Duration::from_millis(100),

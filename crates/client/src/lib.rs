@@ -24,6 +24,7 @@
 pub mod flags;
 pub mod rng;
 mod servers;
+mod session;
 
 use std::time::Duration;
 
@@ -37,6 +38,7 @@ pub mod worker;
 
 pub use baton_core;
 pub use baton_proto::v1::Snapshot;
+pub use session::{Health, Session, SessionState};
 
 /// Time allowed for a request beyond any server-side wait it asks for.
 const RPC_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
@@ -67,6 +69,10 @@ pub enum ClientError {
     /// The server answered something this client does not understand.
     #[error("protocol error: {0}")]
     Protocol(String),
+    /// The session is not open (it expired or was closed): nothing was
+    /// done, and every lease tied to it has ended.
+    #[error("the session has ended (it expired or was closed); its leases have ended with it")]
+    SessionEnded,
 }
 
 impl ClientError {
@@ -244,6 +250,80 @@ fn lease(l: v1::Lease) -> Result<Lease, ClientError> {
     })
 }
 
+/// An acquire's answer for `n_resources` resources.
+fn acquired_all(
+    response: v1::AcquireResponse,
+    n_resources: usize,
+) -> Result<AcquiredAll, ClientError> {
+    use v1::not_acquired::Reason;
+    match response.outcome {
+        Some(v1::acquire_response::Outcome::Granted(g)) => {
+            if g.leases.len() != n_resources {
+                return Err(ClientError::Protocol(format!(
+                    "{} leases for {n_resources} resources",
+                    g.leases.len(),
+                )));
+            }
+            let leases = g.leases.into_iter().map(lease).collect::<Result<_, _>>()?;
+            Ok(AcquiredAll::Granted {
+                leases,
+                after_wait: g.after_wait,
+            })
+        }
+        Some(v1::acquire_response::Outcome::NotAcquired(n))
+            if n.reason() == Reason::SessionEnded =>
+        {
+            Err(ClientError::SessionEnded)
+        }
+        Some(v1::acquire_response::Outcome::NotAcquired(n)) => {
+            Ok(AcquiredAll::NotAcquired(NotAcquired {
+                timed_out: n.reason() == Reason::TimedOut,
+                resource: (!n.resource.is_empty()).then_some(n.resource),
+                holder_token: optional_token(n.holder_token)?,
+            }))
+        }
+        None => Err(ClientError::Protocol(
+            "acquire response without an outcome".into(),
+        )),
+    }
+}
+
+fn renewal(r: v1::RenewResponse) -> Result<Renewal, ClientError> {
+    Ok(if r.renewed {
+        Renewal::Renewed {
+            token: token(r.token)?,
+            remaining: Duration::from_millis(r.remaining_ms),
+        }
+    } else {
+        Renewal::NotOwner
+    })
+}
+
+fn release(r: v1::ReleaseResponse) -> Result<Release, ClientError> {
+    Ok(if r.released {
+        Release::Released {
+            token: token(r.token)?,
+        }
+    } else {
+        Release::NotHeld
+    })
+}
+
+impl Acquired {
+    /// The single lease of a one-resource answer.
+    fn from_all(all: AcquiredAll) -> Result<Self, ClientError> {
+        Ok(match all {
+            AcquiredAll::Granted { mut leases, .. } => {
+                let one = leases
+                    .pop()
+                    .ok_or_else(|| ClientError::Protocol("granted without a lease".into()))?;
+                Acquired::Granted(one)
+            }
+            AcquiredAll::NotAcquired(n) => Acquired::NotAcquired(n),
+        })
+    }
+}
+
 fn status(s: v1::StatusResponse) -> Result<Status, ClientError> {
     Ok(Status {
         holder_token: if s.held {
@@ -264,6 +344,8 @@ fn status(s: v1::StatusResponse) -> Result<Status, ClientError> {
 pub struct Client {
     servers: std::sync::Arc<Servers>,
     rpc_timeout: Duration,
+    /// Sessions shared by clones, by TTL in milliseconds (see [`Client::session`]).
+    sessions: std::sync::Arc<tokio::sync::Mutex<std::collections::HashMap<u64, Session>>>,
 }
 
 impl Client {
@@ -308,6 +390,7 @@ impl Client {
                 state: std::sync::Mutex::new(ServersState { current, channels }),
             }),
             rpc_timeout: RPC_TIMEOUT_DEFAULT,
+            sessions: Default::default(),
         })
     }
 
@@ -405,15 +488,7 @@ impl Client {
         ttl: Duration,
         wait: Duration,
     ) -> Result<Acquired, ClientError> {
-        Ok(match self.acquire_all(&[resource], ttl, wait).await? {
-            AcquiredAll::Granted { mut leases, .. } => {
-                let one = leases
-                    .pop()
-                    .ok_or_else(|| ClientError::Protocol("granted without a lease".into()))?;
-                Acquired::Granted(one)
-            }
-            AcquiredAll::NotAcquired(n) => Acquired::NotAcquired(n),
-        })
+        Acquired::from_all(self.acquire_all(&[resource], ttl, wait).await?)
     }
 
     /// Acquires every resource or none, in one request, without deadlock
@@ -432,32 +507,7 @@ impl Client {
         let response = self
             .call(message, wait, |mut c, r| async move { c.acquire(r).await })
             .await?;
-        match response.outcome {
-            Some(v1::acquire_response::Outcome::Granted(g)) => {
-                if g.leases.len() != resources.len() {
-                    return Err(ClientError::Protocol(format!(
-                        "{} leases for {} resources",
-                        g.leases.len(),
-                        resources.len()
-                    )));
-                }
-                let leases = g.leases.into_iter().map(lease).collect::<Result<_, _>>()?;
-                Ok(AcquiredAll::Granted {
-                    leases,
-                    after_wait: g.after_wait,
-                })
-            }
-            Some(v1::acquire_response::Outcome::NotAcquired(n)) => {
-                Ok(AcquiredAll::NotAcquired(NotAcquired {
-                    timed_out: n.reason() == v1::not_acquired::Reason::TimedOut,
-                    resource: (!n.resource.is_empty()).then_some(n.resource),
-                    holder_token: optional_token(n.holder_token)?,
-                }))
-            }
-            None => Err(ClientError::Protocol(
-                "acquire response without an outcome".into(),
-            )),
-        }
+        acquired_all(response, resources.len())
     }
 
     /// Extends the lease by its TTL if `id` still holds it; "not owner" otherwise (nothing is extended).
@@ -475,14 +525,7 @@ impl Client {
                 c.renew(r).await
             })
             .await?;
-        Ok(if r.renewed {
-            Renewal::Renewed {
-                token: token(r.token)?,
-                remaining: Duration::from_millis(r.remaining_ms),
-            }
-        } else {
-            Renewal::NotOwner
-        })
+        renewal(r)
     }
 
     /// Gives the lease back if `id` holds it; an old or wrong id changes nothing.
@@ -500,13 +543,7 @@ impl Client {
                 c.release(r).await
             })
             .await?;
-        Ok(if r.released {
-            Release::Released {
-                token: token(r.token)?,
-            }
-        } else {
-            Release::NotHeld
-        })
+        release(r)
     }
 
     /// Holder token, remaining TTL and waiters of a resource.

@@ -11,6 +11,13 @@
 //! clock, not from the last known state, so a process that was paused (GC,
 //! SIGSTOP) and wakes past its deadline finds itself lost before it can start
 //! an effect, even if the renew task has not run since.
+//!
+//! Over a [`Session`] (the default of [`run_guarded`] and
+//! [`acquire_with_backoff`]), a lease tied to the session is not renewed
+//! at all: the keeper follows the session's heartbeats, and its safe-until
+//! is the send time of the last acknowledged heartbeat plus the session TTL
+//! minus the margin, with the same guarantee. A fence of the lease is
+//! reported on the next heartbeat and makes the keeper lose it.
 
 use std::future::Future;
 use std::hash::{BuildHasher, Hasher};
@@ -23,7 +30,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::{Acquired, Client, ClientError, Lease, Renewal};
+use crate::{Acquired, Client, ClientError, Lease, Renewal, Session};
 
 /// What the keeper knows about its lease.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -354,8 +361,12 @@ pub enum Guarded<T> {
 }
 
 /// Acquires `resource` (waiting up to `wait` on the server), runs `work`
-/// with a [`Guard`] while a [`Keeper`] renews the lease, stops the work if
+/// with a [`Guard`] while a [`Keeper`] keeps the lease, stops the work if
 /// the lease is lost, and releases the lease at the end (best effort).
+///
+/// The lease is tied to the client's shared session for `ttl`
+/// ([`Client::session`]): it needs no renewals of its own, and it expires
+/// `ttl` after the session's last heartbeat reached the server.
 pub async fn run_guarded<F, Fut, T>(
     client: &Client,
     resource: &str,
@@ -368,13 +379,13 @@ where
     F: FnOnce(Guard) -> Fut,
     Fut: Future<Output = T>,
 {
-    let mut c = client.clone();
+    let session = client.session(ttl).await?;
     let sent_at = Instant::now();
-    let lease = match c.acquire(resource, ttl, wait).await? {
+    let lease = match session.acquire(resource, wait).await? {
         Acquired::Granted(lease) => lease,
         Acquired::NotAcquired(_) => return Ok(Guarded::NotAcquired),
     };
-    let keeper = Keeper::start(client.clone(), lease, sent_at, config);
+    let keeper = Keeper::start(session.clone(), lease, sent_at, config);
     let cancel = keeper.cancellation();
     let outcome = tokio::select! {
         biased;
@@ -382,7 +393,10 @@ where
         value = work(keeper.guard()) => Some(value),
     };
     let lease = keeper.stop();
-    if let Err(e) = c.release(&lease.resource, &lease.acquisition_id).await {
+    if let Err(e) = session
+        .release(&lease.resource, &lease.acquisition_id)
+        .await
+    {
         tracing::info!(resource = %lease.resource, token = %lease.token, error = %e, "release failed; the lease will expire");
     }
     Ok(match outcome {
@@ -393,20 +407,24 @@ where
 
 /// Tries to acquire every resource in `resources` (all or nothing) until
 /// `budget` runs out, sleeping with exponential backoff and full jitter
-/// between attempts. Returns the leases and the instant the successful
-/// request was sent (for [`Keeper::start`]), or `None` if the budget ran out.
+/// between attempts. The leases are tied to the client's shared session for
+/// `ttl`. Returns them with the instant the successful request was sent and
+/// the session (for [`Keeper::start`]), or `None` if the budget ran out.
 pub async fn acquire_with_backoff(
-    client: &mut Client,
+    client: &Client,
     resources: &[&str],
     ttl: Duration,
     budget: Duration,
     backoff: &mut Backoff,
-) -> Result<Option<(Vec<Lease>, Instant)>, ClientError> {
+) -> Result<Option<(Vec<Lease>, Instant, Session)>, ClientError> {
     let deadline = Instant::now() + budget;
+    let session = client.session(ttl).await?;
     loop {
         let sent_at = Instant::now();
-        match client.acquire_all(resources, ttl, Duration::ZERO).await? {
-            crate::AcquiredAll::Granted { leases, .. } => return Ok(Some((leases, sent_at))),
+        match session.acquire_all(resources, Duration::ZERO).await? {
+            crate::AcquiredAll::Granted { leases, .. } => {
+                return Ok(Some((leases, sent_at, session)))
+            }
             crate::AcquiredAll::NotAcquired(_) => {
                 let delay = backoff.next_delay();
                 if Instant::now() + delay >= deadline {

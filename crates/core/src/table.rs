@@ -13,9 +13,9 @@ mod types;
 use state::{Lease, Queue, ResourceState, Session, Timer, Waiter};
 
 pub use types::{
-    AcquireError, AcquireOutcome, AcquireRequest, Effects, Event, FenceOutcome, Grant, LeaseRecord,
-    LeaseStatus, Limits, MonoMs, NotAcquired, ReleaseOutcome, RenewOutcome, SessionError,
-    SessionRecord, WaitResult, Write,
+    AcquireError, AcquireOutcome, AcquireRequest, Effects, Event, FenceOutcome, Grant, KeptAlive,
+    LeaseRecord, LeaseStatus, Limits, MonoMs, NotAcquired, ReleaseOutcome, RenewOutcome,
+    SessionError, SessionRecord, WaitResult, Write,
 };
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -191,11 +191,13 @@ impl LeaseTable {
     ) -> Result<AcquireOutcome, AcquireError> {
         self.tick(now);
         self.validate(&request)?;
+        // An acquire on a session counts as its heartbeat, so a lease tied
+        // to it is held a full session TTL from the request at least.
         let ttl_ms = match request.session {
-            Some(digest) => match self.sessions.get(&digest) {
-                Some(session) => session.ttl_ms,
-                None => return Err(AcquireError::SessionNotOpen),
-            },
+            Some(digest) if self.sessions.contains_key(&digest) => {
+                self.refresh_session(now, digest)
+            }
+            Some(_) => return Err(AcquireError::SessionNotOpen),
             None => request.ttl_ms,
         };
         let blocker = request.claims.iter().find_map(|(resource, _)| {
@@ -556,7 +558,19 @@ impl LeaseTable {
     /// every earlier grant, so the next holder's token is higher still.
     pub fn fence(&mut self, now: MonoMs, resource: &ResourceName) -> FenceOutcome {
         self.tick(now);
+        let session = self
+            .resources
+            .get(resource)
+            .and_then(|s| s.lease.as_ref())
+            .and_then(|l| l.session);
         let revoked = self.drop_lease(resource);
+        if let (Some(digest), Some(token)) = (session, revoked) {
+            let s = self
+                .sessions
+                .get_mut(&digest)
+                .expect("bound to an open session");
+            s.revoked.push((resource.clone(), token));
+        }
         let token = self.issue_token();
         self.effects.events.push(Event::Fenced {
             resource: resource.clone(),

@@ -19,8 +19,8 @@ use std::time::{Duration, Instant};
 
 use baton_core::{
     AcquireError, AcquireOutcome, AcquireRequest, AcquisitionId, Event, FenceOutcome, Grant,
-    LeaseStatus, LeaseTable, MonoMs, NotAcquired, ReleaseOutcome, RenewOutcome, ResourceName,
-    SessionDigest, SessionError, WaitResult, WaiterId, Write,
+    KeptAlive, LeaseStatus, LeaseTable, MonoMs, NotAcquired, ReleaseOutcome, RenewOutcome,
+    ResourceName, SessionDigest, SessionError, WaitResult, WaiterId, Write,
 };
 use baton_store::{LeaseStore, StoreError, Stored};
 use tokio::sync::oneshot;
@@ -89,10 +89,11 @@ pub enum Command {
         ttl_ms: u64,
         reply: Reply<Result<(), SessionError>>,
     },
-    /// A heartbeat: the session's TTL, or `None` if it is not open.
+    /// A heartbeat: the session's TTL and revoked leases, or `None` if it
+    /// is not open.
     KeepAlive {
         digest: SessionDigest,
-        reply: Reply<Option<u64>>,
+        reply: Reply<Option<KeptAlive>>,
     },
     /// Whether the session was open (it is closed now either way).
     CloseSession {

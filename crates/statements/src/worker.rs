@@ -190,14 +190,15 @@ async fn process(
     date: &str,
 ) -> Result<()> {
     let resource = resource(account, date);
-    let mut c = client.clone();
+    // The lease is tied to the client's session: its heartbeat keeps it.
+    let session = client.session(cfg.ttl).await?;
     let sent_at = Instant::now();
-    let lease = match c.acquire(&resource, cfg.ttl, Duration::ZERO).await? {
+    let lease = match session.acquire(&resource, Duration::ZERO).await? {
         Acquired::Granted(lease) => lease,
         Acquired::NotAcquired(_) => return Ok(()),
     };
     let keeper = Keeper::start(
-        client.clone(),
+        session.clone(),
         lease.clone(),
         sent_at,
         KeeperConfig::default(),
@@ -219,6 +220,8 @@ async fn process(
     let result = attempt.run(db).await;
     let lease = keeper.stop();
     // Best effort: a lost release only delays the next worker by one TTL.
-    let _ = c.release(&lease.resource, &lease.acquisition_id).await;
+    let _ = session
+        .release(&lease.resource, &lease.acquisition_id)
+        .await;
     result
 }

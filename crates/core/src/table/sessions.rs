@@ -7,7 +7,9 @@
 //! no grant ever goes to a session that has ended.
 
 use super::Write;
-use super::{Event, LeaseTable, MonoMs, Session, SessionError, SessionRecord, Timer, WaitResult};
+use super::{
+    Event, KeptAlive, LeaseTable, MonoMs, Session, SessionError, SessionRecord, Timer, WaitResult,
+};
 use crate::SessionDigest;
 
 impl LeaseTable {
@@ -56,18 +58,26 @@ impl LeaseTable {
                 expires_at,
                 leases: Default::default(),
                 waiters: Default::default(),
+                revoked: Vec::new(),
             },
         );
     }
 
     /// A heartbeat: extends the session by its TTL from `now` and returns
-    /// that TTL, or `None` if the session is not open (it expired or was
-    /// closed; nothing is extended or recreated).
-    pub fn keep_alive(&mut self, now: MonoMs, digest: SessionDigest) -> Option<u64> {
+    /// that TTL with the session's leases fenced since the last heartbeat,
+    /// or `None` if the session is not open (it expired or was closed;
+    /// nothing is extended or recreated).
+    pub fn keep_alive(&mut self, now: MonoMs, digest: SessionDigest) -> Option<KeptAlive> {
         self.tick(now);
-        self.sessions
-            .contains_key(&digest)
-            .then(|| self.refresh_session(now, digest))
+        if !self.sessions.contains_key(&digest) {
+            return None;
+        }
+        let ttl_ms = self.refresh_session(now, digest);
+        let session = self.sessions.get_mut(&digest).expect("checked");
+        Some(KeptAlive {
+            ttl_ms,
+            revoked: std::mem::take(&mut session.revoked),
+        })
     }
 
     /// Moves an open session's expiry to a full TTL from `now`.

@@ -28,6 +28,9 @@ pub(super) struct Session {
     pub(super) expires_at: MonoMs,
     pub(super) leases: BTreeSet<ResourceName>,
     pub(super) waiters: BTreeSet<WaiterId>,
+    /// Leases of this session fenced since its last heartbeat: the next
+    /// heartbeat's answer tells the client (bounded by the session's leases).
+    pub(super) revoked: Vec<(ResourceName, FencingToken)>,
 }
 
 /// A resource's waiters, FIFO. Most resources never have one, so the queue

@@ -757,6 +757,11 @@ impl Harness {
                     self.drain();
                     return;
                 }
+                if let Some(d) = session.filter(|_| out.is_ok()) {
+                    // An acquire on a session is also its heartbeat.
+                    let s = self.sessions.get_mut(&d).unwrap();
+                    s.expires_at = self.now + s.ttl_ms;
+                }
                 match out.unwrap() {
                     AcquireOutcome::Granted(grants) => {
                         self.drain();
@@ -921,7 +926,7 @@ impl Harness {
                 let Some(id) = self.session else { return };
                 let d = id.digest();
                 let expect = self.session_live(&d);
-                let out = self.table.keep_alive(now, d);
+                let out = self.table.keep_alive(now, d).map(|k| k.ttl_ms);
                 assert_eq!(out.is_some(), expect, "keep-alive at {}", self.now);
                 if expect {
                     let s = self.sessions.get_mut(&d).unwrap();
@@ -993,12 +998,17 @@ fn session_leases_live_by_heartbeat_and_end_together() {
     ));
     // Heartbeats keep every bound lease, with no renewal of its own.
     for at in [2_000, 4_000, 6_000] {
-        assert_eq!(t.keep_alive(MonoMs(at), s), Some(3_000));
+        assert_eq!(t.keep_alive(MonoMs(at), s).map(|k| k.ttl_ms), Some(3_000));
     }
     assert_eq!(t.status(MonoMs(7_000), &name("a")).remaining_ms, 2_000);
+    // A fenced bound lease is reported once, on the next heartbeat.
+    let fenced = t.fence(MonoMs(7_000), &name("b"));
+    let kept = t.keep_alive(MonoMs(7_000), s).unwrap();
+    assert_eq!(kept.revoked, vec![(name("b"), fenced.revoked.unwrap())]);
+    assert!(t.keep_alive(MonoMs(7_000), s).unwrap().revoked.is_empty());
     t.take_effects();
-    // Silence: the session ends at 9_000, its waiter first, then its leases.
-    t.tick(MonoMs(9_000));
+    // Silence: the session ends at 10_000, its waiter first, then its leases.
+    t.tick(MonoMs(10_000));
     let fx = t.take_effects();
     assert!(fx.woken.contains(&(WaiterId(8), WaitResult::SessionEnded)));
     assert!(fx
@@ -1006,10 +1016,16 @@ fn session_leases_live_by_heartbeat_and_end_together() {
         .iter()
         .any(|(w, r)| *w == WaiterId(7) && matches!(r, WaitResult::Granted(_))));
     assert!(fx.writes.contains(&Write::DeleteSession { digest: s }));
-    assert_eq!(t.keep_alive(MonoMs(9_000), s), None);
+    assert_eq!(t.keep_alive(MonoMs(10_000), s), None);
     assert_eq!(
-        t.acquire(MonoMs(9_000), bound(&["d"], 9, 0, 0)),
+        t.acquire(MonoMs(10_000), bound(&["d"], 9, 0, 0)),
         Err(AcquireError::SessionNotOpen)
     );
-    assert_eq!(t.status(MonoMs(9_000), &name("b")).holder_token, None);
+    assert_eq!(
+        t.status(MonoMs(10_000), &name("a"))
+            .holder_token
+            .map(|t| t > fenced.token),
+        Some(true),
+        "the waiter got a"
+    );
 }

@@ -243,6 +243,16 @@ pub struct LeaseRecord {
     pub session: Option<SessionDigest>,
 }
 
+/// What a heartbeat did to an open session.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeptAlive {
+    /// The session's TTL, counted again from the heartbeat.
+    pub ttl_ms: u64,
+    /// Leases of the session fenced since its previous heartbeat (their
+    /// holders no longer own them), with the revoked tokens.
+    pub revoked: Vec<(ResourceName, FencingToken)>,
+}
+
 /// The durable form of a session. Like a lease's, its expiry is not stored:
 /// after a restart it gets its full TTL again.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

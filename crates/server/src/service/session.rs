@@ -113,14 +113,15 @@ impl LeaseService {
                 ))
             })?;
             let digest = id.digest();
-            let ttl_ms = self
+            let kept = self
                 .call_on(term, |reply| Command::KeepAlive { digest, reply })
                 .await?;
-            let body = match ttl_ms {
-                Some(ttl_ms) => Body::Opened(v1::SessionOpened {
+            let body = match kept {
+                Some(kept) => Body::Opened(v1::SessionOpened {
                     session_id: id.as_bytes().to_vec(),
-                    ttl_ms,
+                    ttl_ms: kept.ttl_ms,
                     resumed: true,
+                    revoked: revoked(kept.revoked),
                 }),
                 None => Body::Ended(v1::SessionEnded {}),
             };
@@ -146,6 +147,7 @@ impl LeaseService {
                 session_id: id.as_bytes().to_vec(),
                 ttl_ms,
                 resumed: false,
+                revoked: Vec::new(),
             }),
         ))
     }
@@ -276,8 +278,11 @@ impl SessionTask {
                 let (reply, rx) = oneshot::channel();
                 ask(Box::new(move || Command::KeepAlive { digest, reply }))?;
                 Ok(Box::pin(async move {
-                    let body = answer(rx).await.map(|ttl_ms| match ttl_ms {
-                        Some(remaining_ms) => Body::Heartbeat(v1::HeartbeatAck { remaining_ms }),
+                    let body = answer(rx).await.map(|kept| match kept {
+                        Some(kept) => Body::Heartbeat(v1::HeartbeatAck {
+                            remaining_ms: kept.ttl_ms,
+                            revoked: revoked(kept.revoked),
+                        }),
                         None => Body::Ended(v1::SessionEnded {}),
                     });
                     (id, body)
@@ -395,4 +400,15 @@ fn not_acquired(reason: v1::not_acquired::Reason) -> v1::AcquireResponse {
     v1::AcquireResponse {
         outcome: Some(super::not_acquired(reason)),
     }
+}
+
+fn revoked(
+    list: Vec<(baton_core::ResourceName, baton_core::FencingToken)>,
+) -> Vec<v1::RevokedLease> {
+    list.into_iter()
+        .map(|(resource, token)| v1::RevokedLease {
+            resource: resource.to_string(),
+            token: token.get(),
+        })
+        .collect()
 }

@@ -1,0 +1,386 @@
+//! Sessions against a real server process: leases kept by one heartbeat,
+//! expiry of everything at once, resume across a SIGKILL and restart,
+//! waiters withdrawn when their stream breaks, answers in any order, and
+//! the stream protocol's refusals.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use baton_client::worker::{Keeper, KeeperConfig, Ownership};
+use baton_client::{Acquired, AcquiredAll, Client, ClientError, Health};
+use baton_proto::v1::{
+    self, leases_client::LeasesClient, session_request::Op, session_response::Body,
+};
+use common::{eventually, TempDir};
+use tokio_stream::wrappers::ReceiverStream;
+
+const TTL: Duration = Duration::from_millis(300);
+
+fn granted(a: Acquired) -> baton_client::Lease {
+    match a {
+        Acquired::Granted(l) => l,
+        other => panic!("expected a grant, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heartbeats_keep_every_bound_lease_and_silence_ends_them_all() {
+    let dir = TempDir::new("session-life");
+    let s = common::serve(dir.path(), &[]);
+    let client = Client::connect(&s.url()).await.unwrap();
+    let session = client.open_session(TTL).await.unwrap();
+    let AcquiredAll::Granted { leases, .. } = session
+        .acquire_all(&["s:a", "s:b", "s:c"], Duration::ZERO)
+        .await
+        .unwrap()
+    else {
+        panic!("free resources must be granted")
+    };
+    assert!(
+        leases.iter().all(|l| l.ttl == TTL),
+        "bound leases carry the session TTL"
+    );
+    // Another client queues for one of them; its wait outlives the session.
+    let mut other = client.clone();
+    let waiting = tokio::spawn(async move {
+        let sent = Instant::now();
+        let out = other
+            .acquire("s:b", Duration::from_secs(5), Duration::from_secs(10))
+            .await
+            .unwrap();
+        (granted(out), sent.elapsed())
+    });
+    // Five TTLs pass: the heartbeats alone keep all three leases.
+    let started = Instant::now();
+    let mut observer = client.clone();
+    while started.elapsed() < TTL * 5 {
+        for l in &leases {
+            let st = observer.status(&l.resource).await.unwrap();
+            assert_eq!(
+                st.holder_token,
+                Some(l.token),
+                "{} lost while the session lives",
+                l.resource
+            );
+        }
+        tokio::time::sleep(TTL / 4).await;
+    }
+    let beats = session.state().beats;
+    assert!(
+        beats >= 10,
+        "only {beats} heartbeats acknowledged in five TTLs"
+    );
+    // Silence, as a crashed process: all three end together one TTL later.
+    let silent_from = Instant::now();
+    session.abandon();
+    let (next, _) = waiting.await.unwrap();
+    let held_for = silent_from.elapsed();
+    assert!(next.token > leases[1].token);
+    assert!(
+        held_for + Duration::from_millis(5) >= TTL - TTL / 3,
+        "ended {held_for:?} after the last heartbeat"
+    );
+    for l in [&leases[0], &leases[2]] {
+        assert_eq!(
+            observer.status(&l.resource).await.unwrap().holder_token,
+            None
+        );
+    }
+    println!(
+        "session: {beats} heartbeats kept 3 leases for 5 TTLs; ended {held_for:?} after silence"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_resumes_after_a_crash_and_restart_with_its_leases() {
+    let dir = TempDir::new("session-resume");
+    let mut s = common::serve(dir.path(), &[]);
+    let client = Client::connect(&s.url()).await.unwrap();
+    let session = client.open_session(Duration::from_secs(3)).await.unwrap();
+    let lease = granted(session.acquire("s:resume", Duration::ZERO).await.unwrap());
+    let mut keeper = Keeper::start(
+        session.clone(),
+        lease.clone(),
+        tokio::time::Instant::now(),
+        KeeperConfig::default(),
+    );
+    let mut watch = session.watch();
+    s.kill9();
+    s.restart();
+    // The driver notices the broken stream, reconnects and resumes.
+    let mut saw_reconnecting = false;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let health = watch.borrow_and_update().health;
+        saw_reconnecting |= health == Health::Reconnecting;
+        if saw_reconnecting && health == Health::Live {
+            break;
+        }
+        assert_ne!(health, Health::Ended, "the session must survive a restart");
+        assert!(Instant::now() < deadline, "no resume within 5 s");
+        let _ = tokio::time::timeout(Duration::from_millis(100), watch.changed()).await;
+    }
+    let beats = session.state().beats;
+    eventually(Duration::from_secs(3), async || {
+        session.state().beats > beats
+    })
+    .await;
+    assert_eq!(keeper.ownership(), Ownership::Held);
+    let mut c = client.clone();
+    assert_eq!(
+        c.status("s:resume").await.unwrap().holder_token,
+        Some(lease.token),
+        "the lease survived the crash"
+    );
+    // Still the holder: a release with the same id works.
+    assert!(matches!(
+        session
+            .release(&lease.resource, &lease.acquisition_id)
+            .await
+            .unwrap(),
+        baton_client::Release::Released { .. }
+    ));
+    assert_eq!(
+        keeper.changed().await,
+        Ownership::Lost,
+        "released: the keeper lets go"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_is_withdrawn_when_its_stream_breaks_and_a_cancel_withdraws_it() {
+    let dir = TempDir::new("session-waiter");
+    let s = common::serve(dir.path(), &[]);
+    let client = Client::connect(&s.url()).await.unwrap();
+    let mut c = client.clone();
+    let held = granted(
+        c.acquire("s:busy", Duration::from_secs(5), Duration::ZERO)
+            .await
+            .unwrap(),
+    );
+    // A session dies while it waits.
+    let doomed = client.open_session(TTL).await.unwrap();
+    let waiter = doomed.clone();
+    let wait = tokio::spawn(async move { waiter.acquire("s:busy", Duration::from_secs(30)).await });
+    eventually(Duration::from_secs(3), async || {
+        c.status("s:busy").await.unwrap().n_waiters == 1
+    })
+    .await;
+    doomed.abandon();
+    assert!(
+        wait.await.unwrap().is_err(),
+        "an abandoned session's wait fails"
+    );
+    eventually(Duration::from_secs(3), async || {
+        c.status("s:busy").await.unwrap().n_waiters == 0
+    })
+    .await;
+    // A cancelled wait (the caller gave up) is withdrawn at once too.
+    let session = client.open_session(TTL).await.unwrap();
+    let gave_up = tokio::time::timeout(
+        Duration::from_millis(200),
+        session.acquire("s:busy", Duration::from_secs(30)),
+    )
+    .await;
+    assert!(gave_up.is_err(), "the wait was still going");
+    eventually(Duration::from_secs(3), async || {
+        c.status("s:busy").await.unwrap().n_waiters == 0
+    })
+    .await;
+    // Nobody waits any more: the release leaves the resource free.
+    c.release(&held.resource, &held.acquisition_id)
+        .await
+        .unwrap();
+    assert_eq!(c.status("s:busy").await.unwrap().holder_token, None);
+    // The live session still works after its cancelled wait.
+    let l = granted(session.acquire("s:busy", Duration::ZERO).await.unwrap());
+    assert!(l.token > held.token);
+    assert!(session.close().await.unwrap());
+    assert_eq!(
+        c.status("s:busy").await.unwrap().holder_token,
+        None,
+        "close releases"
+    );
+    assert!(matches!(
+        session.acquire("s:other", Duration::ZERO).await,
+        Err(ClientError::SessionEnded)
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_come_back_by_id_while_a_wait_is_pending() {
+    let dir = TempDir::new("session-order");
+    let s = common::serve(dir.path(), &[]);
+    let client = Client::connect(&s.url()).await.unwrap();
+    let mut c = client.clone();
+    let held = granted(
+        c.acquire("s:slow", Duration::from_secs(5), Duration::ZERO)
+            .await
+            .unwrap(),
+    );
+    let session = client.open_session(Duration::from_secs(2)).await.unwrap();
+    let waiter = session.clone();
+    let wait = tokio::spawn(async move { waiter.acquire("s:slow", Duration::from_secs(10)).await });
+    // While the first request waits, later ones on the same stream are answered.
+    let mut own_ttl = Vec::new();
+    for i in 0..20 {
+        let AcquiredAll::Granted { mut leases, .. } = session
+            .acquire_with_ttl(
+                &[&format!("s:quick:{i}")],
+                Duration::from_secs(1),
+                Duration::ZERO,
+            )
+            .await
+            .unwrap()
+        else {
+            panic!()
+        };
+        own_ttl.push(leases.pop().unwrap());
+    }
+    assert!(!wait.is_finished(), "the waiting acquire is still waiting");
+    // Leases with their own TTL renew on the stream, and expire without it.
+    let l = &own_ttl[0];
+    assert!(matches!(
+        session.renew(&l.resource, &l.acquisition_id).await.unwrap(),
+        baton_client::Renewal::Renewed { .. }
+    ));
+    c.release(&held.resource, &held.acquisition_id)
+        .await
+        .unwrap();
+    let got = granted(wait.await.unwrap().unwrap());
+    assert!(got.token > held.token);
+    eventually(Duration::from_secs(3), async || {
+        c.status(&own_ttl[5].resource)
+            .await
+            .unwrap()
+            .holder_token
+            .is_none()
+    })
+    .await;
+    assert_eq!(
+        c.status("s:slow").await.unwrap().holder_token,
+        Some(got.token)
+    );
+}
+
+async fn raw(
+    url: &str,
+    requests: Vec<v1::SessionRequest>,
+) -> Result<Vec<v1::SessionResponse>, tonic::Status> {
+    let mut c = LeasesClient::connect(url.to_string()).await.unwrap();
+    let (tx, rx) = tokio::sync::mpsc::channel(16);
+    for r in requests {
+        tx.send(r).await.unwrap();
+    }
+    let mut stream = c.session(ReceiverStream::new(rx)).await?.into_inner();
+    let mut out = Vec::new();
+    loop {
+        match tokio::time::timeout(Duration::from_millis(500), stream.message()).await {
+            Ok(Ok(Some(m))) => out.push(m),
+            Ok(Ok(None)) | Err(_) => return Ok(out),
+            Ok(Err(status)) => return if out.is_empty() { Err(status) } else { Ok(out) },
+        }
+    }
+}
+
+fn req(id: u64, op: Op) -> v1::SessionRequest {
+    v1::SessionRequest { id, op: Some(op) }
+}
+
+fn open(ttl_ms: u64) -> Op {
+    Op::Open(v1::OpenSession {
+        ttl_ms,
+        resume: vec![],
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_session_protocol_gets_errors_that_name_the_rule() {
+    let dir = TempDir::new("session-bad");
+    let s = common::serve(dir.path(), &[]);
+    let url = s.url();
+    let code = |r: Result<Vec<v1::SessionResponse>, tonic::Status>| match r {
+        Err(status) => (status.code(), status.message().to_string()),
+        Ok(out) => panic!("expected a refusal, got {out:?}"),
+    };
+    let (c, m) = code(raw(&url, vec![req(1, Op::Heartbeat(v1::Heartbeat {}))]).await);
+    assert_eq!(c, tonic::Code::InvalidArgument);
+    assert!(m.contains("must be `open`"), "{m}");
+    let (c, m) = code(raw(&url, vec![req(1, open(5))]).await);
+    assert_eq!(c, tonic::Code::InvalidArgument);
+    assert!(m.contains("session ttl 5ms is out of range"), "{m}");
+    let bad_resume = Op::Open(v1::OpenSession {
+        ttl_ms: 0,
+        resume: vec![1, 2, 3],
+    });
+    let (c, m) = code(raw(&url, vec![req(1, bad_resume)]).await);
+    assert_eq!(c, tonic::Code::InvalidArgument);
+    assert!(m.contains("resume is 3 bytes"), "{m}");
+    // An unknown session is not resumed, and nothing is created.
+    let unknown = Op::Open(v1::OpenSession {
+        ttl_ms: 0,
+        resume: vec![7; 16],
+    });
+    let out = raw(&url, vec![req(4, unknown)]).await.unwrap();
+    assert!(
+        matches!(
+            out.as_slice(),
+            [v1::SessionResponse {
+                id: 4,
+                body: Some(Body::Ended(_))
+            }]
+        ),
+        "{out:?}"
+    );
+    // Per-request errors keep the stream; a second open ends it.
+    let bad_name = Op::Acquire(v1::SessionAcquire {
+        resources: vec![" x".into()],
+        ttl_ms: 0,
+        wait_ms: 0,
+    });
+    let out = raw(
+        &url,
+        vec![
+            req(1, open(1_000)),
+            req(2, bad_name),
+            req(
+                3,
+                Op::Release(v1::ReleaseRequest {
+                    resource: "a".into(),
+                    acquisition_id: vec![1],
+                }),
+            ),
+            req(5, open(1_000)),
+            req(6, Op::Heartbeat(v1::Heartbeat {})),
+        ],
+    )
+    .await
+    .unwrap();
+    let body = |id: u64| out.iter().find(|r| r.id == id).and_then(|r| r.body.clone());
+    assert!(matches!(body(1), Some(Body::Opened(_))), "{out:?}");
+    let Some(Body::Error(e)) = body(2) else {
+        panic!("{out:?}")
+    };
+    assert_eq!(e.code, tonic::Code::InvalidArgument as i32);
+    assert!(e.message.contains("resources[0]"), "{}", e.message);
+    let Some(Body::Error(e)) = body(3) else {
+        panic!("{out:?}")
+    };
+    assert!(
+        e.message.contains("acquisition_id is 1 bytes"),
+        "{}",
+        e.message
+    );
+    assert!(
+        body(6).is_none(),
+        "nothing is answered after a second open: {out:?}"
+    );
+    // The server still serves.
+    let mut c = Client::connect(&url).await.unwrap();
+    granted(
+        c.acquire("s:fine", Duration::from_secs(1), Duration::ZERO)
+            .await
+            .unwrap(),
+    );
+}
