@@ -63,6 +63,22 @@ pub enum Command {
         #[command(flatten)]
         client: ClientOpts,
     },
+    /// Acquire on a session and hold until SIGINT or SIGTERM (then release).
+    /// The leases are kept by the session's heartbeat; they expire one TTL
+    /// after this process stops heartbeating (killed, paused, cut off).
+    Hold {
+        /// Resource names; with several, every lease is granted or none.
+        #[arg(required = true)]
+        names: Vec<String>,
+        /// Session TTL, like 5s [default: the server's --default-ttl].
+        #[arg(long, value_parser = parse_duration)]
+        ttl: Option<Duration>,
+        /// Wait in line up to this long (0: try once).
+        #[arg(long, default_value = "0s", value_parser = parse_duration)]
+        wait: Duration,
+        #[command(flatten)]
+        client: ClientOpts,
+    },
     /// Extend a lease by its TTL, proving ownership with its acquisition id.
     Renew {
         /// The resource name.

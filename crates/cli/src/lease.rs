@@ -120,7 +120,14 @@ pub async fn acquire(
 ) -> Result<AcquireOut, CliError> {
     let mut client = connect(opts).await?;
     let refs: Vec<&str> = names.iter().map(String::as_str).collect();
-    Ok(match client.acquire_all(&refs, ttl, wait).await? {
+    Ok(acquire_out(
+        client.acquire_all(&refs, ttl, wait).await?,
+        wait,
+    ))
+}
+
+fn acquire_out(all: AcquiredAll, wait: Duration) -> AcquireOut {
+    match all {
         AcquiredAll::Granted { leases, after_wait } => match leases.as_slice() {
             [one] => AcquireOut::One {
                 lease: one.into(),
@@ -138,7 +145,50 @@ pub async fn acquire(
             holder_token: n.holder_token.map(|t| t.get()),
             wait_ms: wait.as_millis(),
         },
-    })
+    }
+}
+
+/// `baton hold`: acquires on a session, prints the leases like `acquire`,
+/// and keeps them by the session's heartbeat until SIGINT or SIGTERM, then
+/// closes the session (releasing them). If the session ends first (the
+/// server was out of reach for a whole TTL), says so and exits 4.
+pub async fn hold(
+    opts: &ClientOpts,
+    names: &[String],
+    ttl: Duration,
+    wait: Duration,
+) -> Result<Exit, CliError> {
+    let client = connect(opts).await?;
+    let session = client.open_session(ttl).await?;
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    let out = acquire_out(session.acquire_all(&refs, wait).await?, wait);
+    let exit = crate::output::emit(opts.json, &out);
+    if exit != Exit::Ok {
+        session.close().await?;
+        return Ok(exit);
+    }
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| CliError::failure(format!("cannot install SIGTERM handler: {e}")))?;
+    let mut state = session.watch();
+    let ended = async {
+        while state.borrow_and_update().health != baton_client::Health::Ended {
+            if state.changed().await.is_err() {
+                break;
+            }
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+        _ = ended => {
+            return Err(CliError {
+                code: Exit::NotOwner,
+                message: "the session ended (the server was out of reach for a whole TTL, or fenced it): the leases are lost".into(),
+            });
+        }
+    }
+    session.close().await?;
+    Ok(Exit::Ok)
 }
 
 /// What `renew` prints.

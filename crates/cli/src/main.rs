@@ -55,6 +55,7 @@ fn wants_json(command: &Command) -> bool {
     match command {
         Command::Serve(_) => false,
         Command::Acquire { client, .. }
+        | Command::Hold { client, .. }
         | Command::Renew { client, .. }
         | Command::Release { client, .. }
         | Command::Status { client, .. }
@@ -81,6 +82,12 @@ async fn run(command: Command) -> Result<Exit, CliError> {
             client.json,
             &lease::acquire(&client, &names, ttl.unwrap_or_default(), wait).await?,
         ),
+        Command::Hold {
+            names,
+            ttl,
+            wait,
+            client,
+        } => lease::hold(&client, &names, ttl.unwrap_or_default(), wait).await?,
         Command::Renew {
             name,
             acquisition,

@@ -18,15 +18,20 @@ pub trait Rendered: Serialize {
 /// Prints `out` as JSON or text and returns its exit code.
 pub fn emit(json: bool, out: &impl Rendered) -> Exit {
     if json {
-        println!(
-            "{}",
-            serde_json::to_string(out).expect("output types serialize")
-        );
+        line(&serde_json::to_string(out).expect("output types serialize"));
     } else {
         let text = out.text();
         if !text.is_empty() {
-            println!("{text}");
+            line(&text);
         }
     }
     out.exit()
+}
+
+/// Prints one line on stdout. A reader that went away (a closed pipe) is
+/// not an error of the command: its exit code still tells the outcome.
+pub fn line(text: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{text}").and_then(|()| out.flush());
 }

@@ -384,3 +384,75 @@ async fn a_broken_session_protocol_gets_errors_that_name_the_rule() {
             .unwrap(),
     );
 }
+
+/// `baton hold` in its own process: held by heartbeats alone, released on
+/// SIGTERM; paused with SIGSTOP, it loses the lease one TTL later and says
+/// so when it wakes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn baton_hold_keeps_until_sigterm_and_a_paused_holder_loses() {
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+
+    let dir = TempDir::new("session-hold");
+    let s = common::serve(dir.path(), &[]);
+    let hold = |name: &str| {
+        let mut child = Command::new(common::BIN)
+            .args([
+                "hold",
+                name,
+                "--ttl",
+                "400ms",
+                "--json",
+                "--server",
+                &s.url(),
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let token =
+            common::json_u64(&line, "token").unwrap_or_else(|| panic!("no token in {line:?}"));
+        (child, token)
+    };
+    let mut c = Client::connect(&s.url()).await.unwrap();
+    let (mut child, token) = hold("h:a");
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    assert_eq!(
+        c.status("h:a").await.unwrap().holder_token.map(|t| t.get()),
+        Some(token)
+    );
+    kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM).unwrap();
+    assert!(child.wait().unwrap().success());
+    assert_eq!(
+        c.status("h:a").await.unwrap().holder_token,
+        None,
+        "released on SIGTERM"
+    );
+
+    let (mut child, token) = hold("h:b");
+    let pid = Pid::from_raw(child.id() as i32);
+    kill(pid, Signal::SIGSTOP).unwrap();
+    let paused = Instant::now();
+    let next = granted(
+        c.acquire("h:b", Duration::from_secs(5), Duration::from_secs(5))
+            .await
+            .unwrap(),
+    );
+    assert!(next.token.get() > token);
+    assert!(paused.elapsed() >= Duration::from_millis(400) - Duration::from_millis(400) / 3);
+    kill(pid, Signal::SIGCONT).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(4),
+        "a holder that lost its session exits 4: {stderr}"
+    );
+    assert!(stderr.contains("session ended"), "{stderr}");
+}
