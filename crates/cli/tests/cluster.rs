@@ -9,7 +9,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use baton_client::{Acquired, Client, ClientError, Release, Renewal};
+use baton_client::{Acquired, AcquiredAll, Client, ClientError, Release, Renewal};
 use baton_testkit::pg_cluster::{free_port, PgCluster};
 use baton_testkit::{eventually, PgDb, TempDir};
 use common::{Server, BIN};
@@ -389,6 +389,71 @@ async fn a_held_lease_is_renewed_through_a_failover_and_keeps_its_token() {
     let status = holder.status("held:r").await.unwrap();
     assert_eq!(status.holder_token, Some(lease.token));
     eprintln!("renewal failures during the failover: {renew_failures}; rival attempts refused: {rival_refusals}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_resumes_on_the_new_leader_with_its_leases() {
+    let db = PgDb::create("cluster_session").await;
+    let mut cluster = Cluster::start(&db.url, 3);
+    let leader = cluster.wait_leader(None).await;
+    let holder = client(&cluster.endpoints()).await;
+    let session = holder.open_session(Duration::from_secs(10)).await.unwrap();
+    let AcquiredAll::Granted { leases, .. } = session
+        .acquire_all(&["sess:a", "sess:b"], Duration::ZERO)
+        .await
+        .unwrap()
+    else {
+        panic!("free resources not granted")
+    };
+    let mut state = session.watch();
+    cluster.nodes[leader].kill9();
+    let mut rival = client(&cluster.endpoints()).await;
+    let mut saw_reconnecting = false;
+    let mut rival_refusals = 0;
+    loop {
+        let health = state.borrow_and_update().health;
+        assert_ne!(
+            health,
+            baton_client::Health::Ended,
+            "the session was lost in the failover"
+        );
+        saw_reconnecting |= health == baton_client::Health::Reconnecting;
+        if saw_reconnecting && health == baton_client::Health::Live {
+            break;
+        }
+        if let Ok(Acquired::Granted(l)) = rival
+            .acquire("sess:a", Duration::from_secs(1), Duration::ZERO)
+            .await
+        {
+            panic!(
+                "sess:a was granted to another holder (token {}) during the failover",
+                l.token
+            );
+        }
+        rival_refusals += 1;
+        let _ = tokio::time::timeout(Duration::from_millis(200), state.changed()).await;
+    }
+    let new_leader = cluster.wait_leader(Some(leader)).await;
+    assert_ne!(new_leader, leader);
+    let beats = session.state().beats;
+    eventually(Duration::from_secs(10), async || {
+        session.state().beats > beats + 1
+    })
+    .await;
+    for l in &leases {
+        let status = rival.status(&l.resource).await.unwrap();
+        assert_eq!(
+            status.holder_token,
+            Some(l.token),
+            "{} kept its token",
+            l.resource
+        );
+    }
+    assert!(session.close().await.unwrap());
+    for l in &leases {
+        assert_eq!(rival.status(&l.resource).await.unwrap().holder_token, None);
+    }
+    eprintln!("session resumed on the new leader; rival attempts refused: {rival_refusals}");
 }
 
 /// A leader stopped past its leadership (SIGSTOP) and cut off from the
