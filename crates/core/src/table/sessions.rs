@@ -121,13 +121,14 @@ impl LeaseTable {
     /// resource to its next waiter), then forgets the session. Its timer is
     /// already gone (popped, or removed by the caller).
     pub(super) fn end_session(&mut self, now: MonoMs, digest: SessionDigest, expired: bool) {
-        let waiters = std::mem::take(
-            &mut self
-                .sessions
-                .get_mut(&digest)
-                .expect("ending an open session")
-                .waiters,
-        );
+        let session = self
+            .sessions
+            .get_mut(&digest)
+            .expect("ending an open session");
+        // Due now: withdrawing one waiter must not hand a resource to the
+        // next waiter of this same session (see `pump`).
+        session.expires_at = now;
+        let waiters = std::mem::take(&mut session.waiters);
         for waiter in waiters {
             let deadline = self.waiters[&waiter].deadline;
             self.timers.remove(&(deadline, Timer::WaitDeadline(waiter)));
