@@ -9,6 +9,7 @@
 mod identity;
 mod quiet;
 mod redb_store;
+mod wal;
 
 pub use identity::{Identity, StoreId};
 pub use redb_store::RedbStore;

@@ -8,6 +8,7 @@ use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, Tab
 
 use crate::identity::{Identity, StoreId};
 use crate::quiet::contain_panics;
+use crate::wal::{self, Pending, Wal};
 use crate::{LeaseStore, StoreError, Stored};
 
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
@@ -30,20 +31,27 @@ const BOUND_LEASE_LEN_BYTES: usize = 48;
 const CACHE_LEN_BYTES: usize = 64 << 20;
 
 /// The embedded backend: one redb file under the data directory, guarded by
-/// the directory's identity file. Every commit is `Durability::Immediate`
-/// (fsync before it returns).
+/// the directory's identity file, with a write-ahead log in front (see the
+/// `wal` module): a commit is one appended record and one `fdatasync`, and
+/// the log is folded into redb (`Durability::Immediate`) when it is full or
+/// the epoch changes.
 pub struct RedbStore {
     db: Database,
     data_dir: PathBuf,
     identity: Identity,
     poisoned: bool,
+    wal: Wal,
+    /// The log's writes not yet in redb, one per key.
+    pending: Pending,
+    /// The log's writes found at open, for `load`.
+    replayed: Vec<Write>,
 }
 
 fn storage(e: impl std::fmt::Display) -> StoreError {
     StoreError::Storage(e.to_string())
 }
 
-fn encode(record: &LeaseRecord) -> ([u8; BOUND_LEASE_LEN_BYTES], usize) {
+pub(crate) fn encode(record: &LeaseRecord) -> ([u8; BOUND_LEASE_LEN_BYTES], usize) {
     let mut out = [0u8; BOUND_LEASE_LEN_BYTES];
     out[..16].copy_from_slice(record.acquisition_digest.as_bytes());
     out[16..24].copy_from_slice(&record.token.get().to_be_bytes());
@@ -57,7 +65,7 @@ fn encode(record: &LeaseRecord) -> ([u8; BOUND_LEASE_LEN_BYTES], usize) {
     }
 }
 
-fn decode(name: &str, bytes: &[u8]) -> Result<(ResourceName, LeaseRecord), StoreError> {
+pub(crate) fn decode(name: &str, bytes: &[u8]) -> Result<(ResourceName, LeaseRecord), StoreError> {
     let corrupt = |what: String| StoreError::Corrupt(format!("lease {name:?}: {what}"));
     let resource = ResourceName::parse(name).map_err(|e| corrupt(e.to_string()))?;
     if bytes.len() != LEASE_LEN_BYTES && bytes.len() != BOUND_LEASE_LEN_BYTES {
@@ -121,6 +129,12 @@ impl RedbStore {
     /// store, a store of another identity, or a store whose tokens went back
     /// below the identity's floor is refused: starting would issue tokens again.
     pub fn open(data_dir: &Path) -> Result<Self, StoreError> {
+        Self::open_with_log(data_dir, wal::LEN_BYTES_DEFAULT)
+    }
+
+    /// [`RedbStore::open`] with a write-ahead log of `log_len_bytes` (a new
+    /// log; an existing one keeps its size).
+    pub(crate) fn open_with_log(data_dir: &Path, log_len_bytes: u64) -> Result<Self, StoreError> {
         std::fs::create_dir_all(data_dir).map_err(|source| StoreError::Io {
             path: data_dir.display().to_string(),
             source,
@@ -129,7 +143,7 @@ impl RedbStore {
         let identity = Identity::read(data_dir)?;
         let state = file_state(&path)?;
         match (&identity, state) {
-            (None, FileState::Missing) => return Self::initialize(data_dir),
+            (None, FileState::Missing) => return Self::initialize(data_dir, log_len_bytes),
             (_, FileState::Missing | FileState::Empty) => {
                 return Err(StoreError::StoreLost {
                     path: path.display().to_string(),
@@ -146,7 +160,6 @@ impl RedbStore {
         }
         let db = open_db(&path)?;
         let (db, meta) = contain_panics(&path, || migrate_and_read_meta(db, &path))?;
-        let found = (meta.epoch, meta.counter);
         if let Some(identity) = &identity {
             if identity.store_id != meta.store_id {
                 return Err(StoreError::IdentityMismatch {
@@ -155,6 +168,18 @@ impl RedbStore {
                     found: meta.store_id.to_hex(),
                 });
             }
+        }
+        let (wal, replayed) = Wal::open(data_dir, meta.store_id, log_len_bytes)?;
+        // Where the tokens are: redb's position, moved on by the log.
+        let found = replayed
+            .iter()
+            .rev()
+            .find_map(|w| match w {
+                Write::Tokens { epoch, counter } => Some((*epoch, *counter)),
+                _ => None,
+            })
+            .unwrap_or((meta.epoch, meta.counter));
+        if let Some(identity) = &identity {
             if found < identity.floor() {
                 return Err(StoreError::BehindFloor {
                     path: path.display().to_string(),
@@ -167,19 +192,24 @@ impl RedbStore {
         // directory from before identity files existed).
         let identity = Identity {
             store_id: meta.store_id,
-            floor_epoch: meta.epoch,
-            floor_counter: meta.counter,
+            floor_epoch: found.0,
+            floor_counter: found.1,
         };
         identity.write(data_dir)?;
+        let mut pending = Pending::default();
+        pending.absorb(&replayed);
         Ok(Self {
             db,
             data_dir: data_dir.to_path_buf(),
             identity,
             poisoned: false,
+            wal,
+            pending,
+            replayed,
         })
     }
 
-    fn initialize(data_dir: &Path) -> Result<Self, StoreError> {
+    fn initialize(data_dir: &Path, log_len_bytes: u64) -> Result<Self, StoreError> {
         let path = Self::path_in(data_dir);
         let store_id = StoreId::random()?;
         write_new_store(&path, store_id, Epoch::FIRST)?;
@@ -188,6 +218,7 @@ impl RedbStore {
             floor_epoch: Epoch::FIRST,
             floor_counter: 0,
         };
+        let wal = Wal::create(data_dir, store_id, log_len_bytes)?;
         identity.write(data_dir)?;
         let db = open_db(&path)?;
         Ok(Self {
@@ -195,6 +226,9 @@ impl RedbStore {
             data_dir: data_dir.to_path_buf(),
             identity,
             poisoned: false,
+            wal,
+            pending: Pending::default(),
+            replayed: Vec::new(),
         })
     }
 
@@ -219,6 +253,9 @@ impl RedbStore {
         std::fs::File::open(data_dir)
             .and_then(|d| d.sync_all())
             .map_err(io(data_dir))?;
+        // The old log belongs to the old store id: until it is replaced, the
+        // directory refuses to open.
+        Wal::create(data_dir, store_id, wal::LEN_BYTES_DEFAULT)?;
         Identity {
             store_id,
             floor_epoch: epoch,
@@ -443,12 +480,40 @@ impl RedbStore {
             Err(redb::TableError::TableDoesNotExist(_)) => {}
             Err(e) => return Err(storage(e)),
         }
-        Ok(Stored {
+        let mut stored = Stored {
             epoch: meta.epoch,
             counter: meta.counter,
             leases,
             sessions,
-        })
+        };
+        apply(&mut stored, &self.replayed);
+        Ok(stored)
+    }
+
+    /// Folds the log into redb in one transaction, then starts the log
+    /// again. Returns the new epoch if the fold raised it.
+    fn checkpoint(&mut self) -> Result<Option<Epoch>, StoreError> {
+        let writes = self.pending.drain();
+        let new_epoch = self.commit_inner(&writes)?;
+        self.wal.restart()?;
+        Ok(new_epoch)
+    }
+
+    /// One commit: appended to the log, or, when the log is full or the
+    /// epoch changes, folded into redb with everything pending.
+    fn commit_logged(&mut self, writes: &[Write]) -> Result<Option<Epoch>, StoreError> {
+        let floor = self.identity.floor_epoch;
+        let new_epoch = writes
+            .iter()
+            .any(|w| matches!(w, Write::Tokens { epoch, .. } if *epoch > floor));
+        let payload = wal::encode(writes);
+        if !new_epoch && self.wal.fits(payload.len()) {
+            self.wal.append(&payload)?;
+            self.pending.absorb(writes);
+            return Ok(None);
+        }
+        self.pending.absorb(writes);
+        self.checkpoint()
     }
 
     fn commit_inner(&mut self, writes: &[Write]) -> Result<Option<Epoch>, StoreError> {
@@ -514,7 +579,7 @@ impl LeaseStore for RedbStore {
         // example a failed fsync): stop trusting the handle.
         self.poisoned = true;
         let path = Self::path_in(&self.data_dir);
-        let new_epoch = contain_panics(&path, || self.commit_inner(writes))?;
+        let new_epoch = contain_panics(&path, || self.commit_logged(writes))?;
         if let Some(epoch) = new_epoch {
             // After the store's commit, so the floor is never above the store.
             self.identity.floor_epoch = epoch;
@@ -524,6 +589,45 @@ impl LeaseStore for RedbStore {
         self.poisoned = false;
         Ok(())
     }
+}
+
+/// Applies `writes` in order to a loaded state (the log over redb).
+fn apply(stored: &mut Stored, writes: &[Write]) {
+    if writes.is_empty() {
+        return;
+    }
+    let mut leases: std::collections::BTreeMap<ResourceName, LeaseRecord> =
+        std::mem::take(&mut stored.leases).into_iter().collect();
+    let mut sessions: std::collections::BTreeMap<AcquisitionDigest, u64> =
+        std::mem::take(&mut stored.sessions)
+            .into_iter()
+            .map(|s| (s.digest, s.ttl_ms))
+            .collect();
+    for w in writes {
+        match w {
+            Write::PutLease { resource, record } => {
+                leases.insert(resource.clone(), record.clone());
+            }
+            Write::DeleteLease { resource } => {
+                leases.remove(resource);
+            }
+            Write::Tokens { epoch, counter } => {
+                stored.epoch = *epoch;
+                stored.counter = *counter;
+            }
+            Write::PutSession { record } => {
+                sessions.insert(record.digest, record.ttl_ms);
+            }
+            Write::DeleteSession { digest } => {
+                sessions.remove(digest);
+            }
+        }
+    }
+    stored.leases = leases.into_iter().collect();
+    stored.sessions = sessions
+        .into_iter()
+        .map(|(digest, ttl_ms)| SessionRecord { digest, ttl_ms })
+        .collect();
 }
 
 #[cfg(test)]

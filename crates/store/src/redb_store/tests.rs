@@ -225,6 +225,10 @@ fn another_servers_store_or_an_older_copy_is_refused() {
     // The floor moves when the store is opened, so open once more.
     drop(RedbStore::open(&a).unwrap());
     std::fs::write(RedbStore::path_in(&a), &old_copy).unwrap();
+    // With the log beside it, the old copy is moved on by the log's records.
+    assert_eq!(RedbStore::open(&a).unwrap().load().unwrap().counter, 20);
+    // Without it (a copy of the store file alone), it is refused.
+    std::fs::remove_file(crate::wal::Wal::path_in(&a)).unwrap();
     assert!(matches!(
         RedbStore::open(&a),
         Err(StoreError::BehindFloor { .. })
@@ -287,6 +291,51 @@ fn an_epoch_change_raises_the_identity_floor() {
     }])
     .unwrap();
     assert_eq!(Identity::read(&d).unwrap().unwrap().floor_epoch, e2);
+    drop(s);
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn commits_go_to_the_log_and_survive_checkpoints_and_reopen() {
+    let d = dir("log");
+    let put = |n: u64| Write::PutLease {
+        resource: ResourceName::parse(&format!("log:{}", n % 50)).unwrap(),
+        record: LeaseRecord {
+            acquisition_digest: AcquisitionId::from_bytes([n as u8; 16]).digest(),
+            token: FencingToken::new(Epoch::FIRST, n).unwrap(),
+            ttl_ms: 5_000,
+            session: None,
+        },
+    };
+    let tokens = |n: u64| Write::Tokens {
+        epoch: Epoch::FIRST,
+        counter: n,
+    };
+    // A 4 KiB log holds a few dozen commits: 500 commits cross many checkpoints.
+    {
+        let mut s = RedbStore::open_with_log(&d, 4096).unwrap();
+        for n in 1..=500 {
+            let mut writes = vec![put(n), tokens(n)];
+            if n % 7 == 0 {
+                writes.push(Write::DeleteLease {
+                    resource: ResourceName::parse(&format!("log:{}", n % 50)).unwrap(),
+                });
+            }
+            s.commit(&writes).unwrap();
+        }
+    }
+    let s = RedbStore::open(&d).unwrap();
+    let stored = s.load().unwrap();
+    assert_eq!(stored.counter, 500);
+    // Each of the 50 names holds its last put, unless a delete came after.
+    let mut expect: Vec<u64> = (451..=500).filter(|n| n % 7 != 0).collect();
+    expect.sort_by_key(|n| format!("log:{}", n % 50));
+    let got: Vec<u64> = stored
+        .leases
+        .iter()
+        .map(|(_, l)| l.token.get() & 0xff_ffff_ffff)
+        .collect();
+    assert_eq!(got, expect);
     drop(s);
     std::fs::remove_dir_all(&d).unwrap();
 }

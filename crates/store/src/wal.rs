@@ -1,0 +1,462 @@
+//! The write-ahead log in front of the redb file.
+//!
+//! A commit is one record appended to a preallocated file and one
+//! `fdatasync`: the file never grows, so the sync flushes the data pages
+//! alone, not the file system's metadata. (A redb commit writes about
+//! seven pages and costs, on the reference machine, about 3.5 times the
+//! CPU and the latency of this.) The log is folded into redb when it is
+//! full or an epoch changes (a *checkpoint*), then started again under a
+//! new generation.
+//!
+//! Layout: a 64-byte header (magic, format, the store id the log belongs
+//! to, the generation), then records `generation u64 | length u32 |
+//! checksum u64 | payload`, the checksum being the first 8 bytes of
+//! SHA-256 of the generation, length and payload. Reading stops at the
+//! first record that does not check out (a torn tail, or the zeros or old
+//! generation beyond the end), so a record is either wholly replayed or not
+//! at all. Replaying a log over a redb file that already holds it changes
+//! nothing: each key ends at its last write in the log either way.
+
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Write as _};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use baton_core::{
+    AcquisitionDigest, Epoch, FencingToken, LeaseRecord, ResourceName, SessionRecord, Write,
+};
+use sha2::{Digest, Sha256};
+
+use crate::{StoreError, StoreId};
+
+const FILE_NAME: &str = "baton.wal";
+const MAGIC: &[u8; 8] = b"BATONWAL";
+const FORMAT: u32 = 1;
+const HEADER_LEN_BYTES: u64 = 64;
+const RECORD_HEADER_LEN_BYTES: usize = 20;
+/// The preallocated size: a checkpoint folds the log into redb when full.
+pub(crate) const LEN_BYTES_DEFAULT: u64 = 16 << 20;
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> StoreError + '_ {
+    move |source| StoreError::Io {
+        path: path.display().to_string(),
+        source,
+    }
+}
+
+/// An open log, positioned after its last valid record.
+pub(crate) struct Wal {
+    file: File,
+    path: PathBuf,
+    store_id: StoreId,
+    generation: u64,
+    /// Where the next record goes.
+    end: u64,
+    len_bytes: u64,
+}
+
+fn checksum(generation: u64, payload: &[u8]) -> u64 {
+    let mut h = Sha256::new();
+    h.update(generation.to_le_bytes());
+    h.update((payload.len() as u32).to_le_bytes());
+    h.update(payload);
+    u64::from_le_bytes(h.finalize()[..8].try_into().expect("8 bytes"))
+}
+
+impl Wal {
+    pub(crate) fn path_in(data_dir: &Path) -> PathBuf {
+        data_dir.join(FILE_NAME)
+    }
+
+    /// Opens the log of `data_dir` and returns it with the writes of its
+    /// valid records, in order; creates an empty one if there is none. A log
+    /// of another store is refused.
+    pub(crate) fn open(
+        data_dir: &Path,
+        store_id: StoreId,
+        len_bytes: u64,
+    ) -> Result<(Self, Vec<Write>), StoreError> {
+        let path = Self::path_in(data_dir);
+        if !path.exists() {
+            return Ok((Self::create(data_dir, store_id, len_bytes)?, Vec::new()));
+        }
+        let mut file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(io(&path))?;
+        let mut bytes = Vec::new();
+        file.read_to_end(&mut bytes).map_err(io(&path))?;
+        let corrupt = |what: &str| StoreError::Corrupt(format!("{}: {what}", path.display()));
+        if bytes.len() < HEADER_LEN_BYTES as usize || &bytes[..8] != MAGIC {
+            return Err(corrupt("not a Baton write-ahead log"));
+        }
+        let format = u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes"));
+        if format != FORMAT {
+            return Err(corrupt(&format!(
+                "log format {format}, this build reads {FORMAT}"
+            )));
+        }
+        let owner = StoreId(bytes[16..32].try_into().expect("16 bytes"));
+        if owner != store_id {
+            return Err(corrupt(&format!(
+                "the log belongs to store {owner}, not to this directory's store {store_id}; \
+                 it is not replayed (a restore that stopped half way leaves this: run it again)"
+            )));
+        }
+        let generation = u64::from_le_bytes(bytes[32..40].try_into().expect("8 bytes"));
+        let mut writes = Vec::new();
+        let mut at = HEADER_LEN_BYTES as usize;
+        while let Some(payload) = record_at(&bytes, at, generation) {
+            decode(payload, &mut writes).map_err(|e| corrupt(&e))?;
+            at += RECORD_HEADER_LEN_BYTES + payload.len();
+        }
+        let wal = Self {
+            file,
+            path,
+            store_id,
+            generation,
+            end: at as u64,
+            len_bytes: (bytes.len() as u64).max(len_bytes),
+        };
+        Ok((wal, writes))
+    }
+
+    /// A new, empty log for `store_id` in place of any other: zero-filled
+    /// to its full size and synced, directory included.
+    pub(crate) fn create(
+        data_dir: &Path,
+        store_id: StoreId,
+        len_bytes: u64,
+    ) -> Result<Self, StoreError> {
+        let path = Self::path_in(data_dir);
+        let tmp = data_dir.join(format!("{FILE_NAME}.new"));
+        {
+            let mut file = File::create(&tmp).map_err(io(&tmp))?;
+            let zeros = vec![0u8; 1 << 20];
+            let mut left = len_bytes;
+            while left > 0 {
+                let n = left.min(zeros.len() as u64) as usize;
+                file.write_all(&zeros[..n]).map_err(io(&tmp))?;
+                left -= n as u64;
+            }
+            file.write_all_at(&header(store_id, 1), 0)
+                .map_err(io(&tmp))?;
+            file.sync_all().map_err(io(&tmp))?;
+        }
+        std::fs::rename(&tmp, &path).map_err(io(&path))?;
+        File::open(data_dir)
+            .and_then(|d| d.sync_all())
+            .map_err(io(data_dir))?;
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(io(&path))?;
+        Ok(Self {
+            file,
+            path,
+            store_id,
+            generation: 1,
+            end: HEADER_LEN_BYTES,
+            len_bytes,
+        })
+    }
+
+    /// Whether a record of `payload_len` bytes still fits.
+    pub(crate) fn fits(&self, payload_len: usize) -> bool {
+        self.end + (RECORD_HEADER_LEN_BYTES + payload_len) as u64 <= self.len_bytes
+    }
+
+    /// Appends one record and makes it durable (one write, one fdatasync).
+    pub(crate) fn append(&mut self, payload: &[u8]) -> Result<(), StoreError> {
+        debug_assert!(self.fits(payload.len()));
+        let mut record = Vec::with_capacity(RECORD_HEADER_LEN_BYTES + payload.len());
+        record.extend_from_slice(&self.generation.to_le_bytes());
+        record.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+        record.extend_from_slice(&checksum(self.generation, payload).to_le_bytes());
+        record.extend_from_slice(payload);
+        self.file
+            .write_all_at(&record, self.end)
+            .map_err(io(&self.path))?;
+        self.file.sync_data().map_err(io(&self.path))?;
+        self.end += record.len() as u64;
+        Ok(())
+    }
+
+    /// Starts the log again, empty, under the next generation (after its
+    /// writes were folded into redb): every older record stops counting.
+    pub(crate) fn restart(&mut self) -> Result<(), StoreError> {
+        let generation = self.generation + 1;
+        self.file
+            .write_all_at(&header(self.store_id, generation), 0)
+            .map_err(io(&self.path))?;
+        self.file.sync_data().map_err(io(&self.path))?;
+        self.generation = generation;
+        self.end = HEADER_LEN_BYTES;
+        Ok(())
+    }
+}
+
+fn header(store_id: StoreId, generation: u64) -> [u8; HEADER_LEN_BYTES as usize] {
+    let mut h = [0u8; HEADER_LEN_BYTES as usize];
+    h[..8].copy_from_slice(MAGIC);
+    h[8..12].copy_from_slice(&FORMAT.to_le_bytes());
+    h[16..32].copy_from_slice(&store_id.0);
+    h[32..40].copy_from_slice(&generation.to_le_bytes());
+    h
+}
+
+/// The payload of the record at `at`, if a whole valid one of
+/// `generation` is there.
+fn record_at(bytes: &[u8], at: usize, generation: u64) -> Option<&[u8]> {
+    let head = bytes.get(at..at + RECORD_HEADER_LEN_BYTES)?;
+    let g = u64::from_le_bytes(head[..8].try_into().expect("8 bytes"));
+    let len = u32::from_le_bytes(head[8..12].try_into().expect("4 bytes")) as usize;
+    let sum = u64::from_le_bytes(head[12..20].try_into().expect("8 bytes"));
+    if g != generation || len == 0 {
+        return None;
+    }
+    let start = at + RECORD_HEADER_LEN_BYTES;
+    let payload = bytes.get(start..start.checked_add(len)?)?;
+    (checksum(generation, payload) == sum).then_some(payload)
+}
+
+const PUT_LEASE: u8 = 1;
+const DELETE_LEASE: u8 = 2;
+const TOKENS: u8 = 3;
+const PUT_SESSION: u8 = 4;
+const DELETE_SESSION: u8 = 5;
+
+fn put_name(out: &mut Vec<u8>, resource: &ResourceName) {
+    let name = resource.as_str().as_bytes();
+    out.extend_from_slice(&(name.len() as u16).to_le_bytes());
+    out.extend_from_slice(name);
+}
+
+/// One commit's writes as a record payload.
+pub(crate) fn encode(writes: &[Write]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(64 * writes.len());
+    for w in writes {
+        match w {
+            Write::PutLease { resource, record } => {
+                out.push(PUT_LEASE);
+                put_name(&mut out, resource);
+                let (bytes, len) = crate::redb_store::encode(record);
+                out.push(len as u8);
+                out.extend_from_slice(&bytes[..len]);
+            }
+            Write::DeleteLease { resource } => {
+                out.push(DELETE_LEASE);
+                put_name(&mut out, resource);
+            }
+            Write::Tokens { epoch, counter } => {
+                out.push(TOKENS);
+                out.extend_from_slice(&epoch.get().to_le_bytes());
+                out.extend_from_slice(&counter.to_le_bytes());
+            }
+            Write::PutSession { record } => {
+                out.push(PUT_SESSION);
+                out.extend_from_slice(record.digest.as_bytes());
+                out.extend_from_slice(&record.ttl_ms.to_le_bytes());
+            }
+            Write::DeleteSession { digest } => {
+                out.push(DELETE_SESSION);
+                out.extend_from_slice(digest.as_bytes());
+            }
+        }
+    }
+    out
+}
+
+/// A cursor over a payload; every read names what was cut short.
+struct Cursor<'a>(&'a [u8]);
+
+impl<'a> Cursor<'a> {
+    fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8], String> {
+        if self.0.len() < n {
+            return Err(format!("a record ends inside {what}"));
+        }
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Ok(head)
+    }
+
+    fn name(&mut self) -> Result<ResourceName, String> {
+        let len = u16::from_le_bytes(self.take(2, "a name length")?.try_into().expect("2"));
+        let raw = std::str::from_utf8(self.take(len as usize, "a name")?)
+            .map_err(|_| "a name is not UTF-8".to_string())?;
+        ResourceName::parse(raw).map_err(|e| format!("name {raw:?}: {e}"))
+    }
+
+    fn digest(&mut self) -> Result<AcquisitionDigest, String> {
+        Ok(AcquisitionDigest::from_bytes(
+            self.take(16, "a digest")?.try_into().expect("16"),
+        ))
+    }
+
+    fn u64(&mut self, what: &str) -> Result<u64, String> {
+        Ok(u64::from_le_bytes(
+            self.take(8, what)?.try_into().expect("8"),
+        ))
+    }
+}
+
+/// Appends the writes of one record's payload to `out`. A record that
+/// passed its checksum but does not decode is corruption, not a torn tail.
+fn decode(payload: &[u8], out: &mut Vec<Write>) -> Result<(), String> {
+    let mut c = Cursor(payload);
+    while !c.0.is_empty() {
+        let tag = c.take(1, "a write tag")?[0];
+        out.push(match tag {
+            PUT_LEASE => {
+                let resource = c.name()?;
+                let len = c.take(1, "a lease length")?[0] as usize;
+                let bytes = c.take(len, "a lease")?;
+                let (_, record) = crate::redb_store::decode(resource.as_str(), bytes)
+                    .map_err(|e| e.to_string())?;
+                Write::PutLease { resource, record }
+            }
+            DELETE_LEASE => Write::DeleteLease {
+                resource: c.name()?,
+            },
+            TOKENS => {
+                let epoch = u32::from_le_bytes(c.take(4, "an epoch")?.try_into().expect("4"));
+                let epoch = Epoch::new(epoch).map_err(|e| e.to_string())?;
+                let counter = c.u64("a counter")?;
+                FencingToken::new(epoch, counter.max(1)).map_err(|e| e.to_string())?;
+                Write::Tokens { epoch, counter }
+            }
+            PUT_SESSION => Write::PutSession {
+                record: SessionRecord {
+                    digest: c.digest()?,
+                    ttl_ms: c.u64("a session TTL")?,
+                },
+            },
+            DELETE_SESSION => Write::DeleteSession {
+                digest: c.digest()?,
+            },
+            other => return Err(format!("unknown write tag {other}")),
+        });
+    }
+    Ok(())
+}
+
+/// What the log holds beyond redb, one entry per key (the last write wins),
+/// so a checkpoint is one redb transaction of at most one write per key.
+#[derive(Default)]
+pub(crate) struct Pending {
+    leases: std::collections::HashMap<ResourceName, Option<LeaseRecord>>,
+    sessions: std::collections::HashMap<AcquisitionDigest, Option<u64>>,
+    tokens: Option<(Epoch, u64)>,
+}
+
+impl Pending {
+    pub(crate) fn absorb(&mut self, writes: &[Write]) {
+        for w in writes {
+            match w {
+                Write::PutLease { resource, record } => {
+                    self.leases.insert(resource.clone(), Some(record.clone()));
+                }
+                Write::DeleteLease { resource } => {
+                    self.leases.insert(resource.clone(), None);
+                }
+                Write::Tokens { epoch, counter } => self.tokens = Some((*epoch, *counter)),
+                Write::PutSession { record } => {
+                    self.sessions.insert(record.digest, Some(record.ttl_ms));
+                }
+                Write::DeleteSession { digest } => {
+                    self.sessions.insert(*digest, None);
+                }
+            }
+        }
+    }
+
+    /// The pending state as writes (order does not matter: one per key).
+    pub(crate) fn drain(&mut self) -> Vec<Write> {
+        let mut out = Vec::with_capacity(self.leases.len() + self.sessions.len() + 1);
+        for (resource, record) in self.leases.drain() {
+            out.push(match record {
+                Some(record) => Write::PutLease { resource, record },
+                None => Write::DeleteLease { resource },
+            });
+        }
+        for (digest, ttl_ms) in self.sessions.drain() {
+            out.push(match ttl_ms {
+                Some(ttl_ms) => Write::PutSession {
+                    record: SessionRecord { digest, ttl_ms },
+                },
+                None => Write::DeleteSession { digest },
+            });
+        }
+        if let Some((epoch, counter)) = self.tokens.take() {
+            out.push(Write::Tokens { epoch, counter });
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use baton_core::AcquisitionId;
+
+    fn dir(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("baton-wal-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    fn put(n: u64) -> Vec<Write> {
+        vec![
+            Write::PutLease {
+                resource: ResourceName::parse(&format!("r{n}")).unwrap(),
+                record: LeaseRecord {
+                    acquisition_digest: AcquisitionId::from_bytes([n as u8; 16]).digest(),
+                    token: FencingToken::new(Epoch::FIRST, n).unwrap(),
+                    ttl_ms: 5_000,
+                    session: (n % 2 == 0).then(|| AcquisitionId::from_bytes([9; 16]).digest()),
+                },
+            },
+            Write::Tokens {
+                epoch: Epoch::FIRST,
+                counter: n,
+            },
+        ]
+    }
+
+    #[test]
+    fn records_replay_in_order_and_a_torn_tail_is_dropped() {
+        let d = dir("torn");
+        let id = StoreId([3; 16]);
+        let mut wal = Wal::create(&d, id, 1 << 16).unwrap();
+        for n in 1..=3 {
+            wal.append(&encode(&put(n))).unwrap();
+        }
+        let end = wal.end;
+        drop(wal);
+        let (_, writes) = Wal::open(&d, id, 1 << 16).unwrap();
+        assert_eq!(writes, [put(1), put(2), put(3)].concat());
+        // Tear the last record: only the first two come back.
+        let f = OpenOptions::new()
+            .write(true)
+            .open(Wal::path_in(&d))
+            .unwrap();
+        f.write_all_at(&[0xff], end - 3).unwrap();
+        let (mut wal, writes) = Wal::open(&d, id, 1 << 16).unwrap();
+        assert_eq!(writes, [put(1), put(2)].concat());
+        // A restart forgets every record; appends after it replay alone.
+        wal.restart().unwrap();
+        wal.append(&encode(&put(7))).unwrap();
+        drop(wal);
+        let (_, writes) = Wal::open(&d, id, 1 << 16).unwrap();
+        assert_eq!(writes, put(7));
+        // Another store's log is refused, not replayed.
+        assert!(matches!(
+            Wal::open(&d, StoreId([4; 16]), 1 << 16),
+            Err(StoreError::Corrupt(_))
+        ));
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+}
