@@ -3,14 +3,16 @@
 //! Each of C clients has its own connection and cycles acquire → release for
 //! a fixed time, either each on its own resource (`distinct`) or all on one
 //! (`shared`, where acquires wait in line). The report gives cycles per
-//! second and the p50/p99/max latency of each step. These are benchmark
-//! figures, printed for people; no test asserts on them.
+//! second and the p50/p99/max latency of each step, and the CPU time per
+//! cycle of the server's processes and of the load generator itself, read
+//! from `/proc` around the measured interval. These are benchmark figures,
+//! printed for people; no test asserts on them.
 #![warn(missing_docs)]
 
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use baton_client::{Acquired, Client, Release};
+use baton_client::{Acquired, Client, Release, Session};
 
 /// How the clients share resources.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -39,6 +41,45 @@ pub trait Target: Sync {
     fn name(&self) -> String;
     /// Opens one client connection.
     fn connect(&self) -> impl Future<Output = Result<Self::Conn, String>> + Send;
+    /// Names (as in `/proc/PID/comm`) of the processes that serve this
+    /// target: their CPU time is the server's cost per cycle.
+    fn server_processes(&self) -> &'static [&'static str] {
+        &[]
+    }
+}
+
+/// CPU time (user + system) of every process named one of `names`, in µs.
+/// `/proc/PID/stat` counts in USER_HZ, which Linux fixes at 100.
+pub fn cpu_us_of(names: &[&str]) -> Option<u64> {
+    if names.is_empty() {
+        return None;
+    }
+    let mut total = 0;
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let pid = entry.file_name();
+        let Some(pid) = pid
+            .to_str()
+            .filter(|p| p.bytes().all(|b| b.is_ascii_digit()))
+        else {
+            continue;
+        };
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        if names.contains(&comm.trim_end()) {
+            total += pid_cpu_us(pid).unwrap_or(0);
+        }
+    }
+    Some(total)
+}
+
+/// CPU time of process `pid` ("self" for this one), in µs.
+pub fn pid_cpu_us(pid: &str) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command (which may hold spaces): state is field 3,
+    // utime field 14, stime field 15.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    Some(ticks * 10_000)
 }
 
 /// One client's connection: acquire (waiting if `wait`) and release.
@@ -74,6 +115,10 @@ pub struct Report {
     pub release_us: Percentiles,
     /// Failed steps.
     pub errors: u64,
+    /// CPU time of the target's server processes per cycle, µs.
+    pub server_cpu_us_per_cycle: Option<f64>,
+    /// CPU time of this load generator per cycle, µs.
+    pub client_cpu_us_per_cycle: Option<f64>,
 }
 
 /// Latency percentiles in microseconds.
@@ -104,7 +149,7 @@ impl Report {
     /// The header line of the text table.
     pub fn header() -> String {
         format!(
-            "{:<26} {:<9} {:>4} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>6}",
+            "{:<26} {:<9} {:>4} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>6} {:>9} {:>9}",
             "target",
             "mode",
             "C",
@@ -115,15 +160,18 @@ impl Report {
             "rel p50",
             "rel p99",
             "rel max",
-            "errors"
+            "errors",
+            "srv µs/c",
+            "gen µs/c"
         )
     }
 
     /// The row of this report in the text table.
     pub fn line(&self) -> String {
         let ms = |us: u64| format!("{:.2}ms", us as f64 / 1000.0);
+        let cpu = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1}"));
         format!(
-            "{:<26} {:<9} {:>4} {:>10.0} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>6}",
+            "{:<26} {:<9} {:>4} {:>10.0} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>6} {:>9} {:>9}",
             self.target,
             self.mode.label(),
             self.clients,
@@ -134,7 +182,9 @@ impl Report {
             ms(self.release_us.p50),
             ms(self.release_us.p99),
             ms(self.release_us.max),
-            self.errors
+            self.errors,
+            cpu(self.server_cpu_us_per_cycle),
+            cpu(self.client_cpu_us_per_cycle),
         )
     }
 }
@@ -183,6 +233,9 @@ pub async fn run<T: Target>(
             (acq, rel, errors)
         }));
     }
+    tokio::time::sleep_until(start.into()).await;
+    let names = target.server_processes();
+    let (server0, client0) = (cpu_us_of(names), pid_cpu_us("self"));
     let (mut acq, mut rel, mut errors) = (Vec::new(), Vec::new(), 0);
     for t in tasks {
         let (a, r, e) = t.await.map_err(|e| e.to_string())?;
@@ -193,8 +246,13 @@ pub async fn run<T: Target>(
     let elapsed = Instant::now()
         .saturating_duration_since(start)
         .max(duration);
+    let (server1, client1) = (cpu_us_of(names), pid_cpu_us("self"));
     let cycles = acq.len() as u64;
+    let per_cycle =
+        |a: Option<u64>, b: Option<u64>| Some(b?.saturating_sub(a?) as f64 / cycles.max(1) as f64);
     Ok(Report {
+        server_cpu_us_per_cycle: per_cycle(server0, server1),
+        client_cpu_us_per_cycle: per_cycle(client0, client1),
         target: target.name(),
         mode,
         clients,
@@ -206,14 +264,59 @@ pub async fn run<T: Target>(
     })
 }
 
+/// How the load generator's clients talk to Baton.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Transport {
+    /// A unary call per acquire and per release, a connection per client.
+    #[default]
+    Unary,
+    /// A session (one stream) per client, a connection per client; the
+    /// leases are tied to the session.
+    Session,
+    /// A session per client, all sessions on one shared connection (what
+    /// clones of one `Client` do).
+    SessionSharedConnection,
+}
+
 /// Baton itself, over its gRPC API.
+#[derive(Default)]
 pub struct Baton {
     /// The name printed in reports.
     pub label: String,
     /// The server's gRPC URL (several, comma-separated, for a cluster).
     pub url: String,
-    /// TTL of every lease acquired.
+    /// TTL of every lease acquired (the session TTL on sessions).
     pub ttl: Duration,
+    /// Unary calls or sessions.
+    pub transport: Transport,
+    /// The server's process names (see [`Target::server_processes`]).
+    pub processes: &'static [&'static str],
+    /// The connection shared by every client, for [`Transport::SessionSharedConnection`].
+    shared: tokio::sync::OnceCell<Client>,
+}
+
+impl Baton {
+    /// Unary calls, no process names (no server CPU figure).
+    pub fn new(label: impl Into<String>, url: impl Into<String>, ttl: Duration) -> Self {
+        Self {
+            label: label.into(),
+            url: url.into(),
+            ttl,
+            ..Default::default()
+        }
+    }
+
+    /// Calls over `transport`.
+    pub fn with_transport(mut self, transport: Transport) -> Self {
+        self.transport = transport;
+        self
+    }
+
+    /// Counts the CPU time of the processes named `processes` as the server's.
+    pub fn with_processes(mut self, processes: &'static [&'static str]) -> Self {
+        self.processes = processes;
+        self
+    }
 }
 
 impl Target for Baton {
@@ -223,12 +326,30 @@ impl Target for Baton {
         self.label.clone()
     }
 
+    fn server_processes(&self) -> &'static [&'static str] {
+        self.processes
+    }
+
     async fn connect(&self) -> Result<BatonConn, String> {
-        let client = Client::connect(&self.url)
-            .await
-            .map_err(|e| e.to_string())?;
+        let connect = || async { Client::connect(&self.url).await.map_err(|e| e.to_string()) };
+        let client = match self.transport {
+            Transport::SessionSharedConnection => {
+                self.shared.get_or_try_init(connect).await?.clone()
+            }
+            _ => connect().await?,
+        };
+        let session = match self.transport {
+            Transport::Unary => None,
+            _ => Some(
+                client
+                    .open_session(self.ttl)
+                    .await
+                    .map_err(|e| e.to_string())?,
+            ),
+        };
         Ok(BatonConn {
             client,
+            session,
             ttl: self.ttl,
         })
     }
@@ -237,6 +358,7 @@ impl Target for Baton {
 /// One client connection to Baton.
 pub struct BatonConn {
     client: Client,
+    session: Option<Session>,
     ttl: Duration,
 }
 
@@ -249,24 +371,26 @@ impl Conn for BatonConn {
         } else {
             Duration::ZERO
         };
-        match self
-            .client
-            .acquire(resource, self.ttl, wait)
-            .await
-            .map_err(|e| e.to_string())?
-        {
+        let acquired = match &self.session {
+            Some(s) => s.acquire(resource, wait).await,
+            None => self.client.acquire(resource, self.ttl, wait).await,
+        };
+        match acquired.map_err(|e| e.to_string())? {
             Acquired::Granted(lease) => Ok(lease),
             Acquired::NotAcquired(n) => Err(format!("not acquired: {n:?}")),
         }
     }
 
     async fn release(&mut self, held: Self::Held) -> Result<(), String> {
-        match self
-            .client
-            .release(&held.resource, &held.acquisition_id)
-            .await
-            .map_err(|e| e.to_string())?
-        {
+        let released = match &self.session {
+            Some(s) => s.release(&held.resource, &held.acquisition_id).await,
+            None => {
+                self.client
+                    .release(&held.resource, &held.acquisition_id)
+                    .await
+            }
+        };
+        match released.map_err(|e| e.to_string())? {
             Release::Released { .. } => Ok(()),
             Release::NotHeld => Err("release: not held".into()),
         }

@@ -149,6 +149,10 @@ pub struct BenchArgs {
     /// distinct (each client its own resource), shared (all on one), or both.
     #[arg(long, default_value = "both", value_parser = ["distinct", "shared", "both"])]
     pub modes: String,
+    /// Cycle on sessions (one stream per client, leases tied to it, all on
+    /// one connection) instead of a unary call per acquire and release.
+    #[arg(long)]
+    pub session: bool,
     /// Instead of cycling, fill the server with this many live leases
     /// (TTL --ttl) and report the rate; then read the server's memory.
     #[arg(long)]

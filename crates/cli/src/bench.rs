@@ -1,7 +1,7 @@
 //! `baton bench`: cycles, filling, and the live-lease scaling run. Text rows
 //! are printed as each measurement ends; `--json` prints one object at the end.
 
-use baton_bench::{Baton, Mode, Report, ScaleRow};
+use baton_bench::{Baton, Mode, Report, ScaleRow, Transport};
 use serde::Serialize;
 
 use crate::args::BenchArgs;
@@ -112,11 +112,13 @@ async fn cycles(a: &BenchArgs) -> Result<Exit, CliError> {
         "shared" => vec![Mode::Shared],
         _ => vec![Mode::Distinct, Mode::Shared],
     };
-    let target = Baton {
-        label: "baton".into(),
-        url: a.client.server.clone(),
-        ttl: a.ttl,
+    let label = if a.session { "baton session" } else { "baton" };
+    let transport = if a.session {
+        Transport::SessionSharedConnection
+    } else {
+        Transport::Unary
     };
+    let target = Baton::new(label, a.client.server.clone(), a.ttl).with_transport(transport);
     let run_id = std::process::id().to_string();
     let mut runs = Vec::new();
     if !json {
@@ -209,16 +211,11 @@ async fn scale(a: &BenchArgs, levels: &str) -> Result<Exit, CliError> {
         .map_err(|e| CliError::usage(format!("--live-leases: {e}")))?;
     let clients = baton_bench::parse_clients(&a.clients)
         .map_err(|e| CliError::usage(format!("--clients: {e}")))?[0];
-    let target = Baton {
-        label: "baton".into(),
-        url: a.client.server.clone(),
-        ttl: a.ttl,
-    };
-    let baseline = a.baseline_server.clone().map(|url| Baton {
-        label: "baton (baseline)".into(),
-        url,
-        ttl: a.ttl,
-    });
+    let target = Baton::new("baton", a.client.server.clone(), a.ttl);
+    let baseline = a
+        .baseline_server
+        .clone()
+        .map(|url| Baton::new("baton (baseline)", url, a.ttl));
     let run = baton_bench::Scale {
         target: &target,
         baseline: baseline.as_ref(),

@@ -290,8 +290,9 @@ async fn tokens_stay_ordered_and_exclusive_across_sigkill() {
         }
     }
     let counts = counts.lock().unwrap();
+    let on_sessions = history.iter().filter(|g| g.on_session).count();
     println!(
-        "crash test: {kills} SIGKILLs, {} grants, {checked_abandoned} abandoned leases checked for exclusion; sessions: {counts:?}",
+        "crash test: {kills} SIGKILLs, {} grants ({on_sessions} on sessions), {checked_abandoned} abandoned leases checked for exclusion; sessions: {counts:?}",
         history.len()
     );
     assert!(

@@ -435,7 +435,7 @@ async fn baton_hold_keeps_until_sigterm_and_a_paused_holder_loses() {
         "released on SIGTERM"
     );
 
-    let (mut child, token) = hold("h:b");
+    let (child, token) = hold("h:b");
     let pid = Pid::from_raw(child.id() as i32);
     kill(pid, Signal::SIGSTOP).unwrap();
     let paused = Instant::now();

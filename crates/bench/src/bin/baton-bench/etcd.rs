@@ -45,6 +45,10 @@ impl Etcd {
 impl Target for Etcd {
     type Conn = EtcdConn;
 
+    fn server_processes(&self) -> &'static [&'static str] {
+        &["etcd"]
+    }
+
     fn name(&self) -> String {
         "etcd lock API".into()
     }

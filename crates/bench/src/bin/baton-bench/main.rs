@@ -9,7 +9,7 @@ mod redis;
 
 use std::time::Duration;
 
-use baton_bench::{parse_clients, run, Baton, Mode, Report, Target};
+use baton_bench::{parse_clients, run, Baton, Mode, Report, Target, Transport};
 use clap::Parser;
 
 #[derive(Parser)]
@@ -42,6 +42,16 @@ struct Args {
     /// Client counts.
     #[arg(long, default_value = "1,16,64")]
     clients: String,
+    /// How Baton is called, comma-separated: unary (a call per acquire and
+    /// per release, a connection per client), session (a session per
+    /// client, a connection per client), session-1conn (a session per
+    /// client, one connection for all).
+    #[arg(
+        long,
+        default_value = "unary,session,session-1conn",
+        value_delimiter = ','
+    )]
+    transports: Vec<String>,
     /// Time per measurement, in seconds.
     #[arg(long, default_value_t = 3.0)]
     seconds: f64,
@@ -106,18 +116,27 @@ async fn main() {
         let run_id = format!("{}-{round}", std::process::id());
         println!("round {round}");
         println!("{}", Report::header());
-        let baton = Baton {
-            label: "baton embedded".into(),
-            url: args.server.clone(),
-            ttl: Duration::from_secs(args.ttl_s),
-        };
-        measure(&baton, &args, &clients, &modes, &run_id, &mut all).await;
+        let ttl = Duration::from_secs(args.ttl_s);
+        for (label, transport) in [
+            ("baton unary", Transport::Unary),
+            ("baton session", Transport::Session),
+            ("baton session 1conn", Transport::SessionSharedConnection),
+        ] {
+            if !args
+                .transports
+                .contains(&transport_name(transport).to_string())
+            {
+                continue;
+            }
+            let baton = Baton::new(label, args.server.clone(), ttl)
+                .with_transport(transport)
+                .with_processes(&["baton"]);
+            measure(&baton, &args, &clients, &modes, &run_id, &mut all).await;
+        }
         if !args.cluster.is_empty() {
-            let cluster = Baton {
-                label: "baton on postgres".into(),
-                url: args.cluster.clone(),
-                ttl: Duration::from_secs(args.ttl_s),
-            };
+            let cluster = Baton::new("baton on postgres", args.cluster.clone(), ttl)
+                .with_transport(Transport::SessionSharedConnection)
+                .with_processes(&["baton", "postgres"]);
             measure(&cluster, &args, &clients, &modes, &run_id, &mut all).await;
         }
         if !args.lease_table.is_empty() {
@@ -172,6 +191,14 @@ async fn main() {
     }
 }
 
+fn transport_name(t: Transport) -> &'static str {
+    match t {
+        Transport::Unary => "unary",
+        Transport::Session => "session",
+        Transport::SessionSharedConnection => "session-1conn",
+    }
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
@@ -193,14 +220,22 @@ fn summarize(all: &[Report], rounds: usize) {
     }
     println!("\nmedians over {rounds} rounds");
     println!(
-        "{:<26} {:<9} {:>4} {:>10} {:>9} {:>9} {:>9}",
-        "target", "mode", "C", "cycles/s", "acq p50", "acq p99", "rel p50"
+        "{:<26} {:<9} {:>4} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9}",
+        "target", "mode", "C", "cycles/s", "acq p50", "acq p99", "rel p50", "srv µs/c", "gen µs/c"
     );
     for k in &order {
         let g = &groups[k];
         let ms = |v: Vec<f64>| format!("{:.2}ms", median(v) / 1000.0);
+        let cpu = |v: Vec<Option<f64>>| {
+            let v: Vec<f64> = v.into_iter().flatten().collect();
+            if v.is_empty() {
+                "-".to_string()
+            } else {
+                format!("{:.1}", median(v))
+            }
+        };
         println!(
-            "{:<26} {:<9} {:>4} {:>10.0} {:>9} {:>9} {:>9}",
+            "{:<26} {:<9} {:>4} {:>10.0} {:>9} {:>9} {:>9} {:>9} {:>9}",
             k.0,
             k.1,
             k.2,
@@ -208,6 +243,8 @@ fn summarize(all: &[Report], rounds: usize) {
             ms(g.iter().map(|r| r.acquire_us.p50 as f64).collect()),
             ms(g.iter().map(|r| r.acquire_us.p99 as f64).collect()),
             ms(g.iter().map(|r| r.release_us.p50 as f64).collect()),
+            cpu(g.iter().map(|r| r.server_cpu_us_per_cycle).collect()),
+            cpu(g.iter().map(|r| r.client_cpu_us_per_cycle).collect()),
         );
     }
     println!("\nmedian per-round ratio of cycles/s (Baton target / peer)");

@@ -39,6 +39,10 @@ impl Advisory {
 impl Target for Advisory {
     type Conn = AdvisoryConn;
 
+    fn server_processes(&self) -> &'static [&'static str] {
+        &["postgres"]
+    }
+
     fn name(&self) -> String {
         "postgres advisory lock".into()
     }
@@ -121,6 +125,10 @@ impl LeaseTable {
 
 impl Target for LeaseTable {
     type Conn = LeaseTableConn;
+
+    fn server_processes(&self) -> &'static [&'static str] {
+        &["postgres"]
+    }
 
     fn name(&self) -> String {
         "postgres lease table".into()

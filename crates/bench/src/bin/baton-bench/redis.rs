@@ -144,6 +144,10 @@ impl Redis {
 impl Target for Redis {
     type Conn = RedisConn;
 
+    fn server_processes(&self) -> &'static [&'static str] {
+        &["redis-server"]
+    }
+
     fn name(&self) -> String {
         self.label.clone()
     }
