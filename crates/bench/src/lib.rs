@@ -78,6 +78,10 @@ pub fn pid_cpu_us(pid: &str) -> Option<u64> {
     // utime field 14, stime field 15.
     let rest = &stat[stat.rfind(')')? + 2..];
     let fields: Vec<&str> = rest.split_whitespace().collect();
+    // A zombie (a server killed and not yet reaped) no longer runs.
+    if fields.first() == Some(&"Z") {
+        return None;
+    }
     let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
     Some(ticks * 10_000)
 }
