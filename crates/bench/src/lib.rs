@@ -234,23 +234,28 @@ pub async fn run<T: Target>(
                 acq.push((t1 - t0).as_micros() as u64);
                 rel.push((t2 - t1).as_micros() as u64);
             }
-            (acq, rel, errors)
+            // The connection goes back with the figures: a server process
+            // per connection (PostgreSQL) must still be there when its CPU
+            // time is read.
+            (acq, rel, errors, conn)
         }));
     }
     tokio::time::sleep_until(start.into()).await;
     let names = target.server_processes();
     let (server0, client0) = (cpu_us_of(names), pid_cpu_us("self"));
-    let (mut acq, mut rel, mut errors) = (Vec::new(), Vec::new(), 0);
+    let (mut acq, mut rel, mut errors, mut conns) = (Vec::new(), Vec::new(), 0, Vec::new());
     for t in tasks {
-        let (a, r, e) = t.await.map_err(|e| e.to_string())?;
+        let (a, r, e, conn) = t.await.map_err(|e| e.to_string())?;
         acq.extend(a);
         rel.extend(r);
         errors += e;
+        conns.push(conn);
     }
     let elapsed = Instant::now()
         .saturating_duration_since(start)
         .max(duration);
     let (server1, client1) = (cpu_us_of(names), pid_cpu_us("self"));
+    drop(conns);
     let cycles = acq.len() as u64;
     let per_cycle =
         |a: Option<u64>, b: Option<u64>| Some(b?.saturating_sub(a?) as f64 / cycles.max(1) as f64);

@@ -456,6 +456,52 @@ async fn a_session_resumes_on_the_new_leader_with_its_leases() {
     eprintln!("session resumed on the new leader; rival attempts refused: {rival_refusals}");
 }
 
+/// A session on a leader that is stopped (SIGSTOP), not killed: its TCP
+/// connection stands but heartbeats go unanswered. The client notices,
+/// resumes on the new leader, and keeps its lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_on_a_paused_leader_resumes_on_the_next_one() {
+    use nix::sys::signal::{kill, Signal::SIGCONT, Signal::SIGSTOP};
+    use nix::unistd::Pid;
+    let db = PgDb::create("cluster_session_pause").await;
+    let cluster = Cluster::start(&db.url, 3);
+    let old = cluster.wait_leader(None).await;
+    let holder = client(&cluster.endpoints()).await;
+    let session = holder.open_session(Duration::from_secs(6)).await.unwrap();
+    let Acquired::Granted(lease) = session.acquire("sess:p", Duration::ZERO).await.unwrap() else {
+        panic!("free resource not granted")
+    };
+    let mut state = session.watch();
+    let pid = Pid::from_raw(cluster.pid(old) as i32);
+    kill(pid, SIGSTOP).unwrap();
+    let paused = Instant::now();
+    let mut saw_reconnecting = false;
+    loop {
+        let health = state.borrow_and_update().health;
+        assert_ne!(health, baton_client::Health::Ended, "the session was lost");
+        saw_reconnecting |= health == baton_client::Health::Reconnecting;
+        if saw_reconnecting && health == baton_client::Health::Live {
+            break;
+        }
+        assert!(
+            paused.elapsed() < Duration::from_secs(30),
+            "no resume within 30 s"
+        );
+        let _ = tokio::time::timeout(Duration::from_millis(200), state.changed()).await;
+    }
+    let resumed_after = paused.elapsed();
+    let new = cluster.wait_leader(Some(old)).await;
+    let mut observer = client(&cluster.nodes[new].url()).await;
+    assert_eq!(
+        observer.status("sess:p").await.unwrap().holder_token,
+        Some(lease.token),
+        "the lease survived the paused leader"
+    );
+    kill(pid, SIGCONT).unwrap();
+    assert!(session.close().await.unwrap());
+    eprintln!("session resumed {resumed_after:?} after its leader was stopped");
+}
+
 /// A leader stopped past its leadership (SIGSTOP) and cut off from the
 /// database wakes to find another in its place: it confirms no renewal it
 /// would answer from memory, commits nothing, and steps down.

@@ -186,9 +186,13 @@ impl Client {
         let driver = Driver {
             abandon: abandon.clone(),
             // Not `self`: the driver must not keep the shared sessions alive.
+            // A resume attempt gives up after a sixth of the TTL (at least
+            // 200 ms), so a stopped server does not eat the session's TTL.
             client: Client {
                 servers: self.servers.clone(),
-                rpc_timeout: self.rpc_timeout,
+                rpc_timeout: self
+                    .rpc_timeout
+                    .min((ttl / 6).max(Duration::from_millis(200))),
                 sessions: Default::default(),
             },
             id,
@@ -567,6 +571,11 @@ impl Driver {
         }
     }
 
+    /// How long a heartbeat may go unanswered before the stream counts as broken.
+    fn silence_limit(&self) -> Duration {
+        (self.ttl / 6).max(Duration::from_millis(50))
+    }
+
     fn fail_pending(&mut self, error: impl Fn() -> ClientError) {
         for (_, reply) in self.pending.drain() {
             let _ = reply.send(Err(error()));
@@ -632,6 +641,11 @@ impl Driver {
         let interval = self.ttl / 3;
         let mut next_beat = Instant::now() + interval;
         loop {
+            let silent_at = self
+                .heartbeats
+                .values()
+                .min()
+                .map(|sent| *sent + self.silence_limit());
             tokio::select! {
                 message = conn.rx.message() => match message {
                     Ok(Some(response)) => {
@@ -648,6 +662,9 @@ impl Driver {
                     }
                 },
                 call = self.calls.recv() => match call {
+                    // The caller gave up before its turn (timed out while the
+                    // stream was down): never send what nobody waits for.
+                    Some(call) if call.reply.as_ref().is_some_and(|r| r.is_closed()) => {}
                     Some(call) => {
                         let request = v1::SessionRequest { id: call.id, op: Some(call.op) };
                         if let Some(reply) = call.reply {
@@ -666,6 +683,17 @@ impl Driver {
                         return Stop::Dropped;
                     }
                 },
+                // A heartbeat unanswered for a sixth of the TTL (answers take
+                // milliseconds): the server is stopped or cut off though the
+                // connection stands. Resume, starting with another server.
+                _ = tokio::time::sleep_until(silent_at.unwrap_or(next_beat)), if silent_at.is_some() => {
+                    let url = self.client.current_server();
+                    self.client.servers.rotate(&url);
+                    return Stop::Broken(format!(
+                        "no answer to a heartbeat within {} ms from {url}",
+                        self.silence_limit().as_millis()
+                    ));
+                }
                 _ = tokio::time::sleep_until(next_beat) => {
                     next_beat += interval;
                     let id = self.next_heartbeat;
@@ -681,9 +709,7 @@ impl Driver {
     }
 
     fn on_response(&mut self, response: v1::SessionResponse) -> Option<Stop> {
-        let Some(body) = response.body else {
-            return None;
-        };
+        let body = response.body?;
         if let Some(sent) = self.heartbeats.remove(&response.id) {
             return match body {
                 Body::Heartbeat(ack) => {

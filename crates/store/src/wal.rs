@@ -416,7 +416,9 @@ mod tests {
                     acquisition_digest: AcquisitionId::from_bytes([n as u8; 16]).digest(),
                     token: FencingToken::new(Epoch::FIRST, n).unwrap(),
                     ttl_ms: 5_000,
-                    session: (n % 2 == 0).then(|| AcquisitionId::from_bytes([9; 16]).digest()),
+                    session: n
+                        .is_multiple_of(2)
+                        .then(|| AcquisitionId::from_bytes([9; 16]).digest()),
                 },
             },
             Write::Tokens {

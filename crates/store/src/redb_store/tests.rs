@@ -316,7 +316,7 @@ fn commits_go_to_the_log_and_survive_checkpoints_and_reopen() {
         let mut s = RedbStore::open_with_log(&d, 4096).unwrap();
         for n in 1..=500 {
             let mut writes = vec![put(n), tokens(n)];
-            if n % 7 == 0 {
+            if n.is_multiple_of(7) {
                 writes.push(Write::DeleteLease {
                     resource: ResourceName::parse(&format!("log:{}", n % 50)).unwrap(),
                 });
@@ -328,7 +328,7 @@ fn commits_go_to_the_log_and_survive_checkpoints_and_reopen() {
     let stored = s.load().unwrap();
     assert_eq!(stored.counter, 500);
     // Each of the 50 names holds its last put, unless a delete came after.
-    let mut expect: Vec<u64> = (451..=500).filter(|n| n % 7 != 0).collect();
+    let mut expect: Vec<u64> = (451..=500).filter(|n: &u64| !n.is_multiple_of(7)).collect();
     expect.sort_by_key(|n| format!("log:{}", n % 50));
     let got: Vec<u64> = stored
         .leases
