@@ -50,7 +50,7 @@ impl CliError {
                 error: &self.message,
                 exit_code: self.code as u8,
             };
-            crate::output::line(&serde_json::to_string(&out).expect("plain struct serializes"));
+            crate::stdout::line(&serde_json::to_string(&out).expect("plain struct serializes"));
         }
         eprintln!("error: {}", self.message);
         self.code

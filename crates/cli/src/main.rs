@@ -12,6 +12,7 @@ mod lease;
 mod output;
 mod restore;
 mod serve;
+mod stdout;
 
 use std::process::ExitCode;
 

@@ -4,6 +4,7 @@
 use serde::Serialize;
 
 use crate::error::Exit;
+use crate::stdout::line;
 
 /// A command's result, printed once by [`emit`].
 pub trait Rendered: Serialize {
@@ -26,12 +27,4 @@ pub fn emit(json: bool, out: &impl Rendered) -> Exit {
         }
     }
     out.exit()
-}
-
-/// Prints one line on stdout. A reader that went away (a closed pipe) is
-/// not an error of the command: its exit code still tells the outcome.
-pub fn line(text: &str) {
-    use std::io::Write;
-    let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "{text}").and_then(|()| out.flush());
 }

@@ -8,6 +8,7 @@
 
 mod identity;
 mod quiet;
+mod record;
 mod redb_store;
 mod wal;
 

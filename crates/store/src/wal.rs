@@ -242,7 +242,7 @@ pub(crate) fn encode(writes: &[Write]) -> Vec<u8> {
             Write::PutLease { resource, record } => {
                 out.push(PUT_LEASE);
                 put_name(&mut out, resource);
-                let (bytes, len) = crate::redb_store::encode(record);
+                let (bytes, len) = crate::record::encode(record);
                 out.push(len as u8);
                 out.extend_from_slice(&bytes[..len]);
             }
@@ -313,8 +313,8 @@ fn decode(payload: &[u8], out: &mut Vec<Write>) -> Result<(), String> {
                 let resource = c.name()?;
                 let len = c.take(1, "a lease length")?[0] as usize;
                 let bytes = c.take(len, "a lease")?;
-                let (_, record) = crate::redb_store::decode(resource.as_str(), bytes)
-                    .map_err(|e| e.to_string())?;
+                let (_, record) =
+                    crate::record::decode(resource.as_str(), bytes).map_err(|e| e.to_string())?;
                 Write::PutLease { resource, record }
             }
             DELETE_LEASE => Write::DeleteLease {
