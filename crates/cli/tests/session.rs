@@ -133,6 +133,24 @@ async fn a_session_resumes_after_a_crash_and_restart_with_its_leases() {
         Some(lease.token),
         "the lease survived the crash"
     );
+    // A graceful restart: the server ends the session's stream as it stops
+    // (not after its shutdown grace), and the session resumes after it.
+    let beats = session.state().beats;
+    let stopping = Instant::now();
+    assert!(s.terminate().success());
+    let stopped_in = stopping.elapsed();
+    s.restart();
+    eventually(Duration::from_secs(5), async || {
+        session.state().beats > beats + 1
+    })
+    .await;
+    assert_eq!(session.state().health, Health::Live);
+    assert_eq!(
+        c.status("s:resume").await.unwrap().holder_token,
+        Some(lease.token),
+        "the lease survived the graceful restart"
+    );
+    println!("a server with a live session stopped in {stopped_in:?}");
     // Still the holder: a release with the same id works.
     assert!(matches!(
         session

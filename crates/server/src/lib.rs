@@ -404,7 +404,12 @@ fn grpc_server(
     grpc: TcpListener,
     stop: oneshot::Receiver<()>,
 ) -> impl std::future::Future<Output = Result<(), tonic::transport::Error>> {
-    let service = service::LeaseService::new(seat, metrics.clone(), config.default_ttl_ms);
+    // Session streams never end by themselves: on shutdown they are told
+    // to go (their sessions live on, to be resumed elsewhere or after a
+    // restart) instead of holding the shutdown for its whole grace.
+    let closing = tokio_util::sync::CancellationToken::new();
+    let service = service::LeaseService::new(seat, metrics.clone(), config.default_ttl_ms)
+        .closing_on(closing.clone());
     let grpc_service = conn::Tracked {
         inner: tonic::service::interceptor::InterceptedService::new(
             LeasesServer::new(service).max_decoding_message_size(REQUEST_LEN_BYTES_MAX),
@@ -428,5 +433,6 @@ fn grpc_server(
         .add_service(grpc_service)
         .serve_with_incoming_shutdown(incoming, async move {
             let _ = stop.await;
+            closing.cancel();
         })
 }

@@ -24,6 +24,8 @@ pub struct LeaseService {
     metrics: Arc<Metrics>,
     default_ttl_ms: u64,
     next_waiter: Arc<AtomicU64>,
+    /// Cancelled when the server shuts down: session streams end.
+    closing: tokio_util::sync::CancellationToken,
 }
 
 impl LeaseService {
@@ -33,7 +35,14 @@ impl LeaseService {
             metrics,
             default_ttl_ms,
             next_waiter: Arc::new(AtomicU64::new(1)),
+            closing: Default::default(),
         }
+    }
+
+    /// Ends every session stream when `closing` is cancelled.
+    pub fn closing_on(mut self, closing: tokio_util::sync::CancellationToken) -> Self {
+        self.closing = closing;
+        self
     }
 
     async fn call<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> Command) -> Result<T, Status> {

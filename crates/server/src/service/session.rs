@@ -175,8 +175,16 @@ enum Next {
 
 impl SessionTask {
     async fn run(mut self, mut inbound: Streaming<v1::SessionRequest>) {
+        let closing = self.service.closing.clone();
         loop {
             let next = tokio::select! {
+                _ = closing.cancelled() => {
+                    let status = Status::unavailable(
+                        "the server is shutting down; the session lives on: resume it on another server or after the restart",
+                    );
+                    let _ = self.out.send(Err(status)).await;
+                    Next::Stop
+                }
                 message = inbound.message() => match message {
                     Ok(Some(request)) => self.start(request).await,
                     // The client finished or the connection broke.
