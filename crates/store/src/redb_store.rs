@@ -26,6 +26,11 @@ const FILE_NAME: &str = "baton.redb";
 /// only needs the pages on its path, and the kernel's page cache serves the
 /// rest. At 10M live leases the file is about 1.4 GB.
 const CACHE_LEN_BYTES: usize = 64 << 20;
+/// Partial folds of the log into redb (see `fold_some`): at least this many
+/// keys, or this many commits apart, and at most this many keys at once.
+const FOLD_KEYS_MIN: usize = 256;
+const FOLD_EVERY_COMMITS: u64 = 64;
+const FOLD_KEYS_MAX: usize = 4_096;
 
 /// The embedded backend: one redb file under the data directory, guarded by
 /// the directory's identity file, with a write-ahead log in front (see the
@@ -42,6 +47,10 @@ pub struct RedbStore {
     pending: Pending,
     /// The log's writes found at open, for `load`.
     replayed: Vec<Write>,
+    /// Commits appended since the log was (re)started, and since the last
+    /// partial fold.
+    log_commits: u64,
+    since_fold: u64,
 }
 
 fn storage(e: impl std::fmt::Display) -> StoreError {
@@ -155,6 +164,7 @@ impl RedbStore {
         identity.write(data_dir)?;
         let mut pending = Pending::default();
         pending.absorb(&replayed);
+        let log_commits = replayed.len() as u64;
         Ok(Self {
             db,
             data_dir: data_dir.to_path_buf(),
@@ -163,6 +173,8 @@ impl RedbStore {
             wal,
             pending,
             replayed,
+            log_commits,
+            since_fold: 0,
         })
     }
 
@@ -186,6 +198,8 @@ impl RedbStore {
             wal,
             pending: Pending::default(),
             replayed: Vec::new(),
+            log_commits: 0,
+            since_fold: 0,
         })
     }
 
@@ -453,7 +467,37 @@ impl RedbStore {
         let writes = self.pending.drain();
         let new_epoch = self.commit_inner(&writes)?;
         self.wal.restart()?;
+        self.log_commits = 0;
+        self.since_fold = 0;
         Ok(new_epoch)
+    }
+
+    /// Once the log is half full, each commit owes a share of the pending
+    /// keys (their count over the commits that still fit), so that all are
+    /// folded into redb (at their current values) by the time the log is
+    /// full and the checkpoint has little left, instead of one stall for
+    /// every key of the log. Shares are paid together once they reach
+    /// `FOLD_KEYS_MIN` keys or `FOLD_EVERY_COMMITS` commits, at most
+    /// `FOLD_KEYS_MAX` at a time. Safe at any point: replaying the log over
+    /// redb changes nothing the log does not write again, and a key written
+    /// after its fold is pending again.
+    fn fold_some(&mut self) -> Result<(), StoreError> {
+        if !self.wal.past_half() || self.pending.len() == 0 {
+            return Ok(());
+        }
+        self.since_fold += 1;
+        let share = self
+            .pending
+            .len()
+            .div_ceil(self.wal.commits_left(self.log_commits) as usize);
+        let owed = share.saturating_mul(self.since_fold as usize);
+        if owed < FOLD_KEYS_MIN && self.since_fold < FOLD_EVERY_COMMITS {
+            return Ok(());
+        }
+        self.since_fold = 0;
+        let writes = self.pending.take(owed.min(FOLD_KEYS_MAX));
+        self.commit_inner(&writes)?;
+        Ok(())
     }
 
     /// One commit: appended to the log, or, when the log is full or the
@@ -467,6 +511,8 @@ impl RedbStore {
         if !new_epoch && self.wal.fits(payload.len()) {
             self.wal.append(&payload)?;
             self.pending.absorb(writes);
+            self.log_commits += 1;
+            self.fold_some()?;
             return Ok(None);
         }
         self.pending.absorb(writes);

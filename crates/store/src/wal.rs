@@ -163,6 +163,19 @@ impl Wal {
         })
     }
 
+    /// How many more commits of about the average size so far still fit
+    /// (at least 1).
+    pub(crate) fn commits_left(&self, commits: u64) -> u64 {
+        let used = self.end - HEADER_LEN_BYTES;
+        let average = (used / commits.max(1)).max(1);
+        ((self.len_bytes - self.end) / average).max(1)
+    }
+
+    /// Whether more than half of the log is used.
+    pub(crate) fn past_half(&self) -> bool {
+        self.end > self.len_bytes / 2
+    }
+
     /// Whether a record of `payload_len` bytes still fits.
     pub(crate) fn fits(&self, payload_len: usize) -> bool {
         self.end + (RECORD_HEADER_LEN_BYTES + payload_len) as u64 <= self.len_bytes
@@ -370,6 +383,36 @@ impl Pending {
                 }
             }
         }
+    }
+
+    /// Keys pending (leases and sessions).
+    pub(crate) fn len(&self) -> usize {
+        self.leases.len() + self.sessions.len()
+    }
+
+    /// At most `n` pending keys as writes, taken out (the token position
+    /// stays pending until the full drain).
+    pub(crate) fn take(&mut self, n: usize) -> Vec<Write> {
+        let leases: Vec<ResourceName> = self.leases.keys().take(n).cloned().collect();
+        let mut out = Vec::with_capacity(n);
+        for resource in leases {
+            let record = self.leases.remove(&resource).expect("listed");
+            out.push(match record {
+                Some(record) => Write::PutLease { resource, record },
+                None => Write::DeleteLease { resource },
+            });
+        }
+        let left = n.saturating_sub(out.len());
+        let sessions: Vec<AcquisitionDigest> = self.sessions.keys().take(left).copied().collect();
+        for digest in sessions {
+            out.push(match self.sessions.remove(&digest).expect("listed") {
+                Some(ttl_ms) => Write::PutSession {
+                    record: SessionRecord { digest, ttl_ms },
+                },
+                None => Write::DeleteSession { digest },
+            });
+        }
+        out
     }
 
     /// The pending state as writes (order does not matter: one per key).

@@ -295,9 +295,11 @@ fn an_epoch_change_raises_the_identity_floor() {
     std::fs::remove_dir_all(&d).unwrap();
 }
 
-#[test]
-fn commits_go_to_the_log_and_survive_checkpoints_and_reopen() {
-    let d = dir("log");
+/// `n` commits through a log of `log_len` bytes, reopening (as after a
+/// crash: nothing flushed beyond the commits) every `reopen_every`, then
+/// checks the state against what the commits wrote.
+fn commit_through_the_log(tag: &str, log_len: u64, n: u64, reopen_every: u64) {
+    let d = dir(tag);
     let put = |n: u64| Write::PutLease {
         resource: ResourceName::parse(&format!("log:{}", n % 50)).unwrap(),
         record: LeaseRecord {
@@ -311,25 +313,29 @@ fn commits_go_to_the_log_and_survive_checkpoints_and_reopen() {
         epoch: Epoch::FIRST,
         counter: n,
     };
-    // A 4 KiB log holds a few dozen commits: 500 commits cross many checkpoints.
-    {
-        let mut s = RedbStore::open_with_log(&d, 4096).unwrap();
-        for n in 1..=500 {
-            let mut writes = vec![put(n), tokens(n)];
-            if n.is_multiple_of(7) {
-                writes.push(Write::DeleteLease {
-                    resource: ResourceName::parse(&format!("log:{}", n % 50)).unwrap(),
-                });
-            }
-            s.commit(&writes).unwrap();
+    let mut s = RedbStore::open_with_log(&d, log_len).unwrap();
+    for i in 1..=n {
+        let mut writes = vec![put(i), tokens(i)];
+        if i.is_multiple_of(7) {
+            writes.push(Write::DeleteLease {
+                resource: ResourceName::parse(&format!("log:{}", i % 50)).unwrap(),
+            });
+        }
+        s.commit(&writes).unwrap();
+        if i.is_multiple_of(reopen_every) {
+            drop(s);
+            s = RedbStore::open_with_log(&d, log_len).unwrap();
         }
     }
+    drop(s);
     let s = RedbStore::open(&d).unwrap();
     let stored = s.load().unwrap();
-    assert_eq!(stored.counter, 500);
+    assert_eq!(stored.counter, n);
     // Each of the 50 names holds its last put, unless a delete came after.
-    let mut expect: Vec<u64> = (451..=500).filter(|n: &u64| !n.is_multiple_of(7)).collect();
-    expect.sort_by_key(|n| format!("log:{}", n % 50));
+    let mut expect: Vec<u64> = (n - 49..=n)
+        .filter(|i: &u64| !i.is_multiple_of(7))
+        .collect();
+    expect.sort_by_key(|i| format!("log:{}", i % 50));
     let got: Vec<u64> = stored
         .leases
         .iter()
@@ -338,4 +344,13 @@ fn commits_go_to_the_log_and_survive_checkpoints_and_reopen() {
     assert_eq!(got, expect);
     drop(s);
     std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn commits_go_to_the_log_and_survive_checkpoints_and_reopen() {
+    // A 4 KiB log holds a few dozen commits: 500 cross many checkpoints.
+    commit_through_the_log("log-small", 4096, 500, 1_000);
+    // A 64 KiB log folds part of its keys into redb every 64 commits once
+    // half full; reopening mid-way replays over those partial folds.
+    commit_through_the_log("log-folds", 64 << 10, 3_000, 977);
 }
