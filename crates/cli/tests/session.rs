@@ -474,3 +474,71 @@ async fn baton_hold_keeps_until_sigterm_and_a_paused_holder_loses() {
     );
     assert!(stderr.contains("session ended"), "{stderr}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reused_request_id_and_the_session_limit_are_refused_by_rule() {
+    let dir = TempDir::new("session-limits");
+    let s = common::serve(dir.path(), &["--max-sessions", "1"]);
+    let url = s.url();
+    let mut c = Client::connect(&url).await.unwrap();
+    let held = granted(
+        c.acquire("l:busy", Duration::from_secs(5), Duration::ZERO)
+            .await
+            .unwrap(),
+    );
+    // Request 2 waits for l:busy; a second request 2 while it waits is refused.
+    let wait = Op::Acquire(v1::SessionAcquire {
+        resources: vec!["l:busy".into()],
+        ttl_ms: 0,
+        wait_ms: 10_000,
+    });
+    let again = Op::Heartbeat(v1::Heartbeat {});
+    let mut lc = LeasesClient::connect(url.clone()).await.unwrap();
+    let (tx, rx) = tokio::sync::mpsc::channel(16);
+    for r in [req(1, open(1_000)), req(2, wait), req(2, again)] {
+        tx.send(r).await.unwrap();
+    }
+    let mut stream = lc
+        .session(ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let opened = stream.message().await.unwrap().unwrap();
+    assert!(matches!(opened.body, Some(Body::Opened(_))), "{opened:?}");
+    let refused = stream.message().await.unwrap().unwrap();
+    let Some(Body::Error(e)) = refused.body else {
+        panic!("{refused:?}")
+    };
+    assert_eq!(
+        (refused.id, e.code),
+        (2, tonic::Code::InvalidArgument as i32)
+    );
+    assert!(e.message.contains("already in use"), "{}", e.message);
+    // The server holds one session at most: another open is refused by name.
+    let err = client_open(&url).await;
+    assert_eq!(err.0, tonic::Code::ResourceExhausted, "{}", err.1);
+    assert!(err.1.contains("open sessions"), "{}", err.1);
+    // The first stream still works: the wait is granted once l:busy is free.
+    c.release(&held.resource, &held.acquisition_id)
+        .await
+        .unwrap();
+    let granted_on_stream = stream.message().await.unwrap().unwrap();
+    assert_eq!(granted_on_stream.id, 2);
+    assert!(
+        matches!(
+            granted_on_stream.body,
+            Some(Body::Acquire(v1::AcquireResponse {
+                outcome: Some(v1::acquire_response::Outcome::Granted(_))
+            }))
+        ),
+        "{granted_on_stream:?}"
+    );
+    drop(tx);
+}
+
+async fn client_open(url: &str) -> (tonic::Code, String) {
+    match raw(url, vec![req(1, open(1_000))]).await {
+        Err(status) => (status.code(), status.message().to_string()),
+        Ok(out) => panic!("expected a refusal, got {out:?}"),
+    }
+}
