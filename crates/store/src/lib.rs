@@ -68,6 +68,9 @@ pub enum StoreError {
         data_dir: String,
         floor_epoch: u32,
     },
+    /// The write-ahead log is gone from a store that has used one.
+    #[error("the write-ahead log {path} is missing, but the store in {data_dir} has used one: the commits since its last fold would be lost and their tokens issued again; run `baton admin restore` to start over in a new epoch")]
+    LogLost { path: String, data_dir: String },
     /// The store belongs to another directory's identity.
     #[error("the store in {data_dir} has id {found}, but the directory's identity file names store {expected}: it is another server's store")]
     IdentityMismatch {

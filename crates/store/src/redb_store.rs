@@ -82,6 +82,9 @@ struct Meta {
     store_id: StoreId,
     epoch: Epoch,
     counter: u64,
+    /// Whether the store has a write-ahead log (meta key `log`): then a
+    /// missing log is lost commits, not an upgrade from before logs.
+    uses_log: bool,
 }
 
 impl RedbStore {
@@ -135,7 +138,18 @@ impl RedbStore {
                 });
             }
         }
+        let wal_path = Wal::path_in(data_dir);
+        if meta.uses_log && !wal_path.exists() {
+            return Err(StoreError::LogLost {
+                path: wal_path.display().to_string(),
+                data_dir: data_dir.display().to_string(),
+            });
+        }
         let (wal, replayed) = Wal::open(data_dir, meta.store_id, log_len_bytes)?;
+        if !meta.uses_log {
+            // A store from before the log: from now on it has one.
+            contain_panics(&path, || mark_log_used(&db))?;
+        }
         // Where the tokens are: redb's position, moved on by the log.
         let found = replayed
             .iter()
@@ -308,6 +322,8 @@ fn write_new_store(path: &Path, store_id: StoreId, epoch: Epoch) -> Result<(), S
         meta.insert("epoch", u64::from(epoch.get()))
             .map_err(storage)?;
         meta.insert("counter", 0).map_err(storage)?;
+        // Every new store gets its log right after (see `Wal::create`).
+        meta.insert("log", 1).map_err(storage)?;
         txn.open_table(LEASES).map_err(storage)?;
     }
     txn.commit().map_err(storage)
@@ -393,6 +409,15 @@ fn copy_with_digests(old: &Database, txn: &redb::WriteTransaction) -> Result<(),
     Ok(())
 }
 
+fn mark_log_used(db: &Database) -> Result<(), StoreError> {
+    let txn = db.begin_write().map_err(storage)?;
+    {
+        let mut meta = txn.open_table(META).map_err(storage)?;
+        meta.insert("log", 1).map_err(storage)?;
+    }
+    txn.commit().map_err(storage)
+}
+
 fn read_meta(db: &Database) -> Result<Meta, StoreError> {
     let txn = db.begin_read().map_err(storage)?;
     let meta = txn.open_table(META).map_err(storage)?;
@@ -414,10 +439,12 @@ fn read_meta(db: &Database) -> Result<Meta, StoreError> {
     let counter = get("counter")?;
     FencingToken::new(epoch, counter).map_err(|e| StoreError::Corrupt(e.to_string()))?;
     let store_id = StoreId::from_halves(get("store_id_hi")?, get("store_id_lo")?);
+    let uses_log = meta.get("log").map_err(storage)?.is_some();
     Ok(Meta {
         store_id,
         epoch,
         counter,
+        uses_log,
     })
 }
 

@@ -227,8 +227,18 @@ fn another_servers_store_or_an_older_copy_is_refused() {
     std::fs::write(RedbStore::path_in(&a), &old_copy).unwrap();
     // With the log beside it, the old copy is moved on by the log's records.
     assert_eq!(RedbStore::open(&a).unwrap().load().unwrap().counter, 20);
-    // Without it (a copy of the store file alone), it is refused.
-    std::fs::remove_file(crate::wal::Wal::path_in(&a)).unwrap();
+    // An epoch change folds the log into redb and leaves it empty: now an
+    // old copy of the store file has nothing to move it on, and is refused.
+    {
+        let mut s = RedbStore::open(&a).unwrap();
+        s.commit(&[Write::Tokens {
+            epoch: Epoch::new(2).unwrap(),
+            counter: 1,
+        }])
+        .unwrap();
+    }
+    drop(RedbStore::open(&a).unwrap());
+    std::fs::write(RedbStore::path_in(&a), &old_copy).unwrap();
     assert!(matches!(
         RedbStore::open(&a),
         Err(StoreError::BehindFloor { .. })
@@ -353,4 +363,49 @@ fn commits_go_to_the_log_and_survive_checkpoints_and_reopen() {
     // A 64 KiB log folds part of its keys into redb every 64 commits once
     // half full; reopening mid-way replays over those partial folds.
     commit_through_the_log("log-folds", 64 << 10, 3_000, 977);
+}
+
+#[test]
+fn a_lost_log_is_refused_but_a_store_from_before_logs_gets_one() {
+    let d = dir("log-lost");
+    {
+        let mut s = RedbStore::open(&d).unwrap();
+        s.commit(&[Write::Tokens {
+            epoch: Epoch::FIRST,
+            counter: 5,
+        }])
+        .unwrap();
+    }
+    // The commit is only in the log: losing it must not start from redb.
+    std::fs::remove_file(crate::wal::Wal::path_in(&d)).unwrap();
+    let err = RedbStore::open(&d).err().expect("a lost log is refused");
+    assert!(matches!(err, StoreError::LogLost { .. }), "{err}");
+    assert!(err.to_string().contains("baton.wal"), "{err}");
+    std::fs::remove_dir_all(&d).unwrap();
+
+    // A store written before logs existed has no `log` key and no log file.
+    let d = dir("log-upgrade");
+    drop(RedbStore::open(&d).unwrap());
+    {
+        let db = redb::Database::open(RedbStore::path_in(&d)).unwrap();
+        let txn = db.begin_write().unwrap();
+        txn.open_table(META).unwrap().remove("log").unwrap();
+        txn.commit().unwrap();
+    }
+    std::fs::remove_file(crate::wal::Wal::path_in(&d)).unwrap();
+    let mut s = RedbStore::open(&d).unwrap();
+    s.commit(&[Write::Tokens {
+        epoch: Epoch::FIRST,
+        counter: 3,
+    }])
+    .unwrap();
+    drop(s);
+    assert_eq!(RedbStore::open(&d).unwrap().load().unwrap().counter, 3);
+    // From now on its log counts: losing it is refused too.
+    std::fs::remove_file(crate::wal::Wal::path_in(&d)).unwrap();
+    assert!(matches!(
+        RedbStore::open(&d),
+        Err(StoreError::LogLost { .. })
+    ));
+    std::fs::remove_dir_all(&d).unwrap();
 }
