@@ -58,19 +58,31 @@ impl LeaseService {
         make: impl FnOnce(oneshot::Sender<T>) -> Command,
     ) -> Result<T, Status> {
         let (tx, rx) = oneshot::channel();
-        if !term.engine.send(make(tx)) {
-            return Err(Status::unavailable(
-                "the server is shutting down or its leadership just ended; nothing was done",
-            ));
-        }
-        let answer = rx.await.map_err(|_| {
-            Status::unavailable(
-                "the server could not complete the operation; it may or may not have taken effect",
-            )
-        })?;
+        send(term, make(tx))?;
+        let answer = answer(rx).await?;
         self.seat.confirm(term)?;
         Ok(answer)
     }
+}
+
+/// Hands `command` to `term`'s engine; a definite error if it has stopped.
+fn send(term: &Term, command: Command) -> Result<(), Status> {
+    if term.engine.send(command) {
+        Ok(())
+    } else {
+        Err(Status::unavailable(
+            "the server is shutting down or its leadership just ended; nothing was done",
+        ))
+    }
+}
+
+/// The engine's answer, or the indeterminate error if it dropped the reply.
+async fn answer<T>(rx: oneshot::Receiver<T>) -> Result<T, Status> {
+    rx.await.map_err(|_| {
+        Status::unavailable(
+            "the server could not complete the operation; it may or may not have taken effect",
+        )
+    })
 }
 
 /// Parses a resource name, naming the field and the rule on failure.

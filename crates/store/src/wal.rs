@@ -394,7 +394,7 @@ impl Pending {
     /// stays pending until the full drain).
     pub(crate) fn take(&mut self, n: usize) -> Vec<Write> {
         let leases: Vec<ResourceName> = self.leases.keys().take(n).cloned().collect();
-        let mut out = Vec::with_capacity(n);
+        let mut out = Vec::with_capacity(leases.len());
         for resource in leases {
             let record = self.leases.remove(&resource).expect("listed");
             out.push(match record {
@@ -417,21 +417,7 @@ impl Pending {
 
     /// The pending state as writes (order does not matter: one per key).
     pub(crate) fn drain(&mut self) -> Vec<Write> {
-        let mut out = Vec::with_capacity(self.leases.len() + self.sessions.len() + 1);
-        for (resource, record) in self.leases.drain() {
-            out.push(match record {
-                Some(record) => Write::PutLease { resource, record },
-                None => Write::DeleteLease { resource },
-            });
-        }
-        for (digest, ttl_ms) in self.sessions.drain() {
-            out.push(match ttl_ms {
-                Some(ttl_ms) => Write::PutSession {
-                    record: SessionRecord { digest, ttl_ms },
-                },
-                None => Write::DeleteSession { digest },
-            });
-        }
+        let mut out = self.take(usize::MAX);
         if let Some((epoch, counter)) = self.tokens.take() {
             out.push(Write::Tokens { epoch, counter });
         }

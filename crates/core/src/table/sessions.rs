@@ -112,11 +112,6 @@ impl LeaseTable {
         self.sessions.len()
     }
 
-    /// Whether `digest` names an open session (for the shell's checks).
-    pub fn session_is_open(&self, digest: &SessionDigest) -> bool {
-        self.sessions.contains_key(digest)
-    }
-
     /// Withdraws the session's waiters, then drops its leases (handing each
     /// resource to its next waiter), then forgets the session. Its timer is
     /// already gone (popped, or removed by the caller).

@@ -19,8 +19,8 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::{
-    acquire_error, acquire_outcome, parse_acquisition_id, parse_resource, random_id,
-    release_message, renew_message, LeaseService, ResourcesField,
+    acquire_error, acquire_outcome, answer, parse_acquisition_id, parse_resource, random_id,
+    release_message, renew_message, send, LeaseService, ResourcesField,
 };
 use crate::engine::Command;
 use crate::seat::Term;
@@ -40,15 +40,6 @@ fn session_error(e: SessionError) -> Status {
         SessionError::TooManySessions { .. } => Status::resource_exhausted(e.to_string()),
         other => Status::invalid_argument(other.to_string()),
     }
-}
-
-/// An answer from the engine, or the indeterminate error if it stopped.
-async fn answer<T>(rx: oneshot::Receiver<T>) -> Result<T, Status> {
-    rx.await.map_err(|_| {
-        Status::unavailable(
-            "the server could not complete the operation; it may or may not have taken effect",
-        )
-    })
 }
 
 fn request_error(status: &Status) -> Body {
@@ -270,21 +261,12 @@ impl SessionTask {
 
     fn dispatch(&mut self, id: u64, op: Op) -> Result<InFlight, Status> {
         let digest = self.digest;
-        let engine = &self.term.engine;
-        let ask = |make: Box<dyn FnOnce() -> Command>| -> Result<(), Status> {
-            if engine.send(make()) {
-                Ok(())
-            } else {
-                Err(Status::unavailable(
-                    "the server is shutting down or its leadership just ended; nothing was done",
-                ))
-            }
-        };
+        let term = &self.term;
         match op {
             Op::Open(_) => unreachable!("refused by `start`"),
             Op::Heartbeat(_) => {
                 let (reply, rx) = oneshot::channel();
-                ask(Box::new(move || Command::KeepAlive { digest, reply }))?;
+                send(term, Command::KeepAlive { digest, reply })?;
                 Ok(Box::pin(async move {
                     let body = answer(rx).await.map(|kept| match kept {
                         Some(kept) => Body::Heartbeat(v1::HeartbeatAck {
@@ -298,7 +280,7 @@ impl SessionTask {
             }
             Op::Close(_) => {
                 let (reply, rx) = oneshot::channel();
-                ask(Box::new(move || Command::CloseSession { digest, reply }))?;
+                send(term, Command::CloseSession { digest, reply })?;
                 Ok(Box::pin(async move {
                     let body = answer(rx)
                         .await
@@ -310,11 +292,14 @@ impl SessionTask {
                 let resource = parse_resource("renew.resource", &r.resource)?;
                 let acquisition = parse_acquisition_id(&r.acquisition_id)?;
                 let (reply, rx) = oneshot::channel();
-                ask(Box::new(move || Command::Renew {
-                    resource,
-                    id: acquisition,
-                    reply,
-                }))?;
+                send(
+                    term,
+                    Command::Renew {
+                        resource,
+                        id: acquisition,
+                        reply,
+                    },
+                )?;
                 Ok(Box::pin(async move {
                     (id, answer(rx).await.map(|o| Body::Renew(renew_message(o))))
                 }))
@@ -323,11 +308,14 @@ impl SessionTask {
                 let resource = parse_resource("release.resource", &r.resource)?;
                 let acquisition = parse_acquisition_id(&r.acquisition_id)?;
                 let (reply, rx) = oneshot::channel();
-                ask(Box::new(move || Command::Release {
-                    resource,
-                    id: acquisition,
-                    reply,
-                }))?;
+                send(
+                    term,
+                    Command::Release {
+                        resource,
+                        id: acquisition,
+                        reply,
+                    },
+                )?;
                 Ok(Box::pin(async move {
                     (
                         id,
@@ -339,7 +327,7 @@ impl SessionTask {
                 let withdrawn = match self.waits.get(&c.acquire_id) {
                     Some(waiter) => {
                         self.cancelled.insert(c.acquire_id);
-                        engine.send(Command::CancelWait { waiter: *waiter });
+                        term.engine.send(Command::CancelWait { waiter: *waiter });
                         true
                     }
                     None => false,
@@ -364,19 +352,19 @@ impl SessionTask {
                     session: bound.then_some(digest),
                 };
                 let (reply, rx) = oneshot::channel();
-                ask(Box::new(move || Command::Acquire { request, reply }))?;
+                send(term, Command::Acquire { request, reply })?;
                 if a.wait_ms > 0 {
                     self.waits.insert(id, waiter);
                 }
                 Ok(Box::pin(async move {
-                    let body = match rx.await {
-                        Ok(Ok(reply)) => Ok(Body::Acquire(v1::AcquireResponse {
+                    // A cancelled wait ends here too: the engine drops its
+                    // reply (see `finish`).
+                    let body = answer(rx).await.map(|out| match out {
+                        Ok(reply) => Body::Acquire(v1::AcquireResponse {
                             outcome: Some(acquire_outcome(reply, bound)),
-                        })),
-                        Ok(Err(e)) => Ok(request_error(&acquire_error(e))),
-                        // Cancelled (see `finish`) or the engine stopped.
-                        Err(_) => Err(Status::cancelled("")),
-                    };
+                        }),
+                        Err(e) => request_error(&acquire_error(e)),
+                    });
                     (id, body)
                 }))
             }
@@ -389,24 +377,18 @@ impl SessionTask {
         let was_cancelled = self.cancelled.remove(&id);
         match answer {
             Ok(body) => self.send(id, body).await,
-            Err(s) if s.code() == tonic::Code::Cancelled && was_cancelled => {
-                let body = Body::Acquire(not_acquired(v1::not_acquired::Reason::Cancelled));
+            // The engine dropped the reply of a wait this stream withdrew.
+            Err(_) if was_cancelled => {
+                let body = Body::Acquire(v1::AcquireResponse {
+                    outcome: Some(super::not_acquired(v1::not_acquired::Reason::Cancelled)),
+                });
                 self.send(id, body).await
             }
-            Err(_) => {
-                let status = Status::unavailable(
-                    "the server could not complete the operation; it may or may not have taken effect",
-                );
+            Err(status) => {
                 let _ = self.out.send(Err(status)).await;
                 Next::Stop
             }
         }
-    }
-}
-
-fn not_acquired(reason: v1::not_acquired::Reason) -> v1::AcquireResponse {
-    v1::AcquireResponse {
-        outcome: Some(super::not_acquired(reason)),
     }
 }
 
