@@ -66,6 +66,10 @@ pub struct ConnInfo {
     pub over_limit: bool,
     pub connections_max: usize,
     pub state: Arc<ConnState>,
+    /// The peer's address, for audit lines.
+    pub peer: Option<std::net::SocketAddr>,
+    /// What the client certificate proved (mTLS).
+    pub client_cert: crate::tls::ClientCert,
 }
 
 /// Admits connections: counts them and evicts idle newcomers at the limit.
@@ -89,6 +93,7 @@ impl Registry {
     /// Wraps an accepted socket.
     pub fn admit(&self, io: TcpStream) -> Conn {
         let _ = io.set_nodelay(true);
+        let peer = io.peer_addr().ok();
         let n_open = self.metrics.connections.inc() + 1;
         let state = Arc::new(ConnState {
             accepted_at: Instant::now(),
@@ -115,6 +120,8 @@ impl Registry {
                 over_limit,
                 connections_max: self.limits.connections_max,
                 state,
+                peer,
+                client_cert: crate::tls::ClientCert::NotAsked,
             },
             limits: self.limits,
             metrics: self.metrics.clone(),
@@ -241,6 +248,143 @@ impl AsyncWrite for Conn {
     fn is_write_vectored(&self) -> bool {
         self.io.is_write_vectored()
     }
+}
+
+/// An accepted connection, plain or TLS, as the gRPC server sees it.
+#[allow(clippy::large_enum_variant)] // one per connection; boxing would add a hop per read
+pub enum Io {
+    Plain(Conn),
+    Tls(
+        tokio_rustls::server::TlsStream<Conn>,
+        crate::tls::ClientCert,
+    ),
+}
+
+impl Connected for Io {
+    type ConnectInfo = ConnInfo;
+
+    fn connect_info(&self) -> ConnInfo {
+        match self {
+            Io::Plain(c) => c.info.clone(),
+            Io::Tls(s, cert) => ConnInfo {
+                client_cert: cert.clone(),
+                ..s.get_ref().0.info.clone()
+            },
+        }
+    }
+}
+
+macro_rules! delegate {
+    ($self:ident, $s:ident => $e:expr) => {
+        match $self.get_mut() {
+            Io::Plain($s) => {
+                let $s = Pin::new($s);
+                $e
+            }
+            Io::Tls($s, _) => {
+                let $s = Pin::new($s);
+                $e
+            }
+        }
+    };
+}
+
+impl AsyncRead for Io {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        delegate!(self, s => s.poll_read(cx, buf))
+    }
+}
+
+impl AsyncWrite for Io {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        delegate!(self, s => s.poll_write(cx, buf))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        delegate!(self, s => s.poll_flush(cx))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        delegate!(self, s => s.poll_shutdown(cx))
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        delegate!(self, s => s.poll_write_vectored(cx, bufs))
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            Io::Plain(c) => c.is_write_vectored(),
+            Io::Tls(s, _) => s.is_write_vectored(),
+        }
+    }
+}
+
+/// The connections of `listener`, admitted by `registry`; with `tls`, each
+/// handshake runs in its own task (bounded by the handshake timeout) and
+/// the connection is yielded once it is done.
+pub fn incoming(
+    listener: tokio::net::TcpListener,
+    registry: Arc<Registry>,
+    tls: Option<crate::tls::Tls>,
+) -> Pin<Box<dyn futures_util::Stream<Item = io::Result<Io>> + Send>> {
+    use futures_util::StreamExt;
+    let accepted = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    let Some(tls) = tls else {
+        return accepted
+            .map(move |r| r.map(|io| Io::Plain(registry.admit(io))))
+            .boxed();
+    };
+    let (tx, rx) = tokio::sync::mpsc::channel(64);
+    tokio::spawn(async move {
+        let mut accepted = accepted;
+        loop {
+            let io = tokio::select! {
+                next = accepted.next() => match next {
+                    Some(Ok(io)) => io,
+                    Some(Err(_)) => continue,
+                    None => return,
+                },
+                _ = tx.closed() => return,
+            };
+            let conn = registry.admit(io);
+            let timeout = registry.limits.handshake_timeout;
+            let (tls, tx) = (tls.clone(), tx.clone());
+            tokio::spawn(async move {
+                let mut conn = conn;
+                let handshake = async {
+                    if !crate::tls::starts_tls(&mut conn.io, crate::tls::PlainAnswer::Http2).await?
+                    {
+                        return Err(io::Error::new(
+                            io::ErrorKind::InvalidData,
+                            "plain text on a TLS port",
+                        ));
+                    }
+                    crate::tls::accept(&tls, conn, timeout).await
+                };
+                match tokio::time::timeout(timeout, handshake).await {
+                    Ok(Ok((stream, cert))) => {
+                        let _ = tx.send(Ok(Io::Tls(stream, cert))).await;
+                    }
+                    Ok(Err(e)) => tracing::debug!(error = %e, "TLS handshake failed"),
+                    Err(_) => tracing::debug!("TLS handshake timed out"),
+                }
+            });
+        }
+    });
+    tokio_stream::wrappers::ReceiverStream::new(rx).boxed()
 }
 
 /// Interceptor: refuses every request on a connection over the limit.

@@ -1,7 +1,10 @@
 //! The HTTP port: `GET /healthz` (alive), `GET /readyz` (recovered and
 //! granting) and `GET /metrics`, routed by axum and served one request per
 //! connection by hyper, each connection bounded in time so an idle or slow
-//! client cannot hold it.
+//! client cannot hold it. With TLS on, the port speaks HTTPS (no client
+//! certificates: probes and scrapers need none); with an auth file,
+//! `/metrics` needs the bearer token of a principal with `read` on every
+//! name, while `/healthz` and `/readyz` stay open.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -17,6 +20,7 @@ use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tracing::debug;
 
+use crate::auth::{Auth, Credential, Permission};
 use crate::metrics::Metrics;
 use crate::seat::Seat;
 
@@ -24,6 +28,7 @@ use crate::seat::Seat;
 struct HttpState {
     metrics: Arc<Metrics>,
     seat: Arc<Seat>,
+    auth: Arc<Auth>,
 }
 
 /// How long one HTTP connection may take, request and answer.
@@ -31,13 +36,17 @@ const CONNECTION_TIME_MAX: Duration = Duration::from_secs(5);
 /// The largest request head the port reads.
 const REQUEST_HEAD_LEN_BYTES_MAX: usize = 8 * 1024;
 
-fn router(metrics: Arc<Metrics>, seat: Arc<Seat>) -> Router {
+fn router(metrics: Arc<Metrics>, seat: Arc<Seat>, auth: Arc<Auth>) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(render_metrics))
         .fallback(|| async { (StatusCode::NOT_FOUND, "not found\n") })
-        .with_state(HttpState { metrics, seat })
+        .with_state(HttpState {
+            metrics,
+            seat,
+            auth,
+        })
 }
 
 /// Alive; in a cluster also the role: `ok leader term N` or `ok follower`.
@@ -70,35 +79,88 @@ async fn readyz(State(s): State<HttpState>) -> impl IntoResponse {
     }
 }
 
-async fn render_metrics(State(s): State<HttpState>) -> impl IntoResponse {
-    let metrics = s.metrics;
+/// With auth on: `None` if the request's bearer token proves a principal
+/// with `read` on every name, else the refusal to send.
+fn metrics_refusal(s: &HttpState, headers: &axum::http::HeaderMap) -> Option<(StatusCode, String)> {
+    let table = s.auth.table()?;
+    let authorization = headers.get(header::AUTHORIZATION).map(|v| v.as_bytes());
+    match table.authenticate(&Credential::from_parts(authorization, None)) {
+        Err(_) => Some((
+            StatusCode::UNAUTHORIZED,
+            "unauthenticated: /metrics needs `authorization: Bearer TOKEN` of a principal with `read` on every name\n".into(),
+        )),
+        Ok(p) if !p.allows_everything(Permission::Read) => Some((
+            StatusCode::FORBIDDEN,
+            format!("permission denied: principal {:?} needs `read` on every name (a rule on the empty prefix) to scrape /metrics\n", p.name),
+        )),
+        Ok(_) => None,
+    }
+}
+
+async fn render_metrics(
+    State(s): State<HttpState>,
+    headers: axum::http::HeaderMap,
+) -> axum::response::Response {
+    if let Some(refusal) = metrics_refusal(&s, &headers) {
+        s.metrics.auth_refused.inc();
+        return refusal.into_response();
+    }
     (
         [(
             header::CONTENT_TYPE,
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
         )],
-        metrics.render(),
+        s.metrics.render(),
     )
+        .into_response()
 }
 
-/// Serves the port until the process ends.
-pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>, seat: Arc<Seat>) {
-    let app = router(metrics, seat);
+/// Serves the port until the process ends; over TLS with `tls`.
+pub async fn serve(
+    listener: TcpListener,
+    metrics: Arc<Metrics>,
+    seat: Arc<Seat>,
+    tls: Option<crate::tls::Tls>,
+    auth: Arc<Auth>,
+) {
+    let app = router(metrics, seat, auth);
     loop {
-        let Ok((stream, _)) = listener.accept().await else {
+        let Ok((mut stream, _)) = listener.accept().await else {
             continue;
         };
         let service = TowerToHyperService::new(app.clone());
+        let tls = tls.clone();
         tokio::spawn(async move {
-            let connection = hyper::server::conn::http1::Builder::new()
-                .keep_alive(false)
-                .max_buf_size(REQUEST_HEAD_LEN_BYTES_MAX)
-                .serve_connection(TokioIo::new(stream), service);
-            match tokio::time::timeout(CONNECTION_TIME_MAX, connection).await {
+            let served = async {
+                let Some(tls) = tls else {
+                    return serve_one(stream, service).await;
+                };
+                if !crate::tls::starts_tls(&mut stream, crate::tls::PlainAnswer::Http1).await? {
+                    return Ok(());
+                }
+                let (stream, _) = crate::tls::accept(&tls, stream, CONNECTION_TIME_MAX).await?;
+                serve_one(stream, service).await
+            };
+            match tokio::time::timeout(CONNECTION_TIME_MAX, served).await {
                 Ok(Err(e)) => debug!(error = %e, "http connection failed"),
                 Err(_) => debug!("http connection timed out"),
                 Ok(Ok(())) => {}
             }
         });
     }
+}
+
+async fn serve_one<IO>(
+    io: IO,
+    service: TowerToHyperService<Router>,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>>
+where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    hyper::server::conn::http1::Builder::new()
+        .keep_alive(false)
+        .max_buf_size(REQUEST_HEAD_LEN_BYTES_MAX)
+        .serve_connection(TokioIo::new(io), service)
+        .await?;
+    Ok(())
 }

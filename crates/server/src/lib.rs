@@ -9,6 +9,8 @@
 //! were committed with fsync.
 #![warn(missing_docs)]
 
+mod audit;
+mod auth;
 mod cluster;
 mod conn;
 mod engine;
@@ -16,6 +18,7 @@ mod http;
 mod metrics;
 mod seat;
 mod service;
+mod tls;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -28,12 +31,12 @@ use baton_proto::REQUEST_LEN_BYTES_MAX;
 use baton_store::{LeaseStore, RedbStore, StoreError};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
-use tokio_stream::StreamExt;
 use tracing::{error, info};
 
 pub use cluster::{ClusterConfig, LEADER_TTL_MS_DEFAULT, LEADER_TTL_MS_MIN};
 pub use metrics::Metrics;
 pub use seat::LEADER_METADATA;
+pub use tls::TlsFiles;
 
 use seat::Seat;
 
@@ -59,6 +62,14 @@ pub struct ServerConfig {
     pub handshake_timeout_ms: u64,
     /// A connection with no request in flight for this long is closed.
     pub idle_timeout_ms: u64,
+    /// Serve both ports over TLS; `None`: plain TCP.
+    pub tls: Option<TlsFiles>,
+    /// Principals and their rules (reloaded on SIGHUP); `None`: auth off.
+    pub auth_file: Option<PathBuf>,
+    /// Refuse to start without `auth_file`.
+    pub require_auth: bool,
+    /// Also append audit lines to this file (JSON lines).
+    pub audit_log: Option<PathBuf>,
 }
 
 /// Defaults for the connection rules (see `conn.rs`).
@@ -77,6 +88,10 @@ impl Default for ServerConfig {
             connections_max: 1_024,
             handshake_timeout_ms: HANDSHAKE_TIMEOUT_MS_DEFAULT,
             idle_timeout_ms: IDLE_TIMEOUT_MS_DEFAULT,
+            tls: None,
+            auth_file: None,
+            require_auth: false,
+            audit_log: None,
         }
     }
 }
@@ -97,6 +112,10 @@ impl ServerConfig {
             connections_max: 256,
             handshake_timeout_ms: HANDSHAKE_TIMEOUT_MS_DEFAULT,
             idle_timeout_ms: IDLE_TIMEOUT_MS_DEFAULT,
+            tls: None,
+            auth_file: None,
+            require_auth: false,
+            audit_log: None,
         }
     }
 }
@@ -208,6 +227,80 @@ fn validate(config: &ServerConfig) -> Result<(), ServerError> {
             "connection and waiter limits must be positive".into(),
         ));
     }
+    if config.require_auth && config.auth_file.is_none() {
+        return Err(ServerError::Config(
+            "--require-auth is set but no --auth-file was given: refusing to serve without authentication".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// What guards the ports: TLS acceptors, the auth table and the audit sink.
+struct Guards {
+    grpc_tls: Option<tls::Tls>,
+    http_tls: Option<tls::Tls>,
+    auth: Arc<auth::Auth>,
+    audit: Arc<audit::Audit>,
+}
+
+/// Loads the certificates, the auth file and the audit log, or names the
+/// file and the rule that stop the server from starting.
+fn guards(config: &ServerConfig) -> Result<Guards, ServerError> {
+    let (grpc_tls, http_tls) = match &config.tls {
+        None => (None, None),
+        Some(files) => {
+            let grpc = tls::server_tls(files, &[b"h2"], true).map_err(ServerError::Config)?;
+            let http =
+                tls::server_tls(files, &[b"http/1.1"], false).map_err(ServerError::Config)?;
+            (Some(grpc), Some(http))
+        }
+    };
+    let auth = match &config.auth_file {
+        Some(path) => auth::Auth::load(path).map_err(|e| ServerError::Config(e.to_string()))?,
+        None => auth::Auth::off(),
+    };
+    let audit = match &config.audit_log {
+        Some(path) => audit::Audit::to_file(path)
+            .map_err(|e| ServerError::Config(format!("--audit-log {}: {e}", path.display())))?,
+        None => audit::Audit::log_only(),
+    };
+    for (port, addr) in [("gRPC", Some(config.listen)), ("HTTP", config.http_listen)] {
+        if let Some(addr) = addr.filter(|a| !a.ip().is_loopback()) {
+            if config.tls.is_none() {
+                tracing::warn!(%addr, "the {port} port listens beyond loopback without TLS: tokens, acquisition ids and session ids cross the network in clear text (--tls-cert, --tls-key)");
+            }
+        }
+    }
+    if config.auth_file.is_none() && !config.listen.ip().is_loopback() {
+        tracing::warn!(addr = %config.listen, "auth is off: anyone who reaches the gRPC port may acquire, fence and back up any resource (--auth-file, --require-auth)");
+    }
+    Ok(Guards {
+        grpc_tls,
+        http_tls,
+        auth: Arc::new(auth),
+        audit: Arc::new(audit),
+    })
+}
+
+/// Reloads the auth file on every SIGHUP; a file that does not parse
+/// leaves the rules in force unchanged (and says why).
+fn reload_on_sighup(auth: &Arc<auth::Auth>, config: &ServerConfig) -> Result<(), ServerError> {
+    let Some(path) = config.auth_file.clone() else {
+        return Ok(());
+    };
+    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        .map_err(|e| ServerError::Config(format!("cannot install the SIGHUP handler: {e}")))?;
+    let auth = auth.clone();
+    tokio::spawn(async move {
+        while hup.recv().await.is_some() {
+            match auth.reload() {
+                Ok(n) => info!(path = %path.display(), principals = n, "auth file reloaded"),
+                Err(e) => {
+                    error!(error = %e, "auth file not reloaded; the previous rules stay in force")
+                }
+            }
+        }
+    });
     Ok(())
 }
 
@@ -247,10 +340,12 @@ pub async fn start_with_store(
     store: Box<dyn LeaseStore>,
 ) -> Result<RunningServer, ServerError> {
     validate(&config)?;
+    let guards = guards(&config)?;
     let metrics = Arc::new(Metrics::default());
     let (grpc, grpc_addr) = bind(config.listen).await?;
     let seat = Arc::new(Seat::single());
-    let http_addr = serve_http(&config, &metrics, &seat).await?;
+    let http_addr = serve_http(&config, &metrics, &seat, &guards).await?;
+    reload_on_sighup(&guards.auth, &config)?;
     let (engine, engine_thread) =
         engine::Engine::start(store, config.limits.clone(), metrics.clone())?;
     let engine_stop = engine.clone();
@@ -258,7 +353,7 @@ pub async fn start_with_store(
     metrics.is_leader.set(1);
     let (shutdown_tx, shutdown_rx) = oneshot::channel::<()>();
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
-    let serve = grpc_server(&config, seat, metrics.clone(), grpc, stop_rx);
+    let serve = grpc_server(&config, seat, metrics.clone(), grpc, stop_rx, guards);
     metrics
         .ready
         .store(true, std::sync::atomic::Ordering::Release);
@@ -305,6 +400,7 @@ pub async fn start_cluster(
 ) -> Result<RunningServer, ServerError> {
     validate(&config)?;
     cluster::validate(&cluster)?;
+    let guards = guards(&config)?;
     let (pg, unprepared) = cluster::prepare(&cluster).await?;
     let metrics = Arc::new(Metrics::default());
     let (grpc, grpc_addr) = bind(config.listen).await?;
@@ -316,10 +412,18 @@ pub async fn start_cluster(
         // Named from the first answer, not only after the first retry.
         seat.trouble(cluster::unreachable(e));
     }
-    let http_addr = serve_http(&config, &metrics, &seat).await?;
+    let http_addr = serve_http(&config, &metrics, &seat, &guards).await?;
+    reload_on_sighup(&guards.auth, &config)?;
     let (shutdown_tx, shutdown_rx) = oneshot::channel::<()>();
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
-    let serve = grpc_server(&config, seat.clone(), metrics.clone(), grpc, stop_rx);
+    let serve = grpc_server(
+        &config,
+        seat.clone(),
+        metrics.clone(),
+        grpc,
+        stop_rx,
+        guards,
+    );
     let (election_stop, election_stop_rx) = tokio::sync::watch::channel(false);
     let node = seat.node.clone();
     let election = cluster::Election::new(
@@ -366,12 +470,19 @@ async fn serve_http(
     config: &ServerConfig,
     metrics: &Arc<Metrics>,
     seat: &Arc<Seat>,
+    guards: &Guards,
 ) -> Result<Option<SocketAddr>, ServerError> {
     let Some(addr) = config.http_listen else {
         return Ok(None);
     };
     let (listener, bound) = bind(addr).await?;
-    tokio::spawn(http::serve(listener, metrics.clone(), seat.clone()));
+    tokio::spawn(http::serve(
+        listener,
+        metrics.clone(),
+        seat.clone(),
+        guards.http_tls.clone(),
+        guards.auth.clone(),
+    ));
     Ok(Some(bound))
 }
 
@@ -403,13 +514,15 @@ fn grpc_server(
     metrics: Arc<Metrics>,
     grpc: TcpListener,
     stop: oneshot::Receiver<()>,
+    guards: Guards,
 ) -> impl std::future::Future<Output = Result<(), tonic::transport::Error>> {
     // Session streams never end by themselves: on shutdown they are told
     // to go (their sessions live on, to be resumed elsewhere or after a
     // restart) instead of holding the shutdown for its whole grace.
     let closing = tokio_util::sync::CancellationToken::new();
     let service = service::LeaseService::new(seat, metrics.clone(), config.default_ttl_ms)
-        .closing_on(closing.clone());
+        .closing_on(closing.clone())
+        .guarded_by(guards.auth, guards.audit);
     let grpc_service = conn::Tracked {
         inner: tonic::service::interceptor::InterceptedService::new(
             LeasesServer::new(service).max_decoding_message_size(REQUEST_LEN_BYTES_MAX),
@@ -424,8 +537,7 @@ fn grpc_server(
         },
         metrics,
     );
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(grpc)
-        .map(move |r| r.map(|io| registry.admit(io)));
+    let incoming = conn::incoming(grpc, registry, guards.grpc_tls);
     tonic::transport::Server::builder()
         .tcp_nodelay(true)
         .http2_keepalive_interval(Some(Duration::from_secs(10)))

@@ -33,6 +33,7 @@ pub struct Metrics {
     pub(crate) store_errors: Counter,
     pub(crate) leader_changes: Counter,
     pub(crate) connections_refused: Counter,
+    pub(crate) auth_refused: Counter,
     pub(crate) connections_closed_idle: Counter,
     pub(crate) connections_evicted: Counter,
     pub(crate) session_expiries: Counter,
@@ -94,6 +95,10 @@ impl Default for Metrics {
             "baton_connections_refused",
             "connections over the limit, answered RESOURCE_EXHAUSTED",
         );
+        let auth_refused = counter(
+            "baton_auth_refused",
+            "calls refused UNAUTHENTICATED or PERMISSION_DENIED (each also has an audit line)",
+        );
         let connections_closed_idle = counter(
             "baton_connections_closed_idle",
             "connections closed for sending no request in time or idling with no request in flight",
@@ -152,6 +157,7 @@ impl Default for Metrics {
             store_errors,
             leader_changes,
             connections_refused,
+            auth_refused,
             connections_closed_idle,
             connections_evicted,
             session_expiries,

@@ -12,11 +12,130 @@ use baton_proto::{LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX, SNAPSHOT_FORMAT};
 use tokio::sync::oneshot;
 use tonic::{Request, Response, Status};
 
+use crate::audit::{Audit, Record};
+use crate::auth::{Auth, Credential, Permission, Principal, Refusal};
+use crate::conn::ConnInfo;
 use crate::engine::{AcquireReply, Command, EngineHandle};
 use crate::metrics::Metrics;
 use crate::seat::{Seat, Term};
 
 mod session;
+
+/// Who is calling, as far as a request says: the credential it carries
+/// and where it comes from. Kept by a session stream and checked again
+/// against the auth table in force for each of its requests.
+#[derive(Clone, Debug)]
+pub struct Caller {
+    credential: Credential,
+    /// Why the connection's client certificate does not let it in, when
+    /// the port requires one (see `tls.rs`).
+    certificate_refused: Option<String>,
+    peer: String,
+}
+
+impl Caller {
+    fn of<T>(request: &Request<T>) -> Self {
+        let info = request.extensions().get::<ConnInfo>();
+        use crate::tls::ClientCert;
+        let cert = info.map_or(&ClientCert::NotAsked, |i| &i.client_cert);
+        let cn = match cert {
+            ClientCert::Verified(cn) => cn.as_deref(),
+            _ => None,
+        };
+        let certificate_refused = match cert {
+            ClientCert::NotAsked | ClientCert::Verified(_) => None,
+            ClientCert::Missing => Some(
+                "this server requires a client certificate signed by its client CA (--tls-cert and --tls-key)"
+                    .to_string(),
+            ),
+            ClientCert::Refused(why) => Some(format!("the client certificate was refused: {why}")),
+        };
+        let authorization = request
+            .metadata()
+            .get("authorization")
+            .map(|v| v.as_bytes());
+        Self {
+            credential: Credential::from_parts(authorization, cn),
+            certificate_refused,
+            peer: info
+                .and_then(|i| i.peer)
+                .map(|p| p.to_string())
+                .unwrap_or_default(),
+        }
+    }
+}
+
+/// A caller let in for one action: its principal (`None` with auth off).
+pub struct Admitted<'a> {
+    service: &'a LeaseService,
+    caller: &'a Caller,
+    action: &'static str,
+    principal: Option<Arc<Principal>>,
+}
+
+impl Admitted<'_> {
+    fn name(&self) -> &str {
+        self.principal
+            .as_ref()
+            .map_or("anonymous", |p| p.name.as_str())
+    }
+
+    /// `Ok` if the principal holds `permission` on `name` (a resource or,
+    /// for list, a prefix); otherwise `PERMISSION_DENIED`, audited. The
+    /// message names the rule, never what the resource holds.
+    fn may(&self, permission: Permission, name: &str) -> Result<(), Status> {
+        let Some(p) = &self.principal else {
+            return Ok(());
+        };
+        if p.allows(permission, name) {
+            return Ok(());
+        }
+        self.refuse(
+            name,
+            Refusal::Denied(format!(
+                "principal {:?} may not {}: no rule of the auth file gives it `{permission}` on a prefix of {name:?}",
+                p.name, self.action
+            )),
+        )
+    }
+
+    /// `Ok` if the principal holds `permission` on every name (a rule on
+    /// the empty prefix).
+    fn may_everything(&self, permission: Permission) -> Result<(), Status> {
+        let Some(p) = &self.principal else {
+            return Ok(());
+        };
+        if p.allows_everything(permission) {
+            return Ok(());
+        }
+        self.refuse(
+            "",
+            Refusal::Denied(format!(
+                "principal {:?} may not {}: it needs `{permission}` on every name (a rule on the empty prefix \"\")",
+                p.name, self.action
+            )),
+        )
+    }
+
+    fn refuse(&self, resource: &str, refusal: Refusal) -> Result<(), Status> {
+        Err(self
+            .service
+            .refused(self.caller, self.name(), self.action, resource, refusal))
+    }
+
+    /// Writes an audit line for an action that was let in: `outcome` is
+    /// `ok`, or `indeterminate` if the server could not finish it.
+    fn audit(&self, resource: &str, token: Option<u64>, outcome: &str) {
+        self.service.audit.record(&Record {
+            principal: self.name(),
+            action: self.action,
+            resource,
+            token,
+            outcome,
+            peer: &self.caller.peer,
+        });
+    }
+}
 
 #[derive(Clone)]
 pub struct LeaseService {
@@ -26,6 +145,8 @@ pub struct LeaseService {
     next_waiter: Arc<AtomicU64>,
     /// Cancelled when the server shuts down: session streams end.
     closing: tokio_util::sync::CancellationToken,
+    auth: Arc<Auth>,
+    audit: Arc<Audit>,
 }
 
 impl LeaseService {
@@ -36,7 +157,70 @@ impl LeaseService {
             default_ttl_ms,
             next_waiter: Arc::new(AtomicU64::new(1)),
             closing: Default::default(),
+            auth: Arc::new(Auth::off()),
+            audit: Arc::new(Audit::log_only()),
         }
+    }
+
+    /// Checks every call against `auth` and writes audit lines to `audit`.
+    pub fn guarded_by(mut self, auth: Arc<Auth>, audit: Arc<Audit>) -> Self {
+        self.auth = auth;
+        self.audit = audit;
+        self
+    }
+
+    /// Lets `caller` in for `action` if auth is off or its credential
+    /// proves a principal of the table in force; `UNAUTHENTICATED`
+    /// (audited) otherwise.
+    fn admit<'a>(
+        &'a self,
+        caller: &'a Caller,
+        action: &'static str,
+    ) -> Result<Admitted<'a>, Status> {
+        if let Some(why) = &caller.certificate_refused {
+            let refusal = Refusal::Unauthenticated(why.clone());
+            return Err(self.refused(caller, "unauthenticated", action, "", refusal));
+        }
+        let principal = match self.auth.table() {
+            None => None,
+            Some(table) => match table.authenticate(&caller.credential) {
+                Ok(p) => Some(p),
+                Err(refusal) => {
+                    return Err(self.refused(caller, "unauthenticated", action, "", refusal))
+                }
+            },
+        };
+        Ok(Admitted {
+            service: self,
+            caller,
+            action,
+            principal,
+        })
+    }
+
+    /// The status for a refused call, after its audit line.
+    fn refused(
+        &self,
+        caller: &Caller,
+        principal: &str,
+        action: &str,
+        resource: &str,
+        refusal: Refusal,
+    ) -> Status {
+        let (outcome, status) = match refusal {
+            Refusal::Unauthenticated(m) => ("unauthenticated", Status::unauthenticated(m)),
+            Refusal::Denied(m) => ("permission_denied", Status::permission_denied(m)),
+        };
+        self.metrics.auth_refused.inc();
+        self.audit.record(&Record {
+            principal,
+            action,
+            resource,
+            token: None,
+            outcome,
+            peer: &caller.peer,
+        });
+        status
     }
 
     /// Ends every session stream when `closing` is cancelled.
@@ -222,10 +406,15 @@ impl Leases for LeaseService {
     ) -> Result<Response<v1::AcquireResponse>, Status> {
         let started = Instant::now();
         self.metrics.acquire_requests.inc();
+        let caller = Caller::of(&request);
+        let who = self.admit(&caller, "acquire")?;
         let req = request.into_inner();
         let mut claims = Vec::with_capacity(req.resources.len());
         for (i, raw) in req.resources.iter().enumerate() {
             claims.push((parse_resource(ResourcesField(i), raw)?, random_id()?));
+        }
+        for (name, _) in &claims {
+            who.may(Permission::Lease, name.as_str())?;
         }
         let ttl_ms = if req.ttl_ms == 0 {
             self.default_ttl_ms
@@ -270,8 +459,11 @@ impl Leases for LeaseService {
         &self,
         request: Request<v1::RenewRequest>,
     ) -> Result<Response<v1::RenewResponse>, Status> {
+        let caller = Caller::of(&request);
+        let who = self.admit(&caller, "renew")?;
         let req = request.into_inner();
         let resource = parse_resource("resource", &req.resource)?;
+        who.may(Permission::Lease, resource.as_str())?;
         let id = parse_acquisition_id(&req.acquisition_id)?;
         let out = self
             .call(|reply| Command::Renew {
@@ -287,8 +479,11 @@ impl Leases for LeaseService {
         &self,
         request: Request<v1::ReleaseRequest>,
     ) -> Result<Response<v1::ReleaseResponse>, Status> {
+        let caller = Caller::of(&request);
+        let who = self.admit(&caller, "release")?;
         let req = request.into_inner();
         let resource = parse_resource("resource", &req.resource)?;
+        who.may(Permission::Lease, resource.as_str())?;
         let id = parse_acquisition_id(&req.acquisition_id)?;
         let out = self
             .call(|reply| Command::Release {
@@ -304,7 +499,10 @@ impl Leases for LeaseService {
         &self,
         request: Request<v1::StatusRequest>,
     ) -> Result<Response<v1::StatusResponse>, Status> {
+        let caller = Caller::of(&request);
+        let who = self.admit(&caller, "status")?;
         let resource = parse_resource("resource", &request.into_inner().resource)?;
+        who.may(Permission::Read, resource.as_str())?;
         let out = self
             .call(|reply| Command::Status { resource, reply })
             .await?;
@@ -315,6 +513,8 @@ impl Leases for LeaseService {
         &self,
         request: Request<v1::ListRequest>,
     ) -> Result<Response<v1::ListResponse>, Status> {
+        let caller = Caller::of(&request);
+        let who = self.admit(&caller, "list")?;
         let req = request.into_inner();
         if req.prefix.len() > baton_core::RESOURCE_NAME_LEN_BYTES_MAX {
             return Err(Status::invalid_argument(format!(
@@ -334,6 +534,7 @@ impl Leases for LeaseService {
         } else {
             req.limit
         } as usize;
+        who.may(Permission::Read, &req.prefix)?;
         let start_after = (!req.start_after.is_empty()).then_some(req.start_after);
         let prefix = req.prefix;
         let out = self
@@ -353,10 +554,17 @@ impl Leases for LeaseService {
         &self,
         request: Request<v1::FenceRequest>,
     ) -> Result<Response<v1::FenceResponse>, Status> {
+        let caller = Caller::of(&request);
+        let who = self.admit(&caller, "fence")?;
         let resource = parse_resource("resource", &request.into_inner().resource)?;
-        let out = self
-            .call(|reply| Command::Fence { resource, reply })
-            .await?;
+        who.may(Permission::Fence, resource.as_str())?;
+        let name = resource.to_string();
+        let out = self.call(|reply| Command::Fence { resource, reply }).await;
+        match &out {
+            Ok(o) => who.audit(&name, Some(o.token.get()), "ok"),
+            Err(_) => who.audit(&name, None, "indeterminate"),
+        }
+        let out = out?;
         Ok(Response::new(v1::FenceResponse {
             token: out.token.get(),
             revoked: out.revoked.is_some(),
@@ -366,9 +574,13 @@ impl Leases for LeaseService {
 
     async fn backup(
         &self,
-        _request: Request<v1::BackupRequest>,
+        request: Request<v1::BackupRequest>,
     ) -> Result<Response<v1::Snapshot>, Status> {
+        let caller = Caller::of(&request);
+        let who = self.admit(&caller, "backup")?;
+        who.may_everything(Permission::Admin)?;
         let stored = self.call(|reply| Command::Snapshot { reply }).await?;
+        who.audit("", None, "ok");
         Ok(Response::new(v1::Snapshot {
             format: SNAPSHOT_FORMAT,
             epoch: stored.epoch.get(),
@@ -406,8 +618,11 @@ impl Leases for LeaseService {
 
     async fn cluster_status(
         &self,
-        _request: Request<v1::ClusterStatusRequest>,
+        request: Request<v1::ClusterStatusRequest>,
     ) -> Result<Response<v1::ClusterStatusResponse>, Status> {
+        let caller = Caller::of(&request);
+        self.admit(&caller, "cluster status")?
+            .may_everything(Permission::Admin)?;
         let role = if self.seat.is_leader() {
             "leader"
         } else {

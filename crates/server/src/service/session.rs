@@ -20,8 +20,9 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::{
     acquire_error, acquire_outcome, answer, parse_acquisition_id, parse_resource, random_id,
-    release_message, renew_message, send, LeaseService, ResourcesField,
+    release_message, renew_message, send, Caller, LeaseService, ResourcesField,
 };
+use crate::auth::Permission;
 use crate::engine::Command;
 use crate::seat::Term;
 
@@ -54,6 +55,10 @@ impl LeaseService {
         &self,
         request: Request<Streaming<v1::SessionRequest>>,
     ) -> Result<Response<SessionStream>, Status> {
+        // Authenticated once here; each request is checked again against
+        // the auth table in force when it arrives.
+        let caller = Caller::of(&request);
+        self.admit(&caller, "session.open")?;
         let term = self.seat.term()?;
         let mut inbound = request.into_inner();
         let first = inbound.message().await?.ok_or_else(|| {
@@ -76,6 +81,7 @@ impl LeaseService {
         if !ended {
             let stream = SessionTask {
                 service: self.clone(),
+                caller,
                 term,
                 digest,
                 out,
@@ -146,6 +152,7 @@ impl LeaseService {
 
 struct SessionTask {
     service: LeaseService,
+    caller: Caller,
     term: Term,
     digest: SessionDigest,
     out: mpsc::Sender<Result<v1::SessionResponse, Status>>,
@@ -265,6 +272,7 @@ impl SessionTask {
         match op {
             Op::Open(_) => unreachable!("refused by `start`"),
             Op::Heartbeat(_) => {
+                self.service.admit(&self.caller, "session.heartbeat")?;
                 let (reply, rx) = oneshot::channel();
                 send(term, Command::KeepAlive { digest, reply })?;
                 Ok(Box::pin(async move {
@@ -279,6 +287,7 @@ impl SessionTask {
                 }))
             }
             Op::Close(_) => {
+                self.service.admit(&self.caller, "session.close")?;
                 let (reply, rx) = oneshot::channel();
                 send(term, Command::CloseSession { digest, reply })?;
                 Ok(Box::pin(async move {
@@ -290,6 +299,9 @@ impl SessionTask {
             }
             Op::Renew(r) => {
                 let resource = parse_resource("renew.resource", &r.resource)?;
+                self.service
+                    .admit(&self.caller, "session.renew")?
+                    .may(Permission::Lease, resource.as_str())?;
                 let acquisition = parse_acquisition_id(&r.acquisition_id)?;
                 let (reply, rx) = oneshot::channel();
                 send(
@@ -306,6 +318,9 @@ impl SessionTask {
             }
             Op::Release(r) => {
                 let resource = parse_resource("release.resource", &r.resource)?;
+                self.service
+                    .admit(&self.caller, "session.release")?
+                    .may(Permission::Lease, resource.as_str())?;
                 let acquisition = parse_acquisition_id(&r.acquisition_id)?;
                 let (reply, rx) = oneshot::channel();
                 send(
@@ -324,6 +339,7 @@ impl SessionTask {
                 }))
             }
             Op::Cancel(c) => {
+                self.service.admit(&self.caller, "session.cancel")?;
                 let withdrawn = match self.waits.get(&c.acquire_id) {
                     Some(waiter) => {
                         self.cancelled.insert(c.acquire_id);
@@ -341,6 +357,10 @@ impl SessionTask {
                 let mut claims = Vec::with_capacity(a.resources.len());
                 for (i, raw) in a.resources.iter().enumerate() {
                     claims.push((parse_resource(ResourcesField(i), raw)?, random_id()?));
+                }
+                let who = self.service.admit(&self.caller, "session.acquire")?;
+                for (name, _) in &claims {
+                    who.may(Permission::Lease, name.as_str())?;
                 }
                 let bound = a.ttl_ms == 0;
                 let waiter = WaiterId(self.service.next_waiter.fetch_add(1, Relaxed));
