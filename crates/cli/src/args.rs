@@ -14,7 +14,8 @@ pub const EXIT_CODES: &str = "Exit codes:
   1  any other failure (server unreachable, outcome unknown, storage error)
   2  invalid usage or input (bad name, TTL or wait out of bounds, bad flag)
   3  not acquired (held by someone else, or the wait ran out)
-  4  not owner (renew of a lease that expired, was released, fenced or replaced)";
+  4  not owner (renew of a lease that expired, was released, fenced or replaced)
+  5  refused by the server's auth rules (unauthenticated, or permission denied)";
 
 #[derive(Parser)]
 #[command(name = "baton", version, about = "Leases with fencing tokens that make stale workers harmless", after_help = EXIT_CODES)]
@@ -37,6 +38,19 @@ pub struct ClientOpts {
     /// Print one JSON object instead of text.
     #[arg(long, global = true)]
     pub json: bool,
+    /// The CA (PEM) that signed the server's certificate: connect over TLS
+    /// (a bare host:port then means https://).
+    #[arg(long, env = "BATON_TLS_CA", global = true)]
+    pub tls_ca: Option<PathBuf>,
+    /// A client certificate (PEM) for a server that asks for one; with --tls-key.
+    #[arg(long, env = "BATON_CLIENT_CERT", global = true, requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The client certificate's private key (PEM).
+    #[arg(long, env = "BATON_CLIENT_KEY", global = true, requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// A file holding the bearer token sent with every request.
+    #[arg(long, env = "BATON_TOKEN_FILE", global = true)]
+    pub token_file: Option<PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -313,4 +327,25 @@ pub struct ServeArgs {
     /// failover takes about this plus loading the leases.
     #[arg(long, env = "BATON_LEADER_TTL", default_value = "4s", value_parser = parse_duration, requires = "store")]
     pub leader_ttl: Duration,
+    /// Serve gRPC and HTTP over TLS with this certificate chain (PEM, leaf first).
+    #[arg(long, env = "BATON_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of --tls-cert.
+    #[arg(long, env = "BATON_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Require a client certificate signed by this CA (PEM) on every gRPC
+    /// connection; with --auth-file its common name names the principal.
+    #[arg(long, env = "BATON_TLS_CLIENT_CA", requires = "tls_cert")]
+    pub tls_client_ca: Option<PathBuf>,
+    /// Principals and their permissions per name prefix (TOML; reloaded on
+    /// SIGHUP). Without it every caller may do everything.
+    #[arg(long, env = "BATON_AUTH_FILE")]
+    pub auth_file: Option<PathBuf>,
+    /// Refuse to start without --auth-file.
+    #[arg(long, env = "BATON_REQUIRE_AUTH")]
+    pub require_auth: bool,
+    /// Also append the audit lines (fences, backups, refused calls) to this
+    /// file, one JSON object per line.
+    #[arg(long, env = "BATON_AUDIT_LOG")]
+    pub audit_log: Option<PathBuf>,
 }

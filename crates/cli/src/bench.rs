@@ -118,7 +118,9 @@ async fn cycles(a: &BenchArgs) -> Result<Exit, CliError> {
     } else {
         Transport::Unary
     };
-    let target = Baton::new(label, a.client.server.clone(), a.ttl).with_transport(transport);
+    let target = Baton::new(label, a.client.server.clone(), a.ttl)
+        .with_transport(transport)
+        .with_options(crate::lease::connect_options(&a.client)?);
     let run_id = std::process::id().to_string();
     let mut runs = Vec::new();
     if !json {

@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 
 /// The serve flags a config file may set.
-const KEYS: [&str; 19] = [
+const KEYS: [&str; 25] = [
     "listen",
     "http_listen",
     "data_dir",
@@ -28,6 +28,12 @@ const KEYS: [&str; 19] = [
     "cluster",
     "advertise",
     "leader_ttl",
+    "tls_cert",
+    "tls_key",
+    "tls_client_ca",
+    "auth_file",
+    "require_auth",
+    "audit_log",
     "config",
 ];
 

@@ -12,6 +12,7 @@ pub enum Exit {
     Usage = 2,
     NotAcquired = 3,
     NotOwner = 4,
+    Refused = 5,
 }
 
 /// A command that failed: what to say and how to exit.
@@ -61,6 +62,10 @@ impl From<ClientError> for CliError {
     fn from(e: ClientError) -> Self {
         match e {
             ClientError::Invalid(_) => Self::usage(e.to_string()),
+            ClientError::Unauthenticated(_) | ClientError::PermissionDenied(_) => Self {
+                code: Exit::Refused,
+                message: e.to_string(),
+            },
             _ => Self::failure(e.to_string()),
         }
     }

@@ -11,9 +11,19 @@ use crate::args::ClientOpts;
 use crate::error::{CliError, Exit};
 use crate::output::Rendered;
 
-/// Connects to `--server`.
+/// Connects to `--server`, over TLS and with a token if the flags say so.
 pub async fn connect(opts: &ClientOpts) -> Result<Client, CliError> {
-    Ok(Client::connect(&opts.server).await?)
+    Ok(Client::connect_with(&opts.server, connect_options(opts)?).await?)
+}
+
+/// The TLS and token settings of the client flags.
+pub fn connect_options(opts: &ClientOpts) -> Result<baton_client::ConnectOptions, CliError> {
+    Ok(baton_client::ConnectOptions::from_files(
+        opts.tls_ca.as_deref(),
+        opts.tls_cert.as_deref(),
+        opts.tls_key.as_deref(),
+        opts.token_file.as_deref(),
+    )?)
 }
 
 fn parse_id(hex: &str) -> Result<AcquisitionId, CliError> {

@@ -32,6 +32,7 @@ fn cluster_config(args: &ServeArgs) -> Result<Option<baton_server::ClusterConfig
                 args.listen
             )))
         }
+        None if args.tls_cert.is_some() => format!("https://{}", args.listen),
         None => format!("http://{}", args.listen),
     };
     Ok(Some(baton_server::ClusterConfig {
@@ -62,6 +63,17 @@ pub fn config(args: ServeArgs) -> baton_server::ServerConfig {
         connections_max: args.max_connections,
         handshake_timeout_ms: ms(args.handshake_timeout),
         idle_timeout_ms: ms(args.idle_timeout),
+        tls: match (args.tls_cert, args.tls_key) {
+            (Some(cert), Some(key)) => Some(baton_server::TlsFiles {
+                cert,
+                key,
+                client_ca: args.tls_client_ca,
+            }),
+            _ => None,
+        },
+        auth_file: args.auth_file,
+        require_auth: args.require_auth,
+        audit_log: args.audit_log,
     }
 }
 

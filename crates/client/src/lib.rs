@@ -23,6 +23,7 @@
 
 pub mod flags;
 pub mod rng;
+mod security;
 mod servers;
 mod session;
 
@@ -38,6 +39,7 @@ pub mod worker;
 
 pub use baton_core;
 pub use baton_proto::v1::Snapshot;
+pub use security::ConnectOptions;
 pub use session::{Health, Session, SessionState};
 
 /// Time allowed for a request beyond any server-side wait it asks for.
@@ -73,6 +75,13 @@ pub enum ClientError {
     /// done, and every lease tied to it has ended.
     #[error("the session has ended (it expired or was closed); its leases have ended with it")]
     SessionEnded,
+    /// The server's auth file has no principal for this client's token or
+    /// certificate (or it sent neither). Not applied.
+    #[error("unauthenticated: {0}")]
+    Unauthenticated(String),
+    /// The principal is known but no rule lets it do this. Not applied.
+    #[error("permission denied: {0}")]
+    PermissionDenied(String),
 }
 
 impl ClientError {
@@ -90,7 +99,17 @@ fn never_connected(status: &tonic::Status) -> bool {
     };
     let mut source = std::error::Error::source(status);
     while let Some(e) = source {
+        // The TLS handshake failed: the server took no request.
+        if e.downcast_ref::<rustls::Error>().is_some() {
+            return true;
+        }
         if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            if io
+                .get_ref()
+                .is_some_and(|inner| inner.downcast_ref::<rustls::Error>().is_some())
+            {
+                return true;
+            }
             return matches!(
                 io.kind(),
                 ConnectionRefused | HostUnreachable | NetworkUnreachable | AddrNotAvailable
@@ -102,10 +121,29 @@ fn never_connected(status: &tonic::Status) -> bool {
 }
 
 fn from_status(status: tonic::Status) -> ClientError {
-    let message = status.message().to_string();
+    // A transport failure's status says only "transport error": the cause
+    // (a refused certificate, a reset) is in its sources.
+    let message = match std::error::Error::source(&status) {
+        Some(source) => {
+            security::explain(&format!("{}: {}", status.message(), error_chain(source)))
+        }
+        None => status.message().to_string(),
+    };
     match status.code() {
         Code::InvalidArgument | Code::OutOfRange => ClientError::Invalid(message),
         Code::ResourceExhausted => ClientError::Exhausted(message),
+        // With a source, the code is the transport's (h2 maps a plain-text
+        // peer's INADEQUATE_SECURITY to PERMISSION_DENIED), not the server's.
+        Code::Unauthenticated | Code::PermissionDenied
+            if std::error::Error::source(&status).is_some() =>
+        {
+            ClientError::Connect {
+                url: String::new(),
+                message,
+            }
+        }
+        Code::Unauthenticated => ClientError::Unauthenticated(message),
+        Code::PermissionDenied => ClientError::PermissionDenied(message),
         // A (re)connection that failed is reported as UNAVAILABLE before
         // anything was sent: known from the I/O error's kind, not its text.
         Code::Unavailable if never_connected(&status) => ClientError::Connect {
@@ -343,6 +381,8 @@ fn status(s: v1::StatusResponse) -> Result<Status, ClientError> {
 #[derive(Clone, Debug)]
 pub struct Client {
     servers: std::sync::Arc<Servers>,
+    /// `Bearer TOKEN`, sent with every request (never logged).
+    authorization: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
     rpc_timeout: Duration,
     /// Sessions shared by clones, by TTL in milliseconds (see [`Client::session`]).
     sessions: std::sync::Arc<tokio::sync::Mutex<std::collections::HashMap<u64, Session>>>,
@@ -357,11 +397,22 @@ impl Client {
     /// may have taken effect is never repeated: it is reported as
     /// [`ClientError::Indeterminate`].
     pub async fn connect(url: &str) -> Result<Self, ClientError> {
+        Self::connect_with(url, ConnectOptions::default()).await
+    }
+
+    /// [`Client::connect`] over TLS and/or with a bearer token (see
+    /// [`ConnectOptions`]). With TLS, a bare `host:port` means `https://`,
+    /// and an `http://` URL is refused.
+    pub async fn connect_with(url: &str, options: ConnectOptions) -> Result<Self, ClientError> {
+        let tls = options.tls.is_some();
         let urls: Vec<String> = url
             .split(',')
             .filter(|u| !u.trim().is_empty())
-            .map(normalize)
+            .map(|u| normalize(u, tls))
             .collect();
+        for u in &urls {
+            options.check_scheme(u)?;
+        }
         if urls.is_empty() {
             return Err(ClientError::Invalid(format!(
                 "server url {url:?}: no address given"
@@ -370,12 +421,12 @@ impl Client {
         let mut channels = std::collections::HashMap::new();
         let mut errors = Vec::new();
         for u in &urls {
-            match endpoint(u)?.connect().await {
+            match endpoint(u, options.tls.as_ref())?.connect().await {
                 Ok(channel) => {
                     channels.insert(u.clone(), LeasesClient::new(channel));
                     break;
                 }
-                Err(e) => errors.push(format!("{u}: {}", error_chain(&e))),
+                Err(e) => errors.push(format!("{u}: {}", security::explain(&error_chain(&e)))),
             }
         }
         let Some(current) = urls.iter().find(|u| channels.contains_key(*u)).cloned() else {
@@ -387,8 +438,10 @@ impl Client {
         Ok(Self {
             servers: std::sync::Arc::new(Servers {
                 urls,
+                tls: options.tls,
                 state: std::sync::Mutex::new(ServersState { current, channels }),
             }),
+            authorization: options.authorization,
             rpc_timeout: RPC_TIMEOUT_DEFAULT,
             sessions: Default::default(),
         })
@@ -414,6 +467,11 @@ impl Client {
     fn request<T>(&self, message: T, extra: Duration) -> Request<T> {
         let mut request = Request::new(message);
         request.set_timeout(self.rpc_timeout + extra);
+        if let Some(value) = &self.authorization {
+            request
+                .metadata_mut()
+                .insert("authorization", value.clone());
+        }
         request
     }
 

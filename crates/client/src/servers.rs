@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use baton_proto::v1::leases_client::LeasesClient;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 use tonic::Code;
 
 use crate::ClientError;
@@ -21,21 +21,33 @@ pub(crate) fn redirect(status: &tonic::Status) -> Option<String> {
         .map(|v| v.to_str().unwrap_or_default().to_string())
 }
 
-/// `127.0.0.1:7700` means plain HTTP/2, as `PGHOST` or etcdctl take an address.
-pub(crate) fn normalize(url: &str) -> String {
+/// `127.0.0.1:7700` means plain HTTP/2 (HTTPS with `tls`), as `PGHOST` or
+/// etcdctl take an address.
+pub(crate) fn normalize(url: &str, tls: bool) -> String {
     let url = url.trim();
     if url.contains("://") {
         url.to_string()
+    } else if tls {
+        format!("https://{url}")
     } else {
         format!("http://{url}")
     }
 }
 
-pub(crate) fn endpoint(url: &str) -> Result<Endpoint, ClientError> {
-    Ok(Endpoint::from_shared(url.to_string())
+pub(crate) fn endpoint(url: &str, tls: Option<&ClientTlsConfig>) -> Result<Endpoint, ClientError> {
+    let endpoint = Endpoint::from_shared(url.to_string())
         .map_err(|e| ClientError::Invalid(format!("server url {url:?}: {e}")))?
         .connect_timeout(Duration::from_secs(5))
-        .tcp_nodelay(true))
+        .tcp_nodelay(true);
+    match tls {
+        Some(config) => endpoint.tls_config(config.clone()).map_err(|e| {
+            ClientError::Invalid(format!(
+                "TLS settings for {url:?}: {}",
+                crate::error_chain(&e)
+            ))
+        }),
+        None => Ok(endpoint),
+    }
 }
 
 /// The servers a client knows and the one it talks to now. Shared by clones,
@@ -43,6 +55,7 @@ pub(crate) fn endpoint(url: &str) -> Result<Endpoint, ClientError> {
 #[derive(Debug)]
 pub(crate) struct Servers {
     pub(crate) urls: Vec<String>,
+    pub(crate) tls: Option<ClientTlsConfig>,
     pub(crate) state: std::sync::Mutex<ServersState>,
 }
 
@@ -59,7 +72,7 @@ impl Servers {
         if let Some(c) = st.channels.get(&url) {
             return Ok((url, c.clone()));
         }
-        let c = LeasesClient::new(endpoint(&url)?.connect_lazy());
+        let c = LeasesClient::new(endpoint(&url, self.tls.as_ref())?.connect_lazy());
         st.channels.insert(url.clone(), c.clone());
         Ok((url, c))
     }

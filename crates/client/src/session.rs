@@ -117,11 +117,16 @@ async fn connect(client: &Client, open: v1::OpenSession) -> Result<(Conn, Body),
             let (tx, rx) = mpsc::channel(OUTBOX_LEN);
             let first = v1::SessionRequest {
                 id: 0,
-                op: Some(Op::Open(request.into_inner())),
+                op: Some(Op::Open(request.get_ref().clone())),
             };
             tx.send(first).await.expect("the receiver is here");
-            // No deadline on the stream itself, only on its opening.
-            match tokio::time::timeout(timeout, channel.session(ReceiverStream::new(rx))).await {
+            // The call's metadata (the token) goes with the stream, but no
+            // deadline: the stream lives on; only its opening is timed.
+            let (mut metadata, _, _) = request.into_parts();
+            metadata.remove("grpc-timeout");
+            let stream =
+                tonic::Request::from_parts(metadata, Default::default(), ReceiverStream::new(rx));
+            match tokio::time::timeout(timeout, channel.session(stream)).await {
                 Ok(answer) => answer.map(|r| r.map(|stream| (tx, stream))),
                 Err(_) => Err(tonic::Status::deadline_exceeded(
                     "no answer to opening the session in time",
@@ -146,6 +151,8 @@ fn error_body(e: v1::RequestError) -> ClientError {
     match tonic::Code::from(e.code) {
         tonic::Code::InvalidArgument => ClientError::Invalid(e.message),
         tonic::Code::ResourceExhausted => ClientError::Exhausted(e.message),
+        tonic::Code::Unauthenticated => ClientError::Unauthenticated(e.message),
+        tonic::Code::PermissionDenied => ClientError::PermissionDenied(e.message),
         code => ClientError::Protocol(format!("{code:?}: {}", e.message)),
     }
 }
@@ -190,6 +197,7 @@ impl Client {
             // 200 ms), so a stopped server does not eat the session's TTL.
             client: Client {
                 servers: self.servers.clone(),
+                authorization: self.authorization.clone(),
                 rpc_timeout: self
                     .rpc_timeout
                     .min((ttl / 6).max(Duration::from_millis(200))),
