@@ -4,6 +4,7 @@
 
 pub mod json;
 pub mod pg_cluster;
+pub mod pki;
 pub mod process;
 pub mod store;
 

@@ -21,6 +21,8 @@ pub struct Server {
     pub data_dir: PathBuf,
     /// Extra `serve` flags, kept across restarts.
     pub extra: Vec<String>,
+    /// Where its log goes (at `info`), if not to the test's stderr (at `warn`).
+    pub log: Option<PathBuf>,
 }
 
 impl Server {
@@ -30,6 +32,13 @@ impl Server {
         Self::spawn(bin, "127.0.0.1:0", data_dir, extra).unwrap_or_else(|e| panic!("{e}"))
     }
 
+    /// [`Server::start`] with its log at `info` appended to `log`.
+    pub fn start_logged(bin: &Path, data_dir: &Path, extra: &[&str], log: &Path) -> Self {
+        let extra = extra.iter().map(|s| s.to_string()).collect();
+        Self::spawn_logged(bin, "127.0.0.1:0", data_dir, extra, Some(log))
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
     /// Starts `bin serve` on `listen`; `Err` if it did not report listening.
     pub fn spawn(
         bin: &Path,
@@ -37,6 +46,26 @@ impl Server {
         data_dir: &Path,
         extra: Vec<String>,
     ) -> Result<Self, String> {
+        Self::spawn_logged(bin, listen, data_dir, extra, None)
+    }
+
+    fn spawn_logged(
+        bin: &Path,
+        listen: &str,
+        data_dir: &Path,
+        extra: Vec<String>,
+        log: Option<&Path>,
+    ) -> Result<Self, String> {
+        let stderr = match log {
+            Some(path) => Stdio::from(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(path)
+                    .expect("open the server log"),
+            ),
+            None => Stdio::inherit(),
+        };
         let mut child = Command::new(bin)
             .args([
                 "serve",
@@ -50,10 +79,10 @@ impl Server {
             .arg("--data-dir")
             .arg(data_dir)
             .args(&extra)
-            .env("RUST_LOG", "warn")
+            .env("RUST_LOG", if log.is_some() { "info" } else { "warn" })
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(stderr)
             .spawn()
             .expect("spawn baton serve");
         let stdout = child.stdout.take().unwrap();
@@ -81,12 +110,24 @@ impl Server {
             http,
             data_dir: data_dir.to_path_buf(),
             extra,
+            log: log.map(Path::to_path_buf),
         })
     }
 
     /// `http://` + the gRPC address.
     pub fn url(&self) -> String {
         format!("http://{}", self.grpc)
+    }
+
+    /// `https://` + the gRPC address (a server started with `--tls-cert`).
+    pub fn https_url(&self) -> String {
+        format!("https://{}", self.grpc)
+    }
+
+    /// Sends `signal` to the process.
+    pub fn signal(&self, signal: nix::sys::signal::Signal) {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        nix::sys::signal::kill(pid, signal).expect("signal the server");
     }
 
     /// SIGKILL, and wait for it.
@@ -108,7 +149,14 @@ impl Server {
         let listen = self.grpc.to_string();
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
-            match Server::spawn(&self.bin, &listen, &self.data_dir, self.extra.clone()) {
+            let log = self.log.clone();
+            match Server::spawn_logged(
+                &self.bin,
+                &listen,
+                &self.data_dir,
+                self.extra.clone(),
+                log.as_deref(),
+            ) {
                 Ok(s) => {
                     *self = s;
                     return;
