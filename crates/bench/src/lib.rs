@@ -302,6 +302,8 @@ pub struct Baton {
     pub processes: &'static [&'static str],
     /// The connection shared by every client, for [`Transport::SessionSharedConnection`].
     shared: tokio::sync::OnceCell<Client>,
+    /// TLS and token for every connection.
+    pub options: baton_client::ConnectOptions,
 }
 
 impl Baton {
@@ -318,6 +320,12 @@ impl Baton {
     /// Calls over `transport`.
     pub fn with_transport(mut self, transport: Transport) -> Self {
         self.transport = transport;
+        self
+    }
+
+    /// Connects over TLS and/or with a token.
+    pub fn with_options(mut self, options: baton_client::ConnectOptions) -> Self {
+        self.options = options;
         self
     }
 
@@ -340,7 +348,11 @@ impl Target for Baton {
     }
 
     async fn connect(&self) -> Result<BatonConn, String> {
-        let connect = || async { Client::connect(&self.url).await.map_err(|e| e.to_string()) };
+        let connect = || async {
+            Client::connect_with(&self.url, self.options.clone())
+                .await
+                .map_err(|e| e.to_string())
+        };
         let client = match self.transport {
             Transport::SessionSharedConnection => {
                 self.shared.get_or_try_init(connect).await?.clone()

@@ -3,6 +3,7 @@
 //! and PostgreSQL advisory locks. A peer that is not running is reported as
 //! such and skipped; Baton must be running.
 
+mod brute;
 mod etcd;
 mod pg;
 mod redis;
@@ -67,6 +68,21 @@ struct Args {
     /// each peer follow.
     #[arg(long, default_value_t = 1)]
     rounds: usize,
+    /// A second Baton server with TLS and an auth file, measured beside
+    /// --server with the same transports ("tls+auth"); empty to skip.
+    #[arg(long, default_value = "")]
+    secure_server: String,
+    /// The CA of --secure-server's certificate (PEM).
+    #[arg(long)]
+    tls_ca: Option<std::path::PathBuf>,
+    /// A bearer token file of a principal with `lease` on `bench:`.
+    #[arg(long)]
+    token_file: Option<std::path::PathBuf>,
+    /// Instead of the cycle table: this many calls with wrong tokens
+    /// against --secure-server while a correct client cycles; reports the
+    /// correct client's acquire p99 with and without the attack, per round.
+    #[arg(long)]
+    brute_force: Option<usize>,
 }
 
 async fn measure<T: Target>(
@@ -111,6 +127,44 @@ async fn main() {
         "shared" => vec![Mode::Shared],
         _ => vec![Mode::Distinct, Mode::Shared],
     };
+    let secure = if args.secure_server.is_empty() {
+        None
+    } else {
+        match baton_client::ConnectOptions::from_files(
+            args.tls_ca.as_deref(),
+            None,
+            None,
+            args.token_file.as_deref(),
+        ) {
+            Ok(o) => Some(o),
+            Err(e) => {
+                eprintln!("error: --secure-server: {e}");
+                std::process::exit(2);
+            }
+        }
+    };
+    if let Some(n) = args.brute_force {
+        let Some(options) = secure else {
+            eprintln!("error: --brute-force needs --secure-server, --tls-ca and --token-file");
+            std::process::exit(2);
+        };
+        let ca = std::fs::read(args.tls_ca.as_ref().expect("checked")).expect("read --tls-ca");
+        let seconds = Duration::from_secs_f64(args.seconds);
+        if let Err(e) = brute::run(
+            &args.secure_server,
+            options,
+            &ca,
+            n,
+            seconds,
+            args.rounds.max(1),
+        )
+        .await
+        {
+            eprintln!("error: {e}");
+            std::process::exit(1);
+        }
+        return;
+    }
     let mut all: Vec<Report> = Vec::new();
     for round in 1..=args.rounds.max(1) {
         let run_id = format!("{}-{round}", std::process::id());
@@ -132,6 +186,14 @@ async fn main() {
                 .with_transport(transport)
                 .with_processes(&["baton"]);
             measure(&baton, &args, &clients, &modes, &run_id, &mut all).await;
+            if let Some(options) = &secure {
+                let label = label.replace("baton", "baton tls+auth");
+                let baton = Baton::new(label, args.secure_server.clone(), ttl)
+                    .with_transport(transport)
+                    .with_options(options.clone())
+                    .with_processes(&["baton"]);
+                measure(&baton, &args, &clients, &modes, &run_id, &mut all).await;
+            }
         }
         if !args.cluster.is_empty() {
             let cluster = Baton::new("baton on postgres", args.cluster.clone(), ttl)
