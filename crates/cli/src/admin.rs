@@ -119,7 +119,13 @@ pub async fn restore(a: &RestoreArgs) -> Result<RestoreOut, CliError> {
             now_unix_s,
         ),
     }
-    .map_err(to_cli)?;
+    .map_err(to_cli);
+    let target = match &a.store {
+        Some(_) => format!("cluster {}", a.cluster),
+        None => a.data_dir.display().to_string(),
+    };
+    audit_restore(a, &target, r.as_ref().ok().map(|r| r.first_token.get()))?;
+    let r = r?;
     Ok(RestoreOut {
         backup_epoch: r.backup_epoch.map_or(0, |e| e.get()),
         resources_floor: r.resources_floor.map_or(0, |t| t.get()),
@@ -131,4 +137,28 @@ pub async fn restore(a: &RestoreArgs) -> Result<RestoreOut, CliError> {
             None => a.data_dir.display().to_string(),
         },
     })
+}
+
+/// The restore's audit line: who (the operating-system user), what, the
+/// first token of the new epoch, and whether it worked.
+fn audit_restore(a: &RestoreArgs, target: &str, first_token: Option<u64>) -> Result<(), CliError> {
+    let audit = match &a.audit_log {
+        Some(path) => baton_server::Audit::to_file(path)
+            .map_err(|e| CliError::usage(format!("--audit-log {}: {e}", path.display())))?,
+        None => baton_server::Audit::log_only(),
+    };
+    let user = std::env::var("USER").unwrap_or_else(|_| "unknown".into());
+    audit.record_to_stderr(&baton_server::AuditRecord {
+        principal: &format!("os-user:{user}"),
+        action: "restore",
+        resource: target,
+        token: first_token,
+        outcome: if first_token.is_some() {
+            "ok"
+        } else {
+            "failed"
+        },
+        peer: "local",
+    });
+    Ok(())
 }

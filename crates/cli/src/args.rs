@@ -251,6 +251,10 @@ pub struct RestoreArgs {
     /// recorded token the new epoch must be above; repeat for several.
     #[arg(long)]
     pub floor_from: Vec<String>,
+    /// Also append the restore's audit line (JSON) to this file; it always
+    /// goes to stderr.
+    #[arg(long, env = "BATON_AUDIT_LOG")]
+    pub audit_log: Option<PathBuf>,
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,

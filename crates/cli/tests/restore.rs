@@ -82,6 +82,10 @@ async fn restore_starts_an_epoch_above_every_earlier_token() {
     let (code, text) = restore(&backup, dir.path(), &[]);
     assert_eq!(code, Some(1), "{text}");
     assert!(text.contains("in use"), "{text}");
+    assert!(
+        text.contains(r#""action":"restore""#) && text.contains(r#""outcome":"failed""#),
+        "a refused restore is audited: {text}"
+    );
     s.kill9();
 
     // Restore over the same data directory.
@@ -89,6 +93,14 @@ async fn restore_starts_an_epoch_above_every_earlier_token() {
     assert_eq!(code, Some(0), "{text}");
     assert_eq!(json_u64(&text, "dropped_leases"), Some(5));
     let epoch = json_u64(&text, "epoch").unwrap();
+    let first_token = json_u64(&text, "first_token").unwrap();
+    assert!(
+        text.contains(&format!(
+            r#""action":"restore","resource":"{}","token":{first_token},"outcome":"ok""#,
+            dir.path().display()
+        )),
+        "the restore is audited with its first token: {text}"
+    );
     s.restart();
     let restored = grant_tokens(&s.url(), "after", 3).await;
     assert!(

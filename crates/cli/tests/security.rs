@@ -329,7 +329,26 @@ async fn every_cell_of_the_authorization_matrix() {
     );
     assert!(count(&|l| l["outcome"] == "permission_denied") >= tally[1]);
     assert!(count(&|l| l["outcome"] == "unauthenticated") >= tally[2]);
+    // Guessing: past 64 failures from one address, refusals wait (a timer,
+    // not the CPU); the correct clients above were never delayed.
+    let guesser = client_for(&url, &pki, Who::WrongToken).await;
+    let guesses: Vec<_> = (0..80)
+        .map(|_| {
+            let mut c = guesser.clone();
+            tokio::spawn(async move { c.status("statement:1").await })
+        })
+        .collect();
+    for g in guesses {
+        assert!(matches!(
+            g.await.unwrap(),
+            Err(ClientError::Unauthenticated(_))
+        ));
+    }
     let log = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        log.contains("repeated authentication failures from this address"),
+        "the penalty engaged and said so once"
+    );
     for (_, t) in TOKENS {
         assert!(
             !log.contains(t) && !audit.contains(t),

@@ -55,6 +55,24 @@ impl Audit {
         })
     }
 
+    /// Writes one record as a JSON line to stderr (and the file), for
+    /// commands that run without the server's log (`baton admin restore`).
+    pub fn record_to_stderr(&self, r: &Record<'_>) {
+        eprintln!("audit: {}", serde_json::to_string(r).unwrap_or_default());
+        self.append(r);
+    }
+
+    fn append(&self, r: &Record<'_>) {
+        if let Some(file) = &self.file {
+            let mut line = serde_json::to_vec(r).unwrap_or_default();
+            line.push(b'\n');
+            let mut f = file.lock().unwrap_or_else(|p| p.into_inner());
+            if let Err(e) = f.write_all(&line) {
+                warn!(error = %e, "cannot write the audit log");
+            }
+        }
+    }
+
     /// Writes one record.
     pub fn record(&self, r: &Record<'_>) {
         info!(
@@ -67,13 +85,6 @@ impl Audit {
             peer = r.peer,
             "audit"
         );
-        if let Some(file) = &self.file {
-            let mut line = serde_json::to_vec(r).unwrap_or_default();
-            line.push(b'\n');
-            let mut f = file.lock().unwrap_or_else(|p| p.into_inner());
-            if let Err(e) = f.write_all(&line) {
-                warn!(error = %e, "cannot write the audit log");
-            }
-        }
+        self.append(r);
     }
 }

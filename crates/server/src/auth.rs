@@ -293,6 +293,11 @@ impl Auth {
         Ok(n)
     }
 
+    /// Whether calls are checked (an auth file was given).
+    pub fn is_on(&self) -> bool {
+        self.path.is_some()
+    }
+
     /// The table in force, or `None` with auth off.
     pub fn table(&self) -> Option<Arc<AuthTable>> {
         self.table.read().unwrap_or_else(|p| p.into_inner()).clone()

@@ -16,6 +16,7 @@ mod conn;
 mod engine;
 mod http;
 mod metrics;
+mod penalty;
 mod seat;
 mod service;
 mod tls;
@@ -33,6 +34,7 @@ use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tracing::{error, info};
 
+pub use audit::{Audit, Record as AuditRecord};
 pub use cluster::{ClusterConfig, LEADER_TTL_MS_DEFAULT, LEADER_TTL_MS_MIN};
 pub use metrics::Metrics;
 pub use seat::LEADER_METADATA;

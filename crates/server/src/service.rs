@@ -17,6 +17,7 @@ use crate::auth::{Auth, Credential, Permission, Principal, Refusal};
 use crate::conn::ConnInfo;
 use crate::engine::{AcquireReply, Command, EngineHandle};
 use crate::metrics::Metrics;
+use crate::penalty::Penalties;
 use crate::seat::{Seat, Term};
 
 mod session;
@@ -30,11 +31,19 @@ pub struct Caller {
     /// Why the connection's client certificate does not let it in, when
     /// the port requires one (see `tls.rs`).
     certificate_refused: Option<String>,
-    peer: String,
+    /// Formatted only for an audit line.
+    peer: Option<std::net::SocketAddr>,
 }
 
 impl Caller {
-    fn of<T>(request: &Request<T>) -> Self {
+    fn peer(&self) -> String {
+        self.peer.map(|p| p.to_string()).unwrap_or_default()
+    }
+}
+
+impl Caller {
+    /// The caller of `request`; its credential is only read with `auth_on`.
+    fn of<T>(request: &Request<T>, auth_on: bool) -> Self {
         let info = request.extensions().get::<ConnInfo>();
         use crate::tls::ClientCert;
         let cert = info.map_or(&ClientCert::NotAsked, |i| &i.client_cert);
@@ -53,14 +62,12 @@ impl Caller {
         let authorization = request
             .metadata()
             .get("authorization")
+            .filter(|_| auth_on)
             .map(|v| v.as_bytes());
         Self {
             credential: Credential::from_parts(authorization, cn),
             certificate_refused,
-            peer: info
-                .and_then(|i| i.peer)
-                .map(|p| p.to_string())
-                .unwrap_or_default(),
+            peer: info.and_then(|i| i.peer),
         }
     }
 }
@@ -132,7 +139,7 @@ impl Admitted<'_> {
             resource,
             token,
             outcome,
-            peer: &self.caller.peer,
+            peer: &self.caller.peer(),
         });
     }
 }
@@ -147,6 +154,7 @@ pub struct LeaseService {
     closing: tokio_util::sync::CancellationToken,
     auth: Arc<Auth>,
     audit: Arc<Audit>,
+    penalties: Arc<Penalties>,
 }
 
 impl LeaseService {
@@ -159,6 +167,7 @@ impl LeaseService {
             closing: Default::default(),
             auth: Arc::new(Auth::off()),
             audit: Arc::new(Audit::log_only()),
+            penalties: Arc::default(),
         }
     }
 
@@ -198,6 +207,31 @@ impl LeaseService {
         })
     }
 
+    /// [`LeaseService::admit`], with a refused authentication answered
+    /// only after its peer's penalty (see `penalty.rs`).
+    async fn let_in<'a>(
+        &'a self,
+        caller: &'a Caller,
+        action: &'static str,
+    ) -> Result<Admitted<'a>, Status> {
+        let refusal = match self.admit(caller, action) {
+            Ok(admitted) => return Ok(admitted),
+            Err(status) => status,
+        };
+        if refusal.code() == tonic::Code::Unauthenticated {
+            if let Some(peer) = caller.peer {
+                let wait = self.penalties.failed(peer.ip(), Instant::now());
+                if wait == crate::penalty::delay_for(crate::penalty::FREE_FAILURES + 1) {
+                    tracing::warn!(peer = %peer.ip(), failures = crate::penalty::FREE_FAILURES + 1, "repeated authentication failures from this address: its refusals now wait, up to 1 s each");
+                }
+                if !wait.is_zero() {
+                    tokio::time::sleep(wait).await;
+                }
+            }
+        }
+        Err(refusal)
+    }
+
     /// The status for a refused call, after its audit line.
     fn refused(
         &self,
@@ -218,7 +252,7 @@ impl LeaseService {
             resource,
             token: None,
             outcome,
-            peer: &caller.peer,
+            peer: &caller.peer(),
         });
         status
     }
@@ -406,8 +440,8 @@ impl Leases for LeaseService {
     ) -> Result<Response<v1::AcquireResponse>, Status> {
         let started = Instant::now();
         self.metrics.acquire_requests.inc();
-        let caller = Caller::of(&request);
-        let who = self.admit(&caller, "acquire")?;
+        let caller = Caller::of(&request, self.auth.is_on());
+        let who = self.let_in(&caller, "acquire").await?;
         let req = request.into_inner();
         let mut claims = Vec::with_capacity(req.resources.len());
         for (i, raw) in req.resources.iter().enumerate() {
@@ -459,8 +493,8 @@ impl Leases for LeaseService {
         &self,
         request: Request<v1::RenewRequest>,
     ) -> Result<Response<v1::RenewResponse>, Status> {
-        let caller = Caller::of(&request);
-        let who = self.admit(&caller, "renew")?;
+        let caller = Caller::of(&request, self.auth.is_on());
+        let who = self.let_in(&caller, "renew").await?;
         let req = request.into_inner();
         let resource = parse_resource("resource", &req.resource)?;
         who.may(Permission::Lease, resource.as_str())?;
@@ -479,8 +513,8 @@ impl Leases for LeaseService {
         &self,
         request: Request<v1::ReleaseRequest>,
     ) -> Result<Response<v1::ReleaseResponse>, Status> {
-        let caller = Caller::of(&request);
-        let who = self.admit(&caller, "release")?;
+        let caller = Caller::of(&request, self.auth.is_on());
+        let who = self.let_in(&caller, "release").await?;
         let req = request.into_inner();
         let resource = parse_resource("resource", &req.resource)?;
         who.may(Permission::Lease, resource.as_str())?;
@@ -499,8 +533,8 @@ impl Leases for LeaseService {
         &self,
         request: Request<v1::StatusRequest>,
     ) -> Result<Response<v1::StatusResponse>, Status> {
-        let caller = Caller::of(&request);
-        let who = self.admit(&caller, "status")?;
+        let caller = Caller::of(&request, self.auth.is_on());
+        let who = self.let_in(&caller, "status").await?;
         let resource = parse_resource("resource", &request.into_inner().resource)?;
         who.may(Permission::Read, resource.as_str())?;
         let out = self
@@ -513,8 +547,8 @@ impl Leases for LeaseService {
         &self,
         request: Request<v1::ListRequest>,
     ) -> Result<Response<v1::ListResponse>, Status> {
-        let caller = Caller::of(&request);
-        let who = self.admit(&caller, "list")?;
+        let caller = Caller::of(&request, self.auth.is_on());
+        let who = self.let_in(&caller, "list").await?;
         let req = request.into_inner();
         if req.prefix.len() > baton_core::RESOURCE_NAME_LEN_BYTES_MAX {
             return Err(Status::invalid_argument(format!(
@@ -554,8 +588,8 @@ impl Leases for LeaseService {
         &self,
         request: Request<v1::FenceRequest>,
     ) -> Result<Response<v1::FenceResponse>, Status> {
-        let caller = Caller::of(&request);
-        let who = self.admit(&caller, "fence")?;
+        let caller = Caller::of(&request, self.auth.is_on());
+        let who = self.let_in(&caller, "fence").await?;
         let resource = parse_resource("resource", &request.into_inner().resource)?;
         who.may(Permission::Fence, resource.as_str())?;
         let name = resource.to_string();
@@ -576,8 +610,8 @@ impl Leases for LeaseService {
         &self,
         request: Request<v1::BackupRequest>,
     ) -> Result<Response<v1::Snapshot>, Status> {
-        let caller = Caller::of(&request);
-        let who = self.admit(&caller, "backup")?;
+        let caller = Caller::of(&request, self.auth.is_on());
+        let who = self.let_in(&caller, "backup").await?;
         who.may_everything(Permission::Admin)?;
         let stored = self.call(|reply| Command::Snapshot { reply }).await?;
         who.audit("", None, "ok");
@@ -620,8 +654,9 @@ impl Leases for LeaseService {
         &self,
         request: Request<v1::ClusterStatusRequest>,
     ) -> Result<Response<v1::ClusterStatusResponse>, Status> {
-        let caller = Caller::of(&request);
-        self.admit(&caller, "cluster status")?
+        let caller = Caller::of(&request, self.auth.is_on());
+        self.let_in(&caller, "cluster status")
+            .await?
             .may_everything(Permission::Admin)?;
         let role = if self.seat.is_leader() {
             "leader"

@@ -57,8 +57,8 @@ impl LeaseService {
     ) -> Result<Response<SessionStream>, Status> {
         // Authenticated once here; each request is checked again against
         // the auth table in force when it arrives.
-        let caller = Caller::of(&request);
-        self.admit(&caller, "session.open")?;
+        let caller = Caller::of(&request, self.auth.is_on());
+        self.let_in(&caller, "session.open").await?;
         let term = self.seat.term()?;
         let mut inbound = request.into_inner();
         let first = inbound.message().await?.ok_or_else(|| {
