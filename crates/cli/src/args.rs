@@ -26,12 +26,13 @@ pub struct Cli {
 
 #[derive(Args, Clone)]
 pub struct ClientOpts {
-    /// Server address, like http://127.0.0.1:7700 or 127.0.0.1:7700; for a
-    /// cluster, several separated by commas (the client finds the leader).
+    /// Server address, like 127.0.0.1:7700 (http://, or https:// with
+    /// --tls-ca) or a full URL; for a cluster, several separated by commas
+    /// (the client finds the leader).
     #[arg(
         long,
         env = "BATON_SERVER",
-        default_value = "http://127.0.0.1:7700",
+        default_value = "127.0.0.1:7700",
         global = true
     )]
     pub server: String,

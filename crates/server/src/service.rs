@@ -12,137 +12,17 @@ use baton_proto::{LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX, SNAPSHOT_FORMAT};
 use tokio::sync::oneshot;
 use tonic::{Request, Response, Status};
 
-use crate::audit::{Audit, Record};
-use crate::auth::{Auth, Credential, Permission, Principal, Refusal};
-use crate::conn::ConnInfo;
+use crate::audit::Audit;
+use crate::auth::{Auth, Permission};
 use crate::engine::{AcquireReply, Command, EngineHandle};
 use crate::metrics::Metrics;
 use crate::penalty::Penalties;
 use crate::seat::{Seat, Term};
 
+mod guard;
 mod session;
 
-/// Who is calling, as far as a request says: the credential it carries
-/// and where it comes from. Kept by a session stream and checked again
-/// against the auth table in force for each of its requests.
-#[derive(Clone, Debug)]
-pub struct Caller {
-    credential: Credential,
-    /// Why the connection's client certificate does not let it in, when
-    /// the port requires one (see `tls.rs`).
-    certificate_refused: Option<String>,
-    /// Formatted only for an audit line.
-    peer: Option<std::net::SocketAddr>,
-}
-
-impl Caller {
-    fn peer(&self) -> String {
-        self.peer.map(|p| p.to_string()).unwrap_or_default()
-    }
-}
-
-impl Caller {
-    /// The caller of `request`; its credential is only read with `auth_on`.
-    fn of<T>(request: &Request<T>, auth_on: bool) -> Self {
-        let info = request.extensions().get::<ConnInfo>();
-        use crate::tls::ClientCert;
-        let cert = info.map_or(&ClientCert::NotAsked, |i| &i.client_cert);
-        let cn = match cert {
-            ClientCert::Verified(cn) => cn.as_deref(),
-            _ => None,
-        };
-        let certificate_refused = match cert {
-            ClientCert::NotAsked | ClientCert::Verified(_) => None,
-            ClientCert::Missing => Some(
-                "this server requires a client certificate signed by its client CA (--tls-cert and --tls-key)"
-                    .to_string(),
-            ),
-            ClientCert::Refused(why) => Some(format!("the client certificate was refused: {why}")),
-        };
-        let authorization = request
-            .metadata()
-            .get("authorization")
-            .filter(|_| auth_on)
-            .map(|v| v.as_bytes());
-        Self {
-            credential: Credential::from_parts(authorization, cn),
-            certificate_refused,
-            peer: info.and_then(|i| i.peer),
-        }
-    }
-}
-
-/// A caller let in for one action: its principal (`None` with auth off).
-pub struct Admitted<'a> {
-    service: &'a LeaseService,
-    caller: &'a Caller,
-    action: &'static str,
-    principal: Option<Arc<Principal>>,
-}
-
-impl Admitted<'_> {
-    fn name(&self) -> &str {
-        self.principal
-            .as_ref()
-            .map_or("anonymous", |p| p.name.as_str())
-    }
-
-    /// `Ok` if the principal holds `permission` on `name` (a resource or,
-    /// for list, a prefix); otherwise `PERMISSION_DENIED`, audited. The
-    /// message names the rule, never what the resource holds.
-    fn may(&self, permission: Permission, name: &str) -> Result<(), Status> {
-        let Some(p) = &self.principal else {
-            return Ok(());
-        };
-        if p.allows(permission, name) {
-            return Ok(());
-        }
-        self.refuse(
-            name,
-            Refusal::Denied(format!(
-                "principal {:?} may not {}: no rule of the auth file gives it `{permission}` on a prefix of {name:?}",
-                p.name, self.action
-            )),
-        )
-    }
-
-    /// `Ok` if the principal holds `permission` on every name (a rule on
-    /// the empty prefix).
-    fn may_everything(&self, permission: Permission) -> Result<(), Status> {
-        let Some(p) = &self.principal else {
-            return Ok(());
-        };
-        if p.allows_everything(permission) {
-            return Ok(());
-        }
-        self.refuse(
-            "",
-            Refusal::Denied(format!(
-                "principal {:?} may not {}: it needs `{permission}` on every name (a rule on the empty prefix \"\")",
-                p.name, self.action
-            )),
-        )
-    }
-
-    fn refuse(&self, resource: &str, refusal: Refusal) -> Result<(), Status> {
-        Err(self
-            .service
-            .refused(self.caller, self.name(), self.action, resource, refusal))
-    }
-
-    /// Writes an audit line for an action that was let in: `outcome` is
-    /// `ok`, or `indeterminate` if the server could not finish it.
-    fn audit(&self, resource: &str, token: Option<u64>, outcome: &str) {
-        self.service.audit.record(&Record {
-            principal: self.name(),
-            action: self.action,
-            resource,
-            token,
-            outcome,
-            peer: &self.caller.peer(),
-        });
-    }
-}
+pub use guard::Caller;
 
 #[derive(Clone)]
 pub struct LeaseService {
@@ -176,85 +56,6 @@ impl LeaseService {
         self.auth = auth;
         self.audit = audit;
         self
-    }
-
-    /// Lets `caller` in for `action` if auth is off or its credential
-    /// proves a principal of the table in force; `UNAUTHENTICATED`
-    /// (audited) otherwise.
-    fn admit<'a>(
-        &'a self,
-        caller: &'a Caller,
-        action: &'static str,
-    ) -> Result<Admitted<'a>, Status> {
-        if let Some(why) = &caller.certificate_refused {
-            let refusal = Refusal::Unauthenticated(why.clone());
-            return Err(self.refused(caller, "unauthenticated", action, "", refusal));
-        }
-        let principal = match self.auth.table() {
-            None => None,
-            Some(table) => match table.authenticate(&caller.credential) {
-                Ok(p) => Some(p),
-                Err(refusal) => {
-                    return Err(self.refused(caller, "unauthenticated", action, "", refusal))
-                }
-            },
-        };
-        Ok(Admitted {
-            service: self,
-            caller,
-            action,
-            principal,
-        })
-    }
-
-    /// [`LeaseService::admit`], with a refused authentication answered
-    /// only after its peer's penalty (see `penalty.rs`).
-    async fn let_in<'a>(
-        &'a self,
-        caller: &'a Caller,
-        action: &'static str,
-    ) -> Result<Admitted<'a>, Status> {
-        let refusal = match self.admit(caller, action) {
-            Ok(admitted) => return Ok(admitted),
-            Err(status) => status,
-        };
-        if refusal.code() == tonic::Code::Unauthenticated {
-            if let Some(peer) = caller.peer {
-                let wait = self.penalties.failed(peer.ip(), Instant::now());
-                if wait == crate::penalty::delay_for(crate::penalty::FREE_FAILURES + 1) {
-                    tracing::warn!(peer = %peer.ip(), failures = crate::penalty::FREE_FAILURES + 1, "repeated authentication failures from this address: its refusals now wait, up to 1 s each");
-                }
-                if !wait.is_zero() {
-                    tokio::time::sleep(wait).await;
-                }
-            }
-        }
-        Err(refusal)
-    }
-
-    /// The status for a refused call, after its audit line.
-    fn refused(
-        &self,
-        caller: &Caller,
-        principal: &str,
-        action: &str,
-        resource: &str,
-        refusal: Refusal,
-    ) -> Status {
-        let (outcome, status) = match refusal {
-            Refusal::Unauthenticated(m) => ("unauthenticated", Status::unauthenticated(m)),
-            Refusal::Denied(m) => ("permission_denied", Status::permission_denied(m)),
-        };
-        self.metrics.auth_refused.inc();
-        self.audit.record(&Record {
-            principal,
-            action,
-            resource,
-            token: None,
-            outcome,
-            peer: &caller.peer(),
-        });
-        status
     }
 
     /// Ends every session stream when `closing` is cancelled.
