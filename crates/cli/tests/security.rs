@@ -520,3 +520,131 @@ async fn sighup_reload_applies_to_the_next_call_and_leaves_held_leases() {
     .await;
     drop(server);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_over_tls_follows_its_leader_and_keeps_the_rules() {
+    let db = baton_testkit::PgDb::create("security_cluster").await;
+    let dir = TempDir::new("security-cluster");
+    let pki = pki(dir.path());
+    let auth = dir.path().join("auth.toml");
+    std::fs::write(&auth, auth_file(BILLING_RULES)).unwrap();
+    let spawn = |listen: &str| {
+        let extra = [
+            "--store",
+            &db.url,
+            "--leader-ttl",
+            "1s",
+            "--tls-cert",
+            pki.server.cert.to_str().unwrap(),
+            "--tls-key",
+            pki.server.key.to_str().unwrap(),
+            "--tls-client-ca",
+            pki.ca.cert.to_str().unwrap(),
+            "--auth-file",
+            auth.to_str().unwrap(),
+        ]
+        .map(String::from)
+        .to_vec();
+        Server::spawn(Path::new(BIN), listen, dir.path(), extra).unwrap_or_else(|e| panic!("{e}"))
+    };
+    let mut nodes: Vec<Server> = (0..2)
+        .map(|_| {
+            spawn(&format!(
+                "127.0.0.1:{}",
+                baton_testkit::pg_cluster::free_port()
+            ))
+        })
+        .collect();
+    // Who leads, asked as ops (admin on everything) over TLS.
+    let leader_of = |nodes: &[Server]| {
+        let urls: Vec<String> = nodes.iter().map(|n| n.https_url()).collect();
+        let ca = pki.ca.cert.clone();
+        let ops = pki.ops.clone();
+        async move {
+            let mut found = None;
+            common::eventually(Duration::from_secs(30), async || {
+                for (i, url) in urls.iter().enumerate() {
+                    let Ok(mut c) = Client::connect_with(url, options(&ca, &ops, None)).await
+                    else {
+                        continue;
+                    };
+                    if let Ok(s) = c.cluster_status().await {
+                        if s.role == "leader" {
+                            found = Some(i);
+                            return true;
+                        }
+                    }
+                }
+                false
+            })
+            .await;
+            found.unwrap()
+        }
+    };
+    let leader = leader_of(&nodes).await;
+    let follower = 1 - leader;
+    // billing names the follower first: the follower checks its token and
+    // rules, names the leader (https, its advertised address), and the
+    // client follows with the same TLS settings.
+    let urls = format!(
+        "{},{}",
+        nodes[follower].https_url(),
+        nodes[leader].https_url()
+    );
+    let billing = options(&pki.ca.cert, &pki.stranger, Some(token("billing")));
+    let mut c = Client::connect_with(&urls, billing.clone()).await.unwrap();
+    let Acquired::Granted(first) = c
+        .acquire("statement:c1", Duration::from_secs(30), Duration::ZERO)
+        .await
+        .unwrap()
+    else {
+        panic!("free")
+    };
+    let e = c
+        .acquire("invoice:c1", Duration::from_secs(30), Duration::ZERO)
+        .await
+        .unwrap_err();
+    assert!(matches!(e, ClientError::PermissionDenied(_)), "{e:?}");
+    let mut wrong = Client::connect_with(
+        &nodes[follower].https_url(),
+        options(&pki.ca.cert, &pki.stranger, Some("nobody-knows-this")),
+    )
+    .await
+    .unwrap();
+    let e = wrong.status("statement:c1").await.unwrap_err();
+    assert!(
+        matches!(e, ClientError::Unauthenticated(_)),
+        "a follower refuses before it names the leader: {e:?}"
+    );
+
+    // The leader dies; the follower takes over, and the same client's
+    // next calls reach it, over TLS, under the same rules.
+    nodes[leader].kill9();
+    let survivors = std::slice::from_ref(&nodes[follower]);
+    leader_of(survivors).await;
+    let mut next = None;
+    common::eventually(Duration::from_secs(30), async || {
+        match c
+            .acquire("statement:c1", Duration::from_secs(30), Duration::ZERO)
+            .await
+        {
+            Ok(a) => {
+                next = Some(a);
+                true
+            }
+            Err(_) => false,
+        }
+    })
+    .await;
+    match next.unwrap() {
+        // Still held for a full TTL after the failover (as leases are).
+        Acquired::NotAcquired(n) => assert_eq!(n.holder_token, Some(first.token)),
+        Acquired::Granted(l) => panic!("a lease held across the failover was granted again: {l:?}"),
+    }
+    let e = c
+        .acquire("invoice:c2", Duration::from_secs(30), Duration::ZERO)
+        .await
+        .unwrap_err();
+    assert!(matches!(e, ClientError::PermissionDenied(_)), "{e:?}");
+    drop(nodes);
+}
