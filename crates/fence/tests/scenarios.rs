@@ -620,7 +620,7 @@ async fn postgres_sql_functions_refuse_bad_input_and_write_nothing() {
         .iter()
         .map(|r| r.get(0))
         .collect();
-    assert_eq!(versions, vec![1, 2, 3, 4, 5]);
+    assert_eq!(versions, vec![1, 2, 3, 4, 5, 6]);
     let cases = [
         (
             "SELECT * FROM baton.fence('', 1, 'op', '\\x01'::bytea)",
@@ -903,7 +903,7 @@ async fn migration_2_upgrades_an_installed_migration_1_in_place() {
         .iter()
         .map(|r| r.get(0))
         .collect();
-    assert_eq!(versions, vec![1, 2, 3, 4, 5]);
+    assert_eq!(versions, vec![1, 2, 3, 4, 5, 6]);
     let err = client
         .batch_execute("SELECT baton.fence('cafe' || chr(769), 20, 'new', '\\x01'::bytea)")
         .await
@@ -1005,4 +1005,56 @@ async fn fence_or_abort_in_one_batch_commits_the_effect_only_when_applied() {
         .map(|r| r.get(0))
         .collect();
     assert_eq!(tokens, vec![10], "the stale effect did not commit");
+}
+
+/// Migration 6 turns the documented SQL wrappers into PL/pgSQL ones in
+/// place: an installation of 1-5 with a published generation keeps it,
+/// replays it with the saved result, and refuses the stale token after it.
+#[tokio::test]
+async fn migration_6_upgrades_an_installed_migration_5_in_place() {
+    let db = PgDb::create("baton_fence_upgrade6").await;
+    let mut client = db.connect().await;
+    for (_, sql) in &baton_fence::postgres::MIGRATIONS[..5] {
+        client.batch_execute(sql).await.unwrap();
+    }
+    let publish = |token: i64, op: &str| {
+        format!("SELECT outcome, result FROM baton.publish('report:q3', {token}, '{op}', '\\x01'::bytea, 'reports/q3/{token}.pdf')")
+    };
+    let first = client.query_one(&publish(5, "pub-5"), &[]).await.unwrap();
+    assert_eq!(first.get::<_, String>(0), "applied");
+    PgFence::migrate(&mut client).await.unwrap();
+    let languages: Vec<(String, String)> = client
+        .query(
+            "SELECT p.proname::text, l.lanname::text FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang
+             JOIN pg_namespace n ON n.oid = p.pronamespace
+             WHERE n.nspname = 'baton' AND p.proname IN
+               ('fence', 'fence_or_abort', 'publish', 'delete', 'delete_impl', 'cancel', 'recreate', 'prune_operations')",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(languages.len(), 8, "{languages:?}");
+    assert!(
+        languages.iter().all(|(_, l)| l == "plpgsql"),
+        "{languages:?}"
+    );
+    let replay = client.query_one(&publish(5, "pub-5"), &[]).await.unwrap();
+    assert_eq!(replay.get::<_, String>(0), "replayed");
+    assert_eq!(replay.get::<_, Vec<u8>>(1), b"reports/q3/5.pdf");
+    let next = client.query_one(&publish(6, "pub-6"), &[]).await.unwrap();
+    assert_eq!(next.get::<_, String>(0), "applied");
+    let stale = client.query_one(&publish(5, "pub-5b"), &[]).await.unwrap();
+    assert_eq!(stale.get::<_, String>(0), "stale");
+    let named: i64 = client
+        .query_one(
+            "SELECT baton.cancel(resource => 'report:q3', at_token => 7, policy => 'one_per_generation')",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(named >= 7, "{named}");
 }
