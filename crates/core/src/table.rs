@@ -91,7 +91,7 @@ impl LeaseTable {
                     MonoMs::NEVER
                 }
                 None => {
-                    let at = now.plus(record.ttl_ms);
+                    let at = now.end_of(record.ttl_ms);
                     table.timers.insert((at, Timer::Expiry(resource.clone())));
                     at
                 }
@@ -419,7 +419,7 @@ impl LeaseTable {
                 (s.ttl_ms, MonoMs::NEVER)
             }
             None => {
-                let at = now.plus(ttl_ms);
+                let at = now.end_of(ttl_ms);
                 self.timers.insert((at, Timer::Expiry(resource.clone())));
                 (ttl_ms, at)
             }
@@ -494,7 +494,7 @@ impl LeaseTable {
             });
             return RenewOutcome::Renewed { token, ttl_ms };
         }
-        let expires_at = now.plus(ttl_ms);
+        let expires_at = now.end_of(ttl_ms);
         self.timers.remove(&(old, Timer::Expiry(resource.clone())));
         self.timers
             .insert((expires_at, Timer::Expiry(resource.clone())));

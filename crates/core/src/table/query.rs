@@ -25,7 +25,7 @@ impl LeaseTable {
         LeaseStatus {
             resource: resource.clone(),
             holder_token: lease.map(|l| l.token),
-            remaining_ms: lease.map_or(0, |l| self.expiry_of(l).0.saturating_sub(now.0)),
+            remaining_ms: lease.map_or(0, |l| self.expiry_of(l).left_at(now)),
             ttl_ms: lease.map_or(0, |l| l.ttl_ms),
             n_waiters: state.map_or(0, |s| s.queue.len()),
         }

@@ -48,7 +48,7 @@ impl LeaseTable {
     }
 
     pub(super) fn insert_session(&mut self, now: MonoMs, digest: SessionDigest, ttl_ms: u64) {
-        let expires_at = now.plus(ttl_ms);
+        let expires_at = now.end_of(ttl_ms);
         self.timers
             .insert((expires_at, Timer::SessionExpiry(digest)));
         self.sessions.insert(
@@ -87,7 +87,7 @@ impl LeaseTable {
             .get_mut(&digest)
             .expect("refreshing an open session");
         let old = session.expires_at;
-        session.expires_at = now.plus(session.ttl_ms);
+        session.expires_at = now.end_of(session.ttl_ms);
         let (ttl_ms, new) = (session.ttl_ms, session.expires_at);
         self.timers.remove(&(old, Timer::SessionExpiry(digest)));
         self.timers.insert((new, Timer::SessionExpiry(digest)));

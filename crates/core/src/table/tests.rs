@@ -72,8 +72,10 @@ fn grant_is_synced_and_carries_its_write() {
 fn held_resource_is_refused_until_expiry_then_granted_higher() {
     let mut t = table();
     t.acquire(MonoMs(0), req(&["a"], 1, 5_000, 0, 0)).unwrap();
+    // Held through its whole TTL (the grant may have come up to a
+    // millisecond after the clock read 0), free one tick later.
     let refused = t
-        .acquire(MonoMs(4_999), req(&["a"], 2, 5_000, 0, 0))
+        .acquire(MonoMs(5_000), req(&["a"], 2, 5_000, 0, 0))
         .unwrap();
     assert_eq!(
         refused,
@@ -84,7 +86,7 @@ fn held_resource_is_refused_until_expiry_then_granted_higher() {
     );
     t.take_effects();
     let later = t
-        .acquire(MonoMs(5_000), req(&["a"], 2, 5_000, 0, 0))
+        .acquire(MonoMs(5_001), req(&["a"], 2, 5_000, 0, 0))
         .unwrap();
     assert_eq!(
         later,
@@ -142,12 +144,13 @@ fn renew_extends_from_now_and_fails_after_expiry() {
         }
     );
     assert_eq!(t.status(MonoMs(8_999), &name("a")).remaining_ms, 1);
+    assert_eq!(t.status(MonoMs(9_000), &name("a")).remaining_ms, 0);
     assert_eq!(
-        t.renew(MonoMs(9_000), &name("a"), &id(1)),
+        t.renew(MonoMs(9_001), &name("a"), &id(1)),
         RenewOutcome::NotOwner
     );
     assert_eq!(
-        t.status(MonoMs(9_000), &name("a")).holder_token,
+        t.status(MonoMs(9_001), &name("a")).holder_token,
         None,
         "renew never recreates"
     );
@@ -175,18 +178,18 @@ fn wrong_id_changes_nothing() {
 fn renew_after_replacement_is_not_owner() {
     let mut t = table();
     t.acquire(MonoMs(0), req(&["a"], 1, 1_000, 0, 0)).unwrap();
-    t.acquire(MonoMs(1_000), req(&["a"], 2, 1_000, 0, 0))
+    t.acquire(MonoMs(1_001), req(&["a"], 2, 1_000, 0, 0))
         .unwrap();
     assert_eq!(
-        t.renew(MonoMs(1_001), &name("a"), &id(1)),
+        t.renew(MonoMs(1_002), &name("a"), &id(1)),
         RenewOutcome::NotOwner
     );
     assert_eq!(
-        t.release(MonoMs(1_001), &name("a"), &id(1)),
+        t.release(MonoMs(1_002), &name("a"), &id(1)),
         ReleaseOutcome::NotHeld
     );
     assert_eq!(
-        t.status(MonoMs(1_001), &name("a")).holder_token,
+        t.status(MonoMs(1_002), &name("a")).holder_token,
         Some(tok(2))
     );
 }
@@ -226,7 +229,7 @@ fn waiters_are_served_first_come_first_served() {
         )]
     );
     // The second waiter gets it when the first lease expires.
-    t.tick(MonoMs(5_004));
+    t.tick(MonoMs(5_005));
     assert_eq!(
         t.take_effects().woken,
         vec![(
@@ -361,12 +364,12 @@ fn recovery_holds_every_lease_for_a_full_ttl_from_restart() {
         [],
     );
     assert!(matches!(
-        t.acquire(MonoMs(5_099), req(&["a"], 2, 5_000, 0, 0))
+        t.acquire(MonoMs(5_100), req(&["a"], 2, 5_000, 0, 0))
             .unwrap(),
         AcquireOutcome::NotAcquired(_)
     ));
     let AcquireOutcome::Granted(g) = t
-        .acquire(MonoMs(5_100), req(&["a"], 2, 5_000, 0, 0))
+        .acquire(MonoMs(5_101), req(&["a"], 2, 5_000, 0, 0))
         .unwrap()
     else {
         panic!()
@@ -662,7 +665,7 @@ impl Harness {
                 digest: g.acquisition_id.digest(),
                 token: g.token,
                 ttl_ms: g.ttl_ms,
-                expires_at: self.now + g.ttl_ms,
+                expires_at: self.now + g.ttl_ms + 1,
                 session,
             },
         );
@@ -760,7 +763,7 @@ impl Harness {
                 if let Some(d) = session.filter(|_| out.is_ok()) {
                     // An acquire on a session is also its heartbeat.
                     let s = self.sessions.get_mut(&d).unwrap();
-                    s.expires_at = self.now + s.ttl_ms;
+                    s.expires_at = self.now + s.ttl_ms + 1;
                 }
                 match out.unwrap() {
                     AcquireOutcome::Granted(grants) => {
@@ -805,9 +808,9 @@ impl Harness {
                         // Renewing a bound lease keeps its whole session alive.
                         Some(d) => {
                             let s = self.sessions.get_mut(&d).unwrap();
-                            s.expires_at = now + s.ttl_ms;
+                            s.expires_at = now + s.ttl_ms + 1;
                         }
-                        None => l.expires_at = now + l.ttl_ms,
+                        None => l.expires_at = now + l.ttl_ms + 1,
                     }
                 }
                 self.drain();
@@ -874,7 +877,7 @@ impl Harness {
                         *d,
                         ModelSession {
                             ttl_ms: rec.ttl_ms,
-                            expires_at: self.now + rec.ttl_ms,
+                            expires_at: self.now + rec.ttl_ms + 1,
                         },
                     );
                 }
@@ -889,7 +892,7 @@ impl Harness {
                                 digest: rec.acquisition_digest,
                                 token: rec.token,
                                 ttl_ms: rec.ttl_ms,
-                                expires_at: self.now + rec.ttl_ms,
+                                expires_at: self.now + rec.ttl_ms + 1,
                                 session: rec.session.filter(|d| disk_sessions.contains_key(d)),
                             },
                         )
@@ -917,7 +920,7 @@ impl Harness {
                     id.digest(),
                     ModelSession {
                         ttl_ms,
-                        expires_at: self.now + ttl_ms,
+                        expires_at: self.now + ttl_ms + 1,
                     },
                 );
                 self.session = Some(id);
@@ -930,7 +933,7 @@ impl Harness {
                 assert_eq!(out.is_some(), expect, "keep-alive at {}", self.now);
                 if expect {
                     let s = self.sessions.get_mut(&d).unwrap();
-                    s.expires_at = self.now + s.ttl_ms;
+                    s.expires_at = self.now + s.ttl_ms + 1;
                     assert_eq!(out, Some(s.ttl_ms));
                 }
                 self.drain();
@@ -1007,8 +1010,8 @@ fn session_leases_live_by_heartbeat_and_end_together() {
     assert_eq!(kept.revoked, vec![(name("b"), fenced.revoked.unwrap())]);
     assert!(t.keep_alive(MonoMs(7_000), s).unwrap().revoked.is_empty());
     t.take_effects();
-    // Silence: the session ends at 10_000, its waiter first, then its leases.
-    t.tick(MonoMs(10_000));
+    // Silence: the session ends one tick past 10_000, its waiter first, then its leases.
+    t.tick(MonoMs(10_001));
     let fx = t.take_effects();
     assert!(fx.woken.contains(&(WaiterId(8), WaitResult::SessionEnded)));
     assert!(fx
@@ -1016,13 +1019,13 @@ fn session_leases_live_by_heartbeat_and_end_together() {
         .iter()
         .any(|(w, r)| *w == WaiterId(7) && matches!(r, WaitResult::Granted(_))));
     assert!(fx.writes.contains(&Write::DeleteSession { digest: s }));
-    assert_eq!(t.keep_alive(MonoMs(10_000), s), None);
+    assert_eq!(t.keep_alive(MonoMs(10_001), s), None);
     assert_eq!(
-        t.acquire(MonoMs(10_000), bound(&["d"], 9, 0, 0)),
+        t.acquire(MonoMs(10_001), bound(&["d"], 9, 0, 0)),
         Err(AcquireError::SessionNotOpen)
     );
     assert_eq!(
-        t.status(MonoMs(10_000), &name("a"))
+        t.status(MonoMs(10_001), &name("a"))
             .holder_token
             .map(|t| t > fenced.token),
         Some(true),

@@ -16,6 +16,20 @@ impl MonoMs {
     pub(crate) fn plus(self, ms: u64) -> MonoMs {
         MonoMs(self.0.saturating_add(ms))
     }
+
+    /// When a lease or session granted or refreshed at `self` for `ttl_ms`
+    /// ends: one tick past `self + ttl_ms`. The shell's clock truncates to
+    /// whole milliseconds, so a grant at 10.9 ms reads 10; ending at 10 +
+    /// ttl would cut up to a millisecond off the TTL, ending at 11 + ttl
+    /// never does.
+    pub(crate) fn end_of(self, ttl_ms: u64) -> MonoMs {
+        MonoMs(self.0.saturating_add(ttl_ms).saturating_add(1))
+    }
+
+    /// Milliseconds of `ttl` left at `now` of something that ends at `self`.
+    pub(crate) fn left_at(self, now: MonoMs) -> u64 {
+        self.0.saturating_sub(now.0).saturating_sub(1)
+    }
 }
 
 /// Bounds on everything a request can ask for or make the table hold.
