@@ -80,28 +80,30 @@ fn pki(dir: &Path) -> Pki {
     }
 }
 
+/// The serve flags for TLS, client certificates of `pki`'s CA and `auth`.
+fn guard_flags(pki: &Pki, auth: &Path) -> Vec<String> {
+    let path = |p: &Path| p.to_str().unwrap().to_string();
+    vec![
+        "--tls-cert".into(),
+        path(&pki.server.cert),
+        "--tls-key".into(),
+        path(&pki.server.key),
+        "--tls-client-ca".into(),
+        path(&pki.ca.cert),
+        "--auth-file".into(),
+        path(auth),
+    ]
+}
+
 fn serve(dir: &Path, pki: &Pki, auth: &Path, log: &Path) -> Server {
     std::fs::write(auth, auth_file(BILLING_RULES)).unwrap();
     let data = dir.join("data");
     let audit = dir.join("audit.jsonl");
-    Server::start_logged(
-        Path::new(BIN),
-        &data,
-        &[
-            "--tls-cert",
-            pki.server.cert.to_str().unwrap(),
-            "--tls-key",
-            pki.server.key.to_str().unwrap(),
-            "--tls-client-ca",
-            pki.ca.cert.to_str().unwrap(),
-            "--auth-file",
-            auth.to_str().unwrap(),
-            "--require-auth",
-            "--audit-log",
-            audit.to_str().unwrap(),
-        ],
-        log,
-    )
+    let mut flags = guard_flags(pki, auth);
+    flags.extend(["--require-auth".into(), "--audit-log".into()]);
+    flags.push(audit.to_str().unwrap().to_string());
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    Server::start_logged(Path::new(BIN), &data, &flags, log)
 }
 
 fn options(ca: &Path, cert: &Pair, token: Option<&str>) -> ConnectOptions {
@@ -529,22 +531,10 @@ async fn a_cluster_over_tls_follows_its_leader_and_keeps_the_rules() {
     let auth = dir.path().join("auth.toml");
     std::fs::write(&auth, auth_file(BILLING_RULES)).unwrap();
     let spawn = |listen: &str| {
-        let extra = [
-            "--store",
-            &db.url,
-            "--leader-ttl",
-            "1s",
-            "--tls-cert",
-            pki.server.cert.to_str().unwrap(),
-            "--tls-key",
-            pki.server.key.to_str().unwrap(),
-            "--tls-client-ca",
-            pki.ca.cert.to_str().unwrap(),
-            "--auth-file",
-            auth.to_str().unwrap(),
-        ]
-        .map(String::from)
-        .to_vec();
+        let mut extra: Vec<String> = ["--store", &db.url, "--leader-ttl", "1s"]
+            .map(String::from)
+            .to_vec();
+        extra.extend(guard_flags(&pki, &auth));
         Server::spawn(Path::new(BIN), listen, dir.path(), extra).unwrap_or_else(|e| panic!("{e}"))
     };
     let mut nodes: Vec<Server> = (0..2)

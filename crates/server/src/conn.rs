@@ -372,7 +372,7 @@ pub fn incoming(
                             "plain text on a TLS port",
                         ));
                     }
-                    crate::tls::accept(&tls, conn, timeout).await
+                    crate::tls::accept(&tls, conn).await
                 };
                 match tokio::time::timeout(timeout, handshake).await {
                     Ok(Ok((stream, cert))) => {

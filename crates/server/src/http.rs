@@ -138,7 +138,7 @@ pub async fn serve(
                 if !crate::tls::starts_tls(&mut stream, crate::tls::PlainAnswer::Http1).await? {
                     return Ok(());
                 }
-                let (stream, _) = crate::tls::accept(&tls, stream, CONNECTION_TIME_MAX).await?;
+                let (stream, _) = crate::tls::accept(&tls, stream).await?;
                 serve_one(stream, service).await
             };
             match tokio::time::timeout(CONNECTION_TIME_MAX, served).await {

@@ -38,6 +38,15 @@ pub fn delay_for(failures: u32) -> Duration {
     }
 }
 
+/// What one more failure of a peer costs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Penalty {
+    /// The wait before its refusal.
+    pub wait: Duration,
+    /// This failure is the first one that waits (worth one log line).
+    pub starts: bool,
+}
+
 /// Failures by peer address.
 #[derive(Debug, Default)]
 pub struct Penalties {
@@ -45,13 +54,16 @@ pub struct Penalties {
 }
 
 impl Penalties {
-    /// Counts a failure of `peer` at `now`; the wait before its refusal.
-    pub fn failed(&self, peer: IpAddr, now: Instant) -> Duration {
+    /// Counts a failure of `peer` at `now`; what its refusal costs.
+    pub fn failed(&self, peer: IpAddr, now: Instant) -> Penalty {
         let mut peers = self.peers.lock().unwrap_or_else(|p| p.into_inner());
         if peers.len() >= PEERS_MAX && !peers.contains_key(&peer) {
             peers.retain(|_, r| now.duration_since(r.last) < FORGET_AFTER);
             if peers.len() >= PEERS_MAX {
-                return DELAY_MAX;
+                return Penalty {
+                    wait: DELAY_MAX,
+                    starts: false,
+                };
             }
         }
         let r = peers.entry(peer).or_insert(Record {
@@ -63,7 +75,10 @@ impl Penalties {
         }
         r.failures = r.failures.saturating_add(1);
         r.last = now;
-        delay_for(r.failures)
+        Penalty {
+            wait: delay_for(r.failures),
+            starts: r.failures == FREE_FAILURES + 1,
+        }
     }
 }
 
@@ -87,16 +102,18 @@ mod tests {
         let (a, b): (IpAddr, IpAddr) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
         let t0 = Instant::now();
         for _ in 0..FREE_FAILURES {
-            assert_eq!(p.failed(a, t0), Duration::ZERO);
+            assert_eq!(p.failed(a, t0).wait, Duration::ZERO);
         }
-        assert!(p.failed(a, t0) > Duration::ZERO);
+        let first = p.failed(a, t0);
+        assert!(first.wait > Duration::ZERO && first.starts);
+        assert!(!p.failed(a, t0).starts, "said once");
         assert_eq!(
-            p.failed(b, t0),
+            p.failed(b, t0).wait,
             Duration::ZERO,
             "another peer starts at zero"
         );
         assert_eq!(
-            p.failed(a, t0 + FORGET_AFTER + Duration::from_secs(1)),
+            p.failed(a, t0 + FORGET_AFTER + Duration::from_secs(1)).wait,
             Duration::ZERO
         );
     }

@@ -23,7 +23,6 @@
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
 use rustls::client::danger::HandshakeSignatureValid;
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
@@ -324,19 +323,16 @@ pub async fn starts_tls(tcp: &mut TcpStream, kind: PlainAnswer) -> io::Result<bo
     Ok(false)
 }
 
-/// Accepts TLS on `io` within `timeout`: the stream and what its client
-/// certificate proved.
+/// Accepts TLS on `io` (callers bound it in time, with the plain-text
+/// check before it): the stream and what its client certificate proved.
 pub async fn accept<IO>(
     tls: &Tls,
     io: IO,
-    timeout: Duration,
 ) -> io::Result<(tokio_rustls::server::TlsStream<IO>, ClientCert)>
 where
     IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
-    let stream = tokio::time::timeout(timeout, tls.acceptor.accept(io))
-        .await
-        .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "TLS handshake timed out"))??;
+    let stream = tls.acceptor.accept(io).await?;
     let cert = tls.client_cert(stream.get_ref().1.peer_certificates());
     Ok((stream, cert))
 }

@@ -30,9 +30,7 @@ impl Caller {
     fn peer(&self) -> String {
         self.peer.map(|p| p.to_string()).unwrap_or_default()
     }
-}
 
-impl Caller {
     /// The caller of `request`; its credential is only read with `auth_on`.
     pub(crate) fn of<T>(request: &Request<T>, auth_on: bool) -> Self {
         let info = request.extensions().get::<ConnInfo>();
@@ -178,12 +176,12 @@ impl LeaseService {
         };
         if refusal.code() == tonic::Code::Unauthenticated {
             if let Some(peer) = caller.peer {
-                let wait = self.penalties.failed(peer.ip(), Instant::now());
-                if wait == crate::penalty::delay_for(crate::penalty::FREE_FAILURES + 1) {
+                let penalty = self.penalties.failed(peer.ip(), Instant::now());
+                if penalty.starts {
                     tracing::warn!(peer = %peer.ip(), failures = crate::penalty::FREE_FAILURES + 1, "repeated authentication failures from this address: its refusals now wait, up to 1 s each");
                 }
-                if !wait.is_zero() {
-                    tokio::time::sleep(wait).await;
+                if !penalty.wait.is_zero() {
+                    tokio::time::sleep(penalty.wait).await;
                 }
             }
         }
