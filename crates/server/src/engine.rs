@@ -1,20 +1,24 @@
-//! The engine: one thread that owns the lease table, and a committer thread
-//! that owns the store.
+//! The engine: the lease table behind a lock, applied to by the callers
+//! themselves, a timer thread for deadlines, and a committer thread that
+//! owns the store.
 //!
-//! The engine takes commands in batches, applies them to the table and
-//! hands each batch's writes and replies, in order, to the committer. The
-//! committer takes every batch queued while its last commit was in flight,
-//! commits their writes together (group commit) when any of them issued a
-//! token, and only then releases their replies, in order. So a commit's
-//! latency never stops the engine, and no reply goes out before every write
-//! of its batch and of all earlier batches is durable (or, for batches that
-//! issued no token, before every earlier batch that did is). Releases and
-//! expiries are written lazily: losing them in a crash only keeps a lease
-//! held for one more TTL.
+//! A caller (a gRPC task) takes the lock, applies its command to the table
+//! and hands the step's writes and replies, in order, to the committer,
+//! without a thread hand-off: renewals, releases and heartbeats are
+//! answered before the lock is let go. The timer thread wakes at the
+//! table's next deadline (expiries, wait timeouts, the lazy flush) and
+//! steps the table the same way. The committer takes every step queued
+//! while its last commit was in flight, commits their writes together
+//! (group commit) when any of them issued a token, and only then releases
+//! their replies, in order. So a commit's latency never holds the table,
+//! and no reply goes out before every write of its step and of all earlier
+//! steps is durable (or, for steps that issued no token, before every
+//! earlier step that did is). Releases and expiries are written lazily:
+//! losing them in a crash only keeps a lease held for one more TTL.
 
 use std::collections::HashMap;
 use std::sync::mpsc::{self, RecvTimeoutError};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use baton_core::{
@@ -28,8 +32,6 @@ use tracing::{debug, error, info};
 
 use crate::metrics::Metrics;
 
-/// Most commands taken into one batch.
-const BATCH_LEN_MAX: usize = 4_096;
 /// Lazy writes are flushed at least this often, or when this many are pending.
 const LAZY_FLUSH_INTERVAL_MS: u64 = 100;
 const LAZY_WRITES_MAX: usize = 8_192;
@@ -104,27 +106,84 @@ pub enum Command {
     Shutdown,
 }
 
-/// A cheap handle for sending commands to the engine. When the last one
-/// is dropped the engine flushes and stops (the committer's own sender does
-/// not keep it alive).
+/// A cheap handle for giving commands to the engine. When the last one is
+/// dropped the engine flushes and stops (the committer's own reference
+/// does not keep it alive).
 #[derive(Clone)]
 pub struct EngineHandle {
-    tx: mpsc::Sender<Command>,
+    shared: Arc<Shared>,
     _last: Arc<StopOnDrop>,
 }
 
-struct StopOnDrop(mpsc::Sender<Command>);
+struct StopOnDrop(mpsc::Sender<Wake>);
 
 impl Drop for StopOnDrop {
     fn drop(&mut self) {
-        let _ = self.0.send(Command::Shutdown);
+        let _ = self.0.send(Wake::Stop);
     }
 }
 
 impl EngineHandle {
-    /// Sends a command; `false` if the engine has stopped.
+    /// Applies a command (its reply comes on its channel); `false` if the
+    /// engine has stopped.
     pub fn send(&self, command: Command) -> bool {
-        self.tx.send(command).is_ok()
+        self.shared.submit(command)
+    }
+}
+
+/// What the timer thread is woken for.
+enum Wake {
+    /// A deadline earlier than the one it sleeps towards was set.
+    Rearm,
+    /// Flush and stop: the last handle went, a shutdown was asked for, or
+    /// a commit failed.
+    Stop,
+}
+
+/// The table and the timer thread's channel, shared by every handle.
+struct Shared {
+    engine: Mutex<Engine>,
+    timer: mpsc::Sender<Wake>,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Engine> {
+        // A panic while the table was held leaves it as the panic found it;
+        // the engine's steps do not panic on any input.
+        self.engine.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn submit(&self, command: Command) -> bool {
+        if let Command::Shutdown = command {
+            return self.timer.send(Wake::Stop).is_ok();
+        }
+        let mut engine = self.lock();
+        if engine.stopped {
+            return false;
+        }
+        let now = engine.now();
+        let mut replies = Vec::new();
+        engine.apply(now, command, &mut replies);
+        self.finish_step(&mut engine, now, replies);
+        true
+    }
+
+    /// Hands the step to the committer and wakes the timer thread if the
+    /// table's next deadline moved earlier than the one it sleeps towards.
+    fn finish_step(&self, engine: &mut Engine, now: MonoMs, replies: Vec<Deferred>) {
+        if !engine.step(now, replies) {
+            // The committer stopped (a commit failed): its replies are
+            // dropped, so their callers hear that the outcome is unknown.
+            engine.stopped = true;
+            let _ = self.timer.send(Wake::Stop);
+            return;
+        }
+        if let Some(at) = engine.next_wake() {
+            if at < engine.armed {
+                engine.armed = at;
+                let _ = self.timer.send(Wake::Rearm);
+            }
+        }
     }
 }
 
@@ -146,9 +205,9 @@ enum ToCommitter {
     Flush,
 }
 
+/// The table and what goes with it; always behind [`Shared`]'s lock.
 pub struct Engine {
     table: LeaseTable,
-    rx: mpsc::Receiver<Command>,
     origin: Instant,
     /// Lazy writes not yet handed over.
     lazy: Vec<Write>,
@@ -156,12 +215,17 @@ pub struct Engine {
     waiting: HashMap<WaiterId, Reply<Result<AcquireReply, AcquireError>>>,
     metrics: Arc<Metrics>,
     committer: mpsc::Sender<ToCommitter>,
-    committer_thread: Option<std::thread::JoinHandle<Result<(), StoreError>>>,
+    /// The deadline the timer thread sleeps towards.
+    armed: MonoMs,
+    /// No more commands are taken.
+    stopped: bool,
 }
 
 impl Engine {
     /// Loads the table from `store` (every stored lease held for a full TTL
-    /// from now) and starts the engine thread.
+    /// from now) and starts the timer and committer threads. The returned
+    /// thread (the timer's) ends when the engine stops, with the
+    /// committer's outcome.
     pub fn start(
         store: Box<dyn LeaseStore>,
         limits: baton_core::Limits,
@@ -192,112 +256,67 @@ impl Engine {
             "recovered lease state; stored leases and sessions are held for a full TTL from now"
         );
         metrics.leases.set(n_leases as i64);
-        let (tx, rx) = mpsc::channel();
+        let (timer, timer_rx) = mpsc::channel();
         let (to_committer, committer_rx) = mpsc::channel();
+        let shared = Arc::new(Shared {
+            engine: Mutex::new(Engine {
+                table,
+                origin,
+                lazy: Vec::new(),
+                flush_at: MonoMs(LAZY_FLUSH_INTERVAL_MS),
+                waiting: HashMap::new(),
+                metrics: metrics.clone(),
+                committer: to_committer,
+                armed: MonoMs(u64::MAX),
+                stopped: false,
+            }),
+            timer: timer.clone(),
+        });
         let committer = Committer {
             store,
             rx: committer_rx,
-            engine: tx.clone(),
-            metrics: metrics.clone(),
+            engine: Arc::downgrade(&shared),
+            timer: timer.clone(),
+            metrics,
         };
         let committer_thread = std::thread::Builder::new()
             .name("baton-commit".into())
             .spawn(move || committer.run())
             .expect("spawn committer thread");
-        let engine = Engine {
-            table,
-            rx,
-            origin,
-            lazy: Vec::new(),
-            flush_at: MonoMs(LAZY_FLUSH_INTERVAL_MS),
-            waiting: HashMap::new(),
-            metrics,
-            committer: to_committer,
-            committer_thread: Some(committer_thread),
-        };
+        let timer_shared = shared.clone();
         let thread = std::thread::Builder::new()
             .name("baton-engine".into())
-            .spawn(move || engine.run())
+            .spawn(move || run_timer(&timer_shared, &timer_rx, committer_thread))
             .expect("spawn engine thread");
-        let stop = Arc::new(StopOnDrop(tx.clone()));
-        Ok((EngineHandle { tx, _last: stop }, thread))
+        let stop = Arc::new(StopOnDrop(timer));
+        Ok((
+            EngineHandle {
+                shared,
+                _last: stop,
+            },
+            thread,
+        ))
     }
 
     fn now(&self) -> MonoMs {
         MonoMs(self.origin.elapsed().as_millis() as u64)
     }
 
-    fn run(mut self) -> Result<(), StoreError> {
-        let mut batch = Vec::with_capacity(64);
-        let mut again = false;
-        loop {
-            let now = self.now();
-            let wake = [
-                self.table.next_deadline(),
-                (!self.lazy.is_empty()).then_some(self.flush_at),
-            ]
-            .into_iter()
-            .flatten()
-            .min();
-            let timeout = if again {
-                Duration::ZERO
-            } else {
-                wake.map_or(Duration::from_secs(3600), |at| {
-                    Duration::from_millis(at.0.saturating_sub(now.0))
-                })
-            };
-            match self.rx.recv_timeout(timeout) {
-                Ok(command) => batch.push(command),
-                Err(RecvTimeoutError::Timeout) => {}
-                Err(RecvTimeoutError::Disconnected) => break,
-            }
-            while batch.len() < BATCH_LEN_MAX {
-                match self.rx.try_recv() {
-                    Ok(command) => batch.push(command),
-                    Err(_) => break,
-                }
-            }
-            let stop = batch.iter().any(|c| matches!(c, Command::Shutdown));
-            match self.step(&mut batch) {
-                Some(a) => again = a,
-                // The committer stopped: a commit failed.
-                None => return self.join_committer(),
-            }
-            if stop {
-                break;
-            }
-        }
-        // The server is shutting down: flush the lazy writes, then stop.
-        let lazy = std::mem::take(&mut self.lazy);
-        let _ = self.committer.send(ToCommitter::Job(Job {
-            writes: lazy,
-            sync: false,
-            replies: Vec::new(),
-            woken: Vec::new(),
-        }));
-        let _ = self.committer.send(ToCommitter::Flush);
-        self.join_committer()?;
-        info!("engine stopped; lazy writes flushed");
-        Ok(())
+    /// When the table next needs a step without a command: its next
+    /// deadline, or the lazy flush.
+    fn next_wake(&self) -> Option<MonoMs> {
+        [
+            self.table.next_deadline(),
+            (!self.lazy.is_empty()).then_some(self.flush_at),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
-    fn join_committer(&mut self) -> Result<(), StoreError> {
-        match self.committer_thread.take().map(|t| t.join()) {
-            Some(Ok(result)) => result,
-            Some(Err(_)) => Err(StoreError::Storage("the committer thread panicked".into())),
-            None => Ok(()),
-        }
-    }
-
-    /// Runs one batch and hands it to the committer. Returns whether it
-    /// left work for an immediate next round, or `None` if the committer
-    /// has stopped (a commit failed).
-    fn step(&mut self, batch: &mut Vec<Command>) -> Option<bool> {
-        let now = self.now();
-        let mut replies: Vec<Deferred> = Vec::with_capacity(batch.len());
-        for command in batch.drain(..) {
-            self.apply(now, command, &mut replies);
-        }
+    /// Ticks the table to `now` and hands the step's writes and replies to
+    /// the committer. `false` if the committer has stopped (a commit failed).
+    fn step(&mut self, now: MonoMs, replies: Vec<Deferred>) -> bool {
         self.table.tick(now);
         let fx = self.table.take_effects();
         self.lazy.extend(fx.writes);
@@ -332,7 +351,7 @@ impl Engine {
         self.metrics.waiters.set(self.table.n_waiters() as i64);
         self.metrics.sessions.set(self.table.n_sessions() as i64);
         if replies.is_empty() && woken.is_empty() && writes.is_empty() {
-            return Some(false);
+            return true;
         }
         let job = Job {
             writes,
@@ -340,8 +359,7 @@ impl Engine {
             replies,
             woken,
         };
-        self.committer.send(ToCommitter::Job(job)).ok()?;
-        Some(false)
+        self.committer.send(ToCommitter::Job(job)).is_ok()
     }
 
     fn apply(&mut self, now: MonoMs, command: Command, replies: &mut Vec<Deferred>) {
@@ -512,14 +530,68 @@ impl Engine {
     }
 }
 
+/// The timer thread: steps the table at its deadlines; on [`Wake::Stop`]
+/// flushes the lazy writes, stops the committer and returns its outcome.
+fn run_timer(
+    shared: &Shared,
+    wakes: &mpsc::Receiver<Wake>,
+    committer: std::thread::JoinHandle<Result<(), StoreError>>,
+) -> Result<(), StoreError> {
+    loop {
+        let timeout = {
+            let mut engine = shared.lock();
+            let now = engine.now();
+            let at = engine.next_wake().unwrap_or(MonoMs(now.0 + 3_600_000));
+            // A caller that sets an earlier deadline from here on sends
+            // `Rearm`, which ends the wait below at once.
+            engine.armed = at;
+            Duration::from_millis(at.0.saturating_sub(now.0))
+        };
+        match wakes.recv_timeout(timeout) {
+            Ok(Wake::Rearm) | Err(RecvTimeoutError::Timeout) => {}
+            Ok(Wake::Stop) | Err(RecvTimeoutError::Disconnected) => break,
+        }
+        let mut engine = shared.lock();
+        if engine.stopped {
+            break;
+        }
+        let now = engine.now();
+        shared.finish_step(&mut engine, now, Vec::new());
+    }
+    // Shutting down (or a commit failed): take no more commands, flush the
+    // lazy writes, then stop.
+    {
+        let mut engine = shared.lock();
+        engine.stopped = true;
+        let lazy = std::mem::take(&mut engine.lazy);
+        let _ = engine.committer.send(ToCommitter::Job(Job {
+            writes: lazy,
+            sync: false,
+            replies: Vec::new(),
+            woken: Vec::new(),
+        }));
+        let _ = engine.committer.send(ToCommitter::Flush);
+    }
+    let outcome = match committer.join() {
+        Ok(result) => result,
+        Err(_) => Err(StoreError::Storage("the committer thread panicked".into())),
+    };
+    if outcome.is_ok() {
+        info!("engine stopped; lazy writes flushed");
+    }
+    outcome
+}
+
 /// The thread that owns the store: commits queued batches together and
 /// releases their replies in order.
 struct Committer {
     store: Box<dyn LeaseStore>,
     rx: mpsc::Receiver<ToCommitter>,
-    /// For handing back grants whose waiter left before its answer (a plain
-    /// sender: it must not keep the engine alive).
-    engine: mpsc::Sender<Command>,
+    /// For handing back grants whose waiter left before its answer (weak:
+    /// it must not keep the engine alive).
+    engine: Weak<Shared>,
+    /// To stop the engine when a commit fails.
+    timer: mpsc::Sender<Wake>,
     metrics: Arc<Metrics>,
 }
 
@@ -548,8 +620,8 @@ impl Committer {
                     // Dropping the replies tells every caller the outcome is unknown.
                     self.metrics.store_errors.inc();
                     error!(error = %e, "lease store commit failed; stopping");
-                    // Wake the engine so that it stops too.
-                    let _ = self.engine.send(Command::Shutdown);
+                    // Stop the engine too.
+                    let _ = self.timer.send(Wake::Stop);
                     return Err(e);
                 }
                 self.metrics
@@ -570,9 +642,12 @@ impl Committer {
                 for (reply, answer) in job.woken {
                     if let Err(Ok(AcquireReply::Granted { grants, .. })) = reply.send(Ok(answer)) {
                         // The caller left just as its turn came: give the leases back.
+                        let Some(engine) = self.engine.upgrade() else {
+                            continue;
+                        };
                         for g in grants {
                             let (tx, _) = oneshot::channel();
-                            let _ = self.engine.send(Command::Release {
+                            engine.submit(Command::Release {
                                 resource: g.resource,
                                 id: g.acquisition_id,
                                 reply: tx,
