@@ -128,10 +128,14 @@ fn parse_acquisition_id(bytes: &[u8]) -> Result<AcquisitionId, Status> {
     })
 }
 
+/// A fresh acquisition or session id: 16 bytes of the thread's ChaCha12
+/// generator, seeded from the operating system and reseeded after every
+/// 64 KiB (`rand::rng`). One `getrandom` call per id was a system call on
+/// every acquire.
 fn random_id() -> Result<AcquisitionId, Status> {
+    use rand::Rng;
     let mut bytes = [0u8; 16];
-    getrandom::fill(&mut bytes)
-        .map_err(|e| Status::internal(format!("no randomness available: {e}")))?;
+    rand::rng().fill_bytes(&mut bytes);
     Ok(AcquisitionId::from_bytes(bytes))
 }
 
