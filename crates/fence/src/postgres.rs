@@ -14,13 +14,14 @@ use crate::{
 /// The migrations that install and upgrade the `baton` schema, tables and
 /// functions, by version. Each runs once, in order, recorded in
 /// `baton.schema_migrations`; run them by hand with psql in the same order.
-pub const MIGRATIONS: [(i32, &str); 6] = [
+pub const MIGRATIONS: [(i32, &str); 7] = [
     (1, include_str!("../sql/001_baton_fence.sql")),
     (2, include_str!("../sql/002_names_and_races.sql")),
     (3, include_str!("../sql/003_documented_names.sql")),
     (4, include_str!("../sql/004_pipelined_fence.sql")),
     (5, include_str!("../sql/005_publish_hot_path.sql")),
     (6, include_str!("../sql/006_plpgsql_wrappers.sql")),
+    (7, include_str!("../sql/007_plain_names.sql")),
 ];
 
 const FENCE_SQL: &str = "SELECT outcome, token, current_token, current_seq, detail, result

@@ -1,7 +1,7 @@
 //! The seed's scenarios, run against SQLite and a real PostgreSQL server with
 //! one test suite. Each test owns its SQLite file or PostgreSQL database.
 
-use baton_fence::postgres::{PgFence, Prepared};
+use baton_fence::postgres::{PgFence, Prepared, MIGRATIONS};
 use baton_fence::sqlite::SqliteFence;
 use baton_fence::{
     resource_name, FenceError, FenceRequest, FencingToken, Outcome, Policy, Recreate, ResourceName,
@@ -620,7 +620,10 @@ async fn postgres_sql_functions_refuse_bad_input_and_write_nothing() {
         .iter()
         .map(|r| r.get(0))
         .collect();
-    assert_eq!(versions, vec![1, 2, 3, 4, 5, 6]);
+    assert_eq!(
+        versions,
+        (1..=MIGRATIONS.len() as i32).collect::<Vec<i32>>()
+    );
     let cases = [
         (
             "SELECT * FROM baton.fence('', 1, 'op', '\\x01'::bytea)",
@@ -903,7 +906,10 @@ async fn migration_2_upgrades_an_installed_migration_1_in_place() {
         .iter()
         .map(|r| r.get(0))
         .collect();
-    assert_eq!(versions, vec![1, 2, 3, 4, 5, 6]);
+    assert_eq!(
+        versions,
+        (1..=MIGRATIONS.len() as i32).collect::<Vec<i32>>()
+    );
     let err = client
         .batch_execute("SELECT baton.fence('cafe' || chr(769), 20, 'new', '\\x01'::bytea)")
         .await
@@ -1057,4 +1063,127 @@ async fn migration_6_upgrades_an_installed_migration_5_in_place() {
         .unwrap()
         .get(0);
     assert!(named >= 7, "{named}");
+}
+
+/// Every call of `calls` on `client`, as its outcome or its error's
+/// SQLSTATE and message.
+async fn judged(client: &Client, calls: &[String]) -> Vec<String> {
+    let mut out = Vec::new();
+    for call in calls {
+        out.push(match client.query_one(call.as_str(), &[]).await {
+            Ok(row) => format!("{call} -> {}", row.get::<_, String>(0)),
+            Err(e) => {
+                let db = e.as_db_error().expect("a database error");
+                format!("{call} -> {} {}", db.code().code(), db.message())
+            }
+        });
+    }
+    out
+}
+
+/// Migration 7 judges printable ASCII names inline on the fast paths. It
+/// must judge every name as migration 6 did: the same calls on an install
+/// of 1-6 and of 1-7 give the same outcomes and the same errors, for
+/// valid names (ASCII and not), names that break each rule, NULL, and rows
+/// whose bad names were stored before names were checked (as migration 1
+/// allowed), which reach the fast path.
+#[tokio::test]
+async fn migration_7_judges_every_name_as_migration_6() {
+    let names: Vec<String> = [
+        "report:q3",
+        "a b",
+        "é:ü",
+        " lead",
+        "trail ",
+        ":a",
+        "a:",
+        "a::b",
+        "tab\there",
+        "e\u{301}",
+        "",
+    ]
+    .iter()
+    .map(|n| format!("'{}'", n.replace('\'', "''")))
+    .chain(["NULL::text".to_string(), format!("'{}'", "x".repeat(513))])
+    .collect();
+    // Rows with bad names, as a first-version install could hold them.
+    let legacy = [" lead", "trail ", "a::b", "e\u{301}"];
+    let mut calls = Vec::new();
+    for name in &names {
+        for token in [1, 2] {
+            calls.push(format!(
+                "SELECT outcome FROM baton.publish({name}, {token}, 'pub-{token}', '\\x01'::bytea, 'k/{token}')"
+            ));
+        }
+        for token in [3, 4] {
+            calls.push(format!(
+                "SELECT outcome FROM baton.fence({name}, {token}, 'fence-{token}', '\\x01'::bytea)"
+            ));
+        }
+    }
+    let mut results = Vec::new();
+    for (tag, installed) in [("baton_fence_names6", 6), ("baton_fence_names7", 7)] {
+        let db = PgDb::create(tag).await;
+        let client = db.connect().await;
+        for (_, sql) in &baton_fence::postgres::MIGRATIONS[..installed] {
+            client.batch_execute(sql).await.unwrap();
+        }
+        for name in legacy {
+            client
+                .execute(
+                    "INSERT INTO baton.resources (resource, policy, generation) VALUES ($1, 1, 1)",
+                    &[&name],
+                )
+                .await
+                .unwrap();
+        }
+        let mut legacy_calls = calls.clone();
+        for name in legacy {
+            legacy_calls.push(format!(
+                "SELECT outcome FROM baton.publish('{name}', 5, 'legacy', '\\x01'::bytea, 'k/5')"
+            ));
+            legacy_calls.push(format!(
+                "SELECT outcome FROM baton.fence('{name}', 6, 'legacy', '\\x01'::bytea)"
+            ));
+        }
+        results.push(judged(&client, &legacy_calls).await);
+    }
+    assert_eq!(results[0], results[1]);
+    let all = results[1].join("\n");
+    // The matrix means something: valid names apply, each bad one is
+    // refused naming its rule, stored bad names included.
+    let outcome = |name: &str, what: &str| {
+        let token = if what == "pub" { 2 } else { 4 };
+        results[1]
+            .iter()
+            .find(|r| r.contains(&format!("({name}, {token}, '{what}-{token}'")))
+            .unwrap_or_else(|| panic!("no call for {name}"))
+            .rsplit(" -> ")
+            .next()
+            .unwrap()
+            .to_string()
+    };
+    for name in ["'report:q3'", "'a b'", "'é:ü'"] {
+        assert_eq!(outcome(name, "pub"), "applied", "{all}");
+        assert_eq!(outcome(name, "fence"), "applied", "{all}");
+    }
+    for rule in [
+        "leading or trailing whitespace",
+        "empty ':'-separated segment",
+        "control character",
+        "canonical form",
+        "limit is 512 bytes",
+        "resource name is empty",
+    ] {
+        assert!(all.contains(rule), "no refusal names {rule:?}:\n{all}");
+    }
+    let legacy: Vec<&String> = results[1]
+        .iter()
+        .filter(|r| r.contains("'legacy'"))
+        .collect();
+    assert_eq!(legacy.len(), 8);
+    assert!(
+        legacy.iter().all(|r| r.contains("-> 22023 resource name")),
+        "{legacy:#?}"
+    );
 }
