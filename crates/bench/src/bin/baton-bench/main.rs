@@ -19,6 +19,12 @@ struct Args {
     /// Baton server (on its embedded store).
     #[arg(long, default_value = "http://127.0.0.1:7700")]
     server: String,
+    /// A second Baton server (an earlier build, say), measured beside
+    /// --server with the same transports ("baton baseline"); empty to skip.
+    /// Both servers' processes are named `baton`, so each target's server
+    /// CPU includes the other's, which idles meanwhile.
+    #[arg(long, default_value = "")]
+    baseline_server: String,
     /// A Baton cluster on PostgreSQL (comma-separated servers), measured
     /// beside the embedded one; empty to skip.
     #[arg(long, default_value = "")]
@@ -186,6 +192,13 @@ async fn main() {
                 .with_transport(transport)
                 .with_processes(&["baton"]);
             measure(&baton, &args, &clients, &modes, &run_id, &mut all).await;
+            if !args.baseline_server.is_empty() {
+                let label = label.replace("baton", "baton baseline");
+                let baton = Baton::new(label, args.baseline_server.clone(), ttl)
+                    .with_transport(transport)
+                    .with_processes(&["baton"]);
+                measure(&baton, &args, &clients, &modes, &run_id, &mut all).await;
+            }
             if let Some(options) = &secure {
                 let label = label.replace("baton", "baton tls+auth");
                 let baton = Baton::new(label, args.secure_server.clone(), ttl)
