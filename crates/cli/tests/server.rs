@@ -88,6 +88,49 @@ async fn waiters_are_served_in_arrival_order_with_higher_tokens() {
     }
 }
 
+/// The server's timer sleeps towards the table's next deadline. A lease
+/// granted with a shorter TTL than every other must wake it: with nothing
+/// else arriving, a waiter gets the short lease when it expires, not when
+/// the timer would next have woken (the long lease's expiry, or the wait's
+/// own end 20 s later).
+#[tokio::test]
+async fn a_short_lease_expires_on_time_behind_a_long_one() {
+    let dir = TempDir::new("rearm");
+    let s = common::serve(dir.path(), &[]);
+    let mut holder = client(&s).await;
+    let _long = granted(
+        holder
+            .acquire("rearm:long", Duration::from_secs(60), NO_WAIT)
+            .await
+            .unwrap(),
+    );
+    let short_ttl = Duration::from_millis(300);
+    let short = granted(
+        holder
+            .acquire("rearm:short", short_ttl, NO_WAIT)
+            .await
+            .unwrap(),
+    );
+    let granted_at = std::time::Instant::now();
+    let mut waiter = client(&s).await;
+    let next = granted(
+        waiter
+            .acquire("rearm:short", TTL, Duration::from_secs(20))
+            .await
+            .unwrap(),
+    );
+    let waited = granted_at.elapsed();
+    assert!(next.token > short.token);
+    assert!(
+        waited >= short_ttl,
+        "handed on after {waited:?}, before the TTL"
+    );
+    assert!(
+        waited < Duration::from_secs(5),
+        "handed on after {waited:?}: the timer was not woken for the earlier deadline"
+    );
+}
+
 #[tokio::test]
 async fn wait_runs_out_and_a_gone_waiter_leaves_the_queue() {
     let dir = TempDir::new("wait");
