@@ -18,7 +18,7 @@
 
 use std::collections::HashMap;
 use std::sync::mpsc::{self, RecvTimeoutError};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 use baton_core::{
@@ -148,9 +148,21 @@ struct Shared {
 
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, Engine> {
-        // A panic while the table was held leaves it as the panic found it;
-        // the engine's steps do not panic on any input.
-        self.engine.lock().unwrap_or_else(PoisonError::into_inner)
+        match self.engine.lock() {
+            Ok(engine) => engine,
+            // A step panicked while it held the table (a violated
+            // invariant; no input does this): take no more commands, and
+            // let the timer thread stop the engine as a panic, as the
+            // engine thread's own panic did.
+            Err(poisoned) => {
+                let mut engine = poisoned.into_inner();
+                if !engine.stopped {
+                    engine.stopped = true;
+                    let _ = self.timer.send(Wake::Stop);
+                }
+                engine
+            }
+        }
     }
 
     fn submit(&self, command: Command) -> bool {
@@ -576,6 +588,10 @@ fn run_timer(
         Ok(result) => result,
         Err(_) => Err(StoreError::Storage("the committer thread panicked".into())),
     };
+    assert!(
+        !shared.engine.is_poisoned(),
+        "a step panicked while it held the lease table; the engine stopped"
+    );
     if outcome.is_ok() {
         info!("engine stopped; lazy writes flushed");
     }
@@ -661,5 +677,35 @@ impl Committer {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use baton_testkit::store::MemStore;
+
+    #[test]
+    fn a_panic_while_the_table_is_held_stops_the_engine_as_a_panic() {
+        let metrics = Arc::new(Metrics::default());
+        let (handle, thread) = Engine::start(
+            Box::new(MemStore::default()),
+            baton_core::Limits::default(),
+            metrics,
+        )
+        .unwrap();
+        let shared = handle.shared.clone();
+        let poisoner = std::thread::spawn(move || {
+            let _held = shared.lock();
+            panic!("a violated invariant while the table is held");
+        });
+        assert!(poisoner.join().is_err());
+        let (reply, _rx) = oneshot::channel();
+        let status = Command::Status {
+            resource: ResourceName::parse("r").unwrap(),
+            reply,
+        };
+        assert!(!handle.send(status), "no command is taken after the panic");
+        assert!(thread.join().is_err(), "the engine stops as a panic");
     }
 }
