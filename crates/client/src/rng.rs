@@ -1,7 +1,7 @@
 //! The one seeded generator of the project (SplitMix64): backoff jitter,
 //! chaos schedules and test drivers. The same seed gives the same sequence
 //! on every machine and every version of this crate; it is not for secrets
-//! (acquisition ids come from the operating system).
+//! (acquisition ids come from the server's cryptographic generator).
 
 /// SplitMix64.
 #[derive(Clone, Debug)]
