@@ -9,7 +9,9 @@
 -- name (NULL included) still goes through baton.check_name, which raises
 -- the error naming the rule, or lets a valid non-ASCII name through. The
 -- bodies are otherwise those of migrations 2 and 5; outcomes and errors
--- are unchanged.
+-- are unchanged. And baton.publish now holds the publish itself instead
+-- of calling baton.publish_impl, which becomes the wrapper: one PL/pgSQL
+-- call per publish for SQL callers and the Rust kit alike.
 
 INSERT INTO baton.schema_migrations (version) VALUES (7) ON CONFLICT DO NOTHING;
 
@@ -69,12 +71,19 @@ BEGIN
                                                 p_policy, p_must_exist, p_delete);
 END $$;
 
-CREATE OR REPLACE FUNCTION baton.publish_impl(p_resource text, p_token bigint, p_operation text, p_fingerprint bytea, p_object_key text)
- RETURNS TABLE(outcome text, token bigint, current_token bigint, current_seq bigint, detail text, result bytea)
- LANGUAGE plpgsql
-AS $$
+-- baton.publish holds the publish itself (it was a wrapper around
+-- baton.publish_impl, so SQL callers paid two PL/pgSQL calls); the Rust
+-- kit calls it too.
+CREATE OR REPLACE FUNCTION baton.publish(resource text, token bigint, operation text, fingerprint bytea, object_key text)
+RETURNS SETOF baton.fence_result LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
+    -- The parameters share names with columns; the body uses these.
+    p_resource text := $1;
+    p_token bigint := $2;
+    p_operation text := $3;
+    p_fingerprint bytea := $4;
+    p_object_key text := $5;
     n bigint;
     f record;
 BEGIN
@@ -99,8 +108,7 @@ BEGIN
               AND (x.cancelled_at IS NULL OR x.cancelled_at < p_token) AND x.generation < p_token;
             GET DIAGNOSTICS n = ROW_COUNT;
             IF n = 1 THEN
-                outcome := 'applied'; token := p_token; current_token := p_token; current_seq := 0;
-                RETURN NEXT;
+                RETURN NEXT ('applied', p_token, p_token, 0, NULL, NULL)::baton.fence_result;
                 RETURN;
             END IF;
             DELETE FROM baton.operations AS o WHERE o.resource = p_resource AND o.operation = p_operation;
@@ -117,7 +125,14 @@ BEGIN
         SET published_key = p_object_key, published_token = p_token, published_operation = p_operation
         WHERE x.resource = p_resource;
     END IF;
-    outcome := f.outcome; token := f.token; current_token := f.current_token; current_seq := f.current_seq;
-    detail := f.detail; result := f.result;
-    RETURN NEXT;
+    RETURN NEXT (f.outcome, f.token, f.current_token, f.current_seq, f.detail, f.result)::baton.fence_result;
+END $$;
+
+-- What the Rust kit called before it called baton.publish; kept for
+-- kits of earlier versions.
+CREATE OR REPLACE FUNCTION baton.publish_impl(p_resource text, p_token bigint, p_operation text, p_fingerprint bytea, p_object_key text)
+RETURNS TABLE (outcome text, token bigint, current_token bigint, current_seq bigint, detail text, result bytea)
+LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN QUERY SELECT * FROM baton.publish($1, $2, $3, $4, $5);
 END $$;

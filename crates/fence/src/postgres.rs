@@ -31,7 +31,7 @@ const FENCE_OR_ABORT_SQL: &str = "SELECT outcome, token, current_token, current_
 /// SQLSTATE of a pipelined fence that did not apply (migration 4).
 const NOT_APPLIED: &str = "BF001";
 const PUBLISH_SQL: &str = "SELECT outcome, token, current_token, current_seq, detail, result
-    FROM baton.publish_impl($1, $2, $3, $4, $5)";
+    FROM baton.publish($1, $2, $3, $4, $5)";
 
 fn seq(v: i64) -> Result<Sequence, FenceError> {
     Sequence::new(v as u64).map_err(|e| FenceError::Corrupt(e.to_string()))
