@@ -156,12 +156,17 @@ impl Shared {
             // engine thread's own panic did.
             Err(poisoned) => {
                 let mut engine = poisoned.into_inner();
-                if !engine.stopped {
-                    engine.stopped = true;
-                    let _ = self.timer.send(Wake::Stop);
-                }
+                self.stop(&mut engine);
                 engine
             }
+        }
+    }
+
+    /// Takes no more commands and has the timer thread stop the engine.
+    fn stop(&self, engine: &mut Engine) {
+        if !engine.stopped {
+            engine.stopped = true;
+            let _ = self.timer.send(Wake::Stop);
         }
     }
 
@@ -186,8 +191,7 @@ impl Shared {
         if !engine.step(now, replies) {
             // The committer stopped (a commit failed): its replies are
             // dropped, so their callers hear that the outcome is unknown.
-            engine.stopped = true;
-            let _ = self.timer.send(Wake::Stop);
+            self.stop(engine);
             return;
         }
         if let Some(at) = engine.next_wake() {

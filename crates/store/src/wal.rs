@@ -117,12 +117,6 @@ impl Direct {
         self.tail.extend_from_slice(&window[last_block..used]);
         Ok(())
     }
-
-    /// Writes the first block anew: `header`, then zeros.
-    fn restart(&mut self, header: &[u8]) -> std::io::Result<()> {
-        self.tail.clear();
-        self.append(0, header)
-    }
 }
 
 fn checksum(generation: u64, payload: &[u8]) -> u64 {
@@ -272,25 +266,26 @@ impl Wal {
         record.extend_from_slice(&(payload.len() as u32).to_le_bytes());
         record.extend_from_slice(&checksum(self.generation, payload).to_le_bytes());
         record.extend_from_slice(payload);
-        match self.direct.as_mut().map(|d| d.append(self.end, &record)) {
-            Some(Ok(())) => {}
-            // The file system refused a direct write (nothing was written):
-            // from here on, write through the page cache.
-            Some(Err(e)) if e.raw_os_error() == Some(libc::EINVAL) => {
-                self.direct = None;
-                self.append_buffered(&record)?;
-            }
-            Some(Err(e)) => return Err(io(&self.path)(e)),
-            None => self.append_buffered(&record)?,
-        }
+        self.write_durably(self.end, &record)?;
         self.end += record.len() as u64;
         Ok(())
     }
 
-    fn append_buffered(&mut self, record: &[u8]) -> Result<(), StoreError> {
-        self.file
-            .write_all_at(record, self.end)
-            .map_err(io(&self.path))?;
+    /// Writes `bytes` at `at` and returns once they are durable: directly
+    /// where the file system takes it (the tail block then holds what
+    /// precedes `at` in its block), else through the page cache and
+    /// `fdatasync`.
+    fn write_durably(&mut self, at: u64, bytes: &[u8]) -> Result<(), StoreError> {
+        if let Some(direct) = self.direct.as_mut() {
+            match direct.append(at, bytes) {
+                Ok(()) => return Ok(()),
+                // The file system refused a direct write (nothing was
+                // written): from here on, write through the page cache.
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => self.direct = None,
+                Err(e) => return Err(io(&self.path)(e)),
+            }
+        }
+        self.file.write_all_at(bytes, at).map_err(io(&self.path))?;
         self.file.sync_data().map_err(io(&self.path))
     }
 
@@ -298,26 +293,15 @@ impl Wal {
     /// writes were folded into redb): every older record stops counting.
     pub(crate) fn restart(&mut self) -> Result<(), StoreError> {
         let generation = self.generation + 1;
-        let header = header(self.store_id, generation);
-        match self.direct.as_mut().map(|d| d.restart(&header)) {
-            Some(Ok(())) => {}
-            Some(Err(e)) if e.raw_os_error() == Some(libc::EINVAL) => {
-                self.direct = None;
-                self.restart_buffered(&header)?;
-            }
-            Some(Err(e)) => return Err(io(&self.path)(e)),
-            None => self.restart_buffered(&header)?,
+        // Nothing precedes the header in its block: a direct write of it
+        // zeros the rest of the first block.
+        if let Some(direct) = self.direct.as_mut() {
+            direct.tail.clear();
         }
+        self.write_durably(0, &header(self.store_id, generation))?;
         self.generation = generation;
         self.end = HEADER_LEN_BYTES;
         Ok(())
-    }
-}
-
-impl Wal {
-    fn restart_buffered(&mut self, header: &[u8]) -> Result<(), StoreError> {
-        self.file.write_all_at(header, 0).map_err(io(&self.path))?;
-        self.file.sync_data().map_err(io(&self.path))
     }
 }
 
