@@ -132,11 +132,11 @@ fn parse_acquisition_id(bytes: &[u8]) -> Result<AcquisitionId, Status> {
 /// generator, seeded from the operating system and reseeded after every
 /// 64 KiB (`rand::rng`). One `getrandom` call per id was a system call on
 /// every acquire.
-fn random_id() -> Result<AcquisitionId, Status> {
+fn random_id() -> AcquisitionId {
     use rand::Rng;
     let mut bytes = [0u8; 16];
     rand::rng().fill_bytes(&mut bytes);
-    Ok(AcquisitionId::from_bytes(bytes))
+    AcquisitionId::from_bytes(bytes)
 }
 
 fn acquire_error(e: AcquireError) -> Status {
@@ -250,7 +250,7 @@ impl Leases for LeaseService {
         let req = request.into_inner();
         let mut claims = Vec::with_capacity(req.resources.len());
         for (i, raw) in req.resources.iter().enumerate() {
-            claims.push((parse_resource(ResourcesField(i), raw)?, random_id()?));
+            claims.push((parse_resource(ResourcesField(i), raw)?, random_id()));
         }
         for (name, _) in &claims {
             who.may(Permission::Lease, name.as_str())?;

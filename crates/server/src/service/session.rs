@@ -129,7 +129,7 @@ impl LeaseService {
         } else {
             open.ttl_ms
         };
-        let id = random_id()?;
+        let id = random_id();
         let digest = id.digest();
         self.call_on(term, |reply| Command::OpenSession {
             digest,
@@ -356,7 +356,7 @@ impl SessionTask {
                 self.service.metrics.acquire_requests.inc();
                 let mut claims = Vec::with_capacity(a.resources.len());
                 for (i, raw) in a.resources.iter().enumerate() {
-                    claims.push((parse_resource(ResourcesField(i), raw)?, random_id()?));
+                    claims.push((parse_resource(ResourcesField(i), raw)?, random_id()));
                 }
                 let who = self.service.admit(&self.caller, "session.acquire")?;
                 for (name, _) in &claims {
