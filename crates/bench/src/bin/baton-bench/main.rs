@@ -171,6 +171,15 @@ async fn main() {
         }
         return;
     }
+    // Every Baton server measured with each transport: label prefix, URL,
+    // connection options.
+    let mut servers = vec![("baton", args.server.clone(), None)];
+    if !args.baseline_server.is_empty() {
+        servers.push(("baton baseline", args.baseline_server.clone(), None));
+    }
+    if secure.is_some() {
+        servers.push(("baton tls+auth", args.secure_server.clone(), secure));
+    }
     let mut all: Vec<Report> = Vec::new();
     for round in 1..=args.rounds.max(1) {
         let run_id = format!("{}-{round}", std::process::id());
@@ -188,23 +197,13 @@ async fn main() {
             {
                 continue;
             }
-            let baton = Baton::new(label, args.server.clone(), ttl)
-                .with_transport(transport)
-                .with_processes(&["baton"]);
-            measure(&baton, &args, &clients, &modes, &run_id, &mut all).await;
-            if !args.baseline_server.is_empty() {
-                let label = label.replace("baton", "baton baseline");
-                let baton = Baton::new(label, args.baseline_server.clone(), ttl)
+            for (prefix, url, options) in &servers {
+                let mut baton = Baton::new(label.replace("baton", prefix), url.clone(), ttl)
                     .with_transport(transport)
                     .with_processes(&["baton"]);
-                measure(&baton, &args, &clients, &modes, &run_id, &mut all).await;
-            }
-            if let Some(options) = &secure {
-                let label = label.replace("baton", "baton tls+auth");
-                let baton = Baton::new(label, args.secure_server.clone(), ttl)
-                    .with_transport(transport)
-                    .with_options(options.clone())
-                    .with_processes(&["baton"]);
+                if let Some(options) = options {
+                    baton = baton.with_options(options.clone());
+                }
                 measure(&baton, &args, &clients, &modes, &run_id, &mut all).await;
             }
         }
