@@ -7,6 +7,8 @@
 //!   an unknown CA, plain text on the TLS port), each with a clear error
 //!   while the server keeps serving;
 //! - wrong tokens never reach the logs;
+//! - a session id alone does not let another principal resume (or close)
+//!   a session holding leases outside its rules;
 //! - SIGHUP: a removed permission applies to the next call, the held
 //!   lease is untouched until it expires.
 
@@ -520,6 +522,79 @@ async fn sighup_reload_applies_to_the_next_call_and_leaves_held_leases() {
             .is_none()
     })
     .await;
+    drop(server);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_resumes_only_for_a_principal_that_may_hold_its_leases() {
+    let dir = TempDir::new("security-resume");
+    let pki = pki(dir.path());
+    let auth = dir.path().join("auth.toml");
+    let log = dir.path().join("server.log");
+    let server = serve(dir.path(), &pki, &auth, &log);
+    let url = server.https_url();
+    let billing = client_for(&url, &pki, Who::Billing).await;
+    let session = billing.open_session(Duration::from_secs(30)).await.unwrap();
+    let Acquired::Granted(lease) = session
+        .acquire("statement:20", Duration::ZERO)
+        .await
+        .unwrap()
+    else {
+        panic!("free")
+    };
+    let id = session.id();
+
+    // Principals without `lease` on statement:20, holding the session id,
+    // are refused before anything changes, with a message that does not
+    // say what the session holds.
+    for who in [Who::Reader, Who::Fencer, Who::Ops] {
+        let other = client_for(&url, &pki, who).await;
+        match other.resume_session(id).await {
+            Err(ClientError::PermissionDenied(m)) => {
+                assert!(
+                    m.contains("resuming a session needs `lease` on every resource"),
+                    "{who:?}: {m}"
+                );
+                assert!(!m.contains("statement:20"), "{who:?}: {m}");
+            }
+            other => panic!("{who:?}: resume must be refused, got {other:?}"),
+        }
+    }
+    let wrong = client_for(&url, &pki, Who::WrongToken).await;
+    assert!(matches!(
+        wrong.resume_session(id).await,
+        Err(ClientError::Unauthenticated(_))
+    ));
+
+    // The session is untouched: its holder keeps the lease and the stream.
+    let mut status = client_for(&url, &pki, Who::Reader).await;
+    let st = status.status("statement:20").await.unwrap();
+    assert_eq!(st.holder_token, Some(lease.token));
+    assert!(matches!(
+        session
+            .renew("statement:20", &lease.acquisition_id)
+            .await
+            .unwrap(),
+        Renewal::Renewed { .. }
+    ));
+
+    // The same principal on another connection resumes it and can end it.
+    let again = client_for(&url, &pki, Who::Billing).await;
+    let resumed = again.resume_session(id).await.unwrap();
+    assert_eq!(resumed.id(), id);
+    assert!(resumed.close().await.unwrap(), "the session was open");
+    let st = status.status("statement:20").await.unwrap();
+    assert_eq!(st.holder_token, None, "closing released its lease");
+    assert!(matches!(
+        again.resume_session(id).await,
+        Err(ClientError::SessionEnded)
+    ));
+    let audit = std::fs::read_to_string(dir.path().join("audit.jsonl")).unwrap();
+    let refused = audit
+        .lines()
+        .filter(|l| l.contains("\"session.open\"") && l.contains("denied"))
+        .count();
+    assert_eq!(refused, 3, "one audit line per refused resume:\n{audit}");
     drop(server);
 }
 

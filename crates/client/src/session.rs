@@ -157,6 +157,13 @@ fn error_body(e: v1::RequestError) -> ClientError {
     }
 }
 
+fn revoked_leases(revoked: Vec<v1::RevokedLease>) -> Vec<(String, FencingToken)> {
+    revoked
+        .into_iter()
+        .filter_map(|r| Some((r.resource, FencingToken::from_u64(r.token).ok()?)))
+        .collect()
+}
+
 fn unexpected(body: &Body) -> ClientError {
     ClientError::Protocol(format!("unexpected answer on the session stream: {body:?}"))
 }
@@ -165,14 +172,34 @@ impl Client {
     /// Opens a session with `ttl` on the leader. Without a heartbeat for
     /// `ttl` the server ends the session and every lease tied to it.
     pub async fn open_session(&self, ttl: Duration) -> Result<Session, ClientError> {
-        let open = v1::OpenSession {
+        self.start_session(v1::OpenSession {
             ttl_ms: ttl.as_millis() as u64,
             resume: Vec::new(),
-        };
+        })
+        .await
+    }
+
+    /// Resumes an open session by its id, from this process or another
+    /// (the session's own handle resumes by itself after a broken stream).
+    /// The new handle keeps the session alive and can renew, release and
+    /// close; it does not know which leases the session holds. With auth
+    /// on, the caller needs `lease` on every resource the session holds
+    /// ([`ClientError::PermissionDenied`] otherwise, and nothing changes).
+    /// [`ClientError::SessionEnded`] if the session expired or was closed.
+    pub async fn resume_session(&self, id: SessionId) -> Result<Session, ClientError> {
+        self.start_session(v1::OpenSession {
+            ttl_ms: 0,
+            resume: id.as_bytes().to_vec(),
+        })
+        .await
+    }
+
+    async fn start_session(&self, open: v1::OpenSession) -> Result<Session, ClientError> {
         let sent = Instant::now();
         let (conn, body) = connect(self, open).await?;
         let opened = match body {
             Body::Opened(o) => o,
+            Body::Ended(_) => return Err(ClientError::SessionEnded),
             Body::Error(e) => return Err(error_body(e)),
             other => return Err(unexpected(&other)),
         };
@@ -185,7 +212,7 @@ impl Client {
             safe_until: sent + ttl.saturating_sub(margin),
             server_deadline: sent + ttl,
             beats: 0,
-            revoked: Arc::new(Vec::new()),
+            revoked: Arc::new(revoked_leases(opened.revoked)),
         };
         let (state_tx, state_rx) = watch::channel(state);
         let (calls_tx, calls_rx) = mpsc::unbounded_channel();
@@ -616,6 +643,11 @@ impl Driver {
                 }
                 Ok((_, Body::Ended(_))) => return None,
                 Ok((_, other)) => tracing::warn!(?other, "unexpected answer to a resume"),
+                // Refused (e.g. the principal's rules changed): retried
+                // until the session expires, but said louder.
+                Err(e @ (ClientError::PermissionDenied(_) | ClientError::Unauthenticated(_))) => {
+                    tracing::warn!(error = %e, "resuming the session was refused; retrying")
+                }
                 Err(e) => tracing::debug!(error = %e, "resuming the session failed; retrying"),
             }
             tokio::time::sleep(backoff.next_delay()).await;
@@ -635,11 +667,7 @@ impl Driver {
             s.health = Health::Live;
             if !revoked.is_empty() {
                 let mut all = (*s.revoked).clone();
-                for r in revoked {
-                    if let Ok(t) = FencingToken::from_u64(r.token) {
-                        all.push((r.resource, t));
-                    }
-                }
+                all.extend(revoked_leases(revoked));
                 s.revoked = Arc::new(all);
             }
         });

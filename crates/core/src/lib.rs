@@ -31,7 +31,7 @@ pub use name::{NameError, ResourceName, RESOURCE_NAME_LEN_BYTES_MAX};
 pub use table::{
     AcquireError, AcquireOutcome, AcquireRequest, Effects, Event, FenceOutcome, Grant, KeptAlive,
     LeaseRecord, LeaseStatus, LeaseTable, Limits, MonoMs, NotAcquired, ReleaseOutcome,
-    RenewOutcome, SessionError, SessionRecord, WaitResult, Write,
+    RenewOutcome, Resumed, SessionError, SessionRecord, WaitResult, Write,
 };
 pub use token::{
     restore_epoch, Epoch, FencingToken, RestoreFloors, TokenError, COUNTER_BITS, COUNTER_MAX,

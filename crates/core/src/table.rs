@@ -14,7 +14,7 @@ use state::{Lease, Queue, ResourceState, Session, Timer, Waiter};
 
 pub use types::{
     AcquireError, AcquireOutcome, AcquireRequest, Effects, Event, FenceOutcome, Grant, KeptAlive,
-    LeaseRecord, LeaseStatus, Limits, MonoMs, NotAcquired, ReleaseOutcome, RenewOutcome,
+    LeaseRecord, LeaseStatus, Limits, MonoMs, NotAcquired, ReleaseOutcome, RenewOutcome, Resumed,
     SessionError, SessionRecord, WaitResult, Write,
 };
 

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use baton_core::{
     AcquireError, AcquireOutcome, AcquireRequest, AcquisitionId, Event, FenceOutcome, Grant,
     KeptAlive, LeaseStatus, LeaseTable, MonoMs, NotAcquired, ReleaseOutcome, RenewOutcome,
-    ResourceName, SessionDigest, SessionError, WaitResult, WaiterId, Write,
+    ResourceName, Resumed, SessionDigest, SessionError, WaitResult, WaiterId, Write,
 };
 use baton_store::{LeaseStore, StoreError, Stored};
 use tokio::sync::oneshot;
@@ -49,6 +49,9 @@ pub enum AcquireReply {
 }
 
 pub type Reply<T> = oneshot::Sender<T>;
+
+/// Whether a resuming client may hold a resource (its `lease` rules).
+pub type MayHold = Box<dyn Fn(&ResourceName) -> bool + Send>;
 
 pub enum Command {
     Acquire {
@@ -96,6 +99,14 @@ pub enum Command {
     KeepAlive {
         digest: SessionDigest,
         reply: Reply<Option<KeptAlive>>,
+    },
+    /// A client resuming the session on a new stream: a heartbeat if
+    /// `may_hold` accepts every resource of the session, decided in the
+    /// same step.
+    Resume {
+        digest: SessionDigest,
+        may_hold: MayHold,
+        reply: Reply<Resumed>,
     },
     /// Whether the session was open (it is closed now either way).
     CloseSession {
@@ -467,6 +478,13 @@ impl Engine {
             // and the session was durable before its holder heard of it.
             Command::KeepAlive { digest, reply } => {
                 let _ = reply.send(self.table.keep_alive(now, digest));
+            }
+            Command::Resume {
+                digest,
+                may_hold,
+                reply,
+            } => {
+                let _ = reply.send(self.table.resume(now, digest, may_hold));
             }
             Command::CloseSession { digest, reply } => {
                 let _ = reply.send(self.table.close_session(now, digest));

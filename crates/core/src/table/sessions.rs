@@ -8,9 +8,10 @@
 
 use super::Write;
 use super::{
-    Event, KeptAlive, LeaseTable, MonoMs, Session, SessionError, SessionRecord, Timer, WaitResult,
+    Event, KeptAlive, LeaseTable, MonoMs, Resumed, Session, SessionError, SessionRecord, Timer,
+    WaitResult,
 };
-use crate::SessionDigest;
+use crate::{ResourceName, SessionDigest};
 
 impl LeaseTable {
     /// Opens a session with its own TTL from `now`. The session must be
@@ -78,6 +79,33 @@ impl LeaseTable {
             ttl_ms,
             revoked: std::mem::take(&mut session.revoked),
         })
+    }
+
+    /// A client resuming the session on a new stream: a heartbeat, but
+    /// only if `may_hold` accepts every resource the session holds a lease
+    /// on or has yet to report as revoked. Otherwise nothing changes (not
+    /// the TTL, not the revoked list): [`Resumed::Refused`].
+    pub fn resume(
+        &mut self,
+        now: MonoMs,
+        digest: SessionDigest,
+        may_hold: impl Fn(&ResourceName) -> bool,
+    ) -> Resumed {
+        self.tick(now);
+        let Some(session) = self.sessions.get(&digest) else {
+            return Resumed::NotOpen;
+        };
+        let names = session
+            .leases
+            .iter()
+            .chain(session.revoked.iter().map(|(r, _)| r));
+        if !names.into_iter().all(may_hold) {
+            return Resumed::Refused;
+        }
+        match self.keep_alive(now, digest) {
+            Some(kept) => Resumed::Kept(kept),
+            None => Resumed::NotOpen,
+        }
     }
 
     /// Moves an open session's expiry to a full TTL from `now`.

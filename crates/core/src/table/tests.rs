@@ -1032,3 +1032,40 @@ fn session_leases_live_by_heartbeat_and_end_together() {
         "the waiter got a"
     );
 }
+
+#[test]
+fn a_session_resumes_only_for_who_may_hold_all_it_holds() {
+    let mut t = table();
+    let s = id(91).digest();
+    t.open_session(MonoMs(0), s, 3_000).unwrap();
+    let bound = AcquireRequest {
+        session: Some(s),
+        ..req(&["x:1", "y:1"], 1, 1, 0, 0)
+    };
+    assert!(matches!(
+        t.acquire(MonoMs(0), bound),
+        Ok(AcquireOutcome::Granted(_))
+    ));
+    let fenced = t.fence(MonoMs(0), &name("y:1"));
+    let only_x = |r: &ResourceName| r.as_str().starts_with("x:");
+    // "y:1" is no longer held but still to be reported: it counts.
+    assert_eq!(t.resume(MonoMs(2_000), s, only_x), Resumed::Refused);
+    // The refusal changed nothing: the TTL still runs from 0, and the
+    // revoked lease is still reported to the session's own holder.
+    assert_eq!(t.status(MonoMs(2_000), &name("x:1")).remaining_ms, 1_000);
+    let Resumed::Kept(kept) = t.resume(MonoMs(2_500), s, |_| true) else {
+        panic!("an unrestricted resume keeps the session")
+    };
+    assert_eq!(kept.revoked, vec![(name("y:1"), fenced.revoked.unwrap())]);
+    assert_eq!(t.status(MonoMs(2_500), &name("x:1")).remaining_ms, 3_000);
+    // Now only "x:1" is held.
+    assert!(matches!(
+        t.resume(MonoMs(2_500), s, only_x),
+        Resumed::Kept(_)
+    ));
+    assert_eq!(
+        t.resume(MonoMs(2_500), s, |r| r.as_str().starts_with("y:")),
+        Resumed::Refused
+    );
+    assert_eq!(t.resume(MonoMs(6_000), s, |_| true), Resumed::NotOpen);
+}

@@ -267,6 +267,18 @@ pub struct KeptAlive {
     pub revoked: Vec<(ResourceName, FencingToken)>,
 }
 
+/// What resuming a session did ([`crate::LeaseTable::resume`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Resumed {
+    /// Kept alive, as by a heartbeat.
+    Kept(KeptAlive),
+    /// The session is not open (it expired or was closed).
+    NotOpen,
+    /// The session holds (or has yet to report) a resource the resumer
+    /// may not hold; nothing changed.
+    Refused,
+}
+
 /// The durable form of a session. Like a lease's, its expiry is not stored:
 /// after a restart it gets its full TTL again.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

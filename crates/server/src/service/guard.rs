@@ -12,6 +12,7 @@ use super::LeaseService;
 use crate::audit::Record;
 use crate::auth::{Credential, Permission, Principal, Refusal};
 use crate::conn::ConnInfo;
+use crate::engine::MayHold;
 
 /// Who is calling, as far as a request says: the credential it carries
 /// and where it comes from. Kept by a session stream and checked again
@@ -86,13 +87,13 @@ impl Admitted<'_> {
         if p.allows(permission, name) {
             return Ok(());
         }
-        self.refuse(
+        Err(self.refuse(
             name,
             Refusal::Denied(format!(
                 "principal {:?} may not {}: no rule of the auth file gives it `{permission}` on a prefix of {name:?}",
                 p.name, self.action
             )),
-        )
+        ))
     }
 
     /// `Ok` if the principal holds `permission` on every name (a rule on
@@ -104,19 +105,40 @@ impl Admitted<'_> {
         if p.allows_everything(permission) {
             return Ok(());
         }
-        self.refuse(
+        Err(self.refuse(
             "",
             Refusal::Denied(format!(
                 "principal {:?} may not {}: it needs `{permission}` on every name (a rule on the empty prefix \"\")",
                 p.name, self.action
             )),
-        )
+        ))
     }
 
-    fn refuse(&self, resource: &str, refusal: Refusal) -> Result<(), Status> {
-        Err(self
-            .service
-            .refused(self.caller, self.name(), self.action, resource, refusal))
+    /// Whether the principal may hold a resource (`lease` on a prefix of
+    /// it), as the engine asks when a session is resumed; every resource
+    /// with auth off.
+    pub(crate) fn may_hold(&self) -> MayHold {
+        match self.principal.clone() {
+            None => Box::new(|_| true),
+            Some(p) => Box::new(move |name| p.allows(Permission::Lease, name.as_str())),
+        }
+    }
+
+    /// `PERMISSION_DENIED` (audited) for resuming a session that holds a
+    /// resource the principal may not hold. The message names neither the
+    /// session's resources nor whether it holds any.
+    pub(crate) fn refuse_resume(&self) -> Status {
+        let name = self.name().to_string();
+        let why = format!(
+            "principal {name:?} may not {}: resuming a session needs `lease` on every resource the session holds",
+            self.action
+        );
+        self.refuse("", Refusal::Denied(why))
+    }
+
+    fn refuse(&self, resource: &str, refusal: Refusal) -> Status {
+        self.service
+            .refused(self.caller, self.name(), self.action, resource, refusal)
     }
 
     /// Writes an audit line for an action that was let in: `outcome` is

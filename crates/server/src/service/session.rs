@@ -11,13 +11,14 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::Ordering::Relaxed;
 
-use baton_core::{AcquireRequest, AcquisitionId, SessionDigest, SessionError, WaiterId};
+use baton_core::{AcquireRequest, AcquisitionId, Resumed, SessionDigest, SessionError, WaiterId};
 use baton_proto::v1::{self, session_request::Op, session_response::Body};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
+use super::guard::Admitted;
 use super::{
     acquire_error, acquire_outcome, answer, parse_acquisition_id, parse_resource, random_id,
     release_message, renew_message, send, Caller, LeaseService, ResourcesField,
@@ -58,7 +59,7 @@ impl LeaseService {
         // Authenticated once here; each request is checked again against
         // the auth table in force when it arrives.
         let caller = Caller::of(&request, self.auth.is_on());
-        self.let_in(&caller, "session.open").await?;
+        let admitted = self.let_in(&caller, "session.open").await?;
         let term = self.seat.term()?;
         let mut inbound = request.into_inner();
         let first = inbound.message().await?.ok_or_else(|| {
@@ -70,7 +71,7 @@ impl LeaseService {
             ));
         };
         let (out, rx) = mpsc::channel(OUTBOX_LEN);
-        let (digest, body) = self.open(&term, open).await?;
+        let (digest, body) = self.open(&term, &admitted, open).await?;
         let ended = matches!(body, Body::Ended(_));
         let _ = out
             .send(Ok(v1::SessionResponse {
@@ -99,6 +100,7 @@ impl LeaseService {
     async fn open(
         &self,
         term: &Term,
+        admitted: &Admitted<'_>,
         open: v1::OpenSession,
     ) -> Result<(SessionDigest, Body), Status> {
         if !open.resume.is_empty() {
@@ -110,17 +112,25 @@ impl LeaseService {
                 ))
             })?;
             let digest = id.digest();
-            let kept = self
-                .call_on(term, |reply| Command::KeepAlive { digest, reply })
+            // Another principal that learned the id cannot take over (or
+            // close) leases it could not acquire itself.
+            let may_hold = admitted.may_hold();
+            let resumed = self
+                .call_on(term, |reply| Command::Resume {
+                    digest,
+                    may_hold,
+                    reply,
+                })
                 .await?;
-            let body = match kept {
-                Some(kept) => Body::Opened(v1::SessionOpened {
+            let body = match resumed {
+                Resumed::Kept(kept) => Body::Opened(v1::SessionOpened {
                     session_id: id.as_bytes().to_vec(),
                     ttl_ms: kept.ttl_ms,
                     resumed: true,
                     revoked: revoked(kept.revoked),
                 }),
-                None => Body::Ended(v1::SessionEnded {}),
+                Resumed::NotOpen => Body::Ended(v1::SessionEnded {}),
+                Resumed::Refused => return Err(admitted.refuse_resume()),
             };
             return Ok((digest, body));
         }
