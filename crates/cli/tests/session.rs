@@ -1,7 +1,7 @@
 //! Sessions against a real server process: leases kept by one heartbeat,
 //! expiry of everything at once, resume across a SIGKILL and restart,
-//! waiters withdrawn when their stream breaks, answers in any order, and
-//! the stream protocol's refusals.
+//! waiters withdrawn when their stream breaks, answers in any order, a
+//! fenced lease reported until released, and the stream protocol's refusals.
 
 mod common;
 
@@ -90,6 +90,59 @@ async fn heartbeats_keep_every_bound_lease_and_silence_ends_them_all() {
     println!(
         "session: {beats} heartbeats kept 3 leases for 5 TTLs; ended {held_for:?} after silence"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fenced_bound_lease_is_reported_until_it_is_released() {
+    let dir = TempDir::new("session-fenced");
+    let s = common::serve(dir.path(), &[]);
+    let mut client = Client::connect(&s.url()).await.unwrap();
+    let session = client.open_session(TTL).await.unwrap();
+    let AcquiredAll::Granted { leases, .. } = session
+        .acquire_all(&["f:a", "f:b"], Duration::ZERO)
+        .await
+        .unwrap()
+    else {
+        panic!("free resources must be granted")
+    };
+    let mut state = session.watch();
+    for (round, lease) in leases.iter().enumerate() {
+        let fenced = client.fence(&lease.resource).await.unwrap();
+        assert_eq!(fenced.revoked, Some(lease.token));
+        // The next heartbeat reports it; a keeper sees it lost.
+        let reported = tokio::time::timeout(
+            TTL * 4,
+            state.wait_for(|s| s.revoked.iter().any(|r| r.1 == lease.token)),
+        )
+        .await
+        .expect("a heartbeat reports the fence")
+        .unwrap()
+        .revoked
+        .len();
+        assert_eq!(reported, 1, "round {round}: only the unreleased fence");
+        let keeper = Keeper::start(
+            session.clone(),
+            lease.clone(),
+            tokio::time::Instant::now(),
+            KeeperConfig::default(),
+        );
+        tokio::time::timeout(Duration::from_secs(5), keeper.cancellation().cancelled())
+            .await
+            .expect("the keeper cancels the work of a fenced lease");
+        assert_eq!(keeper.ownership(), Ownership::Lost);
+        let _ = keeper.stop();
+        // Released, it leaves the list at the next heartbeat.
+        session
+            .release(&lease.resource, &lease.acquisition_id)
+            .await
+            .unwrap();
+        let cleared = tokio::time::timeout(TTL * 4, state.wait_for(|s| s.revoked.is_empty())).await;
+        assert!(
+            matches!(cleared, Ok(Ok(_))),
+            "round {round}: the released fence is still listed after a few heartbeats"
+        );
+    }
+    assert!(session.close().await.unwrap());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

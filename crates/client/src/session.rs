@@ -65,7 +65,8 @@ pub struct SessionState {
     pub server_deadline: Instant,
     /// Acknowledged heartbeats so far.
     pub beats: u64,
-    /// Leases tied to the session that an operator fenced, by token.
+    /// Leases tied to the session that an operator fenced, by token, until
+    /// they are released on this handle.
     pub revoked: Arc<Vec<(String, FencingToken)>>,
 }
 
@@ -84,8 +85,14 @@ struct Inner {
     next_id: AtomicU64,
     /// Leases tied to this session, by acquisition id, with their tokens.
     bound: Mutex<HashMap<AcquisitionId, FencingToken>>,
+    /// Revoked leases released since: the driver drops them from
+    /// [`SessionState::revoked`] (so a long-lived session's list does not
+    /// grow with every fence).
+    released: Released,
     abandon: CancellationToken,
 }
+
+type Released = Arc<Mutex<Vec<FencingToken>>>;
 
 /// A session: one stream, one heartbeat, many leases. Cheap to clone;
 /// clones share the stream. See the module docs.
@@ -217,6 +224,7 @@ impl Client {
         let (state_tx, state_rx) = watch::channel(state);
         let (calls_tx, calls_rx) = mpsc::unbounded_channel();
         let abandon = CancellationToken::new();
+        let released = Released::default();
         let driver = Driver {
             abandon: abandon.clone(),
             // Not `self`: the driver must not keep the shared sessions alive.
@@ -237,6 +245,7 @@ impl Client {
             state: state_tx,
             pending: HashMap::new(),
             heartbeats: HashMap::new(),
+            released: released.clone(),
             next_heartbeat: HEARTBEAT_ID_BIT,
         };
         tokio::spawn(driver.run(conn));
@@ -249,6 +258,7 @@ impl Client {
                 state: state_rx,
                 next_id: AtomicU64::new(1),
                 bound: Mutex::new(HashMap::new()),
+                released,
                 abandon,
             }),
         })
@@ -437,11 +447,16 @@ impl Session {
             other => Err(unexpected(&other)),
         };
         if out.is_ok() {
-            self.inner
+            let token = self
+                .inner
                 .bound
                 .lock()
                 .expect("session mutex")
                 .remove(acquisition_id);
+            let revoked = |t| self.inner.state.borrow().revoked.iter().any(|r| r.1 == t);
+            if let Some(t) = token.filter(|t| revoked(*t)) {
+                self.inner.released.lock().expect("session mutex").push(t);
+            }
         }
         out
     }
@@ -548,6 +563,7 @@ struct Driver {
     pending: HashMap<u64, oneshot::Sender<Result<Body, ClientError>>>,
     /// Heartbeats in flight, with their send instants.
     heartbeats: HashMap<u64, Instant>,
+    released: Released,
     next_heartbeat: u64,
 }
 
@@ -657,6 +673,7 @@ impl Driver {
     fn acknowledge(&mut self, sent: Instant, ttl_ms: u64, revoked: Vec<v1::RevokedLease>) {
         let ttl = Duration::from_millis(ttl_ms);
         let margin = self.margin;
+        let released = std::mem::take(&mut *self.released.lock().expect("session mutex"));
         self.state.send_modify(|s| {
             let deadline = sent + ttl;
             if deadline > s.server_deadline {
@@ -665,8 +682,9 @@ impl Driver {
             }
             s.beats += 1;
             s.health = Health::Live;
-            if !revoked.is_empty() {
+            if !revoked.is_empty() || !released.is_empty() {
                 let mut all = (*s.revoked).clone();
+                all.retain(|(_, t)| !released.contains(t));
                 all.extend(revoked_leases(revoked));
                 s.revoked = Arc::new(all);
             }
