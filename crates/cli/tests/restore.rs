@@ -131,6 +131,48 @@ async fn restore_starts_an_epoch_above_every_earlier_token() {
     assert!(json_u64(&text, "epoch").unwrap() > before[0] >> 40);
 }
 
+/// A backup larger than gRPC's default 4 MiB message limit is taken and
+/// restored whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backup_past_four_mebibytes_is_taken_and_restored_whole() {
+    const N: usize = 10_240;
+    let dir = TempDir::new("restore-big");
+    let files = TempDir::new("restore-big-files");
+    let backup = files.path().join("baton.backup");
+    let s = common::serve(dir.path(), &[]);
+    let mut c = Client::connect(&s.url()).await.unwrap();
+    let pad = "x".repeat(480);
+    let names: Vec<String> = (0..N).map(|i| format!("big:{i:06}:{pad}")).collect();
+    for chunk in names.chunks(64) {
+        let chunk: Vec<&str> = chunk.iter().map(String::as_str).collect();
+        let out = c
+            .acquire_all(&chunk, Duration::from_secs(600), Duration::ZERO)
+            .await
+            .unwrap();
+        assert!(matches!(out, baton_client::AcquiredAll::Granted { .. }));
+    }
+    let out = cli(&[
+        "admin",
+        "backup",
+        "--out",
+        backup.to_str().unwrap(),
+        "--server",
+        &s.url(),
+        "--json",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(
+        json_u64(&String::from_utf8(out.stdout).unwrap(), "n_leases"),
+        Some(N as u64)
+    );
+    let len = std::fs::metadata(&backup).unwrap().len();
+    assert!(len > 4 << 20, "the backup is only {len} bytes");
+    drop(s);
+    let (code, text) = restore(&backup, dir.path(), &[]);
+    assert_eq!(code, Some(0), "{text}");
+    assert_eq!(json_u64(&text, "dropped_leases"), Some(N as u64));
+}
+
 /// One owner's write at the resource: acquire, publish with the token, release.
 async fn owned_write(url: &str, conn: &mut rusqlite::Connection, op: &str) -> (u64, Outcome) {
     let mut c = Client::connect(url).await.unwrap();

@@ -44,6 +44,9 @@ pub use session::{Health, Session, SessionState};
 
 /// Time allowed for a request beyond any server-side wait it asks for.
 const RPC_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
+/// The largest backup the client reads: a protobuf message's own limit
+/// (2 GiB), tens of millions of leases.
+const SNAPSHOT_LEN_BYTES_MAX: usize = i32::MAX as usize;
 
 /// What went wrong with a call, and whether it may have taken effect.
 #[derive(Debug, thiserror::Error)]
@@ -662,7 +665,13 @@ impl Client {
         self.call(
             v1::BackupRequest {},
             Duration::from_secs(60),
-            |mut c, r| async move { c.backup(r).await },
+            // A snapshot is about 52 bytes per lease: far past tonic's
+            // default 4 MiB limit at 100k leases.
+            |c, r| async move {
+                c.max_decoding_message_size(SNAPSHOT_LEN_BYTES_MAX)
+                    .backup(r)
+                    .await
+            },
         )
         .await
     }

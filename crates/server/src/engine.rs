@@ -452,9 +452,15 @@ impl Engine {
                 defer(replies, reply, out);
             }
             Command::Snapshot { reply } => {
+                let started = Instant::now();
                 let (epoch, counter) = self.table.last_token();
-                let leases = self.table.leases().map(|(r, l)| (r.clone(), l)).collect();
+                let leases: Vec<_> = self.table.leases().map(|(r, l)| (r.clone(), l)).collect();
                 let sessions = self.table.sessions().collect();
+                info!(
+                    n_leases = leases.len(),
+                    copy_ms = started.elapsed().as_millis() as u64,
+                    "snapshot copied for a backup"
+                );
                 defer(
                     replies,
                     reply,

@@ -9,6 +9,7 @@ use baton_core::{
 };
 use baton_proto::v1::{self, leases_server::Leases};
 use baton_proto::{LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX, SNAPSHOT_FORMAT};
+use baton_store::Stored;
 use tokio::sync::oneshot;
 use tonic::{Request, Response, Status};
 
@@ -67,6 +68,24 @@ impl LeaseService {
     async fn call<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> Command) -> Result<T, Status> {
         let term = self.seat.term()?;
         self.call_on(&term, make).await
+    }
+
+    /// [`LeaseService::call`] for a command that holds the engine for long
+    /// (a snapshot copies every lease): applied on a blocking thread, so
+    /// the tokio worker that took the call keeps serving.
+    async fn call_blocking<T: Send + 'static>(
+        &self,
+        make: impl FnOnce(oneshot::Sender<T>) -> Command + Send + 'static,
+    ) -> Result<T, Status> {
+        let term = self.seat.term()?;
+        let (tx, rx) = oneshot::channel();
+        let on = term.clone();
+        tokio::task::spawn_blocking(move || send(&on, make(tx)))
+            .await
+            .map_err(|e| Status::internal(format!("the engine call failed: {e}")))??;
+        let answer = answer(rx).await?;
+        self.seat.confirm(&term)?;
+        Ok(answer)
     }
 
     /// Sends a command to `term`'s engine; the answer goes out only if the
@@ -418,33 +437,15 @@ impl Leases for LeaseService {
         let caller = Caller::of(&request, self.auth.is_on());
         let who = self.let_in(&caller, "backup").await?;
         who.may_everything(Permission::Admin)?;
-        let stored = self.call(|reply| Command::Snapshot { reply }).await?;
+        let stored = self
+            .call_blocking(|reply| Command::Snapshot { reply })
+            .await?;
         who.audit("", None, "ok");
-        Ok(Response::new(v1::Snapshot {
-            format: SNAPSHOT_FORMAT,
-            epoch: stored.epoch.get(),
-            counter: stored.counter,
-            leases: Vec::new(),
-            stored_leases: stored
-                .leases
-                .into_iter()
-                .map(|(r, l)| v1::StoredLease {
-                    resource: r.to_string(),
-                    acquisition_digest: l.acquisition_digest.as_bytes().to_vec(),
-                    token: l.token.get(),
-                    ttl_ms: l.ttl_ms,
-                    session_digest: l.session.map_or_else(Vec::new, |d| d.as_bytes().to_vec()),
-                })
-                .collect(),
-            sessions: stored
-                .sessions
-                .into_iter()
-                .map(|s| v1::StoredSession {
-                    digest: s.digest.as_bytes().to_vec(),
-                    ttl_ms: s.ttl_ms,
-                })
-                .collect(),
-        }))
+        // A million leases take a while to convert: not on a worker.
+        let snapshot = tokio::task::spawn_blocking(move || snapshot_message(stored))
+            .await
+            .map_err(|e| Status::internal(format!("the snapshot's conversion failed: {e}")))?;
+        Ok(Response::new(snapshot))
     }
     type SessionStream = session::SessionStream;
 
@@ -490,6 +491,35 @@ impl Leases for LeaseService {
                 .collect();
         }
         Ok(Response::new(out))
+    }
+}
+
+/// The backup's message for a snapshot of the store.
+fn snapshot_message(stored: Stored) -> v1::Snapshot {
+    v1::Snapshot {
+        format: SNAPSHOT_FORMAT,
+        epoch: stored.epoch.get(),
+        counter: stored.counter,
+        leases: Vec::new(),
+        stored_leases: stored
+            .leases
+            .into_iter()
+            .map(|(r, l)| v1::StoredLease {
+                resource: r.to_string(),
+                acquisition_digest: l.acquisition_digest.as_bytes().to_vec(),
+                token: l.token.get(),
+                ttl_ms: l.ttl_ms,
+                session_digest: l.session.map_or_else(Vec::new, |d| d.as_bytes().to_vec()),
+            })
+            .collect(),
+        sessions: stored
+            .sessions
+            .into_iter()
+            .map(|s| v1::StoredSession {
+                digest: s.digest.as_bytes().to_vec(),
+                ttl_ms: s.ttl_ms,
+            })
+            .collect(),
     }
 }
 
