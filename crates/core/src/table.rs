@@ -25,6 +25,19 @@ use crate::{
 };
 
 /// Milliseconds on the server's monotonic clock, from an origin the shell picks.
+/// At most this many recovered leases (or sessions) end per millisecond.
+pub const RECOVERED_ENDS_PER_MS: usize = 500;
+
+/// How much later than its full TTL from the restart the `i`th of `n`
+/// recovered leases (or sessions) ends: spread evenly so that at most
+/// about [`RECOVERED_ENDS_PER_MS`] end per millisecond, and never more
+/// than a tenth of the TTL later. Zero for fewer than 500 (a small table
+/// ends exactly at its TTL).
+pub fn recovery_delay_ms(ttl_ms: u64, i: usize, n: usize) -> u64 {
+    let window_ms = (ttl_ms / 10).min((n / RECOVERED_ENDS_PER_MS) as u64);
+    (u128::from(window_ms) * i as u128 / n.max(1) as u128) as u64
+}
+
 /// The lease table. See the crate docs.
 #[derive(Debug)]
 pub struct LeaseTable {
@@ -64,6 +77,10 @@ impl LeaseTable {
     /// know how long it was down. A lease tied to a session lives as long
     /// as the session; one whose session is not stored (its end was written
     /// but not the lease's) is held for its own TTL.
+    ///
+    /// A big table's ends are spread (see [`recovery_delay_ms`]) so that
+    /// leases whose holders died with the server do not all expire in one
+    /// step and one commit.
     pub fn recover(
         limits: Limits,
         now: MonoMs,
@@ -73,10 +90,17 @@ impl LeaseTable {
         sessions: impl IntoIterator<Item = SessionRecord>,
     ) -> Self {
         let mut table = Self::new(limits, epoch, counter);
-        for record in sessions {
-            table.insert_session(now, record.digest, record.ttl_ms);
+        let sessions: Vec<_> = sessions.into_iter().collect();
+        let n_sessions = sessions.len();
+        for (i, record) in sessions.into_iter().enumerate() {
+            let at =
+                now.end_of(record.ttl_ms)
+                    .plus(recovery_delay_ms(record.ttl_ms, i, n_sessions));
+            table.insert_session_until(at, record.digest, record.ttl_ms);
         }
-        for (resource, record) in leases {
+        let leases: Vec<_> = leases.into_iter().collect();
+        let n = leases.len();
+        for (i, (resource, record)) in leases.into_iter().enumerate() {
             let last = FencingToken::new(epoch, counter).expect("stored counter in range");
             assert!(
                 record.token <= last,
@@ -91,7 +115,9 @@ impl LeaseTable {
                     MonoMs::NEVER
                 }
                 None => {
-                    let at = now.end_of(record.ttl_ms);
+                    let at = now
+                        .end_of(record.ttl_ms)
+                        .plus(recovery_delay_ms(record.ttl_ms, i, n));
                     table.timers.insert((at, Timer::Expiry(resource.clone())));
                     at
                 }

@@ -49,7 +49,16 @@ impl LeaseTable {
     }
 
     pub(super) fn insert_session(&mut self, now: MonoMs, digest: SessionDigest, ttl_ms: u64) {
-        let expires_at = now.end_of(ttl_ms);
+        self.insert_session_until(now.end_of(ttl_ms), digest, ttl_ms);
+    }
+
+    /// A session with `ttl_ms` that ends at `expires_at` unless kept alive.
+    pub(super) fn insert_session_until(
+        &mut self,
+        expires_at: MonoMs,
+        digest: SessionDigest,
+        ttl_ms: u64,
+    ) {
         self.timers
             .insert((expires_at, Timer::SessionExpiry(digest)));
         self.sessions.insert(

@@ -348,6 +348,41 @@ fn fence_revokes_and_orders_tokens() {
 }
 
 #[test]
+fn a_big_recovered_table_ends_over_time_never_before_its_full_ttl() {
+    const N: usize = 100_000;
+    let records = (0..N).map(|i| {
+        (
+            name(&format!("r:{i:06}")),
+            LeaseRecord {
+                acquisition_digest: id(1).digest(),
+                token: tok(7),
+                ttl_ms: 60_000,
+                session: None,
+            },
+        )
+    });
+    let mut t = LeaseTable::recover(Limits::default(), MonoMs(100), Epoch::FIRST, 9, records, []);
+    // Nothing ends before its full TTL from the restart...
+    t.tick(MonoMs(60_100));
+    assert_eq!(t.n_leases(), N);
+    // ...then at most RECOVERED_ENDS_PER_MS (and a rounding) per millisecond,
+    // over N / RECOVERED_ENDS_PER_MS ms (200 here, under a tenth of the TTL).
+    let window_ms = (N / RECOVERED_ENDS_PER_MS) as u64;
+    let mut left = N;
+    for at in 60_101..=60_101 + window_ms {
+        t.tick(MonoMs(at));
+        let ended = left - t.n_leases();
+        assert!(ended <= RECOVERED_ENDS_PER_MS + 1, "{ended} ended at {at}");
+        left = t.n_leases();
+    }
+    assert_eq!(left, 0, "every lease ended within the window");
+    // A small table ends exactly at its TTL, as before.
+    assert_eq!(recovery_delay_ms(60_000, 498, 499), 0);
+    // A short TTL bounds the delay to a tenth of it.
+    assert!(recovery_delay_ms(1_000, 999_999, 1_000_000) < 100);
+}
+
+#[test]
 fn recovery_holds_every_lease_for_a_full_ttl_from_restart() {
     let record = LeaseRecord {
         acquisition_digest: id(1).digest(),
