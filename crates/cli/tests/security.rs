@@ -10,7 +10,8 @@
 //! - a session id alone does not let another principal resume (or close)
 //!   a session holding leases outside its rules;
 //! - SIGHUP: a removed permission applies to the next call, the held
-//!   lease is untouched until it expires.
+//!   lease is untouched until it expires, and a session's heartbeats no
+//!   longer keep a lease its principal may not hold.
 
 mod common;
 
@@ -476,6 +477,15 @@ async fn sighup_reload_applies_to_the_next_call_and_leaves_held_leases() {
     else {
         panic!("free")
     };
+    // And a lease tied to a session, kept by heartbeats alone.
+    let session = billing.open_session(ttl).await.unwrap();
+    let Acquired::Granted(bound) = session
+        .acquire("statement:9", Duration::ZERO)
+        .await
+        .unwrap()
+    else {
+        panic!("free")
+    };
 
     // A file that does not parse changes nothing.
     std::fs::write(&auth, "[[principal]]\nname = 3").unwrap();
@@ -513,6 +523,8 @@ async fn sighup_reload_applies_to_the_next_call_and_leaves_held_leases() {
     // The held lease is untouched: same token, still held...
     let st = billing.status("statement:7").await.unwrap();
     assert_eq!(st.holder_token, Some(lease.token));
+    let st = billing.status("statement:9").await.unwrap();
+    assert_eq!(st.holder_token, Some(bound.token));
     // ...until it expires on its own (no renewals can reach it now).
     common::eventually(Duration::from_secs(10), async || {
         ops.status("statement:7")
@@ -522,6 +534,21 @@ async fn sighup_reload_applies_to_the_next_call_and_leaves_held_leases() {
             .is_none()
     })
     .await;
+    // The session's heartbeats no longer keep its lease either: the first
+    // one under the new rules is refused and ends the stream, resuming is
+    // refused, and the session with its lease runs out like a lease.
+    common::eventually(Duration::from_secs(10), async || {
+        session.state().health == baton_client::Health::Ended
+    })
+    .await;
+    assert_eq!(ops.status("statement:9").await.unwrap().holder_token, None);
+    let audit = std::fs::read_to_string(dir.path().join("audit.jsonl")).unwrap();
+    assert!(
+        audit
+            .lines()
+            .any(|l| l.contains("\"session.heartbeat\"") && l.contains("permission_denied")),
+        "the refused heartbeat is audited:\n{audit}"
+    );
     drop(server);
 }
 
@@ -552,7 +579,9 @@ async fn a_session_resumes_only_for_a_principal_that_may_hold_its_leases() {
         match other.resume_session(id).await {
             Err(ClientError::PermissionDenied(m)) => {
                 assert!(
-                    m.contains("resuming a session needs `lease` on every resource"),
+                    m.contains(
+                        "kept alive only by a principal with `lease` on every resource it holds"
+                    ),
                     "{who:?}: {m}"
                 );
                 assert!(!m.contains("statement:20"), "{who:?}: {m}");

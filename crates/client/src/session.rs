@@ -771,6 +771,11 @@ impl Driver {
                     None
                 }
                 Body::Ended(_) => Some(Stop::Ended),
+                Body::Error(e) => {
+                    let error = error_body(e);
+                    tracing::warn!(%error, "a heartbeat was refused; it did not keep the session alive");
+                    None
+                }
                 other => {
                     tracing::warn!(?other, "unexpected answer to a heartbeat");
                     None

@@ -124,18 +124,54 @@ impl Admitted<'_> {
         }
     }
 
-    /// `PERMISSION_DENIED` (audited) for resuming a session that holds a
-    /// resource the principal may not hold. The message names neither the
-    /// session's resources nor whether it holds any.
-    pub(crate) fn refuse_resume(&self) -> Status {
-        let name = self.name().to_string();
-        let why = format!(
-            "principal {name:?} may not {}: resuming a session needs `lease` on every resource the session holds",
-            self.action
-        );
-        self.refuse("", Refusal::Denied(why))
+    /// The principal let in (`None` with auth off). A reload of the auth
+    /// file makes new principals, so a stream can tell that the table
+    /// changed under it.
+    pub(crate) fn principal(&self) -> Option<&Arc<Principal>> {
+        self.principal.as_ref()
     }
 
+    /// The refusal to give if the session this caller wants to keep alive
+    /// holds a resource it may not hold: owned, so that it can wait for
+    /// the engine's answer.
+    pub(crate) fn session_refusal(&self) -> SessionRefusal {
+        SessionRefusal {
+            service: self.service.clone(),
+            caller: self.caller.clone(),
+            principal: self.name().to_string(),
+            action: self.action,
+        }
+    }
+}
+
+/// `PERMISSION_DENIED` (audited) for keeping alive (resuming, or a
+/// heartbeat after the auth file changed) a session that holds a resource
+/// the principal may not hold. The message names neither the session's
+/// resources nor whether it holds any.
+pub(crate) struct SessionRefusal {
+    service: LeaseService,
+    caller: Caller,
+    principal: String,
+    action: &'static str,
+}
+
+impl SessionRefusal {
+    pub(crate) fn status(self) -> Status {
+        let why = format!(
+            "principal {:?} may not {}: a session is kept alive only by a principal with `lease` on every resource it holds",
+            self.principal, self.action
+        );
+        self.service.refused(
+            &self.caller,
+            &self.principal,
+            self.action,
+            "",
+            Refusal::Denied(why),
+        )
+    }
+}
+
+impl Admitted<'_> {
     fn refuse(&self, resource: &str, refusal: Refusal) -> Status {
         self.service
             .refused(self.caller, self.name(), self.action, resource, refusal)
@@ -211,7 +247,7 @@ impl LeaseService {
     }
 
     /// The status for a refused call, after its audit line.
-    fn refused(
+    pub(super) fn refused(
         &self,
         caller: &Caller,
         principal: &str,

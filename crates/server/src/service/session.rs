@@ -10,8 +10,11 @@ use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
 
-use baton_core::{AcquireRequest, AcquisitionId, Resumed, SessionDigest, SessionError, WaiterId};
+use baton_core::{
+    AcquireRequest, AcquisitionId, KeptAlive, Resumed, SessionDigest, SessionError, WaiterId,
+};
 use baton_proto::v1::{self, session_request::Op, session_response::Body};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::sync::{mpsc, oneshot};
@@ -23,7 +26,7 @@ use super::{
     acquire_error, acquire_outcome, answer, parse_acquisition_id, parse_resource, random_id,
     release_message, renew_message, send, Caller, LeaseService, ResourcesField,
 };
-use crate::auth::Permission;
+use crate::auth::{Permission, Principal};
 use crate::engine::Command;
 use crate::seat::Term;
 
@@ -72,6 +75,7 @@ impl LeaseService {
         };
         let (out, rx) = mpsc::channel(OUTBOX_LEN);
         let (digest, body) = self.open(&term, &admitted, open).await?;
+        let kept_by = admitted.principal().cloned();
         let ended = matches!(body, Body::Ended(_));
         let _ = out
             .send(Ok(v1::SessionResponse {
@@ -82,6 +86,7 @@ impl LeaseService {
         if !ended {
             let stream = SessionTask {
                 service: self.clone(),
+                kept_by,
                 caller,
                 term,
                 digest,
@@ -130,7 +135,7 @@ impl LeaseService {
                     revoked: revoked(kept.revoked),
                 }),
                 Resumed::NotOpen => Body::Ended(v1::SessionEnded {}),
-                Resumed::Refused => return Err(admitted.refuse_resume()),
+                Resumed::Refused => return Err(admitted.session_refusal().status()),
             };
             return Ok((digest, body));
         }
@@ -163,6 +168,9 @@ impl LeaseService {
 struct SessionTask {
     service: LeaseService,
     caller: Caller,
+    /// The principal (of the auth table then in force) whose rules last
+    /// let this session be kept alive; `None` with auth off.
+    kept_by: Option<Arc<Principal>>,
     term: Term,
     digest: SessionDigest,
     out: mpsc::Sender<Result<v1::SessionResponse, Status>>,
@@ -282,16 +290,49 @@ impl SessionTask {
         match op {
             Op::Open(_) => unreachable!("refused by `start`"),
             Op::Heartbeat(_) => {
-                self.service.admit(&self.caller, "session.heartbeat")?;
+                let who = self.service.admit(&self.caller, "session.heartbeat")?;
+                let ack = |kept: KeptAlive| {
+                    Body::Heartbeat(v1::HeartbeatAck {
+                        remaining_ms: kept.ttl_ms,
+                        revoked: revoked(kept.revoked),
+                    })
+                };
+                // After a reload of the auth file the heartbeat is judged
+                // like a resume, once per new table: a principal that lost
+                // `lease` on what the session holds cannot keep it alive.
+                let reloaded = who
+                    .principal()
+                    .filter(|p| !self.kept_by.as_ref().is_some_and(|k| Arc::ptr_eq(k, p)))
+                    .cloned();
+                let Some(principal) = reloaded else {
+                    let (reply, rx) = oneshot::channel();
+                    send(term, Command::KeepAlive { digest, reply })?;
+                    return Ok(Box::pin(async move {
+                        let body = answer(rx).await.map(|kept| match kept {
+                            Some(kept) => ack(kept),
+                            None => Body::Ended(v1::SessionEnded {}),
+                        });
+                        (id, body)
+                    }));
+                };
+                let may_hold = who.may_hold();
+                let refusal = who.session_refusal();
+                self.kept_by = Some(principal);
                 let (reply, rx) = oneshot::channel();
-                send(term, Command::KeepAlive { digest, reply })?;
+                send(
+                    term,
+                    Command::Resume {
+                        digest,
+                        may_hold,
+                        reply,
+                    },
+                )?;
                 Ok(Box::pin(async move {
-                    let body = answer(rx).await.map(|kept| match kept {
-                        Some(kept) => Body::Heartbeat(v1::HeartbeatAck {
-                            remaining_ms: kept.ttl_ms,
-                            revoked: revoked(kept.revoked),
-                        }),
-                        None => Body::Ended(v1::SessionEnded {}),
+                    // A refusal ends the stream (see `finish`).
+                    let body = answer(rx).await.and_then(|resumed| match resumed {
+                        Resumed::Kept(kept) => Ok(ack(kept)),
+                        Resumed::NotOpen => Ok(Body::Ended(v1::SessionEnded {})),
+                        Resumed::Refused => Err(refusal.status()),
                     });
                     (id, body)
                 }))
