@@ -579,9 +579,7 @@ async fn a_session_resumes_only_for_a_principal_that_may_hold_its_leases() {
         match other.resume_session(id).await {
             Err(ClientError::PermissionDenied(m)) => {
                 assert!(
-                    m.contains(
-                        "kept alive only by a principal with `lease` on every resource it holds"
-                    ),
+                    m.contains("only by a principal with `lease` on every resource it holds"),
                     "{who:?}: {m}"
                 );
                 assert!(!m.contains("statement:20"), "{who:?}: {m}");
@@ -607,6 +605,27 @@ async fn a_session_resumes_only_for_a_principal_that_may_hold_its_leases() {
         Renewal::Renewed { .. }
     ));
 
+    // An empty session can be resumed by anyone who has its id, but
+    // closing it once it holds something is judged like a resume: the
+    // leases it would release stay with their holder.
+    let empty = billing.open_session(Duration::from_secs(30)).await.unwrap();
+    let reader = client_for(&url, &pki, Who::Reader).await;
+    let hijacked = reader.resume_session(empty.id()).await.unwrap();
+    let Acquired::Granted(later) = empty.acquire("statement:21", Duration::ZERO).await.unwrap()
+    else {
+        panic!("free")
+    };
+    match hijacked.close().await {
+        Err(ClientError::PermissionDenied(m)) => {
+            assert!(m.contains("session.close"), "{m}");
+            assert!(!m.contains("statement:21"), "{m}");
+        }
+        other => panic!("closing must be refused, got {other:?}"),
+    }
+    let st = status.status("statement:21").await.unwrap();
+    assert_eq!(st.holder_token, Some(later.token));
+    assert!(empty.close().await.unwrap());
+
     // The same principal on another connection resumes it and can end it.
     let again = client_for(&url, &pki, Who::Billing).await;
     let resumed = again.resume_session(id).await.unwrap();
@@ -624,6 +643,12 @@ async fn a_session_resumes_only_for_a_principal_that_may_hold_its_leases() {
         .filter(|l| l.contains("\"session.open\"") && l.contains("denied"))
         .count();
     assert_eq!(refused, 3, "one audit line per refused resume:\n{audit}");
+    assert!(
+        audit
+            .lines()
+            .any(|l| l.contains("\"session.close\"") && l.contains("permission_denied")),
+        "the refused close is audited:\n{audit}"
+    );
     drop(server);
 }
 

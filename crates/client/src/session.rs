@@ -462,7 +462,9 @@ impl Session {
     }
 
     /// Ends the session: its leases are released and its waiters
-    /// withdrawn. `false` if it had already ended.
+    /// withdrawn. `false` if it had already ended. With auth on, the
+    /// principal needs `lease` on every resource the session holds
+    /// ([`ClientError::PermissionDenied`] otherwise, and nothing changes).
     pub async fn close(&self) -> Result<bool, ClientError> {
         let id = self.inner.next_id.fetch_add(1, Relaxed);
         match self

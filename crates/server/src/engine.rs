@@ -108,10 +108,13 @@ pub enum Command {
         may_hold: MayHold,
         reply: Reply<Resumed>,
     },
-    /// Whether the session was open (it is closed now either way).
+    /// Whether the session was open (it is closed now either way), or
+    /// `None` if `may_hold` refuses a resource of the session (nothing
+    /// changed).
     CloseSession {
         digest: SessionDigest,
-        reply: Reply<bool>,
+        may_hold: MayHold,
+        reply: Reply<Option<bool>>,
     },
     /// Flush and stop, even if handles remain (connections that outlived the grace period).
     Shutdown,
@@ -492,8 +495,12 @@ impl Engine {
             } => {
                 let _ = reply.send(self.table.resume(now, digest, may_hold));
             }
-            Command::CloseSession { digest, reply } => {
-                let _ = reply.send(self.table.close_session(now, digest));
+            Command::CloseSession {
+                digest,
+                may_hold,
+                reply,
+            } => {
+                let _ = reply.send(self.table.close_session_as(now, digest, may_hold));
             }
             Command::Shutdown => {}
             Command::CancelWait { waiter } => {

@@ -101,14 +101,10 @@ impl LeaseTable {
         may_hold: impl Fn(&ResourceName) -> bool,
     ) -> Resumed {
         self.tick(now);
-        let Some(session) = self.sessions.get(&digest) else {
+        if !self.sessions.contains_key(&digest) {
             return Resumed::NotOpen;
-        };
-        let names = session
-            .leases
-            .iter()
-            .chain(session.revoked.iter().map(|(r, _)| r));
-        if !names.into_iter().all(may_hold) {
+        }
+        if !self.may_keep(digest, may_hold) {
             return Resumed::Refused;
         }
         match self.keep_alive(now, digest) {
@@ -129,6 +125,35 @@ impl LeaseTable {
         self.timers.remove(&(old, Timer::SessionExpiry(digest)));
         self.timers.insert((new, Timer::SessionExpiry(digest)));
         ttl_ms
+    }
+
+    /// Whether `may_hold` accepts every resource the (open) session holds
+    /// a lease on or has yet to report as revoked.
+    fn may_keep(&self, digest: SessionDigest, may_hold: impl Fn(&ResourceName) -> bool) -> bool {
+        let Some(session) = self.sessions.get(&digest) else {
+            return true;
+        };
+        let mut names = session
+            .leases
+            .iter()
+            .chain(session.revoked.iter().map(|(r, _)| r));
+        names.all(may_hold)
+    }
+
+    /// [`LeaseTable::close_session`], only if `may_hold` accepts every
+    /// resource the session holds (closing releases them); `None`, with
+    /// nothing changed, otherwise.
+    pub fn close_session_as(
+        &mut self,
+        now: MonoMs,
+        digest: SessionDigest,
+        may_hold: impl Fn(&ResourceName) -> bool,
+    ) -> Option<bool> {
+        self.tick(now);
+        if !self.may_keep(digest, may_hold) {
+            return None;
+        }
+        Some(self.close_session(now, digest))
     }
 
     /// Ends a session at its client's request: withdraws its waiters and

@@ -1069,7 +1069,7 @@ fn session_leases_live_by_heartbeat_and_end_together() {
 }
 
 #[test]
-fn a_session_resumes_only_for_who_may_hold_all_it_holds() {
+fn a_session_resumes_and_closes_only_for_who_may_hold_all_it_holds() {
     let mut t = table();
     let s = id(91).digest();
     t.open_session(MonoMs(0), s, 3_000).unwrap();
@@ -1102,5 +1102,12 @@ fn a_session_resumes_only_for_who_may_hold_all_it_holds() {
         t.resume(MonoMs(2_500), s, |r| r.as_str().starts_with("y:")),
         Resumed::Refused
     );
+    // Closing releases what the session holds: judged the same way.
+    let only_y = |r: &ResourceName| r.as_str().starts_with("y:");
+    assert_eq!(t.close_session_as(MonoMs(2_500), s, only_y), None);
+    assert!(t.status(MonoMs(2_500), &name("x:1")).holder_token.is_some());
+    assert_eq!(t.close_session_as(MonoMs(2_500), s, only_x), Some(true));
+    assert_eq!(t.status(MonoMs(2_500), &name("x:1")).holder_token, None);
+    assert_eq!(t.close_session_as(MonoMs(2_500), s, only_y), Some(false));
     assert_eq!(t.resume(MonoMs(6_000), s, |_| true), Resumed::NotOpen);
 }

@@ -145,8 +145,8 @@ impl Admitted<'_> {
 }
 
 /// `PERMISSION_DENIED` (audited) for keeping alive (resuming, or a
-/// heartbeat after the auth file changed) a session that holds a resource
-/// the principal may not hold. The message names neither the session's
+/// heartbeat after the auth file changed) or closing a session that holds
+/// a resource the principal may not hold. The message names neither the session's
 /// resources nor whether it holds any.
 pub(crate) struct SessionRefusal {
     service: LeaseService,
@@ -158,7 +158,7 @@ pub(crate) struct SessionRefusal {
 impl SessionRefusal {
     pub(crate) fn status(self) -> Status {
         let why = format!(
-            "principal {:?} may not {}: a session is kept alive only by a principal with `lease` on every resource it holds",
+            "principal {:?} may not {}: a session is kept alive or closed only by a principal with `lease` on every resource it holds",
             self.principal, self.action
         );
         self.service.refused(

@@ -338,13 +338,24 @@ impl SessionTask {
                 }))
             }
             Op::Close(_) => {
-                self.service.admit(&self.caller, "session.close")?;
+                // Closing releases the session's leases: only a principal
+                // that may hold all of them can (as for a resume).
+                let who = self.service.admit(&self.caller, "session.close")?;
+                let (may_hold, refusal) = (who.may_hold(), who.session_refusal());
                 let (reply, rx) = oneshot::channel();
-                send(term, Command::CloseSession { digest, reply })?;
+                send(
+                    term,
+                    Command::CloseSession {
+                        digest,
+                        may_hold,
+                        reply,
+                    },
+                )?;
                 Ok(Box::pin(async move {
-                    let body = answer(rx)
-                        .await
-                        .map(|was_open| Body::Closed(v1::SessionClosed { was_open }));
+                    let body = answer(rx).await.map(|closed| match closed {
+                        Some(was_open) => Body::Closed(v1::SessionClosed { was_open }),
+                        None => request_error(&refusal.status()),
+                    });
                     (id, body)
                 }))
             }
