@@ -31,6 +31,22 @@ async fn grant_tokens(url: &str, prefix: &str, n: usize) -> Vec<u64> {
     tokens
 }
 
+/// Backs up the server at `url` to `out` with the CLI; the number of
+/// leases it reports.
+fn backup_leases(url: &str, out: &std::path::Path) -> u64 {
+    let run = cli(&[
+        "admin",
+        "backup",
+        "--out",
+        out.to_str().unwrap(),
+        "--server",
+        url,
+        "--json",
+    ]);
+    assert_eq!(run.status.code(), Some(0), "{run:?}");
+    json_u64(&String::from_utf8(run.stdout).unwrap(), "n_leases").expect("n_leases")
+}
+
 fn restore(
     backup: &std::path::Path,
     data_dir: &std::path::Path,
@@ -60,20 +76,7 @@ async fn restore_starts_an_epoch_above_every_earlier_token() {
     let backup = files.path().join("baton.backup");
     let mut s = common::serve(dir.path(), &[]);
     let before = grant_tokens(&s.url(), "before", 5).await;
-    let out = cli(&[
-        "admin",
-        "backup",
-        "--out",
-        backup.to_str().unwrap(),
-        "--server",
-        &s.url(),
-        "--json",
-    ]);
-    assert_eq!(out.status.code(), Some(0), "{out:?}");
-    assert_eq!(
-        json_u64(&String::from_utf8(out.stdout).unwrap(), "n_leases"),
-        Some(5)
-    );
+    assert_eq!(backup_leases(&s.url(), &backup), 5);
     let after_backup = grant_tokens(&s.url(), "after", 5).await;
     let highest = *after_backup.iter().max().unwrap();
     assert!(highest > *before.iter().max().unwrap());
@@ -151,20 +154,7 @@ async fn a_backup_past_four_mebibytes_is_taken_and_restored_whole() {
             .unwrap();
         assert!(matches!(out, baton_client::AcquiredAll::Granted { .. }));
     }
-    let out = cli(&[
-        "admin",
-        "backup",
-        "--out",
-        backup.to_str().unwrap(),
-        "--server",
-        &s.url(),
-        "--json",
-    ]);
-    assert_eq!(out.status.code(), Some(0), "{out:?}");
-    assert_eq!(
-        json_u64(&String::from_utf8(out.stdout).unwrap(), "n_leases"),
-        Some(N as u64)
-    );
+    assert_eq!(backup_leases(&s.url(), &backup), N as u64);
     let len = std::fs::metadata(&backup).unwrap().len();
     assert!(len > 4 << 20, "the backup is only {len} bytes");
     drop(s);
@@ -208,15 +198,7 @@ async fn after_a_restore_from_an_old_backup_every_pre_restore_token_is_refused_a
     SqliteFence::migrate(&conn).unwrap();
     let mut s = common::serve(dir.path(), &[]);
     let mut pre_restore = vec![owned_write(&s.url(), &mut conn, "w0").await];
-    let out = cli(&[
-        "admin",
-        "backup",
-        "--out",
-        backup.to_str().unwrap(),
-        "--server",
-        &s.url(),
-    ]);
-    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    backup_leases(&s.url(), &backup);
     for op in ["w1", "w2", "w3"] {
         pre_restore.push(owned_write(&s.url(), &mut conn, op).await);
     }

@@ -164,6 +164,14 @@ fn error_body(e: v1::RequestError) -> ClientError {
     }
 }
 
+/// The first request of a stream that resumes session `id`.
+fn resume_request(id: SessionId) -> v1::OpenSession {
+    v1::OpenSession {
+        ttl_ms: 0,
+        resume: id.as_bytes().to_vec(),
+    }
+}
+
 fn revoked_leases(revoked: Vec<v1::RevokedLease>) -> Vec<(String, FencingToken)> {
     revoked
         .into_iter()
@@ -194,11 +202,7 @@ impl Client {
     /// ([`ClientError::PermissionDenied`] otherwise, and nothing changes).
     /// [`ClientError::SessionEnded`] if the session expired or was closed.
     pub async fn resume_session(&self, id: SessionId) -> Result<Session, ClientError> {
-        self.start_session(v1::OpenSession {
-            ttl_ms: 0,
-            resume: id.as_bytes().to_vec(),
-        })
-        .await
+        self.start_session(resume_request(id)).await
     }
 
     async fn start_session(&self, open: v1::OpenSession) -> Result<Session, ClientError> {
@@ -649,12 +653,8 @@ impl Driver {
             if self.calls.is_closed() {
                 return None;
             }
-            let open = v1::OpenSession {
-                ttl_ms: 0,
-                resume: self.id.as_bytes().to_vec(),
-            };
             let sent = Instant::now();
-            match connect(&self.client, open).await {
+            match connect(&self.client, resume_request(self.id)).await {
                 Ok((conn, Body::Opened(o))) => {
                     self.acknowledge(sent, o.ttl_ms, o.revoked);
                     return Some(conn);

@@ -24,7 +24,6 @@ use crate::{
     AcquisitionId, Epoch, FencingToken, ResourceName, SessionDigest, WaiterId, COUNTER_MAX,
 };
 
-/// Milliseconds on the server's monotonic clock, from an origin the shell picks.
 /// At most this many recovered leases (or sessions) end per millisecond.
 pub const RECOVERED_ENDS_PER_MS: usize = 500;
 

@@ -23,8 +23,8 @@ use std::time::{Duration, Instant};
 
 use baton_core::{
     AcquireError, AcquireOutcome, AcquireRequest, AcquisitionId, Event, FenceOutcome, Grant,
-    KeptAlive, LeaseStatus, LeaseTable, MonoMs, NotAcquired, ReleaseOutcome, RenewOutcome,
-    ResourceName, Resumed, SessionDigest, SessionError, WaitResult, WaiterId, Write,
+    LeaseStatus, LeaseTable, MonoMs, NotAcquired, ReleaseOutcome, RenewOutcome, ResourceName,
+    Resumed, SessionDigest, SessionError, WaitResult, WaiterId, Write,
 };
 use baton_store::{LeaseStore, StoreError, Stored};
 use tokio::sync::oneshot;
@@ -50,7 +50,8 @@ pub enum AcquireReply {
 
 pub type Reply<T> = oneshot::Sender<T>;
 
-/// Whether a resuming client may hold a resource (its `lease` rules).
+/// Whether a client keeping a session alive or closing it may hold a
+/// resource (its `lease` rules).
 pub type MayHold = Box<dyn Fn(&ResourceName) -> bool + Send>;
 
 pub enum Command {
@@ -94,18 +95,13 @@ pub enum Command {
         ttl_ms: u64,
         reply: Reply<Result<(), SessionError>>,
     },
-    /// A heartbeat: the session's TTL and revoked leases, or `None` if it
-    /// is not open.
+    /// A heartbeat: the session's TTL and revoked leases. With `check` (a
+    /// resume, or a heartbeat under a reloaded auth table), only if it
+    /// accepts every resource of the session, decided in the same step;
+    /// never `Refused` without one.
     KeepAlive {
         digest: SessionDigest,
-        reply: Reply<Option<KeptAlive>>,
-    },
-    /// A client resuming the session on a new stream: a heartbeat if
-    /// `may_hold` accepts every resource of the session, decided in the
-    /// same step.
-    Resume {
-        digest: SessionDigest,
-        may_hold: MayHold,
+        check: Option<MayHold>,
         reply: Reply<Resumed>,
     },
     /// Whether the session was open (it is closed now either way), or
@@ -485,15 +481,18 @@ impl Engine {
             }
             // Like renewals and releases: only the session's holder can ask,
             // and the session was durable before its holder heard of it.
-            Command::KeepAlive { digest, reply } => {
-                let _ = reply.send(self.table.keep_alive(now, digest));
-            }
-            Command::Resume {
+            Command::KeepAlive {
                 digest,
-                may_hold,
+                check,
                 reply,
             } => {
-                let _ = reply.send(self.table.resume(now, digest, may_hold));
+                let out = match check {
+                    Some(may_hold) => self.table.resume(now, digest, may_hold),
+                    None => {
+                        (self.table.keep_alive(now, digest)).map_or(Resumed::NotOpen, Resumed::Kept)
+                    }
+                };
+                let _ = reply.send(out);
             }
             Command::CloseSession {
                 digest,

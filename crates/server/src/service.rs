@@ -83,9 +83,7 @@ impl LeaseService {
         tokio::task::spawn_blocking(move || send(&on, make(tx)))
             .await
             .map_err(|e| Status::internal(format!("the engine call failed: {e}")))??;
-        let answer = answer(rx).await?;
-        self.seat.confirm(&term)?;
-        Ok(answer)
+        self.answer_on(&term, rx).await
     }
 
     /// Sends a command to `term`'s engine; the answer goes out only if the
@@ -97,6 +95,11 @@ impl LeaseService {
     ) -> Result<T, Status> {
         let (tx, rx) = oneshot::channel();
         send(term, make(tx))?;
+        self.answer_on(term, rx).await
+    }
+
+    /// The engine's answer, if `term` still leads.
+    async fn answer_on<T>(&self, term: &Term, rx: oneshot::Receiver<T>) -> Result<T, Status> {
         let answer = answer(rx).await?;
         self.seat.confirm(term)?;
         Ok(answer)

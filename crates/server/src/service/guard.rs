@@ -142,12 +142,30 @@ impl Admitted<'_> {
             action: self.action,
         }
     }
+
+    fn refuse(&self, resource: &str, refusal: Refusal) -> Status {
+        self.service
+            .refused(self.caller, self.name(), self.action, resource, refusal)
+    }
+
+    /// Writes an audit line for an action that was let in: `outcome` is
+    /// `ok`, or `indeterminate` if the server could not finish it.
+    pub(crate) fn audit(&self, resource: &str, token: Option<u64>, outcome: &str) {
+        self.service.audit.record(&Record {
+            principal: self.name(),
+            action: self.action,
+            resource,
+            token,
+            outcome,
+            peer: &self.caller.peer(),
+        });
+    }
 }
 
 /// `PERMISSION_DENIED` (audited) for keeping alive (resuming, or a
 /// heartbeat after the auth file changed) or closing a session that holds
-/// a resource the principal may not hold. The message names neither the session's
-/// resources nor whether it holds any.
+/// a resource the principal may not hold. The message names neither the
+/// session's resources nor whether it holds any.
 pub(crate) struct SessionRefusal {
     service: LeaseService,
     caller: Caller,
@@ -168,26 +186,6 @@ impl SessionRefusal {
             "",
             Refusal::Denied(why),
         )
-    }
-}
-
-impl Admitted<'_> {
-    fn refuse(&self, resource: &str, refusal: Refusal) -> Status {
-        self.service
-            .refused(self.caller, self.name(), self.action, resource, refusal)
-    }
-
-    /// Writes an audit line for an action that was let in: `outcome` is
-    /// `ok`, or `indeterminate` if the server could not finish it.
-    pub(crate) fn audit(&self, resource: &str, token: Option<u64>, outcome: &str) {
-        self.service.audit.record(&Record {
-            principal: self.name(),
-            action: self.action,
-            resource,
-            token,
-            outcome,
-            peer: &self.caller.peer(),
-        });
     }
 }
 

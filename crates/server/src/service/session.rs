@@ -12,16 +12,14 @@ use std::pin::Pin;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
-use baton_core::{
-    AcquireRequest, AcquisitionId, KeptAlive, Resumed, SessionDigest, SessionError, WaiterId,
-};
+use baton_core::{AcquireRequest, AcquisitionId, Resumed, SessionDigest, SessionError, WaiterId};
 use baton_proto::v1::{self, session_request::Op, session_response::Body};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::guard::Admitted;
+use super::guard::{Admitted, SessionRefusal};
 use super::{
     acquire_error, acquire_outcome, answer, parse_acquisition_id, parse_resource, random_id,
     release_message, renew_message, send, Caller, LeaseService, ResourcesField,
@@ -121,9 +119,9 @@ impl LeaseService {
             // close) leases it could not acquire itself.
             let may_hold = admitted.may_hold();
             let resumed = self
-                .call_on(term, |reply| Command::Resume {
+                .call_on(term, |reply| Command::KeepAlive {
                     digest,
-                    may_hold,
+                    check: Some(may_hold),
                     reply,
                 })
                 .await?;
@@ -289,54 +287,7 @@ impl SessionTask {
         let term = &self.term;
         match op {
             Op::Open(_) => unreachable!("refused by `start`"),
-            Op::Heartbeat(_) => {
-                let who = self.service.admit(&self.caller, "session.heartbeat")?;
-                let ack = |kept: KeptAlive| {
-                    Body::Heartbeat(v1::HeartbeatAck {
-                        remaining_ms: kept.ttl_ms,
-                        revoked: revoked(kept.revoked),
-                    })
-                };
-                // After a reload of the auth file the heartbeat is judged
-                // like a resume, once per new table: a principal that lost
-                // `lease` on what the session holds cannot keep it alive.
-                let reloaded = who
-                    .principal()
-                    .filter(|p| !self.kept_by.as_ref().is_some_and(|k| Arc::ptr_eq(k, p)))
-                    .cloned();
-                let Some(principal) = reloaded else {
-                    let (reply, rx) = oneshot::channel();
-                    send(term, Command::KeepAlive { digest, reply })?;
-                    return Ok(Box::pin(async move {
-                        let body = answer(rx).await.map(|kept| match kept {
-                            Some(kept) => ack(kept),
-                            None => Body::Ended(v1::SessionEnded {}),
-                        });
-                        (id, body)
-                    }));
-                };
-                let may_hold = who.may_hold();
-                let refusal = who.session_refusal();
-                self.kept_by = Some(principal);
-                let (reply, rx) = oneshot::channel();
-                send(
-                    term,
-                    Command::Resume {
-                        digest,
-                        may_hold,
-                        reply,
-                    },
-                )?;
-                Ok(Box::pin(async move {
-                    // A refusal ends the stream (see `finish`).
-                    let body = answer(rx).await.and_then(|resumed| match resumed {
-                        Resumed::Kept(kept) => Ok(ack(kept)),
-                        Resumed::NotOpen => Ok(Body::Ended(v1::SessionEnded {})),
-                        Resumed::Refused => Err(refusal.status()),
-                    });
-                    (id, body)
-                }))
-            }
+            Op::Heartbeat(_) => self.heartbeat(id),
             Op::Close(_) => {
                 // Closing releases the session's leases: only a principal
                 // that may hold all of them can (as for a resume).
@@ -451,6 +402,48 @@ impl SessionTask {
                 }))
             }
         }
+    }
+
+    /// A heartbeat. After a reload of the auth file it is judged like a
+    /// resume, once per new table: a principal that lost `lease` on what
+    /// the session holds cannot keep it alive, and the refusal ends the
+    /// stream (see `finish`).
+    fn heartbeat(&mut self, id: u64) -> Result<InFlight, Status> {
+        let who = self.service.admit(&self.caller, "session.heartbeat")?;
+        let reloaded = who
+            .principal()
+            .filter(|p| !self.kept_by.as_ref().is_some_and(|k| Arc::ptr_eq(k, p)))
+            .cloned();
+        let (check, refusal) = reloaded
+            .map(|principal| {
+                self.kept_by = Some(principal);
+                (who.may_hold(), who.session_refusal())
+            })
+            .unzip();
+        let (reply, rx) = oneshot::channel();
+        let digest = self.digest;
+        send(
+            &self.term,
+            Command::KeepAlive {
+                digest,
+                check,
+                reply,
+            },
+        )?;
+        Ok(Box::pin(async move {
+            let body = answer(rx).await.and_then(|kept| match kept {
+                Resumed::Kept(kept) => Ok(Body::Heartbeat(v1::HeartbeatAck {
+                    remaining_ms: kept.ttl_ms,
+                    revoked: revoked(kept.revoked),
+                })),
+                Resumed::NotOpen => Ok(Body::Ended(v1::SessionEnded {})),
+                Resumed::Refused => Err(refusal.map_or_else(
+                    || Status::internal("a heartbeat was refused without a check"),
+                    SessionRefusal::status,
+                )),
+            });
+            (id, body)
+        }))
     }
 
     async fn finish(&mut self, id: u64, answer: Answer) -> Next {
