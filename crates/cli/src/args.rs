@@ -7,15 +7,18 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
-use baton_client::flags::parse_duration;
+use baton_client::flags::{parse_duration, parse_positive_duration};
 
 pub const EXIT_CODES: &str = "Exit codes:
   0  success (also: release of a lease that was not held, which changes nothing)
   1  any other failure (server unreachable, outcome unknown, storage error)
   2  invalid usage or input (bad name, TTL or wait out of bounds, bad flag)
   3  not acquired (held by someone else, or the wait ran out)
-  4  not owner (renew of a lease that expired, was released, fenced or replaced)
-  5  refused by the server's auth rules (unauthenticated, or permission denied)";
+  4  not owner (renew of a lease that expired, was released, fenced or
+     replaced; hold: the lease was lost while held)
+  5  refused by the server's auth rules (unauthenticated, or permission denied)
+  6  expired on arrival: the grant or renewal came back later than its TTL
+     counted from when the request was sent (released, best effort)";
 
 #[derive(Parser)]
 #[command(name = "baton", version, about = "Leases with fencing tokens that make stale workers harmless", after_help = EXIT_CODES)]
@@ -52,6 +55,10 @@ pub struct ClientOpts {
     /// A file holding the bearer token sent with every request.
     #[arg(long, env = "BATON_TOKEN_FILE", global = true)]
     pub token_file: Option<PathBuf>,
+    /// How long to wait for an answer, beyond any --wait; past it the
+    /// outcome is unknown (exit 1).
+    #[arg(long, env = "BATON_TIMEOUT", default_value = "10s", value_parser = parse_positive_duration, global = true)]
+    pub timeout: Duration,
 }
 
 #[derive(Subcommand)]
@@ -70,7 +77,7 @@ pub enum Command {
         #[arg(required = true)]
         names: Vec<String>,
         /// Lease duration, like 500ms, 30s or 5m [default: the server's --default-ttl].
-        #[arg(long, value_parser = parse_duration)]
+        #[arg(long, value_parser = parse_positive_duration)]
         ttl: Option<Duration>,
         /// Wait in line up to this long (0: try once).
         #[arg(long, default_value = "0s", value_parser = parse_duration)]
@@ -86,7 +93,7 @@ pub enum Command {
         #[arg(required = true)]
         names: Vec<String>,
         /// Session TTL, like 5s [default: the server's --default-ttl].
-        #[arg(long, value_parser = parse_duration)]
+        #[arg(long, value_parser = parse_positive_duration)]
         ttl: Option<Duration>,
         /// Wait in line up to this long (0: try once).
         #[arg(long, default_value = "0s", value_parser = parse_duration)]
@@ -156,10 +163,10 @@ pub struct BenchArgs {
     #[arg(long, default_value = "1,16,64")]
     pub clients: String,
     /// Time per measurement.
-    #[arg(long, default_value = "3s", value_parser = parse_duration)]
+    #[arg(long, default_value = "3s", value_parser = parse_positive_duration)]
     pub duration: Duration,
     /// TTL of every lease the benchmark takes.
-    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    #[arg(long, default_value = "30s", value_parser = parse_positive_duration)]
     pub ttl: Duration,
     /// distinct (each client its own resource), shared (all on one), or both.
     #[arg(long, default_value = "both", value_parser = ["distinct", "shared", "both"])]
@@ -277,13 +284,13 @@ pub struct ServeArgs {
     #[arg(long, env = "BATON_DATA_DIR", default_value = "baton-data")]
     pub data_dir: PathBuf,
     /// Lease duration when a client names none.
-    #[arg(long, env = "BATON_DEFAULT_TTL", default_value = "30s", value_parser = parse_duration)]
+    #[arg(long, env = "BATON_DEFAULT_TTL", default_value = "30s", value_parser = parse_positive_duration)]
     pub default_ttl: Duration,
     /// Shortest lease duration accepted.
-    #[arg(long, env = "BATON_TTL_MIN", default_value = "1s", value_parser = parse_duration)]
+    #[arg(long, env = "BATON_TTL_MIN", default_value = "1s", value_parser = parse_positive_duration)]
     pub ttl_min: Duration,
     /// Longest lease duration accepted.
-    #[arg(long, env = "BATON_TTL_MAX", default_value = "10m", value_parser = parse_duration)]
+    #[arg(long, env = "BATON_TTL_MAX", default_value = "10m", value_parser = parse_positive_duration)]
     pub ttl_max: Duration,
     /// Longest time an acquire may wait in line.
     #[arg(long, env = "BATON_WAIT_MAX", default_value = "10m", value_parser = parse_duration)]
@@ -301,10 +308,10 @@ pub struct ServeArgs {
     #[arg(long, env = "BATON_MAX_CONNECTIONS", default_value_t = 1_024)]
     pub max_connections: usize,
     /// A new connection must send its first request within this long.
-    #[arg(long, env = "BATON_HANDSHAKE_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    #[arg(long, env = "BATON_HANDSHAKE_TIMEOUT", default_value = "10s", value_parser = parse_positive_duration)]
     pub handshake_timeout: Duration,
     /// A connection with no request in flight for this long is closed.
-    #[arg(long, env = "BATON_IDLE_TIMEOUT", default_value = "15m", value_parser = parse_duration)]
+    #[arg(long, env = "BATON_IDLE_TIMEOUT", default_value = "15m", value_parser = parse_positive_duration)]
     pub idle_timeout: Duration,
     /// Most resources in one all-or-nothing acquire.
     #[arg(long, env = "BATON_MAX_RESOURCES_PER_REQUEST", default_value_t = 64)]
@@ -330,7 +337,7 @@ pub struct ServeArgs {
     pub advertise: Option<String>,
     /// A follower takes over when the leader has not renewed for this long;
     /// failover takes about this plus loading the leases.
-    #[arg(long, env = "BATON_LEADER_TTL", default_value = "4s", value_parser = parse_duration, requires = "store")]
+    #[arg(long, env = "BATON_LEADER_TTL", default_value = "4s", value_parser = parse_positive_duration, requires = "store")]
     pub leader_ttl: Duration,
     /// Serve gRPC and HTTP over TLS with this certificate chain (PEM, leaf first).
     #[arg(long, env = "BATON_TLS_CERT", requires = "tls_key")]

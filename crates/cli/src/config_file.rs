@@ -54,10 +54,19 @@ fn config_path(args: &[String]) -> Option<String> {
     std::env::var("BATON_CONFIG").ok()
 }
 
+/// The arguments as text for the look-ups here; one that is not UTF-8 is
+/// left for clap to refuse.
+fn lossy(args: &[std::ffi::OsString]) -> Vec<String> {
+    args.iter()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect()
+}
+
 /// Reads the config file named on the command line, if any, and exposes
 /// each value that neither a flag nor the environment sets as its `BATON_*`
 /// variable. An unreadable file or an unknown key is an error naming it.
-pub fn apply(args: &[String]) -> Result<(), String> {
+pub fn apply(args: &[std::ffi::OsString]) -> Result<(), String> {
+    let args = &lossy(args);
     let Some(path) = config_path(args) else {
         return Ok(());
     };

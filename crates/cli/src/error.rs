@@ -13,6 +13,7 @@ pub enum Exit {
     NotAcquired = 3,
     NotOwner = 4,
     Refused = 5,
+    ExpiredOnArrival = 6,
 }
 
 /// A command that failed: what to say and how to exit.
@@ -41,21 +42,27 @@ impl CliError {
 
     /// Prints the error once: JSON on stdout when asked for, text on stderr.
     pub fn report(&self, json: bool) -> Exit {
-        #[derive(Serialize)]
-        struct ErrorJson<'a> {
-            error: &'a str,
-            exit_code: u8,
-        }
         if json {
-            let out = ErrorJson {
-                error: &self.message,
-                exit_code: self.code as u8,
-            };
-            crate::stdout::line(&serde_json::to_string(&out).expect("plain struct serializes"));
+            print_json(&self.message, self.code);
         }
         eprintln!("error: {}", self.message);
         self.code
     }
+}
+
+/// The one JSON shape of every error, usage errors included:
+/// `{"error": "...", "exit_code": N}` on stdout.
+pub fn print_json(message: &str, code: Exit) {
+    #[derive(Serialize)]
+    struct ErrorJson<'a> {
+        error: &'a str,
+        exit_code: u8,
+    }
+    let out = ErrorJson {
+        error: message,
+        exit_code: code as u8,
+    };
+    crate::stdout::line(&serde_json::to_string(&out).expect("plain struct serializes"));
 }
 
 impl From<ClientError> for CliError {

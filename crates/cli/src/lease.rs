@@ -3,7 +3,8 @@
 
 use std::time::Duration;
 
-use baton_client::{AcquiredAll, Client, Release, Renewal};
+use baton_client::worker::{Keeper, KeeperConfig, LossReason};
+use baton_client::{AcquiredAll, Client, Health, Release, Renewal};
 use baton_core::AcquisitionId;
 use serde::Serialize;
 
@@ -13,7 +14,9 @@ use crate::output::Rendered;
 
 /// Connects to `--server`, over TLS and with a token if the flags say so.
 pub async fn connect(opts: &ClientOpts) -> Result<Client, CliError> {
-    Ok(Client::connect_with(&opts.server, connect_options(opts)?).await?)
+    Ok(Client::connect_with(&opts.server, connect_options(opts)?)
+        .await?
+        .with_rpc_timeout(opts.timeout))
 }
 
 /// The TLS and token settings of the client flags.
@@ -34,13 +37,15 @@ fn parse_id(hex: &str) -> Result<AcquisitionId, CliError> {
     })
 }
 
-/// One granted lease.
+/// One granted lease. `valid_for_ms` counts from the acquire's send time:
+/// the TTL minus the time the reply took, as this process measured it.
 #[derive(Serialize)]
 pub struct LeaseOut {
     resource: String,
     acquisition_id: String,
     token: u64,
     ttl_ms: u64,
+    valid_for_ms: u64,
 }
 
 impl From<&baton_client::Lease> for LeaseOut {
@@ -50,76 +55,130 @@ impl From<&baton_client::Lease> for LeaseOut {
             acquisition_id: l.acquisition_id.to_hex(),
             token: l.token.get(),
             ttl_ms: l.ttl.as_millis() as u64,
+            valid_for_ms: l.valid_for().as_millis() as u64,
         }
     }
 }
 
-/// What `acquire` prints: one lease flat, several in a list, or why not.
+/// Why an acquire did not end with usable leases.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NotAcquiredReason {
+    /// A try-once request found a resource held or with waiters.
+    Held,
+    /// The wait ran out.
+    TimedOut,
+    /// Granted, but the reply arrived after the TTL counted from the send
+    /// time: another client may hold the resource already.
+    ExpiredOnArrival,
+}
+
+/// What blocked a refused acquire, when the server said.
 #[derive(Serialize)]
-#[serde(untagged)]
-pub enum AcquireOut {
-    One {
-        #[serde(flatten)]
-        lease: LeaseOut,
-        after_wait: bool,
-    },
-    Many {
-        leases: Vec<LeaseOut>,
-        after_wait: bool,
-    },
-    NotAcquired {
-        acquired: bool,
-        reason: &'static str,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        resource: Option<String>,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        holder_token: Option<u64>,
-        #[serde(skip)]
-        wait_ms: u128,
-    },
+pub struct BlockedBy {
+    resource: Option<String>,
+    holder_token: Option<u64>,
+}
+
+/// What `acquire` and `hold` print: one shape for one name or several, for
+/// a grant and a refusal alike (every key is always there).
+#[derive(Serialize)]
+pub struct AcquireOut {
+    acquired: bool,
+    reason: Option<NotAcquiredReason>,
+    after_wait: bool,
+    leases: Vec<LeaseOut>,
+    blocked_by: Option<BlockedBy>,
+    #[serde(skip)]
+    wait_ms: u128,
 }
 
 impl Rendered for AcquireOut {
     fn text(&self) -> String {
         let line = |l: &LeaseOut| {
             format!(
-                "acquired {} token={} acquisition_id={} ttl={}ms",
-                l.resource, l.token, l.acquisition_id, l.ttl_ms
+                "acquired {} token={} acquisition_id={} ttl={}ms valid_for={}ms",
+                l.resource, l.token, l.acquisition_id, l.ttl_ms, l.valid_for_ms
             )
         };
-        match self {
-            AcquireOut::One { lease, .. } => line(lease),
-            AcquireOut::Many { leases, .. } => {
-                leases.iter().map(line).collect::<Vec<_>>().join("\n")
+        match self.reason {
+            None => self.leases.iter().map(line).collect::<Vec<_>>().join("\n"),
+            Some(NotAcquiredReason::TimedOut) => {
+                format!("not acquired: the wait of {}ms ran out", self.wait_ms)
             }
-            AcquireOut::NotAcquired {
-                reason: "timed_out",
-                wait_ms,
-                ..
-            } => format!("not acquired: the wait of {wait_ms}ms ran out"),
-            AcquireOut::NotAcquired {
-                resource,
-                holder_token,
-                ..
-            } => {
-                let holder = holder_token.map_or("waiters ahead".to_string(), |t| {
+            Some(NotAcquiredReason::Held) => {
+                let (resource, holder) = match &self.blocked_by {
+                    Some(b) => (b.resource.clone().unwrap_or_default(), b.holder_token),
+                    None => (String::new(), None),
+                };
+                let holder = holder.map_or("waiters ahead".to_string(), |t| {
                     format!("held by token {t}")
                 });
+                format!("not acquired: {resource} is {holder}")
+            }
+            Some(NotAcquiredReason::ExpiredOnArrival) => {
+                let (names, tokens): (Vec<_>, Vec<_>) = self
+                    .leases
+                    .iter()
+                    .map(|l| (l.resource.as_str(), l.token.to_string()))
+                    .unzip();
                 format!(
-                    "not acquired: {} is {holder}",
-                    resource.as_deref().unwrap_or_default()
+                    "expired on arrival: the grant of {} (token {}) came back later than its TTL of {}ms counted from when the request was sent; another client may hold it now, so it is not yours (released, best effort)",
+                    names.join(", "),
+                    tokens.join(", "),
+                    self.leases.first().map_or(0, |l| l.ttl_ms)
                 )
             }
         }
     }
 
     fn exit(&self) -> Exit {
-        match self {
-            AcquireOut::NotAcquired { .. } => Exit::NotAcquired,
-            _ => Exit::Ok,
+        match self.reason {
+            None => Exit::Ok,
+            Some(NotAcquiredReason::ExpiredOnArrival) => Exit::ExpiredOnArrival,
+            Some(_) => Exit::NotAcquired,
         }
     }
 }
+
+impl AcquireOut {
+    /// The answer as the user sees it. Read at once on arrival: a grant
+    /// whose validity (from the send time) has run out is not reported as
+    /// acquired.
+    fn new(all: &AcquiredAll, wait: Duration) -> Self {
+        match all {
+            AcquiredAll::Granted { leases, after_wait } => {
+                let expired = leases.iter().any(baton_client::Lease::is_expired);
+                AcquireOut {
+                    acquired: !expired,
+                    reason: expired.then_some(NotAcquiredReason::ExpiredOnArrival),
+                    after_wait: *after_wait,
+                    leases: leases.iter().map(LeaseOut::from).collect(),
+                    blocked_by: None,
+                    wait_ms: wait.as_millis(),
+                }
+            }
+            AcquiredAll::NotAcquired(n) => AcquireOut {
+                acquired: false,
+                reason: Some(if n.timed_out {
+                    NotAcquiredReason::TimedOut
+                } else {
+                    NotAcquiredReason::Held
+                }),
+                after_wait: false,
+                leases: Vec::new(),
+                blocked_by: (n.resource.is_some() || n.holder_token.is_some()).then(|| BlockedBy {
+                    resource: n.resource.clone(),
+                    holder_token: n.holder_token.map(|t| t.get()),
+                }),
+                wait_ms: wait.as_millis(),
+            },
+        }
+    }
+}
+
+/// How long a best-effort release of a lease that is no use may take.
+const GIVE_BACK_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// `baton acquire`.
 pub async fn acquire(
@@ -130,38 +189,25 @@ pub async fn acquire(
 ) -> Result<AcquireOut, CliError> {
     let mut client = connect(opts).await?;
     let refs: Vec<&str> = names.iter().map(String::as_str).collect();
-    Ok(acquire_out(
-        client.acquire_all(&refs, ttl, wait).await?,
-        wait,
-    ))
-}
-
-fn acquire_out(all: AcquiredAll, wait: Duration) -> AcquireOut {
-    match all {
-        AcquiredAll::Granted { leases, after_wait } => match leases.as_slice() {
-            [one] => AcquireOut::One {
-                lease: one.into(),
-                after_wait,
-            },
-            many => AcquireOut::Many {
-                leases: many.iter().map(LeaseOut::from).collect(),
-                after_wait,
-            },
-        },
-        AcquiredAll::NotAcquired(n) => AcquireOut::NotAcquired {
-            acquired: false,
-            reason: if n.timed_out { "timed_out" } else { "held" },
-            resource: n.resource,
-            holder_token: n.holder_token.map(|t| t.get()),
-            wait_ms: wait.as_millis(),
-        },
+    let all = client.acquire_all(&refs, ttl, wait).await?;
+    let out = AcquireOut::new(&all, wait);
+    if let (Some(NotAcquiredReason::ExpiredOnArrival), AcquiredAll::Granted { leases, .. }) =
+        (out.reason, &all)
+    {
+        for l in leases {
+            let give_back = client.release(&l.resource, &l.acquisition_id);
+            let _ = tokio::time::timeout(GIVE_BACK_TIMEOUT, give_back).await;
+        }
     }
+    Ok(out)
 }
 
 /// `baton hold`: acquires on a session, prints the leases like `acquire`,
-/// and keeps them by the session's heartbeat until SIGINT or SIGTERM, then
-/// closes the session (releasing them). If the session ends first (the
-/// server was out of reach for a whole TTL), says so and exits 4.
+/// and keeps them with the worker runtime's keeper until SIGINT or SIGTERM,
+/// then closes the session (releasing them). Ownership ends, on this
+/// process's monotonic clock, at the keeper's safe-until whether or not the
+/// server can be reached, or at once when a heartbeat reports a fence or the
+/// session's end: `hold` says so at that moment and exits 4.
 pub async fn hold(
     opts: &ClientOpts,
     names: &[String],
@@ -171,37 +217,88 @@ pub async fn hold(
     let client = connect(opts).await?;
     let session = client.open_session(ttl).await?;
     let refs: Vec<&str> = names.iter().map(String::as_str).collect();
-    let out = acquire_out(session.acquire_all(&refs, wait).await?, wait);
+    let all = session.acquire_all(&refs, wait).await?;
+    let out = AcquireOut::new(&all, wait);
     let exit = crate::output::emit(opts.json, &out);
-    if exit != Exit::Ok {
-        session.close().await?;
-        return Ok(exit);
-    }
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .map_err(|e| CliError::failure(format!("cannot install SIGTERM handler: {e}")))?;
-    let mut state = session.watch();
-    let ended = async {
-        while state.borrow_and_update().health != baton_client::Health::Ended {
-            if state.changed().await.is_err() {
-                break;
-            }
+    let leases = match all {
+        AcquiredAll::Granted { leases, .. } if exit == Exit::Ok => leases,
+        _ => {
+            close_bounded(&session).await;
+            return Ok(exit);
         }
     };
+    let keepers: Vec<Keeper> = leases
+        .into_iter()
+        .map(|l| Keeper::start(session.clone(), l, KeeperConfig::default()))
+        .collect();
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| CliError::failure(format!("cannot install SIGTERM handler: {e}")))?;
+    let lost = first_lost(&keepers);
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
-        _ = ended => {
-            return Err(CliError {
+        keeper = lost => {
+            // Said the moment it is known; the clean-up after is bounded.
+            let code = CliError {
                 code: Exit::NotOwner,
-                message: "the session ended (the server was out of reach for a whole TTL, or fenced it): the leases are lost".into(),
-            });
+                message: loss_message(keeper, &session),
+            }
+            .report(opts.json);
+            close_bounded(&session).await;
+            return Ok(code);
         }
     }
     session.close().await?;
     Ok(Exit::Ok)
 }
 
-/// What `renew` prints.
+/// The first keeper whose lease is lost.
+async fn first_lost(keepers: &[Keeper]) -> &Keeper {
+    let cancelled = keepers.iter().map(|k| {
+        let token = k.cancellation();
+        Box::pin(async move {
+            token.cancelled().await;
+            k
+        })
+    });
+    futures_util::future::select_all(cancelled).await.0
+}
+
+/// One sentence on a lost lease: which, and why, in the user's terms.
+fn loss_message(keeper: &Keeper, session: &baton_client::Session) -> String {
+    let lease = keeper.lease();
+    let state = session.state();
+    let why = if state.revoked.iter().any(|(_, t)| *t == lease.token) {
+        "an operator fenced it (baton fence)".to_string()
+    } else if state.health == Health::Ended {
+        "the session ended (the server expired or closed it)".to_string()
+    } else {
+        match keeper.loss_reason() {
+            Some(LossReason::DeadlinePassed) | None => format!(
+                "no heartbeat was acknowledged within its TTL of {}ms (server unreachable, stopped or slow), so the server may already have given it to someone else",
+                session.ttl().as_millis()
+            ),
+            Some(other) => other.to_string(),
+        }
+    };
+    format!(
+        "lost the lease on {} (token {}): {why}",
+        lease.resource, lease.token
+    )
+}
+
+/// Closes the session, best effort and bounded: after a loss the server
+/// may be out of reach, and the leases end with the session anyway.
+async fn close_bounded(session: &baton_client::Session) {
+    if tokio::time::timeout(GIVE_BACK_TIMEOUT, session.close())
+        .await
+        .is_err()
+    {
+        session.abandon();
+    }
+}
+
+/// What `renew` prints. `valid_for_ms` counts from the renewal's send time.
 #[derive(Serialize)]
 pub struct RenewOut {
     renewed: bool,
@@ -210,6 +307,8 @@ pub struct RenewOut {
     #[serde(skip_serializing_if = "Option::is_none")]
     remaining_ms: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    valid_for_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     reason: Option<&'static str>,
     #[serde(skip)]
     name: String,
@@ -217,10 +316,14 @@ pub struct RenewOut {
 
 impl Rendered for RenewOut {
     fn text(&self) -> String {
-        match (self.token, self.remaining_ms) {
-            (Some(token), Some(ms)) => {
-                format!("renewed {} token={token} remaining={ms}ms", self.name)
+        match (self.reason, self.token, self.valid_for_ms) {
+            (None, Some(token), Some(ms)) => {
+                format!("renewed {} token={token} valid_for={ms}ms", self.name)
             }
+            (Some("expired_on_arrival"), _, _) => format!(
+                "expired on arrival: the renewal of {} came back later than the lease's remaining time counted from when it was sent; the lease may be gone",
+                self.name
+            ),
             _ => format!(
                 "not owner: the lease on {} expired, was released, fenced or replaced",
                 self.name
@@ -229,10 +332,10 @@ impl Rendered for RenewOut {
     }
 
     fn exit(&self) -> Exit {
-        if self.renewed {
-            Exit::Ok
-        } else {
-            Exit::NotOwner
+        match self.reason {
+            None => Exit::Ok,
+            Some("expired_on_arrival") => Exit::ExpiredOnArrival,
+            Some(_) => Exit::NotOwner,
         }
     }
 }
@@ -242,17 +345,26 @@ pub async fn renew(opts: &ClientOpts, name: &str, hex: &str) -> Result<RenewOut,
     let id = parse_id(hex)?;
     let mut client = connect(opts).await?;
     let out = match client.renew(name, &id).await? {
-        Renewal::Renewed { token, remaining } => RenewOut {
-            renewed: true,
-            token: Some(token.get()),
-            remaining_ms: Some(remaining.as_millis() as u64),
-            reason: None,
-            name: name.into(),
-        },
+        Renewal::Renewed {
+            token,
+            remaining,
+            valid_until,
+        } => {
+            let valid_for = valid_until.saturating_duration_since(tokio::time::Instant::now());
+            RenewOut {
+                renewed: !valid_for.is_zero(),
+                token: Some(token.get()),
+                remaining_ms: Some(remaining.as_millis() as u64),
+                valid_for_ms: Some(valid_for.as_millis() as u64),
+                reason: valid_for.is_zero().then_some("expired_on_arrival"),
+                name: name.into(),
+            }
+        }
         Renewal::NotOwner => RenewOut {
             renewed: false,
             token: None,
             remaining_ms: None,
+            valid_for_ms: None,
             reason: Some("not_owner"),
             name: name.into(),
         },

@@ -36,20 +36,56 @@ impl From<Exit> for ExitCode {
 }
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().collect();
+    // `args_os`: an argument that is not UTF-8 is a usage error that clap
+    // reports (exit 2), not a panic in `std::env::args`.
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let json_asked = args.iter().any(|a| a == "--json");
     if let Err(message) = config_file::apply(&args) {
-        return CliError::usage(message).report(false).into();
+        return CliError::usage(message).report(json_asked).into();
     }
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse_from(&args) {
+        Ok(cli) => cli,
+        Err(e) => return usage_error(e, json_asked).into(),
+    };
     let json = wants_json(&cli.command);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
-        .expect("tokio runtime");
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            return CliError::failure(format!("cannot start the runtime: {e}"))
+                .report(json)
+                .into()
+        }
+    };
     match runtime.block_on(run(cli.command)) {
         Ok(code) => code.into(),
         Err(e) => e.report(json).into(),
     }
+}
+
+/// A flag clap refused: its own rendering on stderr (help and version go
+/// to stdout with exit 0), and with `--json` also one error object.
+fn usage_error(e: clap::Error, json: bool) -> Exit {
+    if e.exit_code() == 0 {
+        // --help or --version: not an error, always text.
+        let _ = e.print();
+        return Exit::Ok;
+    }
+    let rendered = e.render().to_string();
+    if json {
+        // The error's own lines, before the usage hint.
+        let message: Vec<&str> = rendered
+            .lines()
+            .take_while(|l| !l.trim().is_empty())
+            .map(str::trim)
+            .collect();
+        let message = message.join(" ");
+        error::print_json(message.trim_start_matches("error: "), Exit::Usage);
+    }
+    eprint!("{rendered}");
+    Exit::Usage
 }
 
 fn wants_json(command: &Command) -> bool {

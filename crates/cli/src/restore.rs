@@ -68,15 +68,22 @@ pub async fn resources_floor(url: &str) -> Result<Option<FencingToken>, RestoreE
         || url.starts_with("postgresql://")
         || (!url.starts_with("sqlite:") && url.contains('='));
     let token = if postgres {
+        use baton_fence::postgres::{describe_error, redact_url};
+        let shown = redact_url(url);
         let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
             .await
-            .map_err(|e| failure(format!("--floor-from {url}: cannot connect: {e}")))?;
+            .map_err(|e| {
+                failure(format!(
+                    "--floor-from {shown}: cannot connect: {}",
+                    describe_error(&e)
+                ))
+            })?;
         tokio::spawn(connection);
         baton_fence::postgres::PgFence::highest_token(&client)
             .await
             .map_err(|e| {
                 failure(format!(
-                    "--floor-from {url}: cannot read the fence kit's tables (schema baton): {e}"
+                    "--floor-from {shown}: cannot read the fence kit's tables (schema baton): {e}"
                 ))
             })?
     } else if let Some(path) = url.strip_prefix("sqlite:") {

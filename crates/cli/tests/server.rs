@@ -5,7 +5,7 @@ mod common;
 use std::time::Duration;
 
 use baton_client::{Acquired, AcquiredAll, Client, ClientError, Release, Renewal};
-use common::{cli, eventually, json_str, json_u64, Server, TempDir};
+use common::{cli, eventually, json_lease_str, json_lease_u64, json_u64, Server, TempDir};
 
 const TTL: Duration = Duration::from_secs(30);
 const NO_WAIT: Duration = Duration::ZERO;
@@ -170,7 +170,9 @@ async fn renew_extends_and_fails_after_expiry_without_recreating() {
     let ttl = Duration::from_secs(1);
     let lease = granted(c.acquire("r", ttl, NO_WAIT).await.unwrap());
     match c.renew("r", &lease.acquisition_id).await.unwrap() {
-        Renewal::Renewed { token, remaining } => {
+        Renewal::Renewed {
+            token, remaining, ..
+        } => {
             assert_eq!(token, lease.token);
             assert_eq!(remaining, ttl);
         }
@@ -470,11 +472,11 @@ async fn cli_prints_json_and_uses_documented_exit_codes() {
     ]);
     assert_eq!(out.status.code(), Some(0));
     let json = String::from_utf8(out.stdout).unwrap();
-    assert_eq!(json_str(&json, "resource").as_deref(), Some("job:1"));
-    let id = json_str(&json, "acquisition_id").unwrap();
+    assert_eq!(json_lease_str(&json, "resource").as_deref(), Some("job:1"));
+    let id = json_lease_str(&json, "acquisition_id").unwrap();
     assert_eq!(id.len(), 32);
-    let token = json_u64(&json, "token").unwrap();
-    assert_eq!(json_u64(&json, "ttl_ms"), Some(30_000));
+    let token = json_lease_u64(&json, "token").unwrap();
+    assert_eq!(json_lease_u64(&json, "ttl_ms"), Some(30_000));
     assert_eq!(
         cli(&["acquire", "job:1", "--server", &url]).status.code(),
         Some(3),
@@ -629,7 +631,7 @@ async fn addresses_env_default_ttl_and_bad_values_as_a_newcomer_meets_them() {
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     let text = String::from_utf8_lossy(&out.stdout).to_string();
     assert_eq!(
-        json_u64(&text, "ttl_ms"),
+        json_lease_u64(&text, "ttl_ms"),
         Some(7_000),
         "the server's --default-ttl: {text}"
     );
@@ -736,7 +738,7 @@ async fn a_config_file_sets_serve_flags_and_flags_and_env_win() {
         let _ = child.wait();
         let text = String::from_utf8_lossy(&out.stdout).to_string();
         assert_eq!(
-            json_u64(&text, "ttl_ms"),
+            json_lease_u64(&text, "ttl_ms"),
             Some(expected_ms),
             "env {env_ttl:?} flag {flag_ttl:?}: {text}"
         );

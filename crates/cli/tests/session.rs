@@ -120,12 +120,7 @@ async fn a_fenced_bound_lease_is_reported_until_it_is_released() {
         .revoked
         .len();
         assert_eq!(reported, 1, "round {round}: only the unreleased fence");
-        let keeper = Keeper::start(
-            session.clone(),
-            lease.clone(),
-            tokio::time::Instant::now(),
-            KeeperConfig::default(),
-        );
+        let keeper = Keeper::start(session.clone(), lease.clone(), KeeperConfig::default());
         tokio::time::timeout(Duration::from_secs(5), keeper.cancellation().cancelled())
             .await
             .expect("the keeper cancels the work of a fenced lease");
@@ -152,12 +147,7 @@ async fn a_session_resumes_after_a_crash_and_restart_with_its_leases() {
     let client = Client::connect(&s.url()).await.unwrap();
     let session = client.open_session(Duration::from_secs(3)).await.unwrap();
     let lease = granted(session.acquire("s:resume", Duration::ZERO).await.unwrap());
-    let mut keeper = Keeper::start(
-        session.clone(),
-        lease.clone(),
-        tokio::time::Instant::now(),
-        KeeperConfig::default(),
-    );
+    let mut keeper = Keeper::start(session.clone(), lease.clone(), KeeperConfig::default());
     let mut watch = session.watch();
     s.kill9();
     s.restart();
@@ -487,8 +477,8 @@ async fn baton_hold_keeps_until_sigterm_and_a_paused_holder_loses() {
         BufReader::new(child.stdout.take().unwrap())
             .read_line(&mut line)
             .unwrap();
-        let token =
-            common::json_u64(&line, "token").unwrap_or_else(|| panic!("no token in {line:?}"));
+        let token = common::json_lease_u64(&line, "token")
+            .unwrap_or_else(|| panic!("no token in {line:?}"));
         (child, token)
     };
     let mut c = Client::connect(&s.url()).await.unwrap();
@@ -525,7 +515,10 @@ async fn baton_hold_keeps_until_sigterm_and_a_paused_holder_loses() {
         Some(4),
         "a holder that lost its session exits 4: {stderr}"
     );
-    assert!(stderr.contains("session ended"), "{stderr}");
+    assert!(
+        stderr.contains("lost the lease on h:b") && stderr.contains(&token.to_string()),
+        "{stderr}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

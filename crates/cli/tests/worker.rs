@@ -89,7 +89,7 @@ async fn acquisition_backs_off_until_the_resource_frees() {
     };
     let c = Client::connect(&s.url()).await.unwrap();
     let mut backoff = Backoff::new(Duration::from_millis(10), Duration::from_millis(100));
-    let (leases, _sent_at, _session) = acquire_with_backoff(
+    let (leases, _session) = acquire_with_backoff(
         &c,
         &["job:busy"],
         Duration::from_secs(5),

@@ -1,11 +1,24 @@
 //! Values on the command line of Baton's tools, parsed one way everywhere.
+//!
+//! Every duration flag of every tool (client and server) goes through
+//! [`parse_duration`] or [`parse_positive_duration`], so a value is either
+//! exactly what was typed, in whole milliseconds, or refused naming the
+//! rule: never rounded down to zero, never wrapped around on the way to
+//! the milliseconds the wire carries.
 
 use std::time::Duration;
 
 const RULE: &str = "write a whole number with a unit: ms, s, m or h, like 500ms, 30s, 5m or 1m30s";
 
-/// A duration flag: `500ms`, `30s`, `5m`, `1h`, or combined like `1m30s`
-/// (humantime's syntax). A bare number is refused: the unit is never guessed.
+/// The longest duration any flag accepts: one year. Far above every server
+/// bound (a TTL is at most `--ttl-max`, 10 minutes by default), and far
+/// below where milliseconds or a monotonic deadline could overflow.
+pub const DURATION_MAX: Duration = Duration::from_secs(365 * 24 * 3_600);
+
+/// A duration flag that may be zero (a wait: "try once"): `500ms`, `30s`,
+/// `5m`, `1h`, or combined like `1m30s` (humantime's syntax). A bare number
+/// is refused (the unit is never guessed), and so is anything that is not
+/// whole milliseconds or is longer than [`DURATION_MAX`].
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
     if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) {
@@ -17,7 +30,33 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     if s.starts_with('-') {
         return Err(format!("{s:?} is negative; {RULE}"));
     }
-    humantime::parse_duration(s).map_err(|e| format!("{s:?} is not a duration ({e}); {RULE}"))
+    let d = humantime::parse_duration(s)
+        .map_err(|e| format!("{s:?} is not a duration ({e}); {RULE}"))?;
+    if d > DURATION_MAX {
+        return Err(format!(
+            "{s:?} is longer than the longest duration accepted, 365 days ({} ms)",
+            DURATION_MAX.as_millis()
+        ));
+    }
+    if d.subsec_nanos() % 1_000_000 != 0 {
+        return Err(format!(
+            "{s:?} is not a whole number of milliseconds; durations are counted in milliseconds"
+        ));
+    }
+    Ok(d)
+}
+
+/// A duration flag that must be above zero (a TTL, a timeout): as
+/// [`parse_duration`], and `0s` is refused.
+pub fn parse_positive_duration(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if d.is_zero() {
+        return Err(format!(
+            "{:?} is zero; this duration must be at least 1ms",
+            s.trim()
+        ));
+    }
+    Ok(d)
 }
 
 #[cfg(test)]
@@ -33,6 +72,7 @@ mod tests {
             ("1h", 3_600_000),
             ("0s", 0),
             ("1m30s", 90_000),
+            ("8760h", 31_536_000_000),
         ] {
             assert_eq!(
                 parse_duration(input),
@@ -48,12 +88,29 @@ mod tests {
             ("1.5s", "1500ms"),
             ("10x", "not a duration"),
             ("99999999999999999999h", "not a duration"),
+            ("2305843009213693982s", "365 days (31536000000 ms)"),
+            ("8761h", "longest duration accepted"),
+            ("500us", "whole number of milliseconds"),
+            ("1s1ns", "whole number of milliseconds"),
         ] {
             let err = parse_duration(bad).unwrap_err();
+            assert!(err.contains(says), "{bad}: {err}");
             assert!(
-                err.contains(says) && err.contains("like 500ms"),
-                "{bad}: {err}"
+                err.contains(bad) || bad.is_empty(),
+                "names the value: {err}"
             );
         }
+    }
+
+    #[test]
+    fn a_positive_duration_refuses_zero_and_keeps_every_other_rule() {
+        assert_eq!(parse_positive_duration("1ms"), Ok(Duration::from_millis(1)));
+        for zero in ["0s", "0ms", "0h"] {
+            let err = parse_positive_duration(zero).unwrap_err();
+            assert!(err.contains("at least 1ms"), "{zero}: {err}");
+        }
+        assert!(parse_positive_duration("2305843009213693982s")
+            .unwrap_err()
+            .contains("365 days"));
     }
 }

@@ -32,6 +32,7 @@ use std::time::Duration;
 use baton_core::{AcquisitionId, FencingToken};
 use baton_proto::v1::{self, leases_client::LeasesClient};
 use servers::{endpoint, normalize, redirect, Servers, ServersState};
+use tokio::time::Instant;
 use tonic::transport::Channel;
 use tonic::{Code, Request};
 
@@ -157,6 +158,46 @@ fn from_status(status: tonic::Status) -> ClientError {
     }
 }
 
+/// A call that failed at `url` after its request may have been sent, in
+/// the user's terms: the likely cause and the address, once, rather than
+/// the transport's text.
+fn failed_at(status: tonic::Status, url: &str, timeout: Duration) -> ClientError {
+    let message = status.message();
+    // tonic's words for an answer that was plain HTTP, not gRPC.
+    if status.code() == Code::Unimplemented && message.contains("grpc-status header missing") {
+        let http = message
+            .rsplit("HTTP status code ")
+            .next()
+            .filter(|code| code.len() == 3)
+            .map_or(String::new(), |code| format!(" (HTTP {code})"));
+        return ClientError::Connect {
+            url: url.to_string(),
+            message: format!(
+                "it answered plain HTTP{http}, not gRPC: is this Baton's HTTP port (--http-listen, 7701 by default)? Clients use the gRPC port (--listen, 7700 by default); nothing was applied"
+            ),
+        };
+    }
+    let timed_out = status.code() == Code::DeadlineExceeded
+        || (status.code() == Code::Cancelled && message.contains("Timeout expired"));
+    if timed_out {
+        return ClientError::Indeterminate(format!(
+            "no answer from {url} within {} ms: the server may be stopped, overloaded or cut off from this client, or not a Baton server; the request may have taken effect",
+            timeout.as_millis()
+        ));
+    }
+    // A transport failure with no answer: the connection broke. A TLS
+    // mismatch keeps its own explanation (`security::explain`).
+    if let Some(source) = std::error::Error::source(&status) {
+        let chain = error_chain(source);
+        if security::explain(&chain) == chain {
+            return ClientError::Indeterminate(format!(
+                "the connection to {url} broke before an answer came: the server may have stopped or been cut off, or this is not Baton's gRPC port (clients use --listen, 7700 by default; the HTTP port, --http-listen, speaks HTTP/1 only); the request may have taken effect"
+            ));
+        }
+    }
+    from_status(status)
+}
+
 /// An error and its sources on one line, each message once (tonic's
 /// transport errors repeat their source's text).
 fn error_chain(e: &dyn std::error::Error) -> String {
@@ -183,6 +224,38 @@ pub struct Lease {
     pub token: FencingToken,
     /// The granted TTL.
     pub ttl: Duration,
+    /// The earliest instant the server may end this lease, on this
+    /// process's monotonic clock: the acquire request's **send** time plus
+    /// the TTL, never the reply's arrival (the server started the TTL no
+    /// earlier than it received the request). For a lease tied to a
+    /// session, the session's deadline when the grant arrived. A reply that
+    /// took longer than the TTL arrives already past it: see
+    /// [`Lease::is_expired`].
+    pub valid_until: Instant,
+}
+
+impl Lease {
+    /// How long this process may still count on the lease, from now
+    /// (zero once [`Lease::valid_until`] has passed). Renewals or the
+    /// session's heartbeats extend it only through a [`worker::Keeper`].
+    pub fn valid_for(&self) -> Duration {
+        self.valid_until.saturating_duration_since(Instant::now())
+    }
+
+    /// True once [`Lease::valid_until`] has passed: the server may already
+    /// have given the resource to someone else. A grant that is expired on
+    /// arrival must not be used; release it (best effort) and try again.
+    pub fn is_expired(&self) -> bool {
+        Instant::now() >= self.valid_until
+    }
+}
+
+/// `sent + ttl`, refusing a TTL that would overflow the clock (a server
+/// that answers nonsense must not panic the client).
+fn deadline(sent: Instant, ttl: Duration) -> Result<Instant, ClientError> {
+    sent.checked_add(ttl).ok_or_else(|| {
+        ClientError::Protocol(format!("ttl of {} ms is out of range", ttl.as_millis()))
+    })
 }
 
 /// Why an acquire was refused.
@@ -222,12 +295,16 @@ pub enum AcquiredAll {
 /// The answer to a renew.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Renewal {
-    /// Extended by its TTL from now.
+    /// Extended by its TTL from when the server received the renewal.
     Renewed {
         /// The lease's token (unchanged by renewals).
         token: FencingToken,
-        /// Time left from now.
+        /// Time left when the server answered.
         remaining: Duration,
+        /// The earliest instant the server may end the lease, on this
+        /// process's monotonic clock: the renewal's send time plus
+        /// `remaining` (see [`Lease::valid_until`]).
+        valid_until: Instant,
     },
     /// The lease expired, was released, fenced or replaced. You no longer own it.
     NotOwner,
@@ -269,6 +346,19 @@ pub struct Fenced {
     pub revoked: Option<FencingToken>,
 }
 
+/// A duration as the wire's milliseconds: whole, and refused rather than
+/// wrapped when it does not fit (a TTL of 2^61 s must not become 30 s).
+fn millis(d: Duration, what: &str) -> Result<u64, ClientError> {
+    if d > flags::DURATION_MAX {
+        return Err(ClientError::Invalid(format!(
+            "{what} of {} ms is longer than the longest accepted, {} ms",
+            d.as_millis(),
+            flags::DURATION_MAX.as_millis()
+        )));
+    }
+    Ok(d.as_millis() as u64)
+}
+
 fn token(value: u64) -> Result<FencingToken, ClientError> {
     FencingToken::from_u64(value).map_err(|e| ClientError::Protocol(e.to_string()))
 }
@@ -281,20 +371,24 @@ fn optional_token(value: u64) -> Result<Option<FencingToken>, ClientError> {
     }
 }
 
-fn lease(l: v1::Lease) -> Result<Lease, ClientError> {
+/// A granted lease from the acquire request sent at `sent`.
+fn lease(l: v1::Lease, sent: Instant) -> Result<Lease, ClientError> {
+    let ttl = Duration::from_millis(l.ttl_ms);
     Ok(Lease {
         acquisition_id: AcquisitionId::from_slice(&l.acquisition_id)
             .ok_or_else(|| ClientError::Protocol("acquisition id is not 16 bytes".into()))?,
         token: token(l.token)?,
-        ttl: Duration::from_millis(l.ttl_ms),
+        ttl,
+        valid_until: deadline(sent, ttl)?,
         resource: l.resource,
     })
 }
 
-/// An acquire's answer for `n_resources` resources.
+/// An acquire's answer for `n_resources` resources, to the request sent at `sent`.
 fn acquired_all(
     response: v1::AcquireResponse,
     n_resources: usize,
+    sent: Instant,
 ) -> Result<AcquiredAll, ClientError> {
     use v1::not_acquired::Reason;
     match response.outcome {
@@ -305,7 +399,11 @@ fn acquired_all(
                     g.leases.len(),
                 )));
             }
-            let leases = g.leases.into_iter().map(lease).collect::<Result<_, _>>()?;
+            let leases = g
+                .leases
+                .into_iter()
+                .map(|l| lease(l, sent))
+                .collect::<Result<_, _>>()?;
             Ok(AcquiredAll::Granted {
                 leases,
                 after_wait: g.after_wait,
@@ -329,11 +427,14 @@ fn acquired_all(
     }
 }
 
-fn renewal(r: v1::RenewResponse) -> Result<Renewal, ClientError> {
+/// A renewal's answer to the request sent at `sent`.
+fn renewal(r: v1::RenewResponse, sent: Instant) -> Result<Renewal, ClientError> {
     Ok(if r.renewed {
+        let remaining = Duration::from_millis(r.remaining_ms);
         Renewal::Renewed {
             token: token(r.token)?,
-            remaining: Duration::from_millis(r.remaining_ms),
+            remaining,
+            valid_until: deadline(sent, remaining)?,
         }
     } else {
         Renewal::NotOwner
@@ -528,7 +629,7 @@ impl Client {
                 if several && server_trouble {
                     self.servers.rotate(&url);
                 }
-                return Err(from_status(status));
+                return Err(failed_at(status, &url, self.rpc_timeout + extra));
             };
             if started.elapsed() >= self.rpc_timeout {
                 return Err(last);
@@ -562,13 +663,14 @@ impl Client {
     ) -> Result<AcquiredAll, ClientError> {
         let message = v1::AcquireRequest {
             resources: resources.iter().map(|r| r.to_string()).collect(),
-            ttl_ms: ttl.as_millis() as u64,
-            wait_ms: wait.as_millis() as u64,
+            ttl_ms: millis(ttl, "ttl")?,
+            wait_ms: millis(wait, "wait")?,
         };
+        let sent = Instant::now();
         let response = self
             .call(message, wait, |mut c, r| async move { c.acquire(r).await })
             .await?;
-        acquired_all(response, resources.len())
+        acquired_all(response, resources.len(), sent)
     }
 
     /// Extends the lease by its TTL if `id` still holds it; "not owner" otherwise (nothing is extended).
@@ -581,12 +683,13 @@ impl Client {
             resource: resource.to_string(),
             acquisition_id: id.as_bytes().to_vec(),
         };
+        let sent = Instant::now();
         let r = self
             .call(message, Duration::ZERO, |mut c, r| async move {
                 c.renew(r).await
             })
             .await?;
-        renewal(r)
+        renewal(r, sent)
     }
 
     /// Gives the lease back if `id` holds it; an old or wrong id changes nothing.

@@ -188,7 +188,7 @@ impl Client {
     /// `ttl` the server ends the session and every lease tied to it.
     pub async fn open_session(&self, ttl: Duration) -> Result<Session, ClientError> {
         self.start_session(v1::OpenSession {
-            ttl_ms: ttl.as_millis() as u64,
+            ttl_ms: crate::millis(ttl, "session ttl")?,
             resume: Vec::new(),
         })
         .await
@@ -389,16 +389,21 @@ impl Session {
         ttl: Option<Duration>,
         wait: Duration,
     ) -> Result<AcquiredAll, ClientError> {
+        let ttl_ms = match ttl {
+            Some(t) => crate::millis(t, "ttl")?.max(1),
+            None => 0,
+        };
         let op = Op::Acquire(v1::SessionAcquire {
             resources: resources.iter().map(|r| r.to_string()).collect(),
-            ttl_ms: ttl.map_or(0, |t| t.as_millis().max(1) as u64),
-            wait_ms: wait.as_millis() as u64,
+            ttl_ms,
+            wait_ms: crate::millis(wait, "wait")?,
         });
         let id = self.inner.next_id.fetch_add(1, Relaxed);
         let mut guard = CancelOnDrop {
             session: self,
             acquire_id: (!wait.is_zero()).then_some(id),
         };
+        let sent = Instant::now();
         let body = self.request(id, op, wait).await;
         if !matches!(body, Err(ClientError::Indeterminate(_))) {
             guard.acquire_id = None;
@@ -407,10 +412,16 @@ impl Session {
             Body::Acquire(a) => a,
             other => return Err(unexpected(&other)),
         };
-        let out = crate::acquired_all(answer, resources.len())?;
-        if let (AcquiredAll::Granted { leases, .. }, None) = (&out, ttl) {
+        let mut out = crate::acquired_all(answer, resources.len(), sent)?;
+        if let (AcquiredAll::Granted { leases, .. }, None) = (&mut out, ttl) {
+            // A lease tied to the session ends with it: no later than the
+            // session's deadline as known now (the last acknowledged
+            // heartbeat's send time plus the TTL), which heartbeats kept
+            // moving while the acquire waited in line.
+            let session_deadline = self.inner.state.borrow().server_deadline;
             let mut bound = self.inner.bound.lock().expect("session mutex");
             for l in leases {
+                l.valid_until = session_deadline;
                 bound.insert(l.acquisition_id, l.token);
             }
         }
@@ -429,8 +440,9 @@ impl Session {
             acquisition_id: acquisition_id.as_bytes().to_vec(),
         });
         let id = self.inner.next_id.fetch_add(1, Relaxed);
+        let sent = Instant::now();
         match self.request(id, op, Duration::ZERO).await? {
-            Body::Renew(r) => renewal(r),
+            Body::Renew(r) => renewal(r, sent),
             other => Err(unexpected(&other)),
         }
     }
@@ -526,6 +538,7 @@ impl Session {
                         return Ok(Renewal::Renewed {
                             token,
                             remaining: s.server_deadline.saturating_duration_since(called),
+                            valid_until: s.server_deadline,
                         })
                     }
                     Health::Live => {}

@@ -44,6 +44,34 @@ pub enum Ownership {
     Lost,
 }
 
+/// Why a keeper gave its lease up.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LossReason {
+    /// The safe deadline passed without a successful renewal (or, over a
+    /// session, an acknowledged heartbeat): the server may be unreachable,
+    /// stopped or slow, and may already have given the resource away.
+    DeadlinePassed,
+    /// The server answered that this acquisition no longer holds the
+    /// lease: it expired, was released, fenced or replaced; over a
+    /// session, the lease was fenced or the session ended.
+    NotOwner,
+    /// The server refused the renewal as invalid (the message says why).
+    Refused(String),
+}
+
+impl std::fmt::Display for LossReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LossReason::DeadlinePassed => f.write_str(
+                "its safe-until deadline passed without a renewal or heartbeat acknowledged in time",
+            ),
+            LossReason::NotOwner => f.write_str("the server answered not owner"),
+            LossReason::Refused(why) => write!(f, "renewal refused: {why}"),
+        }
+    }
+}
+
 /// Renews a lease. [`Client`] implements it; tests use scripted renewers.
 pub trait Renewer: Send + 'static {
     /// Renews `resource` held by `id`.
@@ -133,6 +161,8 @@ struct Shared {
     safe_until: Mutex<Instant>,
     state: watch::Sender<Ownership>,
     cancel: CancellationToken,
+    /// Set once, by the renew task, when it gives the lease up.
+    why: Mutex<Option<LossReason>>,
 }
 
 impl Shared {
@@ -148,10 +178,21 @@ impl Shared {
         }
     }
 
-    fn lose(&self, resource: &str, token: FencingToken, why: &str) {
+    fn lose(&self, resource: &str, token: FencingToken, why: LossReason) {
+        tracing::warn!(%resource, %token, %why, "lease lost");
+        self.why.lock().expect("keeper mutex").get_or_insert(why);
         self.state.send_replace(Ownership::Lost);
         self.cancel.cancel();
-        tracing::warn!(%resource, %token, why, "lease lost");
+    }
+
+    fn loss_reason(&self) -> Option<LossReason> {
+        let why = self.why.lock().expect("keeper mutex").clone();
+        match why {
+            Some(why) => Some(why),
+            // Lost by the clock before the renew task ran (a pause).
+            None if self.ownership() == Ownership::Lost => Some(LossReason::DeadlinePassed),
+            None => None,
+        }
     }
 }
 
@@ -193,6 +234,11 @@ impl Guard {
     pub fn cancellation(&self) -> CancellationToken {
         self.shared.cancel.clone()
     }
+
+    /// Why the lease was lost; `None` while it is not.
+    pub fn loss_reason(&self) -> Option<LossReason> {
+        self.shared.loss_reason()
+    }
 }
 
 /// Keeps one lease alive until stopped or lost.
@@ -203,22 +249,23 @@ pub struct Keeper {
 }
 
 impl Keeper {
-    /// Starts renewing `lease`. `sent_at` is when the acquire request was
-    /// sent: the first safe deadline counts from it.
-    pub fn start<R: Renewer>(
-        renewer: R,
-        lease: Lease,
-        sent_at: Instant,
-        config: KeeperConfig,
-    ) -> Self {
+    /// Starts renewing `lease`. The first safe deadline is the lease's
+    /// [`Lease::valid_until`] (counted from the acquire's send time) minus
+    /// the margin; a lease already past it is lost at once.
+    pub fn start<R: Renewer>(renewer: R, lease: Lease, config: KeeperConfig) -> Self {
         let margin = config.margin(lease.ttl);
+        let first_safe_until = lease
+            .valid_until
+            .checked_sub(margin)
+            .unwrap_or(lease.valid_until);
         let (state, rx) = watch::channel(Ownership::Held);
         let shared = Arc::new(Shared {
-            safe_until: Mutex::new(sent_at + lease.ttl.saturating_sub(margin)),
+            safe_until: Mutex::new(first_safe_until),
             state,
             cancel: CancellationToken::new(),
+            why: Mutex::new(None),
         });
-        let task = tokio::spawn(run(renewer, lease.clone(), sent_at, config, shared.clone()));
+        let task = tokio::spawn(run(renewer, lease.clone(), config, shared.clone()));
         Self {
             guard: Guard { lease, shared },
             state: rx,
@@ -256,6 +303,11 @@ impl Keeper {
         self.guard.cancellation()
     }
 
+    /// Why the lease was lost; `None` while it is not.
+    pub fn loss_reason(&self) -> Option<LossReason> {
+        self.guard.loss_reason()
+    }
+
     /// Waits until the ownership state changes and returns the new one.
     pub async fn changed(&mut self) -> Ownership {
         let _ = self.state.changed().await;
@@ -276,16 +328,16 @@ impl Drop for Keeper {
     }
 }
 
-async fn run<R: Renewer>(
-    mut renewer: R,
-    lease: Lease,
-    sent_at: Instant,
-    config: KeeperConfig,
-    shared: Arc<Shared>,
-) {
+async fn run<R: Renewer>(mut renewer: R, lease: Lease, config: KeeperConfig, shared: Arc<Shared>) {
     let interval = config.interval(lease.ttl);
     let margin = config.margin(lease.ttl);
-    let mut next = sent_at + interval;
+    // The lease's TTL started no earlier than this (its send time, for a
+    // lease with its own TTL): the first renewal is one interval later.
+    let started = lease
+        .valid_until
+        .checked_sub(lease.ttl)
+        .unwrap_or_else(Instant::now);
+    let mut next = started + interval;
     let mut retry = Backoff::new(interval / 8, interval / 2);
     let (resource, token) = (lease.resource.as_str(), lease.token);
     loop {
@@ -293,18 +345,14 @@ async fn run<R: Renewer>(
         tokio::select! {
             biased;
             _ = tokio::time::sleep_until(safe_until) => {
-                shared.lose(resource, token, "the safe deadline passed without a successful renewal");
+                shared.lose(resource, token, LossReason::DeadlinePassed);
                 return;
             }
             _ = tokio::time::sleep_until(next) => {}
         }
         let sent = Instant::now();
         if sent >= safe_until {
-            shared.lose(
-                resource,
-                token,
-                "the safe deadline passed without a successful renewal",
-            );
+            shared.lose(resource, token, LossReason::DeadlinePassed);
             return;
         }
         match tokio::time::timeout_at(safe_until, renewer.renew(resource, &lease.acquisition_id))
@@ -320,11 +368,11 @@ async fn run<R: Renewer>(
                 next = sent + interval;
             }
             Ok(Ok(Renewal::NotOwner)) => {
-                shared.lose(resource, token, "the server answered not owner");
+                shared.lose(resource, token, LossReason::NotOwner);
                 return;
             }
             Ok(Err(e @ ClientError::Invalid(_))) => {
-                shared.lose(resource, token, &format!("renewal refused: {e}"));
+                shared.lose(resource, token, LossReason::Refused(e.to_string()));
                 return;
             }
             Ok(Err(e)) => {
@@ -335,11 +383,7 @@ async fn run<R: Renewer>(
                 next = Instant::now() + retry.next_delay();
             }
             Err(_) => {
-                shared.lose(
-                    resource,
-                    token,
-                    "no renewal answer before the safe deadline",
-                );
+                shared.lose(resource, token, LossReason::DeadlinePassed);
                 return;
             }
         }
@@ -380,12 +424,11 @@ where
     Fut: Future<Output = T>,
 {
     let session = client.session(ttl).await?;
-    let sent_at = Instant::now();
     let lease = match session.acquire(resource, wait).await? {
         Acquired::Granted(lease) => lease,
         Acquired::NotAcquired(_) => return Ok(Guarded::NotAcquired),
     };
-    let keeper = Keeper::start(session.clone(), lease, sent_at, config);
+    let keeper = Keeper::start(session.clone(), lease, config);
     let cancel = keeper.cancellation();
     let outcome = tokio::select! {
         biased;
@@ -408,23 +451,20 @@ where
 /// Tries to acquire every resource in `resources` (all or nothing) until
 /// `budget` runs out, sleeping with exponential backoff and full jitter
 /// between attempts. The leases are tied to the client's shared session for
-/// `ttl`. Returns them with the instant the successful request was sent and
-/// the session (for [`Keeper::start`]), or `None` if the budget ran out.
+/// `ttl`. Returns them with the session (for [`Keeper::start`]), or `None`
+/// if the budget ran out.
 pub async fn acquire_with_backoff(
     client: &Client,
     resources: &[&str],
     ttl: Duration,
     budget: Duration,
     backoff: &mut Backoff,
-) -> Result<Option<(Vec<Lease>, Instant, Session)>, ClientError> {
+) -> Result<Option<(Vec<Lease>, Session)>, ClientError> {
     let deadline = Instant::now() + budget;
     let session = client.session(ttl).await?;
     loop {
-        let sent_at = Instant::now();
         match session.acquire_all(resources, Duration::ZERO).await? {
-            crate::AcquiredAll::Granted { leases, .. } => {
-                return Ok(Some((leases, sent_at, session)))
-            }
+            crate::AcquiredAll::Granted { leases, .. } => return Ok(Some((leases, session))),
             crate::AcquiredAll::NotAcquired(_) => {
                 let delay = backoff.next_delay();
                 if Instant::now() + delay >= deadline {

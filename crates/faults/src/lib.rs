@@ -7,6 +7,8 @@
 //!   whatever the server answers is discarded and the connection is reset,
 //!   so the client sees an indeterminate failure for an operation that did
 //!   take effect;
+//! - **delay the response** to one request: it reaches the server at once,
+//!   its answer arrives late (a grant that comes back after its TTL);
 //! - **reset** every open connection.
 //!
 //! It works on bytes, not on protocol frames, so for
@@ -55,6 +57,8 @@ pub struct FaultCounts {
     pub resets: u64,
     /// Connections accepted by the proxy.
     pub connections: u64,
+    /// Responses held back by [`Proxy::delay_response_to`].
+    pub delayed_responses: u64,
 }
 
 struct Control {
@@ -63,6 +67,9 @@ struct Control {
     drop_next: AtomicBool,
     /// Armed by [`Proxy::drop_response_to`]: the request to look for.
     drop_pattern: std::sync::Mutex<Option<Vec<u8>>>,
+    /// Armed by [`Proxy::delay_response_to`]: the request and the delay.
+    delay_pattern: std::sync::Mutex<Option<(Vec<u8>, Duration)>>,
+    delayed_responses: AtomicU64,
     reset_epoch: watch::Sender<u64>,
     held_chunks: AtomicU64,
     dropped_responses: AtomicU64,
@@ -71,17 +78,44 @@ struct Control {
     open: AtomicU64,
 }
 
+/// Whether `chunk` holds the pattern armed in `slot`; disarms it and
+/// returns what was armed if so.
+fn take_armed<T>(
+    slot: &std::sync::Mutex<Option<T>>,
+    pattern: impl Fn(&T) -> &[u8],
+    chunk: &[u8],
+) -> Option<T> {
+    let mut armed = slot.lock().unwrap_or_else(|e| e.into_inner());
+    let hit = armed
+        .as_ref()
+        .map(&pattern)
+        .is_some_and(|p| !p.is_empty() && chunk.windows(p.len()).any(|w| w == p));
+    if hit {
+        armed.take()
+    } else {
+        None
+    }
+}
+
 impl Control {
-    /// Whether `chunk` holds the armed pattern; disarms it if so.
+    /// Whether `chunk` holds the armed drop pattern; disarms it if so.
     fn take_pattern_in(&self, chunk: &[u8]) -> bool {
-        let mut armed = self.drop_pattern.lock().unwrap_or_else(|e| e.into_inner());
-        let hit = armed
-            .as_deref()
-            .is_some_and(|p| !p.is_empty() && chunk.windows(p.len()).any(|w| w == p));
-        if hit {
-            *armed = None;
+        take_armed(&self.drop_pattern, |p| p.as_slice(), chunk).is_some()
+    }
+
+    /// If `chunk` holds the armed delay pattern: disarms it and holds every
+    /// response for the armed delay, starting now (before the request
+    /// reaches the server, so its answer cannot slip through first).
+    fn delay_if_armed(self: &Arc<Self>, chunk: &[u8]) {
+        if let Some((_, delay)) = take_armed(&self.delay_pattern, |(p, _)| p.as_slice(), chunk) {
+            self.delayed_responses.fetch_add(1, SeqCst);
+            self.hold_down.send_replace(true);
+            let control = self.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(delay).await;
+                control.hold_down.send_replace(false);
+            });
         }
-        hit
     }
 
     fn hold_flag(&self, direction: Direction) -> &watch::Sender<bool> {
@@ -117,6 +151,8 @@ impl Proxy {
             hold_down: watch::channel(false).0,
             drop_next: AtomicBool::new(false),
             drop_pattern: std::sync::Mutex::new(None),
+            delay_pattern: std::sync::Mutex::new(None),
+            delayed_responses: AtomicU64::new(0),
             reset_epoch: watch::channel(0).0,
             held_chunks: AtomicU64::new(0),
             dropped_responses: AtomicU64::new(0),
@@ -188,6 +224,19 @@ impl Proxy {
             .unwrap_or_else(|e| e.into_inner()) = Some(pattern.to_vec());
     }
 
+    /// Delays one answer: when the first client chunk that contains
+    /// `pattern` passes (see [`Proxy::drop_response_to`] for what a pattern
+    /// can be), every response is held for `delay` from that moment, then
+    /// delivered in order. The request itself reaches the server at once:
+    /// a late reply to an operation that did take effect.
+    pub fn delay_response_to(&self, pattern: &[u8], delay: Duration) {
+        *self
+            .control
+            .delay_pattern
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some((pattern.to_vec(), delay));
+    }
+
     /// Resets every open connection.
     pub fn reset_all(&self) {
         self.control
@@ -204,6 +253,7 @@ impl Proxy {
             dropped_responses: c.dropped_responses.load(SeqCst),
             resets: c.resets.load(SeqCst),
             connections: c.connections.load(SeqCst),
+            delayed_responses: c.delayed_responses.load(SeqCst),
         }
     }
 }
@@ -253,6 +303,9 @@ async fn pump(
             return;
         }
         wait_released(&mut hold, &c).await;
+        if direction == Direction::ClientToServer {
+            c.delay_if_armed(&buf[..n]);
+        }
         if to.write_all(&buf[..n]).await.is_err() {
             return;
         }

@@ -10,7 +10,6 @@ use baton_faults::{Direction, Proxy};
 use baton_fence::postgres::PgFence;
 use baton_fence::{FenceRequest, Outcome};
 use baton_testkit::{until, TempDir};
-use tokio::time::Instant;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_renewal_held_past_expiry_fails_and_the_worker_stops_before_its_next_effect() {
@@ -28,7 +27,6 @@ async fn a_renewal_held_past_expiry_fails_and_the_worker_stops_before_its_next_e
         .await
         .unwrap();
     let ttl = Duration::from_millis(600);
-    let sent_at = Instant::now();
     let Acquired::Granted(lease) = via
         .acquire("renew:held", ttl, Duration::ZERO)
         .await
@@ -38,7 +36,7 @@ async fn a_renewal_held_past_expiry_fails_and_the_worker_stops_before_its_next_e
     };
     // Every renewal from now on waits in the network.
     proxy.hold(Direction::ClientToServer);
-    let keeper = Keeper::start(via.clone(), lease.clone(), sent_at, KeeperConfig::default());
+    let keeper = Keeper::start(via.clone(), lease.clone(), KeeperConfig::default());
     let guard = keeper.guard();
     until(async || proxy.counts().held_chunks >= 1).await;
     // The worker learns it lost the lease at its safe deadline, before the server even expires it.

@@ -21,7 +21,7 @@ pub enum FenceError {
     #[error("sqlite: {0}")]
     Sqlite(#[from] rusqlite::Error),
     #[cfg(feature = "postgres")]
-    #[error("postgres: {0}")]
+    #[error("postgres: {}", crate::postgres::describe_error(.0))]
     Postgres(#[from] tokio_postgres::Error),
 }
 

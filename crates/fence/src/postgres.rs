@@ -33,6 +33,58 @@ const NOT_APPLIED: &str = "BF001";
 const PUBLISH_SQL: &str = "SELECT outcome, token, current_token, current_seq, detail, result
     FROM baton.publish($1, $2, $3, $4, $5)";
 
+/// A PostgreSQL error as a person needs it: the server's severity, message
+/// and SQLSTATE, with its detail and hint; for a failure the server did not
+/// answer (a refused connection, a broken socket), the error and its
+/// causes. `tokio_postgres::Error`'s own text is only "db error".
+pub fn describe_error(e: &tokio_postgres::Error) -> String {
+    if let Some(db) = e.as_db_error() {
+        let mut m = format!(
+            "{}: {} (SQLSTATE {})",
+            db.severity(),
+            db.message(),
+            db.code().code()
+        );
+        if let Some(detail) = db.detail() {
+            m = format!("{m}; detail: {detail}");
+        }
+        if let Some(hint) = db.hint() {
+            m = format!("{m}; hint: {hint}");
+        }
+        return m;
+    }
+    let mut m = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !m.contains(&text) {
+            m = format!("{m}: {text}");
+        }
+        source = s.source();
+    }
+    m
+}
+
+/// A connection string fit for a message: a password, in a URL
+/// (`postgres://user:secret@host`) or as `password=secret`, becomes `***`.
+pub fn redact_url(url: &str) -> String {
+    if let Some((scheme, rest)) = url.split_once("://") {
+        if let Some((userinfo, host)) = rest.split_once('@') {
+            if let Some((user, _)) = userinfo.split_once(':') {
+                return format!("{scheme}://{user}:***@{host}");
+            }
+        }
+        return url.to_string();
+    }
+    url.split_whitespace()
+        .map(|pair| match pair.split_once('=') {
+            Some((key, _)) if key.eq_ignore_ascii_case("password") => format!("{key}=***"),
+            _ => pair.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 fn seq(v: i64) -> Result<Sequence, FenceError> {
     Sequence::new(v as u64).map_err(|e| FenceError::Corrupt(e.to_string()))
 }

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use baton_client::flags::parse_duration;
+use baton_client::flags::parse_positive_duration;
 use clap::{Parser, Subcommand};
 
 use crate::{store, worker};
@@ -188,13 +188,13 @@ pub struct WorkerArgs {
     #[arg(long, default_value = "worker")]
     pub name: String,
     /// Lease duration, like 5s.
-    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    #[arg(long, default_value = "5s", value_parser = parse_positive_duration)]
     pub ttl: Duration,
     /// One pass over the open jobs, then exit.
     #[arg(long)]
     pub once: bool,
     /// Time between polls for open jobs.
-    #[arg(long, default_value = "200ms", value_parser = parse_duration)]
+    #[arg(long, default_value = "200ms", value_parser = parse_positive_duration)]
     pub poll: Duration,
     /// Stop with SIGSTOP after the last local ownership check, just before publishing.
     #[arg(long)]
@@ -230,7 +230,7 @@ pub struct ChaosArgs {
     #[arg(long, default_value_t = 8)]
     pub workers: usize,
     /// How long faults are injected (e.g. 60s, 10m); the run then settles.
-    #[arg(long, default_value = "60s", value_parser = baton_client::flags::parse_duration)]
+    #[arg(long, default_value = "60s", value_parser = parse_positive_duration)]
     pub duration: Duration,
     /// Seed of the fault schedule; random if not given (and printed).
     #[arg(long)]
@@ -246,7 +246,7 @@ pub struct ChaosArgs {
     #[arg(long)]
     pub negative_control: bool,
     /// Lease duration of the workers (200ms to 60s); pauses last 0.5 to 3 TTLs.
-    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    #[arg(long, default_value = "1s", value_parser = parse_positive_duration)]
     pub ttl: Duration,
     /// Percent of publish attempts on which a worker stops itself just
     /// before publishing (after its last ownership check).

@@ -17,7 +17,6 @@ use baton_faults::history::Step;
 use baton_fence::objects::ObjectKit;
 use baton_fence::FencingToken;
 use serde_json::json;
-use tokio::time::Instant;
 
 use crate::events::emit;
 use crate::store::{self, Db, Input, Location, Result};
@@ -192,17 +191,11 @@ async fn process(
     let resource = resource(account, date);
     // The lease is tied to the client's session: its heartbeat keeps it.
     let session = client.session(cfg.ttl).await?;
-    let sent_at = Instant::now();
     let lease = match session.acquire(&resource, Duration::ZERO).await? {
         Acquired::Granted(lease) => lease,
         Acquired::NotAcquired(_) => return Ok(()),
     };
-    let keeper = Keeper::start(
-        session.clone(),
-        lease.clone(),
-        sent_at,
-        KeeperConfig::default(),
-    );
+    let keeper = Keeper::start(session.clone(), lease.clone(), KeeperConfig::default());
     let token = FencingToken::new(lease.token.get())?;
     emit(
         "acquired",

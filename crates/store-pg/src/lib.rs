@@ -52,7 +52,7 @@ impl PgError {
     }
 }
 
-/// The full text of a database error: its message, detail and hint.
+/// The full text of a database error: its message, detail and SQLSTATE.
 pub(crate) fn db_message(e: &tokio_postgres::Error) -> String {
     match e.as_db_error() {
         Some(db) => {
@@ -60,7 +60,7 @@ pub(crate) fn db_message(e: &tokio_postgres::Error) -> String {
             if let Some(d) = db.detail() {
                 m = format!("{m} ({d})");
             }
-            m
+            format!("{m} (SQLSTATE {})", db.code().code())
         }
         None => {
             let mut m = e.to_string();

@@ -18,3 +18,21 @@ pub fn json_u64(text: &str, key: &str) -> Option<u64> {
 pub fn json_str(text: &str, key: &str) -> Option<String> {
     Some(object(text)?.get(key)?.as_str()?.to_string())
 }
+
+/// Field `key` of the first lease (`leases[0]`) in the first JSON object in
+/// `text`: what `baton acquire --json` and `baton hold --json` print.
+pub fn json_lease_u64(text: &str, key: &str) -> Option<u64> {
+    object(text)?.get("leases")?.get(0)?.get(key)?.as_u64()
+}
+
+/// As [`json_lease_u64`], a string field.
+pub fn json_lease_str(text: &str, key: &str) -> Option<String> {
+    Some(
+        object(text)?
+            .get("leases")?
+            .get(0)?
+            .get(key)?
+            .as_str()?
+            .to_string(),
+    )
+}

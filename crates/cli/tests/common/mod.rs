@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
-pub use baton_testkit::json::{json_str, json_u64};
+pub use baton_testkit::json::{json_lease_str, json_lease_u64, json_str, json_u64};
 pub use baton_testkit::{eventually, TempDir};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_baton");

@@ -30,6 +30,7 @@ impl Renewer for Script {
         let renewed = Renewal::Renewed {
             token: token(),
             remaining: TTL,
+            valid_until: Instant::now() + TTL,
         };
         match self.steps.pop_front().unwrap_or(Step::Ok) {
             Step::Ok => Ok(renewed),
@@ -48,12 +49,14 @@ fn token() -> FencingToken {
     FencingToken::from_u64((1 << 40) | 7).unwrap()
 }
 
-fn lease() -> Lease {
+/// A lease whose acquire was sent at `sent_at`.
+fn lease(sent_at: Instant) -> Lease {
     Lease {
         resource: "job".into(),
         acquisition_id: AcquisitionId::from_bytes([1; 16]),
         token: token(),
         ttl: TTL,
+        valid_until: sent_at + TTL,
     }
 }
 
@@ -65,7 +68,7 @@ fn start(steps: &[Step]) -> (Keeper, Arc<Mutex<Vec<Instant>>>, Instant) {
     };
     let t0 = Instant::now();
     (
-        Keeper::start(script, lease(), t0, KeeperConfig::default()),
+        Keeper::start(script, lease(t0), KeeperConfig::default()),
         sent,
         t0,
     )

@@ -18,9 +18,13 @@ use baton_fence::{FenceRequest, FencingToken, Outcome, Publication, ResourceName
 
 pub type Result<T> = anyhow::Result<T>;
 
-/// A library error as this binary's error (its message is kept whole).
-pub(crate) fn err(e: impl std::fmt::Display) -> anyhow::Error {
-    anyhow::anyhow!("{e}")
+/// A library error as this binary's error (its message is kept whole; a
+/// PostgreSQL error says the server's message and SQLSTATE, not "db error").
+pub(crate) fn err(e: impl std::error::Error + 'static) -> anyhow::Error {
+    match (&e as &dyn std::error::Error).downcast_ref::<tokio_postgres::Error>() {
+        Some(pg) => anyhow::anyhow!("postgres: {}", baton_fence::postgres::describe_error(pg)),
+        None => anyhow::anyhow!("{e}"),
+    }
 }
 
 /// One accepted publication, from the publication log.

@@ -59,11 +59,11 @@ struct Args {
         value_delimiter = ','
     )]
     transports: Vec<String>,
-    /// Time per measurement, in seconds.
-    #[arg(long, default_value_t = 3.0)]
+    /// Time per measurement, in seconds (above 0, at most a day).
+    #[arg(long, default_value_t = 3.0, value_parser = seconds_f64)]
     seconds: f64,
-    /// Lease TTL in seconds.
-    #[arg(long, default_value_t = 30)]
+    /// Lease TTL in seconds (1 to 86400).
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=86_400))]
     ttl_s: u64,
     /// Modes: distinct, shared or both.
     #[arg(long, default_value = "both")]
@@ -346,5 +346,15 @@ fn summarize(all: &[Report], rounds: usize) {
                 );
             }
         }
+    }
+}
+
+/// `--seconds`: a finite number of seconds above zero and at most a day
+/// (`Duration::from_secs_f64` would panic on a negative or huge value).
+fn seconds_f64(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(x) if x > 0.0 && x <= 86_400.0 => Ok(x),
+        Ok(_) => Err(format!("{s:?}: seconds must be above 0 and at most 86400")),
+        Err(e) => Err(format!("{s:?} is not a number of seconds ({e})")),
     }
 }
