@@ -298,17 +298,14 @@ async fn close_bounded(session: &baton_client::Session) {
     }
 }
 
-/// What `renew` prints. `valid_for_ms` counts from the renewal's send time.
+/// What `renew` prints (every key always there). `valid_for_ms` counts
+/// from the renewal's send time.
 #[derive(Serialize)]
 pub struct RenewOut {
     renewed: bool,
-    #[serde(skip_serializing_if = "Option::is_none")]
     token: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     remaining_ms: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     valid_for_ms: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     reason: Option<&'static str>,
     #[serde(skip)]
     name: String,
@@ -372,13 +369,12 @@ pub async fn renew(opts: &ClientOpts, name: &str, hex: &str) -> Result<RenewOut,
     Ok(out)
 }
 
-/// What `release` prints. Releasing what is not held changes nothing: exit 0.
+/// What `release` prints (every key always there). Releasing what is not
+/// held changes nothing: exit 0.
 #[derive(Serialize)]
 pub struct ReleaseOut {
     released: bool,
-    #[serde(skip_serializing_if = "Option::is_none")]
     token: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     reason: Option<&'static str>,
     #[serde(skip)]
     name: String,

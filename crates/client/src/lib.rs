@@ -791,3 +791,9 @@ impl Client {
         )
     }
 }
+
+/// The README's Rust examples, compiled as doc tests so they stay complete
+/// (imports, `#[tokio::main]`) and current.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+pub struct ReadmeDoctests;

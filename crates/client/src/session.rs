@@ -414,14 +414,14 @@ impl Session {
         };
         let mut out = crate::acquired_all(answer, resources.len(), sent)?;
         if let (AcquiredAll::Granted { leases, .. }, None) = (&mut out, ttl) {
-            // A lease tied to the session ends with it: no later than the
-            // session's deadline as known now (the last acknowledged
-            // heartbeat's send time plus the TTL), which heartbeats kept
-            // moving while the acquire waited in line.
+            // A lease tied to the session ends with it. The server counts
+            // the acquire as a heartbeat (held a session TTL from the send,
+            // as `acquired_all` set), and heartbeats kept the session
+            // moving while the acquire waited in line: the later of the two.
             let session_deadline = self.inner.state.borrow().server_deadline;
             let mut bound = self.inner.bound.lock().expect("session mutex");
             for l in leases {
-                l.valid_until = session_deadline;
+                l.valid_until = l.valid_until.max(session_deadline);
                 bound.insert(l.acquisition_id, l.token);
             }
         }

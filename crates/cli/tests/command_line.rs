@@ -1,0 +1,352 @@
+//! The command line as a newcomer meets it: values it cannot honour are
+//! refused naming the rule, an argument that is not UTF-8 is a usage
+//! error, errors name the likely cause and the address once, and `--json`
+//! has one pinned shape per command.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::process::Output;
+
+use common::{cli, TempDir};
+use serde_json::Value;
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).to_string()
+}
+
+fn json(out: &Output) -> Value {
+    let text = String::from_utf8_lossy(&out.stdout);
+    baton_testkit::json::object(&text).unwrap_or_else(|| panic!("no JSON object in {text:?}"))
+}
+
+fn keys(v: &Value) -> BTreeSet<&str> {
+    v.as_object()
+        .unwrap_or_else(|| panic!("not an object: {v}"))
+        .keys()
+        .map(String::as_str)
+        .collect()
+}
+
+fn set<'a>(names: &[&'a str]) -> BTreeSet<&'a str> {
+    names.iter().copied().collect()
+}
+
+/// Zero, sub-millisecond and overlong durations, in client and server
+/// flags alike: exit 2 with one error naming the rule and the limit, and
+/// nothing sent (the server address is a closed port).
+#[test]
+fn durations_that_cannot_be_honoured_are_refused_by_every_flag() {
+    let nowhere = "127.0.0.1:1";
+    for (args, says) in [
+        (
+            vec!["acquire", "x", "--ttl", "2305843009213693982s"],
+            "365 days (31536000000 ms)",
+        ),
+        (vec!["acquire", "x", "--ttl", "0s"], "at least 1ms"),
+        (
+            vec!["acquire", "x", "--ttl", "500us"],
+            "whole number of milliseconds",
+        ),
+        (vec!["acquire", "x", "--wait", "9000h"], "365 days"),
+        (vec!["hold", "x", "--ttl", "0ms"], "at least 1ms"),
+        (vec!["status", "x", "--timeout", "0s"], "at least 1ms"),
+        (vec!["bench", "--ttl", "0s"], "at least 1ms"),
+        (vec!["serve", "--default-ttl", "0s"], "at least 1ms"),
+        (
+            vec!["serve", "--ttl-max", "2305843009213693982s"],
+            "365 days",
+        ),
+        (vec!["serve", "--idle-timeout", "0s"], "at least 1ms"),
+        (
+            vec!["serve", "--handshake-timeout", "1500us"],
+            "whole number of milliseconds",
+        ),
+    ] {
+        let mut all = args.clone();
+        if args[0] != "serve" {
+            all.extend(["--server", nowhere]);
+        }
+        let out = cli(&all);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?} must name the rule: {err}");
+        assert_eq!(err.matches("error:").count(), 1, "one error: {err}");
+    }
+    // Through the environment and a config file, the same parser.
+    let out = std::process::Command::new(common::BIN)
+        .args(["serve", "--data-dir", "/nonexistent/never-created"])
+        .env("BATON_DEFAULT_TTL", "0s")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("at least 1ms"));
+}
+
+#[test]
+fn an_argument_that_is_not_utf8_is_a_usage_error_not_a_panic() {
+    use std::os::unix::ffi::OsStrExt;
+    for json in [false, true] {
+        let mut cmd = std::process::Command::new(common::BIN);
+        cmd.arg("status")
+            .arg(std::ffi::OsStr::from_bytes(b"\xff\xfe"))
+            .args(["--server", "127.0.0.1:1"]);
+        if json {
+            cmd.arg("--json");
+        }
+        let out = cmd.output().unwrap();
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(err.contains("invalid UTF-8"), "{err}");
+        assert!(!err.contains("panicked"), "{err}");
+        if json {
+            assert_eq!(json_of(&out)["exit_code"], 2);
+        }
+    }
+}
+
+fn json_of(out: &Output) -> Value {
+    json(out)
+}
+
+/// A client pointed at the HTTP port, or at a port that never answers:
+/// one sentence with the likely cause and the address once, not the
+/// transport's text.
+#[tokio::test]
+async fn errors_name_the_likely_cause_and_the_address_once() {
+    let dir = TempDir::new("cli-errors");
+    let s = common::serve(dir.path(), &[]);
+    let http = s.http.to_string();
+    let out = cli(&["status", "x", "--server", &http]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("HTTP port") && err.contains("--listen"),
+        "{err}"
+    );
+    assert_eq!(err.matches(&http).count(), 1, "the address once: {err}");
+    assert!(
+        !err.contains("transport error") && !err.contains("h2"),
+        "{err}"
+    );
+
+    // Accepts connections, never answers.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = silent.local_addr().unwrap().to_string();
+    let out = cli(&["status", "x", "--server", &addr, "--timeout", "300ms"]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("no answer from") && err.contains("within 300 ms"),
+        "{err}"
+    );
+    assert_eq!(err.matches(&addr).count(), 1, "the address once: {err}");
+    assert!(!err.contains("Timeout expired"), "{err}");
+    drop(silent);
+}
+
+/// A PostgreSQL failure says the server's message and SQLSTATE and which
+/// URL, with its password hidden; never just "db error".
+#[tokio::test]
+async fn a_postgresql_failure_names_the_message_sqlstate_and_url() {
+    let cfg: tokio_postgres::Config = baton_testkit::pg_admin_url().parse().unwrap();
+    let host = match &cfg.get_hosts()[0] {
+        tokio_postgres::config::Host::Tcp(h) => h.clone(),
+        tokio_postgres::config::Host::Unix(p) => p.display().to_string(),
+    };
+    let port = cfg.get_ports().first().copied().unwrap_or(5432);
+    let user = cfg.get_user().unwrap_or("postgres");
+    let url =
+        format!("host={host} port={port} user={user} dbname=baton_no_such_db password=hunter2");
+    let dir = TempDir::new("cli-pg-error");
+    let data = dir.path().join("data");
+    let out = cli(&[
+        "admin",
+        "restore",
+        "--empty",
+        "--data-dir",
+        data.to_str().unwrap(),
+        "--floor-from",
+        &url,
+    ]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("database \"baton_no_such_db\" does not exist")
+            && err.contains("SQLSTATE 3D000"),
+        "{err}"
+    );
+    assert!(
+        err.contains("password=***") && !err.contains("hunter2"),
+        "{err}"
+    );
+    assert!(!err.contains("db error"), "{err}");
+}
+
+/// Every command's `--json` shape, pinned: the same keys for one name and
+/// several, for a grant and a refusal; usage errors as JSON too.
+#[tokio::test]
+async fn json_shapes_are_one_per_command() {
+    let dir = TempDir::new("cli-json");
+    let s = common::serve(dir.path(), &[]);
+    let url = s.url();
+    let run = |args: &[&str]| {
+        let mut all = args.to_vec();
+        all.extend(["--server", &url, "--json"]);
+        cli(&all)
+    };
+    let acquire_keys = set(&["acquired", "reason", "after_wait", "leases", "blocked_by"]);
+    let lease_keys = set(&[
+        "resource",
+        "acquisition_id",
+        "token",
+        "ttl_ms",
+        "valid_for_ms",
+    ]);
+
+    let one = run(&["acquire", "j:1", "--ttl", "30s"]);
+    assert_eq!(one.status.code(), Some(0));
+    let one = json(&one);
+    let two = json(&run(&["acquire", "j:2", "j:3"]));
+    let held = run(&["acquire", "j:1"]);
+    assert_eq!(held.status.code(), Some(3));
+    let held = json(&held);
+    let timed_out = json(&run(&["acquire", "j:1", "--wait", "100ms"]));
+    for v in [&one, &two, &held, &timed_out] {
+        assert_eq!(keys(v), acquire_keys, "{v}");
+    }
+    assert_eq!(one["acquired"], true);
+    assert_eq!(one["reason"], Value::Null);
+    assert_eq!(one["leases"].as_array().unwrap().len(), 1);
+    assert_eq!(two["leases"].as_array().unwrap().len(), 2);
+    for l in one["leases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .chain(two["leases"].as_array().unwrap())
+    {
+        assert_eq!(keys(l), lease_keys, "{l}");
+    }
+    assert_eq!(held["acquired"], false);
+    assert_eq!(held["reason"], "held");
+    assert_eq!(
+        keys(&held["blocked_by"]),
+        set(&["resource", "holder_token"])
+    );
+    assert_eq!(
+        held["blocked_by"]["holder_token"],
+        one["leases"][0]["token"]
+    );
+    assert_eq!(timed_out["reason"], "timed_out");
+
+    let id = one["leases"][0]["acquisition_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let renew_keys = set(&["renewed", "token", "remaining_ms", "valid_for_ms", "reason"]);
+    let renewed = json(&run(&["renew", "j:1", "--acquisition", &id]));
+    let not_owner = json(&run(&["renew", "j:2", "--acquisition", &id]));
+    assert_eq!(
+        (keys(&renewed), keys(&not_owner)),
+        (renew_keys.clone(), renew_keys)
+    );
+    assert_eq!(
+        (&renewed["renewed"], &not_owner["reason"]),
+        (&Value::Bool(true), &Value::from("not_owner"))
+    );
+
+    let status = json(&run(&["status", "j:1"]));
+    assert_eq!(
+        keys(&status),
+        set(&[
+            "resource",
+            "held",
+            "holder_token",
+            "remaining_ms",
+            "ttl_ms",
+            "n_waiters"
+        ])
+    );
+    let list = json(&run(&["list", "--prefix", "j:"]));
+    assert_eq!(keys(&list), set(&["entries"]));
+    assert_eq!(keys(&list["entries"][0]), keys(&status));
+
+    let release_keys = set(&["released", "token", "reason"]);
+    let released = json(&run(&["release", "j:1", "--acquisition", &id]));
+    let again = json(&run(&["release", "j:1", "--acquisition", &id]));
+    assert_eq!(
+        (keys(&released), keys(&again)),
+        (release_keys.clone(), release_keys)
+    );
+    assert_eq!(again["reason"], "not_held");
+
+    let fenced = json(&run(&["fence", "j:2"]));
+    assert_eq!(keys(&fenced), set(&["resource", "token", "revoked_token"]));
+
+    let error_keys = set(&["error", "exit_code"]);
+    for (args, code) in [
+        (vec!["acquire", "j::bad"], 2),
+        (vec!["acquire"], 2),
+        (vec!["acquire", "x", "--ttl", "30"], 2),
+        (vec!["renew", "j:1", "--acquisition", "xyz"], 2),
+    ] {
+        let out = run(&args);
+        assert_eq!(out.status.code(), Some(code), "{args:?}");
+        let v = json(&out);
+        assert_eq!(keys(&v), error_keys, "{args:?}: {v}");
+        assert_eq!(v["exit_code"], code);
+        assert!(!v["error"].as_str().unwrap().is_empty());
+    }
+    let unreachable = cli(&["status", "x", "--server", "127.0.0.1:1", "--json"]);
+    assert_eq!(keys(&json(&unreachable)), error_keys);
+}
+
+/// The SQL block of the fence-kit chapter (docs/fence-kit.md), as written,
+/// in a fresh database with the kit installed; then `admin restore
+/// --floor-from` that database, as the README's restore example does. Its
+/// sample tokens are real Baton tokens (epoch 1), so the restore takes the
+/// database as a floor.
+#[tokio::test]
+async fn the_fence_kit_chapter_and_the_restore_example_run_as_written() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let chapter = std::fs::read_to_string(root.join("docs/fence-kit.md")).unwrap();
+    let start = chapter.find("```sql").expect("a SQL block") + "```sql".len();
+    let sql = &chapter[start..start + chapter[start..].find("```").unwrap()];
+    let db = baton_testkit::PgDb::create("docs_fence_kit").await;
+    let client = db.connect().await;
+    for (_, migration) in baton_fence::postgres::MIGRATIONS {
+        client.batch_execute(migration).await.unwrap();
+    }
+    client
+        .batch_execute(sql)
+        .await
+        .unwrap_or_else(|e| panic!("{}", baton_fence::postgres::describe_error(&e)));
+    let highest: i64 = client
+        .query_one("SELECT max(generation) FROM baton.resources", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        highest >> 40,
+        1,
+        "the sample tokens are epoch-1 Baton tokens"
+    );
+
+    let dir = TempDir::new("docs-restore");
+    let data = dir.path().join("baton-data");
+    let out = cli(&[
+        "admin",
+        "restore",
+        "--empty",
+        "--data-dir",
+        data.to_str().unwrap(),
+        "--floor-from",
+        &db.url,
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}{}", stderr(&out));
+    assert!(
+        text.contains(&format!("resources recorded up to token {highest}")),
+        "{text}"
+    );
+}
