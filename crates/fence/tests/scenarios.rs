@@ -924,10 +924,12 @@ async fn migration_2_upgrades_an_installed_migration_1_in_place() {
 }
 
 /// Every SQL block of the fence kit's chapter runs as written against a
-/// freshly migrated database, and ends as the chapter says: Bob's 108 is
-/// recorded, Alice's 107 changed nothing, the ordered writes applied.
+/// freshly migrated database, and ends as the chapter says: Bob's token is
+/// recorded, Alice's older one changed nothing, the ordered writes applied.
 #[tokio::test]
 async fn the_documented_sql_runs_as_written() {
+    // The chapter's tokens are Baton's: epoch 1, counters 107 to 110.
+    const EPOCH_1: i64 = 1 << 40;
     let pg = Pg::new().await;
     let doc = include_str!("../../../docs/fence-kit.md");
     let blocks: Vec<&str> = doc
@@ -952,13 +954,13 @@ async fn the_documented_sql_runs_as_written() {
         .unwrap();
     assert_eq!(
         row.get::<_, i64>(0),
-        108,
+        EPOCH_1 + 108,
         "Alice's stale call wrote nothing"
     );
     let stale: String = pg
         .client
         .query_one(
-            "SELECT outcome FROM baton.fence('statement:account-42:2026-09-13', 107, 'publish-gen-107', '\\x01'::bytea)",
+            "SELECT outcome FROM baton.fence('statement:account-42:2026-09-13', 1099511627883, 'publish-gen-1099511627883', '\\x01'::bytea)",
             &[],
         )
         .await
@@ -976,7 +978,7 @@ async fn the_documented_sql_runs_as_written() {
             .unwrap();
         (r.get(0), r.get(1))
     };
-    assert_eq!((seq, generation), (2, 110));
+    assert_eq!((seq, generation), (2, EPOCH_1 + 110));
 }
 
 /// The documented pipelined fence in plain SQL: a refused fence aborts the

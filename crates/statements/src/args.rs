@@ -230,7 +230,9 @@ pub struct ChaosArgs {
     #[arg(long, default_value_t = 8)]
     pub workers: usize,
     /// How long faults are injected (e.g. 60s, 10m); the run then settles.
-    #[arg(long, default_value = "60s", value_parser = parse_positive_duration)]
+    /// (Zero passes the parser so that the run's own rule, at least 1s, is
+    /// the one named.)
+    #[arg(long, default_value = "60s", value_parser = baton_client::flags::parse_duration)]
     pub duration: Duration,
     /// Seed of the fault schedule; random if not given (and printed).
     #[arg(long)]
