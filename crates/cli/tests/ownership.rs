@@ -219,3 +219,40 @@ async fn a_hold_whose_lease_is_fenced_exits_4_at_once() {
     let (_, next) = take_over(&url, "fenced:1").await;
     assert!(next > token);
 }
+
+/// A grant after a wait in line longer than the TTL is still a grant: the
+/// server reports how long the request waited, and the validity counts
+/// from the send time plus that wait (never more than the client saw pass).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_after_a_wait_longer_than_its_ttl_is_valid_from_the_grant() {
+    let dir = TempDir::new("own-long-wait");
+    let s = common::serve(dir.path(), &[]);
+    let url = s.url();
+    let mut c = Client::connect(&url).await.unwrap();
+    let Acquired::Granted(first) = c
+        .acquire("wait:1", Duration::from_secs(30), Duration::ZERO)
+        .await
+        .unwrap()
+    else {
+        panic!("first grant")
+    };
+    let cli = Cli::spawn(&[
+        "acquire", "wait:1", "--ttl", "1s", "--wait", "10s", "--json", "--server", &url,
+    ]);
+    baton_testkit::until(async || c.status("wait:1").await.unwrap().n_waiters == 1).await;
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    c.release("wait:1", &first.acquisition_id).await.unwrap();
+    let (_, line) = cli.line();
+    let (code, rest) = cli.exit();
+    assert_eq!(code, Some(0), "{line}\n{rest}");
+    let json = baton_testkit::json::object(&line).unwrap();
+    assert_eq!(
+        (&json["acquired"], &json["after_wait"]),
+        (&true.into(), &true.into())
+    );
+    let valid_for_ms = json["leases"][0]["valid_for_ms"].as_u64().unwrap();
+    assert!(
+        valid_for_ms > 0 && valid_for_ms <= 1_000,
+        "valid for what is left of 1 s after the grant: {valid_for_ms} ms"
+    );
+}

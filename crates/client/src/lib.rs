@@ -371,15 +371,24 @@ fn optional_token(value: u64) -> Result<Option<FencingToken>, ClientError> {
     }
 }
 
-/// A granted lease from the acquire request sent at `sent`.
+/// A granted lease from the acquire request sent at `sent`: valid from the
+/// send time plus how long it waited in line on the server (a lease tied
+/// to a session: the acquire refreshed the session on arrival, so from the
+/// send time; the session's heartbeats extend it, see `Session`).
 fn lease(l: v1::Lease, sent: Instant) -> Result<Lease, ClientError> {
     let ttl = Duration::from_millis(l.ttl_ms);
+    // Never more than this process saw pass since the send.
+    let waited = if l.session_bound {
+        Duration::ZERO
+    } else {
+        Duration::from_millis(l.waited_ms).min(sent.elapsed())
+    };
     Ok(Lease {
         acquisition_id: AcquisitionId::from_slice(&l.acquisition_id)
             .ok_or_else(|| ClientError::Protocol("acquisition id is not 16 bytes".into()))?,
         token: token(l.token)?,
         ttl,
-        valid_until: deadline(sent, ttl)?,
+        valid_until: deadline(sent, waited.saturating_add(ttl))?,
         resource: l.resource,
     })
 }

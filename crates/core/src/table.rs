@@ -236,7 +236,7 @@ impl LeaseTable {
             let grants = request
                 .claims
                 .into_iter()
-                .map(|(resource, id)| self.grant(now, resource, id, ttl_ms, false, request.session))
+                .map(|(resource, id)| self.grant(now, resource, id, ttl_ms, None, request.session))
                 .collect();
             return Ok(AcquireOutcome::Granted(grants));
         };
@@ -325,6 +325,7 @@ impl LeaseTable {
             claims: request.claims,
             ttl_ms: request.ttl_ms,
             deadline,
+            queued_at: now,
             session: request.session,
         };
         self.waiters.insert(request.waiter, waiter);
@@ -407,7 +408,14 @@ impl LeaseTable {
                     .queue
                     .pop_front();
                 assert_eq!(popped, Some(head));
-                self.grant(now, r, id, waiter.ttl_ms, true, waiter.session)
+                self.grant(
+                    now,
+                    r,
+                    id,
+                    waiter.ttl_ms,
+                    Some(waiter.queued_at),
+                    waiter.session,
+                )
             })
             .collect();
         self.effects.woken.push((head, WaitResult::Granted(grants)));
@@ -430,9 +438,11 @@ impl LeaseTable {
         resource: ResourceName,
         id: AcquisitionId,
         ttl_ms: u64,
-        after_wait: bool,
+        queued_at: Option<MonoMs>,
         session: Option<SessionDigest>,
     ) -> Grant {
+        let after_wait = queued_at.is_some();
+        let waited_ms = queued_at.map_or(0, |at| now.0.saturating_sub(at.0));
         let token = self.issue_token();
         let (ttl_ms, expires_at) = match session {
             Some(digest) => {
@@ -484,6 +494,7 @@ impl LeaseTable {
             acquisition_id: id,
             token,
             ttl_ms,
+            waited_ms,
         }
     }
 

@@ -182,6 +182,7 @@ fn acquire_outcome(reply: AcquireReply, bound: bool) -> v1::acquire_response::Ou
                     token: g.token.get(),
                     ttl_ms: g.ttl_ms,
                     session_bound: bound,
+                    waited_ms: g.waited_ms,
                 })
                 .collect();
             v1::acquire_response::Outcome::Granted(v1::Granted { leases, after_wait })

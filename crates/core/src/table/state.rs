@@ -95,6 +95,8 @@ pub(super) struct Waiter {
     pub(super) claims: Vec<(ResourceName, AcquisitionId)>,
     pub(super) ttl_ms: u64,
     pub(super) deadline: MonoMs,
+    /// When the request joined the line.
+    pub(super) queued_at: MonoMs,
     pub(super) session: Option<SessionDigest>,
 }
 

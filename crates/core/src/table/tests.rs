@@ -38,7 +38,13 @@ fn grant(r: &str, n: u8, counter: u64, ttl_ms: u64) -> Grant {
         acquisition_id: id(n),
         token: tok(counter),
         ttl_ms,
+        waited_ms: 0,
     }
+}
+
+/// `g` as granted to a request that waited `waited_ms` in line.
+fn after_waiting(g: Grant, waited_ms: u64) -> Grant {
+    Grant { waited_ms, ..g }
 }
 
 #[test]
@@ -225,7 +231,8 @@ fn waiters_are_served_first_come_first_served() {
         fx.woken,
         vec![(
             WaiterId(10),
-            WaitResult::Granted(vec![grant("a", 2, 2, 5_000)])
+            // Queued at 1, granted at 4.
+            WaitResult::Granted(vec![after_waiting(grant("a", 2, 2, 5_000), 3)])
         )]
     );
     // The second waiter gets it when the first lease expires.
@@ -234,7 +241,8 @@ fn waiters_are_served_first_come_first_served() {
         t.take_effects().woken,
         vec![(
             WaiterId(11),
-            WaitResult::Granted(vec![grant("a", 3, 3, 5_000)])
+            // Queued at 2, granted at 5 005.
+            WaitResult::Granted(vec![after_waiting(grant("a", 3, 3, 5_000), 5_003)])
         )]
     );
 }

@@ -106,6 +106,10 @@ pub struct Grant {
     pub token: FencingToken,
     /// The granted duration.
     pub ttl_ms: u64,
+    /// How long the request waited in line before this grant, on the
+    /// table's clock (0 when granted at once): a client that counts the
+    /// lease from its send time adds this.
+    pub waited_ms: u64,
 }
 
 /// What an acquire did.
