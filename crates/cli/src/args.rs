@@ -101,6 +101,21 @@ pub enum Command {
         #[command(flatten)]
         client: ClientOpts,
     },
+    /// Run a command while holding leases: acquire on a session, start the
+    /// command with its tokens in the environment, keep the leases, and
+    /// stop the command (SIGTERM, then SIGKILL by the lease's safe-until)
+    /// if ownership is lost; then release. See "Exit codes of run".
+    #[command(after_help = RUN_EXIT_CODES)]
+    Run(RunArgs),
+    /// (internal) The child side of `run`: dies with its parent, then execs.
+    #[command(hide = true, name = "exec-child")]
+    ExecChild {
+        /// The `baton run` process that must still be the parent.
+        parent: u32,
+        /// The command and its arguments.
+        #[arg(last = true, required = true, value_parser = clap::value_parser!(std::ffi::OsString))]
+        command: Vec<std::ffi::OsString>,
+    },
     /// Extend a lease by its TTL, proving ownership with its acquisition id.
     Renew {
         /// The resource name.
@@ -154,6 +169,38 @@ pub enum Command {
     Admin(Admin),
     /// Load generator: acquire → release cycles against a running server.
     Bench(BenchArgs),
+}
+
+pub const RUN_EXIT_CODES: &str = "Exit codes of run (GNU timeout's convention):
+  N    the command's own exit code (128+S if a signal S ended it)
+  124  ownership was lost while the command ran (fenced, session ended, or
+       the lease's safe-until about to pass): the command was stopped
+  125  the command did not run: not acquired (held, or the wait ran out),
+       server unreachable or refused, or a bad flag
+  126  the command was found but could not be started
+  127  the command was not found";
+
+/// `baton run`.
+#[derive(Args)]
+pub struct RunArgs {
+    /// Resource names; with several, every lease is granted or none.
+    #[arg(required = true)]
+    pub names: Vec<String>,
+    /// Session TTL, like 30s [default: the server's --default-ttl].
+    #[arg(long, value_parser = parse_positive_duration)]
+    pub ttl: Option<Duration>,
+    /// Wait in line up to this long (0: try once).
+    #[arg(long, default_value = "0s", value_parser = parse_duration)]
+    pub wait: Duration,
+    /// Grace between SIGTERM and SIGKILL when ownership is lost (at most
+    /// half the TTL; SIGKILL never lands after the lease's safe-until).
+    #[arg(long, default_value = "10s", value_parser = parse_positive_duration)]
+    pub kill_after: Duration,
+    /// The command and its arguments, after `--`.
+    #[arg(last = true, required = true, value_parser = clap::value_parser!(std::ffi::OsString))]
+    pub command: Vec<std::ffi::OsString>,
+    #[command(flatten)]
+    pub client: ClientOpts,
 }
 
 /// `baton bench`.

@@ -14,6 +14,10 @@ pub enum Exit {
     NotOwner = 4,
     Refused = 5,
     ExpiredOnArrival = 6,
+    /// `run`: ownership was lost; the command was stopped.
+    RunLost = 124,
+    /// `run`: the command did not run (not acquired, or run failed).
+    RunNotStarted = 125,
 }
 
 /// A command that failed: what to say and how to exit.

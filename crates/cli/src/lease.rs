@@ -145,7 +145,7 @@ impl AcquireOut {
     /// The answer as the user sees it. Read at once on arrival: a grant
     /// whose validity (from the send time) has run out is not reported as
     /// acquired.
-    fn new(all: &AcquiredAll, wait: Duration) -> Self {
+    pub(crate) fn new(all: &AcquiredAll, wait: Duration) -> Self {
         match all {
             AcquiredAll::Granted { leases, after_wait } => {
                 let expired = leases.iter().any(baton_client::Lease::is_expired);
@@ -253,7 +253,7 @@ pub async fn hold(
 }
 
 /// The first keeper whose lease is lost.
-async fn first_lost(keepers: &[Keeper]) -> &Keeper {
+pub(crate) async fn first_lost(keepers: &[Keeper]) -> &Keeper {
     let cancelled = keepers.iter().map(|k| {
         let token = k.cancellation();
         Box::pin(async move {
@@ -265,7 +265,7 @@ async fn first_lost(keepers: &[Keeper]) -> &Keeper {
 }
 
 /// One sentence on a lost lease: which, and why, in the user's terms.
-fn loss_message(keeper: &Keeper, session: &baton_client::Session) -> String {
+pub(crate) fn loss_message(keeper: &Keeper, session: &baton_client::Session) -> String {
     let lease = keeper.lease();
     let state = session.state();
     let why = if state.revoked.iter().any(|(_, t)| *t == lease.token) {
@@ -289,7 +289,7 @@ fn loss_message(keeper: &Keeper, session: &baton_client::Session) -> String {
 
 /// Closes the session, best effort and bounded: after a loss the server
 /// may be out of reach, and the leases end with the session anyway.
-async fn close_bounded(session: &baton_client::Session) {
+pub(crate) async fn close_bounded(session: &baton_client::Session) {
     if tokio::time::timeout(GIVE_BACK_TIMEOUT, session.close())
         .await
         .is_err()

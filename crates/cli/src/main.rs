@@ -11,6 +11,7 @@ mod error;
 mod lease;
 mod output;
 mod restore;
+mod run;
 mod serve;
 mod stdout;
 
@@ -45,8 +46,16 @@ fn main() -> ExitCode {
     }
     let cli = match Cli::try_parse_from(&args) {
         Ok(cli) => cli,
-        Err(e) => return usage_error(e, json_asked).into(),
+        // `run` keeps 124-127 for its own outcomes: a bad flag is 125.
+        Err(e) if args.get(1).is_some_and(|a| a == "run") => {
+            return usage_error(e, json_asked, Exit::RunNotStarted).into()
+        }
+        Err(e) => return usage_error(e, json_asked, Exit::Usage).into(),
     };
+    if let Command::ExecChild { parent, command } = &cli.command {
+        // Before any runtime or thread: this process becomes the command.
+        return ExitCode::from(run::exec_child(*parent, command));
+    }
     let json = wants_json(&cli.command);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -59,15 +68,15 @@ fn main() -> ExitCode {
                 .into()
         }
     };
-    match runtime.block_on(run(cli.command)) {
-        Ok(code) => code.into(),
+    match runtime.block_on(dispatch(cli.command)) {
+        Ok(code) => code,
         Err(e) => e.report(json).into(),
     }
 }
 
 /// A flag clap refused: its own rendering on stderr (help and version go
 /// to stdout with exit 0), and with `--json` also one error object.
-fn usage_error(e: clap::Error, json: bool) -> Exit {
+fn usage_error(e: clap::Error, json: bool, code: Exit) -> Exit {
     if e.exit_code() == 0 {
         // --help or --version: not an error, always text.
         let _ = e.print();
@@ -82,15 +91,16 @@ fn usage_error(e: clap::Error, json: bool) -> Exit {
             .map(str::trim)
             .collect();
         let message = message.join(" ");
-        error::print_json(message.trim_start_matches("error: "), Exit::Usage);
+        error::print_json(message.trim_start_matches("error: "), code);
     }
     eprint!("{rendered}");
-    Exit::Usage
+    code
 }
 
 fn wants_json(command: &Command) -> bool {
     match command {
-        Command::Serve(_) => false,
+        Command::Serve(_) | Command::ExecChild { .. } => false,
+        Command::Run(a) => a.client.json,
         Command::Acquire { client, .. }
         | Command::Hold { client, .. }
         | Command::Renew { client, .. }
@@ -107,8 +117,12 @@ fn wants_json(command: &Command) -> bool {
     }
 }
 
-async fn run(command: Command) -> Result<Exit, CliError> {
+async fn dispatch(command: Command) -> Result<ExitCode, CliError> {
     Ok(match command {
+        Command::Run(args) => return Ok(ExitCode::from(run::run(&args).await?)),
+        Command::ExecChild { parent, command } => {
+            return Ok(ExitCode::from(run::exec_child(parent, &command)))
+        }
         Command::Serve(args) => serve::serve(args).await?,
         Command::Acquire {
             names,
@@ -162,5 +176,6 @@ async fn run(command: Command) -> Result<Exit, CliError> {
         Command::Cluster {
             command: ClusterCommand::Status { client },
         } => emit(client.json, &cluster::status(&client).await?),
-    })
+    }
+    .into())
 }
