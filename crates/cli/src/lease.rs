@@ -19,8 +19,19 @@ pub async fn connect(opts: &ClientOpts) -> Result<Client, CliError> {
         .with_rpc_timeout(opts.timeout))
 }
 
-/// The TLS and token settings of the client flags.
+/// The TLS and token settings of the client flags. A token file that
+/// others may read draws a warning (it is a bearer secret).
 pub fn connect_options(opts: &ClientOpts) -> Result<baton_client::ConnectOptions, CliError> {
+    if let Some(path) = &opts.token_file {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(path).map_or(0, |m| m.permissions().mode() & 0o777);
+        if mode & 0o077 != 0 {
+            eprintln!(
+                "warning: token file {} is readable or writable by other users (mode {mode:03o}): anyone who reads it can act as you; chmod 600 it",
+                path.display()
+            );
+        }
+    }
     Ok(baton_client::ConnectOptions::from_files(
         opts.tls_ca.as_deref(),
         opts.tls_cert.as_deref(),

@@ -167,6 +167,28 @@ impl AuthTable {
     pub fn len(&self) -> usize {
         self.principals.len()
     }
+
+    /// Whether some principal is granted some permission somewhere (a
+    /// table that grants nothing refuses every call).
+    pub fn grants_anything(&self) -> bool {
+        self.principals
+            .iter()
+            .any(|p| p.rules.iter().any(|(_, perms)| !perms.is_empty()))
+    }
+}
+
+/// What is wrong with how an auth file is kept, for a warning: readable or
+/// writable by users other than its owner (it holds token digests, and
+/// whoever writes it grants themselves anything).
+pub fn file_mode_warning(path: &Path) -> Option<String> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(path).ok()?.permissions().mode() & 0o777;
+    (mode & 0o077 != 0).then(|| {
+        format!(
+            "auth file {} is readable or writable by other users (mode {mode:03o}): it holds token digests and grants every permission; chmod 600 it",
+            path.display()
+        )
+    })
 }
 
 /// Why an auth file was refused; each message names the rule.

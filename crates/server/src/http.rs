@@ -4,7 +4,9 @@
 //! client cannot hold it. With TLS on, the port speaks HTTPS (no client
 //! certificates: probes and scrapers need none); with an auth file,
 //! `/metrics` needs the bearer token of a principal with `read` on every
-//! name, while `/healthz` and `/readyz` stay open.
+//! name, checked by the server's one gate (audited, counted, and slowed
+//! for a peer that keeps failing, as on the gRPC port), while `/healthz`
+//! and `/readyz` stay open.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -20,23 +22,28 @@ use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tracing::debug;
 
-use crate::auth::{Auth, Credential, Permission};
+use crate::auth::Permission;
 use crate::metrics::Metrics;
 use crate::seat::Seat;
+use crate::service::{Caller, Gate};
 
 #[derive(Clone)]
 struct HttpState {
     metrics: Arc<Metrics>,
     seat: Arc<Seat>,
-    auth: Arc<Auth>,
+    gate: Gate,
 }
+
+/// The address a request's connection comes from.
+#[derive(Clone, Copy)]
+struct Peer(std::net::SocketAddr);
 
 /// How long one HTTP connection may take, request and answer.
 const CONNECTION_TIME_MAX: Duration = Duration::from_secs(5);
 /// The largest request head the port reads.
 const REQUEST_HEAD_LEN_BYTES_MAX: usize = 8 * 1024;
 
-fn router(metrics: Arc<Metrics>, seat: Arc<Seat>, auth: Arc<Auth>) -> Router {
+fn router(metrics: Arc<Metrics>, seat: Arc<Seat>, gate: Gate) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
@@ -45,7 +52,7 @@ fn router(metrics: Arc<Metrics>, seat: Arc<Seat>, auth: Arc<Auth>) -> Router {
         .with_state(HttpState {
             metrics,
             seat,
-            auth,
+            gate,
         })
 }
 
@@ -79,31 +86,30 @@ async fn readyz(State(s): State<HttpState>) -> impl IntoResponse {
     }
 }
 
-/// With auth on: `None` if the request's bearer token proves a principal
-/// with `read` on every name, else the refusal to send.
-fn metrics_refusal(s: &HttpState, headers: &axum::http::HeaderMap) -> Option<(StatusCode, String)> {
-    let table = s.auth.table()?;
-    let authorization = headers.get(header::AUTHORIZATION).map(|v| v.as_bytes());
-    match table.authenticate(&Credential::from_parts(authorization, None)) {
-        Err(_) => Some((
-            StatusCode::UNAUTHORIZED,
-            "unauthenticated: /metrics needs `authorization: Bearer TOKEN` of a principal with `read` on every name\n".into(),
-        )),
-        Ok(p) if !p.allows_everything(Permission::Read) => Some((
-            StatusCode::FORBIDDEN,
-            format!("permission denied: principal {:?} needs `read` on every name (a rule on the empty prefix) to scrape /metrics\n", p.name),
-        )),
-        Ok(_) => None,
-    }
-}
+/// The one answer to a refused scrape, whatever the reason: an unknown
+/// token and a known one without `read` look the same from the port, so
+/// it cannot be used to learn which tokens are valid (the audit line says
+/// which it was).
+const METRICS_REFUSED: &str = "unauthenticated or not permitted: /metrics needs `authorization: Bearer TOKEN` of a principal with `read` on every name (a rule on the empty prefix)\n";
 
 async fn render_metrics(
     State(s): State<HttpState>,
+    axum::Extension(Peer(peer)): axum::Extension<Peer>,
     headers: axum::http::HeaderMap,
 ) -> axum::response::Response {
-    if let Some(refusal) = metrics_refusal(&s, &headers) {
-        s.metrics.auth_refused.inc();
-        return refusal.into_response();
+    let authorization = headers.get(header::AUTHORIZATION).map(|v| v.as_bytes());
+    let caller = Caller::http(authorization, Some(peer), s.gate.is_on());
+    let admitted = match s.gate.let_in(&caller, "scrape /metrics").await {
+        Ok(who) => who.may_everything(Permission::Read),
+        Err(refused) => Err(refused),
+    };
+    if admitted.is_err() {
+        return (
+            StatusCode::UNAUTHORIZED,
+            [(header::WWW_AUTHENTICATE, "Bearer")],
+            METRICS_REFUSED,
+        )
+            .into_response();
     }
     (
         [(
@@ -121,14 +127,14 @@ pub async fn serve(
     metrics: Arc<Metrics>,
     seat: Arc<Seat>,
     tls: Option<crate::tls::Tls>,
-    auth: Arc<Auth>,
+    gate: Gate,
 ) {
-    let app = router(metrics, seat, auth);
+    let app = router(metrics, seat, gate);
     loop {
-        let Ok((mut stream, _)) = listener.accept().await else {
+        let Ok((mut stream, peer)) = listener.accept().await else {
             continue;
         };
-        let service = TowerToHyperService::new(app.clone());
+        let service = TowerToHyperService::new(app.clone().layer(axum::Extension(Peer(peer))));
         let tls = tls.clone();
         tokio::spawn(async move {
             let served = async {

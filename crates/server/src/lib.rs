@@ -243,6 +243,20 @@ struct Guards {
     http_tls: Option<tls::Tls>,
     auth: Arc<auth::Auth>,
     audit: Arc<audit::Audit>,
+    /// Shared by both ports: a guesser is slowed wherever it guesses.
+    penalties: Arc<penalty::Penalties>,
+}
+
+impl Guards {
+    /// The server's one gatekeeper, for every entry point.
+    fn gate(&self, metrics: &Arc<Metrics>) -> service::Gate {
+        service::Gate::new(
+            self.auth.clone(),
+            self.audit.clone(),
+            self.penalties.clone(),
+            metrics.clone(),
+        )
+    }
 }
 
 /// Loads the certificates, the auth file and the audit log, or names the
@@ -258,7 +272,11 @@ fn guards(config: &ServerConfig) -> Result<Guards, ServerError> {
         }
     };
     let auth = match &config.auth_file {
-        Some(path) => auth::Auth::load(path).map_err(|e| ServerError::Config(e.to_string()))?,
+        Some(path) => {
+            let auth = auth::Auth::load(path).map_err(|e| ServerError::Config(e.to_string()))?;
+            warn_about_auth_file(path, &auth);
+            auth
+        }
         None => auth::Auth::off(),
     };
     let audit = match &config.audit_log {
@@ -281,7 +299,20 @@ fn guards(config: &ServerConfig) -> Result<Guards, ServerError> {
         http_tls,
         auth: Arc::new(auth),
         audit: Arc::new(audit),
+        penalties: Arc::default(),
     })
+}
+
+/// Says loudly what is wrong with the auth file in force: it grants
+/// nothing to anybody (every call will be refused), or others may read or
+/// write it.
+fn warn_about_auth_file(path: &std::path::Path, auth: &auth::Auth) {
+    if auth.table().is_some_and(|t| !t.grants_anything()) {
+        tracing::warn!(path = %path.display(), "the auth file grants nothing to anybody: every call will be refused until it is fixed and reloaded (SIGHUP)");
+    }
+    if let Some(warning) = auth::file_mode_warning(path) {
+        tracing::warn!("{warning}");
+    }
 }
 
 /// Reloads the auth file on every SIGHUP; a file that does not parse
@@ -296,7 +327,10 @@ fn reload_on_sighup(auth: &Arc<auth::Auth>, config: &ServerConfig) -> Result<(),
     tokio::spawn(async move {
         while hup.recv().await.is_some() {
             match auth.reload() {
-                Ok(n) => info!(path = %path.display(), principals = n, "auth file reloaded"),
+                Ok(n) => {
+                    info!(path = %path.display(), principals = n, "auth file reloaded");
+                    warn_about_auth_file(&path, &auth);
+                }
                 Err(e) => {
                     error!(error = %e, "auth file not reloaded; the previous rules stay in force")
                 }
@@ -483,7 +517,7 @@ async fn serve_http(
         metrics.clone(),
         seat.clone(),
         guards.http_tls.clone(),
-        guards.auth.clone(),
+        guards.gate(metrics),
     ));
     Ok(Some(bound))
 }
@@ -524,7 +558,7 @@ fn grpc_server(
     let closing = tokio_util::sync::CancellationToken::new();
     let service = service::LeaseService::new(seat, metrics.clone(), config.default_ttl_ms)
         .closing_on(closing.clone())
-        .guarded_by(guards.auth, guards.audit);
+        .guarded_by(guards.gate(&metrics));
     let grpc_service = conn::Tracked {
         inner: tonic::service::interceptor::InterceptedService::new(
             LeasesServer::new(service).max_decoding_message_size(REQUEST_LEN_BYTES_MAX),

@@ -13,17 +13,16 @@ use baton_store::Stored;
 use tokio::sync::oneshot;
 use tonic::{Request, Response, Status};
 
-use crate::audit::Audit;
-use crate::auth::{Auth, Permission};
+use crate::auth::Permission;
 use crate::engine::{AcquireReply, Command, EngineHandle};
 use crate::metrics::Metrics;
-use crate::penalty::Penalties;
 use crate::seat::{Seat, Term};
 
 mod guard;
 mod session;
 
 pub use guard::Caller;
+pub(crate) use guard::Gate;
 
 #[derive(Clone)]
 pub struct LeaseService {
@@ -33,29 +32,24 @@ pub struct LeaseService {
     next_waiter: Arc<AtomicU64>,
     /// Cancelled when the server shuts down: session streams end.
     closing: tokio_util::sync::CancellationToken,
-    auth: Arc<Auth>,
-    audit: Arc<Audit>,
-    penalties: Arc<Penalties>,
+    gate: Gate,
 }
 
 impl LeaseService {
     pub fn new(seat: Arc<Seat>, metrics: Arc<Metrics>, default_ttl_ms: u64) -> Self {
         Self {
             seat,
-            metrics,
             default_ttl_ms,
             next_waiter: Arc::new(AtomicU64::new(1)),
             closing: Default::default(),
-            auth: Arc::new(Auth::off()),
-            audit: Arc::new(Audit::log_only()),
-            penalties: Arc::default(),
+            gate: Gate::open(metrics.clone()),
+            metrics,
         }
     }
 
-    /// Checks every call against `auth` and writes audit lines to `audit`.
-    pub fn guarded_by(mut self, auth: Arc<Auth>, audit: Arc<Audit>) -> Self {
-        self.auth = auth;
-        self.audit = audit;
+    /// Lets every call in through `gate` (the server's one gatekeeper).
+    pub(crate) fn guarded_by(mut self, gate: Gate) -> Self {
+        self.gate = gate;
         self
     }
 
@@ -268,8 +262,8 @@ impl Leases for LeaseService {
     ) -> Result<Response<v1::AcquireResponse>, Status> {
         let started = Instant::now();
         self.metrics.acquire_requests.inc();
-        let caller = Caller::of(&request, self.auth.is_on());
-        let who = self.let_in(&caller, "acquire").await?;
+        let caller = Caller::of(&request, self.gate.is_on());
+        let who = self.gate.let_in(&caller, "acquire").await?;
         let req = request.into_inner();
         let mut claims = Vec::with_capacity(req.resources.len());
         for (i, raw) in req.resources.iter().enumerate() {
@@ -321,8 +315,8 @@ impl Leases for LeaseService {
         &self,
         request: Request<v1::RenewRequest>,
     ) -> Result<Response<v1::RenewResponse>, Status> {
-        let caller = Caller::of(&request, self.auth.is_on());
-        let who = self.let_in(&caller, "renew").await?;
+        let caller = Caller::of(&request, self.gate.is_on());
+        let who = self.gate.let_in(&caller, "renew").await?;
         let req = request.into_inner();
         let resource = parse_resource("resource", &req.resource)?;
         who.may(Permission::Lease, resource.as_str())?;
@@ -341,8 +335,8 @@ impl Leases for LeaseService {
         &self,
         request: Request<v1::ReleaseRequest>,
     ) -> Result<Response<v1::ReleaseResponse>, Status> {
-        let caller = Caller::of(&request, self.auth.is_on());
-        let who = self.let_in(&caller, "release").await?;
+        let caller = Caller::of(&request, self.gate.is_on());
+        let who = self.gate.let_in(&caller, "release").await?;
         let req = request.into_inner();
         let resource = parse_resource("resource", &req.resource)?;
         who.may(Permission::Lease, resource.as_str())?;
@@ -361,8 +355,8 @@ impl Leases for LeaseService {
         &self,
         request: Request<v1::StatusRequest>,
     ) -> Result<Response<v1::StatusResponse>, Status> {
-        let caller = Caller::of(&request, self.auth.is_on());
-        let who = self.let_in(&caller, "status").await?;
+        let caller = Caller::of(&request, self.gate.is_on());
+        let who = self.gate.let_in(&caller, "status").await?;
         let resource = parse_resource("resource", &request.into_inner().resource)?;
         who.may(Permission::Read, resource.as_str())?;
         let out = self
@@ -375,8 +369,8 @@ impl Leases for LeaseService {
         &self,
         request: Request<v1::ListRequest>,
     ) -> Result<Response<v1::ListResponse>, Status> {
-        let caller = Caller::of(&request, self.auth.is_on());
-        let who = self.let_in(&caller, "list").await?;
+        let caller = Caller::of(&request, self.gate.is_on());
+        let who = self.gate.let_in(&caller, "list").await?;
         let req = request.into_inner();
         if req.prefix.len() > baton_core::RESOURCE_NAME_LEN_BYTES_MAX {
             return Err(Status::invalid_argument(format!(
@@ -416,8 +410,8 @@ impl Leases for LeaseService {
         &self,
         request: Request<v1::FenceRequest>,
     ) -> Result<Response<v1::FenceResponse>, Status> {
-        let caller = Caller::of(&request, self.auth.is_on());
-        let who = self.let_in(&caller, "fence").await?;
+        let caller = Caller::of(&request, self.gate.is_on());
+        let who = self.gate.let_in(&caller, "fence").await?;
         let resource = parse_resource("resource", &request.into_inner().resource)?;
         who.may(Permission::Fence, resource.as_str())?;
         let name = resource.to_string();
@@ -438,8 +432,8 @@ impl Leases for LeaseService {
         &self,
         request: Request<v1::BackupRequest>,
     ) -> Result<Response<v1::Snapshot>, Status> {
-        let caller = Caller::of(&request, self.auth.is_on());
-        let who = self.let_in(&caller, "backup").await?;
+        let caller = Caller::of(&request, self.gate.is_on());
+        let who = self.gate.let_in(&caller, "backup").await?;
         who.may_everything(Permission::Admin)?;
         let stored = self
             .call_blocking(|reply| Command::Snapshot { reply })
@@ -464,8 +458,9 @@ impl Leases for LeaseService {
         &self,
         request: Request<v1::ClusterStatusRequest>,
     ) -> Result<Response<v1::ClusterStatusResponse>, Status> {
-        let caller = Caller::of(&request, self.auth.is_on());
-        self.let_in(&caller, "cluster status")
+        let caller = Caller::of(&request, self.gate.is_on());
+        self.gate
+            .let_in(&caller, "cluster status")
             .await?
             .may_everything(Permission::Admin)?;
         let role = if self.seat.is_leader() {

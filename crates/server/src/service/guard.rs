@@ -1,18 +1,32 @@
-//! Who may call: the caller a request names ([`Caller`]), authenticated
-//! against the auth table in force (`admit`, `let_in`) and checked per
-//! name (`Admitted::may`); refusals are audited and counted, and a peer
-//! that keeps failing to authenticate waits (see `penalty.rs`).
+//! Who may call: the caller a request names ([`Caller`]), let in by the
+//! one [`Gate`] that every entry point calls (unary calls, the session
+//! stream, the HTTP port): authenticated against the auth table in force
+//! (`admit`, `let_in`) and checked per name (`Admitted::may`); refusals
+//! are audited and counted, and a peer that keeps failing to authenticate
+//! waits (see `penalty.rs`), whichever port it tries.
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use tonic::{Request, Status};
 
-use super::LeaseService;
-use crate::audit::Record;
-use crate::auth::{Credential, Permission, Principal, Refusal};
+use crate::audit::{Audit, Record};
+use crate::auth::{Auth, Credential, Permission, Principal, Refusal};
 use crate::conn::ConnInfo;
 use crate::engine::MayHold;
+use crate::metrics::Metrics;
+use crate::penalty::Penalties;
+
+/// The gatekeeper: one per server, shared by the gRPC service and the
+/// HTTP port, so a refusal is audited, counted and slowed the same way
+/// wherever it happens.
+#[derive(Clone)]
+pub(crate) struct Gate {
+    auth: Arc<Auth>,
+    audit: Arc<Audit>,
+    penalties: Arc<Penalties>,
+    metrics: Arc<Metrics>,
+}
 
 /// Who is calling, as far as a request says: the credential it carries
 /// and where it comes from. Kept by a session stream and checked again
@@ -30,6 +44,20 @@ pub struct Caller {
 impl Caller {
     fn peer(&self) -> String {
         self.peer.map(|p| p.to_string()).unwrap_or_default()
+    }
+
+    /// A caller on the HTTP port: a bearer token at most (browsers and
+    /// scrapers send no client certificate there).
+    pub(crate) fn http(
+        authorization: Option<&[u8]>,
+        peer: Option<std::net::SocketAddr>,
+        auth_on: bool,
+    ) -> Self {
+        Self {
+            credential: Credential::from_parts(authorization.filter(|_| auth_on), None),
+            certificate_refused: None,
+            peer,
+        }
     }
 
     /// The caller of `request`; its credential is only read with `auth_on`.
@@ -64,7 +92,7 @@ impl Caller {
 
 /// A caller let in for one action: its principal (`None` with auth off).
 pub struct Admitted<'a> {
-    service: &'a LeaseService,
+    gate: &'a Gate,
     caller: &'a Caller,
     action: &'static str,
     principal: Option<Arc<Principal>>,
@@ -136,7 +164,7 @@ impl Admitted<'_> {
     /// the engine's answer.
     pub(crate) fn session_refusal(&self) -> SessionRefusal {
         SessionRefusal {
-            service: self.service.clone(),
+            gate: self.gate.clone(),
             caller: self.caller.clone(),
             principal: self.name().to_string(),
             action: self.action,
@@ -144,14 +172,14 @@ impl Admitted<'_> {
     }
 
     fn refuse(&self, resource: &str, refusal: Refusal) -> Status {
-        self.service
+        self.gate
             .refused(self.caller, self.name(), self.action, resource, refusal)
     }
 
     /// Writes an audit line for an action that was let in: `outcome` is
     /// `ok`, or `indeterminate` if the server could not finish it.
     pub(crate) fn audit(&self, resource: &str, token: Option<u64>, outcome: &str) {
-        self.service.audit.record(&Record {
+        self.gate.audit.record(&Record {
             principal: self.name(),
             action: self.action,
             resource,
@@ -167,7 +195,7 @@ impl Admitted<'_> {
 /// a resource the principal may not hold. The message names neither the
 /// session's resources nor whether it holds any.
 pub(crate) struct SessionRefusal {
-    service: LeaseService,
+    gate: Gate,
     caller: Caller,
     principal: String,
     action: &'static str,
@@ -179,7 +207,7 @@ impl SessionRefusal {
             "principal {:?} may not {}: a session is kept alive or closed only by a principal with `lease` on every resource it holds",
             self.principal, self.action
         );
-        self.service.refused(
+        self.gate.refused(
             &self.caller,
             &self.principal,
             self.action,
@@ -189,7 +217,36 @@ impl SessionRefusal {
     }
 }
 
-impl LeaseService {
+impl Gate {
+    pub(crate) fn new(
+        auth: Arc<Auth>,
+        audit: Arc<Audit>,
+        penalties: Arc<Penalties>,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        Self {
+            auth,
+            audit,
+            penalties,
+            metrics,
+        }
+    }
+
+    /// Auth off, audit lines to the log only.
+    pub(crate) fn open(metrics: Arc<Metrics>) -> Self {
+        Self::new(
+            Arc::new(Auth::off()),
+            Arc::new(Audit::log_only()),
+            Arc::default(),
+            metrics,
+        )
+    }
+
+    /// Whether an auth file is in force (callers' credentials are read).
+    pub(crate) fn is_on(&self) -> bool {
+        self.auth.is_on()
+    }
+
     /// Lets `caller` in for `action` if auth is off or its credential
     /// proves a principal of the table in force; `UNAUTHENTICATED`
     /// (audited) otherwise.
@@ -212,14 +269,14 @@ impl LeaseService {
             },
         };
         Ok(Admitted {
-            service: self,
+            gate: self,
             caller,
             action,
             principal,
         })
     }
 
-    /// [`LeaseService::admit`], with a refused authentication answered
+    /// [`Gate::admit`], with a refused authentication answered
     /// only after its peer's penalty (see `penalty.rs`).
     pub(crate) async fn let_in<'a>(
         &'a self,
@@ -245,7 +302,7 @@ impl LeaseService {
     }
 
     /// The status for a refused call, after its audit line.
-    pub(super) fn refused(
+    fn refused(
         &self,
         caller: &Caller,
         principal: &str,

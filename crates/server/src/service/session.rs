@@ -59,8 +59,8 @@ impl LeaseService {
     ) -> Result<Response<SessionStream>, Status> {
         // Authenticated once here; each request is checked again against
         // the auth table in force when it arrives.
-        let caller = Caller::of(&request, self.auth.is_on());
-        let admitted = self.let_in(&caller, "session.open").await?;
+        let caller = Caller::of(&request, self.gate.is_on());
+        let admitted = self.gate.let_in(&caller, "session.open").await?;
         let term = self.seat.term()?;
         let mut inbound = request.into_inner();
         let first = inbound.message().await?.ok_or_else(|| {
@@ -291,7 +291,7 @@ impl SessionTask {
             Op::Close(_) => {
                 // Closing releases the session's leases: only a principal
                 // that may hold all of them can (as for a resume).
-                let who = self.service.admit(&self.caller, "session.close")?;
+                let who = self.service.gate.admit(&self.caller, "session.close")?;
                 let (may_hold, refusal) = (who.may_hold(), who.session_refusal());
                 let (reply, rx) = oneshot::channel();
                 send(
@@ -313,6 +313,7 @@ impl SessionTask {
             Op::Renew(r) => {
                 let resource = parse_resource("renew.resource", &r.resource)?;
                 self.service
+                    .gate
                     .admit(&self.caller, "session.renew")?
                     .may(Permission::Lease, resource.as_str())?;
                 let acquisition = parse_acquisition_id(&r.acquisition_id)?;
@@ -332,6 +333,7 @@ impl SessionTask {
             Op::Release(r) => {
                 let resource = parse_resource("release.resource", &r.resource)?;
                 self.service
+                    .gate
                     .admit(&self.caller, "session.release")?
                     .may(Permission::Lease, resource.as_str())?;
                 let acquisition = parse_acquisition_id(&r.acquisition_id)?;
@@ -352,7 +354,7 @@ impl SessionTask {
                 }))
             }
             Op::Cancel(c) => {
-                self.service.admit(&self.caller, "session.cancel")?;
+                self.service.gate.admit(&self.caller, "session.cancel")?;
                 let withdrawn = match self.waits.get(&c.acquire_id) {
                     Some(waiter) => {
                         self.cancelled.insert(c.acquire_id);
@@ -371,7 +373,7 @@ impl SessionTask {
                 for (i, raw) in a.resources.iter().enumerate() {
                     claims.push((parse_resource(ResourcesField(i), raw)?, random_id()));
                 }
-                let who = self.service.admit(&self.caller, "session.acquire")?;
+                let who = self.service.gate.admit(&self.caller, "session.acquire")?;
                 for (name, _) in &claims {
                     who.may(Permission::Lease, name.as_str())?;
                 }
@@ -409,7 +411,7 @@ impl SessionTask {
     /// the session holds cannot keep it alive, and the refusal ends the
     /// stream (see `finish`).
     fn heartbeat(&mut self, id: u64) -> Result<InFlight, Status> {
-        let who = self.service.admit(&self.caller, "session.heartbeat")?;
+        let who = self.service.gate.admit(&self.caller, "session.heartbeat")?;
         let reloaded = who
             .principal()
             .filter(|p| !self.kept_by.as_ref().is_some_and(|k| Arc::ptr_eq(k, p)))
