@@ -157,6 +157,16 @@ pub enum Command {
         #[command(flatten)]
         client: ClientOpts,
     },
+    /// Follow every change of holder under a prefix: the holders now (kind
+    /// `held`), then each grant, hand-off, release, expiry and fence, one
+    /// line each (JSON lines with --json), until SIGINT or the stream ends.
+    Watch {
+        /// Names starting with this ("" for all).
+        #[arg(default_value = "")]
+        prefix: String,
+        #[command(flatten)]
+        client: ClientOpts,
+    },
     /// Revoke a resource's lease and advance its token (operator cancel).
     Fence {
         /// The resource name.
@@ -237,9 +247,15 @@ pub struct BenchArgs {
     /// With --live-leases: an empty server measured in alternating rounds.
     #[arg(long)]
     pub baseline_server: Option<String>,
-    /// With --live-leases: rounds per level (medians are reported).
+    /// With --live-leases or --watchers: rounds (medians are reported).
     #[arg(long, default_value_t = 3)]
     pub rounds: usize,
+    /// Watch overhead: IDLE,BUSY watchers (like 1000,100). Rounds cycle on
+    /// distinct resources at the first --clients count without watchers,
+    /// then with IDLE watchers on a prefix that never changes and BUSY
+    /// watchers reading every bench change; medians and their ratio.
+    #[arg(long)]
+    pub watchers: Option<String>,
     #[command(flatten)]
     pub client: ClientOpts,
 }

@@ -88,7 +88,7 @@ fn print_json(value: &impl Serialize) {
     );
 }
 
-fn bench_error(e: String) -> CliError {
+pub(crate) fn bench_error(e: String) -> CliError {
     CliError::failure(format!("bench: {e}"))
 }
 
@@ -99,6 +99,9 @@ pub async fn bench(a: BenchArgs) -> Result<Exit, CliError> {
     }
     if let Some(levels) = &a.live_leases {
         return scale(&a, levels).await;
+    }
+    if let Some(spec) = &a.watchers {
+        return crate::bench_watch::overhead(&a, spec).await;
     }
     cycles(&a).await
 }

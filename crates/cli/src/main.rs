@@ -5,6 +5,7 @@
 mod admin;
 mod args;
 mod bench;
+mod bench_watch;
 mod cluster;
 mod config_file;
 mod error;
@@ -14,6 +15,7 @@ mod restore;
 mod run;
 mod serve;
 mod stdout;
+mod watch;
 
 use std::process::ExitCode;
 
@@ -108,6 +110,7 @@ fn wants_json(command: &Command) -> bool {
         | Command::Status { client, .. }
         | Command::List { client, .. }
         | Command::Fence { client, .. }
+        | Command::Watch { client, .. }
         | Command::Admin(Admin::Backup { client, .. }) => client.json,
         Command::Admin(Admin::Restore(a)) => a.json,
         Command::Bench(a) => a.client.json,
@@ -168,6 +171,7 @@ async fn dispatch(command: Command) -> Result<ExitCode, CliError> {
             &lease::list(&client, &prefix, start_after.as_deref(), limit).await?,
         ),
         Command::Fence { name, client } => emit(client.json, &lease::fence(&client, &name).await?),
+        Command::Watch { prefix, client } => watch::watch(&client, &prefix).await?,
         Command::Admin(Admin::Backup { out, client }) => {
             emit(client.json, &admin::backup(&client, &out).await?)
         }

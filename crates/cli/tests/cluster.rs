@@ -502,6 +502,55 @@ async fn a_session_on_a_paused_leader_resumes_on_the_next_one() {
     eprintln!("session resumed {resumed_after:?} after its leader was stopped");
 }
 
+/// A watch on a leader that is stopped past its leadership ends, when it
+/// wakes and steps down, with the documented status (UNAVAILABLE: watch
+/// again, on the leader); a new watch there starts from a snapshot that
+/// has the lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_ends_when_its_server_stops_leading() {
+    use nix::sys::signal::{kill, Signal::SIGCONT, Signal::SIGSTOP};
+    use nix::unistd::Pid;
+    let db = PgDb::create("cluster_watch").await;
+    let cluster = Cluster::start(&db.url, 2);
+    let old = cluster.wait_leader(None).await;
+    let on_leader = client(&cluster.nodes[old].url()).await;
+    let mut watch = on_leader.watch("w:").await.unwrap();
+    let mut holder = client(&cluster.endpoints()).await;
+    let Acquired::Granted(lease) = holder
+        .acquire("w:1", Duration::from_secs(30), Duration::ZERO)
+        .await
+        .unwrap()
+    else {
+        panic!("free")
+    };
+    let granted = watch.next().await.unwrap().unwrap();
+    assert_eq!(granted.token, lease.token);
+    let pid = Pid::from_raw(cluster.pid(old) as i32);
+    kill(pid, SIGSTOP).unwrap();
+    let new = cluster.wait_leader(Some(old)).await;
+    kill(pid, SIGCONT).unwrap();
+    let ended = tokio::time::timeout(Duration::from_secs(30), watch.next())
+        .await
+        .expect("the watch ends once the old leader steps down");
+    let Err(ClientError::WatchEnded(why)) = ended else {
+        panic!("{ended:?}")
+    };
+    assert!(
+        why.contains("stopped leading") && why.contains("on the leader"),
+        "{why}"
+    );
+    let again = client(&cluster.nodes[new].url())
+        .await
+        .watch("w:")
+        .await
+        .unwrap();
+    assert_eq!(
+        again.holders.iter().map(|h| h.token).collect::<Vec<_>>(),
+        vec![lease.token]
+    );
+    eprintln!("watch on the stopped leader ended: {why}");
+}
+
 /// A leader stopped past its leadership (SIGSTOP) and cut off from the
 /// database wakes to find another in its place: it confirms no renewal it
 /// would answer from memory, commits nothing, and steps down.

@@ -243,3 +243,27 @@ async fn auth_and_token_files_kept_carelessly_are_warned_about() {
     ]);
     assert!(!String::from_utf8_lossy(&out.stderr).contains("warning"));
 }
+
+/// A watch goes through the same gate: `read` on the prefix, refused (and
+/// audited) before anything is streamed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_needs_read_on_its_prefix() {
+    let dir = TempDir::new("gate-watch");
+    let s = serve(dir.path());
+    let billing = client(&s, BILLING).await;
+    let watch = billing.watch("statement:").await.unwrap();
+    assert!(watch.holders.is_empty());
+    let refused = billing.watch("invoice:").await.unwrap_err();
+    let ClientError::PermissionDenied(why) = &refused else {
+        panic!("{refused:?}")
+    };
+    assert!(why.contains("`read` on a prefix of \"invoice:\""), "{why}");
+    let stranger = client(&s, "no-such-token").await;
+    assert!(matches!(
+        stranger.watch("statement:").await.unwrap_err(),
+        ClientError::Unauthenticated(_)
+    ));
+    let audit = audit_lines(dir.path());
+    let watch_refusals = audit.iter().filter(|l| l["action"] == "watch").count();
+    assert_eq!(watch_refusals, 2, "{audit:?}");
+}

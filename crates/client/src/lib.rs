@@ -26,6 +26,7 @@ pub mod rng;
 mod security;
 mod servers;
 mod session;
+pub mod watch;
 
 use std::time::Duration;
 
@@ -42,6 +43,7 @@ pub use baton_core;
 pub use baton_proto::v1::Snapshot;
 pub use security::ConnectOptions;
 pub use session::{Health, Session, SessionState};
+pub use watch::{Watch, WatchEvent, WatchHolder, WatchKind};
 
 /// Time allowed for a request beyond any server-side wait it asks for.
 const RPC_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
@@ -86,6 +88,10 @@ pub enum ClientError {
     /// The principal is known but no rule lets it do this. Not applied.
     #[error("permission denied: {0}")]
     PermissionDenied(String),
+    /// A watch ended (the server restarted, stopped leading or shut
+    /// down): watch again, from a new snapshot.
+    #[error("the watch ended: {0}")]
+    WatchEnded(String),
 }
 
 impl ClientError {
@@ -499,6 +505,8 @@ pub struct Client {
     rpc_timeout: Duration,
     /// Sessions shared by clones, by TTL in milliseconds (see [`Client::session`]).
     sessions: std::sync::Arc<tokio::sync::Mutex<std::collections::HashMap<u64, Session>>>,
+    /// The connections its watches share (made on the first watch).
+    watching: std::sync::Arc<std::sync::OnceLock<Client>>,
 }
 
 impl Client {
@@ -557,7 +565,35 @@ impl Client {
             authorization: options.authorization,
             rpc_timeout: RPC_TIMEOUT_DEFAULT,
             sessions: Default::default(),
+            watching: Default::default(),
         })
+    }
+
+    /// The client its watches use: the same servers and credentials on
+    /// connections of their own (made on first use, shared by this
+    /// client's watches), so a watcher that reads slowly never holds up,
+    /// or brings down, the lease calls.
+    fn with_own_connection(&self) -> Client {
+        self.watching
+            .get_or_init(|| self.fresh_connections())
+            .clone()
+    }
+
+    fn fresh_connections(&self) -> Client {
+        Client {
+            servers: std::sync::Arc::new(Servers {
+                urls: self.servers.urls.clone(),
+                tls: self.servers.tls.clone(),
+                state: std::sync::Mutex::new(ServersState {
+                    current: self.current_server(),
+                    channels: Default::default(),
+                }),
+            }),
+            authorization: self.authorization.clone(),
+            rpc_timeout: self.rpc_timeout,
+            sessions: Default::default(),
+            watching: Default::default(),
+        }
     }
 
     /// The server this client sends its next call to.

@@ -241,6 +241,7 @@ impl Client {
                     .rpc_timeout
                     .min((ttl / 6).max(Duration::from_millis(200))),
                 sessions: Default::default(),
+                watching: Default::default(),
             },
             id,
             ttl,

@@ -31,6 +31,7 @@ use tokio::sync::oneshot;
 use tracing::{debug, error, info};
 
 use crate::metrics::Metrics;
+use crate::watch::{holder_changes, Hub, WatchStart};
 
 /// Lazy writes are flushed at least this often, or when this many are pending.
 const LAZY_FLUSH_INTERVAL_MS: u64 = 100;
@@ -85,6 +86,12 @@ pub enum Command {
     },
     Snapshot {
         reply: Reply<Stored>,
+    },
+    /// A watcher of `prefix`: the holders now, then every later change
+    /// (see `watch.rs`).
+    Watch {
+        prefix: String,
+        reply: Reply<WatchStart>,
     },
     CancelWait {
         waiter: WaiterId,
@@ -245,6 +252,8 @@ pub struct Engine {
     armed: MonoMs,
     /// No more commands are taken.
     stopped: bool,
+    /// Watchers of holder changes.
+    hub: Arc<Hub>,
 }
 
 impl Engine {
@@ -295,6 +304,7 @@ impl Engine {
                 committer: to_committer,
                 armed: MonoMs(u64::MAX),
                 stopped: false,
+                hub: Arc::default(),
             }),
             timer: timer.clone(),
         });
@@ -342,9 +352,17 @@ impl Engine {
 
     /// Ticks the table to `now` and hands the step's writes and replies to
     /// the committer. `false` if the committer has stopped (a commit failed).
-    fn step(&mut self, now: MonoMs, replies: Vec<Deferred>) -> bool {
+    fn step(&mut self, now: MonoMs, mut replies: Vec<Deferred>) -> bool {
         self.table.tick(now);
         let fx = self.table.take_effects();
+        if self.hub.is_watched() {
+            let changes = holder_changes(&fx.events);
+            if !changes.is_empty() {
+                // Published by the committer after this step's commit.
+                let hub = self.hub.clone();
+                replies.push(Box::new(move || hub.publish(changes)));
+            }
+        }
         self.lazy.extend(fx.writes);
         let flush = !self.lazy.is_empty()
             && (fx.sync || now >= self.flush_at || self.lazy.len() >= LAZY_WRITES_MAX);
@@ -449,6 +467,23 @@ impl Engine {
             Command::Fence { resource, reply } => {
                 let out = self.table.fence(now, &resource);
                 defer(replies, reply, out);
+            }
+            Command::Watch { prefix, reply } => {
+                // Earlier events go to earlier watchers in a step of their
+                // own, so that this snapshot and the events registered
+                // after it neither overlap nor leave a gap.
+                self.step(now, std::mem::take(replies));
+                let holders: Vec<LeaseStatus> = self
+                    .table
+                    .list(now, &prefix, None, usize::MAX)
+                    .into_iter()
+                    .filter(|s| s.holder_token.is_some())
+                    .collect();
+                self.hub.expect();
+                let hub = self.hub.clone();
+                replies.push(Box::new(move || {
+                    let _ = reply.send(hub.register(prefix, holders));
+                }));
             }
             Command::Snapshot { reply } => {
                 let started = Instant::now();
@@ -622,6 +657,8 @@ fn run_timer(
         Ok(result) => result,
         Err(_) => Err(StoreError::Storage("the committer thread panicked".into())),
     };
+    // Every watch ends with the engine.
+    shared.lock().hub.close();
     assert!(
         !shared.engine.is_poisoned(),
         "a step panicked while it held the lease table; the engine stopped"

@@ -20,6 +20,7 @@ mod penalty;
 mod seat;
 mod service;
 mod tls;
+mod watch;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

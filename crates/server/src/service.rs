@@ -20,6 +20,7 @@ use crate::seat::{Seat, Term};
 
 mod guard;
 mod session;
+mod watch;
 
 pub use guard::Caller;
 pub(crate) use guard::Gate;
@@ -446,6 +447,14 @@ impl Leases for LeaseService {
         Ok(Response::new(snapshot))
     }
     type SessionStream = session::SessionStream;
+    type WatchStream = watch::WatchStream;
+
+    async fn watch(
+        &self,
+        request: Request<v1::WatchRequest>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        self.watch_stream(request).await
+    }
 
     async fn session(
         &self,

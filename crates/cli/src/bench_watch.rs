@@ -1,0 +1,170 @@
+//! `baton bench --watchers IDLE,BUSY`: what watchers cost the lease path,
+//! measured side by side in alternating rounds.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use baton_bench::{Baton, Mode, Transport};
+use baton_client::{Client, Watch};
+use serde::Serialize;
+
+use crate::args::BenchArgs;
+use crate::bench::bench_error;
+use crate::error::{CliError, Exit};
+
+/// Watches per client connection (a server takes 200 streams at once on one).
+const WATCHES_PER_CONNECTION: usize = 100;
+
+/// Open watchers; dropping them ends every watch.
+struct Watchers {
+    _idle: Vec<Watch>,
+    busy: Vec<tokio::task::JoinHandle<()>>,
+    events: Arc<AtomicU64>,
+}
+
+impl Drop for Watchers {
+    fn drop(&mut self) {
+        for task in &self.busy {
+            task.abort();
+        }
+    }
+}
+
+fn parse(spec: &str) -> Result<(usize, usize), CliError> {
+    let bad = || {
+        CliError::usage(format!(
+            "--watchers {spec:?}: write IDLE,BUSY, like 1000,100"
+        ))
+    };
+    let (idle, busy) = spec.split_once(',').ok_or_else(bad)?;
+    Ok((
+        idle.trim().parse().map_err(|_| bad())?,
+        busy.trim().parse().map_err(|_| bad())?,
+    ))
+}
+
+async fn start(
+    a: &BenchArgs,
+    idle: usize,
+    busy: usize,
+    run_id: &str,
+) -> Result<Watchers, CliError> {
+    let options = crate::lease::connect_options(&a.client)?;
+    let events = Arc::new(AtomicU64::new(0));
+    let (mut idles, mut tasks) = (Vec::new(), Vec::new());
+    let mut client: Option<Client> = None;
+    for i in 0..idle + busy {
+        if i % WATCHES_PER_CONNECTION == 0 {
+            client = Some(Client::connect_with(&a.client.server, options.clone()).await?);
+        }
+        let c = client.as_ref().expect("made above");
+        if i < idle {
+            idles.push(c.watch(&format!("idle:{run_id}:")).await?);
+            continue;
+        }
+        let mut watch = c.watch("bench:").await?;
+        let events = events.clone();
+        tasks.push(tokio::spawn(async move {
+            while let Ok(Some(_)) = watch.next().await {
+                events.fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+    }
+    Ok(Watchers {
+        _idle: idles,
+        busy: tasks,
+        events,
+    })
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Alternating rounds without and with the watchers.
+pub async fn overhead(a: &BenchArgs, spec: &str) -> Result<Exit, CliError> {
+    let (idle, busy) = parse(spec)?;
+    let clients = baton_bench::parse_clients(&a.clients)
+        .map_err(|e| CliError::usage(format!("--clients: {e}")))?[0];
+    let transport = if a.session {
+        Transport::SessionSharedConnection
+    } else {
+        Transport::Unary
+    };
+    let target = Baton::new("baton", a.client.server.clone(), a.ttl)
+        .with_transport(transport)
+        .with_options(crate::lease::connect_options(&a.client)?);
+    let run_id = std::process::id().to_string();
+    let (mut without, mut with, mut p99_without, mut p99_with) = (vec![], vec![], vec![], vec![]);
+    let mut delivered = 0;
+    for round in 0..a.rounds.max(1) {
+        let r = baton_bench::run(
+            &target,
+            Mode::Distinct,
+            clients,
+            a.duration,
+            &format!("{run_id}-{round}-none"),
+        )
+        .await
+        .map_err(bench_error)?;
+        without.push(r.cycles_per_s);
+        p99_without.push(r.acquire_us.p99 as f64);
+        let watchers = start(a, idle, busy, &run_id).await?;
+        let r = baton_bench::run(
+            &target,
+            Mode::Distinct,
+            clients,
+            a.duration,
+            &format!("{run_id}-{round}-watched"),
+        )
+        .await
+        .map_err(bench_error)?;
+        delivered += watchers.events.load(Ordering::Relaxed);
+        drop(watchers);
+        with.push(r.cycles_per_s);
+        p99_with.push(r.acquire_us.p99 as f64);
+    }
+    let out = Overhead {
+        clients,
+        idle_watchers: idle,
+        busy_watchers: busy,
+        rounds: without.len(),
+        cycles_per_s_without: median(without).round() as u64,
+        cycles_per_s_with: median(with.clone()).round() as u64,
+        acquire_p99_us_without: median(p99_without) as u64,
+        acquire_p99_us_with: median(p99_with) as u64,
+        events_delivered: delivered,
+    };
+    if a.client.json {
+        crate::stdout::line(&serde_json::to_string(&out).expect("serializes"));
+    } else {
+        crate::stdout::line(&format!(
+            "C={} distinct, medians of {} rounds: {} cycles/s without watchers, {} with {} idle + {} busy ({:.3}x); acquire p99 {} us -> {} us; {} events delivered to busy watchers",
+            out.clients,
+            out.rounds,
+            out.cycles_per_s_without,
+            out.cycles_per_s_with,
+            idle,
+            busy,
+            out.cycles_per_s_with as f64 / out.cycles_per_s_without.max(1) as f64,
+            out.acquire_p99_us_without,
+            out.acquire_p99_us_with,
+            out.events_delivered
+        ));
+    }
+    Ok(Exit::Ok)
+}
+
+#[derive(Serialize)]
+struct Overhead {
+    clients: usize,
+    idle_watchers: usize,
+    busy_watchers: usize,
+    rounds: usize,
+    cycles_per_s_without: u64,
+    cycles_per_s_with: u64,
+    acquire_p99_us_without: u64,
+    acquire_p99_us_with: u64,
+    events_delivered: u64,
+}

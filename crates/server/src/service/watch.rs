@@ -1,0 +1,184 @@
+//! The `Watch` stream: let in by the gate (`read` on the prefix), the
+//! engine's snapshot and registration (see `crate::watch`), then one task
+//! that forwards the watcher's events and ends the stream with a status
+//! that says what to do next.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use baton_proto::v1::{self, watch_response::Body};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status};
+
+use super::{Caller, LeaseService};
+use crate::auth::Permission;
+use crate::engine::Command;
+use crate::seat::Seat;
+use crate::watch::{WatchEvent, WatchKind, WatchStart, WATCH_QUEUE_LEN};
+
+pub type WatchStream = ReceiverStream<Result<v1::WatchResponse, Status>>;
+
+/// Holders per snapshot message.
+const SNAPSHOT_CHUNK_LEN: usize = 1_000;
+/// Messages buffered towards the client before the forwarder waits (the
+/// watcher's own queue in the engine takes the rest, then it is cut off).
+const OUTBOX_LEN: usize = 16;
+/// Most events in one message: whatever queued up while the client read
+/// the last one goes out together (fewer, larger frames).
+const EVENTS_PER_MESSAGE_MAX: usize = 512;
+
+impl LeaseService {
+    pub(super) async fn watch_stream(
+        &self,
+        request: Request<v1::WatchRequest>,
+    ) -> Result<Response<WatchStream>, Status> {
+        let caller = Caller::of(&request, self.gate.is_on());
+        let who = self.gate.let_in(&caller, "watch").await?;
+        let prefix = request.into_inner().prefix;
+        check_prefix(&prefix)?;
+        who.may(Permission::Read, &prefix)?;
+        let start = self.call(|reply| Command::Watch { prefix, reply }).await?;
+        let (tx, rx) = mpsc::channel(OUTBOX_LEN);
+        let forwarder = Forwarder {
+            tx,
+            seat: self.seat.clone(),
+            closing: self.closing.clone(),
+        };
+        tokio::spawn(forwarder.run(start));
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}
+
+/// A prefix is at most a name's length and holds no control character (no
+/// name does, so such a prefix could never match).
+fn check_prefix(prefix: &str) -> Result<(), Status> {
+    if prefix.len() > baton_core::RESOURCE_NAME_LEN_BYTES_MAX {
+        return Err(Status::invalid_argument(format!(
+            "prefix is {} bytes; the limit is {} bytes",
+            prefix.len(),
+            baton_core::RESOURCE_NAME_LEN_BYTES_MAX
+        )));
+    }
+    if let Some(c) = prefix.chars().find(|c| c.is_control()) {
+        return Err(Status::invalid_argument(format!(
+            "prefix {prefix:?} holds the control character {c:?}; names never do"
+        )));
+    }
+    Ok(())
+}
+
+struct Forwarder {
+    tx: mpsc::Sender<Result<v1::WatchResponse, Status>>,
+    seat: Arc<Seat>,
+    closing: tokio_util::sync::CancellationToken,
+}
+
+impl Forwarder {
+    async fn run(self, start: WatchStart) {
+        let WatchStart {
+            seq,
+            holders,
+            mut events,
+            cut_off,
+        } = start;
+        let n_chunks = holders.len().div_ceil(SNAPSHOT_CHUNK_LEN).max(1);
+        let mut chunks = holders.chunks(SNAPSHOT_CHUNK_LEN);
+        for i in 0..n_chunks {
+            let chunk = chunks.next().unwrap_or_default();
+            let snapshot = v1::WatchSnapshot {
+                seq,
+                holders: chunk.iter().map(holder).collect(),
+                complete: i + 1 == n_chunks,
+            };
+            if !self.send(Body::Snapshot(snapshot)).await {
+                return;
+            }
+        }
+        loop {
+            tokio::select! {
+                _ = self.closing.cancelled() => {
+                    let status = Status::unavailable(
+                        "the server is shutting down: watch again, from a new snapshot, on another server or after the restart",
+                    );
+                    let _ = self.tx.send(Err(status)).await;
+                    return;
+                }
+                _ = self.tx.closed() => return,
+                event = events.recv() => match event {
+                    Some(e) => {
+                        let mut batch = vec![event_message(e)];
+                        while batch.len() < EVENTS_PER_MESSAGE_MAX {
+                            match events.try_recv() {
+                                Ok(e) => batch.push(event_message(e)),
+                                Err(_) => break,
+                            }
+                        }
+                        if !self.send(Body::Events(v1::WatchEvents { events: batch })).await {
+                            return;
+                        }
+                    }
+                    None => {
+                        let _ = self.tx.send(Err(self.ended(cut_off.load(Ordering::Acquire)))).await;
+                        return;
+                    }
+                },
+            }
+        }
+    }
+
+    async fn send(&self, body: Body) -> bool {
+        let message = v1::WatchResponse { body: Some(body) };
+        self.tx.send(Ok(message)).await.is_ok()
+    }
+
+    /// Why the watcher's queue closed, and what to do.
+    fn ended(&self, cut_off: bool) -> Status {
+        if cut_off {
+            return Status::resource_exhausted(format!(
+                "this watcher fell behind by more than {WATCH_QUEUE_LEN} events and was cut off: watch again, from a new snapshot"
+            ));
+        }
+        match self.seat.term() {
+            // A follower's answer names the leader (metadata `baton-leader`).
+            Err(not_leader) => {
+                let message = "this server stopped leading: watch again, from a new snapshot, on the leader";
+                Status::with_metadata(
+                    tonic::Code::Unavailable,
+                    message,
+                    not_leader.metadata().clone(),
+                )
+            }
+            Ok(_) => Status::unavailable(
+                "the lease state this watch followed was reloaded (a restart or a new term): watch again, from a new snapshot",
+            ),
+        }
+    }
+}
+
+fn holder(s: &baton_core::LeaseStatus) -> v1::WatchHolder {
+    v1::WatchHolder {
+        resource: s.resource.to_string(),
+        token: s.holder_token.map_or(0, |t| t.get()),
+        remaining_ms: s.remaining_ms,
+        n_waiters: s.n_waiters as u64,
+    }
+}
+
+fn event_message(e: WatchEvent) -> v1::WatchEvent {
+    use v1::watch_event::Kind;
+    let kind = match e.kind {
+        WatchKind::Granted => Kind::Granted,
+        WatchKind::HandedOff => Kind::HandedOff,
+        WatchKind::Released => Kind::Released,
+        WatchKind::Expired => Kind::Expired,
+        WatchKind::Fenced => Kind::Fenced,
+    };
+    v1::WatchEvent {
+        seq: e.seq,
+        kind: kind.into(),
+        resource: e.resource,
+        token: e.token.get(),
+        revoked_token: e.revoked.map_or(0, |t| t.get()),
+    }
+}

@@ -1,0 +1,231 @@
+//! Watchers of holder changes under a prefix.
+//!
+//! The engine takes a watcher's snapshot inside a step and registers the
+//! watcher through the committer, in step order: registration runs after
+//! every earlier step's commit and before any later step's events, so the
+//! snapshot and the events that follow it have no gap and no overlap.
+//! Events are published by the committer after their step's commit, so a
+//! watcher never sees a grant that is not durable (a release or an expiry
+//! is written lazily, as for every client: a crash can undo it, and the
+//! watch then ends with the restart).
+//!
+//! Each watcher has a bounded queue; one that falls behind by more than
+//! [`WATCH_QUEUE_LEN`] events is cut off (its stream ends with
+//! `RESOURCE_EXHAUSTED`), never buffered without bound. When the engine
+//! stops (a restart, the end of a leader's term) every watcher's queue
+//! closes and its stream ends with `UNAVAILABLE`.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use baton_core::{Event, FencingToken, LeaseStatus};
+use tokio::sync::mpsc;
+
+/// Events a watcher may fall behind by before it is cut off.
+pub const WATCH_QUEUE_LEN: usize = 4_096;
+
+/// A change of holder, numbered in the order the engine committed it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WatchEvent {
+    /// Increases by one per event of any prefix: events of other prefixes
+    /// take the numbers in between.
+    pub seq: u64,
+    pub kind: WatchKind,
+    pub resource: String,
+    /// The lease's token; for a fence, the fence's.
+    pub token: FencingToken,
+    /// For a fence: the token of the lease it revoked, if any.
+    pub revoked: Option<FencingToken>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WatchKind {
+    Granted,
+    /// Granted to a request that waited in line (a hand-off).
+    HandedOff,
+    Released,
+    Expired,
+    Fenced,
+}
+
+/// What a new watcher gets: the holders at `seq`, then every later event.
+pub struct WatchStart {
+    pub seq: u64,
+    pub holders: Vec<LeaseStatus>,
+    pub events: mpsc::Receiver<WatchEvent>,
+    /// Set when the watcher was cut off for falling behind.
+    pub cut_off: Arc<AtomicBool>,
+}
+
+struct Watcher {
+    prefix: String,
+    tx: mpsc::Sender<WatchEvent>,
+    cut_off: Arc<AtomicBool>,
+}
+
+/// Every watcher of one engine. Published to by the committer only.
+#[derive(Default)]
+pub struct Hub {
+    watchers: Mutex<(u64, Vec<Watcher>)>,
+    /// Watchers registered plus those whose registration is queued: steps
+    /// skip the event copy when 0.
+    n_watchers: AtomicUsize,
+}
+
+impl Hub {
+    /// Whether any watcher is registered or on its way (read in every step).
+    pub fn is_watched(&self) -> bool {
+        self.n_watchers.load(Ordering::Acquire) > 0
+    }
+
+    /// Counts a watcher whose registration is queued behind earlier steps.
+    pub fn expect(&self) {
+        self.n_watchers.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Registers a watcher of `prefix` whose snapshot is `holders`; runs in
+    /// the committer, in step order. The snapshot's sequence number is the
+    /// last one published.
+    pub fn register(&self, prefix: String, holders: Vec<LeaseStatus>) -> WatchStart {
+        let (tx, events) = mpsc::channel(WATCH_QUEUE_LEN);
+        let cut_off = Arc::new(AtomicBool::new(false));
+        let mut state = self.lock();
+        state.1.push(Watcher {
+            prefix,
+            tx,
+            cut_off: cut_off.clone(),
+        });
+        WatchStart {
+            seq: state.0,
+            holders,
+            events,
+            cut_off,
+        }
+    }
+
+    /// Numbers a step's holder changes and hands each to the watchers of
+    /// its prefix; cuts off any that fell behind or went away.
+    pub fn publish(&self, events: Vec<(WatchKind, String, FencingToken, Option<FencingToken>)>) {
+        let mut state = self.lock();
+        let (seq, watchers) = &mut *state;
+        let before = watchers.len();
+        for (kind, resource, token, revoked) in events {
+            *seq += 1;
+            let event = WatchEvent {
+                seq: *seq,
+                kind,
+                resource,
+                token,
+                revoked,
+            };
+            watchers.retain(|w| {
+                if !event.resource.starts_with(&w.prefix) {
+                    return !w.tx.is_closed();
+                }
+                match w.tx.try_send(event.clone()) {
+                    Ok(()) => true,
+                    Err(mpsc::error::TrySendError::Full(_)) => {
+                        w.cut_off.store(true, Ordering::Release);
+                        false
+                    }
+                    Err(mpsc::error::TrySendError::Closed(_)) => false,
+                }
+            });
+        }
+        self.n_watchers
+            .fetch_sub(before - watchers.len(), Ordering::AcqRel);
+    }
+
+    /// Ends every watch: the engine stopped.
+    pub fn close(&self) {
+        self.lock().1.clear();
+        self.n_watchers.store(0, Ordering::Release);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, (u64, Vec<Watcher>)> {
+        self.watchers.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The holder changes among a step's events, in order.
+pub fn holder_changes(
+    events: &[Event],
+) -> Vec<(WatchKind, String, FencingToken, Option<FencingToken>)> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Granted {
+                resource,
+                token,
+                after_wait,
+                ..
+            } => {
+                let kind = if *after_wait {
+                    WatchKind::HandedOff
+                } else {
+                    WatchKind::Granted
+                };
+                Some((kind, resource.to_string(), *token, None))
+            }
+            Event::Released { resource, token } => {
+                Some((WatchKind::Released, resource.to_string(), *token, None))
+            }
+            Event::Expired { resource, token } => {
+                Some((WatchKind::Expired, resource.to_string(), *token, None))
+            }
+            Event::Fenced {
+                resource,
+                token,
+                revoked,
+            } => Some((WatchKind::Fenced, resource.to_string(), *token, *revoked)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn token(n: u64) -> FencingToken {
+        FencingToken::from_u64((1 << 40) | n).unwrap()
+    }
+
+    fn granted(resource: &str, n: u64) -> (WatchKind, String, FencingToken, Option<FencingToken>) {
+        (WatchKind::Granted, resource.to_string(), token(n), None)
+    }
+
+    #[test]
+    fn a_watcher_gets_its_prefix_in_order_numbered_after_its_snapshot() {
+        let hub = Hub::default();
+        hub.publish(vec![granted("a:1", 1)]);
+        hub.expect();
+        assert!(hub.is_watched(), "counted before it is registered");
+        let mut w = hub.register("a:".into(), Vec::new());
+        assert_eq!(w.seq, 1);
+        hub.publish(vec![granted("b:1", 2), granted("a:2", 3)]);
+        let e = w.events.try_recv().unwrap();
+        assert_eq!((e.seq, e.resource.as_str()), (3, "a:2"));
+        assert!(w.events.try_recv().is_err(), "b:1 is not under a:");
+    }
+
+    #[test]
+    fn a_watcher_that_falls_behind_is_cut_off_and_one_that_left_is_dropped() {
+        let hub = Hub::default();
+        hub.expect();
+        let slow = hub.register(String::new(), Vec::new());
+        hub.expect();
+        let gone = hub.register(String::new(), Vec::new());
+        drop(gone);
+        let events = (0..=WATCH_QUEUE_LEN as u64)
+            .map(|n| granted("r", n + 1))
+            .collect();
+        hub.publish(events);
+        assert!(slow.cut_off.load(Ordering::Acquire));
+        assert!(!hub.is_watched(), "both gone: no copies for later steps");
+        hub.expect();
+        let _kept = hub.register(String::new(), Vec::new());
+        hub.close();
+        assert!(!hub.is_watched());
+    }
+}
