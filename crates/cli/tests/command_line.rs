@@ -28,6 +28,22 @@ fn keys(v: &Value) -> BTreeSet<&str> {
         .collect()
 }
 
+/// `baton admin restore --empty` into a fresh directory, above the tokens
+/// the fence-kit database at `url` recorded.
+fn restore_empty_above(tag: &str, url: &str) -> Output {
+    let dir = TempDir::new(tag);
+    let data = dir.path().join("baton-data");
+    cli(&[
+        "admin",
+        "restore",
+        "--empty",
+        "--data-dir",
+        data.to_str().unwrap(),
+        "--floor-from",
+        url,
+    ])
+}
+
 fn set<'a>(names: &[&'a str]) -> BTreeSet<&'a str> {
     names.iter().copied().collect()
 }
@@ -158,17 +174,7 @@ async fn a_postgresql_failure_names_the_message_sqlstate_and_url() {
     let user = cfg.get_user().unwrap_or("postgres");
     let url =
         format!("host={host} port={port} user={user} dbname=baton_no_such_db password=hunter2");
-    let dir = TempDir::new("cli-pg-error");
-    let data = dir.path().join("data");
-    let out = cli(&[
-        "admin",
-        "restore",
-        "--empty",
-        "--data-dir",
-        data.to_str().unwrap(),
-        "--floor-from",
-        &url,
-    ]);
+    let out = restore_empty_above("cli-pg-error", &url);
     let err = stderr(&out);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(
@@ -332,17 +338,7 @@ async fn the_fence_kit_chapter_and_the_restore_example_run_as_written() {
         "the sample tokens are epoch-1 Baton tokens"
     );
 
-    let dir = TempDir::new("docs-restore");
-    let data = dir.path().join("baton-data");
-    let out = cli(&[
-        "admin",
-        "restore",
-        "--empty",
-        "--data-dir",
-        data.to_str().unwrap(),
-        "--floor-from",
-        &db.url,
-    ]);
+    let out = restore_empty_above("docs-restore", &db.url);
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{text}{}", stderr(&out));
     assert!(

@@ -219,29 +219,24 @@ async fn auth_and_token_files_kept_carelessly_are_warned_about() {
     let token = dir.path().join("token");
     std::fs::write(&token, READER).unwrap();
     std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o644)).unwrap();
-    let out = common::cli(&[
-        "status",
-        "x",
-        "--server",
-        &s.url(),
-        "--token-file",
-        token.to_str().unwrap(),
-    ]);
-    let err = String::from_utf8_lossy(&out.stderr);
+    let status_stderr = || {
+        let out = common::cli(&[
+            "status",
+            "x",
+            "--server",
+            &s.url(),
+            "--token-file",
+            token.to_str().unwrap(),
+        ]);
+        String::from_utf8_lossy(&out.stderr).to_string()
+    };
+    let err = status_stderr();
     assert!(
         err.contains("token file") && err.contains("mode 644"),
         "{err}"
     );
     std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).unwrap();
-    let out = common::cli(&[
-        "status",
-        "x",
-        "--server",
-        &s.url(),
-        "--token-file",
-        token.to_str().unwrap(),
-    ]);
-    assert!(!String::from_utf8_lossy(&out.stderr).contains("warning"));
+    assert!(!status_stderr().contains("warning"));
 }
 
 /// A watch goes through the same gate: `read` on the prefix, refused (and

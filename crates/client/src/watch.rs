@@ -41,34 +41,8 @@ pub struct WatchHolder {
     pub n_waiters: u64,
 }
 
-/// What changed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum WatchKind {
-    /// A lease was granted at once.
-    Granted,
-    /// A lease was granted to a request that waited in line.
-    HandedOff,
-    /// The holder released it (or closed its session).
-    Released,
-    /// Its TTL (or its session's) ran out.
-    Expired,
-    /// An operator fenced the resource.
-    Fenced,
-}
-
-impl WatchKind {
-    /// The name used on the command line and in JSON: `granted`,
-    /// `handed_off`, `released`, `expired`, `fenced`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            WatchKind::Granted => "granted",
-            WatchKind::HandedOff => "handed_off",
-            WatchKind::Released => "released",
-            WatchKind::Expired => "expired",
-            WatchKind::Fenced => "fenced",
-        }
-    }
-}
+/// What changed: the lease table's own kinds of holder change.
+pub use baton_core::HolderChange as WatchKind;
 
 /// One change of holder.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -30,9 +30,10 @@ pub use ids::{
 pub use name::{NameError, ResourceName, RESOURCE_NAME_LEN_BYTES_MAX};
 pub use table::recovery_delay_ms;
 pub use table::{
-    AcquireError, AcquireOutcome, AcquireRequest, Effects, Event, FenceOutcome, Grant, KeptAlive,
-    LeaseRecord, LeaseStatus, LeaseTable, Limits, MonoMs, NotAcquired, ReleaseOutcome,
-    RenewOutcome, Resumed, SessionError, SessionRecord, WaitResult, Write, RECOVERED_ENDS_PER_MS,
+    AcquireError, AcquireOutcome, AcquireRequest, Effects, Event, FenceOutcome, Grant,
+    HolderChange, KeptAlive, LeaseRecord, LeaseStatus, LeaseTable, Limits, MonoMs, NotAcquired,
+    ReleaseOutcome, RenewOutcome, Resumed, SessionError, SessionRecord, WaitResult, Write,
+    RECOVERED_ENDS_PER_MS,
 };
 pub use token::{
     restore_epoch, Epoch, FencingToken, RestoreFloors, TokenError, COUNTER_BITS, COUNTER_MAX,

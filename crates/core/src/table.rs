@@ -13,9 +13,9 @@ mod types;
 use state::{Lease, Queue, ResourceState, Session, Timer, Waiter};
 
 pub use types::{
-    AcquireError, AcquireOutcome, AcquireRequest, Effects, Event, FenceOutcome, Grant, KeptAlive,
-    LeaseRecord, LeaseStatus, Limits, MonoMs, NotAcquired, ReleaseOutcome, RenewOutcome, Resumed,
-    SessionError, SessionRecord, WaitResult, Write,
+    AcquireError, AcquireOutcome, AcquireRequest, Effects, Event, FenceOutcome, Grant,
+    HolderChange, KeptAlive, LeaseRecord, LeaseStatus, Limits, MonoMs, NotAcquired, ReleaseOutcome,
+    RenewOutcome, Resumed, SessionError, SessionRecord, WaitResult, Write,
 };
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};

@@ -18,7 +18,7 @@
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use baton_core::{Event, FencingToken, LeaseStatus};
+use baton_core::{Event, FencingToken, HolderChange, LeaseStatus};
 use tokio::sync::mpsc;
 
 /// Events a watcher may fall behind by before it is cut off.
@@ -30,22 +30,12 @@ pub struct WatchEvent {
     /// Increases by one per event of any prefix: events of other prefixes
     /// take the numbers in between.
     pub seq: u64,
-    pub kind: WatchKind,
+    pub kind: HolderChange,
     pub resource: String,
     /// The lease's token; for a fence, the fence's.
     pub token: FencingToken,
     /// For a fence: the token of the lease it revoked, if any.
     pub revoked: Option<FencingToken>,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum WatchKind {
-    Granted,
-    /// Granted to a request that waited in line (a hand-off).
-    HandedOff,
-    Released,
-    Expired,
-    Fenced,
 }
 
 /// What a new watcher gets: the holders at `seq`, then every later event.
@@ -105,7 +95,7 @@ impl Hub {
 
     /// Numbers a step's holder changes and hands each to the watchers of
     /// its prefix; cuts off any that fell behind or went away.
-    pub fn publish(&self, events: Vec<(WatchKind, String, FencingToken, Option<FencingToken>)>) {
+    pub fn publish(&self, events: Vec<Change>) {
         let mut state = self.lock();
         let (seq, watchers) = &mut *state;
         let before = watchers.len();
@@ -147,39 +137,15 @@ impl Hub {
     }
 }
 
+/// A change as the hub carries it: kind, resource, token, revoked token.
+pub type Change = (HolderChange, String, FencingToken, Option<FencingToken>);
+
 /// The holder changes among a step's events, in order.
-pub fn holder_changes(
-    events: &[Event],
-) -> Vec<(WatchKind, String, FencingToken, Option<FencingToken>)> {
+pub fn holder_changes(events: &[Event]) -> Vec<Change> {
     events
         .iter()
-        .filter_map(|e| match e {
-            Event::Granted {
-                resource,
-                token,
-                after_wait,
-                ..
-            } => {
-                let kind = if *after_wait {
-                    WatchKind::HandedOff
-                } else {
-                    WatchKind::Granted
-                };
-                Some((kind, resource.to_string(), *token, None))
-            }
-            Event::Released { resource, token } => {
-                Some((WatchKind::Released, resource.to_string(), *token, None))
-            }
-            Event::Expired { resource, token } => {
-                Some((WatchKind::Expired, resource.to_string(), *token, None))
-            }
-            Event::Fenced {
-                resource,
-                token,
-                revoked,
-            } => Some((WatchKind::Fenced, resource.to_string(), *token, *revoked)),
-            _ => None,
-        })
+        .filter_map(HolderChange::of)
+        .map(|(kind, resource, token, revoked)| (kind, resource.to_string(), token, revoked))
         .collect()
 }
 
@@ -191,8 +157,8 @@ mod tests {
         FencingToken::from_u64((1 << 40) | n).unwrap()
     }
 
-    fn granted(resource: &str, n: u64) -> (WatchKind, String, FencingToken, Option<FencingToken>) {
-        (WatchKind::Granted, resource.to_string(), token(n), None)
+    fn granted(resource: &str, n: u64) -> Change {
+        (HolderChange::Granted, resource.to_string(), token(n), None)
     }
 
     #[test]

@@ -317,6 +317,63 @@ pub enum Write {
     },
 }
 
+/// A change of a resource's holder, as watchers see it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HolderChange {
+    /// A lease was granted at once.
+    Granted,
+    /// A lease was granted to a request that waited in line (a hand-off).
+    HandedOff,
+    /// The holder released it (or closed its session).
+    Released,
+    /// Its TTL (or its session's) ran out.
+    Expired,
+    /// An operator fenced the resource.
+    Fenced,
+}
+
+impl HolderChange {
+    /// Its name on the command line and in JSON: `granted`, `handed_off`,
+    /// `released`, `expired`, `fenced`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HolderChange::Granted => "granted",
+            HolderChange::HandedOff => "handed_off",
+            HolderChange::Released => "released",
+            HolderChange::Expired => "expired",
+            HolderChange::Fenced => "fenced",
+        }
+    }
+
+    /// The holder change an event is, if it is one; with the lease's token
+    /// (a fence's own) and, for a fence, the revoked lease's.
+    pub fn of(event: &Event) -> Option<(Self, &ResourceName, FencingToken, Option<FencingToken>)> {
+        Some(match event {
+            Event::Granted {
+                resource,
+                token,
+                after_wait,
+                ..
+            } => {
+                let kind = if *after_wait {
+                    HolderChange::HandedOff
+                } else {
+                    HolderChange::Granted
+                };
+                (kind, resource, *token, None)
+            }
+            Event::Released { resource, token } => (HolderChange::Released, resource, *token, None),
+            Event::Expired { resource, token } => (HolderChange::Expired, resource, *token, None),
+            Event::Fenced {
+                resource,
+                token,
+                revoked,
+            } => (HolderChange::Fenced, resource, *token, *revoked),
+            _ => return None,
+        })
+    }
+}
+
 /// What happened, for metrics and logs.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[allow(missing_docs)] // fields are named for what they hold: the resource, its token, the waiter

@@ -15,7 +15,7 @@ use super::{Caller, LeaseService};
 use crate::auth::Permission;
 use crate::engine::Command;
 use crate::seat::Seat;
-use crate::watch::{WatchEvent, WatchKind, WatchStart, WATCH_QUEUE_LEN};
+use crate::watch::{WatchEvent, WatchStart, WATCH_QUEUE_LEN};
 
 pub type WatchStream = ReceiverStream<Result<v1::WatchResponse, Status>>;
 
@@ -166,13 +166,14 @@ fn holder(s: &baton_core::LeaseStatus) -> v1::WatchHolder {
 }
 
 fn event_message(e: WatchEvent) -> v1::WatchEvent {
+    use baton_core::HolderChange;
     use v1::watch_event::Kind;
     let kind = match e.kind {
-        WatchKind::Granted => Kind::Granted,
-        WatchKind::HandedOff => Kind::HandedOff,
-        WatchKind::Released => Kind::Released,
-        WatchKind::Expired => Kind::Expired,
-        WatchKind::Fenced => Kind::Fenced,
+        HolderChange::Granted => Kind::Granted,
+        HolderChange::HandedOff => Kind::HandedOff,
+        HolderChange::Released => Kind::Released,
+        HolderChange::Expired => Kind::Expired,
+        HolderChange::Fenced => Kind::Fenced,
     };
     v1::WatchEvent {
         seq: e.seq,
