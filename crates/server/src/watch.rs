@@ -48,15 +48,52 @@ pub struct WatchStart {
 }
 
 struct Watcher {
-    prefix: String,
     tx: mpsc::Sender<WatchEvent>,
     cut_off: Arc<AtomicBool>,
+}
+
+impl Watcher {
+    /// Hands `event` over; `false` once the watcher is gone or cut off.
+    fn offer(&self, event: &WatchEvent) -> bool {
+        match self.tx.try_send(event.clone()) {
+            Ok(()) => true,
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                self.cut_off.store(true, Ordering::Release);
+                false
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => false,
+        }
+    }
+}
+
+/// The watchers, grouped by prefix: an event is matched once per distinct
+/// prefix, not once per watcher (a thousand watchers of one prefix cost
+/// one comparison).
+#[derive(Default)]
+struct Watchers {
+    /// The last sequence number published.
+    seq: u64,
+    groups: Vec<(String, Vec<Watcher>)>,
+}
+
+impl Watchers {
+    fn len(&self) -> usize {
+        self.groups.iter().map(|(_, g)| g.len()).sum()
+    }
+
+    /// Drops the watchers whose streams went away (rare: on registration).
+    fn sweep(&mut self) {
+        for (_, group) in &mut self.groups {
+            group.retain(|w| !w.tx.is_closed());
+        }
+        self.groups.retain(|(_, g)| !g.is_empty());
+    }
 }
 
 /// Every watcher of one engine. Published to by the committer only.
 #[derive(Default)]
 pub struct Hub {
-    watchers: Mutex<(u64, Vec<Watcher>)>,
+    watchers: Mutex<Watchers>,
     /// Watchers registered plus those whose registration is queued: steps
     /// skip the event copy when 0.
     n_watchers: AtomicUsize,
@@ -79,14 +116,21 @@ impl Hub {
     pub fn register(&self, prefix: String, holders: Vec<LeaseStatus>) -> WatchStart {
         let (tx, events) = mpsc::channel(WATCH_QUEUE_LEN);
         let cut_off = Arc::new(AtomicBool::new(false));
-        let mut state = self.lock();
-        state.1.push(Watcher {
-            prefix,
+        let watcher = Watcher {
             tx,
             cut_off: cut_off.clone(),
-        });
+        };
+        let mut state = self.lock();
+        let before = state.len();
+        state.sweep();
+        self.n_watchers
+            .fetch_sub(before - state.len(), Ordering::AcqRel);
+        match state.groups.iter_mut().find(|(p, _)| *p == prefix) {
+            Some((_, group)) => group.push(watcher),
+            None => state.groups.push((prefix, vec![watcher])),
+        }
         WatchStart {
-            seq: state.0,
+            seq: state.seq,
             holders,
             events,
             cut_off,
@@ -94,11 +138,11 @@ impl Hub {
     }
 
     /// Numbers a step's holder changes and hands each to the watchers of
-    /// its prefix; cuts off any that fell behind or went away.
+    /// its prefix; drops any that fell behind (cut off) or went away.
     pub fn publish(&self, events: Vec<Change>) {
         let mut state = self.lock();
-        let (seq, watchers) = &mut *state;
-        let before = watchers.len();
+        let before = state.len();
+        let Watchers { seq, groups } = &mut *state;
         for (kind, resource, token, revoked) in events {
             *seq += 1;
             let event = WatchEvent {
@@ -108,31 +152,24 @@ impl Hub {
                 token,
                 revoked,
             };
-            watchers.retain(|w| {
-                if !event.resource.starts_with(&w.prefix) {
-                    return !w.tx.is_closed();
+            for (prefix, group) in groups.iter_mut() {
+                if event.resource.starts_with(prefix.as_str()) {
+                    group.retain(|w| w.offer(&event));
                 }
-                match w.tx.try_send(event.clone()) {
-                    Ok(()) => true,
-                    Err(mpsc::error::TrySendError::Full(_)) => {
-                        w.cut_off.store(true, Ordering::Release);
-                        false
-                    }
-                    Err(mpsc::error::TrySendError::Closed(_)) => false,
-                }
-            });
+            }
         }
+        groups.retain(|(_, g)| !g.is_empty());
         self.n_watchers
-            .fetch_sub(before - watchers.len(), Ordering::AcqRel);
+            .fetch_sub(before - state.len(), Ordering::AcqRel);
     }
 
     /// Ends every watch: the engine stopped.
     pub fn close(&self) {
-        self.lock().1.clear();
+        self.lock().groups.clear();
         self.n_watchers.store(0, Ordering::Release);
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, (u64, Vec<Watcher>)> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Watchers> {
         self.watchers.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
