@@ -136,10 +136,15 @@ pub async fn overhead(a: &BenchArgs, spec: &str) -> Result<Exit, CliError> {
         acquire_p99_us_with: median(p99_with) as u64,
         events_delivered: delivered,
     };
-    if a.client.json {
-        crate::stdout::line(&serde_json::to_string(&out).expect("serializes"));
-    } else {
-        crate::stdout::line(&format!(
+    crate::output::emit(a.client.json, &out);
+    Ok(Exit::Ok)
+}
+
+impl crate::output::Rendered for Overhead {
+    fn text(&self) -> String {
+        let out = self;
+        let (idle, busy) = (self.idle_watchers, self.busy_watchers);
+        format!(
             "C={} distinct, medians of {} rounds: {} cycles/s without watchers, {} with {} idle + {} busy ({:.3}x); acquire p99 {} us -> {} us; {} events delivered to busy watchers",
             out.clients,
             out.rounds,
@@ -151,9 +156,8 @@ pub async fn overhead(a: &BenchArgs, spec: &str) -> Result<Exit, CliError> {
             out.acquire_p99_us_without,
             out.acquire_p99_us_with,
             out.events_delivered
-        ));
+        )
     }
-    Ok(Exit::Ok)
 }
 
 #[derive(Serialize)]

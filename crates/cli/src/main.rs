@@ -9,6 +9,7 @@ mod bench_watch;
 mod cluster;
 mod config_file;
 mod error;
+mod hold;
 mod lease;
 mod output;
 mod restore;
@@ -141,7 +142,7 @@ async fn dispatch(command: Command) -> Result<ExitCode, CliError> {
             ttl,
             wait,
             client,
-        } => lease::hold(&client, &names, ttl.unwrap_or_default(), wait).await?,
+        } => hold::hold(&client, &names, ttl.unwrap_or_default(), wait).await?,
         Command::Renew {
             name,
             acquisition,

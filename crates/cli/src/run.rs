@@ -22,7 +22,8 @@ use tokio::time::Instant;
 
 use crate::args::RunArgs;
 use crate::error::{CliError, Exit};
-use crate::lease::{close_bounded, connect, first_lost, loss_message, AcquireOut};
+use crate::hold::{close_bounded, first_lost, loss_message};
+use crate::lease::{connect, AcquireOut};
 use crate::output::Rendered;
 
 /// `run`'s exit codes for its own outcomes (GNU `timeout`'s convention).

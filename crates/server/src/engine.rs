@@ -406,6 +406,31 @@ impl Engine {
         self.committer.send(ToCommitter::Job(job)).is_ok()
     }
 
+    /// A watcher's snapshot now, and its registration in step order.
+    fn watch(
+        &mut self,
+        now: MonoMs,
+        prefix: String,
+        reply: Reply<WatchStart>,
+        replies: &mut Vec<Deferred>,
+    ) {
+        // Earlier events go to earlier watchers in a step of their own, so
+        // that this snapshot and the events registered after it neither
+        // overlap nor leave a gap.
+        self.step(now, std::mem::take(replies));
+        let holders: Vec<LeaseStatus> = self
+            .table
+            .list(now, &prefix, None, usize::MAX)
+            .into_iter()
+            .filter(|s| s.holder_token.is_some())
+            .collect();
+        self.hub.expect();
+        let hub = self.hub.clone();
+        replies.push(Box::new(move || {
+            let _ = reply.send(hub.register(prefix, holders));
+        }));
+    }
+
     fn apply(&mut self, now: MonoMs, command: Command, replies: &mut Vec<Deferred>) {
         fn defer<T: Send + 'static>(replies: &mut Vec<Deferred>, reply: Reply<T>, value: T) {
             replies.push(Box::new(move || {
@@ -468,23 +493,7 @@ impl Engine {
                 let out = self.table.fence(now, &resource);
                 defer(replies, reply, out);
             }
-            Command::Watch { prefix, reply } => {
-                // Earlier events go to earlier watchers in a step of their
-                // own, so that this snapshot and the events registered
-                // after it neither overlap nor leave a gap.
-                self.step(now, std::mem::take(replies));
-                let holders: Vec<LeaseStatus> = self
-                    .table
-                    .list(now, &prefix, None, usize::MAX)
-                    .into_iter()
-                    .filter(|s| s.holder_token.is_some())
-                    .collect();
-                self.hub.expect();
-                let hub = self.hub.clone();
-                replies.push(Box::new(move || {
-                    let _ = reply.send(hub.register(prefix, holders));
-                }));
-            }
+            Command::Watch { prefix, reply } => self.watch(now, prefix, reply, replies),
             Command::Snapshot { reply } => {
                 let started = Instant::now();
                 let (epoch, counter) = self.table.last_token();
