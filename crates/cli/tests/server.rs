@@ -666,10 +666,13 @@ async fn addresses_env_default_ttl_and_bad_values_as_a_newcomer_meets_them() {
     let err = String::from_utf8_lossy(&out.stderr).to_string();
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert_eq!(
-        err.matches("Connection refused").count(),
+        err.matches("connection refused").count(),
         1,
         "not doubled: {err}"
     );
+    assert!(err.contains("is `baton serve` running"), "the likely cause: {err}");
+    assert_eq!(err.matches("127.0.0.1:1").count(), 1, "the address once: {err}");
+    assert!(!err.contains("transport error"), "{err}");
 }
 
 /// `serve --config FILE`: the file sets flags, the environment overrides the

@@ -204,6 +204,33 @@ fn failed_at(status: tonic::Status, url: &str, timeout: Duration) -> ClientError
     from_status(status)
 }
 
+/// Why a connection could not be made, in the user's terms: a refused or
+/// unanswered connection says what that likely means; a TLS failure keeps
+/// its explanation (`security::explain`).
+fn connect_cause(e: &tonic::transport::Error) -> String {
+    let chain = error_chain(e);
+    let explained = security::explain(&chain);
+    if explained != chain {
+        return explained;
+    }
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        if let Some(io) = s.downcast_ref::<std::io::Error>() {
+            return match io.kind() {
+                std::io::ErrorKind::ConnectionRefused => {
+                    "connection refused: nothing listens there (is `baton serve` running, on this address and port?)".into()
+                }
+                std::io::ErrorKind::TimedOut => {
+                    "no answer to the connection within 5 s (the wrong host, or a firewall?)".into()
+                }
+                _ => io.to_string(),
+            };
+        }
+        source = s.source();
+    }
+    chain
+}
+
 /// An error and its sources on one line, each message once (tonic's
 /// transport errors repeat their source's text).
 fn error_chain(e: &dyn std::error::Error) -> String {
@@ -547,7 +574,8 @@ impl Client {
                     channels.insert(u.clone(), LeasesClient::new(channel));
                     break;
                 }
-                Err(e) => errors.push(format!("{u}: {}", security::explain(&error_chain(&e)))),
+                Err(e) if urls.len() > 1 => errors.push(format!("{u}: {}", connect_cause(&e))),
+                Err(e) => errors.push(connect_cause(&e)),
             }
         }
         let Some(current) = urls.iter().find(|u| channels.contains_key(*u)).cloned() else {
