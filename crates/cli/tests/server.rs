@@ -670,8 +670,15 @@ async fn addresses_env_default_ttl_and_bad_values_as_a_newcomer_meets_them() {
         1,
         "not doubled: {err}"
     );
-    assert!(err.contains("is `baton serve` running"), "the likely cause: {err}");
-    assert_eq!(err.matches("127.0.0.1:1").count(), 1, "the address once: {err}");
+    assert!(
+        err.contains("is `baton serve` running"),
+        "the likely cause: {err}"
+    );
+    assert_eq!(
+        err.matches("127.0.0.1:1").count(),
+        1,
+        "the address once: {err}"
+    );
     assert!(!err.contains("transport error"), "{err}");
 }
 
