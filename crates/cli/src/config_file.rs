@@ -8,34 +8,22 @@
 
 use std::collections::BTreeMap;
 
-/// The serve flags a config file may set.
-const KEYS: [&str; 25] = [
-    "listen",
-    "http_listen",
-    "data_dir",
-    "default_ttl",
-    "ttl_min",
-    "ttl_max",
-    "wait_max",
-    "max_waiters_per_resource",
-    "max_waiters",
-    "max_sessions",
-    "max_connections",
-    "handshake_timeout",
-    "idle_timeout",
-    "max_resources_per_request",
-    "store",
-    "cluster",
-    "advertise",
-    "leader_ttl",
-    "tls_cert",
-    "tls_key",
-    "tls_client_ca",
-    "auth_file",
-    "require_auth",
-    "audit_log",
-    "config",
-];
+/// The serve flags a config file may set, read from their definitions
+/// (every long flag of `serve` but `--config` itself), so that a new flag
+/// needs no entry here.
+fn keys() -> Vec<String> {
+    use clap::CommandFactory;
+    let cli = crate::args::Cli::command();
+    let serve = cli
+        .find_subcommand("serve")
+        .expect("the serve subcommand is defined");
+    serve
+        .get_arguments()
+        .filter_map(|a| a.get_long())
+        .filter(|long| *long != "config" && *long != "help")
+        .map(|long| long.replace('-', "_"))
+        .collect()
+}
 
 /// The `--config` path among `args` (or `BATON_CONFIG`), for `serve` only.
 fn config_path(args: &[String]) -> Option<String> {
@@ -75,10 +63,11 @@ pub fn apply(args: &[std::ffi::OsString]) -> Result<(), String> {
         .map_err(|e| format!("--config {path}: not a TOML table of serve flags: {e}"))?;
     for (key, value) in table {
         let key = key.replace('-', "_");
-        if !KEYS.contains(&key.as_str()) || key == "config" {
+        let keys = keys();
+        if !keys.contains(&key) {
             return Err(format!(
                 "--config {path}: unknown key {key:?}; the keys are the serve flags: {}",
-                KEYS[..KEYS.len() - 1].join(", ")
+                keys.join(", ")
             ));
         }
         let flag = format!("--{}", key.replace('_', "-"));

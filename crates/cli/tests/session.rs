@@ -351,7 +351,7 @@ fn req(id: u64, op: Op) -> v1::SessionRequest {
 
 fn open(ttl_ms: u64) -> Op {
     Op::Open(v1::OpenSession {
-        ttl_ms,
+        ttl_ms: Some(ttl_ms),
         resume: vec![],
     })
 }
@@ -371,8 +371,12 @@ async fn a_broken_session_protocol_gets_errors_that_name_the_rule() {
     let (c, m) = code(raw(&url, vec![req(1, open(5))]).await);
     assert_eq!(c, tonic::Code::InvalidArgument);
     assert!(m.contains("session ttl 5ms is out of range"), "{m}");
+    // A TTL that is present is a TTL: 0 is refused, not "the default".
+    let (c, m) = code(raw(&url, vec![req(1, open(0))]).await);
+    assert_eq!(c, tonic::Code::InvalidArgument);
+    assert!(m.contains("session ttl 0ms is out of range"), "{m}");
     let bad_resume = Op::Open(v1::OpenSession {
-        ttl_ms: 0,
+        ttl_ms: None,
         resume: vec![1, 2, 3],
     });
     let (c, m) = code(raw(&url, vec![req(1, bad_resume)]).await);
@@ -380,7 +384,7 @@ async fn a_broken_session_protocol_gets_errors_that_name_the_rule() {
     assert!(m.contains("resume is 3 bytes"), "{m}");
     // An unknown session is not resumed, and nothing is created.
     let unknown = Op::Open(v1::OpenSession {
-        ttl_ms: 0,
+        ttl_ms: None,
         resume: vec![7; 16],
     });
     let out = raw(&url, vec![req(4, unknown)]).await.unwrap();
@@ -397,7 +401,7 @@ async fn a_broken_session_protocol_gets_errors_that_name_the_rule() {
     // Per-request errors keep the stream; a second open ends it.
     let bad_name = Op::Acquire(v1::SessionAcquire {
         resources: vec![" x".into()],
-        ttl_ms: 0,
+        ttl_ms: None,
         wait_ms: 0,
     });
     let out = raw(
@@ -535,7 +539,7 @@ async fn a_reused_request_id_and_the_session_limit_are_refused_by_rule() {
     // Request 2 waits for l:busy; a second request 2 while it waits is refused.
     let wait = Op::Acquire(v1::SessionAcquire {
         resources: vec!["l:busy".into()],
-        ttl_ms: 0,
+        ttl_ms: None,
         wait_ms: 10_000,
     });
     let again = Op::Heartbeat(v1::Heartbeat {});

@@ -736,7 +736,8 @@ impl Client {
     ) -> Result<AcquiredAll, ClientError> {
         let message = v1::AcquireRequest {
             resources: resources.iter().map(|r| r.to_string()).collect(),
-            ttl_ms: millis(ttl, "ttl")?,
+            // Zero: the server's default.
+            ttl_ms: (!ttl.is_zero()).then(|| millis(ttl, "ttl")).transpose()?,
             wait_ms: millis(wait, "wait")?,
         };
         let sent = Instant::now();

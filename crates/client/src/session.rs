@@ -167,7 +167,7 @@ fn error_body(e: v1::RequestError) -> ClientError {
 /// The first request of a stream that resumes session `id`.
 fn resume_request(id: SessionId) -> v1::OpenSession {
     v1::OpenSession {
-        ttl_ms: 0,
+        ttl_ms: None,
         resume: id.as_bytes().to_vec(),
     }
 }
@@ -188,7 +188,10 @@ impl Client {
     /// `ttl` the server ends the session and every lease tied to it.
     pub async fn open_session(&self, ttl: Duration) -> Result<Session, ClientError> {
         self.start_session(v1::OpenSession {
-            ttl_ms: crate::millis(ttl, "session ttl")?,
+            // Zero: the server's default.
+            ttl_ms: (!ttl.is_zero())
+                .then(|| crate::millis(ttl, "session ttl"))
+                .transpose()?,
             resume: Vec::new(),
         })
         .await
@@ -391,8 +394,8 @@ impl Session {
         wait: Duration,
     ) -> Result<AcquiredAll, ClientError> {
         let ttl_ms = match ttl {
-            Some(t) => crate::millis(t, "ttl")?.max(1),
-            None => 0,
+            Some(t) => Some(crate::millis(t, "ttl")?.max(1)),
+            None => None,
         };
         let op = Op::Acquire(v1::SessionAcquire {
             resources: resources.iter().map(|r| r.to_string()).collect(),

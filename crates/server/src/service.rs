@@ -273,11 +273,7 @@ impl Leases for LeaseService {
         for (name, _) in &claims {
             who.may(Permission::Lease, name.as_str())?;
         }
-        let ttl_ms = if req.ttl_ms == 0 {
-            self.default_ttl_ms
-        } else {
-            req.ttl_ms
-        };
+        let ttl_ms = req.ttl_ms.unwrap_or(self.default_ttl_ms);
         let waiter = WaiterId(self.next_waiter.fetch_add(1, Relaxed));
         let request = AcquireRequest {
             claims,
@@ -609,7 +605,9 @@ mod fuzz {
                     let acquire = svc
                         .acquire(Request::new(v1::AcquireRequest {
                             resources,
-                            ttl_ms,
+                            // Absent now and then (the default), else any
+                            // value, a present 0 included.
+                            ttl_ms: (ttl_ms % 7 != 3).then_some(ttl_ms),
                             wait_ms,
                         }))
                         .await;

@@ -137,11 +137,7 @@ impl LeaseService {
             };
             return Ok((digest, body));
         }
-        let ttl_ms = if open.ttl_ms == 0 {
-            self.default_ttl_ms
-        } else {
-            open.ttl_ms
-        };
+        let ttl_ms = open.ttl_ms.unwrap_or(self.default_ttl_ms);
         let id = random_id();
         let digest = id.digest();
         self.call_on(term, |reply| Command::OpenSession {
@@ -377,11 +373,12 @@ impl SessionTask {
                 for (name, _) in &claims {
                     who.may(Permission::Lease, name.as_str())?;
                 }
-                let bound = a.ttl_ms == 0;
+                // No TTL of its own: the lease is tied to the session.
+                let bound = a.ttl_ms.is_none();
                 let waiter = WaiterId(self.service.next_waiter.fetch_add(1, Relaxed));
                 let request = AcquireRequest {
                     claims,
-                    ttl_ms: a.ttl_ms,
+                    ttl_ms: a.ttl_ms.unwrap_or(0),
                     wait_ms: a.wait_ms,
                     waiter,
                     session: bound.then_some(digest),

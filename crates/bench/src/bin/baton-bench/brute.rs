@@ -73,7 +73,7 @@ async fn attack(url: &str, ca: &[u8], n: usize, round: usize) -> Result<usize, S
                     }
                     let mut r = tonic::Request::new(AcquireRequest {
                         resources: vec!["bench:brute:target".into()],
-                        ttl_ms: 30_000,
+                        ttl_ms: Some(30_000),
                         wait_ms: 0,
                     });
                     let guess = format!("Bearer guess-{round}-{k:08}");
