@@ -47,8 +47,9 @@ fn parse_id(hex: &str) -> Result<AcquisitionId, CliError> {
     })
 }
 
-/// One granted lease. `valid_for_ms` counts from the acquire's send time:
-/// the TTL minus the time the reply took, as this process measured it.
+/// One granted lease. `valid_for_ms` is what is left of
+/// `Lease::valid_until` (counted from the acquire's send time, plus the
+/// server's wait in line), as this process measured it; 0 means expired.
 #[derive(Serialize)]
 pub struct LeaseOut {
     resource: String,
@@ -158,12 +159,15 @@ impl AcquireOut {
     pub(crate) fn new(all: &AcquiredAll, wait: Duration) -> Self {
         match all {
             AcquiredAll::Granted { leases, after_wait } => {
-                let expired = leases.iter().any(baton_client::Lease::is_expired);
+                // One reading of the clock per lease: what is printed is
+                // what decides.
+                let leases: Vec<LeaseOut> = leases.iter().map(LeaseOut::from).collect();
+                let expired = leases.iter().any(|l| l.valid_for_ms == 0);
                 AcquireOut {
                     acquired: !expired,
                     reason: expired.then_some(NotAcquiredReason::ExpiredOnArrival),
                     after_wait: *after_wait,
-                    leases: leases.iter().map(LeaseOut::from).collect(),
+                    leases,
                     blocked_by: None,
                     wait_ms: wait.as_millis(),
                 }

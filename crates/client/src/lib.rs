@@ -259,9 +259,11 @@ pub struct Lease {
     pub ttl: Duration,
     /// The earliest instant the server may end this lease, on this
     /// process's monotonic clock: the acquire request's **send** time plus
-    /// the TTL, never the reply's arrival (the server started the TTL no
-    /// earlier than it received the request). For a lease tied to a
-    /// session, the session's deadline when the grant arrived. A reply that
+    /// the time the server says it waited in line (never more than this
+    /// process saw pass) plus the TTL, never the reply's arrival (the
+    /// server started the TTL no earlier than it received the request).
+    /// For a lease tied to a session, the later of the send time plus the
+    /// TTL and the session's deadline when the grant arrived. A reply that
     /// took longer than the TTL arrives already past it: see
     /// [`Lease::is_expired`].
     pub valid_until: Instant,
@@ -377,6 +379,12 @@ pub struct Fenced {
     pub token: FencingToken,
     /// The token of the lease it revoked, if one was held.
     pub revoked: Option<FencingToken>,
+}
+
+/// A TTL as the wire's optional milliseconds: zero is absent (the server's
+/// default), anything else as [`millis`].
+fn optional_millis(d: Duration, what: &str) -> Result<Option<u64>, ClientError> {
+    (!d.is_zero()).then(|| millis(d, what)).transpose()
 }
 
 /// A duration as the wire's milliseconds: whole, and refused rather than
@@ -736,8 +744,7 @@ impl Client {
     ) -> Result<AcquiredAll, ClientError> {
         let message = v1::AcquireRequest {
             resources: resources.iter().map(|r| r.to_string()).collect(),
-            // Zero: the server's default.
-            ttl_ms: (!ttl.is_zero()).then(|| millis(ttl, "ttl")).transpose()?,
+            ttl_ms: optional_millis(ttl, "ttl")?,
             wait_ms: millis(wait, "wait")?,
         };
         let sent = Instant::now();

@@ -188,10 +188,7 @@ impl Client {
     /// `ttl` the server ends the session and every lease tied to it.
     pub async fn open_session(&self, ttl: Duration) -> Result<Session, ClientError> {
         self.start_session(v1::OpenSession {
-            // Zero: the server's default.
-            ttl_ms: (!ttl.is_zero())
-                .then(|| crate::millis(ttl, "session ttl"))
-                .transpose()?,
+            ttl_ms: crate::optional_millis(ttl, "session ttl")?,
             resume: Vec::new(),
         })
         .await
