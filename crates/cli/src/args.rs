@@ -61,6 +61,50 @@ pub struct ClientOpts {
     pub timeout: Duration,
 }
 
+/// Who holds the leases a command acquires, as status, list, watch and
+/// the server's logs show it.
+#[derive(Args, Clone, Default)]
+pub struct HolderOpt {
+    /// Describe the holder (at most 256 bytes, no control characters)
+    /// [default: USER@HOST pid PID]
+    #[arg(long, env = "BATON_HOLDER", value_parser = parse_holder)]
+    pub holder: Option<baton_core::Holder>,
+}
+
+fn parse_holder(raw: &str) -> Result<baton_core::Holder, String> {
+    baton_core::Holder::parse(raw).map_err(|e| e.to_string())
+}
+
+impl HolderOpt {
+    /// The description given, or `user@host pid N` for this process.
+    pub fn resolve(&self) -> baton_core::Holder {
+        self.holder.clone().unwrap_or_else(default_holder)
+    }
+}
+
+/// `user@host pid N`: the user from the environment (or the uid), the
+/// host name, this process's id; each cut so the whole fits the limit.
+fn default_holder() -> baton_core::Holder {
+    let clean = |s: String| -> String {
+        s.chars()
+            .filter(|c| !c.is_control())
+            .take(100)
+            .collect::<String>()
+    };
+    let uid = nix::unistd::getuid();
+    let user = std::env::var("USER")
+        .or_else(|_| std::env::var("LOGNAME"))
+        .ok()
+        .or_else(|| Some(nix::unistd::User::from_uid(uid).ok()??.name))
+        .unwrap_or_else(|| format!("uid{uid}"));
+    let host = nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .unwrap_or_else(|| "unknown-host".into());
+    let text = format!("{}@{} pid {}", clean(user), clean(host), std::process::id());
+    baton_core::Holder::parse(&text).expect("built within the rules")
+}
+
 #[derive(Subcommand)]
 pub enum Command {
     /// Run the lease server (on the embedded store, or with --store as one
@@ -83,6 +127,8 @@ pub enum Command {
         #[arg(long, default_value = "0s", value_parser = parse_duration)]
         wait: Duration,
         #[command(flatten)]
+        holder: HolderOpt,
+        #[command(flatten)]
         client: ClientOpts,
     },
     /// Acquire on a session and hold until SIGINT or SIGTERM (then release).
@@ -99,6 +145,8 @@ pub enum Command {
         #[arg(long, default_value = "0s", value_parser = parse_duration)]
         wait: Duration,
         #[command(flatten)]
+        holder: HolderOpt,
+        #[command(flatten)]
         client: ClientOpts,
     },
     /// Run a command while holding leases: acquire on a session, start the
@@ -107,6 +155,21 @@ pub enum Command {
     /// if ownership is lost; then release. See "Exit codes of run".
     #[command(after_help = RUN_EXIT_CODES)]
     Run(RunArgs),
+    /// Campaign in a fenced leader election: wait in line until this
+    /// candidate leads, print the leadership with its token, then hold it
+    /// until SIGINT or SIGTERM (resign) or until it is lost (exit 4). With
+    /// a command, run it while leading, like `run` (same exit codes).
+    #[command(after_help = RUN_EXIT_CODES)]
+    Elect(ElectArgs),
+    /// Follow an election: the leader now, then every change of leader
+    /// (one line each, JSON lines with --json), until SIGINT or the stream
+    /// ends.
+    Observe {
+        /// The election's name.
+        name: String,
+        #[command(flatten)]
+        client: ClientOpts,
+    },
     /// (internal) The child side of `run`: dies with its parent, then execs.
     #[command(hide = true, name = "exec-child")]
     ExecChild {
@@ -190,6 +253,34 @@ pub const RUN_EXIT_CODES: &str = "Exit codes of run (GNU timeout's convention):
   126  the command was found but could not be started
   127  the command was not found";
 
+/// `baton elect`.
+#[derive(Args)]
+pub struct ElectArgs {
+    /// The election's name (a resource name).
+    pub name: String,
+    /// This candidate's value, shown as the leader's (at most 256 bytes,
+    /// no control characters) [default: USER@HOST pid PID]
+    #[arg(long, value_parser = parse_holder)]
+    pub value: Option<baton_core::Holder>,
+    /// Session TTL: a leader that stops heartbeating is deposed this long
+    /// after its last heartbeat [default: the server's --default-ttl].
+    #[arg(long, value_parser = parse_positive_duration)]
+    pub ttl: Option<Duration>,
+    /// Give up campaigning after this long (exit 3, or 125 with a
+    /// command) [default: campaign until elected or interrupted].
+    #[arg(long, value_parser = parse_positive_duration)]
+    pub wait: Option<Duration>,
+    /// With a command: grace between SIGTERM and SIGKILL when leadership
+    /// is lost (as for `run`).
+    #[arg(long, default_value = "10s", value_parser = parse_positive_duration)]
+    pub kill_after: Duration,
+    /// The command to run while leading, after `--`.
+    #[arg(last = true, value_parser = clap::value_parser!(std::ffi::OsString))]
+    pub command: Vec<std::ffi::OsString>,
+    #[command(flatten)]
+    pub client: ClientOpts,
+}
+
 /// `baton run`.
 #[derive(Args)]
 pub struct RunArgs {
@@ -206,6 +297,8 @@ pub struct RunArgs {
     /// half the TTL; SIGKILL never lands after the lease's safe-until).
     #[arg(long, default_value = "10s", value_parser = parse_positive_duration)]
     pub kill_after: Duration,
+    #[command(flatten)]
+    pub holder: HolderOpt,
     /// The command and its arguments, after `--`.
     #[arg(last = true, required = true, value_parser = clap::value_parser!(std::ffi::OsString))]
     pub command: Vec<std::ffi::OsString>,

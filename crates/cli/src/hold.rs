@@ -8,7 +8,7 @@ use std::time::Duration;
 use baton_client::worker::{Keeper, KeeperConfig, LossReason};
 use baton_client::{AcquiredAll, Health};
 
-use crate::args::ClientOpts;
+use crate::args::{ClientOpts, HolderOpt};
 use crate::error::{CliError, Exit};
 use crate::lease::{connect, AcquireOut, GIVE_BACK_TIMEOUT};
 
@@ -20,11 +20,12 @@ use crate::lease::{connect, AcquireOut, GIVE_BACK_TIMEOUT};
 /// session's end: `hold` says so at that moment and exits 4.
 pub async fn hold(
     opts: &ClientOpts,
+    holder: &HolderOpt,
     names: &[String],
     ttl: Duration,
     wait: Duration,
 ) -> Result<Exit, CliError> {
-    let client = connect(opts).await?;
+    let client = connect(opts).await?.with_holder(holder.resolve());
     let session = client.open_session(ttl).await?;
     let refs: Vec<&str> = names.iter().map(String::as_str).collect();
     let all = session.acquire_all(&refs, wait).await?;

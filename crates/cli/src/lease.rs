@@ -7,7 +7,7 @@ use baton_client::{AcquiredAll, Client, Release, Renewal};
 use baton_core::AcquisitionId;
 use serde::Serialize;
 
-use crate::args::ClientOpts;
+use crate::args::{ClientOpts, HolderOpt};
 use crate::error::{CliError, Exit};
 use crate::output::Rendered;
 
@@ -197,11 +197,12 @@ pub(crate) const GIVE_BACK_TIMEOUT: Duration = Duration::from_secs(1);
 /// `baton acquire`.
 pub async fn acquire(
     opts: &ClientOpts,
+    holder: &HolderOpt,
     names: &[String],
     ttl: Duration,
     wait: Duration,
 ) -> Result<AcquireOut, CliError> {
-    let mut client = connect(opts).await?;
+    let mut client = connect(opts).await?.with_holder(holder.resolve());
     let refs: Vec<&str> = names.iter().map(String::as_str).collect();
     let all = client.acquire_all(&refs, ttl, wait).await?;
     let out = AcquireOut::new(&all, wait);
@@ -335,6 +336,7 @@ pub struct StatusOut {
     remaining_ms: u64,
     ttl_ms: u64,
     n_waiters: u64,
+    holder: Option<String>,
 }
 
 impl From<&baton_client::Status> for StatusOut {
@@ -346,6 +348,7 @@ impl From<&baton_client::Status> for StatusOut {
             remaining_ms: s.remaining.as_millis() as u64,
             ttl_ms: s.ttl.as_millis() as u64,
             n_waiters: s.n_waiters,
+            holder: s.holder.clone(),
         }
     }
 }
@@ -354,12 +357,20 @@ impl Rendered for StatusOut {
     fn text(&self) -> String {
         match self.holder_token {
             Some(t) => format!(
-                "{} held token={t} remaining={}ms waiters={}",
-                self.resource, self.remaining_ms, self.n_waiters
+                "{} held token={t} remaining={}ms waiters={}{}",
+                self.resource,
+                self.remaining_ms,
+                self.n_waiters,
+                holder_text(self.holder.as_deref())
             ),
             None => format!("{} free waiters={}", self.resource, self.n_waiters),
         }
     }
+}
+
+/// ` holder="…"` for a text line (quoted: it may hold spaces), or nothing.
+pub fn holder_text(holder: Option<&str>) -> String {
+    holder.map_or(String::new(), |h| format!(" holder={h:?}"))
 }
 
 /// `baton status`.

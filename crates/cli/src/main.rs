@@ -8,6 +8,7 @@ mod bench;
 mod bench_watch;
 mod cluster;
 mod config_file;
+mod elect;
 mod error;
 mod hold;
 mod lease;
@@ -104,6 +105,8 @@ fn wants_json(command: &Command) -> bool {
     match command {
         Command::Serve(_) | Command::ExecChild { .. } => false,
         Command::Run(a) => a.client.json,
+        Command::Elect(a) => a.client.json,
+        Command::Observe { client, .. } => client.json,
         Command::Acquire { client, .. }
         | Command::Hold { client, .. }
         | Command::Renew { client, .. }
@@ -124,6 +127,8 @@ fn wants_json(command: &Command) -> bool {
 async fn dispatch(command: Command) -> Result<ExitCode, CliError> {
     Ok(match command {
         Command::Run(args) => return Ok(ExitCode::from(run::run(&args).await?)),
+        Command::Elect(args) => return Ok(ExitCode::from(elect::elect(&args).await?)),
+        Command::Observe { name, client } => elect::observe(&client, &name).await?,
         Command::ExecChild { parent, command } => {
             return Ok(ExitCode::from(run::exec_child(parent, &command)))
         }
@@ -132,17 +137,19 @@ async fn dispatch(command: Command) -> Result<ExitCode, CliError> {
             names,
             ttl,
             wait,
+            holder,
             client,
         } => emit(
             client.json,
-            &lease::acquire(&client, &names, ttl.unwrap_or_default(), wait).await?,
+            &lease::acquire(&client, &holder, &names, ttl.unwrap_or_default(), wait).await?,
         ),
         Command::Hold {
             names,
             ttl,
             wait,
+            holder,
             client,
-        } => hold::hold(&client, &names, ttl.unwrap_or_default(), wait).await?,
+        } => hold::hold(&client, &holder, &names, ttl.unwrap_or_default(), wait).await?,
         Command::Renew {
             name,
             acquisition,

@@ -38,7 +38,10 @@ pub async fn run(a: &RunArgs) -> Result<u8, CliError> {
         code: Exit::RunNotStarted,
         message: e.message,
     };
-    let client = connect(&a.client).await.map_err(not_started)?;
+    let client = connect(&a.client)
+        .await
+        .map_err(not_started)?
+        .with_holder(a.holder.resolve());
     let session = client
         .open_session(a.ttl.unwrap_or_default())
         .await
@@ -72,17 +75,40 @@ pub async fn run(a: &RunArgs) -> Result<u8, CliError> {
         .into_iter()
         .map(|l| Keeper::start(session.clone(), l, KeeperConfig::default()))
         .collect();
-    let env = environment(&keepers, &client.current_server());
-    let child = match spawn(&a.command, &env) {
+    run_held(
+        &client.current_server(),
+        &session,
+        &keepers,
+        &a.command,
+        a.kill_after,
+    )
+    .await
+}
+
+/// Runs `command` under leases already granted on `session` and followed
+/// by `keepers` (`run` after its acquire, `elect` once elected); closes
+/// the session at the end, whatever happened.
+pub(crate) async fn run_held(
+    server: &str,
+    session: &baton_client::Session,
+    keepers: &[Keeper],
+    command: &[OsString],
+    kill_after: Duration,
+) -> Result<u8, CliError> {
+    let env = environment(keepers, server);
+    let child = match spawn(command, &env) {
         Ok(child) => child,
         Err(e) => {
-            close_bounded(&session).await;
-            return Err(not_started(e));
+            close_bounded(session).await;
+            return Err(CliError {
+                code: Exit::RunNotStarted,
+                message: e.message,
+            });
         }
     };
-    let grace = grace(a.kill_after, session.ttl());
-    let code = supervise(child, &keepers, &session, grace).await;
-    close_bounded(&session).await;
+    let grace = grace(kill_after, session.ttl());
+    let code = supervise(child, keepers, session, grace).await;
+    close_bounded(session).await;
     code
 }
 

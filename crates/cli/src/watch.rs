@@ -16,6 +16,7 @@ pub struct WatchLine {
     resource: String,
     token: u64,
     revoked_token: Option<u64>,
+    holder: Option<String>,
 }
 
 impl Rendered for WatchLine {
@@ -24,8 +25,12 @@ impl Rendered for WatchLine {
             .revoked_token
             .map_or(String::new(), |t| format!(" revoked_token={t}"));
         format!(
-            "{} {} {} token={}{revoked}",
-            self.seq, self.kind, self.resource, self.token
+            "{} {} {} token={}{revoked}{}",
+            self.seq,
+            self.kind,
+            self.resource,
+            self.token,
+            crate::lease::holder_text(self.holder.as_deref())
         )
     }
 }
@@ -37,6 +42,7 @@ fn held(seq: u64, h: &WatchHolder) -> WatchLine {
         resource: h.resource.clone(),
         token: h.token.get(),
         revoked_token: None,
+        holder: h.holder.clone(),
     }
 }
 
@@ -47,6 +53,7 @@ fn changed(e: WatchEvent) -> WatchLine {
         resource: e.resource,
         token: e.token.get(),
         revoked_token: e.revoked.map(|t| t.get()),
+        holder: e.holder,
     }
 }
 

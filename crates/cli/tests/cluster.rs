@@ -352,7 +352,10 @@ async fn a_held_lease_is_renewed_through_a_failover_and_keeps_its_token() {
     let db = PgDb::create("cluster_held").await;
     let mut cluster = Cluster::start(&db.url, 3);
     let leader = cluster.wait_leader(None).await;
-    let mut holder = client(&cluster.endpoints()).await;
+    let description = baton_client::baton_core::Holder::parse("worker 1 @ host-a").unwrap();
+    let mut holder = client(&cluster.endpoints())
+        .await
+        .with_holder(description.clone());
     let Acquired::Granted(lease) = holder
         .acquire("held:r", Duration::from_secs(30), Duration::ZERO)
         .await
@@ -388,6 +391,8 @@ async fn a_held_lease_is_renewed_through_a_failover_and_keeps_its_token() {
     assert_ne!(new_leader, leader);
     let status = holder.status("held:r").await.unwrap();
     assert_eq!(status.holder_token, Some(lease.token));
+    // The description is in the cluster's store: the new leader has it.
+    assert_eq!(status.holder.as_deref(), Some(description.as_str()));
     eprintln!("renewal failures during the failover: {renew_failures}; rival attempts refused: {rival_refusals}");
 }
 

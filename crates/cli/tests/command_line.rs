@@ -270,7 +270,8 @@ async fn json_shapes_are_one_per_command() {
             "holder_token",
             "remaining_ms",
             "ttl_ms",
-            "n_waiters"
+            "n_waiters",
+            "holder"
         ])
     );
     let list = json(&run(&["list", "--prefix", "j:"]));

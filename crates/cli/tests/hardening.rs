@@ -346,6 +346,7 @@ async fn readyz_waits_for_recovery_and_the_gauges_are_set_from_it() {
                     token: FencingToken::new(Epoch::FIRST, i).unwrap(),
                     ttl_ms: 600_000,
                     session: None,
+                    holder: None,
                 },
             })
             .chain([Write::Tokens {

@@ -403,6 +403,7 @@ async fn a_broken_session_protocol_gets_errors_that_name_the_rule() {
         resources: vec![" x".into()],
         ttl_ms: None,
         wait_ms: 0,
+        holder: None,
     });
     let out = raw(
         &url,
@@ -541,6 +542,7 @@ async fn a_reused_request_id_and_the_session_limit_are_refused_by_rule() {
         resources: vec!["l:busy".into()],
         ttl_ms: None,
         wait_ms: 10_000,
+        holder: None,
     });
     let again = Op::Heartbeat(v1::Heartbeat {});
     let mut lc = LeasesClient::connect(url.clone()).await.unwrap();

@@ -21,6 +21,7 @@
 //! after an indeterminate acquire a lease may be held until its TTL runs out.
 #![warn(missing_docs)]
 
+mod election;
 pub mod flags;
 pub mod rng;
 mod security;
@@ -30,7 +31,7 @@ pub mod watch;
 
 use std::time::Duration;
 
-use baton_core::{AcquisitionId, FencingToken};
+use baton_core::{AcquisitionId, FencingToken, Holder};
 use baton_proto::v1::{self, leases_client::LeasesClient};
 use servers::{endpoint, normalize, redirect, Servers, ServersState};
 use tokio::time::Instant;
@@ -41,6 +42,7 @@ pub mod worker;
 
 pub use baton_core;
 pub use baton_proto::v1::Snapshot;
+pub use election::{Election, Leader, LeaderChange, Leadership, Observer};
 pub use security::ConnectOptions;
 pub use session::{Health, Session, SessionState};
 pub use watch::{Watch, WatchEvent, WatchHolder, WatchKind};
@@ -370,6 +372,8 @@ pub struct Status {
     pub ttl: Duration,
     /// Requests waiting in line.
     pub n_waiters: u64,
+    /// The holder's description, if it gave one.
+    pub holder: Option<String>,
 }
 
 /// What an operator fence did.
@@ -527,6 +531,7 @@ fn status(s: v1::StatusResponse) -> Result<Status, ClientError> {
         ttl: Duration::from_millis(s.ttl_ms),
         n_waiters: s.n_waiters,
         resource: s.resource,
+        holder: (!s.holder.is_empty()).then_some(s.holder),
     })
 }
 
@@ -542,6 +547,8 @@ pub struct Client {
     sessions: std::sync::Arc<tokio::sync::Mutex<std::collections::HashMap<u64, Session>>>,
     /// The connections its watches share (made on the first watch).
     watching: std::sync::Arc<std::sync::OnceLock<Client>>,
+    /// Sent with every acquire (see [`Client::with_holder`]).
+    holder: Option<Holder>,
 }
 
 impl Client {
@@ -602,6 +609,7 @@ impl Client {
             rpc_timeout: RPC_TIMEOUT_DEFAULT,
             sessions: Default::default(),
             watching: Default::default(),
+            holder: None,
         })
     }
 
@@ -629,6 +637,7 @@ impl Client {
             rpc_timeout: self.rpc_timeout,
             sessions: Default::default(),
             watching: Default::default(),
+            holder: self.holder.clone(),
         }
     }
 
@@ -647,6 +656,23 @@ impl Client {
     pub fn with_rpc_timeout(mut self, timeout: Duration) -> Self {
         self.rpc_timeout = timeout;
         self
+    }
+
+    /// Describes who holds the leases this client acquires (for example
+    /// `"report-worker-7 pid 4242"`; build it with [`Holder::parse`]): the
+    /// server stores it with each lease and shows it in status, list,
+    /// watch and its logs. It never decides anything. Its sessions are its
+    /// own (not shared with the clones made before), and their acquires
+    /// carry it too.
+    pub fn with_holder(mut self, holder: Holder) -> Self {
+        self.holder = Some(holder);
+        self.sessions = Default::default();
+        self
+    }
+
+    /// The holder description this client sends, if any.
+    pub fn holder(&self) -> Option<&Holder> {
+        self.holder.as_ref()
     }
 
     fn request<T>(&self, message: T, extra: Duration) -> Request<T> {
@@ -746,6 +772,7 @@ impl Client {
             resources: resources.iter().map(|r| r.to_string()).collect(),
             ttl_ms: optional_millis(ttl, "ttl")?,
             wait_ms: millis(wait, "wait")?,
+            holder: self.holder.as_ref().map(|h| h.to_string()),
         };
         let sent = Instant::now();
         let response = self

@@ -90,6 +90,8 @@ struct Inner {
     /// grow with every fence).
     released: Released,
     abandon: CancellationToken,
+    /// The description its acquires carry: its client's.
+    holder: Option<String>,
 }
 
 type Released = Arc<Mutex<Vec<FencingToken>>>;
@@ -242,6 +244,7 @@ impl Client {
                     .min((ttl / 6).max(Duration::from_millis(200))),
                 sessions: Default::default(),
                 watching: Default::default(),
+                holder: None,
             },
             id,
             ttl,
@@ -265,6 +268,7 @@ impl Client {
                 bound: Mutex::new(HashMap::new()),
                 released,
                 abandon,
+                holder: self.holder.as_ref().map(|h| h.to_string()),
             }),
         })
     }
@@ -398,6 +402,7 @@ impl Session {
             resources: resources.iter().map(|r| r.to_string()).collect(),
             ttl_ms,
             wait_ms: crate::millis(wait, "wait")?,
+            holder: self.inner.holder.clone(),
         });
         let id = self.inner.next_id.fetch_add(1, Relaxed);
         let mut guard = CancelOnDrop {

@@ -39,6 +39,8 @@ pub struct WatchHolder {
     pub remaining: Duration,
     /// Requests waiting in line then.
     pub n_waiters: u64,
+    /// The holder's description, if it gave one.
+    pub holder: Option<String>,
 }
 
 /// What changed: the lease table's own kinds of holder change.
@@ -58,6 +60,9 @@ pub struct WatchEvent {
     pub token: FencingToken,
     /// For a fence: the revoked lease's token, if one was held.
     pub revoked: Option<FencingToken>,
+    /// The description of the holder the change concerns (the new holder
+    /// of a grant, the one that lost the lease otherwise), if it gave one.
+    pub holder: Option<String>,
 }
 
 /// An open watch: the snapshot, then [`Watch::next`] for each change.
@@ -146,6 +151,7 @@ fn event(e: v1::WatchEvent) -> Result<WatchEvent, ClientError> {
         token: token(e.token)?,
         revoked: crate::optional_token(e.revoked_token)?,
         resource: e.resource,
+        holder: (!e.holder.is_empty()).then_some(e.holder),
     })
 }
 
@@ -199,6 +205,7 @@ impl Client {
                     remaining: Duration::from_millis(h.remaining_ms),
                     n_waiters: h.n_waiters,
                     resource: h.resource,
+                    holder: (!h.holder.is_empty()).then_some(h.holder),
                 });
             }
             if snapshot.complete {

@@ -19,21 +19,23 @@
 //! ```
 #![warn(missing_docs)]
 
+mod holder;
 mod ids;
 mod name;
 mod table;
 mod token;
 
+pub use holder::{Holder, HolderError, HOLDER_LEN_BYTES_MAX};
 pub use ids::{
     hex, parse_hex16, AcquisitionDigest, AcquisitionId, SessionDigest, SessionId, WaiterId,
 };
 pub use name::{NameError, ResourceName, RESOURCE_NAME_LEN_BYTES_MAX};
 pub use table::recovery_delay_ms;
 pub use table::{
-    AcquireError, AcquireOutcome, AcquireRequest, Effects, Event, FenceOutcome, Grant,
+    AcquireError, AcquireOutcome, AcquireRequest, ChangeOf, Effects, Event, FenceOutcome, Grant,
     HolderChange, KeptAlive, LeaseRecord, LeaseStatus, LeaseTable, Limits, MonoMs, NotAcquired,
-    ReleaseOutcome, RenewOutcome, Resumed, SessionError, SessionRecord, WaitResult, Write,
-    RECOVERED_ENDS_PER_MS,
+    ReleaseOutcome, RenewOutcome, Resumed, SessionCheck, SessionError, SessionRecord, WaitResult,
+    Write, RECOVERED_ENDS_PER_MS,
 };
 pub use token::{
     restore_epoch, Epoch, FencingToken, RestoreFloors, TokenError, COUNTER_BITS, COUNTER_MAX,

@@ -10,10 +10,11 @@ mod sessions;
 mod state;
 mod types;
 
+pub use sessions::SessionCheck;
 use state::{Lease, Queue, ResourceState, Session, Timer, Waiter};
 
 pub use types::{
-    AcquireError, AcquireOutcome, AcquireRequest, Effects, Event, FenceOutcome, Grant,
+    AcquireError, AcquireOutcome, AcquireRequest, ChangeOf, Effects, Event, FenceOutcome, Grant,
     HolderChange, KeptAlive, LeaseRecord, LeaseStatus, Limits, MonoMs, NotAcquired, ReleaseOutcome,
     RenewOutcome, Resumed, SessionError, SessionRecord, WaitResult, Write,
 };
@@ -21,7 +22,7 @@ pub use types::{
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use crate::{
-    AcquisitionId, Epoch, FencingToken, ResourceName, SessionDigest, WaiterId, COUNTER_MAX,
+    AcquisitionId, Epoch, FencingToken, Holder, ResourceName, SessionDigest, WaiterId, COUNTER_MAX,
 };
 
 /// At most this many recovered leases (or sessions) end per millisecond.
@@ -95,7 +96,7 @@ impl LeaseTable {
             let at =
                 now.end_of(record.ttl_ms)
                     .plus(recovery_delay_ms(record.ttl_ms, i, n_sessions));
-            table.insert_session_until(at, record.digest, record.ttl_ms);
+            table.insert_session_until(at, record.digest, record.ttl_ms, record.opener);
         }
         let leases: Vec<_> = leases.into_iter().collect();
         let n = leases.len();
@@ -127,6 +128,7 @@ impl LeaseTable {
                 ttl_ms: record.ttl_ms,
                 expires_at,
                 session,
+                holder: record.holder,
             };
             table.resources.insert(
                 resource,
@@ -204,6 +206,7 @@ impl LeaseTable {
         self.effects.events.push(Event::Expired {
             resource: resource.clone(),
             token: lease.token,
+            holder: lease.holder,
         });
         self.pump(now, &resource);
     }
@@ -236,7 +239,10 @@ impl LeaseTable {
             let grants = request
                 .claims
                 .into_iter()
-                .map(|(resource, id)| self.grant(now, resource, id, ttl_ms, None, request.session))
+                .map(|(resource, id)| {
+                    let holder = request.holder.clone();
+                    self.grant(now, resource, id, ttl_ms, None, request.session, holder)
+                })
                 .collect();
             return Ok(AcquireOutcome::Granted(grants));
         };
@@ -327,6 +333,7 @@ impl LeaseTable {
             deadline,
             queued_at: now,
             session: request.session,
+            holder: request.holder,
         };
         self.waiters.insert(request.waiter, waiter);
         Ok(AcquireOutcome::Queued {
@@ -415,6 +422,7 @@ impl LeaseTable {
                     waiter.ttl_ms,
                     Some(waiter.queued_at),
                     waiter.session,
+                    waiter.holder.clone(),
                 )
             })
             .collect();
@@ -432,6 +440,7 @@ impl LeaseTable {
         FencingToken::new(self.epoch, self.counter).expect("counter in range")
     }
 
+    #[allow(clippy::too_many_arguments)] // one grant's facts, each named
     fn grant(
         &mut self,
         now: MonoMs,
@@ -440,6 +449,7 @@ impl LeaseTable {
         ttl_ms: u64,
         queued_at: Option<MonoMs>,
         session: Option<SessionDigest>,
+        holder: Option<Holder>,
     ) -> Grant {
         let after_wait = queued_at.is_some();
         let waited_ms = queued_at.map_or(0, |at| now.0.saturating_sub(at.0));
@@ -472,12 +482,14 @@ impl LeaseTable {
             ttl_ms,
             expires_at,
             session,
+            holder: holder.clone(),
         });
         let record = LeaseRecord {
             acquisition_digest,
             token,
             ttl_ms,
             session,
+            holder: holder.clone(),
         };
         self.effects.writes.push(Write::PutLease {
             resource: resource.clone(),
@@ -488,6 +500,7 @@ impl LeaseTable {
             token,
             acquisition_id: id,
             after_wait,
+            holder,
         });
         Grant {
             resource,
@@ -559,16 +572,18 @@ impl LeaseTable {
             return ReleaseOutcome::NotHeld;
         };
         let token = lease.token;
-        self.drop_lease(resource);
+        let holder = self.drop_lease(resource).and_then(|(_, h)| h);
         self.effects.events.push(Event::Released {
             resource: resource.clone(),
             token,
+            holder,
         });
         self.pump(now, resource);
         ReleaseOutcome::Released { token }
     }
 
-    fn drop_lease(&mut self, resource: &ResourceName) -> Option<FencingToken> {
+    /// Drops the lease on `resource`, if held: its token and holder.
+    fn drop_lease(&mut self, resource: &ResourceName) -> Option<(FencingToken, Option<Holder>)> {
         let lease = self.resources.get_mut(resource)?.lease.take()?;
         self.n_leases -= 1;
         match lease.session {
@@ -587,7 +602,7 @@ impl LeaseTable {
         self.effects.writes.push(Write::DeleteLease {
             resource: resource.clone(),
         });
-        Some(lease.token)
+        Some((lease.token, lease.holder))
     }
 
     /// Operator fence: revokes the lease, if any, and issues a token above
@@ -599,7 +614,8 @@ impl LeaseTable {
             .get(resource)
             .and_then(|s| s.lease.as_ref())
             .and_then(|l| l.session);
-        let revoked = self.drop_lease(resource);
+        let (revoked, holder) = self.drop_lease(resource).unzip();
+        let holder = holder.flatten();
         if let (Some(digest), Some(token)) = (session, revoked) {
             let s = self
                 .sessions
@@ -612,6 +628,7 @@ impl LeaseTable {
             resource: resource.clone(),
             token,
             revoked,
+            holder,
         });
         self.pump(now, resource);
         FenceOutcome { token, revoked }

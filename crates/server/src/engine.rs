@@ -51,9 +51,9 @@ pub enum AcquireReply {
 
 pub type Reply<T> = oneshot::Sender<T>;
 
-/// Whether a client keeping a session alive or closing it may hold a
-/// resource (its `lease` rules).
-pub type MayHold = Box<dyn Fn(&ResourceName) -> bool + Send>;
+/// Who may keep a session alive or close it: the principal that opened
+/// it (or an administrator), holding `lease` on what it holds.
+pub use baton_core::SessionCheck;
 
 pub enum Command {
     Acquire {
@@ -100,6 +100,8 @@ pub enum Command {
     OpenSession {
         digest: SessionDigest,
         ttl_ms: u64,
+        /// The principal that opens it (`None` with authentication off).
+        opener: Option<String>,
         reply: Reply<Result<(), SessionError>>,
     },
     /// A heartbeat: the session's TTL and revoked leases. With `check` (a
@@ -108,7 +110,7 @@ pub enum Command {
     /// never `Refused` without one.
     KeepAlive {
         digest: SessionDigest,
-        check: Option<MayHold>,
+        check: Option<SessionCheck>,
         reply: Reply<Resumed>,
     },
     /// Whether the session was open (it is closed now either way), or
@@ -116,7 +118,7 @@ pub enum Command {
     /// changed).
     CloseSession {
         digest: SessionDigest,
-        may_hold: MayHold,
+        check: SessionCheck,
         reply: Reply<Option<bool>>,
     },
     /// Flush and stop, even if handles remain (connections that outlived the grace period).
@@ -518,9 +520,10 @@ impl Engine {
             Command::OpenSession {
                 digest,
                 ttl_ms,
+                opener,
                 reply,
             } => {
-                let out = self.table.open_session(now, digest, ttl_ms);
+                let out = self.table.open_session(now, digest, ttl_ms, opener);
                 defer(replies, reply, out);
             }
             // Like renewals and releases: only the session's holder can ask,
@@ -531,7 +534,7 @@ impl Engine {
                 reply,
             } => {
                 let out = match check {
-                    Some(may_hold) => self.table.resume(now, digest, may_hold),
+                    Some(check) => self.table.resume(now, digest, &check),
                     None => {
                         (self.table.keep_alive(now, digest)).map_or(Resumed::NotOpen, Resumed::Kept)
                     }
@@ -540,10 +543,10 @@ impl Engine {
             }
             Command::CloseSession {
                 digest,
-                may_hold,
+                check,
                 reply,
             } => {
-                let _ = reply.send(self.table.close_session_as(now, digest, may_hold));
+                let _ = reply.send(self.table.close_session_as(now, digest, &check));
             }
             Command::Shutdown => {}
             Command::CancelWait { waiter } => {
@@ -563,12 +566,13 @@ impl Engine {
                     token,
                     acquisition_id,
                     after_wait,
+                    holder,
                 } => {
                     m.grants.inc();
                     if *after_wait {
                         m.ownership_transfers.inc();
                     }
-                    debug!(%resource, %token, acquisition = %acquisition_id.prefix(), after_wait, "granted");
+                    debug!(%resource, %token, acquisition = %acquisition_id.prefix(), after_wait, holder = holder.as_ref().map(|h| h.as_str()), "granted");
                 }
                 Event::Renewed { .. } => {
                     m.renewals.inc();
@@ -577,23 +581,32 @@ impl Engine {
                     m.renewals_failed.inc();
                     debug!(%resource, "renewal refused: not owner");
                 }
-                Event::Released { resource, token } => {
+                Event::Released {
+                    resource,
+                    token,
+                    holder,
+                } => {
                     m.releases.inc();
-                    debug!(%resource, %token, "released");
+                    debug!(%resource, %token, holder = holder.as_ref().map(|h| h.as_str()), "released");
                 }
-                Event::Expired { resource, token } => {
+                Event::Expired {
+                    resource,
+                    token,
+                    holder,
+                } => {
                     m.expiries.inc();
-                    debug!(%resource, %token, "lease expired");
+                    debug!(%resource, %token, holder = holder.as_ref().map(|h| h.as_str()), "lease expired");
                 }
                 Event::Fenced {
                     resource,
                     token,
                     revoked,
+                    holder,
                 } => {
                     m.fences.inc();
                     match revoked {
                         Some(revoked) => {
-                            info!(%resource, %token, %revoked, "fenced; lease revoked")
+                            info!(%resource, %token, %revoked, holder = holder.as_ref().map(|h| h.as_str()), "fenced; lease revoked")
                         }
                         None => info!(%resource, %token, "fenced; no lease was held"),
                     }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use baton_core::{
-    AcquireError, AcquireRequest, AcquisitionId, LeaseStatus, ResourceName, WaiterId,
+    AcquireError, AcquireRequest, AcquisitionId, Holder, LeaseStatus, ResourceName, WaiterId,
 };
 use baton_proto::v1::{self, leases_server::Leases};
 use baton_proto::{LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX, SNAPSHOT_FORMAT};
@@ -126,6 +126,20 @@ pub fn parse_resource(field: impl std::fmt::Display, raw: &str) -> Result<Resour
     ResourceName::parse(raw).map_err(|e| Status::invalid_argument(format!("{field}: {e}")))
 }
 
+/// An optional holder description: absent or empty is none; otherwise it
+/// must follow [`Holder::parse`]'s rules, named in the error.
+pub fn parse_holder(
+    field: impl std::fmt::Display,
+    raw: Option<&str>,
+) -> Result<Option<Holder>, Status> {
+    match raw {
+        None | Some("") => Ok(None),
+        Some(text) => Holder::parse(text)
+            .map(Some)
+            .map_err(|e| Status::invalid_argument(format!("{field}: {e}"))),
+    }
+}
+
 /// Names element `i` of the `resources` field in error messages.
 struct ResourcesField(usize);
 
@@ -238,6 +252,7 @@ fn status_message(s: LeaseStatus) -> v1::StatusResponse {
         remaining_ms: s.remaining_ms,
         ttl_ms: s.ttl_ms,
         n_waiters: s.n_waiters as u64,
+        holder: s.holder.map(|h| h.to_string()).unwrap_or_default(),
     }
 }
 
@@ -273,6 +288,7 @@ impl Leases for LeaseService {
         for (name, _) in &claims {
             who.may(Permission::Lease, name.as_str())?;
         }
+        let holder = parse_holder("holder", req.holder.as_deref())?;
         let ttl_ms = req.ttl_ms.unwrap_or(self.default_ttl_ms);
         let waiter = WaiterId(self.next_waiter.fetch_add(1, Relaxed));
         let request = AcquireRequest {
@@ -281,6 +297,7 @@ impl Leases for LeaseService {
             wait_ms: req.wait_ms,
             waiter,
             session: None,
+            holder,
         };
         let term = self.seat.term()?;
         let mut guard = WaitGuard {
@@ -514,6 +531,7 @@ fn snapshot_message(stored: Stored) -> v1::Snapshot {
                 token: l.token.get(),
                 ttl_ms: l.ttl_ms,
                 session_digest: l.session.map_or_else(Vec::new, |d| d.as_bytes().to_vec()),
+                holder: l.holder.map(|h| h.to_string()).unwrap_or_default(),
             })
             .collect(),
         sessions: stored
@@ -522,6 +540,7 @@ fn snapshot_message(stored: Stored) -> v1::Snapshot {
             .map(|s| v1::StoredSession {
                 digest: s.digest.as_bytes().to_vec(),
                 ttl_ms: s.ttl_ms,
+                opener: s.opener.unwrap_or_default(),
             })
             .collect(),
     }
@@ -609,6 +628,9 @@ mod fuzz {
                             // value, a present 0 included.
                             ttl_ms: (ttl_ms % 7 != 3).then_some(ttl_ms),
                             wait_ms,
+                            // Arbitrary text as a holder, now and then.
+                            holder: (limit % 3 == 0)
+                                .then(|| String::from_utf8_lossy(&id).repeat(limit as usize % 40)),
                         }))
                         .await;
                     prop_assert!(acquire.as_ref().err().is_none_or(allowed), "{acquire:?}");

@@ -18,7 +18,7 @@
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use baton_core::{Event, FencingToken, HolderChange, LeaseStatus};
+use baton_core::{Event, FencingToken, Holder, HolderChange, LeaseStatus};
 use tokio::sync::mpsc;
 
 /// Events a watcher may fall behind by before it is cut off.
@@ -36,6 +36,9 @@ pub struct WatchEvent {
     pub token: FencingToken,
     /// For a fence: the token of the lease it revoked, if any.
     pub revoked: Option<FencingToken>,
+    /// The description of the holder the change concerns (the new holder
+    /// of a grant, the one that lost the lease otherwise).
+    pub holder: Option<Holder>,
 }
 
 /// What a new watcher gets: the holders at `seq`, then every later event.
@@ -143,14 +146,15 @@ impl Hub {
         let mut state = self.lock();
         let before = state.len();
         let Watchers { seq, groups } = &mut *state;
-        for (kind, resource, token, revoked) in events {
+        for change in events {
             *seq += 1;
             let event = WatchEvent {
                 seq: *seq,
-                kind,
-                resource,
-                token,
-                revoked,
+                kind: change.kind,
+                resource: change.resource,
+                token: change.token,
+                revoked: change.revoked,
+                holder: change.holder,
             };
             for (prefix, group) in groups.iter_mut() {
                 if event.resource.starts_with(prefix.as_str()) {
@@ -174,15 +178,28 @@ impl Hub {
     }
 }
 
-/// A change as the hub carries it: kind, resource, token, revoked token.
-pub type Change = (HolderChange, String, FencingToken, Option<FencingToken>);
+/// A change as the hub carries it, before it is numbered.
+#[derive(Clone, Debug)]
+pub struct Change {
+    pub kind: HolderChange,
+    pub resource: String,
+    pub token: FencingToken,
+    pub revoked: Option<FencingToken>,
+    pub holder: Option<Holder>,
+}
 
 /// The holder changes among a step's events, in order.
 pub fn holder_changes(events: &[Event]) -> Vec<Change> {
     events
         .iter()
         .filter_map(HolderChange::of)
-        .map(|(kind, resource, token, revoked)| (kind, resource.to_string(), token, revoked))
+        .map(|c| Change {
+            kind: c.kind,
+            resource: c.resource.to_string(),
+            token: c.token,
+            revoked: c.revoked,
+            holder: c.holder.cloned(),
+        })
         .collect()
 }
 
@@ -195,7 +212,13 @@ mod tests {
     }
 
     fn granted(resource: &str, n: u64) -> Change {
-        (HolderChange::Granted, resource.to_string(), token(n), None)
+        Change {
+            kind: HolderChange::Granted,
+            resource: resource.to_string(),
+            token: token(n),
+            revoked: None,
+            holder: None,
+        }
     }
 
     #[test]

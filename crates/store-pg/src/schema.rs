@@ -5,12 +5,13 @@ use tokio_postgres::Client;
 use crate::PgError;
 
 /// The schema version this build writes and reads.
-pub const SCHEMA_VERSION: i32 = 2;
+pub const SCHEMA_VERSION: i32 = 3;
 
 /// Migrations in order; file `N` brings the schema to version `N`.
-const MIGRATIONS: [&str; 2] = [
+const MIGRATIONS: [&str; 3] = [
     include_str!("../sql/001_cluster.sql"),
     include_str!("../sql/002_sessions.sql"),
+    include_str!("../sql/003_holders.sql"),
 ];
 
 /// What the schema says about itself.
@@ -60,6 +61,17 @@ async fn lock_schema(txn: &tokio_postgres::Transaction<'_>) -> Result<bool, PgEr
 /// Creates or upgrades the schema for `cluster` (under an advisory lock, so
 /// servers starting together create it once) and checks that it is ours.
 pub async fn prepare(client: &mut Client, cluster: &str) -> Result<Meta, PgError> {
+    prepare_version(client, cluster, SCHEMA_VERSION).await
+}
+
+/// [`prepare`], stopping at schema version `target`: what an older
+/// release creates (upgrade tests write a store as that release did).
+#[doc(hidden)]
+pub async fn prepare_version(
+    client: &mut Client,
+    cluster: &str,
+    target: i32,
+) -> Result<Meta, PgError> {
     check_cluster_name(cluster)?;
     let txn = client.transaction().await?;
     let exists = lock_schema(&txn).await?;
@@ -80,7 +92,13 @@ pub async fn prepare(client: &mut Client, cluster: &str) -> Result<Meta, PgError
             });
         }
     }
-    for (i, sql) in MIGRATIONS.iter().enumerate().skip(version.max(0) as usize) {
+    let upto = target.clamp(1, SCHEMA_VERSION) as usize;
+    for (i, sql) in MIGRATIONS
+        .iter()
+        .enumerate()
+        .take(upto)
+        .skip(version.max(0) as usize)
+    {
         txn.batch_execute(sql)
             .await
             .map_err(privileges("creating the baton_server schema"))?;

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use baton_core::{
-    AcquisitionDigest, Epoch, FencingToken, LeaseRecord, ResourceName, SessionDigest,
+    AcquisitionDigest, Epoch, FencingToken, Holder, LeaseRecord, ResourceName, SessionDigest,
     SessionRecord, Write,
 };
 use baton_store::{LeaseStore, StoreError, Stored};
@@ -41,7 +41,7 @@ impl PgLeaseStore {
     ) -> Result<Self, PgError> {
         let client = crate::connect(config).await?;
         let commit = client
-            .prepare("SELECT baton_server.commit_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)")
+            .prepare("SELECT baton_server.commit_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)")
             .await?;
         Ok(Self {
             client,
@@ -72,7 +72,7 @@ impl PgLeaseStore {
         let rows = self
             .client
             .query(
-                "SELECT resource, digest, token, ttl_ms, session FROM baton_server.leases",
+                "SELECT resource, digest, token, ttl_ms, session, holder FROM baton_server.leases",
                 &[],
             )
             .await
@@ -94,6 +94,10 @@ impl PgLeaseStore {
                 }
                 None => None,
             };
+            let holder = match r.get::<_, Option<&str>>(5) {
+                Some(text) => Some(Holder::parse(text).map_err(|e| corrupt(e.to_string()))?),
+                None => None,
+            };
             leases.push((
                 resource,
                 LeaseRecord {
@@ -101,12 +105,16 @@ impl PgLeaseStore {
                     token,
                     ttl_ms: r.get::<_, i64>(3) as u64,
                     session,
+                    holder,
                 },
             ));
         }
         let rows = self
             .client
-            .query("SELECT digest, ttl_ms FROM baton_server.sessions", &[])
+            .query(
+                "SELECT digest, ttl_ms, opener FROM baton_server.sessions",
+                &[],
+            )
             .await
             .map_err(storage)?;
         let mut sessions = Vec::with_capacity(rows.len());
@@ -116,6 +124,7 @@ impl PgLeaseStore {
             sessions.push(SessionRecord {
                 digest,
                 ttl_ms: r.get::<_, i64>(1) as u64,
+                opener: r.get(2),
             });
         }
         Ok(Stored {
@@ -129,7 +138,7 @@ impl PgLeaseStore {
     async fn commit_async(&self, writes: &[Write]) -> Result<(), StoreError> {
         // The last write of each resource wins; the batch is one statement.
         let mut last: BTreeMap<&str, Option<&LeaseRecord>> = BTreeMap::new();
-        let mut last_sessions: BTreeMap<SessionDigest, Option<u64>> = BTreeMap::new();
+        let mut last_sessions: BTreeMap<SessionDigest, Option<&SessionRecord>> = BTreeMap::new();
         let mut position: Option<(i64, i64)> = None;
         for w in writes {
             match w {
@@ -140,7 +149,7 @@ impl PgLeaseStore {
                     last.insert(resource.as_str(), None);
                 }
                 Write::PutSession { record } => {
-                    last_sessions.insert(record.digest, Some(record.ttl_ms));
+                    last_sessions.insert(record.digest, Some(record));
                 }
                 Write::DeleteSession { digest } => {
                     last_sessions.insert(*digest, None);
@@ -155,6 +164,7 @@ impl PgLeaseStore {
         let mut put_tokens = Vec::new();
         let mut put_ttls = Vec::new();
         let mut put_sessions: Vec<Option<&[u8]>> = Vec::new();
+        let mut put_holders: Vec<Option<&str>> = Vec::new();
         let mut deletes = Vec::new();
         for (resource, record) in last {
             match record {
@@ -164,25 +174,28 @@ impl PgLeaseStore {
                     put_tokens.push(r.token.get() as i64);
                     put_ttls.push(r.ttl_ms as i64);
                     put_sessions.push(r.session.as_ref().map(|d| &d.as_bytes()[..]));
+                    put_holders.push(r.holder.as_ref().map(Holder::as_str));
                 }
                 None => deletes.push(resource),
             }
         }
         let mut session_digests = Vec::new();
         let mut session_ttls = Vec::new();
+        let mut session_openers: Vec<Option<&str>> = Vec::new();
         let mut session_deletes = Vec::new();
-        for (digest, ttl_ms) in &last_sessions {
-            match ttl_ms {
-                Some(ttl_ms) => {
+        for (digest, record) in &last_sessions {
+            match record {
+                Some(record) => {
                     session_digests.push(&digest.as_bytes()[..]);
-                    session_ttls.push(*ttl_ms as i64);
+                    session_ttls.push(record.ttl_ms as i64);
+                    session_openers.push(record.opener.as_deref());
                 }
                 None => session_deletes.push(&digest.as_bytes()[..]),
             }
         }
         let term = self.term as i64;
         let (epoch, counter) = (position.map(|p| p.0), position.map(|p| p.1));
-        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 12] = [
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 14] = [
             &term,
             &epoch,
             &counter,
@@ -191,9 +204,11 @@ impl PgLeaseStore {
             &put_tokens,
             &put_ttls,
             &put_sessions,
+            &put_holders,
             &deletes,
             &session_digests,
             &session_ttls,
+            &session_openers,
             &session_deletes,
         ];
         let call = self.client.execute(&self.commit, &params);

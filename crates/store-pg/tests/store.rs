@@ -26,6 +26,7 @@ fn lease(name: &str, token: u64) -> Write {
             token: FencingToken::from_u64(token).unwrap(),
             ttl_ms: 5_000,
             session: None,
+            holder: None,
         },
     }
 }
@@ -280,6 +281,7 @@ async fn sessions_and_their_leases_round_trip() {
             token: FencingToken::from_u64(token).unwrap(),
             ttl_ms: 3_000,
             session: Some(session),
+            holder: Some(baton_core::Holder::parse(&format!("holder of {name}")).unwrap()),
         },
     };
     let stored = on_thread(move || {
@@ -289,12 +291,14 @@ async fn sessions_and_their_leases_round_trip() {
                     record: SessionRecord {
                         digest: s1,
                         ttl_ms: 3_000,
+                        opener: Some("alice".into()),
                     },
                 },
                 Write::PutSession {
                     record: SessionRecord {
                         digest: s2,
                         ttl_ms: 4_000,
+                        opener: None,
                     },
                 },
                 position(2),
@@ -318,11 +322,16 @@ async fn sessions_and_their_leases_round_trip() {
         stored.sessions,
         vec![SessionRecord {
             digest: s1,
-            ttl_ms: 3_000
+            ttl_ms: 3_000,
+            opener: Some("alice".into()),
         }]
     );
     assert_eq!(stored.leases.len(), 1);
     assert_eq!(stored.leases[0].1.session, Some(s1));
+    assert_eq!(
+        stored.leases[0].1.holder.as_ref().map(|h| h.as_str()),
+        Some("holder of job:a")
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -362,4 +371,119 @@ async fn a_version_1_schema_is_upgraded_in_place_with_its_leases() {
     assert_eq!(stored.leases[0].1.session, None);
     assert_eq!(stored.leases[0].1.token.get(), T1);
     assert!(stored.sessions.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_2_schema_gains_holders_and_openers_in_place() {
+    let db = PgDb::create("pgstore_upgrade2").await;
+    let pg = baton_store_pg::parse_url(&db.url).unwrap();
+    let mut client = baton_store_pg::connect(&pg).await.unwrap();
+    // The previous release: schema version 2, and a commit of its leader
+    // (a session and a lease tied to it), through version 2's function.
+    schema::prepare_version(&mut client, "main", 2)
+        .await
+        .unwrap();
+    let old_term = take(&mut client, "old").await as i64;
+    let old_commit = "SELECT baton_server.commit_batch($1, 1, 2,
+        ARRAY['job:a', 'job:b'],
+        ARRAY['\\x07070707070707070707070707070707'::bytea, '\\x08080808080808080808080808080808'::bytea],
+        ARRAY[1099511627777, 1099511627778]::bigint[], ARRAY[5000, 4000]::bigint[],
+        ARRAY[NULL, '\\x01010101010101010101010101010101'::bytea],
+        ARRAY[]::text[],
+        ARRAY['\\x01010101010101010101010101010101'::bytea], ARRAY[4000]::bigint[],
+        ARRAY[]::bytea[])";
+    client.execute(old_commit, &[&old_term]).await.unwrap();
+
+    schema::prepare(&mut client, "main").await.unwrap();
+    let version: i32 = client
+        .query_one("SELECT schema_version FROM baton_server.meta", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(version, schema::SCHEMA_VERSION);
+    let term = take(&mut client, "new").await;
+    let mut store = PgLeaseStore::open(&pg, term, Duration::from_secs(5))
+        .await
+        .unwrap();
+    // The digest the old commit above wrote.
+    let s1 = baton_core::AcquisitionDigest::from_bytes([1; 16]);
+    let (before, after) = on_thread(move || {
+        let before = store.load().unwrap();
+        store
+            .commit(&[
+                Write::PutSession {
+                    record: SessionRecord {
+                        digest: s1,
+                        ttl_ms: 4_000,
+                        opener: Some("ops".into()),
+                    },
+                },
+                Write::PutLease {
+                    resource: ResourceName::parse("job:a").unwrap(),
+                    record: LeaseRecord {
+                        acquisition_digest: AcquisitionId::from_bytes([7; 16]).digest(),
+                        token: FencingToken::from_u64(T1 + 2).unwrap(),
+                        ttl_ms: 5_000,
+                        session: None,
+                        holder: Some(baton_core::Holder::parse("ops@db-1 pid 9").unwrap()),
+                    },
+                },
+                position(3),
+            ])
+            .unwrap();
+        (before, store.load().unwrap())
+    })
+    .await;
+    // Everything the old release wrote is there, with no holder or opener.
+    assert_eq!((before.epoch, before.counter), (Epoch::FIRST, 2));
+    let old: Vec<_> = before
+        .leases
+        .iter()
+        .map(|(r, l)| (r.to_string(), l.token.get(), l.session, l.holder.clone()))
+        .collect();
+    assert_eq!(
+        old,
+        vec![
+            ("job:a".to_string(), T1, None, None),
+            ("job:b".to_string(), T1 + 1, Some(s1), None),
+        ]
+    );
+    assert_eq!(
+        before.sessions,
+        vec![SessionRecord {
+            digest: s1,
+            ttl_ms: 4_000,
+            opener: None
+        }]
+    );
+    // The upgraded schema keeps what the new release writes.
+    let a = after.leases.iter().find(|(r, _)| r.as_str() == "job:a");
+    assert_eq!(
+        a.and_then(|(_, l)| l.holder.as_ref()).map(|h| h.as_str()),
+        Some("ops@db-1 pid 9")
+    );
+    assert_eq!(after.sessions[0].opener.as_deref(), Some("ops"));
+    // A leader still running the previous release (mid-upgrade) commits
+    // through version 2's function: its re-grant leaves no stale holder.
+    client
+        .execute(
+            "UPDATE baton_server.leader SET term = $1 WHERE id = 1",
+            &[&old_term],
+        )
+        .await
+        .unwrap();
+    let regrant = "SELECT baton_server.commit_batch($1, 1, 4, ARRAY['job:a'],
+        ARRAY['\\x09090909090909090909090909090909'::bytea], ARRAY[1099511627780]::bigint[],
+        ARRAY[5000]::bigint[], ARRAY[NULL]::bytea[], ARRAY[]::text[],
+        ARRAY[]::bytea[], ARRAY[]::bigint[], ARRAY[]::bytea[])";
+    client.execute(regrant, &[&old_term]).await.unwrap();
+    let holder: Option<String> = client
+        .query_one(
+            "SELECT holder FROM baton_server.leases WHERE resource = 'job:a'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(holder, None);
 }

@@ -8,7 +8,7 @@ use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, Tab
 
 use crate::identity::{Identity, StoreId};
 use crate::quiet::contain_panics;
-use crate::record::{decode, encode, LEASE_LEN_BYTES};
+use crate::record::{decode, decode_v2, encode, LEASE_LEN_BYTES};
 use crate::wal::{self, Pending, Wal};
 use crate::{LeaseStore, StoreError, Stored};
 
@@ -17,8 +17,14 @@ const LEASES: TableDefinition<&str, &[u8]> = TableDefinition::new("leases");
 /// Open sessions: the session digest to its TTL in milliseconds. Created by
 /// the first session; a store without it has none.
 const SESSIONS: TableDefinition<&[u8], u64> = TableDefinition::new("sessions");
-/// Format 1 stored acquisition ids; format 2 stores their digests and a store id.
-const FORMAT: u64 = 2;
+/// The principal that opened a session, for the sessions opened with one
+/// (format 3). Created by the first such session.
+const SESSION_OPENERS: TableDefinition<&[u8], &str> = TableDefinition::new("session_openers");
+/// Format 1 stored acquisition ids; format 2 stores their digests and a
+/// store id; format 3 adds holder descriptions to lease records (see
+/// `record`) and session openers.
+const FORMAT: u64 = 3;
+const FORMAT_DIGESTS: u64 = 2;
 const FORMAT_WITH_IDS: u64 = 1;
 const FILE_NAME: &str = "baton.redb";
 /// redb's page cache. Its default (1 GiB) would hold most of the file in
@@ -329,15 +335,51 @@ fn write_new_store(path: &Path, store_id: StoreId, epoch: Epoch) -> Result<(), S
     txn.commit().map_err(storage)
 }
 
-/// Reads the meta table, first upgrading a format-1 store if that is what
-/// `path` holds. The upgrade writes a new file beside the old one (digests
-/// in place of acquisition ids, a store id drawn) and renames it over the
-/// old: rewriting in place would leave the ids in the file's free pages.
+/// Reads the meta table, first upgrading an older store if that is what
+/// `path` holds: format 1 to 2, then 2 to 3.
 fn migrate_and_read_meta(db: Database, path: &Path) -> Result<(Database, Meta), StoreError> {
-    if stored_format(&db)? != Some(FORMAT_WITH_IDS) {
-        let meta = read_meta(&db)?;
-        return Ok((db, meta));
+    let db = if stored_format(&db)? == Some(FORMAT_WITH_IDS) {
+        migrate_ids_to_digests(db, path)?
+    } else {
+        db
+    };
+    if stored_format(&db)? == Some(FORMAT_DIGESTS) {
+        migrate_to_holders(&db)?;
     }
+    let meta = read_meta(&db)?;
+    Ok((db, meta))
+}
+
+/// Format 2 to 3, in place and in one transaction: every lease record is
+/// rewritten in the format-3 layout (with no holder). Sessions keep their
+/// table; their openers are unknown (anyone who may hold their leases may
+/// resume them, as before). Log records of format 2 stay readable.
+fn migrate_to_holders(db: &Database) -> Result<(), StoreError> {
+    let txn = db.begin_write().map_err(storage)?;
+    {
+        let mut leases = txn.open_table(LEASES).map_err(storage)?;
+        let mut rewritten = Vec::new();
+        for entry in leases.iter().map_err(storage)? {
+            let (k, v) = entry.map_err(storage)?;
+            let (resource, record) = decode_v2(k.value(), v.value())?;
+            rewritten.push((resource, encode(&record)));
+        }
+        for (resource, bytes) in rewritten {
+            leases
+                .insert(resource.as_str(), bytes.as_slice())
+                .map_err(storage)?;
+        }
+        let mut meta = txn.open_table(META).map_err(storage)?;
+        meta.insert("format", FORMAT).map_err(storage)?;
+    }
+    txn.commit().map_err(storage)
+}
+
+/// Format 1 to 2. The upgrade writes a new file beside the old one
+/// (digests in place of acquisition ids, a store id drawn) and renames it
+/// over the old: rewriting in place would leave the ids in the file's free
+/// pages.
+fn migrate_ids_to_digests(db: Database, path: &Path) -> Result<Database, StoreError> {
     let tmp = path.with_extension("migrate-tmp");
     let _ = std::fs::remove_file(&tmp);
     {
@@ -356,9 +398,7 @@ fn migrate_and_read_meta(db: Database, path: &Path) -> Result<(Database, Meta), 
     std::fs::File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(io(dir))?;
-    let db = open_db(path)?;
-    let meta = read_meta(&db)?;
-    Ok((db, meta))
+    open_db(path)
 }
 
 fn stored_format(db: &Database) -> Result<Option<u64>, StoreError> {
@@ -383,7 +423,7 @@ fn copy_with_digests(old: &Database, txn: &redb::WriteTransaction) -> Result<(),
     let (hi, lo) = StoreId::random()?.halves();
     meta.insert("store_id_hi", hi).map_err(storage)?;
     meta.insert("store_id_lo", lo).map_err(storage)?;
-    meta.insert("format", FORMAT).map_err(storage)?;
+    meta.insert("format", FORMAT_DIGESTS).map_err(storage)?;
     let mut leases = txn.open_table(LEASES).map_err(storage)?;
     for entry in read
         .open_table(LEASES)
@@ -427,8 +467,9 @@ fn read_meta(db: &Database) -> Result<Meta, StoreError> {
             .map(|v| v.value())
             .ok_or_else(|| StoreError::Corrupt(format!("meta key {key:?} missing")))
     };
+    // Format 2's meta is format 3's: a restore may peek at either.
     let format = get("format")?;
-    if format != FORMAT {
+    if !(FORMAT_DIGESTS..=FORMAT).contains(&format) {
         return Err(StoreError::UnsupportedFormat {
             found: format,
             supported: FORMAT,
@@ -458,6 +499,17 @@ impl RedbStore {
             let (k, v) = entry.map_err(storage)?;
             leases.push(decode(k.value(), v.value())?);
         }
+        let mut openers = std::collections::HashMap::new();
+        match txn.open_table(SESSION_OPENERS) {
+            Ok(table) => {
+                for entry in table.iter().map_err(storage)? {
+                    let (k, v) = entry.map_err(storage)?;
+                    openers.insert(k.value().to_vec(), v.value().to_string());
+                }
+            }
+            Err(redb::TableError::TableDoesNotExist(_)) => {}
+            Err(e) => return Err(storage(e)),
+        }
         let mut sessions = Vec::new();
         match txn.open_table(SESSIONS) {
             Ok(table) => {
@@ -472,6 +524,7 @@ impl RedbStore {
                     sessions.push(SessionRecord {
                         digest: AcquisitionDigest::from_bytes(digest),
                         ttl_ms: v.value(),
+                        opener: openers.remove(&digest[..]),
                     });
                 }
             }
@@ -556,26 +609,24 @@ impl RedbStore {
             for write in writes {
                 match write {
                     Write::PutLease { resource, record } => {
-                        let (bytes, len) = encode(record);
                         leases
-                            .insert(resource.as_str(), &bytes[..len])
+                            .insert(resource.as_str(), encode(record).as_slice())
                             .map_err(storage)?;
                     }
                     Write::PutSession { record } => {
-                        if sessions.is_none() {
-                            sessions = Some(txn.open_table(SESSIONS).map_err(storage)?);
+                        let (table, openers) = open_sessions(&txn, &mut sessions)?;
+                        let key = &record.digest.as_bytes()[..];
+                        table.insert(key, record.ttl_ms).map_err(storage)?;
+                        match &record.opener {
+                            Some(opener) => openers.insert(key, opener.as_str()),
+                            None => openers.remove(key),
                         }
-                        let table = sessions.as_mut().expect("opened");
-                        table
-                            .insert(&record.digest.as_bytes()[..], record.ttl_ms)
-                            .map_err(storage)?;
+                        .map_err(storage)?;
                     }
                     Write::DeleteSession { digest } => {
-                        if sessions.is_none() {
-                            sessions = Some(txn.open_table(SESSIONS).map_err(storage)?);
-                        }
-                        let table = sessions.as_mut().expect("opened");
+                        let (table, openers) = open_sessions(&txn, &mut sessions)?;
                         table.remove(&digest.as_bytes()[..]).map_err(storage)?;
+                        openers.remove(&digest.as_bytes()[..]).map_err(storage)?;
                     }
                     Write::DeleteLease { resource } => {
                         leases.remove(resource.as_str()).map_err(storage)?;
@@ -594,6 +645,26 @@ impl RedbStore {
         txn.commit().map_err(storage)?;
         Ok(new_epoch)
     }
+}
+
+type SessionTables<'t> = (
+    redb::Table<'t, &'static [u8], u64>,
+    redb::Table<'t, &'static [u8], &'static str>,
+);
+
+/// The session tables of a commit, opened (or created) on first use:
+/// most commits touch no session.
+fn open_sessions<'a, 't>(
+    txn: &'t redb::WriteTransaction,
+    tables: &'a mut Option<SessionTables<'t>>,
+) -> Result<&'a mut SessionTables<'t>, StoreError> {
+    if tables.is_none() {
+        *tables = Some((
+            txn.open_table(SESSIONS).map_err(storage)?,
+            txn.open_table(SESSION_OPENERS).map_err(storage)?,
+        ));
+    }
+    Ok(tables.as_mut().expect("opened"))
 }
 
 impl LeaseStore for RedbStore {
@@ -628,10 +699,10 @@ fn apply(stored: &mut Stored, writes: &[Write]) {
     }
     let mut leases: std::collections::BTreeMap<ResourceName, LeaseRecord> =
         std::mem::take(&mut stored.leases).into_iter().collect();
-    let mut sessions: std::collections::BTreeMap<AcquisitionDigest, u64> =
+    let mut sessions: std::collections::BTreeMap<AcquisitionDigest, SessionRecord> =
         std::mem::take(&mut stored.sessions)
             .into_iter()
-            .map(|s| (s.digest, s.ttl_ms))
+            .map(|s| (s.digest, s))
             .collect();
     for w in writes {
         match w {
@@ -646,7 +717,7 @@ fn apply(stored: &mut Stored, writes: &[Write]) {
                 stored.counter = *counter;
             }
             Write::PutSession { record } => {
-                sessions.insert(record.digest, record.ttl_ms);
+                sessions.insert(record.digest, record.clone());
             }
             Write::DeleteSession { digest } => {
                 sessions.remove(digest);
@@ -654,10 +725,7 @@ fn apply(stored: &mut Stored, writes: &[Write]) {
         }
     }
     stored.leases = leases.into_iter().collect();
-    stored.sessions = sessions
-        .into_iter()
-        .map(|(digest, ttl_ms)| SessionRecord { digest, ttl_ms })
-        .collect();
+    stored.sessions = sessions.into_values().collect();
 }
 
 #[cfg(test)]

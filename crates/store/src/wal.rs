@@ -329,11 +329,17 @@ fn record_at(bytes: &[u8], at: usize, generation: u64) -> Option<&[u8]> {
     (checksum(generation, payload) == sum).then_some(payload)
 }
 
-const PUT_LEASE: u8 = 1;
+/// Format-2 lease records (no holder): still read, no longer written.
+const PUT_LEASE_V2: u8 = 1;
 const DELETE_LEASE: u8 = 2;
 const TOKENS: u8 = 3;
-const PUT_SESSION: u8 = 4;
+/// Sessions without an opener: still read, no longer written.
+const PUT_SESSION_V2: u8 = 4;
 const DELETE_SESSION: u8 = 5;
+/// A format-3 lease record, its length as a u16.
+const PUT_LEASE: u8 = 6;
+/// A session with its opener (a u16 length, 0 for none, then UTF-8).
+const PUT_SESSION: u8 = 7;
 
 fn put_name(out: &mut Vec<u8>, resource: &ResourceName) {
     let name = resource.as_str().as_bytes();
@@ -349,9 +355,9 @@ pub(crate) fn encode(writes: &[Write]) -> Vec<u8> {
             Write::PutLease { resource, record } => {
                 out.push(PUT_LEASE);
                 put_name(&mut out, resource);
-                let (bytes, len) = crate::record::encode(record);
-                out.push(len as u8);
-                out.extend_from_slice(&bytes[..len]);
+                let bytes = crate::record::encode(record);
+                out.extend_from_slice(&(bytes.len() as u16).to_le_bytes());
+                out.extend_from_slice(&bytes);
             }
             Write::DeleteLease { resource } => {
                 out.push(DELETE_LEASE);
@@ -366,6 +372,9 @@ pub(crate) fn encode(writes: &[Write]) -> Vec<u8> {
                 out.push(PUT_SESSION);
                 out.extend_from_slice(record.digest.as_bytes());
                 out.extend_from_slice(&record.ttl_ms.to_le_bytes());
+                let opener = record.opener.as_deref().unwrap_or("").as_bytes();
+                out.extend_from_slice(&(opener.len() as u16).to_le_bytes());
+                out.extend_from_slice(opener);
             }
             Write::DeleteSession { digest } => {
                 out.push(DELETE_SESSION);
@@ -402,6 +411,12 @@ impl<'a> Cursor<'a> {
         ))
     }
 
+    fn u16(&mut self, what: &str) -> Result<u16, String> {
+        Ok(u16::from_le_bytes(
+            self.take(2, what)?.try_into().expect("2"),
+        ))
+    }
+
     fn u64(&mut self, what: &str) -> Result<u64, String> {
         Ok(u64::from_le_bytes(
             self.take(8, what)?.try_into().expect("8"),
@@ -416,9 +431,17 @@ fn decode(payload: &[u8], out: &mut Vec<Write>) -> Result<(), String> {
     while !c.0.is_empty() {
         let tag = c.take(1, "a write tag")?[0];
         out.push(match tag {
-            PUT_LEASE => {
+            PUT_LEASE_V2 => {
                 let resource = c.name()?;
                 let len = c.take(1, "a lease length")?[0] as usize;
+                let bytes = c.take(len, "a lease")?;
+                let (_, record) = crate::record::decode_v2(resource.as_str(), bytes)
+                    .map_err(|e| e.to_string())?;
+                Write::PutLease { resource, record }
+            }
+            PUT_LEASE => {
+                let resource = c.name()?;
+                let len = c.u16("a lease length")? as usize;
                 let bytes = c.take(len, "a lease")?;
                 let (_, record) =
                     crate::record::decode(resource.as_str(), bytes).map_err(|e| e.to_string())?;
@@ -434,12 +457,27 @@ fn decode(payload: &[u8], out: &mut Vec<Write>) -> Result<(), String> {
                 FencingToken::new(epoch, counter.max(1)).map_err(|e| e.to_string())?;
                 Write::Tokens { epoch, counter }
             }
-            PUT_SESSION => Write::PutSession {
+            PUT_SESSION_V2 => Write::PutSession {
                 record: SessionRecord {
                     digest: c.digest()?,
                     ttl_ms: c.u64("a session TTL")?,
+                    opener: None,
                 },
             },
+            PUT_SESSION => {
+                let digest = c.digest()?;
+                let ttl_ms = c.u64("a session TTL")?;
+                let len = c.u16("an opener length")? as usize;
+                let opener = std::str::from_utf8(c.take(len, "an opener")?)
+                    .map_err(|_| "a session opener is not UTF-8".to_string())?;
+                Write::PutSession {
+                    record: SessionRecord {
+                        digest,
+                        ttl_ms,
+                        opener: (!opener.is_empty()).then(|| opener.to_string()),
+                    },
+                }
+            }
             DELETE_SESSION => Write::DeleteSession {
                 digest: c.digest()?,
             },
@@ -454,7 +492,7 @@ fn decode(payload: &[u8], out: &mut Vec<Write>) -> Result<(), String> {
 #[derive(Default)]
 pub(crate) struct Pending {
     leases: std::collections::HashMap<ResourceName, Option<LeaseRecord>>,
-    sessions: std::collections::HashMap<AcquisitionDigest, Option<u64>>,
+    sessions: std::collections::HashMap<AcquisitionDigest, Option<SessionRecord>>,
     tokens: Option<(Epoch, u64)>,
 }
 
@@ -470,7 +508,7 @@ impl Pending {
                 }
                 Write::Tokens { epoch, counter } => self.tokens = Some((*epoch, *counter)),
                 Write::PutSession { record } => {
-                    self.sessions.insert(record.digest, Some(record.ttl_ms));
+                    self.sessions.insert(record.digest, Some(record.clone()));
                 }
                 Write::DeleteSession { digest } => {
                     self.sessions.insert(*digest, None);
@@ -500,9 +538,7 @@ impl Pending {
         let sessions: Vec<AcquisitionDigest> = self.sessions.keys().take(left).copied().collect();
         for digest in sessions {
             out.push(match self.sessions.remove(&digest).expect("listed") {
-                Some(ttl_ms) => Write::PutSession {
-                    record: SessionRecord { digest, ttl_ms },
-                },
+                Some(record) => Write::PutSession { record },
                 None => Write::DeleteSession { digest },
             });
         }
@@ -542,6 +578,9 @@ mod tests {
                     session: n
                         .is_multiple_of(2)
                         .then(|| AcquisitionId::from_bytes([9; 16]).digest()),
+                    holder: n
+                        .is_multiple_of(3)
+                        .then(|| baton_core::Holder::parse(&format!("job {n}")).unwrap()),
                 },
             },
             Write::Tokens {

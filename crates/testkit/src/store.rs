@@ -53,7 +53,7 @@ impl LeaseStore for MemStore {
                 Write::DeleteLease { resource } => d.leases.retain(|(r, _)| r != resource),
                 Write::PutSession { record } => {
                     d.sessions.retain(|s| s.digest != record.digest);
-                    d.sessions.push(*record);
+                    d.sessions.push(record.clone());
                 }
                 Write::DeleteSession { digest } => d.sessions.retain(|s| s.digest != *digest),
                 Write::Tokens { epoch, counter } => {

@@ -28,6 +28,7 @@ impl LeaseTable {
             remaining_ms: lease.map_or(0, |l| self.expiry_of(l).left_at(now)),
             ttl_ms: lease.map_or(0, |l| l.ttl_ms),
             n_waiters: state.map_or(0, |s| s.queue.len()),
+            holder: lease.and_then(|l| l.holder.clone()),
         }
     }
 
@@ -64,6 +65,7 @@ impl LeaseTable {
                     token: l.token,
                     ttl_ms: l.ttl_ms,
                     session: l.session,
+                    holder: l.holder.clone(),
                 },
             ))
         })
@@ -74,6 +76,7 @@ impl LeaseTable {
         self.sessions.iter().map(|(digest, s)| SessionRecord {
             digest: *digest,
             ttl_ms: s.ttl_ms,
+            opener: s.opener.clone(),
         })
     }
 

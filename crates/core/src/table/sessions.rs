@@ -13,14 +13,49 @@ use super::{
 };
 use crate::{ResourceName, SessionDigest};
 
+/// Given a session's opener (`None` if it was opened without
+/// authentication): whether the caller may act for it.
+pub type MayActFor = Box<dyn Fn(Option<&str>) -> bool + Send>;
+
+/// Whether the caller may hold a resource.
+pub type MayHold = Box<dyn Fn(&ResourceName) -> bool + Send>;
+
+/// Who may keep a session alive (resume it, or close it): asked about
+/// the principal that opened it and about each resource it holds.
+pub struct SessionCheck {
+    /// See [`MayActFor`].
+    pub may_act_for: MayActFor,
+    /// See [`MayHold`].
+    pub may_hold: MayHold,
+}
+
+impl SessionCheck {
+    /// Accepts everything (authentication is off).
+    pub fn anyone() -> Self {
+        Self {
+            may_act_for: Box::new(|_| true),
+            may_hold: Box::new(|_| true),
+        }
+    }
+}
+
+impl std::fmt::Debug for SessionCheck {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SessionCheck")
+    }
+}
+
 impl LeaseTable {
-    /// Opens a session with its own TTL from `now`. The session must be
-    /// durable before the opener hears of it: this sets `sync`.
+    /// Opens a session with its own TTL from `now`, recording the
+    /// principal that opens it (`None` without authentication). The
+    /// session must be durable before the opener hears of it: this sets
+    /// `sync`.
     pub fn open_session(
         &mut self,
         now: MonoMs,
         digest: SessionDigest,
         ttl_ms: u64,
+        opener: Option<String>,
     ) -> Result<(), SessionError> {
         self.tick(now);
         let l = &self.limits;
@@ -39,17 +74,27 @@ impl LeaseTable {
                 n_sessions: self.sessions.len(),
             });
         }
-        self.insert_session(now, digest, ttl_ms);
+        self.insert_session(now, digest, ttl_ms, opener.clone());
         self.effects.writes.push(Write::PutSession {
-            record: SessionRecord { digest, ttl_ms },
+            record: SessionRecord {
+                digest,
+                ttl_ms,
+                opener,
+            },
         });
         self.effects.sync = true;
         self.effects.events.push(Event::SessionOpened { digest });
         Ok(())
     }
 
-    pub(super) fn insert_session(&mut self, now: MonoMs, digest: SessionDigest, ttl_ms: u64) {
-        self.insert_session_until(now.end_of(ttl_ms), digest, ttl_ms);
+    pub(super) fn insert_session(
+        &mut self,
+        now: MonoMs,
+        digest: SessionDigest,
+        ttl_ms: u64,
+        opener: Option<String>,
+    ) {
+        self.insert_session_until(now.end_of(ttl_ms), digest, ttl_ms, opener);
     }
 
     /// A session with `ttl_ms` that ends at `expires_at` unless kept alive.
@@ -58,6 +103,7 @@ impl LeaseTable {
         expires_at: MonoMs,
         digest: SessionDigest,
         ttl_ms: u64,
+        opener: Option<String>,
     ) {
         self.timers
             .insert((expires_at, Timer::SessionExpiry(digest)));
@@ -69,6 +115,7 @@ impl LeaseTable {
                 leases: Default::default(),
                 waiters: Default::default(),
                 revoked: Vec::new(),
+                opener,
             },
         );
     }
@@ -91,20 +138,16 @@ impl LeaseTable {
     }
 
     /// A client resuming the session on a new stream: a heartbeat, but
-    /// only if `may_hold` accepts every resource the session holds a lease
-    /// on or has yet to report as revoked. Otherwise nothing changes (not
-    /// the TTL, not the revoked list): [`Resumed::Refused`].
-    pub fn resume(
-        &mut self,
-        now: MonoMs,
-        digest: SessionDigest,
-        may_hold: impl Fn(&ResourceName) -> bool,
-    ) -> Resumed {
+    /// only if `check` accepts the session's opener and every resource the
+    /// session holds a lease on or has yet to report as revoked. Otherwise
+    /// nothing changes (not the TTL, not the revoked list):
+    /// [`Resumed::Refused`].
+    pub fn resume(&mut self, now: MonoMs, digest: SessionDigest, check: &SessionCheck) -> Resumed {
         self.tick(now);
         if !self.sessions.contains_key(&digest) {
             return Resumed::NotOpen;
         }
-        if !self.may_keep(digest, may_hold) {
+        if !self.may_keep(digest, check) {
             return Resumed::Refused;
         }
         match self.keep_alive(now, digest) {
@@ -127,30 +170,33 @@ impl LeaseTable {
         ttl_ms
     }
 
-    /// Whether `may_hold` accepts every resource the (open) session holds
-    /// a lease on or has yet to report as revoked.
-    fn may_keep(&self, digest: SessionDigest, may_hold: impl Fn(&ResourceName) -> bool) -> bool {
+    /// Whether `check` accepts the (open) session's opener and every
+    /// resource it holds a lease on or has yet to report as revoked.
+    fn may_keep(&self, digest: SessionDigest, check: &SessionCheck) -> bool {
         let Some(session) = self.sessions.get(&digest) else {
             return true;
         };
+        if !(check.may_act_for)(session.opener.as_deref()) {
+            return false;
+        }
         let mut names = session
             .leases
             .iter()
             .chain(session.revoked.iter().map(|(r, _)| r));
-        names.all(may_hold)
+        names.all(|r| (check.may_hold)(r))
     }
 
-    /// [`LeaseTable::close_session`], only if `may_hold` accepts every
-    /// resource the session holds (closing releases them); `None`, with
-    /// nothing changed, otherwise.
+    /// [`LeaseTable::close_session`], only if `check` accepts the session
+    /// (closing releases its leases); `None`, with nothing changed,
+    /// otherwise.
     pub fn close_session_as(
         &mut self,
         now: MonoMs,
         digest: SessionDigest,
-        may_hold: impl Fn(&ResourceName) -> bool,
+        check: &SessionCheck,
     ) -> Option<bool> {
         self.tick(now);
-        if !self.may_keep(digest, may_hold) {
+        if !self.may_keep(digest, check) {
             return None;
         }
         Some(self.close_session(now, digest))
@@ -195,16 +241,18 @@ impl LeaseTable {
         let leases = self.sessions[&digest].leases.clone();
         let n_leases = leases.len();
         for resource in leases {
-            let token = self.drop_lease(&resource).expect("a bound lease is held");
+            let (token, holder) = self.drop_lease(&resource).expect("a bound lease is held");
             self.effects.events.push(if expired {
                 Event::Expired {
                     resource: resource.clone(),
                     token,
+                    holder,
                 }
             } else {
                 Event::Released {
                     resource: resource.clone(),
                     token,
+                    holder,
                 }
             });
             self.pump(now, &resource);

@@ -5,7 +5,7 @@ use std::collections::VecDeque;
 use std::collections::BTreeSet;
 
 use crate::{
-    AcquisitionDigest, AcquisitionId, FencingToken, ResourceName, SessionDigest, WaiterId,
+    AcquisitionDigest, AcquisitionId, FencingToken, Holder, ResourceName, SessionDigest, WaiterId,
 };
 
 use super::MonoMs;
@@ -19,6 +19,7 @@ pub(super) struct Lease {
     /// session's own expiry governs it.
     pub(super) expires_at: MonoMs,
     pub(super) session: Option<SessionDigest>,
+    pub(super) holder: Option<Holder>,
 }
 
 /// An open session: its expiry, and what is tied to it.
@@ -31,6 +32,8 @@ pub(super) struct Session {
     /// Leases of this session fenced since its last heartbeat: the next
     /// heartbeat's answer tells the client (bounded by the session's leases).
     pub(super) revoked: Vec<(ResourceName, FencingToken)>,
+    /// The principal that opened it, if it was opened authenticated.
+    pub(super) opener: Option<String>,
 }
 
 /// A resource's waiters, FIFO. Most resources never have one, so the queue
@@ -98,6 +101,7 @@ pub(super) struct Waiter {
     /// When the request joined the line.
     pub(super) queued_at: MonoMs,
     pub(super) session: Option<SessionDigest>,
+    pub(super) holder: Option<Holder>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]

@@ -29,6 +29,7 @@ fn req(resources: &[&str], first_id: u8, ttl_ms: u64, wait_ms: u64, waiter: u64)
         wait_ms,
         waiter: WaiterId(waiter),
         session: None,
+        holder: None,
     }
 }
 
@@ -64,6 +65,7 @@ fn grant_is_synced_and_carries_its_write() {
                     token: tok(1),
                     ttl_ms: 5_000,
                     session: None,
+                    holder: None,
                 }
             },
             Write::Tokens {
@@ -103,7 +105,8 @@ fn held_resource_is_refused_until_expiry_then_granted_higher() {
         fx.events[0],
         Event::Expired {
             resource: name("a"),
-            token: tok(1)
+            token: tok(1),
+            holder: None,
         }
     );
     assert_eq!(
@@ -366,6 +369,7 @@ fn a_big_recovered_table_ends_over_time_never_before_its_full_ttl() {
                 token: tok(7),
                 ttl_ms: 60_000,
                 session: None,
+                holder: None,
             },
         )
     });
@@ -397,6 +401,7 @@ fn recovery_holds_every_lease_for_a_full_ttl_from_restart() {
         token: tok(7),
         ttl_ms: 5_000,
         session: None,
+        holder: None,
     };
     let mut t = LeaseTable::recover(
         Limits::default(),
@@ -796,6 +801,7 @@ impl Harness {
                         wait_ms,
                         waiter,
                         session,
+                        holder: None,
                     },
                 );
                 if let Some(d) = session.filter(|d| !self.session_live(d)) {
@@ -948,12 +954,14 @@ impl Harness {
                     epoch,
                     counter,
                     leases,
-                    self.disk_sessions.values().copied().collect::<Vec<_>>(),
+                    self.disk_sessions.values().cloned().collect::<Vec<_>>(),
                 );
             }
             Op::OpenSession { ttl_ms } => {
                 let id = self.fresh_id();
-                self.table.open_session(now, id.digest(), ttl_ms).unwrap();
+                self.table
+                    .open_session(now, id.digest(), ttl_ms, None)
+                    .unwrap();
                 self.drain();
                 assert!(
                     self.disk_sessions.contains_key(&id.digest()),
@@ -1019,7 +1027,7 @@ proptest! {
 fn session_leases_live_by_heartbeat_and_end_together() {
     let mut t = table();
     let s = id(90).digest();
-    t.open_session(MonoMs(0), s, 3_000).unwrap();
+    t.open_session(MonoMs(0), s, 3_000, None).unwrap();
     let bound = |names: &[&str], first: u8, wait_ms: u64, waiter: u64| AcquireRequest {
         session: Some(s),
         ..req(names, first, 1, wait_ms, waiter)
@@ -1080,7 +1088,7 @@ fn session_leases_live_by_heartbeat_and_end_together() {
 fn a_session_resumes_and_closes_only_for_who_may_hold_all_it_holds() {
     let mut t = table();
     let s = id(91).digest();
-    t.open_session(MonoMs(0), s, 3_000).unwrap();
+    t.open_session(MonoMs(0), s, 3_000, None).unwrap();
     let bound = AcquireRequest {
         session: Some(s),
         ..req(&["x:1", "y:1"], 1, 1, 0, 0)
@@ -1090,13 +1098,13 @@ fn a_session_resumes_and_closes_only_for_who_may_hold_all_it_holds() {
         Ok(AcquireOutcome::Granted(_))
     ));
     let fenced = t.fence(MonoMs(0), &name("y:1"));
-    let only_x = |r: &ResourceName| r.as_str().starts_with("x:");
+    let only_x = &holding("x:");
     // "y:1" is no longer held but still to be reported: it counts.
     assert_eq!(t.resume(MonoMs(2_000), s, only_x), Resumed::Refused);
     // The refusal changed nothing: the TTL still runs from 0, and the
     // revoked lease is still reported to the session's own holder.
     assert_eq!(t.status(MonoMs(2_000), &name("x:1")).remaining_ms, 1_000);
-    let Resumed::Kept(kept) = t.resume(MonoMs(2_500), s, |_| true) else {
+    let Resumed::Kept(kept) = t.resume(MonoMs(2_500), s, &SessionCheck::anyone()) else {
         panic!("an unrestricted resume keeps the session")
     };
     assert_eq!(kept.revoked, vec![(name("y:1"), fenced.revoked.unwrap())]);
@@ -1106,16 +1114,108 @@ fn a_session_resumes_and_closes_only_for_who_may_hold_all_it_holds() {
         t.resume(MonoMs(2_500), s, only_x),
         Resumed::Kept(_)
     ));
-    assert_eq!(
-        t.resume(MonoMs(2_500), s, |r| r.as_str().starts_with("y:")),
-        Resumed::Refused
-    );
+    assert_eq!(t.resume(MonoMs(2_500), s, &holding("y:")), Resumed::Refused);
     // Closing releases what the session holds: judged the same way.
-    let only_y = |r: &ResourceName| r.as_str().starts_with("y:");
+    let only_y = &holding("y:");
     assert_eq!(t.close_session_as(MonoMs(2_500), s, only_y), None);
     assert!(t.status(MonoMs(2_500), &name("x:1")).holder_token.is_some());
     assert_eq!(t.close_session_as(MonoMs(2_500), s, only_x), Some(true));
     assert_eq!(t.status(MonoMs(2_500), &name("x:1")).holder_token, None);
     assert_eq!(t.close_session_as(MonoMs(2_500), s, only_y), Some(false));
-    assert_eq!(t.resume(MonoMs(6_000), s, |_| true), Resumed::NotOpen);
+    assert_eq!(
+        t.resume(MonoMs(6_000), s, &SessionCheck::anyone()),
+        Resumed::NotOpen
+    );
+}
+
+fn holding(prefix: &'static str) -> SessionCheck {
+    SessionCheck {
+        may_act_for: Box::new(|_| true),
+        may_hold: Box::new(move |r: &ResourceName| r.as_str().starts_with(prefix)),
+    }
+}
+
+#[test]
+fn only_the_opener_may_resume_or_close_a_session() {
+    let mut t = table();
+    let s = id(92).digest();
+    t.open_session(MonoMs(0), s, 3_000, Some("alice".into()))
+        .unwrap();
+    let as_who = |who: &'static str| SessionCheck {
+        may_act_for: Box::new(move |opener| opener.is_none_or(|o| o == who)),
+        may_hold: Box::new(|_| true),
+    };
+    // An empty session: nothing to hold, so only the opener rule decides.
+    assert_eq!(t.resume(MonoMs(1_000), s, &as_who("bob")), Resumed::Refused);
+    assert_eq!(t.close_session_as(MonoMs(1_000), s, &as_who("bob")), None);
+    assert!(matches!(
+        t.resume(MonoMs(1_000), s, &as_who("alice")),
+        Resumed::Kept(_)
+    ));
+    // The opener is durable: a snapshot carries it.
+    let stored: Vec<_> = t.sessions().collect();
+    assert_eq!(stored[0].opener.as_deref(), Some("alice"));
+    assert_eq!(
+        t.close_session_as(MonoMs(1_000), s, &as_who("alice")),
+        Some(true)
+    );
+}
+
+#[test]
+fn a_holder_description_travels_with_its_lease() {
+    let mut t = table();
+    let holder = Holder::parse("alice@build-3 pid 42").unwrap();
+    let first = AcquireRequest {
+        holder: Some(holder.clone()),
+        ..req(&["a"], 1, 5_000, 0, 0)
+    };
+    t.acquire(MonoMs(0), first).unwrap();
+    let fx = t.take_effects();
+    let Write::PutLease { record, .. } = &fx.writes[0] else {
+        panic!("a grant writes its lease first")
+    };
+    assert_eq!(record.holder.as_ref(), Some(&holder));
+    assert_eq!(t.status(MonoMs(1), &name("a")).holder, Some(holder.clone()));
+    assert_eq!(
+        t.list(MonoMs(1), "", None, 10)[0].holder,
+        Some(holder.clone())
+    );
+    // A waiter's description reaches its grant; the ending lease's is on
+    // the release event.
+    let second = AcquireRequest {
+        holder: Some(Holder::parse("bob").unwrap()),
+        ..req(&["a"], 2, 5_000, 10_000, 7)
+    };
+    t.acquire(MonoMs(2), second).unwrap();
+    t.release(MonoMs(3), &name("a"), &id(1));
+    let fx = t.take_effects();
+    let changes: Vec<_> = fx
+        .events
+        .iter()
+        .filter_map(HolderChange::of)
+        .map(|c| (c.kind, c.holder.map(|h| h.to_string())))
+        .collect();
+    assert_eq!(
+        changes,
+        vec![
+            (HolderChange::Released, Some("alice@build-3 pid 42".into())),
+            (HolderChange::HandedOff, Some("bob".into())),
+        ]
+    );
+    // Recovery keeps it.
+    let leases: Vec<_> = t.leases().map(|(r, l)| (r.clone(), l)).collect();
+    let mut back = LeaseTable::recover(
+        Limits::default(),
+        MonoMs(0),
+        Epoch::FIRST,
+        10,
+        leases,
+        Vec::new(),
+    );
+    assert_eq!(
+        back.status(MonoMs(0), &name("a"))
+            .holder
+            .map(|h| h.to_string()),
+        Some("bob".into())
+    );
 }

@@ -2,7 +2,8 @@
 //! records, writes, events and effects.
 
 use crate::{
-    AcquisitionDigest, AcquisitionId, Epoch, FencingToken, ResourceName, SessionDigest, WaiterId,
+    AcquisitionDigest, AcquisitionId, Epoch, FencingToken, Holder, ResourceName, SessionDigest,
+    WaiterId,
 };
 
 /// Milliseconds on the server's monotonic clock, from an origin the shell picks.
@@ -80,6 +81,9 @@ pub struct AcquireRequest {
     /// the session (`ttl_ms` is then ignored) and a waiter is withdrawn when
     /// the session ends. `None`: each lease has its own TTL.
     pub session: Option<SessionDigest>,
+    /// Who asks, as the holder describes itself; stored with every lease
+    /// granted (see [`Holder`]).
+    pub holder: Option<Holder>,
 }
 
 impl AcquireRequest {
@@ -91,6 +95,7 @@ impl AcquireRequest {
             wait_ms: 0,
             waiter: WaiterId(0),
             session: None,
+            holder: None,
         }
     }
 }
@@ -243,6 +248,8 @@ pub struct LeaseStatus {
     pub ttl_ms: u64,
     /// Requests waiting in line.
     pub n_waiters: usize,
+    /// The holder's description, if it gave one.
+    pub holder: Option<Holder>,
 }
 
 /// The durable form of a lease. Expiry is not stored: after a restart every
@@ -259,6 +266,8 @@ pub struct LeaseRecord {
     pub ttl_ms: u64,
     /// The session the lease is tied to, if any.
     pub session: Option<SessionDigest>,
+    /// The holder's description, if it gave one.
+    pub holder: Option<Holder>,
 }
 
 /// What a heartbeat did to an open session.
@@ -285,12 +294,16 @@ pub enum Resumed {
 
 /// The durable form of a session. Like a lease's, its expiry is not stored:
 /// after a restart it gets its full TTL again.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SessionRecord {
     /// SHA-256 of the session id, first 16 bytes.
     pub digest: SessionDigest,
     /// The session's TTL.
     pub ttl_ms: u64,
+    /// The principal that opened the session (`None` when it was opened
+    /// without authentication, or written before openers were stored):
+    /// only it, or an administrator, may resume it.
+    pub opener: Option<String>,
 }
 
 /// A change to durable state, applied by the shell in order.
@@ -345,14 +358,14 @@ impl HolderChange {
         }
     }
 
-    /// The holder change an event is, if it is one; with the lease's token
-    /// (a fence's own) and, for a fence, the revoked lease's.
-    pub fn of(event: &Event) -> Option<(Self, &ResourceName, FencingToken, Option<FencingToken>)> {
-        Some(match event {
+    /// The holder change an event is, if it is one.
+    pub fn of(event: &Event) -> Option<ChangeOf<'_>> {
+        let (kind, resource, token, revoked, holder) = match event {
             Event::Granted {
                 resource,
                 token,
                 after_wait,
+                holder,
                 ..
             } => {
                 let kind = if *after_wait {
@@ -360,18 +373,50 @@ impl HolderChange {
                 } else {
                     HolderChange::Granted
                 };
-                (kind, resource, *token, None)
+                (kind, resource, *token, None, holder)
             }
-            Event::Released { resource, token } => (HolderChange::Released, resource, *token, None),
-            Event::Expired { resource, token } => (HolderChange::Expired, resource, *token, None),
+            Event::Released {
+                resource,
+                token,
+                holder,
+            } => (HolderChange::Released, resource, *token, None, holder),
+            Event::Expired {
+                resource,
+                token,
+                holder,
+            } => (HolderChange::Expired, resource, *token, None, holder),
             Event::Fenced {
                 resource,
                 token,
                 revoked,
-            } => (HolderChange::Fenced, resource, *token, *revoked),
+                holder,
+            } => (HolderChange::Fenced, resource, *token, *revoked, holder),
             _ => return None,
+        };
+        Some(ChangeOf {
+            kind,
+            resource,
+            token,
+            revoked,
+            holder: holder.as_ref(),
         })
     }
+}
+
+/// One holder change, borrowed from its [`Event`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChangeOf<'a> {
+    /// What happened.
+    pub kind: HolderChange,
+    /// To which resource.
+    pub resource: &'a ResourceName,
+    /// The lease's token (for a fence, the fence's own).
+    pub token: FencingToken,
+    /// For a fence, the token of the lease it revoked, if one was held.
+    pub revoked: Option<FencingToken>,
+    /// The description of the holder the change concerns: the new one for
+    /// a grant, the one that lost the lease otherwise.
+    pub holder: Option<&'a Holder>,
 }
 
 /// What happened, for metrics and logs.
@@ -383,6 +428,7 @@ pub enum Event {
         token: FencingToken,
         acquisition_id: AcquisitionId,
         after_wait: bool,
+        holder: Option<Holder>,
     },
     Renewed {
         resource: ResourceName,
@@ -394,15 +440,19 @@ pub enum Event {
     Released {
         resource: ResourceName,
         token: FencingToken,
+        holder: Option<Holder>,
     },
     Expired {
         resource: ResourceName,
         token: FencingToken,
+        holder: Option<Holder>,
     },
+    /// `holder` is the revoked lease's.
     Fenced {
         resource: ResourceName,
         token: FencingToken,
         revoked: Option<FencingToken>,
+        holder: Option<Holder>,
     },
     WaitTimedOut {
         waiter: WaiterId,

@@ -13,7 +13,7 @@ use tonic::{Request, Status};
 use crate::audit::{Audit, Record};
 use crate::auth::{Auth, Credential, Permission, Principal, Refusal};
 use crate::conn::ConnInfo;
-use crate::engine::MayHold;
+use crate::engine::SessionCheck;
 use crate::metrics::Metrics;
 use crate::penalty::Penalties;
 
@@ -142,14 +142,28 @@ impl Admitted<'_> {
         ))
     }
 
-    /// Whether the principal may hold a resource (`lease` on a prefix of
-    /// it), as the engine asks when a session is resumed; every resource
-    /// with auth off.
-    pub(crate) fn may_hold(&self) -> MayHold {
-        match self.principal.clone() {
-            None => Box::new(|_| true),
-            Some(p) => Box::new(move |name| p.allows(Permission::Lease, name.as_str())),
+    /// What the engine asks when this principal keeps a session alive
+    /// (resumes it) or closes it: it must be the session's opener or hold
+    /// `admin` on every name (a session opened without authentication, or
+    /// stored before openers were, has no opener: anyone may act for it),
+    /// and it must hold `lease` on every resource the session holds.
+    /// Everything passes with auth off.
+    pub(crate) fn session_check(&self) -> SessionCheck {
+        let Some(p) = self.principal.clone() else {
+            return SessionCheck::anyone();
+        };
+        let admin = p.allows_everything(Permission::Admin);
+        let name = p.name.clone();
+        SessionCheck {
+            may_act_for: Box::new(move |opener| admin || opener.is_none_or(|o| o == name)),
+            may_hold: Box::new(move |resource| p.allows(Permission::Lease, resource.as_str())),
         }
+    }
+
+    /// The principal's name, to record as a session's opener (`None` with
+    /// auth off).
+    pub(crate) fn opener(&self) -> Option<String> {
+        self.principal.as_ref().map(|p| p.name.clone())
     }
 
     /// The principal let in (`None` with auth off). A reload of the auth
@@ -191,9 +205,10 @@ impl Admitted<'_> {
 }
 
 /// `PERMISSION_DENIED` (audited) for keeping alive (resuming, or a
-/// heartbeat after the auth file changed) or closing a session that holds
-/// a resource the principal may not hold. The message names neither the
-/// session's resources nor whether it holds any.
+/// heartbeat after the auth file changed) or closing a session that
+/// another principal opened, or that holds a resource the principal may
+/// not hold. The message names neither the session's opener nor its
+/// resources nor whether it holds any.
 pub(crate) struct SessionRefusal {
     gate: Gate,
     caller: Caller,
@@ -204,7 +219,7 @@ pub(crate) struct SessionRefusal {
 impl SessionRefusal {
     pub(crate) fn status(self) -> Status {
         let why = format!(
-            "principal {:?} may not {}: a session is kept alive or closed only by a principal with `lease` on every resource it holds",
+            "principal {:?} may not {}: a session is kept alive or closed only by the principal that opened it (or one with `admin` on every name), and only with `lease` on every resource it holds",
             self.principal, self.action
         );
         self.gate.refused(

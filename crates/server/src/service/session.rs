@@ -21,8 +21,8 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::guard::{Admitted, SessionRefusal};
 use super::{
-    acquire_error, acquire_outcome, answer, parse_acquisition_id, parse_resource, random_id,
-    release_message, renew_message, send, Caller, LeaseService, ResourcesField,
+    acquire_error, acquire_outcome, answer, parse_acquisition_id, parse_holder, parse_resource,
+    random_id, release_message, renew_message, send, Caller, LeaseService, ResourcesField,
 };
 use crate::auth::{Permission, Principal};
 use crate::engine::Command;
@@ -115,13 +115,13 @@ impl LeaseService {
                 ))
             })?;
             let digest = id.digest();
-            // Another principal that learned the id cannot take over (or
-            // close) leases it could not acquire itself.
-            let may_hold = admitted.may_hold();
+            // Another principal that learned the id cannot keep the
+            // session alive, nor take over (or close) its leases.
+            let check = admitted.session_check();
             let resumed = self
                 .call_on(term, |reply| Command::KeepAlive {
                     digest,
-                    check: Some(may_hold),
+                    check: Some(check),
                     reply,
                 })
                 .await?;
@@ -140,9 +140,11 @@ impl LeaseService {
         let ttl_ms = open.ttl_ms.unwrap_or(self.default_ttl_ms);
         let id = random_id();
         let digest = id.digest();
+        let opener = admitted.opener();
         self.call_on(term, |reply| Command::OpenSession {
             digest,
             ttl_ms,
+            opener,
             reply,
         })
         .await?
@@ -288,13 +290,13 @@ impl SessionTask {
                 // Closing releases the session's leases: only a principal
                 // that may hold all of them can (as for a resume).
                 let who = self.service.gate.admit(&self.caller, "session.close")?;
-                let (may_hold, refusal) = (who.may_hold(), who.session_refusal());
+                let (check, refusal) = (who.session_check(), who.session_refusal());
                 let (reply, rx) = oneshot::channel();
                 send(
                     term,
                     Command::CloseSession {
                         digest,
-                        may_hold,
+                        check,
                         reply,
                     },
                 )?;
@@ -382,6 +384,7 @@ impl SessionTask {
                     wait_ms: a.wait_ms,
                     waiter,
                     session: bound.then_some(digest),
+                    holder: parse_holder("acquire.holder", a.holder.as_deref())?,
                 };
                 let (reply, rx) = oneshot::channel();
                 send(term, Command::Acquire { request, reply })?;
@@ -416,7 +419,7 @@ impl SessionTask {
         let (check, refusal) = reloaded
             .map(|principal| {
                 self.kept_by = Some(principal);
-                (who.may_hold(), who.session_refusal())
+                (who.session_check(), who.session_refusal())
             })
             .unzip();
         let (reply, rx) = oneshot::channel();

@@ -162,6 +162,7 @@ fn holder(s: &baton_core::LeaseStatus) -> v1::WatchHolder {
         token: s.holder_token.map_or(0, |t| t.get()),
         remaining_ms: s.remaining_ms,
         n_waiters: s.n_waiters as u64,
+        holder: s.holder.as_ref().map(|h| h.to_string()).unwrap_or_default(),
     }
 }
 
@@ -181,5 +182,6 @@ fn event_message(e: WatchEvent) -> v1::WatchEvent {
         resource: e.resource,
         token: e.token.get(),
         revoked_token: e.revoked.map_or(0, |t| t.get()),
+        holder: e.holder.map(|h| h.to_string()).unwrap_or_default(),
     }
 }

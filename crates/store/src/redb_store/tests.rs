@@ -12,6 +12,9 @@ fn lease(n: u8, counter: u64) -> (ResourceName, LeaseRecord) {
         token: FencingToken::new(Epoch::FIRST, counter).unwrap(),
         ttl_ms: 5_000,
         session: None,
+        holder: n
+            .is_multiple_of(2)
+            .then(|| baton_core::Holder::parse(&format!("worker {n}")).unwrap()),
     };
     (ResourceName::parse(&format!("r{n}")).unwrap(), record)
 }
@@ -66,12 +69,14 @@ fn sessions_and_bound_leases_survive_reopen() {
                 record: SessionRecord {
                     digest: s1,
                     ttl_ms: 3_000,
+                    opener: Some("alice".into()),
                 },
             },
             Write::PutSession {
                 record: SessionRecord {
                     digest: s2,
                     ttl_ms: 4_000,
+                    opener: None,
                 },
             },
             Write::PutLease {
@@ -92,7 +97,8 @@ fn sessions_and_bound_leases_survive_reopen() {
         stored.sessions,
         vec![SessionRecord {
             digest: s1,
-            ttl_ms: 3_000
+            ttl_ms: 3_000,
+            opener: Some("alice".into()),
         }]
     );
     assert_eq!(stored.leases, vec![(r1, l1), (r2, l2)]);
@@ -317,6 +323,9 @@ fn commit_through_the_log(tag: &str, log_len: u64, n: u64, reopen_every: u64) {
             token: FencingToken::new(Epoch::FIRST, n).unwrap(),
             ttl_ms: 5_000,
             session: None,
+            holder: n
+                .is_multiple_of(7)
+                .then(|| baton_core::Holder::parse(&format!("w{n}")).unwrap()),
         },
     };
     let tokens = |n: u64| Write::Tokens {
