@@ -347,3 +347,87 @@ async fn the_fence_kit_chapter_and_the_restore_example_run_as_written() {
         "{text}"
     );
 }
+
+/// The shell script of a README block that starts with `first_line`, with
+/// `-d app` pointed at the test's database.
+fn readme_script(first_line: &str, db: &str) -> String {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let start = readme
+        .find(first_line)
+        .expect("the script is in the README");
+    let end = start + readme[start..].find("```").unwrap();
+    readme[start..end].replace("-d app", &format!("-d {db}"))
+}
+
+/// The README's scripts for `run` and for the election recipe, run with
+/// psql against the fence kit's schema: a current token publishes, a
+/// deposed leader's older token gets `stale` and the script fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_readme_run_and_election_scripts_run_as_written() {
+    let db = baton_testkit::PgDb::create("readme_scripts").await;
+    let client = db.connect().await;
+    for (_, migration) in baton_fence::postgres::MIGRATIONS {
+        client.batch_execute(migration).await.unwrap();
+    }
+    let dir = TempDir::new("readme-scripts");
+    let sh = |script: &str, env: &[(&str, &str)]| {
+        let path = dir.path().join("script.sh");
+        std::fs::write(&path, script).unwrap();
+        std::process::Command::new("sh")
+            .arg(&path)
+            .envs(env.iter().copied())
+            .output()
+            .unwrap()
+    };
+    let t1 = ((1u64 << 40) | 7).to_string();
+    let t2 = ((1u64 << 40) | 9).to_string();
+
+    let run_script = readme_script("#!/bin/sh\n# Run by: baton run", &db.name);
+    let env = |token: &str| {
+        [
+            ("BATON_FENCING_TOKEN", token.to_string()),
+            (
+                "BATON_RESOURCE",
+                "statement:account-42:2026-09-13".to_string(),
+            ),
+        ]
+    };
+    let e2 = env(&t2);
+    let e2: Vec<(&str, &str)> = e2.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let out = sh(&run_script, &e2);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "publish: applied\n");
+    let e1 = env(&t1);
+    let e1: Vec<(&str, &str)> = e1.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let out = sh(&run_script, &e1);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "publish: stale\n");
+
+    // lead.sh loops while leading: the current leader publishes (stop it
+    // after its first publication); the deposed one is refused at once.
+    let lead = readme_script("#!/bin/sh\n# lead.sh", &db.name);
+    let path = dir.path().join("lead.sh");
+    std::fs::write(&path, &lead).unwrap();
+    let mut leader = std::process::Command::new("sh")
+        .arg(&path)
+        .env("BATON_FENCING_TOKEN", &t2)
+        .spawn()
+        .unwrap();
+    baton_testkit::eventually(std::time::Duration::from_secs(10), async || {
+        client
+            .query_opt(
+                "SELECT 1 FROM baton.resources WHERE resource = 'scheduler:plan'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .is_some()
+    })
+    .await;
+    let _ = leader.kill();
+    let _ = leader.wait();
+    let out = sh(&lead, &[("BATON_FENCING_TOKEN", &t1)]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stderr), "deposed: stale\n");
+}
