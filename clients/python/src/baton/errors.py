@@ -1,0 +1,71 @@
+"""Errors, split as the Rust client splits them: a *definite* error means
+the request certainly did not take effect; :class:`Indeterminate` means it
+may have (a timeout or a broken connection after it was sent) and must not
+be blindly repeated.
+"""
+
+from __future__ import annotations
+
+
+class BatonError(Exception):
+    """Every error this package raises (besides :class:`ValueError` for
+    input refused before anything is sent)."""
+
+    #: True when the request certainly did not take effect.
+    definite: bool = True
+
+
+class Indeterminate(BatonError):
+    """The request may have taken effect: no answer came in time, or the
+    connection broke after it was sent. Never repeated by the client."""
+
+    definite = False
+
+
+class Unavailable(BatonError):
+    """No server could be reached, or none leads: nothing was sent or done."""
+
+
+class InvalidArgument(BatonError, ValueError):
+    """The server refused the input; the message names its rule."""
+
+
+class Exhausted(BatonError):
+    """A server limit was reached (waiters, sessions, connections)."""
+
+
+class Unauthenticated(BatonError):
+    """No credential, or one the server does not know."""
+
+
+class PermissionDenied(BatonError):
+    """The principal's rules do not allow this action on this name."""
+
+
+class NotAcquired(BatonError):
+    """The lease was not granted: held by another (``holder_token``), the
+    wait ran out, or the grant came back after its TTL had passed."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        resource: str = "",
+        holder_token: int | None = None,
+        reason: str = "held",
+    ) -> None:
+        super().__init__(message)
+        self.resource = resource
+        self.holder_token = holder_token
+        #: ``held``, ``timed_out``, ``cancelled`` or ``expired_on_arrival``.
+        self.reason = reason
+
+
+class NotOwner(BatonError):
+    """The lease is no longer this holder's (expired, released, fenced or
+    replaced): nothing was extended or recreated."""
+
+
+class OwnershipLost(BatonError):
+    """A keeper no longer vouches for its lease: its safe-until passed, or
+    the lease was fenced or lost. Stop the work; the token may be stale."""

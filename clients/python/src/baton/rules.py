@@ -1,0 +1,111 @@
+"""Input rules, checked before anything is sent: the server's own rules
+for names, holder descriptions and durations, with the same messages."""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+
+RESOURCE_NAME_LEN_BYTES_MAX = 512
+HOLDER_LEN_BYTES_MAX = 256
+#: The longest duration any flag or argument accepts (one year).
+DURATION_MAX_S = 365 * 24 * 3600.0
+
+
+def _control(text: str) -> tuple[int, int] | None:
+    """The first control character and its byte offset, if any."""
+    at = 0
+    for c in text:
+        if unicodedata.category(c) == "Cc":
+            return ord(c), at
+        at += len(c.encode())
+    return None
+
+
+def check_resource(raw: str) -> str:
+    """The canonical (NFC) form of a resource name, or :class:`ValueError`
+    naming the rule it breaks."""
+    if not isinstance(raw, str):
+        raise ValueError(f"resource name must be a str, not {type(raw).__name__}")
+    if not raw:
+        raise ValueError("resource name is empty")
+    name = unicodedata.normalize("NFC", raw)
+    n = len(name.encode())
+    if n > RESOURCE_NAME_LEN_BYTES_MAX:
+        raise ValueError(
+            f"resource name is {n} bytes long; the limit is {RESOURCE_NAME_LEN_BYTES_MAX} "
+            "bytes (after NFC normalization)"
+        )
+    control = _control(name)
+    if control is not None:
+        raise ValueError(
+            f"resource name contains control character U+{control[0]:04X} at byte {control[1]}; "
+            "control characters are not allowed"
+        )
+    if name != name.strip():
+        raise ValueError("resource name has leading or trailing whitespace; trim it")
+    at = 0
+    for segment in name.split(":"):
+        if not segment:
+            raise ValueError(
+                f"resource name has an empty ':'-separated segment at byte {at}; "
+                "segments must be non-empty"
+            )
+        at += len(segment.encode()) + 1
+    return name
+
+
+def check_holder(raw: str) -> str:
+    """A holder description (also an election's campaign value), or
+    :class:`ValueError` naming the rule."""
+    if not raw:
+        raise ValueError("holder description is empty; omit it instead")
+    n = len(raw.encode())
+    if n > HOLDER_LEN_BYTES_MAX:
+        raise ValueError(
+            f"holder description is {n} bytes long; the limit is {HOLDER_LEN_BYTES_MAX} bytes"
+        )
+    control = _control(raw)
+    if control is not None:
+        raise ValueError(
+            f"holder description contains control character U+{control[0]:04X} at byte "
+            f"{control[1]}; control characters are not allowed"
+        )
+    return raw
+
+
+def check_ttl(ttl_s: float) -> float:
+    """A TTL in seconds: positive and at most a year (the server then
+    applies its own bounds, and names them if it refuses)."""
+    if not ttl_s > 0:
+        raise ValueError(f"ttl {ttl_s} s: it must be positive")
+    if ttl_s > DURATION_MAX_S:
+        raise ValueError(f"ttl {ttl_s} s: the longest accepted is a year")
+    return ttl_s
+
+
+def millis(seconds: float, what: str, zero_ok: bool = False) -> int:
+    """Whole milliseconds of ``seconds`` (rounded up, so a TTL is never
+    shortened), or :class:`ValueError`."""
+    if seconds != seconds or seconds < 0 or (seconds == 0 and not zero_ok):
+        raise ValueError(f"{what} {seconds} s: it must be {'0 or more' if zero_ok else 'positive'}")
+    if seconds > DURATION_MAX_S:
+        raise ValueError(f"{what} {seconds} s: the longest accepted is a year")
+    ms = int(seconds * 1000)
+    return ms + 1 if ms < seconds * 1000 else ms
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)\s*$")
+_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_duration(raw: str, what: str) -> float:
+    """``500ms``, ``30s``, ``5m``, ``1h`` as seconds (the command line's
+    forms for the environment variables it shares)."""
+    m = _DURATION.match(raw)
+    if m is None:
+        raise ValueError(f"{what} {raw!r}: write a duration like 500ms, 30s, 5m or 1h")
+    seconds = float(m.group(1)) * _UNIT_S[m.group(2)]
+    if not 0 < seconds <= DURATION_MAX_S:
+        raise ValueError(f"{what} {raw!r}: it must be positive and at most a year")
+    return seconds

@@ -1,0 +1,143 @@
+"""Every call against a real `baton serve`: waiting, all-or-nothing,
+holders, the keeper losing a fenced lease, a restart, bad input and an
+unreachable server."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+import baton
+from baton import errors
+
+from .conftest import Server
+
+
+def test_every_call_round_trips(server: Server) -> None:
+    c = baton.Client(server.address, holder="py test 1")
+    lease = c.acquire("py:a", ttl_s=5)
+    assert lease.token > 1 << 40
+    assert 4.9 < lease.valid_for() <= 5.0
+    with pytest.raises(errors.NotAcquired) as held:
+        c.acquire("py:a", ttl_s=5)
+    assert held.value.holder_token == lease.token
+    assert held.value.reason == "held"
+    renewed = c.renew(lease)
+    assert renewed.token == lease.token
+    assert renewed.valid_until > lease.valid_until
+    st = c.status("py:a")
+    assert (st.holder_token, st.holder, st.n_waiters) == (lease.token, "py test 1", 0)
+    assert c.list("py:")[0].resource == "py:a"
+    assert c.release(lease) is True
+    assert c.release(lease) is False, "a second release changes nothing"
+    with pytest.raises(errors.NotOwner):
+        c.renew(lease)
+    f = c.fence("py:a")
+    assert f.token > lease.token and f.revoked_token is None
+    again = c.acquire("py:a", ttl_s=5)
+    assert again.token > f.token, "a fence's token is below every later grant"
+
+
+def test_a_waiter_gets_the_lease_when_it_is_released(server: Server) -> None:
+    c = baton.Client(server.address)
+    first = c.acquire("py:wait", ttl_s=5)
+    got: list[baton.Lease] = []
+    t = threading.Thread(target=lambda: got.append(c.acquire("py:wait", ttl_s=5, wait_s=5)))
+    t.start()
+    deadline = time.monotonic() + 5
+    while c.status("py:wait").n_waiters == 0:
+        assert time.monotonic() < deadline, "the waiter never queued"
+        time.sleep(0.01)
+    c.release(first)
+    t.join(5)
+    assert got and got[0].token > first.token
+    with pytest.raises(errors.NotAcquired) as timed_out:
+        c.acquire("py:wait", ttl_s=5, wait_s=0.2)
+    assert timed_out.value.reason == "timed_out"
+
+
+def test_multi_acquire_is_all_or_nothing(server: Server) -> None:
+    c = baton.Client(server.address)
+    b = c.acquire("py:m:b", ttl_s=5)
+    with pytest.raises(errors.NotAcquired) as refused:
+        c.acquire_all(["py:m:a", "py:m:b", "py:m:c"], ttl_s=5)
+    assert refused.value.resource == "py:m:b"
+    assert c.status("py:m:a").holder_token is None, "nothing was granted"
+    c.release(b)
+    leases = c.acquire_all(["py:m:a", "py:m:b", "py:m:c"], ttl_s=5)
+    assert [x.resource for x in leases] == ["py:m:a", "py:m:b", "py:m:c"]
+    assert len({x.token for x in leases}) == 3
+    assert [x.resource for x in c.list_all("py:m:", page=2)] == ["py:m:a", "py:m:b", "py:m:c"]
+
+
+def test_the_keeper_renews_and_stops_vouching_once_fenced(server: Server) -> None:
+    c = baton.Client(server.address)
+    with c.lease("py:kept", ttl_s=0.6) as kept:
+        first_safe = kept.safe_until
+        time.sleep(0.7)  # longer than the TTL: only renewals keep it
+        kept.check()
+        assert kept.safe_until > first_safe
+        assert c.status("py:kept").holder_token == kept.token
+        c.fence("py:kept")
+        assert kept.lost.wait(2), "the next renewal learns of the fence"
+        with pytest.raises(errors.OwnershipLost, match="no longer knows"):
+            kept.check()
+    # Lost: the keeper did not release (the fence's successor may hold it).
+    assert c.status("py:kept").holder_token is None
+
+
+def test_a_stopped_server_makes_the_keeper_give_up_at_its_safe_until(server: Server) -> None:
+    import signal
+
+    c = baton.Client(server.address, timeout_s=0.3)
+    with c.lease("py:paused", ttl_s=0.6) as kept:
+        server.signal(signal.SIGSTOP)
+        try:
+            assert kept.lost.wait(2), "lost without any answer from the server"
+            assert time.monotonic() >= kept.safe_until
+            assert kept.safe_until <= kept.lease.valid_until
+            with pytest.raises(errors.OwnershipLost, match="safe-until"):
+                kept.check()
+        finally:
+            server.signal(signal.SIGCONT)
+
+
+def test_a_lease_survives_a_restart_with_its_token_and_holder(server: Server) -> None:
+    c = baton.Client(server.address, holder="survivor")
+    lease = c.acquire("py:restart", ttl_s=30)
+    server.restart()
+    st = c.status("py:restart")
+    assert (st.holder_token, st.holder) == (lease.token, "survivor")
+    assert c.renew(lease).token == lease.token
+
+
+def test_bad_input_is_refused_before_sending_and_the_servers_rule_is_named(
+    server: Server,
+) -> None:
+    c = baton.Client(server.address)
+    with pytest.raises(ValueError, match="whitespace"):
+        c.acquire(" py:x", ttl_s=5)
+    with pytest.raises(ValueError, match="positive"):
+        c.acquire("py:x", ttl_s=0)
+    with pytest.raises(ValueError, match="control character"):
+        baton.Client(server.address, holder="a\nb")
+    with pytest.raises(ValueError, match="list of names"):
+        c.acquire_all("py:x")
+    with pytest.raises(errors.InvalidArgument, match="ttl 3600000ms is out of range"):
+        c.acquire("py:x", ttl_s=3600)
+
+
+def test_an_unreachable_server_fails_within_the_timeout_naming_the_addresses() -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    c = baton.Client(f"127.0.0.1:{port}", timeout_s=1)
+    started = time.monotonic()
+    with pytest.raises(errors.Unavailable, match=f"127.0.0.1:{port}") as e:
+        c.status("py:x")
+    assert e.value.definite
+    assert time.monotonic() - started < 3

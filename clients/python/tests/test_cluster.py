@@ -1,0 +1,61 @@
+"""A three-server cluster on PostgreSQL: the leader SIGKILLed while a
+Python worker holds a lease; the worker keeps its lease, with the same
+token, on the new leader."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import baton
+from baton import errors
+
+from .conftest import Server, free_port
+
+
+def leader(nodes: list[Server], skip: int = -1) -> int:
+    deadline = time.monotonic() + 30
+    while True:
+        for i, n in enumerate(nodes):
+            if i != skip and "ok leader" in n.healthz():
+                return i
+        assert time.monotonic() < deadline, "no leader within 30 s"
+        time.sleep(0.05)
+
+
+def test_a_held_lease_keeps_its_token_through_a_leader_kill(tmp_dir: str, pg_db: str) -> None:
+    nodes = [
+        Server(
+            os.path.join(tmp_dir, f"n{i}"),
+            ["--store", pg_db, "--leader-ttl", "1s"],
+            listen=f"127.0.0.1:{free_port()}",
+        )
+        for i in range(3)
+    ]
+    try:
+        first = leader(nodes)
+        c = baton.Client(",".join(n.address for n in nodes), holder="py cluster worker")
+        with c.lease("py:cluster", ttl_s=30, renew_interval_s=0.2) as kept:
+            token = kept.token
+            nodes[first].kill9()
+            new = leader(nodes, skip=first)
+            assert new != first
+            renewed = None
+            failures = 0
+            deadline = time.monotonic() + 30
+            while renewed is None:
+                try:
+                    renewed = c.renew(kept.lease)
+                except errors.BatonError as e:
+                    assert e.definite or isinstance(e, errors.Indeterminate)
+                    failures += 1
+                    assert time.monotonic() < deadline
+                    time.sleep(0.05)
+            assert renewed.token == token
+            kept.check()
+            st = c.status("py:cluster")
+            assert (st.holder_token, st.holder) == (token, "py cluster worker")
+            print(f"renewals that failed during the failover: {failures}")
+    finally:
+        for n in nodes:
+            n.stop()

@@ -1,0 +1,27 @@
+"""The README's Python example runs as written against a real server."""
+
+from __future__ import annotations
+
+import pathlib
+import subprocess
+import sys
+
+from .conftest import Server
+
+README = pathlib.Path(__file__).resolve().parents[3] / "README.md"
+
+
+def test_the_readme_python_example_runs_as_written(server: Server) -> None:
+    text = README.read_text()
+    section = text[text.index("### From Python") :]
+    start = section.index("```python\n") + len("```python\n")
+    code = section[start : section.index("```", start)]
+    out = subprocess.run(
+        [sys.executable, "-c", code.replace('"127.0.0.1:7700"', repr(server.address))],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("holding statement:account-42:2026-09-13 with token "), out.stdout
