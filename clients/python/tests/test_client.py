@@ -72,9 +72,10 @@ def test_multi_acquire_is_all_or_nothing(server: Server) -> None:
     assert [x.resource for x in c.list_all("py:m:", page=2)] == ["py:m:a", "py:m:b", "py:m:c"]
 
 
-def test_the_keeper_renews_and_stops_vouching_once_fenced(server: Server) -> None:
+@pytest.mark.parametrize("on_session", [True, False])
+def test_the_keeper_renews_and_stops_vouching_once_fenced(server: Server, on_session: bool) -> None:
     c = baton.Client(server.address)
-    with c.lease("py:kept", ttl_s=0.6) as kept:
+    with c.lease("py:kept", ttl_s=0.6, session=on_session) as kept:
         first_safe = kept.safe_until
         time.sleep(0.7)  # longer than the TTL: only renewals keep it
         kept.check()
@@ -82,22 +83,26 @@ def test_the_keeper_renews_and_stops_vouching_once_fenced(server: Server) -> Non
         assert c.status("py:kept").holder_token == kept.token
         c.fence("py:kept")
         assert kept.lost.wait(2), "the next renewal learns of the fence"
-        with pytest.raises(errors.OwnershipLost, match="no longer knows"):
+        with pytest.raises(errors.OwnershipLost, match=r"revoked|no longer knows"):
             kept.check()
     # Lost: the keeper did not release (the fence's successor may hold it).
     assert c.status("py:kept").holder_token is None
 
 
-def test_a_stopped_server_makes_the_keeper_give_up_at_its_safe_until(server: Server) -> None:
+@pytest.mark.parametrize("on_session", [True, False])
+def test_a_stopped_server_makes_the_keeper_give_up_at_its_safe_until(
+    server: Server, on_session: bool
+) -> None:
     import signal
 
     c = baton.Client(server.address, timeout_s=0.3)
-    with c.lease("py:paused", ttl_s=0.6) as kept:
+    with c.lease("py:paused", ttl_s=0.6, session=on_session) as kept:
         server.signal(signal.SIGSTOP)
         try:
             assert kept.lost.wait(2), "lost without any answer from the server"
             assert time.monotonic() >= kept.safe_until
-            assert kept.safe_until <= kept.lease.valid_until
+            if not on_session:
+                assert kept.safe_until <= kept.lease.valid_until
             with pytest.raises(errors.OwnershipLost, match="safe-until"):
                 kept.check()
         finally:

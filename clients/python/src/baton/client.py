@@ -199,6 +199,7 @@ class Client:
         self._lock = threading.Lock()
         self._current = 0
         self._channels: dict[str, grpc.Channel] = {}
+        self._sessions: dict[float | None, Any] = {}
 
     # -- connections ------------------------------------------------------
 
@@ -206,10 +207,17 @@ class Client:
         with self._lock:
             channel = self._channels.get(address)
             if channel is None:
+                # Reconnect soon after a server comes back (gRPC's default
+                # first backoff is a second, during which calls fail fast).
+                options = [
+                    ("grpc.initial_reconnect_backoff_ms", 100),
+                    ("grpc.min_reconnect_backoff_ms", 100),
+                    ("grpc.max_reconnect_backoff_ms", 1000),
+                ]
                 if self._credentials is not None:
-                    channel = grpc.secure_channel(address, self._credentials)
+                    channel = grpc.secure_channel(address, self._credentials, options)
                 else:
-                    channel = grpc.insecure_channel(address)
+                    channel = grpc.insecure_channel(address, options)
                 self._channels[address] = channel
         return pb_grpc.LeasesStub(channel)
 
@@ -230,13 +238,6 @@ class Client:
             if self._addresses[self._current] == address:
                 self._current = (self._current + 1) % len(self._addresses)
 
-    def close(self) -> None:
-        """Closes every connection."""
-        with self._lock:
-            for channel in self._channels.values():
-                channel.close()
-            self._channels.clear()
-
     def __enter__(self) -> Client:
         return self
 
@@ -251,7 +252,6 @@ class Client:
         timeout; any other failure is raised as it is, never repeated."""
         timeout_s = self.timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + timeout_s
-        pause = 0.02
         tried: list[str] = []
         while True:
             address = self.current_server()
@@ -260,21 +260,38 @@ class Client:
                 return rpc(request, timeout=timeout_s + extra_s, metadata=self._metadata)
             except grpc.RpcError as e:
                 tried.append(address)
-                hint = _leader_hint(e)
-                several = len(self._addresses) > 1
-                if hint and _address(hint) != address:
-                    self._switch_to(hint)
-                elif hint is not None or _never_connected(e):
-                    if not several:
-                        raise self._unavailable(e, tried) from None
-                    self._rotate(address)
-                else:
-                    raise map_error(e, address, timeout_s + extra_s) from None
-                if time.monotonic() >= deadline:
-                    raise self._unavailable(e, tried) from None
-                if len(tried) % len(self._addresses) == 0:
-                    time.sleep(pause)
-                    pause = min(pause * 2, 0.5)
+                if not self._follow(e, address, deadline, tried):
+                    raise self._error(e, address, timeout_s + extra_s) from None
+
+    def _follow(
+        self, e: grpc.RpcError, address: str, deadline: float, tried: list[str] | None = None
+    ) -> bool:
+        """After a call at ``address`` failed with ``e``: True if the server
+        certainly did nothing and the call should go to the next server
+        (the named leader, or the next address; already switched to),
+        False if ``e`` must be raised. Raises :class:`errors.Unavailable`
+        once every server was tried and ``deadline`` passed."""
+        tried = tried if tried is not None else [address]
+        hint = _leader_hint(e)
+        if hint and _address(hint) != address:
+            self._switch_to(hint)
+        elif hint is not None or _never_connected(e):
+            # Nothing was sent: trying again (here, or on the next server)
+            # is safe until the deadline. A lone server is tried again too:
+            # a restarted one is back before the channel's next reconnect.
+            self._rotate(address)
+        else:
+            return False
+        if time.monotonic() >= deadline:
+            raise self._unavailable(e, tried) from None
+        if len(tried) % len(self._addresses) == 0:
+            time.sleep(min(0.02 * 2 ** (len(tried) // len(self._addresses)), 0.5))
+        return True
+
+    def _error(
+        self, e: grpc.RpcError, address: str, timeout_s: float | None = None
+    ) -> errors.BatonError:
+        return map_error(e, address, self.timeout_s if timeout_s is None else timeout_s)
 
     def _unavailable(self, e: grpc.RpcError, tried: list[str]) -> errors.Unavailable:
         details = e.details() or ""
@@ -373,19 +390,66 @@ class Client:
         r = self._call("Fence", pb.FenceRequest(resource=check_resource(resource)))
         return Fenced(token=r.token, revoked_token=r.revoked_token if r.revoked else None)
 
+    def open_session(self, ttl_s: float | None = None) -> Any:
+        """Opens a :class:`baton.session.Session` on the leader: one
+        stream, one heartbeat thread, many leases tied to it. ``ttl_s``
+        None: the server's default TTL."""
+        from baton.session import Session
+
+        return Session(self, ttl_s)
+
+    def session(self, ttl_s: float | None = None) -> Any:
+        """The session this client shares among its users for ``ttl_s``,
+        opened on first use and again after one ended."""
+        key = ttl_s
+        with self._lock:
+            s = self._sessions.get(key)
+        if s is not None and not s.ended.is_set():
+            return s
+        s = self.open_session(ttl_s)
+        with self._lock:
+            self._sessions[key] = s
+        return s
+
     def lease(
         self,
         resource: str,
         ttl_s: float | None = None,
         wait_s: float = 0,
+        *,
+        session: bool = True,
         **keeper_options: Any,
     ) -> Any:
-        """``with client.lease(name, ttl_s=30) as kept:`` acquires, keeps the
-        lease on a background thread and releases it on exit; see
-        :class:`baton.keeper.Keeper`."""
-        from baton.keeper import Keeper
+        """``with client.lease(name, ttl_s=30) as kept:`` acquires, keeps
+        the lease and releases it on exit. By default the lease is tied to
+        this client's shared session for ``ttl_s`` (one heartbeat for all
+        its leases; :class:`baton.keeper.SessionKeeper`); ``session=False``
+        renews it on its own (:class:`baton.keeper.Keeper`)."""
+        from baton.keeper import Keeper, SessionKeeper
 
-        return Keeper.acquire(self, resource, ttl_s, wait_s, **keeper_options)
+        if not session:
+            return Keeper.acquire(self, resource, ttl_s, wait_s, **keeper_options)
+        if keeper_options:
+            raise TypeError(
+                f"{', '.join(keeper_options)}: options of a lease renewed on its own "
+                "(session=False); a session's heartbeat keeps this one"
+            )
+        s = self.session(ttl_s)
+        return SessionKeeper(s, s.acquire(resource, wait_s))
+
+    def close(self) -> None:
+        """Closes this client's sessions (releasing their leases) and
+        every connection."""
+        with self._lock:
+            sessions = list(self._sessions.values())
+            self._sessions.clear()
+        for s in sessions:
+            with contextlib.suppress(errors.BatonError):
+                s.close()
+        with self._lock:
+            for channel in self._channels.values():
+                channel.close()
+            self._channels.clear()
 
 
 def granted(response: Any, sent: float, n: int) -> list[Lease]:

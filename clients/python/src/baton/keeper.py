@@ -28,6 +28,7 @@ from baton import errors
 
 if TYPE_CHECKING:
     from baton.client import Client, Lease
+    from baton.session import Session
 
 Clock = Callable[[], float]
 
@@ -43,9 +44,70 @@ def safe_until(sent: float, granted_s: float, margin: float) -> float:
     return sent + granted_s - margin
 
 
-class Keeper:
-    """Keeps one lease until :meth:`stop` (or the ``with`` block's end,
-    which also releases it). See the module docs."""
+class Kept:
+    """What a worker asks of a kept lease, however it is kept."""
+
+    lost: threading.Event
+    loss_reason: str | None
+    _lock: threading.Lock
+
+    @property
+    def lease(self) -> Lease:
+        raise NotImplementedError
+
+    @property
+    def safe_until(self) -> float:
+        """Monotonic seconds (``time.monotonic()``) until which the lease
+        is certainly held, or was when last acknowledged."""
+        raise NotImplementedError
+
+    def _now(self) -> float:
+        return time.monotonic()
+
+    def _uncertain(self) -> str | None:
+        """Why ownership is no longer certain now, if it is not."""
+        if self._now() >= self.safe_until:
+            return "no renewal or heartbeat was acknowledged before the lease's safe-until"
+        return None
+
+    @property
+    def token(self) -> int:
+        """The fencing token: carry it into every protected write."""
+        return self.lease.token
+
+    @property
+    def resource(self) -> str:
+        return self.lease.resource
+
+    def _lose(self, why: str) -> None:
+        with self._lock:
+            if self.loss_reason is None:
+                self.loss_reason = why
+        self.lost.set()
+
+    def is_owner(self) -> bool:
+        """True while ownership is certain; False forever once it was not."""
+        if self.lost.is_set():
+            return False
+        why = self._uncertain()
+        if why is not None:
+            self._lose(why)
+            return False
+        return True
+
+    def check(self) -> None:
+        """Raises :class:`errors.OwnershipLost` unless ownership is certain
+        now. Once it raised, it always raises."""
+        if not self.is_owner():
+            raise errors.OwnershipLost(
+                f"{self.resource} (token {self.token}): {self.loss_reason}; stop the work"
+            )
+
+
+class Keeper(Kept):
+    """Keeps one lease with its own TTL by unary renewals on a thread,
+    until :meth:`stop` (or the ``with`` block's end, which also releases
+    it). See the module docs."""
 
     def __init__(
         self,
@@ -99,45 +161,14 @@ class Keeper:
             return self._lease
 
     @property
-    def token(self) -> int:
-        """The fencing token: carry it into every protected write."""
-        return self.lease.token
-
-    @property
-    def resource(self) -> str:
-        return self.lease.resource
-
-    @property
     def safe_until(self) -> float:
-        """Monotonic seconds (``time.monotonic()``) until which the lease
-        is certainly held, or was when last acknowledged."""
         with self._lock:
             return self._safe_until
 
-    def is_owner(self) -> bool:
-        """True while ownership is certain; False forever once it was not."""
-        if self.lost.is_set():
-            return False
-        if self._clock() >= self.safe_until:
-            self._lose("no renewal was acknowledged before the lease's safe-until")
-            return False
-        return True
-
-    def check(self) -> None:
-        """Raises :class:`errors.OwnershipLost` unless ownership is certain
-        now. Once it raised, it always raises."""
-        if not self.is_owner():
-            raise errors.OwnershipLost(
-                f"{self.resource} (token {self.token}): {self.loss_reason}; stop the work"
-            )
+    def _now(self) -> float:
+        return self._clock()
 
     # -- the background thread --------------------------------------------
-
-    def _lose(self, why: str) -> None:
-        with self._lock:
-            if self.loss_reason is None:
-                self.loss_reason = why
-        self.lost.set()
 
     def _run(self) -> None:
         next_renew = self._clock() + self._interval
@@ -192,3 +223,67 @@ class Keeper:
             # If the release fails, the lease runs out at its TTL.
             with contextlib.suppress(errors.BatonError):
                 self._client.release(lease)
+
+
+class SessionKeeper(Kept):
+    """Follows one lease tied to a session: it is held while the session
+    is, so its safe-until is the session's (the last acknowledged
+    heartbeat's send time plus the TTL, minus the margin). It is lost when
+    that passes, when the session ends, or when a heartbeat reports the
+    lease fenced. A thread sets :attr:`lost` when that happens; the ``with``
+    block's end releases the lease (the session lives on)."""
+
+    def __init__(self, session: Session, lease: Lease) -> None:
+        self._session = session
+        self._lease = lease
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self.lost = threading.Event()
+        self.loss_reason = None
+        self._thread = threading.Thread(
+            target=self._watch, name=f"baton-kept {lease.resource}", daemon=True
+        )
+        self._thread.start()
+
+    @property
+    def lease(self) -> Lease:
+        return self._lease
+
+    @property
+    def session(self) -> Session:
+        return self._session
+
+    @property
+    def safe_until(self) -> float:
+        if self._lease.session_bound:
+            return self._session.safe_until
+        return min(self._session.safe_until, self._lease.valid_until - margin_s(self._lease.ttl_s))
+
+    def _uncertain(self) -> str | None:
+        revoked = self._session.revoked_token(self._lease.resource)
+        if revoked == self._lease.token:
+            return "a heartbeat reported the lease revoked (fenced)"
+        if self._session.ended.is_set():
+            return f"the session ended ({self._session.why()})"
+        if self._now() >= self.safe_until:
+            return "no heartbeat was acknowledged before the session's safe-until"
+        return None
+
+    def _watch(self) -> None:
+        while not self._stop.is_set() and self.is_owner():
+            left = self.safe_until - self._now()
+            self._session.ended.wait(max(0.0, min(left, self._session.ttl_s / 6)))
+
+    def stop(self) -> Lease:
+        """Stops following the lease (it stays held while the session is)."""
+        self._stop.set()
+        return self._lease
+
+    def __enter__(self) -> SessionKeeper:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        lease = self.stop()
+        if not self.lost.is_set():
+            with contextlib.suppress(errors.BatonError):
+                self._session.release(lease)

@@ -102,8 +102,9 @@ class SessionRequest(google.protobuf.message.Message):
     @property
     def close(self) -> global___CloseSession:
         """End the session: its leases are released and its waiters withdrawn.
-        With auth on, needs `lease` on every resource the session holds
-        (refused with PERMISSION_DENIED otherwise; nothing changes).
+        With auth on, judged like a resume: the opener (or an administrator)
+        with `lease` on every resource the session holds (refused with
+        PERMISSION_DENIED otherwise; nothing changes).
         """
 
     def __init__(
@@ -139,9 +140,12 @@ class OpenSession(google.protobuf.message.Message):
     resume: builtins.bytes
     """Empty: open a new session. Otherwise the 16-byte id of a session opened
     before; the answer is `ended` if it is no longer open. With auth on,
-    the caller needs `lease` on every resource the session holds or has
-    yet to report as revoked (PERMISSION_DENIED otherwise, naming the rule
-    and not the resources; nothing changes).
+    the caller must be the principal that opened the session (or hold
+    `admin` on every name; a session opened without auth, or stored by a
+    server before openers were, has no opener) and needs `lease` on every
+    resource the session holds or has yet to report as revoked
+    (PERMISSION_DENIED otherwise, naming the rule and neither the opener
+    nor the resources; nothing changes).
     """
     def __init__(
         self,
