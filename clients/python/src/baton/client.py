@@ -4,6 +4,7 @@ never repeating a call that may have taken effect."""
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import threading
 import time
@@ -199,13 +200,17 @@ class Client:
         self._lock = threading.Lock()
         self._current = 0
         self._channels: dict[str, grpc.Channel] = {}
+        self._watch_channels: dict[str, grpc.Channel] = {}
         self._sessions: dict[float | None, Any] = {}
 
     # -- connections ------------------------------------------------------
 
-    def _stub(self, address: str) -> pb_grpc.LeasesStub:
+    def _stub(self, address: str, own: bool = False) -> pb_grpc.LeasesStub:
+        """A stub on the shared channel to ``address``, or with ``own`` on a
+        channel for watches alone (a slow watcher must not hold up leases)."""
+        channels = self._watch_channels if own else self._channels
         with self._lock:
-            channel = self._channels.get(address)
+            channel = channels.get(address)
             if channel is None:
                 # Reconnect soon after a server comes back (gRPC's default
                 # first backoff is a second, during which calls fail fast).
@@ -218,7 +223,7 @@ class Client:
                     channel = grpc.secure_channel(address, self._credentials, options)
                 else:
                     channel = grpc.insecure_channel(address, options)
-                self._channels[address] = channel
+                channels[address] = channel
         return pb_grpc.LeasesStub(channel)
 
     def current_server(self) -> str:
@@ -398,6 +403,27 @@ class Client:
 
         return Session(self, ttl_s)
 
+    def with_holder(self, holder: str) -> Client:
+        """This client (its servers, credentials and connections) with
+        another holder description, and sessions of its own."""
+        other = copy.copy(self)
+        other.holder = check_holder(holder)
+        other._sessions = {}
+        return other
+
+    def watch(self, prefix: str = "") -> Any:
+        """Watches every change of holder under ``prefix`` (see
+        :class:`baton.watch.Watch`); needs ``read`` on the prefix."""
+        from baton.watch import Watch
+
+        return Watch(self, prefix)
+
+    def election(self, name: str) -> Any:
+        """The fenced election named ``name`` (see :class:`baton.watch.Election`)."""
+        from baton.watch import Election
+
+        return Election(self, name)
+
     def session(self, ttl_s: float | None = None) -> Any:
         """The session this client shares among its users for ``ttl_s``,
         opened on first use and again after one ended."""
@@ -447,9 +473,10 @@ class Client:
             with contextlib.suppress(errors.BatonError):
                 s.close()
         with self._lock:
-            for channel in self._channels.values():
+            for channel in [*self._channels.values(), *self._watch_channels.values()]:
                 channel.close()
             self._channels.clear()
+            self._watch_channels.clear()
 
 
 def granted(response: Any, sent: float, n: int) -> list[Lease]:

@@ -1,0 +1,216 @@
+"""Watching holder changes under a prefix, and fenced leader elections
+built on it.
+
+A watch starts from a snapshot of the holders at a sequence number, then
+yields every later change in commit order, with no gap. It ends with
+:class:`WatchEnded` when the server restarts or stops leading: watch
+again, from a new snapshot. A watcher that reads too slowly is cut off
+(:class:`errors.Exhausted`), never buffered without bound.
+
+An election is one lease: candidates wait in line for its name on a
+session whose holder description is their value; the leader is the
+holder, with a fencing token above every earlier leader's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import grpc
+
+from baton import errors
+from baton._proto import baton_pb2 as pb
+from baton.rules import check_holder, check_resource
+
+if TYPE_CHECKING:
+    from baton.client import Client
+    from baton.keeper import SessionKeeper
+
+
+class WatchEnded(errors.BatonError):
+    """The server ended the watch (a restart, a leadership change, a
+    shutdown): watch again, from a new snapshot."""
+
+
+@dataclass(frozen=True)
+class Holder:
+    """A holder in a watch's snapshot."""
+
+    resource: str
+    token: int
+    remaining_s: float
+    n_waiters: int
+    holder: str | None
+
+
+@dataclass(frozen=True)
+class Change:
+    """One change of holder."""
+
+    seq: int
+    #: ``granted``, ``handed_off``, ``released``, ``expired`` or ``fenced``.
+    kind: str
+    resource: str
+    #: The lease's token; for a fence, the fence's own.
+    token: int
+    #: For a fence: the revoked lease's token, if one was held.
+    revoked_token: int | None
+    #: The new holder's description (a grant), or the one that lost it.
+    holder: str | None
+
+
+_KINDS = {1: "granted", 2: "handed_off", 3: "released", 4: "expired", 5: "fenced"}
+
+
+class Watch:
+    """An open watch: :attr:`holders` at :attr:`seq`, then iterate for
+    each :class:`Change`. Close it (or leave the ``with`` block) to stop."""
+
+    def __init__(self, client: Client, prefix: str) -> None:
+        self._call: Any = None
+        deadline = time.monotonic() + client.timeout_s
+        while True:
+            address = client.current_server()
+            # A channel of its own: a slow watcher must not hold up leases.
+            stub = client._stub(address, own=True)
+            call = stub.Watch(pb.WatchRequest(prefix=prefix), metadata=tuple(client._metadata))
+            try:
+                first = next(iter(call))
+            except grpc.RpcError as e:
+                if client._follow(e, address, deadline):
+                    continue
+                raise _ended(e, client, address) from None
+            self._call = call
+            break
+        self._client = client
+        self.holders: list[Holder] = []
+        snapshot = first
+        while True:
+            if snapshot.WhichOneof("body") != "snapshot":
+                raise errors.Indeterminate(f"a watch must start with its snapshot: {snapshot}")
+            s = snapshot.snapshot
+            self.seq: int = s.seq
+            for h in s.holders:
+                self.holders.append(
+                    Holder(
+                        h.resource, h.token, h.remaining_ms / 1000, h.n_waiters, h.holder or None
+                    )
+                )
+            if s.complete:
+                break
+            try:
+                snapshot = next(iter(call))
+            except grpc.RpcError as e:
+                raise _ended(e, client, address) from None
+        self._address = address
+        self._pending: queue.SimpleQueue[Change] = queue.SimpleQueue()
+
+    def __iter__(self) -> Iterator[Change]:
+        return self
+
+    def __next__(self) -> Change:
+        if not self._pending.empty():
+            return self._pending.get()
+        try:
+            message = next(iter(self._call))
+        except grpc.RpcError as e:
+            raise _ended(e, self._client, self._address) from None
+        if message.WhichOneof("body") != "events":
+            raise errors.Indeterminate(f"unexpected message on a watch: {message}")
+        for ev in message.events.events:
+            self._pending.put(
+                Change(
+                    seq=ev.seq,
+                    kind=_KINDS.get(ev.kind, "unknown"),
+                    resource=ev.resource,
+                    token=ev.token,
+                    revoked_token=ev.revoked_token or None,
+                    holder=ev.holder or None,
+                )
+            )
+        return self._pending.get()
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self._call.cancel()
+
+    def __enter__(self) -> Watch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _ended(e: grpc.RpcError, client: Client, address: str) -> errors.BatonError:
+    code = e.code()
+    if code == grpc.StatusCode.CANCELLED:
+        return WatchEnded("the watch was closed")
+    if code == grpc.StatusCode.UNAVAILABLE:
+        return WatchEnded(f"{e.details()}: watch again, from a new snapshot")
+    return client._error(e, address)
+
+
+@dataclass(frozen=True)
+class Leader:
+    """The leader as others see it."""
+
+    token: int
+    value: str | None
+
+
+class Election:
+    """One election: a resource name whose holder is the leader."""
+
+    def __init__(self, client: Client, name: str) -> None:
+        self._client = client
+        self.name = check_resource(name)
+
+    def campaign(
+        self, value: str, ttl_s: float | None = None, wait_s: float = 60
+    ) -> SessionKeeper | None:
+        """Waits in line, first come first served, on a new session whose
+        holder description is ``value``, until this candidate leads
+        (a :class:`baton.keeper.SessionKeeper` of the leadership: its
+        ``token``, ``check()``, ``lost``; leaving its ``with`` block, or
+        closing its session, resigns) or ``wait_s`` runs out (None)."""
+        from baton.keeper import SessionKeeper
+
+        session = self._client.with_holder(check_holder(value)).open_session(ttl_s)
+        try:
+            lease = session.acquire(self.name, wait_s)
+        except errors.NotAcquired:
+            session.close()
+            return None
+        except BaseException:
+            with contextlib.suppress(errors.BatonError):
+                session.close()
+            raise
+        return SessionKeeper(session, lease)
+
+    def leader(self) -> Leader | None:
+        """The current leader, if any."""
+        st = self._client.status(self.name)
+        if st.holder_token is None:
+            return None
+        return Leader(st.holder_token, st.holder)
+
+    def observe(self) -> Iterator[tuple[Change | None, Leader | None]]:
+        """The leader now (``(None, leader)``), then each change of leader
+        as ``(change, leader)``: a grant or hand-off names the new leader,
+        a release, expiry or fence leaves none. Ends with
+        :class:`WatchEnded` at a restart or failover: observe again."""
+        with Watch(self._client, self.name) as w:
+            now = next((h for h in w.holders if h.resource == self.name), None)
+            yield None, (Leader(now.token, now.holder) if now else None)
+            for change in w:
+                if change.resource != self.name:
+                    continue
+                if change.kind in ("granted", "handed_off"):
+                    yield change, Leader(change.token, change.holder)
+                else:
+                    yield change, None
