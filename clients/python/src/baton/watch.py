@@ -67,6 +67,23 @@ class Change:
 _KINDS = {1: "granted", 2: "handed_off", 3: "released", 4: "expired", 5: "fenced"}
 
 
+def holder_of(h: Any) -> Holder:
+    """A snapshot entry as a :class:`Holder`."""
+    return Holder(h.resource, h.token, h.remaining_ms / 1000, h.n_waiters, h.holder or None)
+
+
+def change_of(ev: Any) -> Change:
+    """A wire event as a :class:`Change`."""
+    return Change(
+        seq=ev.seq,
+        kind=_KINDS.get(ev.kind, "unknown"),
+        resource=ev.resource,
+        token=ev.token,
+        revoked_token=ev.revoked_token or None,
+        holder=ev.holder or None,
+    )
+
+
 class Watch:
     """An open watch: :attr:`holders` at :attr:`seq`, then iterate for
     each :class:`Change`. Close it (or leave the ``with`` block) to stop."""
@@ -95,12 +112,7 @@ class Watch:
                 raise errors.Indeterminate(f"a watch must start with its snapshot: {snapshot}")
             s = snapshot.snapshot
             self.seq: int = s.seq
-            for h in s.holders:
-                self.holders.append(
-                    Holder(
-                        h.resource, h.token, h.remaining_ms / 1000, h.n_waiters, h.holder or None
-                    )
-                )
+            self.holders.extend(holder_of(h) for h in s.holders)
             if s.complete:
                 break
             try:
@@ -123,16 +135,7 @@ class Watch:
         if message.WhichOneof("body") != "events":
             raise errors.Indeterminate(f"unexpected message on a watch: {message}")
         for ev in message.events.events:
-            self._pending.put(
-                Change(
-                    seq=ev.seq,
-                    kind=_KINDS.get(ev.kind, "unknown"),
-                    resource=ev.resource,
-                    token=ev.token,
-                    revoked_token=ev.revoked_token or None,
-                    holder=ev.holder or None,
-                )
-            )
+            self._pending.put(change_of(ev))
         return self._pending.get()
 
     def close(self) -> None:

@@ -1,0 +1,351 @@
+"""What the sync and the asyncio clients share: the values they return,
+the configuration they read, the servers they follow, the requests they
+build and the answers they read. No I/O beyond reading credential files."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from baton import errors
+from baton._proto import baton_pb2 as pb
+from baton.rules import check_holder, check_resource, check_ttl, millis, parse_duration
+
+LEADER_METADATA = "baton-leader"
+TIMEOUT_DEFAULT_S = 10.0
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A granted lease. ``acquisition_id`` is a secret: it renews and
+    releases the lease."""
+
+    resource: str
+    acquisition_id: bytes
+    token: int
+    ttl_s: float
+    #: On this process's ``time.monotonic()`` clock: the request's send
+    #: time, plus the time the server says it waited in line, plus the TTL.
+    #: The server cannot expire the lease before then.
+    valid_until: float
+    session_bound: bool = False
+
+    def valid_for(self) -> float:
+        """Seconds left until :attr:`valid_until` (0 once passed)."""
+        return max(0.0, self.valid_until - time.monotonic())
+
+    def is_expired(self) -> bool:
+        return time.monotonic() >= self.valid_until
+
+
+@dataclass(frozen=True)
+class Status:
+    """A resource as the server reports it (never the acquisition id)."""
+
+    resource: str
+    holder_token: int | None
+    remaining_s: float
+    ttl_s: float
+    n_waiters: int
+    holder: str | None
+
+
+@dataclass(frozen=True)
+class Fenced:
+    """What an operator fence did."""
+
+    token: int
+    revoked_token: int | None
+
+
+def _address(url: str) -> str:
+    """``host:port`` from ``host:port``, ``http://host:port`` or ``https://...``."""
+    url = url.strip()
+    for scheme in ("http://", "https://"):
+        if url.startswith(scheme):
+            url = url[len(scheme) :]
+    return url.rstrip("/")
+
+
+def _read(path: str | None) -> bytes | None:
+    if path is None:
+        return None
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def _never_connected(e: grpc.RpcError) -> bool:
+    """UNAVAILABLE because no connection could be made: nothing was sent."""
+    details = (e.details() or "").lower()
+    return e.code() == grpc.StatusCode.UNAVAILABLE and (
+        "failed to connect" in details
+        or "connection refused" in details
+        or "dns resolution failed" in details
+        or "handshake failed" in details
+    )
+
+
+def map_error(e: grpc.RpcError, address: str, timeout_s: float) -> errors.BatonError:
+    """The exception for a failed call at ``address``: definite when the
+    status says nothing was done, :class:`errors.Indeterminate` otherwise."""
+    code = e.code()
+    details = e.details() or ""
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return errors.Indeterminate(
+            f"no answer from {address} within {timeout_s:g} s: the server may be stopped, "
+            "overloaded or cut off; the request may have taken effect"
+        )
+    if code == grpc.StatusCode.UNAVAILABLE:
+        if _never_connected(e):
+            return errors.Unavailable(f"cannot connect to {address}: {details}")
+        return errors.Indeterminate(
+            f"the connection to {address} broke before an answer came ({details}); "
+            "the request may have taken effect"
+        )
+    if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE):
+        return errors.InvalidArgument(details)
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return errors.Exhausted(details)
+    if code == grpc.StatusCode.UNAUTHENTICATED:
+        return errors.Unauthenticated(details)
+    if code == grpc.StatusCode.PERMISSION_DENIED:
+        return errors.PermissionDenied(details)
+    return errors.Indeterminate(f"{code.name} from {address}: {details}")
+
+
+def _leader_hint(e: grpc.RpcError) -> str | None:
+    """A follower's answer: UNAVAILABLE naming the leader ("" if unknown)."""
+    if e.code() != grpc.StatusCode.UNAVAILABLE:
+        return None
+    for item in e.trailing_metadata() or ():
+        if item.key == LEADER_METADATA:
+            value = item.value
+            return value if isinstance(value, str) else value.decode()
+    return None
+
+
+class Config:
+    """A client's settings, from its arguments or the command line's
+    environment variables (see :class:`baton.Client`)."""
+
+    def __init__(
+        self,
+        servers: str | None,
+        ca_file: str | None,
+        cert_file: str | None,
+        key_file: str | None,
+        token_file: str | None,
+        timeout_s: float | None,
+        holder: str | None,
+    ) -> None:
+        env = os.environ
+        servers = servers if servers is not None else env.get("BATON_SERVER", "127.0.0.1:7700")
+        self.addresses = [_address(s) for s in servers.split(",") if s.strip()]
+        if not self.addresses:
+            raise ValueError("servers: name at least one host:port")
+        ca_file = ca_file or env.get("BATON_TLS_CA")
+        cert_file = cert_file or env.get("BATON_CLIENT_CERT")
+        key_file = key_file or env.get("BATON_CLIENT_KEY")
+        token_file = token_file or env.get("BATON_TOKEN_FILE")
+        if (cert_file is None) != (key_file is None):
+            raise ValueError("a client certificate needs both cert_file and key_file")
+        if cert_file is not None and ca_file is None:
+            raise ValueError("a client certificate needs TLS: give ca_file too")
+        #: (root certificates, private key, certificate chain) for TLS.
+        self.tls: tuple[bytes | None, bytes | None, bytes | None] | None = None
+        if ca_file is not None:
+            self.tls = (_read(ca_file), _read(key_file), _read(cert_file))
+        self.metadata: list[tuple[str, str]] = []
+        if token_file is not None:
+            token = (_read(token_file) or b"").decode().strip()
+            if not token:
+                raise ValueError(f"token file {token_file} is empty")
+            self.metadata.append(("authorization", f"Bearer {token}"))
+        if timeout_s is None:
+            raw = env.get("BATON_TIMEOUT")
+            timeout_s = parse_duration(raw, "BATON_TIMEOUT") if raw else TIMEOUT_DEFAULT_S
+        if timeout_s <= 0:
+            raise ValueError(f"timeout {timeout_s} s: it must be positive")
+        self.timeout_s = timeout_s
+        holder = holder if holder is not None else env.get("BATON_HOLDER")
+        self.holder = check_holder(holder) if holder else None
+
+
+#: Reconnect soon after a server comes back (gRPC's default first backoff
+#: is a second, during which calls fail fast).
+CHANNEL_OPTIONS = [
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
+
+
+class Servers:
+    """The servers of one client and the one its next call goes to."""
+
+    def __init__(self, addresses: list[str]) -> None:
+        self._lock = threading.Lock()
+        self.addresses = list(addresses)
+        self._current = 0
+
+    def current(self) -> str:
+        with self._lock:
+            return self.addresses[self._current]
+
+    def switch_to(self, leader: str) -> None:
+        leader = _address(leader)
+        with self._lock:
+            if leader not in self.addresses:
+                self.addresses.append(leader)
+            self._current = self.addresses.index(leader)
+
+    def rotate(self, address: str) -> None:
+        with self._lock:
+            if self.addresses[self._current] == address:
+                self._current = (self._current + 1) % len(self.addresses)
+
+    def next_try(
+        self, e: grpc.RpcError, address: str, deadline: float, tried: list[str]
+    ) -> float | None:
+        """After a call at ``address`` failed with ``e``: the pause before
+        trying the next server (the named leader, or the next address,
+        already switched to) when the server certainly did nothing; None
+        when ``e`` must be raised. Raises :class:`errors.Unavailable` once
+        ``deadline`` passed."""
+        hint = _leader_hint(e)
+        if hint and _address(hint) != address:
+            self.switch_to(hint)
+        elif hint is not None or _never_connected(e):
+            # Nothing was sent: trying again (here, or on the next server)
+            # is safe until the deadline. A lone server is tried again too:
+            # a restarted one is back before the channel's next reconnect.
+            self.rotate(address)
+        else:
+            return None
+        if time.monotonic() >= deadline:
+            raise unavailable(e, tried)
+        rounds, rest = divmod(len(tried), len(self.addresses))
+        return 0.0 if rest else min(0.02 * 2**rounds, 0.5)
+
+
+def unavailable(e: grpc.RpcError, tried: list[str]) -> errors.Unavailable:
+    details = e.details() or ""
+    servers = ", ".join(dict.fromkeys(tried))
+    return errors.Unavailable(
+        f"no server could serve the call (tried {servers}): {details}; nothing was done"
+    )
+
+
+# -- requests --------------------------------------------------------------
+
+
+def acquire_request(
+    resources: Any, ttl_s: float | None, wait_s: float, holder: str | None
+) -> tuple[Any, int]:
+    """The request of an acquire and how many leases it asks for."""
+    if isinstance(resources, str):
+        raise ValueError("resources: a list of names, not one string")
+    names = [check_resource(r) for r in resources]
+    if not names:
+        raise ValueError("resources: name at least one")
+    request = pb.AcquireRequest(resources=names, wait_ms=millis(wait_s, "wait", zero_ok=True))
+    if ttl_s is not None:
+        request.ttl_ms = millis(check_ttl(ttl_s), "ttl")
+    if holder is not None:
+        request.holder = holder
+    return request, len(names)
+
+
+def renew_request(lease: Lease) -> Any:
+    return pb.RenewRequest(resource=lease.resource, acquisition_id=lease.acquisition_id)
+
+
+def release_request(lease: Lease) -> Any:
+    return pb.ReleaseRequest(resource=lease.resource, acquisition_id=lease.acquisition_id)
+
+
+def list_request(prefix: str, start_after: str, limit: int) -> Any:
+    if not 1 <= limit <= 1000:
+        raise ValueError(f"limit {limit}: it must be between 1 and 1000")
+    return pb.ListRequest(prefix=prefix, start_after=start_after, limit=limit)
+
+
+# -- answers -----------------------------------------------------------------
+
+
+def expired_on_arrival(leases: list[Lease]) -> errors.NotAcquired | None:
+    """The refusal for a grant that came back after its TTL (the caller
+    releases it), or None."""
+    if not any(lease.is_expired() for lease in leases):
+        return None
+    return errors.NotAcquired(
+        "the grant came back after its TTL, counted from when the request was sent",
+        resource=leases[0].resource,
+        reason="expired_on_arrival",
+    )
+
+
+def renewed(lease: Lease, r: Any, sent: float) -> Lease:
+    """The lease after a renewal sent at ``sent``, or :class:`errors.NotOwner`."""
+    if not r.renewed:
+        raise errors.NotOwner(
+            f"{lease.resource}: the lease with token {lease.token} is no longer held "
+            "(expired, released, fenced or replaced); nothing was extended"
+        )
+    return Lease(
+        resource=lease.resource,
+        acquisition_id=lease.acquisition_id,
+        token=r.token,
+        ttl_s=lease.ttl_s,
+        valid_until=sent + r.remaining_ms / 1000,
+        session_bound=lease.session_bound,
+    )
+
+
+def fenced(r: Any) -> Fenced:
+    return Fenced(token=r.token, revoked_token=r.revoked_token if r.revoked else None)
+
+
+def granted(response: Any, sent: float, n: int) -> list[Lease]:
+    """The leases of an :class:`AcquireResponse`, counted from ``sent``, or
+    :class:`errors.NotAcquired`."""
+    which = response.WhichOneof("outcome")
+    if which == "not_acquired":
+        na = response.not_acquired
+        reason = pb.NotAcquired.Reason.Name(na.reason).lower()
+        held = f" (held by token {na.holder_token})" if na.holder_token else ""
+        raise errors.NotAcquired(
+            f"not acquired: {na.resource or 'a resource'} {reason}{held}",
+            resource=na.resource,
+            holder_token=na.holder_token or None,
+            reason=reason,
+        )
+    if which != "granted" or len(response.granted.leases) != n:
+        raise errors.Indeterminate(f"unexpected answer to acquire: {response}")
+    return [
+        Lease(
+            resource=lease.resource,
+            acquisition_id=bytes(lease.acquisition_id),
+            token=lease.token,
+            ttl_s=lease.ttl_ms / 1000,
+            valid_until=sent + (lease.waited_ms + lease.ttl_ms) / 1000,
+            session_bound=lease.session_bound,
+        )
+        for lease in response.granted.leases
+    ]
+
+
+def status(s: Any) -> Status:
+    return Status(
+        resource=s.resource,
+        holder_token=s.holder_token if s.held else None,
+        remaining_s=s.remaining_ms / 1000,
+        ttl_s=s.ttl_ms / 1000,
+        n_waiters=s.n_waiters,
+        holder=s.holder or None,
+    )

@@ -1,0 +1,334 @@
+"""The asyncio twin of :mod:`baton.client`, on ``grpc.aio``: the same
+names, the same rules (leader following, nothing that may have taken
+effect is repeated, the keeper's safe-until from the last acknowledged
+send time), awaited.
+
+    from baton import aio
+
+    async def main() -> None:
+        async with aio.Client("127.0.0.1:7700") as client:
+            async with client.lease("statement:42", ttl_s=30) as kept:
+                kept.check()
+                await publish(..., token=kept.token)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, Callable
+
+import grpc
+import grpc.aio
+
+from baton import _wire, errors
+from baton._proto import baton_pb2 as pb
+from baton._proto import baton_pb2_grpc as pb_grpc
+from baton._wire import Fenced, Lease, Status, granted, map_error
+from baton.keeper import margin_s
+from baton.rules import check_resource
+from baton.watch import Change, Holder, WatchEnded, change_of, holder_of
+
+#: What ``read()`` returns at the end of a stream (not in grpc's stubs).
+_EOF: Any = getattr(grpc.aio, "EOF")  # noqa: B009
+
+__all__ = ["Client", "Fenced", "Keeper", "Lease", "Status", "Watch"]
+
+
+class Client:
+    """See :class:`baton.Client`; every call is a coroutine. Use it from
+    one event loop."""
+
+    def __init__(
+        self,
+        servers: str | None = None,
+        *,
+        ca_file: str | None = None,
+        cert_file: str | None = None,
+        key_file: str | None = None,
+        token_file: str | None = None,
+        timeout_s: float | None = None,
+        holder: str | None = None,
+    ) -> None:
+        config = _wire.Config(servers, ca_file, cert_file, key_file, token_file, timeout_s, holder)
+        self.timeout_s = config.timeout_s
+        self.holder = config.holder
+        self._metadata = tuple(config.metadata)
+        self._servers = _wire.Servers(config.addresses)
+        self._credentials: grpc.ChannelCredentials | None = None
+        if config.tls is not None:
+            root, key, chain = config.tls
+            self._credentials = grpc.ssl_channel_credentials(root, key, chain)
+        self._channels: dict[tuple[str, bool], grpc.aio.Channel] = {}
+
+    def _stub(self, address: str, own: bool = False) -> pb_grpc.LeasesStub:
+        channel = self._channels.get((address, own))
+        if channel is None:
+            options = _wire.CHANNEL_OPTIONS
+            if self._credentials is not None:
+                channel = grpc.aio.secure_channel(address, self._credentials, options)
+            else:
+                channel = grpc.aio.insecure_channel(address, options)
+            self._channels[(address, own)] = channel
+        return pb_grpc.LeasesStub(channel)
+
+    def current_server(self) -> str:
+        return self._servers.current()
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Closes every connection."""
+        channels, self._channels = self._channels, {}
+        for channel in channels.values():
+            await channel.close(None)
+
+    async def _call(
+        self, method: str, request: Any, extra_s: float = 0.0, timeout_s: float | None = None
+    ) -> Any:
+        timeout_s = self.timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + timeout_s
+        tried: list[str] = []
+        while True:
+            address = self.current_server()
+            rpc: Callable[..., Any] = getattr(self._stub(address), method)
+            try:
+                return await rpc(request, timeout=timeout_s + extra_s, metadata=self._metadata)
+            except grpc.RpcError as e:
+                tried.append(address)
+                pause = self._servers.next_try(e, address, deadline, tried)
+                if pause is None:
+                    raise map_error(e, address, timeout_s + extra_s) from None
+                await asyncio.sleep(pause)
+
+    async def acquire(self, resource: str, ttl_s: float | None = None, wait_s: float = 0) -> Lease:
+        return (await self.acquire_all([resource], ttl_s, wait_s))[0]
+
+    async def acquire_all(
+        self, resources: Sequence[str], ttl_s: float | None = None, wait_s: float = 0
+    ) -> list[Lease]:
+        request, n = _wire.acquire_request(resources, ttl_s, wait_s, self.holder)
+        sent = time.monotonic()
+        leases = granted(await self._call("Acquire", request, extra_s=wait_s), sent, n)
+        late = _wire.expired_on_arrival(leases)
+        if late is not None:
+            for lease in leases:
+                with contextlib.suppress(errors.BatonError):
+                    await self.release(lease)
+            raise late
+        return leases
+
+    async def renew(self, lease: Lease, timeout_s: float | None = None) -> Lease:
+        sent = time.monotonic()
+        r = await self._call("Renew", _wire.renew_request(lease), timeout_s=timeout_s)
+        return _wire.renewed(lease, r, sent)
+
+    async def release(self, lease: Lease) -> bool:
+        return bool((await self._call("Release", _wire.release_request(lease))).released)
+
+    async def status(self, resource: str) -> Status:
+        request = pb.StatusRequest(resource=check_resource(resource))
+        return _wire.status(await self._call("Status", request))
+
+    async def list(self, prefix: str = "", start_after: str = "", limit: int = 100) -> list[Status]:
+        request = _wire.list_request(prefix, start_after, limit)
+        return [_wire.status(e) for e in (await self._call("List", request)).entries]
+
+    async def list_all(self, prefix: str = "", page: int = 1000) -> AsyncIterator[Status]:
+        after = ""
+        while True:
+            entries = await self.list(prefix, after, page)
+            for e in entries:
+                yield e
+            if len(entries) < page:
+                return
+            after = entries[-1].resource
+
+    async def fence(self, resource: str) -> Fenced:
+        request = pb.FenceRequest(resource=check_resource(resource))
+        return _wire.fenced(await self._call("Fence", request))
+
+    def lease(
+        self,
+        resource: str,
+        ttl_s: float | None = None,
+        wait_s: float = 0,
+        **keeper_options: float,
+    ) -> Keeper:
+        """``async with client.lease(name, ttl_s=30) as kept:`` acquires,
+        keeps the lease (renewed on its own by a task) and releases it."""
+        return Keeper(self, resource, ttl_s, wait_s, **keeper_options)
+
+    async def watch(self, prefix: str = "") -> Watch:
+        """Watches every change of holder under ``prefix``: the snapshot is
+        read before this returns; ``async for change in watch``."""
+        deadline = time.monotonic() + self.timeout_s
+        tried: list[str] = []
+        while True:
+            address = self.current_server()
+            call = self._stub(address, own=True).Watch(
+                pb.WatchRequest(prefix=prefix), metadata=self._metadata
+            )
+            try:
+                return await Watch.start(call)
+            except grpc.RpcError as e:
+                tried.append(address)
+                pause = self._servers.next_try(e, address, deadline, tried)
+                if pause is None:
+                    raise _ended(e, address, self.timeout_s) from None
+                await asyncio.sleep(pause)
+
+
+class Keeper:
+    """The asyncio keeper: a task renews the lease every TTL/3; the
+    safe-until is the last acknowledged renewal's send time plus the time
+    granted, minus 5% (at least 10 ms). :meth:`check` raises
+    :class:`errors.OwnershipLost` once ownership is uncertain, and always
+    after; :attr:`lost` is set then."""
+
+    def __init__(
+        self,
+        client: Client,
+        resource: str,
+        ttl_s: float | None,
+        wait_s: float,
+        renew_interval_s: float | None = None,
+        safety_margin_s: float | None = None,
+    ) -> None:
+        self._client = client
+        self._request = (resource, ttl_s, wait_s)
+        self._interval = renew_interval_s
+        self._margin = safety_margin_s
+        self.lost = asyncio.Event()
+        self.loss_reason: str | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> Keeper:
+        resource, ttl_s, wait_s = self._request
+        self._lease = await self._client.acquire(resource, ttl_s, wait_s)
+        if self._interval is None:
+            self._interval = self._lease.ttl_s / 3
+        if self._margin is None:
+            self._margin = margin_s(self._lease.ttl_s)
+        self._safe_until = self._lease.valid_until - self._margin
+        self._task = asyncio.ensure_future(self._run())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if not self.lost.is_set():
+            with contextlib.suppress(errors.BatonError):
+                await self._client.release(self._lease)
+
+    @property
+    def lease(self) -> Lease:
+        return self._lease
+
+    @property
+    def token(self) -> int:
+        return self._lease.token
+
+    @property
+    def resource(self) -> str:
+        return self._lease.resource
+
+    @property
+    def safe_until(self) -> float:
+        return self._safe_until
+
+    def _lose(self, why: str) -> None:
+        if self.loss_reason is None:
+            self.loss_reason = why
+        self.lost.set()
+
+    def is_owner(self) -> bool:
+        if self.lost.is_set():
+            return False
+        if time.monotonic() >= self._safe_until:
+            self._lose("no renewal was acknowledged before the lease's safe-until")
+            return False
+        return True
+
+    def check(self) -> None:
+        if not self.is_owner():
+            raise errors.OwnershipLost(
+                f"{self.resource} (token {self.token}): {self.loss_reason}; stop the work"
+            )
+
+    async def _run(self) -> None:
+        assert self._interval is not None and self._margin is not None
+        next_renew = time.monotonic() + self._interval
+        while self.is_owner():
+            await asyncio.sleep(max(0.0, min(next_renew, self._safe_until) - time.monotonic()))
+            if not self.is_owner():
+                return
+            if time.monotonic() < next_renew:
+                continue
+            budget = self._safe_until - time.monotonic()
+            try:
+                renewed = await self._client.renew(
+                    self._lease, timeout_s=min(budget, self._client.timeout_s)
+                )
+            except errors.NotOwner as e:
+                self._lose(f"the server no longer knows this lease as ours ({e})")
+                return
+            except errors.BatonError:
+                pass  # unknown outcome: nothing learned
+            else:
+                self._lease = renewed
+                self._safe_until = max(self._safe_until, renewed.valid_until - self._margin)
+            next_renew = time.monotonic() + self._interval
+
+
+class Watch:
+    """An open watch: :attr:`holders` at :attr:`seq`, then ``async for``."""
+
+    def __init__(self, call: Any, seq: int, holders: list[Holder]) -> None:
+        self._call = call
+        self.seq = seq
+        self.holders = holders
+        self._pending: list[Change] = []
+
+    @classmethod
+    async def start(cls, call: Any) -> Watch:
+        holders: list[Holder] = []
+        while True:
+            message = await call.read()
+            if message is _EOF or message.WhichOneof("body") != "snapshot":
+                raise errors.Indeterminate(f"a watch must start with its snapshot: {message}")
+            s = message.snapshot
+            holders.extend(holder_of(h) for h in s.holders)
+            if s.complete:
+                return cls(call, s.seq, holders)
+
+    def __aiter__(self) -> Watch:
+        return self
+
+    async def __anext__(self) -> Change:
+        while not self._pending:
+            try:
+                message = await self._call.read()
+            except grpc.RpcError as e:
+                raise _ended(e, "the server", 0) from None
+            if message is _EOF:
+                raise StopAsyncIteration
+            self._pending.extend(change_of(ev) for ev in message.events.events)
+        return self._pending.pop(0)
+
+    def close(self) -> None:
+        self._call.cancel()
+
+
+def _ended(e: grpc.RpcError, address: str, timeout_s: float) -> errors.BatonError:
+    if e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
+        return WatchEnded(f"{e.details()}: watch again, from a new snapshot")
+    return map_error(e, address, timeout_s)

@@ -1,0 +1,105 @@
+"""The asyncio twin against a real server: the same core scenarios."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+
+import pytest
+
+from baton import aio, errors
+
+from .conftest import Server
+
+
+def run(coro: object) -> None:
+    asyncio.run(coro)  # type: ignore[arg-type]
+
+
+def test_every_call_round_trips(server: Server) -> None:
+    async def main() -> None:
+        async with aio.Client(server.address, holder="aio test") as c:
+            lease = await c.acquire("py:aio:a", ttl_s=5)
+            with pytest.raises(errors.NotAcquired) as held:
+                await c.acquire("py:aio:a", ttl_s=5)
+            assert held.value.holder_token == lease.token
+            renewed = await c.renew(lease)
+            assert renewed.token == lease.token and renewed.valid_until > lease.valid_until
+            st = await c.status("py:aio:a")
+            assert (st.holder_token, st.holder) == (lease.token, "aio test")
+            assert [s.resource async for s in c.list_all("py:aio:", page=1)] == ["py:aio:a"]
+            assert await c.release(lease) is True
+            assert await c.release(lease) is False
+            with pytest.raises(errors.NotOwner):
+                await c.renew(lease)
+            f = await c.fence("py:aio:a")
+            assert f.token > lease.token
+
+    run(main())
+
+
+def test_waiting_and_all_or_nothing(server: Server) -> None:
+    async def main() -> None:
+        async with aio.Client(server.address) as c:
+            first = await c.acquire("py:aio:w", ttl_s=5)
+            waiter = asyncio.ensure_future(c.acquire("py:aio:w", ttl_s=5, wait_s=5))
+            while (await c.status("py:aio:w")).n_waiters == 0:
+                await asyncio.sleep(0.01)
+            await c.release(first)
+            second = await waiter
+            assert second.token > first.token
+            with pytest.raises(errors.NotAcquired):
+                await c.acquire_all(["py:aio:x", "py:aio:w"], ttl_s=5)
+            assert (await c.status("py:aio:x")).holder_token is None
+
+    run(main())
+
+
+def test_the_keeper_renews_then_loses_a_fenced_lease(server: Server) -> None:
+    async def main() -> None:
+        async with aio.Client(server.address) as c, c.lease("py:aio:k", ttl_s=0.6) as kept:
+            first = kept.safe_until
+            await asyncio.sleep(0.7)
+            kept.check()
+            assert kept.safe_until > first
+            await c.fence("py:aio:k")
+            await asyncio.wait_for(kept.lost.wait(), 2)
+            with pytest.raises(errors.OwnershipLost, match="no longer knows"):
+                kept.check()
+
+    run(main())
+
+
+def test_the_keeper_gives_up_at_its_safe_until_when_the_server_stops(server: Server) -> None:
+    async def main() -> None:
+        c = aio.Client(server.address, timeout_s=0.3)
+        async with c, c.lease("py:aio:p", ttl_s=0.6) as kept:
+            server.signal(signal.SIGSTOP)
+            try:
+                await asyncio.wait_for(kept.lost.wait(), 2)
+                assert time.monotonic() >= kept.safe_until
+                with pytest.raises(errors.OwnershipLost, match="safe-until"):
+                    kept.check()
+            finally:
+                server.signal(signal.SIGCONT)
+
+    run(main())
+
+
+def test_a_watch_gives_the_snapshot_then_changes(server: Server) -> None:
+    async def main() -> None:
+        async with aio.Client(server.address, holder="aio watched") as c:
+            held = await c.acquire("py:aio:wt:a", ttl_s=30)
+            w = await c.watch("py:aio:wt:")
+            assert [(h.resource, h.holder) for h in w.holders] == [("py:aio:wt:a", "aio watched")]
+            await c.release(held)
+            change = await w.__anext__()
+            assert (change.kind, change.resource, change.token) == (
+                "released",
+                "py:aio:wt:a",
+                held.token,
+            )
+            w.close()
+
+    run(main())
