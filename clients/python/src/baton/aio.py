@@ -62,17 +62,20 @@ class Client:
             root, key, chain = config.tls
             self._credentials = grpc.ssl_channel_credentials(root, key, chain)
         self._channels: dict[tuple[str, bool], grpc.aio.Channel] = {}
+        self._stubs: dict[tuple[str, bool], pb_grpc.LeasesStub] = {}
 
     def _stub(self, address: str, own: bool = False) -> pb_grpc.LeasesStub:
-        channel = self._channels.get((address, own))
-        if channel is None:
+        stub = self._stubs.get((address, own))
+        if stub is None:
             options = _wire.CHANNEL_OPTIONS
             if self._credentials is not None:
                 channel = grpc.aio.secure_channel(address, self._credentials, options)
             else:
                 channel = grpc.aio.insecure_channel(address, options)
             self._channels[(address, own)] = channel
-        return pb_grpc.LeasesStub(channel)
+            stub = pb_grpc.LeasesStub(channel)
+            self._stubs[(address, own)] = stub
+        return stub
 
     def current_server(self) -> str:
         return self._servers.current()
@@ -86,6 +89,7 @@ class Client:
     async def close(self) -> None:
         """Closes every connection."""
         channels, self._channels = self._channels, {}
+        self._stubs = {}
         for channel in channels.values():
             await channel.close(None)
 

@@ -77,8 +77,9 @@ class Client:
             root, key, chain = config.tls
             self._credentials = grpc.ssl_channel_credentials(root, key, chain)
         self._lock = threading.Lock()
-        self._channels: dict[str, grpc.Channel] = {}
-        self._watch_channels: dict[str, grpc.Channel] = {}
+        self._channels: dict[str, pb_grpc.LeasesStub] = {}
+        self._watch_channels: dict[str, pb_grpc.LeasesStub] = {}
+        self._open_channels: list[grpc.Channel] = []
         self._sessions: dict[float | None, Any] = {}
 
     # -- connections ------------------------------------------------------
@@ -92,15 +93,18 @@ class Client:
         channel for watches alone (a slow watcher must not hold up leases)."""
         channels = self._watch_channels if own else self._channels
         with self._lock:
-            channel = channels.get(address)
-            if channel is None:
+            stub = channels.get(address)
+            if stub is None:
                 options = _wire.CHANNEL_OPTIONS
                 if self._credentials is not None:
                     channel = grpc.secure_channel(address, self._credentials, options)
                 else:
                     channel = grpc.insecure_channel(address, options)
-                channels[address] = channel
-        return pb_grpc.LeasesStub(channel)
+                # One stub per channel: making one builds every method's callable.
+                stub = pb_grpc.LeasesStub(channel)
+                channels[address] = stub
+                self._open_channels.append(channel)
+        return stub
 
     def current_server(self) -> str:
         """The server the next call goes to."""
@@ -288,7 +292,8 @@ class Client:
             with contextlib.suppress(errors.BatonError):
                 s.close()
         with self._lock:
-            for channel in [*self._channels.values(), *self._watch_channels.values()]:
+            for channel in self._open_channels:
                 channel.close()
+            self._open_channels.clear()
             self._channels.clear()
             self._watch_channels.clear()

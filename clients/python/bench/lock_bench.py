@@ -1,0 +1,141 @@
+"""Durable lock cycles per second from Python, side by side: the Baton
+client on its session path against redis-py's ``Lock`` on Redis.
+
+N threads in one process cycle acquire -> release on distinct names (one
+per thread) for a fixed time; each system gets the same threads and
+duration, in alternating rounds, and the medians are printed with the
+acquire latency percentiles. Start the servers first (see
+docs/performance.md for the commands); nothing here starts them.
+
+    python bench/lock_bench.py --baton 127.0.0.1:7700 \\
+        --redis always=127.0.0.1:6390 --redis everysec=127.0.0.1:6391
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import threading
+import time
+from typing import Callable
+
+import redis
+
+import baton
+
+Cycle = Callable[[], float]
+
+
+def baton_cycles(address: str, threads: int) -> list[Cycle]:
+    client = baton.Client(address)
+    cycles: list[Cycle] = []
+    for i in range(threads):
+        session = client.open_session(ttl_s=30)
+        name = f"pybench:{i}"
+
+        def cycle(session: baton.session.Session = session, name: str = name) -> float:
+            started = time.perf_counter()
+            lease = session.acquire(name)
+            acquired = time.perf_counter() - started
+            session.release(lease)
+            return acquired
+
+        cycles.append(cycle)
+    return cycles
+
+
+def baton_unary_cycles(address: str, threads: int) -> list[Cycle]:
+    client = baton.Client(address)
+    cycles: list[Cycle] = []
+    for i in range(threads):
+        name = f"pybench:u:{i}"
+
+        def cycle(name: str = name) -> float:
+            started = time.perf_counter()
+            lease = client.acquire(name, ttl_s=30)
+            acquired = time.perf_counter() - started
+            client.release(lease)
+            return acquired
+
+        cycles.append(cycle)
+    return cycles
+
+
+def redis_cycles(address: str, threads: int) -> list[Cycle]:
+    host, port = address.rsplit(":", 1)
+    pool = redis.ConnectionPool(host=host, port=int(port), max_connections=threads)
+    r = redis.Redis(connection_pool=pool)
+    cycles: list[Cycle] = []
+    for i in range(threads):
+        lock = r.lock(f"pybench:{i}", timeout=30)
+
+        def cycle(lock: redis.lock.Lock = lock) -> float:
+            started = time.perf_counter()
+            if not lock.acquire(blocking=False):
+                raise RuntimeError("the bench's own lock was held")
+            acquired = time.perf_counter() - started
+            lock.release()
+            return acquired
+
+        cycles.append(cycle)
+    return cycles
+
+
+def run(cycles: list[Cycle], duration_s: float) -> tuple[float, list[float]]:
+    """Cycles per second and every acquire latency, all threads together."""
+    stop = time.monotonic() + duration_s
+    latencies: list[list[float]] = [[] for _ in cycles]
+
+    def worker(i: int) -> None:
+        while time.monotonic() < stop:
+            latencies[i].append(cycles[i]())
+
+    ts = [threading.Thread(target=worker, args=(i,)) for i in range(len(cycles))]
+    started = time.monotonic()
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    elapsed = time.monotonic() - started
+    flat = [x for lat in latencies for x in lat]
+    return len(flat) / elapsed, flat
+
+
+def percentile(xs: list[float], p: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(p * len(xs)))] if xs else float("nan")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--baton", required=True, help="host:port of baton serve")
+    parser.add_argument("--redis", action="append", default=[], help="LABEL=host:port")
+    parser.add_argument("--threads", type=int, default=16)
+    parser.add_argument("--duration", type=float, default=5.0)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    systems: dict[str, list[Cycle]] = {
+        "baton session": baton_cycles(args.baton, args.threads),
+        "baton unary": baton_unary_cycles(args.baton, args.threads),
+    }
+    for spec in args.redis:
+        label, address = spec.split("=", 1)
+        systems[f"redis-py Lock, appendfsync {label}"] = redis_cycles(address, args.threads)
+    rates: dict[str, list[float]] = {k: [] for k in systems}
+    lats: dict[str, list[float]] = {k: [] for k in systems}
+    for _ in range(args.rounds):
+        for name, cycles in systems.items():
+            rate, latencies = run(cycles, args.duration)
+            rates[name].append(rate)
+            lats[name].extend(latencies)
+    print(f"{args.threads} threads, {args.rounds} alternating rounds of {args.duration:g} s")
+    print(f"{'system':38} {'cycles/s (median)':>18} {'acquire p50':>12} {'p99':>10}")
+    for name in systems:
+        p50_ms = percentile(lats[name], 0.5) * 1e3
+        p99_ms = percentile(lats[name], 0.99) * 1e3
+        rate = statistics.median(rates[name])
+        print(f"{name:38} {rate:>18.0f} {p50_ms:>10.2f}ms {p99_ms:>8.2f}ms")
+
+
+if __name__ == "__main__":
+    main()
