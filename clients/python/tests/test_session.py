@@ -81,3 +81,34 @@ def test_a_session_that_ends_makes_its_keepers_lose_at_once(server: Server) -> N
         with pytest.raises(errors.OwnershipLost, match="session ended"):
             kept.check()
         assert other.status("py:s:end").holder_token is None
+
+
+def test_a_waiting_session_acquire_can_be_cancelled(server: Server) -> None:
+    c = baton.Client(server.address)
+    first = c.acquire("py:s:cancel", ttl_s=10)
+    s = c.open_session(ttl_s=3)
+    cancel = threading.Event()
+    outcome: list[BaseException] = []
+
+    def wait() -> None:
+        try:
+            s.acquire("py:s:cancel", wait_s=30, cancel=cancel)
+        except errors.NotAcquired as e:
+            outcome.append(e)
+
+    t = threading.Thread(target=wait)
+    started = time.monotonic()
+    t.start()
+    deadline = started + 5
+    while c.status("py:s:cancel").n_waiters == 0:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    cancel.set()
+    t.join(5)
+    assert not t.is_alive(), "the cancelled wait returned"
+    assert time.monotonic() - started < 5, "long before its 30 s bound"
+    assert len(outcome) == 1 and isinstance(outcome[0], errors.NotAcquired)
+    assert outcome[0].reason == "cancelled"
+    assert c.status("py:s:cancel").n_waiters == 0, "the wait was withdrawn"
+    assert c.status("py:s:cancel").holder_token == first.token
+    s.close()

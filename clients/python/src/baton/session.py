@@ -275,7 +275,13 @@ class Session:
         with self._lock:
             return self._revoked.get(resource)
 
-    def _request(self, op: dict[str, Any], timeout_s: float) -> Any:
+    def _request(
+        self, op: dict[str, Any], timeout_s: float, cancel: threading.Event | None = None
+    ) -> Any:
+        """Sends one request and waits for its answer. With ``cancel`` (a
+        waiting acquire): when it is set, or the caller is interrupted, a
+        ``CancelWait`` withdraws the wait; the acquire's own answer (a
+        cancellation, or a grant that came first) is still returned."""
         if self.ended.is_set():
             raise self._why
         rid = next(self._ids)
@@ -285,18 +291,47 @@ class Session:
             stream = self._stream
         stream.send(pb.SessionRequest(id=rid, **op))
         try:
-            return pending.wait(timeout_s)
+            if cancel is None:
+                return pending.wait(timeout_s)
+            deadline = time.monotonic() + timeout_s
+            cancelled = False
+            try:
+                while not pending.done.wait(0.02):
+                    if not cancelled and cancel.is_set():
+                        self._cancel(rid)
+                        cancelled = True
+                    if time.monotonic() >= deadline:
+                        break
+            except BaseException:
+                # Interrupted (KeyboardInterrupt): withdraw the wait first.
+                self._cancel(rid)
+                raise
+            return pending.wait(max(0.0, deadline - time.monotonic()))
         finally:
             with self._lock:
                 self._pending.pop(rid, None)
 
-    def acquire(self, resource: str, wait_s: float = 0) -> Lease:
-        """Acquires ``resource`` tied to this session (it lives while the
-        session does); :class:`errors.NotAcquired` if it is held or the
-        wait ran out."""
-        return self.acquire_all([resource], wait_s)[0]
+    def _cancel(self, acquire_id: int) -> None:
+        with self._lock:
+            stream = self._stream
+        cancel = pb.CancelWait(acquire_id=acquire_id)
+        stream.send(pb.SessionRequest(id=next(self._ids), cancel=cancel))
 
-    def acquire_all(self, resources: Sequence[str], wait_s: float = 0) -> list[Lease]:
+    def acquire(
+        self, resource: str, wait_s: float = 0, cancel: threading.Event | None = None
+    ) -> Lease:
+        """Acquires ``resource`` tied to this session (it lives while the
+        session does); :class:`errors.NotAcquired` if it is held, the wait
+        ran out, or ``cancel`` was set while it waited (reason
+        ``cancelled``; a grant that came first is returned)."""
+        return self.acquire_all([resource], wait_s, cancel)[0]
+
+    def acquire_all(
+        self,
+        resources: Sequence[str],
+        wait_s: float = 0,
+        cancel: threading.Event | None = None,
+    ) -> list[Lease]:
         """Acquires every resource or none, tied to this session."""
         from baton.client import granted
 
@@ -309,7 +344,8 @@ class Session:
         if self._client.holder is not None:
             acquire.holder = self._client.holder
         sent = time.monotonic()
-        body = self._request({"acquire": acquire}, self._client.timeout_s + wait_s)
+        timeout_s = self._client.timeout_s + wait_s
+        body = self._request({"acquire": acquire}, timeout_s, cancel if wait_s > 0 else None)
         leases = granted(body, sent, len(names))
         # A lease tied to the session lives as long as the session: its
         # safe-until is the session's.
