@@ -103,3 +103,40 @@ def test_a_watch_gives_the_snapshot_then_changes(server: Server) -> None:
             w.close()
 
     run(main())
+
+
+def test_a_session_keeps_its_leases_waits_cancels_and_resumes(server: Server) -> None:
+    async def main() -> None:
+        async with aio.Client(server.address, holder="aio session", timeout_s=2) as c:
+            s = await c.open_session(ttl_s=2)
+            a = await s.acquire("py:aio:s:a")
+            assert a.session_bound
+            await asyncio.sleep(2.5)  # past the TTL: the heartbeat keeps it
+            st = await c.status("py:aio:s:a")
+            assert (st.holder_token, st.holder) == (a.token, "aio session")
+
+            # A waiting acquire withdrawn by cancelling its task.
+            other = await c.acquire("py:aio:s:busy", ttl_s=10)
+            waiting = asyncio.ensure_future(s.acquire("py:aio:s:busy", wait_s=30))
+            while (await c.status("py:aio:s:busy")).n_waiters == 0:
+                await asyncio.sleep(0.01)
+            waiting.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await waiting
+            while (await c.status("py:aio:s:busy")).n_waiters:
+                await asyncio.sleep(0.01)
+            assert (await c.status("py:aio:s:busy")).holder_token == other.token
+
+            # A restart: the session is resumed and keeps its lease.
+            server.restart()
+            restarted = time.monotonic()
+            while s.resumes == 0:
+                assert time.monotonic() < restarted + 10, "not resumed"
+                await asyncio.sleep(0.05)
+            assert (await c.status("py:aio:s:a")).holder_token == a.token
+            assert await s.release(a) is True
+            assert await s.close() is True
+            with pytest.raises(aio.SessionEnded):
+                await s.acquire("py:aio:s:c")
+
+    run(main())

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, Callable
@@ -28,13 +29,14 @@ from baton._proto import baton_pb2 as pb
 from baton._proto import baton_pb2_grpc as pb_grpc
 from baton._wire import Fenced, Lease, Status, granted, map_error
 from baton.keeper import margin_s
-from baton.rules import check_resource
+from baton.rules import check_resource, millis
+from baton.session import ENDED, Ledger, SessionEnded, _request_error
 from baton.watch import Change, Holder, WatchEnded, change_of, holder_of
 
 #: What ``read()`` returns at the end of a stream (not in grpc's stubs).
 _EOF: Any = getattr(grpc.aio, "EOF")  # noqa: B009
 
-__all__ = ["Client", "Fenced", "Keeper", "Lease", "Status", "Watch"]
+__all__ = ["Client", "Fenced", "Keeper", "Lease", "Session", "SessionEnded", "Status", "Watch"]
 
 
 class Client:
@@ -62,9 +64,11 @@ class Client:
             root, key, chain = config.tls
             self._credentials = grpc.ssl_channel_credentials(root, key, chain)
         self._channels: dict[tuple[str, bool], grpc.aio.Channel] = {}
-        self._stubs: dict[tuple[str, bool], pb_grpc.LeasesStub] = {}
+        self._stubs: dict[tuple[str, bool], Any] = {}
 
-    def _stub(self, address: str, own: bool = False) -> pb_grpc.LeasesStub:
+    def _stub(self, address: str, own: bool = False) -> Any:
+        """A stub on a ``grpc.aio`` channel (its calls are awaitable; the
+        generated stubs type the synchronous ones, hence ``Any``)."""
         stub = self._stubs.get((address, own))
         if stub is None:
             options = _wire.CHANNEL_OPTIONS
@@ -168,6 +172,10 @@ class Client:
         """``async with client.lease(name, ttl_s=30) as kept:`` acquires,
         keeps the lease (renewed on its own by a task) and releases it."""
         return Keeper(self, resource, ttl_s, wait_s, **keeper_options)
+
+    async def open_session(self, ttl_s: float | None = None) -> Session:
+        """Opens a :class:`Session` on the leader."""
+        return await Session.open(self, ttl_s)
 
     async def watch(self, prefix: str = "") -> Watch:
         """Watches every change of holder under ``prefix``: the snapshot is
@@ -336,3 +344,217 @@ def _ended(e: grpc.RpcError, address: str, timeout_s: float) -> errors.BatonErro
     if e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
         return WatchEnded(f"{e.details()}: watch again, from a new snapshot")
     return map_error(e, address, timeout_s)
+
+
+class Session:
+    """The asyncio twin of :class:`baton.session.Session`: one stream, a
+    heartbeat task every TTL/3, a reader task, the same safe-until, and a
+    resume (following the leader) while it lasts. Open one with
+    ``await client.open_session(ttl_s)``."""
+
+    _ledger: Ledger
+    _call: Any
+    id: bytes
+    ttl_s: float
+
+    def __init__(self, client: Client) -> None:
+        self._client = client
+        self._ids = itertools.count(1)
+        self._pending: dict[int, asyncio.Future[Any]] = {}
+        self.ended = asyncio.Event()
+        #: How many times the stream broke and the session was resumed.
+        self.resumes = 0
+        self._why: errors.BatonError = SessionEnded("the session is open")
+        self._closing = False
+        self._tasks: list[asyncio.Task[None]] = []
+
+    @classmethod
+    async def open(cls, client: Client, ttl_s: float | None = None) -> Session:
+        s = cls(client)
+        request = pb.OpenSession()
+        if ttl_s is not None:
+            request.ttl_ms = millis(ttl_s, "session ttl")
+        sent = time.monotonic()
+        s._call, opened = await s._open(request)
+        s._ledger = Ledger(opened, sent)
+        s.id, s.ttl_s = s._ledger.id, s._ledger.ttl_s
+        s._tasks = [
+            asyncio.ensure_future(s._read(s._call)),
+            asyncio.ensure_future(s._beat()),
+        ]
+        return s
+
+    async def _open(self, request: Any) -> tuple[Any, Any]:
+        client = self._client
+        deadline = time.monotonic() + client.timeout_s
+        tried: list[str] = []
+        while True:
+            address = client.current_server()
+            call = client._stub(address).Session(metadata=client._metadata)
+            try:
+                await call.write(pb.SessionRequest(id=0, open=request))
+                first = await asyncio.wait_for(call.read(), client.timeout_s)
+            except grpc.RpcError as e:
+                tried.append(address)
+                pause = client._servers.next_try(e, address, deadline, tried)
+                if pause is None:
+                    raise map_error(e, address, client.timeout_s) from None
+                await asyncio.sleep(pause)
+                continue
+            except asyncio.TimeoutError:
+                call.cancel()
+                raise errors.Indeterminate("no answer to opening the session in time") from None
+            which = first.WhichOneof("body") if first is not _EOF else None
+            if which == "opened":
+                return call, first.opened
+            call.cancel()
+            if which == "ended":
+                raise SessionEnded(ENDED)
+            if which == "error":
+                raise _request_error(first.error)
+            raise errors.Indeterminate(f"unexpected answer to open: {first}")
+
+    async def _read(self, call: Any) -> None:
+        try:
+            while True:
+                response = await call.read()
+                if response is _EOF:
+                    break
+                rid, body, error, ended = self._ledger.read(response)
+                if ended:
+                    self._end(SessionEnded(ENDED))
+                future = self._pending.pop(rid, None) if rid is not None else None
+                if future is not None and not future.done():
+                    if error is not None:
+                        future.set_exception(error)
+                    else:
+                        future.set_result(body)
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.PERMISSION_DENIED:
+                self._end(errors.PermissionDenied(e.details() or ""))
+                return
+        except asyncio.CancelledError:
+            return
+        if not self._closing and not self.ended.is_set():
+            await self._resume()
+
+    async def _resume(self) -> None:
+        pending, self._pending = self._pending, {}
+        self._ledger.heartbeats.clear()
+        for future in pending.values():
+            if not future.done():
+                future.set_exception(
+                    errors.Indeterminate(
+                        "the session stream broke before an answer came; "
+                        "the request may have taken effect"
+                    )
+                )
+        pause = 0.02
+        while not self._closing and time.monotonic() < self.safe_until:
+            try:
+                call, resumed = await self._open(pb.OpenSession(resume=self.id))
+            except SessionEnded as e:
+                self._end(e)
+                return
+            except errors.BatonError:
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 0.5)
+                continue
+            self._ledger.note_revoked(resumed.revoked)
+            self._call = call
+            self.resumes += 1
+            self._tasks.append(asyncio.ensure_future(self._read(call)))
+            return
+        self._end(SessionEnded("the session could not be resumed before its safe-until"))
+
+    async def _beat(self) -> None:
+        with contextlib.suppress(asyncio.CancelledError):
+            while not self.ended.is_set():
+                await asyncio.sleep(self.ttl_s / 3)
+                if self._closing:
+                    return
+                if time.monotonic() >= self.safe_until:
+                    self._end(SessionEnded("no heartbeat was acknowledged before the safe-until"))
+                    return
+                with contextlib.suppress(Exception):
+                    await self._call.write(self._ledger.heartbeat(time.monotonic()))
+
+    def _end(self, why: errors.BatonError) -> None:
+        if self.ended.is_set():
+            return
+        self._why = why
+        self.ended.set()
+        pending, self._pending = self._pending, {}
+        for future in pending.values():
+            if not future.done():
+                future.set_exception(why)
+        self._call.cancel()
+        for task in self._tasks:
+            if task is not asyncio.current_task():
+                task.cancel()
+
+    @property
+    def safe_until(self) -> float:
+        return self._ledger.safe_until
+
+    def revoked_token(self, resource: str) -> int | None:
+        return self._ledger.revoked.get(resource)
+
+    async def _request(self, op: dict[str, Any], timeout_s: float, waits: bool = False) -> Any:
+        if self.ended.is_set():
+            raise self._why
+        rid = next(self._ids)
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._pending[rid] = future
+        await self._call.write(pb.SessionRequest(id=rid, **op))
+        try:
+            return await asyncio.wait_for(asyncio.shield(future), timeout_s)
+        except asyncio.TimeoutError:
+            raise errors.Indeterminate(
+                f"no answer on the session stream within {timeout_s:g} s; "
+                "the request may have taken effect"
+            ) from None
+        except asyncio.CancelledError:
+            if waits:
+                # The caller gave up on a waiting acquire: withdraw it.
+                cancel = pb.CancelWait(acquire_id=rid)
+                with contextlib.suppress(Exception):
+                    await self._call.write(pb.SessionRequest(id=next(self._ids), cancel=cancel))
+            raise
+        finally:
+            self._pending.pop(rid, None)
+
+    async def acquire(self, resource: str, wait_s: float = 0) -> Lease:
+        """Acquires ``resource`` tied to this session. Cancelling the task
+        that awaits a waiting acquire withdraws the wait on the server."""
+        return (await self.acquire_all([resource], wait_s))[0]
+
+    async def acquire_all(self, resources: Sequence[str], wait_s: float = 0) -> list[Lease]:
+        request, n = _wire.acquire_request(resources, None, wait_s, self._client.holder)
+        acquire = pb.SessionAcquire(
+            resources=request.resources, wait_ms=request.wait_ms, holder=request.holder
+        )
+        sent = time.monotonic()
+        body = await self._request(
+            {"acquire": acquire}, self._client.timeout_s + wait_s, waits=wait_s > 0
+        )
+        return granted(body, sent, n)
+
+    async def release(self, lease: Lease) -> bool:
+        body = await self._request(
+            {"release": _wire.release_request(lease)}, self._client.timeout_s
+        )
+        return bool(body.released)
+
+    async def close(self) -> bool:
+        """Ends the session, releasing its leases; False if it had ended."""
+        if self.ended.is_set():
+            return False
+        try:
+            body = await self._request({"close": pb.CloseSession()}, self._client.timeout_s)
+        except SessionEnded:
+            return False
+        finally:
+            self._closing = True
+            self._end(SessionEnded("the session was closed"))
+        return bool(body.was_open)

@@ -87,6 +87,57 @@ def _requests(outbox: queue.Queue[pb.SessionRequest | None]) -> Iterator[pb.Sess
         yield item
 
 
+class Ledger:
+    """What a session knows about itself, whichever client drives its
+    stream (threads here, tasks in :mod:`baton.aio`): its safe-until,
+    the heartbeats in flight, the leases reported revoked. No I/O; the
+    caller serializes access."""
+
+    def __init__(self, opened: Any, sent: float) -> None:
+        self.id: bytes = bytes(opened.session_id)
+        self.ttl_s: float = float(opened.ttl_ms) / 1000
+        self.margin_s = margin_s(self.ttl_s)
+        self.safe_until: float = sent + self.ttl_s - self.margin_s
+        self.heartbeats: dict[int, float] = {}
+        self.revoked: dict[str, int] = {}
+        self._heartbeat_ids = itertools.count(HEARTBEAT_ID_BIT)
+        self.note_revoked(opened.revoked)
+
+    def heartbeat(self, at: float) -> Any:
+        """The next heartbeat request, sent at ``at``."""
+        hid = next(self._heartbeat_ids)
+        self.heartbeats[hid] = at
+        return pb.SessionRequest(id=hid, heartbeat=pb.Heartbeat())
+
+    def note_revoked(self, revoked: Any) -> None:
+        for r in revoked:
+            self.revoked[r.resource] = r.token
+
+    def read(self, response: Any) -> tuple[int | None, Any, errors.BatonError | None, bool]:
+        """Applies an answer: the id of the caller's request it answers
+        (None for a heartbeat's), its body or error, and whether the
+        server said the session is over."""
+        which = response.WhichOneof("body")
+        ended = which == "ended"
+        if response.id >= HEARTBEAT_ID_BIT:
+            sent = self.heartbeats.pop(response.id, None)
+            if which == "heartbeat" and sent is not None:
+                ack = response.heartbeat
+                self.safe_until = max(
+                    self.safe_until, sent + ack.remaining_ms / 1000 - self.margin_s
+                )
+                self.note_revoked(ack.revoked)
+            return None, None, None, ended
+        if which == "error":
+            return response.id, None, _request_error(response.error), False
+        if ended:
+            return response.id, None, SessionEnded(ENDED), True
+        return response.id, getattr(response, which), None, False
+
+
+ENDED = "the session is not open (it expired or was closed)"
+
+
 class Session:
     """A session with its stream, its heartbeat thread and its safe-until.
     Open one with :meth:`Client.open_session`; use it from any thread."""
@@ -95,11 +146,10 @@ class Session:
         self._client = client
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
-        self._heartbeat_ids = itertools.count(HEARTBEAT_ID_BIT)
         self._pending: dict[int, _Pending] = {}
-        self._heartbeats: dict[int, float] = {}
-        self._revoked: dict[str, int] = {}
         self.ended = threading.Event()
+        #: How many times the stream broke and the session was resumed.
+        self.resumes = 0
         self._why: errors.BatonError = SessionEnded("the session is open")
         self._closing = False
         open_request = pb.OpenSession()
@@ -107,11 +157,9 @@ class Session:
             open_request.ttl_ms = millis(ttl_s, "session ttl")
         sent = time.monotonic()
         self._stream, opened = self._open(open_request)
-        self.id: bytes = bytes(opened.session_id)
-        self.ttl_s: float = float(opened.ttl_ms) / 1000
-        self._margin = margin_s(self.ttl_s)
-        self._safe_until: float = sent + self.ttl_s - self._margin
-        self._note_revoked(opened.revoked)
+        self._ledger = Ledger(opened, sent)
+        self.id = self._ledger.id
+        self.ttl_s = self._ledger.ttl_s
         self._reader = threading.Thread(target=self._read, args=(self._stream,), daemon=True)
         self._reader.start()
         self._beater = threading.Thread(target=self._beat, name="baton-session", daemon=True)
@@ -164,33 +212,14 @@ class Session:
             self._broken(stream)
 
     def _dispatch(self, response: Any) -> None:
-        which = response.WhichOneof("body")
-        if response.id >= HEARTBEAT_ID_BIT:
-            with self._lock:
-                sent = self._heartbeats.pop(response.id, None)
-            if which == "heartbeat" and sent is not None:
-                ack = response.heartbeat
-                with self._lock:
-                    self._safe_until = max(
-                        self._safe_until, sent + ack.remaining_ms / 1000 - self._margin
-                    )
-                self._note_revoked(ack.revoked)
-            elif which == "ended":
-                self._end(SessionEnded("the server ended the session"))
-            return
         with self._lock:
-            pending = self._pending.pop(response.id, None)
-        if which == "ended":
-            self._end(SessionEnded("the session is not open (it expired or was closed)"))
-        if pending is None:
-            return
-        if which == "error":
-            pending.error = _request_error(response.error)
-        elif which == "ended":
-            pending.error = SessionEnded("the session is not open (it expired or was closed)")
-        else:
-            pending.body = getattr(response, which)
-        pending.done.set()
+            rid, body, error, ended = self._ledger.read(response)
+            pending = self._pending.pop(rid, None) if rid is not None else None
+        if ended:
+            self._end(SessionEnded(ENDED))
+        if pending is not None:
+            pending.body, pending.error = body, error
+            pending.done.set()
 
     def _broken(self, stream: _Stream) -> None:
         """Fails what was in flight, then resumes the session while its
@@ -198,7 +227,7 @@ class Session:
         stream.end()
         with self._lock:
             pending, self._pending = self._pending, {}
-            self._heartbeats.clear()
+            self._ledger.heartbeats.clear()
         for p in pending.values():
             p.error = errors.Indeterminate(
                 "the session stream broke before an answer came; the request may have taken effect"
@@ -215,9 +244,10 @@ class Session:
                 time.sleep(pause)
                 pause = min(pause * 2, 0.5)
                 continue
-            self._note_revoked(resumed.revoked)
             with self._lock:
+                self._ledger.note_revoked(resumed.revoked)
                 self._stream = new
+                self.resumes += 1
             self._reader = threading.Thread(target=self._read, args=(new,), daemon=True)
             self._reader.start()
             return
@@ -230,11 +260,10 @@ class Session:
             if time.monotonic() >= self.safe_until:
                 self._end(SessionEnded("no heartbeat was acknowledged before the safe-until"))
                 return
-            hid = next(self._heartbeat_ids)
             with self._lock:
-                self._heartbeats[hid] = time.monotonic()
+                beat = self._ledger.heartbeat(time.monotonic())
                 stream = self._stream
-            stream.send(pb.SessionRequest(id=hid, heartbeat=pb.Heartbeat()))
+            stream.send(beat)
 
     def _end(self, why: errors.BatonError) -> None:
         with self._lock:
@@ -248,11 +277,6 @@ class Session:
             p.done.set()
         self._stream.end()
 
-    def _note_revoked(self, revoked: Any) -> None:
-        with self._lock:
-            for r in revoked:
-                self._revoked[r.resource] = r.token
-
     # -- what callers see ----------------------------------------------------
 
     @property
@@ -260,7 +284,7 @@ class Session:
         """Monotonic seconds until which the session, and every lease tied
         to it, is certainly held (as of the last acknowledged heartbeat)."""
         with self._lock:
-            return self._safe_until
+            return self._ledger.safe_until
 
     def why(self) -> str:
         """Why the session ended (once it did)."""
@@ -273,7 +297,7 @@ class Session:
         """The token of this session's lease on ``resource`` that a fence
         revoked, as a heartbeat reported it."""
         with self._lock:
-            return self._revoked.get(resource)
+            return self._ledger.revoked.get(resource)
 
     def _request(
         self, op: dict[str, Any], timeout_s: float, cancel: threading.Event | None = None
