@@ -56,25 +56,30 @@ def test_waiting_and_all_or_nothing(server: Server) -> None:
     run(main())
 
 
-def test_the_keeper_renews_then_loses_a_fenced_lease(server: Server) -> None:
+@pytest.mark.parametrize("on_session", [True, False])
+def test_the_keeper_renews_then_loses_a_fenced_lease(server: Server, on_session: bool) -> None:
     async def main() -> None:
-        async with aio.Client(server.address) as c, c.lease("py:aio:k", ttl_s=0.6) as kept:
+        c = aio.Client(server.address)
+        async with c, c.lease("py:aio:k", ttl_s=0.6, session=on_session) as kept:
             first = kept.safe_until
             await asyncio.sleep(0.7)
             kept.check()
             assert kept.safe_until > first
             await c.fence("py:aio:k")
             await asyncio.wait_for(kept.lost.wait(), 2)
-            with pytest.raises(errors.OwnershipLost, match="no longer knows"):
+            with pytest.raises(errors.OwnershipLost, match=r"no longer knows|revoked"):
                 kept.check()
 
     run(main())
 
 
-def test_the_keeper_gives_up_at_its_safe_until_when_the_server_stops(server: Server) -> None:
+@pytest.mark.parametrize("on_session", [True, False])
+def test_the_keeper_gives_up_at_its_safe_until_when_the_server_stops(
+    server: Server, on_session: bool
+) -> None:
     async def main() -> None:
         c = aio.Client(server.address, timeout_s=0.3)
-        async with c, c.lease("py:aio:p", ttl_s=0.6) as kept:
+        async with c, c.lease("py:aio:p", ttl_s=0.6, session=on_session) as kept:
             server.signal(signal.SIGSTOP)
             try:
                 await asyncio.wait_for(kept.lost.wait(), 2)
@@ -138,5 +143,30 @@ def test_a_session_keeps_its_leases_waits_cancels_and_resumes(server: Server) ->
             assert await s.close() is True
             with pytest.raises(aio.SessionEnded):
                 await s.acquire("py:aio:s:c")
+
+    run(main())
+
+
+def test_an_election_hands_over_with_a_higher_token(server: Server) -> None:
+    async def main() -> None:
+        async with aio.Client(server.address) as c:
+            election = c.election("py:aio:leader")
+            observer = election.observe()
+            assert await observer.__anext__() == (None, None)
+            first = await election.campaign("one", ttl_s=2, wait_s=5)
+            assert first is not None
+            assert await election.leader() == aio.Leader(first.token, "one")
+            second = asyncio.ensure_future(election.campaign("two", ttl_s=2, wait_s=10))
+            while (await c.status("py:aio:leader")).n_waiters == 0:
+                await asyncio.sleep(0.01)
+            await first.session.close()
+            leader2 = await second
+            assert leader2 is not None and leader2.token > first.token
+            kinds = [(await observer.__anext__())[0] for _ in range(3)]
+            assert [k.kind for k in kinds if k] == ["granted", "released", "handed_off"]
+            async with leader2:
+                leader2.check()
+            assert await election.leader() is None
+            await observer.aclose()
 
     run(main())

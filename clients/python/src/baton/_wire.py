@@ -176,6 +176,44 @@ class Config:
         self.holder = check_holder(holder) if holder else None
 
 
+class Settings:
+    """What both clients (sync and asyncio) set up from their arguments:
+    see :class:`baton.Client` for each."""
+
+    def __init__(
+        self,
+        servers: str | None = None,
+        *,
+        ca_file: str | None = None,
+        cert_file: str | None = None,
+        key_file: str | None = None,
+        token_file: str | None = None,
+        timeout_s: float | None = None,
+        holder: str | None = None,
+    ) -> None:
+        config = Config(servers, ca_file, cert_file, key_file, token_file, timeout_s, holder)
+        self.timeout_s = config.timeout_s
+        self.holder = config.holder
+        self._metadata = tuple(config.metadata)
+        self._servers = Servers(config.addresses)
+        self._credentials: grpc.ChannelCredentials | None = None
+        if config.tls is not None:
+            root, key, chain = config.tls
+            self._credentials = grpc.ssl_channel_credentials(root, key, chain)
+        self._setup()
+
+    def _setup(self) -> None:
+        """A client's own state (its connections), after the settings."""
+
+    @property
+    def _addresses(self) -> list[str]:
+        return self._servers.addresses
+
+    def current_server(self) -> str:
+        """The server the next call goes to."""
+        return self._servers.current()
+
+
 #: Reconnect soon after a server comes back (gRPC's default first backoff
 #: is a second, during which calls fail fast).
 CHANNEL_OPTIONS = [

@@ -16,53 +16,49 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import itertools
+import threading
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from typing import Any, Callable
 
 import grpc
 import grpc.aio
 
-from baton import _wire, errors
+from baton import _wire, errors, keeper
 from baton._proto import baton_pb2 as pb
 from baton._proto import baton_pb2_grpc as pb_grpc
 from baton._wire import Fenced, Lease, Status, granted, map_error
-from baton.keeper import margin_s
-from baton.rules import check_resource, millis
+from baton.keeper import Kept, margin_s
+from baton.rules import check_holder, check_resource, millis
 from baton.session import ENDED, Ledger, SessionEnded, _request_error
-from baton.watch import Change, Holder, WatchEnded, change_of, holder_of
+from baton.watch import Change, Holder, Leader, WatchEnded, change_of, holder_of
 
 #: What ``read()`` returns at the end of a stream (not in grpc's stubs).
 _EOF: Any = getattr(grpc.aio, "EOF")  # noqa: B009
 
-__all__ = ["Client", "Fenced", "Keeper", "Lease", "Session", "SessionEnded", "Status", "Watch"]
+__all__ = [
+    "Client",
+    "Election",
+    "Fenced",
+    "Keeper",
+    "Leader",
+    "Lease",
+    "Session",
+    "SessionEnded",
+    "SessionKeeper",
+    "Status",
+    "Watch",
+]
 
 
-class Client:
+class Client(_wire.Settings):
     """See :class:`baton.Client`; every call is a coroutine. Use it from
     one event loop."""
 
-    def __init__(
-        self,
-        servers: str | None = None,
-        *,
-        ca_file: str | None = None,
-        cert_file: str | None = None,
-        key_file: str | None = None,
-        token_file: str | None = None,
-        timeout_s: float | None = None,
-        holder: str | None = None,
-    ) -> None:
-        config = _wire.Config(servers, ca_file, cert_file, key_file, token_file, timeout_s, holder)
-        self.timeout_s = config.timeout_s
-        self.holder = config.holder
-        self._metadata = tuple(config.metadata)
-        self._servers = _wire.Servers(config.addresses)
-        self._credentials: grpc.ChannelCredentials | None = None
-        if config.tls is not None:
-            root, key, chain = config.tls
-            self._credentials = grpc.ssl_channel_credentials(root, key, chain)
+    def _setup(self) -> None:
+        self._sessions: dict[float | None, Session] = {}
         self._channels: dict[tuple[str, bool], grpc.aio.Channel] = {}
         self._stubs: dict[tuple[str, bool], Any] = {}
 
@@ -81,9 +77,6 @@ class Client:
             self._stubs[(address, own)] = stub
         return stub
 
-    def current_server(self) -> str:
-        return self._servers.current()
-
     async def __aenter__(self) -> Client:
         return self
 
@@ -91,7 +84,12 @@ class Client:
         await self.close()
 
     async def close(self) -> None:
-        """Closes every connection."""
+        """Closes this client's sessions (releasing their leases) and every
+        connection."""
+        sessions, self._sessions = self._sessions, {}
+        for session in sessions.values():
+            with contextlib.suppress(errors.BatonError):
+                await session.close()
         channels, self._channels = self._channels, {}
         self._stubs = {}
         for channel in channels.values():
@@ -167,11 +165,44 @@ class Client:
         resource: str,
         ttl_s: float | None = None,
         wait_s: float = 0,
+        *,
+        session: bool = True,
         **keeper_options: float,
-    ) -> Keeper:
+    ) -> Any:
         """``async with client.lease(name, ttl_s=30) as kept:`` acquires,
-        keeps the lease (renewed on its own by a task) and releases it."""
-        return Keeper(self, resource, ttl_s, wait_s, **keeper_options)
+        keeps the lease and releases it on exit: tied to this client's
+        shared session for ``ttl_s`` by default (:class:`SessionKeeper`),
+        or renewed on its own by a task with ``session=False``
+        (:class:`Keeper`)."""
+        if not session:
+            return Keeper(self, resource, ttl_s, wait_s, **keeper_options)
+        if keeper_options:
+            raise TypeError(
+                f"{', '.join(keeper_options)}: options of a lease renewed on its own "
+                "(session=False); a session's heartbeat keeps this one"
+            )
+        return _SessionLease(self, resource, ttl_s, wait_s)
+
+    async def session(self, ttl_s: float | None = None) -> Session:
+        """The session this client shares for ``ttl_s``, opened on first
+        use and again after one ended."""
+        s = self._sessions.get(ttl_s)
+        if s is None or s.ended.is_set():
+            s = await self.open_session(ttl_s)
+            self._sessions[ttl_s] = s
+        return s
+
+    def with_holder(self, holder: str) -> Client:
+        """This client (servers, credentials, connections) with another
+        holder description, and sessions of its own."""
+        other = copy.copy(self)
+        other.holder = check_holder(holder)
+        other._sessions = {}
+        return other
+
+    def election(self, name: str) -> Election:
+        """The fenced election named ``name``."""
+        return Election(self, name)
 
     async def open_session(self, ttl_s: float | None = None) -> Session:
         """Opens a :class:`Session` on the leader."""
@@ -197,7 +228,7 @@ class Client:
                 await asyncio.sleep(pause)
 
 
-class Keeper:
+class Keeper(Kept):
     """The asyncio keeper: a task renews the lease every TTL/3; the
     safe-until is the last acknowledged renewal's send time plus the time
     granted, minus 5% (at least 10 ms). :meth:`check` raises
@@ -217,8 +248,9 @@ class Keeper:
         self._request = (resource, ttl_s, wait_s)
         self._interval = renew_interval_s
         self._margin = safety_margin_s
-        self.lost = asyncio.Event()
-        self.loss_reason: str | None = None
+        self._lock = threading.Lock()
+        self.lost: asyncio.Event = asyncio.Event()  # type: ignore[assignment]
+        self.loss_reason = None
         self._task: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> Keeper:
@@ -246,35 +278,8 @@ class Keeper:
         return self._lease
 
     @property
-    def token(self) -> int:
-        return self._lease.token
-
-    @property
-    def resource(self) -> str:
-        return self._lease.resource
-
-    @property
     def safe_until(self) -> float:
         return self._safe_until
-
-    def _lose(self, why: str) -> None:
-        if self.loss_reason is None:
-            self.loss_reason = why
-        self.lost.set()
-
-    def is_owner(self) -> bool:
-        if self.lost.is_set():
-            return False
-        if time.monotonic() >= self._safe_until:
-            self._lose("no renewal was acknowledged before the lease's safe-until")
-            return False
-        return True
-
-    def check(self) -> None:
-        if not self.is_owner():
-            raise errors.OwnershipLost(
-                f"{self.resource} (token {self.token}): {self.loss_reason}; stop the work"
-            )
 
     async def _run(self) -> None:
         assert self._interval is not None and self._margin is not None
@@ -497,6 +502,10 @@ class Session:
     def safe_until(self) -> float:
         return self._ledger.safe_until
 
+    def why(self) -> str:
+        """Why the session ended (once it did)."""
+        return str(self._why)
+
     def revoked_token(self, resource: str) -> int | None:
         return self._ledger.revoked.get(resource)
 
@@ -558,3 +567,88 @@ class Session:
             self._closing = True
             self._end(SessionEnded("the session was closed"))
         return bool(body.was_open)
+
+
+class SessionKeeper(keeper.SessionKeeper):
+    """:class:`baton.keeper.SessionKeeper` for an asyncio session: a task,
+    not a thread, sets :attr:`lost` on time."""
+
+    def __init__(self, session: Session, lease: Lease) -> None:
+        super().__init__(session, lease, start=False)
+        self.lost: asyncio.Event = asyncio.Event()  # type: ignore[assignment]
+        self._task = asyncio.ensure_future(self._follow())
+
+    async def _follow(self) -> None:
+        with contextlib.suppress(asyncio.CancelledError):
+            while self.is_owner():
+                left = self.safe_until - self._now()
+                await asyncio.sleep(max(0.0, min(left, self.session.ttl_s / 6)))
+
+    async def __aenter__(self) -> SessionKeeper:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._task.cancel()
+        if not self.lost.is_set():
+            with contextlib.suppress(errors.BatonError):
+                await self.session.release(self.lease)
+
+
+class _SessionLease:
+    """What ``client.lease()`` returns: acquired on entering."""
+
+    def __init__(self, client: Client, resource: str, ttl_s: float | None, wait_s: float) -> None:
+        self._args = (client, resource, ttl_s, wait_s)
+
+    async def __aenter__(self) -> SessionKeeper:
+        client, resource, ttl_s, wait_s = self._args
+        session = await client.session(ttl_s)
+        self._kept = SessionKeeper(session, await session.acquire(resource, wait_s))
+        return self._kept
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._kept.__aexit__(*exc)
+
+
+class Election:
+    """The asyncio twin of :class:`baton.watch.Election`."""
+
+    def __init__(self, client: Client, name: str) -> None:
+        self._client = client
+        self.name = check_resource(name)
+
+    async def campaign(
+        self, value: str, ttl_s: float | None = None, wait_s: float = 60
+    ) -> SessionKeeper | None:
+        """Waits in line on a new session whose holder is ``value`` until
+        this candidate leads (the kept leadership; leaving its ``async
+        with`` block releases it) or ``wait_s`` runs out (None)."""
+        session = await self._client.with_holder(value).open_session(ttl_s)
+        try:
+            lease = await session.acquire(self.name, wait_s)
+        except errors.NotAcquired:
+            await session.close()
+            return None
+        except BaseException:
+            with contextlib.suppress(errors.BatonError):
+                await session.close()
+            raise
+        return SessionKeeper(session, lease)
+
+    async def leader(self) -> Leader | None:
+        st = await self._client.status(self.name)
+        return None if st.holder_token is None else Leader(st.holder_token, st.holder)
+
+    async def observe(self) -> AsyncGenerator[tuple[Change | None, Leader | None], None]:
+        """The leader now, then each change of leader (see the sync twin)."""
+        w = await self._client.watch(self.name)
+        try:
+            now = next((h for h in w.holders if h.resource == self.name), None)
+            yield None, (Leader(now.token, now.holder) if now else None)
+            async for change in w:
+                if change.resource != self.name:
+                    continue
+                new = change.kind in ("granted", "handed_off")
+                yield change, (Leader(change.token, change.holder) if new else None)
+        finally:
+            w.close()

@@ -38,7 +38,7 @@ __all__ = [
 ]
 
 
-class Client:
+class Client(_wire.Settings):
     """A connection to a Baton server, or to the leader of a cluster.
 
     ``servers``: ``"host:port"`` or several separated by commas (default:
@@ -56,26 +56,7 @@ class Client:
     from several threads. :mod:`baton.aio` is the asyncio twin.
     """
 
-    def __init__(
-        self,
-        servers: str | None = None,
-        *,
-        ca_file: str | None = None,
-        cert_file: str | None = None,
-        key_file: str | None = None,
-        token_file: str | None = None,
-        timeout_s: float | None = None,
-        holder: str | None = None,
-    ) -> None:
-        config = _wire.Config(servers, ca_file, cert_file, key_file, token_file, timeout_s, holder)
-        self.timeout_s = config.timeout_s
-        self.holder = config.holder
-        self._metadata = config.metadata
-        self._servers = _wire.Servers(config.addresses)
-        self._credentials: grpc.ChannelCredentials | None = None
-        if config.tls is not None:
-            root, key, chain = config.tls
-            self._credentials = grpc.ssl_channel_credentials(root, key, chain)
+    def _setup(self) -> None:
         self._lock = threading.Lock()
         self._channels: dict[str, pb_grpc.LeasesStub] = {}
         self._watch_channels: dict[str, pb_grpc.LeasesStub] = {}
@@ -83,10 +64,6 @@ class Client:
         self._sessions: dict[float | None, Any] = {}
 
     # -- connections ------------------------------------------------------
-
-    @property
-    def _addresses(self) -> list[str]:
-        return self._servers.addresses
 
     def _stub(self, address: str, own: bool = False) -> pb_grpc.LeasesStub:
         """A stub on the shared channel to ``address``, or with ``own`` on a
@@ -105,10 +82,6 @@ class Client:
                 channels[address] = stub
                 self._open_channels.append(channel)
         return stub
-
-    def current_server(self) -> str:
-        """The server the next call goes to."""
-        return self._servers.current()
 
     def __enter__(self) -> Client:
         return self

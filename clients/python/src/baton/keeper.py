@@ -22,13 +22,12 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from baton import errors
 
 if TYPE_CHECKING:
     from baton.client import Client, Lease
-    from baton.session import Session
 
 Clock = Callable[[], float]
 
@@ -67,7 +66,7 @@ class Kept:
     def _uncertain(self) -> str | None:
         """Why ownership is no longer certain now, if it is not."""
         if self._now() >= self.safe_until:
-            return "no renewal or heartbeat was acknowledged before the lease's safe-until"
+            return "no renewal was acknowledged before the lease's safe-until"
         return None
 
     @property
@@ -225,6 +224,21 @@ class Keeper(Kept):
                 self._client.release(lease)
 
 
+class SessionLike(Protocol):
+    """What a :class:`SessionKeeper` reads of its session (the threaded
+    one here, or :class:`baton.aio.Session`)."""
+
+    ended: Any
+    ttl_s: float
+
+    @property
+    def safe_until(self) -> float: ...
+
+    def why(self) -> str: ...
+
+    def revoked_token(self, resource: str) -> int | None: ...
+
+
 class SessionKeeper(Kept):
     """Follows one lease tied to a session: it is held while the session
     is, so its safe-until is the session's (the last acknowledged
@@ -233,24 +247,25 @@ class SessionKeeper(Kept):
     lease fenced. A thread sets :attr:`lost` when that happens; the ``with``
     block's end releases the lease (the session lives on)."""
 
-    def __init__(self, session: Session, lease: Lease) -> None:
-        self._session = session
+    def __init__(self, session: SessionLike, lease: Lease, start: bool = True) -> None:
+        self._session: SessionLike = session
         self._lease = lease
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self.lost = threading.Event()
         self.loss_reason = None
-        self._thread = threading.Thread(
-            target=self._watch, name=f"baton-kept {lease.resource}", daemon=True
-        )
-        self._thread.start()
+        if start:
+            threading.Thread(
+                target=self._watch, name=f"baton-kept {lease.resource}", daemon=True
+            ).start()
 
     @property
     def lease(self) -> Lease:
         return self._lease
 
     @property
-    def session(self) -> Session:
+    def session(self) -> Any:
+        """The session the lease is tied to."""
         return self._session
 
     @property
@@ -286,4 +301,4 @@ class SessionKeeper(Kept):
         lease = self.stop()
         if not self.lost.is_set():
             with contextlib.suppress(errors.BatonError):
-                self._session.release(lease)
+                self.session.release(lease)
