@@ -75,6 +75,7 @@ async fn attack(url: &str, ca: &[u8], n: usize, round: usize) -> Result<usize, S
                         resources: vec!["bench:brute:target".into()],
                         ttl_ms: Some(30_000),
                         wait_ms: 0,
+                        holder: None,
                     });
                     let guess = format!("Bearer guess-{round}-{k:08}");
                     r.metadata_mut()
