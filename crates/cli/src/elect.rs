@@ -150,6 +150,7 @@ pub async fn elect(a: &ElectArgs) -> Result<u8, CliError> {
         }
         eprintln!("baton elect: {}", elected.text());
         return crate::run::run_held(
+            "baton elect",
             &client.current_server(),
             &session,
             &keepers,

@@ -76,6 +76,7 @@ pub async fn run(a: &RunArgs) -> Result<u8, CliError> {
         .map(|l| Keeper::start(session.clone(), l, KeeperConfig::default()))
         .collect();
     run_held(
+        "baton run",
         &client.current_server(),
         &session,
         &keepers,
@@ -87,8 +88,9 @@ pub async fn run(a: &RunArgs) -> Result<u8, CliError> {
 
 /// Runs `command` under leases already granted on `session` and followed
 /// by `keepers` (`run` after its acquire, `elect` once elected); closes
-/// the session at the end, whatever happened.
+/// the session at the end, whatever happened. `who` starts its log lines.
 pub(crate) async fn run_held(
+    who: &str,
     server: &str,
     session: &baton_client::Session,
     keepers: &[Keeper],
@@ -106,8 +108,8 @@ pub(crate) async fn run_held(
             });
         }
     };
-    let grace = grace(kill_after, session.ttl());
-    let code = supervise(child, keepers, session, grace).await;
+    let grace = grace(who, kill_after, session.ttl());
+    let code = supervise(who, child, keepers, session, grace).await;
     close_bounded(session).await;
     code
 }
@@ -152,11 +154,11 @@ fn spawn(command: &[OsString], env: &[(&'static str, String)]) -> Result<Child, 
 
 /// The grace between SIGTERM and SIGKILL: `--kill-after`, but at most half
 /// the TTL, so that heartbeats every third of it never trigger a stop.
-fn grace(kill_after: Duration, ttl: Duration) -> Duration {
+fn grace(who: &str, kill_after: Duration, ttl: Duration) -> Duration {
     let most = ttl / 2;
     if kill_after > most {
         eprintln!(
-            "baton run: --kill-after {}ms is longer than half the TTL ({}ms); using {}ms so that SIGKILL lands before the lease's safe-until",
+            "{who}: --kill-after {}ms is longer than half the TTL ({}ms); using {}ms so that SIGKILL lands before the lease's safe-until",
             kill_after.as_millis(),
             ttl.as_millis(),
             most.as_millis()
@@ -177,6 +179,7 @@ fn safe_until(session: &baton_client::Session) -> Instant {
 /// Waits for the command; stops it when ownership is lost or the earliest
 /// safe-until comes within `grace`; forwards SIGINT, SIGTERM and SIGHUP.
 async fn supervise(
+    who: &str,
     mut child: Child,
     keepers: &[Keeper],
     session: &baton_client::Session,
@@ -195,7 +198,7 @@ async fn supervise(
             }
             keeper = first_lost(keepers) => {
                 let why = loss_message(keeper, session);
-                return Ok(stop(&mut child, group, session, grace, &why).await);
+                return Ok(stop(who, &mut child, group, session, grace, &why).await);
             }
             _ = tokio::time::sleep_until(stop_at) => {
                 if safe_until(session).checked_sub(grace).is_some_and(|at| at > Instant::now()) {
@@ -205,7 +208,7 @@ async fn supervise(
                     "no heartbeat was acknowledged in time: the leases' safe-until is {}ms away",
                     safe_until(session).saturating_duration_since(Instant::now()).as_millis()
                 );
-                return Ok(stop(&mut child, group, session, grace, &why).await);
+                return Ok(stop(who, &mut child, group, session, grace, &why).await);
             }
         }
     }
@@ -214,6 +217,7 @@ async fn supervise(
 /// SIGTERM to the group, then SIGKILL after `grace` or at the earliest
 /// safe-until, whichever comes first; exits 124.
 async fn stop(
+    who: &str,
     child: &mut Child,
     group: Pid,
     session: &baton_client::Session,
@@ -222,7 +226,7 @@ async fn stop(
 ) -> u8 {
     let kill_at = (Instant::now() + grace).min(safe_until(session));
     eprintln!(
-        "baton run: {why}; stopping the command: SIGTERM now, SIGKILL in {}ms at the latest",
+        "{who}: {why}; stopping the command: SIGTERM now, SIGKILL in {}ms at the latest",
         kill_at
             .saturating_duration_since(Instant::now())
             .as_millis()

@@ -371,11 +371,20 @@ async fn the_readme_run_and_election_scripts_run_as_written() {
         client.batch_execute(migration).await.unwrap();
     }
     let dir = TempDir::new("readme-scripts");
+    // The scripts name host and user; the port is the test server's (the
+    // run's private cluster is not on 5432), given the way psql reads it.
+    let port = db
+        .url
+        .split_whitespace()
+        .find_map(|kv| kv.strip_prefix("port="))
+        .unwrap_or("5432")
+        .to_string();
     let sh = |script: &str, env: &[(&str, &str)]| {
         let path = dir.path().join("script.sh");
         std::fs::write(&path, script).unwrap();
         std::process::Command::new("sh")
             .arg(&path)
+            .env("PGPORT", &port)
             .envs(env.iter().copied())
             .output()
             .unwrap()
@@ -411,7 +420,11 @@ async fn the_readme_run_and_election_scripts_run_as_written() {
     std::fs::write(&path, &lead).unwrap();
     let mut leader = std::process::Command::new("sh")
         .arg(&path)
+        .env("PGPORT", &port)
         .env("BATON_FENCING_TOKEN", &t2)
+        // Its `sleep` outlives a kill of the shell: keep it off our output.
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
     baton_testkit::eventually(std::time::Duration::from_secs(10), async || {
