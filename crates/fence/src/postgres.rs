@@ -1,5 +1,5 @@
 //! PostgreSQL backend: the rule runs in the database as `baton.fence`
-//! (`sql/001_baton_fence.sql`), so a fenced write is one statement inside the
+//! (in force: `sql/functions/fence_full.sql`, behind `fence.sql`), so a fenced write is one statement inside the
 //! caller's transaction and services in any language share it.
 
 use tokio_postgres::{Client, GenericClient, Row, Statement, Transaction};
@@ -22,6 +22,87 @@ pub const MIGRATIONS: [(i32, &str); 7] = [
     (5, include_str!("../sql/005_publish_hot_path.sql")),
     (6, include_str!("../sql/006_plpgsql_wrappers.sql")),
     (7, include_str!("../sql/007_plain_names.sql")),
+];
+
+/// The definition in force of every `baton.*` function, one file per
+/// function (`sql/functions/NAME.sql`), as the migrations leave them:
+/// read these to know the rule. `PgFence::migrate` re-applies them after
+/// the migrations on every install and upgrade; with psql, run them after
+/// the migrations. A test checks they are exactly what the migrations
+/// leave in force.
+pub const FUNCTIONS: [(&str, &str); 21] = [
+    ("cancel.sql", include_str!("../sql/functions/cancel.sql")),
+    (
+        "cancel_impl.sql",
+        include_str!("../sql/functions/cancel_impl.sql"),
+    ),
+    (
+        "check_input.sql",
+        include_str!("../sql/functions/check_input.sql"),
+    ),
+    (
+        "check_name.sql",
+        include_str!("../sql/functions/check_name.sql"),
+    ),
+    (
+        "check_policy.sql",
+        include_str!("../sql/functions/check_policy.sql"),
+    ),
+    (
+        "check_token.sql",
+        include_str!("../sql/functions/check_token.sql"),
+    ),
+    ("delete.sql", include_str!("../sql/functions/delete.sql")),
+    (
+        "delete_impl.sql",
+        include_str!("../sql/functions/delete_impl.sql"),
+    ),
+    ("fence.sql", include_str!("../sql/functions/fence.sql")),
+    (
+        "fence_full.sql",
+        include_str!("../sql/functions/fence_full.sql"),
+    ),
+    (
+        "fence_impl.sql",
+        include_str!("../sql/functions/fence_impl.sql"),
+    ),
+    (
+        "fence_or_abort.sql",
+        include_str!("../sql/functions/fence_or_abort.sql"),
+    ),
+    (
+        "fence_or_abort_impl.sql",
+        include_str!("../sql/functions/fence_or_abort_impl.sql"),
+    ),
+    (
+        "name_is_plain.sql",
+        include_str!("../sql/functions/name_is_plain.sql"),
+    ),
+    (
+        "policy_code.sql",
+        include_str!("../sql/functions/policy_code.sql"),
+    ),
+    (
+        "prune_operations.sql",
+        include_str!("../sql/functions/prune_operations.sql"),
+    ),
+    (
+        "prune_operations_impl.sql",
+        include_str!("../sql/functions/prune_operations_impl.sql"),
+    ),
+    ("publish.sql", include_str!("../sql/functions/publish.sql")),
+    (
+        "publish_impl.sql",
+        include_str!("../sql/functions/publish_impl.sql"),
+    ),
+    (
+        "recreate.sql",
+        include_str!("../sql/functions/recreate.sql"),
+    ),
+    (
+        "recreate_impl.sql",
+        include_str!("../sql/functions/recreate_impl.sql"),
+    ),
 ];
 
 const FENCE_SQL: &str = "SELECT outcome, token, current_token, current_seq, detail, result
@@ -271,6 +352,11 @@ impl PgFence {
             if !done.contains(&version) {
                 tx.batch_execute(sql).await?;
             }
+        }
+        // The definitions in force, every time: what the migrations left,
+        // readable in one place (see `FUNCTIONS`).
+        for (_, sql) in FUNCTIONS {
+            tx.batch_execute(sql).await?;
         }
         tx.commit().await?;
         Ok(())

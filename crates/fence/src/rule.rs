@@ -3,7 +3,7 @@
 //!
 //! The SQLite backend runs this function inside its transaction; the
 //! PostgreSQL backend runs the same rule as the SQL function `baton.fence`
-//! (`sql/001_baton_fence.sql`). One test suite runs against both.
+//! (in force: `sql/functions/fence_full.sql`). One test suite runs against both.
 
 use crate::{FenceRequest, FencingToken, Fingerprint, Outcome, Policy, Sequence};
 

@@ -1,0 +1,12 @@
+-- The definition in force (generated from the migrations by
+-- crates/fence/tests/sql_functions.rs; do not edit by hand: change a
+-- migration, then write these again). Migrate re-applies every file here
+-- after the migrations, on every install and upgrade.
+
+CREATE OR REPLACE FUNCTION baton.fence(resource text, token bigint, operation text, fingerprint bytea, result bytea DEFAULT '\x'::bytea, seq bigint DEFAULT 0, policy text DEFAULT 'one_per_generation'::text, must_exist boolean DEFAULT false)
+ RETURNS SETOF baton.fence_result
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    RETURN QUERY SELECT * FROM baton.fence_impl($1, $2, $3, $4, $5, $6, baton.policy_code($7), $8, false);
+END $function$;
