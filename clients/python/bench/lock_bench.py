@@ -14,14 +14,18 @@ docs/performance.md for the commands); nothing here starts them.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import statistics
 import threading
 import time
-from typing import Callable
+from collections.abc import Awaitable
+from typing import Any, Callable
 
 import redis
+import redis.asyncio
 
 import baton
+from baton import aio
 
 Cycle = Callable[[], float]
 
@@ -34,6 +38,26 @@ def baton_cycles(address: str, threads: int) -> list[Cycle]:
         name = f"pybench:{i}"
 
         def cycle(session: baton.session.Session = session, name: str = name) -> float:
+            started = time.perf_counter()
+            lease = session.acquire(name)
+            acquired = time.perf_counter() - started
+            session.release(lease)
+            return acquired
+
+        cycles.append(cycle)
+    return cycles
+
+
+def baton_shared_session_cycles(address: str, threads: int) -> list[Cycle]:
+    """All threads on the client's one shared session (what ``client.lease``
+    uses): one stream, one reader and one heartbeat for every thread."""
+    client = baton.Client(address)
+    session = client.session(ttl_s=30)
+    cycles: list[Cycle] = []
+    for i in range(threads):
+        name = f"pybench:shared:{i}"
+
+        def cycle(name: str = name) -> float:
             started = time.perf_counter()
             lease = session.acquire(name)
             acquired = time.perf_counter() - started
@@ -81,6 +105,60 @@ def redis_cycles(address: str, threads: int) -> list[Cycle]:
     return cycles
 
 
+AsyncCycle = Callable[[], Awaitable[float]]
+
+
+async def baton_aio_cycles(client: aio.Client, tasks: int) -> list[AsyncCycle]:
+    cycles: list[AsyncCycle] = []
+    for i in range(tasks):
+        session = await client.open_session(ttl_s=30)
+        name = f"pybench:aio:{i}"
+
+        async def cycle(session: aio.Session = session, name: str = name) -> float:
+            started = time.perf_counter()
+            lease = await session.acquire(name)
+            acquired = time.perf_counter() - started
+            await session.release(lease)
+            return acquired
+
+        cycles.append(cycle)
+    return cycles
+
+
+def redis_aio_cycles(address: str, tasks: int) -> list[AsyncCycle]:
+    host, port = address.rsplit(":", 1)
+    r = redis.asyncio.Redis(host=host, port=int(port), max_connections=tasks)
+    cycles: list[AsyncCycle] = []
+    for i in range(tasks):
+        lock = r.lock(f"pybench:aio:{i}", timeout=30)
+
+        async def cycle(lock: Any = lock) -> float:
+            started = time.perf_counter()
+            if not await lock.acquire(blocking=False):
+                raise RuntimeError("the bench's own lock was held")
+            acquired = time.perf_counter() - started
+            await lock.release()
+            return acquired
+
+        cycles.append(cycle)
+    return cycles
+
+
+async def run_async(cycles: list[AsyncCycle], duration_s: float) -> tuple[float, list[float]]:
+    """Like :func:`run`, with one task per cycle on this event loop."""
+    stop = time.monotonic() + duration_s
+    latencies: list[list[float]] = [[] for _ in cycles]
+
+    async def worker(i: int) -> None:
+        while time.monotonic() < stop:
+            latencies[i].append(await cycles[i]())
+
+    started = time.monotonic()
+    await asyncio.gather(*(worker(i) for i in range(len(cycles))))
+    flat = [x for lat in latencies for x in lat]
+    return len(flat) / (time.monotonic() - started), flat
+
+
 def run(cycles: list[Cycle], duration_s: float) -> tuple[float, list[float]]:
     """Cycles per second and every acquire latency, all threads together."""
     stop = time.monotonic() + duration_s
@@ -115,7 +193,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     systems: dict[str, list[Cycle]] = {
-        "baton session": baton_cycles(args.baton, args.threads),
+        "baton session per thread": baton_cycles(args.baton, args.threads),
+        "baton one shared session": baton_shared_session_cycles(args.baton, args.threads),
         "baton unary": baton_unary_cycles(args.baton, args.threads),
     }
     for spec in args.redis:
@@ -128,13 +207,36 @@ def main() -> None:
             rate, latencies = run(cycles, args.duration)
             rates[name].append(rate)
             lats[name].extend(latencies)
-    print(f"{args.threads} threads, {args.rounds} alternating rounds of {args.duration:g} s")
-    print(f"{'system':38} {'cycles/s (median)':>18} {'acquire p50':>12} {'p99':>10}")
+
+    async def asyncio_rounds() -> None:
+        client = aio.Client(args.baton)
+        tasks: dict[str, list[AsyncCycle]] = {
+            "asyncio: baton.aio session per task": await baton_aio_cycles(client, args.threads)
+        }
+        for spec in args.redis:
+            label, address = spec.split("=", 1)
+            name = f"asyncio: redis.asyncio Lock, {label}"
+            tasks[name] = redis_aio_cycles(address, args.threads)
+        for name in tasks:
+            rates[name], lats[name] = [], []
+        for _ in range(args.rounds):
+            for name, cycles in tasks.items():
+                rate, latencies = await run_async(cycles, args.duration)
+                rates[name].append(rate)
+                lats[name].extend(latencies)
+        systems.update({name: [] for name in tasks})
+
+    asyncio.run(asyncio_rounds())
+    print(
+        f"{args.threads} threads (or tasks on one event loop), "
+        f"{args.rounds} alternating rounds of {args.duration:g} s"
+    )
+    print(f"{'system':44} {'cycles/s (median)':>18} {'acquire p50':>12} {'p99':>10}")
     for name in systems:
         p50_ms = percentile(lats[name], 0.5) * 1e3
         p99_ms = percentile(lats[name], 0.99) * 1e3
         rate = statistics.median(rates[name])
-        print(f"{name:38} {rate:>18.0f} {p50_ms:>10.2f}ms {p99_ms:>8.2f}ms")
+        print(f"{name:44} {rate:>18.0f} {p50_ms:>10.2f}ms {p99_ms:>8.2f}ms")
 
 
 if __name__ == "__main__":

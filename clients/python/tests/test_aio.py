@@ -170,3 +170,24 @@ def test_an_election_hands_over_with_a_higher_token(server: Server) -> None:
             await observer.aclose()
 
     run(main())
+
+
+def test_many_tasks_share_one_session(server: Server) -> None:
+    """grpc.aio allows one write in flight per stream: the session
+    serializes its writes, so tasks may share it freely."""
+
+    async def main() -> None:
+        async with aio.Client(server.address) as c:
+            s = await c.open_session(ttl_s=5)
+
+            async def cycles(i: int) -> int:
+                for _ in range(20):
+                    lease = await s.acquire(f"py:aio:shared:{i}")
+                    assert await s.release(lease)
+                return 20
+
+            done = await asyncio.gather(*(cycles(i) for i in range(16)))
+            assert sum(done) == 320
+            assert await s.close()
+
+    run(main())

@@ -282,15 +282,30 @@ def unavailable(e: grpc.RpcError, tried: list[str]) -> errors.Unavailable:
 # -- requests --------------------------------------------------------------
 
 
-def acquire_request(
-    resources: Any, ttl_s: float | None, wait_s: float, holder: str | None
-) -> tuple[Any, int]:
-    """The request of an acquire and how many leases it asks for."""
+def resource_names(resources: Any) -> list[str]:
+    """The canonical names of an acquire's resources (at least one)."""
     if isinstance(resources, str):
         raise ValueError("resources: a list of names, not one string")
     names = [check_resource(r) for r in resources]
     if not names:
         raise ValueError("resources: name at least one")
+    return names
+
+
+def session_acquire(resources: Any, wait_s: float, holder: str | None) -> tuple[Any, int]:
+    """The ``acquire`` of a session request, and how many leases it asks for."""
+    names = resource_names(resources)
+    acquire = pb.SessionAcquire(resources=names, wait_ms=millis(wait_s, "wait", zero_ok=True))
+    if holder is not None:
+        acquire.holder = holder
+    return acquire, len(names)
+
+
+def acquire_request(
+    resources: Any, ttl_s: float | None, wait_s: float, holder: str | None
+) -> tuple[Any, int]:
+    """The request of an acquire and how many leases it asks for."""
+    names = resource_names(resources)
     request = pb.AcquireRequest(resources=names, wait_ms=millis(wait_s, "wait", zero_ok=True))
     if ttl_s is not None:
         request.ttl_ms = millis(check_ttl(ttl_s), "ttl")

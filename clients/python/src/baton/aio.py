@@ -228,6 +228,16 @@ class Client(_wire.Settings):
                 await asyncio.sleep(pause)
 
 
+def _expire(future: asyncio.Future[Any], timeout_s: float) -> None:
+    if not future.done():
+        future.set_exception(
+            errors.Indeterminate(
+                f"no answer on the session stream within {timeout_s:g} s; "
+                "the request may have taken effect"
+            )
+        )
+
+
 class Keeper(Kept):
     """The asyncio keeper: a task renews the lease every TTL/3; the
     safe-until is the last acknowledged renewal's send time plus the time
@@ -372,6 +382,7 @@ class Session:
         self._why: errors.BatonError = SessionEnded("the session is open")
         self._closing = False
         self._tasks: list[asyncio.Task[None]] = []
+        self._writing = asyncio.Lock()
 
     @classmethod
     async def open(cls, client: Client, ttl_s: float | None = None) -> Session:
@@ -482,7 +493,7 @@ class Session:
                     self._end(SessionEnded("no heartbeat was acknowledged before the safe-until"))
                     return
                 with contextlib.suppress(Exception):
-                    await self._call.write(self._ledger.heartbeat(time.monotonic()))
+                    await self._send(self._ledger.heartbeat(time.monotonic()))
 
     def _end(self, why: errors.BatonError) -> None:
         if self.ended.is_set():
@@ -497,6 +508,27 @@ class Session:
         for task in self._tasks:
             if task is not asyncio.current_task():
                 task.cancel()
+
+    async def _withdraw(self, rid: int, answer: asyncio.Future[Any]) -> None:
+        """The caller gave up on waiting acquire ``rid``: withdraw the wait,
+        then read its answer, and give back a grant that came first (no
+        one will hold it)."""
+        cancel = pb.CancelWait(acquire_id=rid)
+        with contextlib.suppress(Exception):
+            await self._send(pb.SessionRequest(id=next(self._ids), cancel=cancel))
+            body = await asyncio.wait_for(answer, self._client.timeout_s)
+            if body.WhichOneof("outcome") == "granted":
+                for lease in body.granted.leases:
+                    release = pb.ReleaseRequest(
+                        resource=lease.resource, acquisition_id=lease.acquisition_id
+                    )
+                    await self._send(pb.SessionRequest(id=next(self._ids), release=release))
+
+    async def _send(self, request: Any) -> None:
+        """Writes one request: grpc.aio allows one write in flight per
+        stream, and a session is shared by many tasks."""
+        async with self._writing:
+            await self._call.write(request)
 
     @property
     def safe_until(self) -> float:
@@ -513,24 +545,22 @@ class Session:
         if self.ended.is_set():
             raise self._why
         rid = next(self._ids)
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
         self._pending[rid] = future
-        await self._call.write(pb.SessionRequest(id=rid, **op))
+        # A timer, not wait_for: no extra task per request on the hot path.
+        expiry = loop.call_later(timeout_s, _expire, future, timeout_s)
+        await self._send(pb.SessionRequest(id=rid, **op))
         try:
-            return await asyncio.wait_for(asyncio.shield(future), timeout_s)
-        except asyncio.TimeoutError:
-            raise errors.Indeterminate(
-                f"no answer on the session stream within {timeout_s:g} s; "
-                "the request may have taken effect"
-            ) from None
+            # Shielded, so that a cancelled waiting acquire can still read
+            # the answer to its withdrawal.
+            return await (asyncio.shield(future) if waits else future)
         except asyncio.CancelledError:
             if waits:
-                # The caller gave up on a waiting acquire: withdraw it.
-                cancel = pb.CancelWait(acquire_id=rid)
-                with contextlib.suppress(Exception):
-                    await self._call.write(pb.SessionRequest(id=next(self._ids), cancel=cancel))
+                await self._withdraw(rid, future)
             raise
         finally:
+            expiry.cancel()
             self._pending.pop(rid, None)
 
     async def acquire(self, resource: str, wait_s: float = 0) -> Lease:
@@ -539,10 +569,7 @@ class Session:
         return (await self.acquire_all([resource], wait_s))[0]
 
     async def acquire_all(self, resources: Sequence[str], wait_s: float = 0) -> list[Lease]:
-        request, n = _wire.acquire_request(resources, None, wait_s, self._client.holder)
-        acquire = pb.SessionAcquire(
-            resources=request.resources, wait_ms=request.wait_ms, holder=request.holder
-        )
+        acquire, n = _wire.session_acquire(resources, wait_s, self._client.holder)
         sent = time.monotonic()
         body = await self._request(
             {"acquire": acquire}, self._client.timeout_s + wait_s, waits=wait_s > 0

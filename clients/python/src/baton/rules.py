@@ -22,11 +22,24 @@ def _control(text: str) -> tuple[int, int] | None:
     return None
 
 
+_ASCII_OK = re.compile(r"[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?")
+
+
 def check_resource(raw: str) -> str:
     """The canonical (NFC) form of a resource name, or :class:`ValueError`
     naming the rule it breaks."""
     if not isinstance(raw, str):
         raise ValueError(f"resource name must be a str, not {type(raw).__name__}")
+    # The common case, checked at once: printable ASCII (already NFC), no
+    # surrounding space, no empty segment.
+    if (
+        len(raw) <= RESOURCE_NAME_LEN_BYTES_MAX
+        and _ASCII_OK.fullmatch(raw)
+        and not raw.startswith(":")
+        and not raw.endswith(":")
+        and "::" not in raw
+    ):
+        return raw
     if not raw:
         raise ValueError("resource name is empty")
     name = unicodedata.normalize("NFC", raw)

@@ -27,10 +27,10 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from baton import errors
+from baton import _wire, errors
 from baton._proto import baton_pb2 as pb
 from baton.keeper import margin_s
-from baton.rules import check_resource, millis
+from baton.rules import millis
 
 if TYPE_CHECKING:
     from baton.client import Client, Lease
@@ -359,18 +359,11 @@ class Session:
         """Acquires every resource or none, tied to this session."""
         from baton.client import granted
 
-        if isinstance(resources, str):
-            raise ValueError("resources: a list of names, not one string")
-        names = [check_resource(r) for r in resources]
-        if not names:
-            raise ValueError("resources: name at least one")
-        acquire = pb.SessionAcquire(resources=names, wait_ms=millis(wait_s, "wait", zero_ok=True))
-        if self._client.holder is not None:
-            acquire.holder = self._client.holder
+        acquire, n = _wire.session_acquire(resources, wait_s, self._client.holder)
         sent = time.monotonic()
         timeout_s = self._client.timeout_s + wait_s
         body = self._request({"acquire": acquire}, timeout_s, cancel if wait_s > 0 else None)
-        leases = granted(body, sent, len(names))
+        leases = granted(body, sent, n)
         # A lease tied to the session lives as long as the session: its
         # safe-until is the session's.
         return leases
