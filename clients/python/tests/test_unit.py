@@ -4,7 +4,7 @@ error mapping, and the input rules."""
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, NamedTuple
 
 import grpc
 import pytest
@@ -129,9 +129,9 @@ class FakeRpcError(grpc.RpcError):
         return self._trailing
 
 
-class Metadatum:
-    def __init__(self, key: str, value: str) -> None:
-        self.key, self.value = key, value
+class Metadatum(NamedTuple):
+    key: str
+    value: str
 
 
 @pytest.mark.parametrize(
@@ -166,6 +166,9 @@ def test_a_followers_answer_names_the_leader() -> None:
         grpc.StatusCode.UNAVAILABLE, "not the leader", (Metadatum("baton-leader", "b:7700"),)
     )
     assert _leader_hint(follower) == "b:7700"
+    # grpc.aio gives plain pairs.
+    aio_follower = FakeRpcError(grpc.StatusCode.UNAVAILABLE, "x", (("baton-leader", "c:7700"),))
+    assert _leader_hint(aio_follower) == "c:7700"
     assert _leader_hint(FakeRpcError(grpc.StatusCode.UNAVAILABLE, "x")) is None
     assert _leader_hint(FakeRpcError(grpc.StatusCode.INTERNAL, "x")) is None
 

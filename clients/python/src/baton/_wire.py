@@ -122,9 +122,10 @@ def _leader_hint(e: grpc.RpcError) -> str | None:
     """A follower's answer: UNAVAILABLE naming the leader ("" if unknown)."""
     if e.code() != grpc.StatusCode.UNAVAILABLE:
         return None
-    for item in e.trailing_metadata() or ():
-        if item.key == LEADER_METADATA:
-            value = item.value
+    # Pairs: `_Metadatum` named tuples (sync) or plain tuples (grpc.aio).
+    pairs: Any = e.trailing_metadata() or ()
+    for key, value in pairs:
+        if key == LEADER_METADATA:
             return value if isinstance(value, str) else value.decode()
     return None
 

@@ -62,6 +62,7 @@ class Client(_wire.Settings):
         self._watch_channels: dict[str, pb_grpc.LeasesStub] = {}
         self._open_channels: list[grpc.Channel] = []
         self._sessions: dict[float | None, Any] = {}
+        self._twin: Any = None
 
     # -- connections ------------------------------------------------------
 
@@ -188,6 +189,22 @@ class Client(_wire.Settings):
 
     # -- sessions, keepers, watches -------------------------------------------
 
+    def _aio_twin(self) -> Any:
+        """The asyncio client its sessions run on (see
+        :class:`baton.session.Session`): the same settings, holder and
+        servers, made once per client and holder."""
+        from baton import aio
+
+        with self._lock:
+            twin = self._twin
+            if twin is None or twin.holder != self.holder:
+                twin = aio.Client.__new__(aio.Client)
+                for field in ("timeout_s", "holder", "_metadata", "_servers", "_credentials"):
+                    setattr(twin, field, getattr(self, field))
+                twin._setup()
+                self._twin = twin
+            return twin
+
     def open_session(self, ttl_s: float | None = None) -> Any:
         """Opens a :class:`baton.session.Session` on the leader: one
         stream, one heartbeat thread, many leases tied to it. ``ttl_s``
@@ -202,6 +219,7 @@ class Client(_wire.Settings):
         other = copy.copy(self)
         other.holder = check_holder(holder)
         other._sessions = {}
+        other._twin = None
         return other
 
     def watch(self, prefix: str = "") -> Any:
@@ -264,6 +282,13 @@ class Client(_wire.Settings):
         for s in sessions:
             with contextlib.suppress(errors.BatonError):
                 s.close()
+        with self._lock:
+            twin, self._twin = self._twin, None
+        if twin is not None:
+            from baton.session import _run
+
+            with contextlib.suppress(Exception):
+                _run(twin.close())
         with self._lock:
             for channel in self._open_channels:
                 channel.close()
