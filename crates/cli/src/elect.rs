@@ -116,19 +116,7 @@ pub async fn elect(a: &ElectArgs) -> Result<u8, CliError> {
         Ok(Campaign::Elected(keeper)) => keeper,
         Ok(ended) => {
             close_bounded(&session).await;
-            let why = match ended {
-                Campaign::TimedOut => "the wait ran out",
-                _ => "interrupted while campaigning",
-            };
-            let message = format!("not elected: {why}");
-            if with_command {
-                eprintln!("baton elect: not started: {message}");
-                return Ok(Exit::RunNotStarted as u8);
-            }
-            return Err(CliError {
-                code: Exit::NotAcquired,
-                message,
-            });
+            return not_elected(&ended, with_command);
         }
         Err(e) => {
             close_bounded(&session).await;
@@ -160,18 +148,42 @@ pub async fn elect(a: &ElectArgs) -> Result<u8, CliError> {
         .await;
     }
     emit(a.client.json, &elected);
+    lead(&session, &keepers, a.client.json).await
+}
+
+/// The exit of a campaign that ended without leadership: 3, or 125 (and
+/// one line on stderr) when a command was to run.
+fn not_elected(ended: &Campaign, with_command: bool) -> Result<u8, CliError> {
+    let why = match ended {
+        Campaign::TimedOut => "the wait ran out",
+        _ => "interrupted while campaigning",
+    };
+    let message = format!("not elected: {why}");
+    if with_command {
+        eprintln!("baton elect: not started: {message}");
+        return Ok(Exit::RunNotStarted as u8);
+    }
+    Err(CliError {
+        code: Exit::NotAcquired,
+        message,
+    })
+}
+
+/// Holds the leadership until SIGINT or SIGTERM (resign: exit 0) or until
+/// it is lost (exit 4, said at once).
+async fn lead(session: &Session, keepers: &[Keeper], json: bool) -> Result<u8, CliError> {
     let mut term = signal(SignalKind::terminate())
         .map_err(|e| CliError::failure(format!("cannot install SIGTERM handler: {e}")))?;
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
-        keeper = first_lost(&keepers) => {
+        keeper = first_lost(keepers) => {
             let code = CliError {
                 code: Exit::NotOwner,
-                message: format!("no longer leading: {}", loss_message(keeper, &session)),
+                message: format!("no longer leading: {}", loss_message(keeper, session)),
             }
-            .report(a.client.json);
-            close_bounded(&session).await;
+            .report(json);
+            close_bounded(session).await;
             return Ok(code as u8);
         }
     }
