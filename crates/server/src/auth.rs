@@ -75,6 +75,25 @@ impl Principal {
             .any(|(prefix, perms)| name.starts_with(prefix.as_str()) && perms.contains(&permission))
     }
 
+    /// The prefixes under which `permission` is granted, none under
+    /// another, in name order.
+    pub fn prefixes(&self, permission: Permission) -> Vec<String> {
+        let mut all: Vec<&str> = self
+            .rules
+            .iter()
+            .filter(|(_, perms)| perms.contains(&permission))
+            .map(|(prefix, _)| prefix.as_str())
+            .collect();
+        all.sort_unstable();
+        let mut out: Vec<String> = Vec::new();
+        for p in all {
+            if !out.last().is_some_and(|q| p.starts_with(q.as_str())) {
+                out.push(p.to_string());
+            }
+        }
+        out
+    }
+
     /// Whether `permission` is granted on every name (a rule on the empty prefix).
     pub fn allows_everything(&self, permission: Permission) -> bool {
         self.allows(permission, "")
@@ -387,6 +406,9 @@ rules = {{ "" = ["read", "fence", "admin"] }}
             .unwrap();
         assert!(ops.allows_everything(Permission::Admin));
         assert!(!ops.allows(Permission::Lease, "statement:1"));
+        assert_eq!(p.prefixes(Permission::Read), [""], "\"\" covers statement:");
+        assert_eq!(p.prefixes(Permission::Lease), ["statement:"]);
+        assert!(p.prefixes(Permission::Fence).is_empty());
         for wrong in [
             Credential::from_parts(Some(b"Bearer nope"), Some("ops")),
             Credential::from_parts(None, Some("billing-x")),

@@ -357,13 +357,19 @@ impl Engine {
     fn step(&mut self, now: MonoMs, mut replies: Vec<Deferred>) -> bool {
         self.table.tick(now);
         let fx = self.table.take_effects();
-        if self.hub.is_watched() {
-            let changes = holder_changes(&fx.events);
-            if !changes.is_empty() {
-                // Published by the committer after this step's commit.
-                let hub = self.hub.clone();
-                replies.push(Box::new(move || hub.publish(changes)));
-            }
+        let changes = holder_changes(&fx.events);
+        if !changes.is_empty() {
+            // Recorded and published by the committer after this step's
+            // commit: neither the page nor a watcher sees a grant that is
+            // not durable.
+            let hub = self.hub.clone();
+            let metrics = self.metrics.clone();
+            replies.push(Box::new(move || {
+                metrics.history.record(&changes, Instant::now());
+                if hub.is_watched() {
+                    hub.publish(changes);
+                }
+            }));
         }
         self.lazy.extend(fx.writes);
         let flush = !self.lazy.is_empty()

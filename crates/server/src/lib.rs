@@ -14,6 +14,7 @@ mod auth;
 mod cluster;
 mod conn;
 mod engine;
+mod history;
 mod http;
 mod metrics;
 mod penalty;
@@ -513,12 +514,16 @@ async fn serve_http(
         return Ok(None);
     };
     let (listener, bound) = bind(addr).await?;
+    let gate = guards.gate(metrics);
+    let service = service::LeaseService::new(seat.clone(), metrics.clone(), config.default_ttl_ms)
+        .guarded_by(gate.clone());
     tokio::spawn(http::serve(
         listener,
         metrics.clone(),
         seat.clone(),
         guards.http_tls.clone(),
-        guards.gate(metrics),
+        gate,
+        service,
     ));
     Ok(Some(bound))
 }

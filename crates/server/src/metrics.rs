@@ -1,14 +1,21 @@
 //! The server's counters, gauges and acquire-latency histogram, in a
 //! prometheus-client registry of their own (one per server, so servers
-//! embedded in one process do not mix), rendered for `/metrics`.
+//! embedded in one process do not mix), rendered for `/metrics`; and what
+//! the operator page shows beside them: the recent holder changes
+//! ([`History`]) and a short series of headline figures, one point per
+//! second ([`Figures`]).
 
-use std::sync::atomic::AtomicBool;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
+
+use crate::history::History;
 
 /// Upper bounds of the acquire-latency buckets, in seconds.
 const LATENCY_BUCKETS_S: [f64; 12] = [
@@ -46,6 +53,14 @@ pub struct Metrics {
     pub(crate) is_leader: Gauge,
     acquire_latency_s: Histogram,
     commit_latency_s: Histogram,
+    /// The same observations, counted per bucket for the page's p99
+    /// (prometheus-client does not expose its buckets).
+    acquire_buckets: Buckets,
+    commit_buckets: Buckets,
+    /// Recent holder changes per resource, for the operator page.
+    pub(crate) history: History,
+    /// The page's headline series, newest last.
+    figures: Mutex<VecDeque<Figures>>,
     /// True once recovery is done and the server grants (`/readyz`).
     pub(crate) ready: AtomicBool,
 }
@@ -169,6 +184,10 @@ impl Default for Metrics {
             is_leader,
             acquire_latency_s,
             commit_latency_s,
+            acquire_buckets: Buckets::default(),
+            commit_buckets: Buckets::default(),
+            history: History::default(),
+            figures: Mutex::new(VecDeque::with_capacity(FIGURES_LEN)),
             ready: AtomicBool::new(false),
         }
     }
@@ -178,11 +197,44 @@ impl Metrics {
     /// Records the service time of an acquire answered without waiting in line.
     pub(crate) fn observe_acquire_latency_us(&self, us: u64) {
         self.acquire_latency_s.observe(us as f64 / 1e6);
+        self.acquire_buckets.observe_us(us);
     }
 
     /// Records the time of one store commit.
     pub(crate) fn observe_commit_latency_us(&self, us: u64) {
         self.commit_latency_s.observe(us as f64 / 1e6);
+        self.commit_buckets.observe_us(us);
+    }
+
+    /// The running totals the page's figures are differences of.
+    pub(crate) fn totals(&self) -> Totals {
+        Totals {
+            grants: self.grants.get(),
+            hand_offs: self.ownership_transfers.get(),
+            expiries: self.expiries.get(),
+            fences: self.fences.get(),
+            acquire: self.acquire_buckets.counts(),
+            commit: self.commit_buckets.counts(),
+        }
+    }
+
+    /// Adds one point to the page's series: what happened between
+    /// `before` and now, over `elapsed_ms`. Returns the new totals.
+    pub(crate) fn sample(&self, before: &Totals, elapsed_ms: u64) -> Totals {
+        let now = self.totals();
+        let point = Figures::between(before, &now, elapsed_ms.max(1));
+        let mut figures = self.figures.lock().unwrap_or_else(|p| p.into_inner());
+        if figures.len() == FIGURES_LEN {
+            figures.pop_front();
+        }
+        figures.push_back(point);
+        now
+    }
+
+    /// The page's series, oldest first.
+    pub(crate) fn figures(&self) -> Vec<Figures> {
+        let figures = self.figures.lock().unwrap_or_else(|p| p.into_inner());
+        figures.iter().copied().collect()
     }
 
     /// The text exposition of every metric (OpenMetrics, which Prometheus reads).
@@ -191,6 +243,91 @@ impl Metrics {
         encode(&mut out, &self.registry).expect("writing to a String cannot fail");
         out
     }
+}
+
+/// Points the page's series keeps: two minutes at one a second.
+pub const FIGURES_LEN: usize = 120;
+
+/// Latency observations per bucket of [`LATENCY_BUCKETS_S`] (the last
+/// slot counts those above the largest bound).
+#[derive(Default)]
+struct Buckets([AtomicU64; LATENCY_BUCKETS_S.len() + 1]);
+
+impl Buckets {
+    fn observe_us(&self, us: u64) {
+        let s = us as f64 / 1e6;
+        let i = LATENCY_BUCKETS_S
+            .iter()
+            .position(|b| s <= *b)
+            .unwrap_or(LATENCY_BUCKETS_S.len());
+        self.0[i].fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn counts(&self) -> [u64; LATENCY_BUCKETS_S.len() + 1] {
+        std::array::from_fn(|i| self.0[i].load(Ordering::Relaxed))
+    }
+}
+
+/// Running totals at one moment.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Totals {
+    grants: u64,
+    hand_offs: u64,
+    expiries: u64,
+    fences: u64,
+    acquire: [u64; LATENCY_BUCKETS_S.len() + 1],
+    commit: [u64; LATENCY_BUCKETS_S.len() + 1],
+}
+
+/// One point of the page's series: rates over the last interval, and the
+/// 99th percentile of the latencies observed in it (the upper bound of
+/// the bucket it falls in; `None` with no observation, and the largest
+/// bound doubled for one above every bucket).
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+pub struct Figures {
+    pub grants_per_s: f64,
+    pub hand_offs_per_s: f64,
+    pub expiries_per_s: f64,
+    pub fences_per_s: f64,
+    pub acquire_p99_ms: Option<f64>,
+    pub commit_p99_ms: Option<f64>,
+}
+
+impl Figures {
+    fn between(a: &Totals, b: &Totals, elapsed_ms: u64) -> Self {
+        let rate = |x: u64, y: u64| y.saturating_sub(x) as f64 * 1000.0 / elapsed_ms as f64;
+        Self {
+            grants_per_s: rate(a.grants, b.grants),
+            hand_offs_per_s: rate(a.hand_offs, b.hand_offs),
+            expiries_per_s: rate(a.expiries, b.expiries),
+            fences_per_s: rate(a.fences, b.fences),
+            acquire_p99_ms: p99_ms(&a.acquire, &b.acquire),
+            commit_p99_ms: p99_ms(&a.commit, &b.commit),
+        }
+    }
+}
+
+/// The 99th percentile of the observations between two bucket counts.
+fn p99_ms(a: &[u64], b: &[u64]) -> Option<f64> {
+    let counts: Vec<u64> = a.iter().zip(b).map(|(x, y)| y.saturating_sub(*x)).collect();
+    let n: u64 = counts.iter().sum();
+    if n == 0 {
+        return None;
+    }
+    // The smallest bucket holding at least 99% of the observations.
+    let rank = n - n / 100;
+    let mut seen = 0;
+    for (i, c) in counts.iter().enumerate() {
+        seen += c;
+        if seen >= rank {
+            let bound_s = LATENCY_BUCKETS_S
+                .get(i)
+                .copied()
+                .unwrap_or(LATENCY_BUCKETS_S[LATENCY_BUCKETS_S.len() - 1] * 2.0);
+            return Some(bound_s * 1000.0);
+        }
+    }
+    None
 }
 
 #[cfg(test)]
@@ -216,5 +353,32 @@ mod tests {
         ] {
             assert!(text.contains(line), "missing {line:?} in\n{text}");
         }
+    }
+
+    #[test]
+    fn a_sample_gives_rates_and_the_p99_bucket_of_its_interval() {
+        let m = Metrics::default();
+        let before = m.totals();
+        for _ in 0..10 {
+            m.grants.inc();
+        }
+        for _ in 0..98 {
+            m.observe_commit_latency_us(80);
+        }
+        m.observe_commit_latency_us(3_000);
+        m.observe_commit_latency_us(3_000);
+        let after = m.sample(&before, 2_000);
+        let f = m.figures();
+        assert_eq!(f.len(), 1);
+        assert_eq!(f[0].grants_per_s, 5.0);
+        assert_eq!(f[0].commit_p99_ms, Some(5.0), "2 of 100 above 2 ms");
+        assert_eq!(f[0].acquire_p99_ms, None, "no acquire observed");
+        m.sample(&after, 1_000);
+        assert_eq!(
+            m.figures()[1].grants_per_s,
+            0.0,
+            "the next interval is its own"
+        );
+        assert_eq!(m.figures()[1].commit_p99_ms, None);
     }
 }

@@ -22,6 +22,7 @@ mod guard;
 mod session;
 mod watch;
 
+pub(crate) use guard::Admitted;
 pub use guard::Caller;
 pub(crate) use guard::Gate;
 
@@ -91,6 +92,41 @@ impl LeaseService {
         let (tx, rx) = oneshot::channel();
         send(term, make(tx))?;
         self.answer_on(term, rx).await
+    }
+
+    /// Up to `limit` resources under `prefix` after `start_after`, in
+    /// name order: the caller has checked `read` on `prefix`.
+    pub(crate) async fn list_entries(
+        &self,
+        prefix: String,
+        start_after: Option<String>,
+        limit: usize,
+    ) -> Result<Vec<LeaseStatus>, Status> {
+        self.call(|reply| Command::List {
+            prefix,
+            start_after,
+            limit,
+            reply,
+        })
+        .await
+    }
+
+    /// An operator fence by `who`, wherever it was asked for (`baton
+    /// fence`, the operator page): checked for `fence` on the resource and
+    /// audited, whatever the outcome.
+    pub(crate) async fn fence_as(
+        &self,
+        who: &Admitted<'_>,
+        resource: ResourceName,
+    ) -> Result<baton_core::FenceOutcome, Status> {
+        who.may(Permission::Fence, resource.as_str())?;
+        let name = resource.to_string();
+        let out = self.call(|reply| Command::Fence { resource, reply }).await;
+        match &out {
+            Ok(o) => who.audit(&name, Some(o.token.get()), "ok"),
+            Err(_) => who.audit(&name, None, "indeterminate"),
+        }
+        out
     }
 
     /// The engine's answer, if `term` still leads.
@@ -406,15 +442,7 @@ impl Leases for LeaseService {
         } as usize;
         who.may(Permission::Read, &req.prefix)?;
         let start_after = (!req.start_after.is_empty()).then_some(req.start_after);
-        let prefix = req.prefix;
-        let out = self
-            .call(|reply| Command::List {
-                prefix,
-                start_after,
-                limit,
-                reply,
-            })
-            .await?;
+        let out = self.list_entries(req.prefix, start_after, limit).await?;
         Ok(Response::new(v1::ListResponse {
             entries: out.into_iter().map(status_message).collect(),
         }))
@@ -427,14 +455,7 @@ impl Leases for LeaseService {
         let caller = Caller::of(&request, self.gate.is_on());
         let who = self.gate.let_in(&caller, "fence").await?;
         let resource = parse_resource("resource", &request.into_inner().resource)?;
-        who.may(Permission::Fence, resource.as_str())?;
-        let name = resource.to_string();
-        let out = self.call(|reply| Command::Fence { resource, reply }).await;
-        match &out {
-            Ok(o) => who.audit(&name, Some(o.token.get()), "ok"),
-            Err(_) => who.audit(&name, None, "indeterminate"),
-        }
-        let out = out?;
+        let out = self.fence_as(&who, resource).await?;
         Ok(Response::new(v1::FenceResponse {
             token: out.token.get(),
             revoked: out.revoked.is_some(),

@@ -1,5 +1,6 @@
 //! The HTTP port: `GET /healthz` (alive), `GET /readyz` (recovered and
-//! granting) and `GET /metrics`, routed by axum and served one request per
+//! granting), `GET /metrics`, and the operator page at `/` with the data
+//! it polls under `/api/` (see `page.rs`), routed by axum and served one request per
 //! connection by hyper, each connection bounded in time so an idle or slow
 //! client cannot hold it. With TLS on, the port speaks HTTPS (no client
 //! certificates: probes and scrapers need none); with an auth file,
@@ -15,7 +16,7 @@ use std::time::Duration;
 use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::Router;
 use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
@@ -25,13 +26,17 @@ use tracing::debug;
 use crate::auth::Permission;
 use crate::metrics::Metrics;
 use crate::seat::Seat;
-use crate::service::{Caller, Gate};
+use crate::service::{Caller, Gate, LeaseService};
+
+mod page;
 
 #[derive(Clone)]
 struct HttpState {
     metrics: Arc<Metrics>,
     seat: Arc<Seat>,
     gate: Gate,
+    /// The lease service the page's calls go through (list and fence).
+    service: LeaseService,
 }
 
 /// The address a request's connection comes from.
@@ -43,17 +48,21 @@ const CONNECTION_TIME_MAX: Duration = Duration::from_secs(5);
 /// The largest request head the port reads.
 const REQUEST_HEAD_LEN_BYTES_MAX: usize = 8 * 1024;
 
-fn router(metrics: Arc<Metrics>, seat: Arc<Seat>, gate: Gate) -> Router {
+/// How often the page's headline series takes a point.
+const FIGURES_INTERVAL: Duration = Duration::from_secs(1);
+
+fn router(state: HttpState) -> Router {
     Router::new()
+        .route("/", get(page::page))
+        .route("/api/overview", get(page::overview))
+        .route("/api/leases", get(page::leases))
+        .route("/api/history", get(page::history))
+        .route("/api/fence", post(page::fence))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(render_metrics))
         .fallback(|| async { (StatusCode::NOT_FOUND, "not found\n") })
-        .with_state(HttpState {
-            metrics,
-            seat,
-            gate,
-        })
+        .with_state(state)
 }
 
 /// Alive; in a cluster also the role: `ok leader term N` or `ok follower`.
@@ -121,15 +130,23 @@ async fn render_metrics(
         .into_response()
 }
 
-/// Serves the port until the process ends; over TLS with `tls`.
+/// Serves the port until the process ends; over TLS with `tls`. The
+/// page's calls go through `service`, guarded by `gate`.
 pub async fn serve(
     listener: TcpListener,
     metrics: Arc<Metrics>,
     seat: Arc<Seat>,
     tls: Option<crate::tls::Tls>,
     gate: Gate,
+    service: LeaseService,
 ) {
-    let app = router(metrics, seat, gate);
+    tokio::spawn(take_figures(metrics.clone()));
+    let app = router(HttpState {
+        metrics,
+        seat,
+        gate,
+        service,
+    });
     loop {
         let Ok((mut stream, peer)) = listener.accept().await else {
             continue;
@@ -153,6 +170,22 @@ pub async fn serve(
                 Ok(Ok(())) => {}
             }
         });
+    }
+}
+
+/// Adds a point to the page's headline series every second, for the
+/// process's life.
+async fn take_figures(metrics: Arc<Metrics>) {
+    let mut ticks = tokio::time::interval(FIGURES_INTERVAL);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    ticks.tick().await;
+    let mut totals = metrics.totals();
+    let mut at = tokio::time::Instant::now();
+    loop {
+        ticks.tick().await;
+        let now = tokio::time::Instant::now();
+        totals = metrics.sample(&totals, (now - at).as_millis() as u64);
+        at = now;
     }
 }
 

@@ -1,0 +1,156 @@
+//! Recent holder changes per resource, for the operator page: kept in
+//! memory only (a restart or a new leader starts with none, and the page
+//! says so), bounded per resource and in all, recorded by the committer
+//! after each step's commit (so it never shows a grant that is not
+//! durable), in the order the engine made the changes.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Mutex;
+use std::time::Instant;
+
+use crate::watch::Change;
+
+/// Changes kept per resource: the oldest goes first.
+pub const HISTORY_PER_RESOURCE_MAX: usize = 32;
+/// Changes kept in all: the oldest of any resource goes first.
+pub const HISTORY_TOTAL_MAX: usize = 100_000;
+
+/// One recorded change and when this server recorded it (monotonic).
+#[derive(Clone, Debug)]
+pub struct Entry {
+    /// Numbered in record order across every resource.
+    pub seq: u64,
+    pub change: Change,
+    pub at: Instant,
+}
+
+#[derive(Default)]
+struct Book {
+    next_seq: u64,
+    by_resource: HashMap<String, VecDeque<Entry>>,
+    /// Every entry recorded, oldest first, by (seq, resource): the global
+    /// bound evicts from the front. An entry the per-resource bound already
+    /// evicted still has its place here until its turn comes, so this queue
+    /// bounds the total.
+    order: VecDeque<(u64, String)>,
+}
+
+/// The recent holder changes of every resource.
+#[derive(Default)]
+pub struct History {
+    book: Mutex<Book>,
+}
+
+impl History {
+    /// Records a step's holder changes, in order, all at `at`.
+    pub fn record(&self, changes: &[Change], at: Instant) {
+        if changes.is_empty() {
+            return;
+        }
+        let mut book = self.lock();
+        for change in changes {
+            book.next_seq += 1;
+            let seq = book.next_seq;
+            let entries = book.by_resource.entry(change.resource.clone()).or_default();
+            entries.push_back(Entry {
+                seq,
+                change: change.clone(),
+                at,
+            });
+            if entries.len() > HISTORY_PER_RESOURCE_MAX {
+                entries.pop_front();
+            }
+            book.order.push_back((seq, change.resource.clone()));
+            while book.order.len() > HISTORY_TOTAL_MAX {
+                let Some((seq, resource)) = book.order.pop_front() else {
+                    break;
+                };
+                book.evict(seq, &resource);
+            }
+        }
+    }
+
+    /// A resource's recorded changes, newest first.
+    pub fn of(&self, resource: &str) -> Vec<Entry> {
+        self.lock()
+            .by_resource
+            .get(resource)
+            .map(|e| e.iter().rev().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// Changes held in all.
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.lock().by_resource.values().map(VecDeque::len).sum()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Book> {
+        self.book.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl Book {
+    /// Drops entry `seq` of `resource` if the per-resource bound has not
+    /// already dropped it (then it is that resource's oldest).
+    fn evict(&mut self, seq: u64, resource: &str) {
+        let Some(entries) = self.by_resource.get_mut(resource) else {
+            return;
+        };
+        if entries.front().is_some_and(|e| e.seq == seq) {
+            entries.pop_front();
+        }
+        if entries.is_empty() {
+            self.by_resource.remove(resource);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use baton_core::{FencingToken, HolderChange};
+
+    use super::*;
+
+    fn change(resource: &str, n: u64) -> Change {
+        Change {
+            kind: HolderChange::Granted,
+            resource: resource.into(),
+            token: FencingToken::from_u64((1 << 40) | n).unwrap(),
+            revoked: None,
+            holder: None,
+        }
+    }
+
+    #[test]
+    fn a_resource_keeps_its_newest_changes_newest_first() {
+        let h = History::default();
+        let now = Instant::now();
+        let changes: Vec<Change> = (1..=40).map(|n| change("r", n)).collect();
+        h.record(&changes, now);
+        h.record(&[change("s", 99)], now);
+        let r = h.of("r");
+        assert_eq!(r.len(), HISTORY_PER_RESOURCE_MAX);
+        assert_eq!(r[0].change.token.get() & 0xff, 40, "newest first");
+        assert_eq!(r[31].change.token.get() & 0xff, 9, "the 8 oldest went");
+        assert_eq!(h.of("s").len(), 1);
+        assert!(h.of("t").is_empty());
+    }
+
+    #[test]
+    fn the_total_is_bounded_by_evicting_the_oldest_of_any_resource() {
+        let h = History::default();
+        let now = Instant::now();
+        // One busy resource (bounded by itself) and many quiet ones.
+        let busy: Vec<Change> = (0..1_000).map(|n| change("busy", n)).collect();
+        h.record(&busy, now);
+        let quiet: Vec<Change> = (0..HISTORY_TOTAL_MAX as u64)
+            .map(|n| change(&format!("q{n}"), n))
+            .collect();
+        h.record(&quiet, now);
+        assert!(h.len() <= HISTORY_TOTAL_MAX, "{}", h.len());
+        assert!(h.of("busy").is_empty(), "the oldest resource went first");
+        assert_eq!(h.of(&format!("q{}", HISTORY_TOTAL_MAX - 1)).len(), 1);
+        assert_eq!(h.len(), HISTORY_TOTAL_MAX);
+    }
+}

@@ -1,0 +1,364 @@
+//! The operator page (`GET /`, one static file with its script inline)
+//! and the data it polls, as JSON:
+//!
+//! - `GET /api/overview`: this server's role, term, leader and members,
+//!   the lease, waiter and session counts and the headline series;
+//! - `GET /api/leases?prefix=P&after=NAME&limit=N`: one page of
+//!   resources in name order, paged by the engine (never a full dump);
+//! - `GET /api/history?resource=NAME`: the resource's recent holder
+//!   changes, newest first (see `history.rs`);
+//! - `POST /api/fence?resource=NAME` with `x-baton-confirm: fence`: an
+//!   operator fence through the same path, permission and audit line as
+//!   `baton fence` (the header cannot be sent by a cross-site form, so a
+//!   page elsewhere cannot fence through a browser).
+//!
+//! Every data call goes through the server's one gate. With an auth file
+//! the caller's bearer token (typed once into the page and kept for the
+//! tab) must name a principal with `read`; a list shows only names under
+//! the prefixes it may read, and the server-wide figures need `read` on
+//! every name, as `/metrics` does.
+
+use std::time::Instant;
+
+use axum::extract::{Query, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use baton_core::{LeaseStatus, RESOURCE_NAME_LEN_BYTES_MAX};
+use baton_proto::LIST_LIMIT_MAX;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use tonic::{Code, Status};
+
+use super::{HttpState, Peer};
+use crate::auth::Permission;
+use crate::history::{HISTORY_PER_RESOURCE_MAX, HISTORY_TOTAL_MAX};
+use crate::service::{parse_resource, Admitted, Caller};
+
+const PAGE_HTML: &str = include_str!("page.html");
+
+/// Rows per page when the caller names no limit.
+const PAGE_ROWS_DEFAULT: usize = 50;
+
+/// What the page says about the history it shows.
+fn history_note() -> String {
+    format!(
+        "kept in this server's memory only: the last {HISTORY_PER_RESOURCE_MAX} changes per resource and {HISTORY_TOTAL_MAX} in all; lost on restart, and a new leader starts with none"
+    )
+}
+
+pub(super) async fn page() -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+            (header::CACHE_CONTROL, "no-store"),
+        ],
+        PAGE_HTML,
+    )
+        .into_response()
+}
+
+/// A refusal or failure as the page's data calls answer it: the gRPC
+/// code's HTTP status and the message, as `{"error": ...}`.
+fn error(status: Status) -> Response {
+    let code = match status.code() {
+        Code::InvalidArgument | Code::OutOfRange => StatusCode::BAD_REQUEST,
+        Code::Unauthenticated => StatusCode::UNAUTHORIZED,
+        Code::PermissionDenied => StatusCode::FORBIDDEN,
+        Code::NotFound => StatusCode::NOT_FOUND,
+        Code::ResourceExhausted => StatusCode::TOO_MANY_REQUESTS,
+        Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
+    };
+    let body = Json(json!({ "error": status.message() }));
+    if code == StatusCode::UNAUTHORIZED {
+        return (code, [(header::WWW_AUTHENTICATE, "Bearer")], body).into_response();
+    }
+    (code, body).into_response()
+}
+
+/// The caller of a data call: its bearer token at most.
+fn caller(s: &HttpState, peer: Peer, headers: &HeaderMap) -> Caller {
+    let authorization = headers.get(header::AUTHORIZATION).map(|v| v.as_bytes());
+    Caller::http(authorization, Some(peer.0), s.gate.is_on())
+}
+
+/// What a caller let in may read: `None` for everything (auth off, or a
+/// rule on the empty prefix), else the prefixes its rules give `read` on.
+fn readable(who: &Admitted<'_>) -> Option<Vec<String>> {
+    let p = who.principal()?;
+    let prefixes = p.prefixes(Permission::Read);
+    (prefixes.first().map(String::as_str) != Some("")).then_some(prefixes)
+}
+
+/// The name ranges a list of `requested` covers for a caller who may read
+/// `readable`, in name order: all of `requested` if a readable prefix
+/// starts it, else each readable prefix that lies under it (disjoint, as
+/// none of them starts another).
+pub(crate) fn ranges(requested: &str, readable: Option<&[String]>) -> Vec<String> {
+    let Some(readable) = readable else {
+        return vec![requested.to_string()];
+    };
+    if readable.iter().any(|p| requested.starts_with(p.as_str())) {
+        return vec![requested.to_string()];
+    }
+    readable
+        .iter()
+        .filter(|p| p.starts_with(requested))
+        .cloned()
+        .collect()
+}
+
+/// The audited refusal of a caller who may read nothing under `prefix`.
+fn denied(who: &Admitted<'_>, prefix: &str) -> Status {
+    who.may(Permission::Read, prefix).err().unwrap_or_else(|| {
+        Status::permission_denied(format!("nothing under {prefix:?} may be read"))
+    })
+}
+
+#[derive(Serialize)]
+struct Member {
+    node: String,
+    advertise: String,
+    seen_ms_ago: u64,
+    leader: bool,
+}
+
+pub(super) async fn overview(
+    State(s): State<HttpState>,
+    axum::Extension(peer): axum::Extension<Peer>,
+    headers: HeaderMap,
+) -> Response {
+    let caller = caller(&s, peer, &headers);
+    let who = match s.gate.let_in(&caller, "read the operator page").await {
+        Ok(who) => who,
+        Err(refused) => return error(refused),
+    };
+    let readable = readable(&who);
+    if readable.as_ref().is_some_and(Vec::is_empty) {
+        return error(denied(&who, ""));
+    }
+    let view = s.seat.view();
+    let cluster = view.as_ref().map(|v| {
+        let members: Vec<Member> = v
+            .members
+            .iter()
+            .map(|(node, advertise, seen_ms_ago)| Member {
+                leader: v.leader_node.as_deref() == Some(node.as_str()),
+                node: node.clone(),
+                advertise: advertise.clone(),
+                seen_ms_ago: *seen_ms_ago,
+            })
+            .collect();
+        json!({
+            "name": v.cluster,
+            "term": v.term,
+            "leader": v.leader,
+            "members": members,
+        })
+    });
+    let m = &s.metrics;
+    let figures = readable.is_none().then(|| {
+        json!({
+            "leases": m.leases.get(),
+            "waiters": m.waiters.get(),
+            "sessions": m.sessions.get(),
+            "grants": m.grants.get(),
+            "hand_offs": m.ownership_transfers.get(),
+            "expiries": m.expiries.get(),
+            "fences": m.fences.get(),
+            "series": m.figures(),
+        })
+    });
+    Json(json!({
+        "node": s.seat.node,
+        "role": if s.seat.is_leader() { "leader" } else { "follower" },
+        "ready": m.ready.load(std::sync::atomic::Ordering::Acquire),
+        "cluster": cluster,
+        "principal": who.principal().map(|p| p.name.clone()),
+        "readable": readable,
+        "figures": figures,
+        "history_note": history_note(),
+    }))
+    .into_response()
+}
+
+#[derive(Deserialize)]
+pub(super) struct LeasesQuery {
+    #[serde(default)]
+    prefix: String,
+    after: Option<String>,
+    limit: Option<usize>,
+}
+
+#[derive(Serialize)]
+struct Row {
+    resource: String,
+    /// Tokens can pass 2^53: strings, so a browser keeps every digit.
+    token: Option<String>,
+    holder: Option<String>,
+    remaining_ms: u64,
+    ttl_ms: u64,
+    waiters: usize,
+}
+
+impl From<LeaseStatus> for Row {
+    fn from(s: LeaseStatus) -> Self {
+        Self {
+            resource: s.resource.to_string(),
+            token: s.holder_token.map(|t| t.get().to_string()),
+            holder: s.holder.map(|h| h.to_string()),
+            remaining_ms: s.remaining_ms,
+            ttl_ms: s.ttl_ms,
+            waiters: s.n_waiters,
+        }
+    }
+}
+
+pub(super) async fn leases(
+    State(s): State<HttpState>,
+    axum::Extension(peer): axum::Extension<Peer>,
+    headers: HeaderMap,
+    Query(q): Query<LeasesQuery>,
+) -> Response {
+    let caller = caller(&s, peer, &headers);
+    let who = match s.gate.let_in(&caller, "list on the operator page").await {
+        Ok(who) => who,
+        Err(refused) => return error(refused),
+    };
+    if q.prefix.len() > RESOURCE_NAME_LEN_BYTES_MAX {
+        return error(Status::invalid_argument(format!(
+            "prefix is {} bytes; the limit is {RESOURCE_NAME_LEN_BYTES_MAX} bytes",
+            q.prefix.len()
+        )));
+    }
+    let limit = q.limit.unwrap_or(PAGE_ROWS_DEFAULT);
+    if limit == 0 || limit > LIST_LIMIT_MAX as usize {
+        return error(Status::invalid_argument(format!(
+            "limit {limit} is outside 1 to {LIST_LIMIT_MAX}"
+        )));
+    }
+    let readable = readable(&who);
+    let ranges = ranges(&q.prefix, readable.as_deref());
+    if ranges.is_empty() {
+        return error(denied(&who, &q.prefix));
+    }
+    let mut rows: Vec<Row> = Vec::new();
+    for range in ranges {
+        let want = limit - rows.len();
+        match s.service.list_entries(range, q.after.clone(), want).await {
+            Ok(entries) => rows.extend(entries.into_iter().map(Row::from)),
+            Err(e) => return error(e),
+        }
+        if rows.len() == limit {
+            break;
+        }
+    }
+    let next = (rows.len() == limit).then(|| rows[rows.len() - 1].resource.clone());
+    Json(json!({ "rows": rows, "next": next, "readable": readable })).into_response()
+}
+
+#[derive(Deserialize)]
+pub(super) struct ResourceQuery {
+    resource: String,
+}
+
+pub(super) async fn history(
+    State(s): State<HttpState>,
+    axum::Extension(peer): axum::Extension<Peer>,
+    headers: HeaderMap,
+    Query(q): Query<ResourceQuery>,
+) -> Response {
+    let caller = caller(&s, peer, &headers);
+    let who = match s
+        .gate
+        .let_in(&caller, "read history on the operator page")
+        .await
+    {
+        Ok(who) => who,
+        Err(refused) => return error(refused),
+    };
+    let resource = match parse_resource("resource", &q.resource) {
+        Ok(r) => r,
+        Err(e) => return error(e),
+    };
+    if let Err(refused) = who.may(Permission::Read, resource.as_str()) {
+        return error(refused);
+    }
+    let now = Instant::now();
+    let entries: Vec<_> = s
+        .metrics
+        .history
+        .of(resource.as_str())
+        .into_iter()
+        .map(|e| {
+            json!({
+                "seq": e.seq,
+                "kind": e.change.kind.as_str(),
+                "token": e.change.token.get().to_string(),
+                "revoked": e.change.revoked.map(|t| t.get().to_string()),
+                "holder": e.change.holder.map(|h| h.to_string()),
+                "ago_ms": now.saturating_duration_since(e.at).as_millis() as u64,
+            })
+        })
+        .collect();
+    Json(json!({
+        "resource": resource.as_str(),
+        "entries": entries,
+        "note": history_note(),
+    }))
+    .into_response()
+}
+
+/// The header a fence from the page must carry, and its value.
+pub const CONFIRM_HEADER: &str = "x-baton-confirm";
+
+pub(super) async fn fence(
+    State(s): State<HttpState>,
+    axum::Extension(peer): axum::Extension<Peer>,
+    headers: HeaderMap,
+    Query(q): Query<ResourceQuery>,
+) -> Response {
+    let caller = caller(&s, peer, &headers);
+    let who = match s.gate.let_in(&caller, "fence").await {
+        Ok(who) => who,
+        Err(refused) => return error(refused),
+    };
+    if headers.get(CONFIRM_HEADER).map(|v| v.as_bytes()) != Some(b"fence") {
+        return error(Status::invalid_argument(format!(
+            "a fence from the page needs the header `{CONFIRM_HEADER}: fence` (the page sends it once the operator confirms)"
+        )));
+    }
+    let resource = match parse_resource("resource", &q.resource) {
+        Ok(r) => r,
+        Err(e) => return error(e),
+    };
+    match s.service.fence_as(&who, resource).await {
+        Ok(out) => Json(json!({
+            "token": out.token.get().to_string(),
+            "revoked": out.revoked.map(|t| t.get().to_string()),
+        }))
+        .into_response(),
+        Err(e) => error(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ranges;
+
+    #[test]
+    fn a_list_covers_only_what_its_caller_may_read() {
+        let r = |p: &[&str]| p.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(ranges("a:", None), ["a:"], "auth off: everything");
+        let readable = r(&["billing:", "jobs:eu:"]);
+        assert_eq!(ranges("billing:7", Some(&readable)), ["billing:7"]);
+        assert_eq!(
+            ranges("", Some(&readable)),
+            ["billing:", "jobs:eu:"],
+            "the readable prefixes under the request, in name order"
+        );
+        assert_eq!(ranges("jobs:", Some(&readable)), ["jobs:eu:"]);
+        assert!(ranges("other:", Some(&readable)).is_empty());
+    }
+}
