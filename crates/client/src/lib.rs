@@ -23,6 +23,7 @@
 
 mod election;
 pub mod flags;
+pub mod observe;
 pub mod rng;
 mod security;
 mod servers;
@@ -327,6 +328,13 @@ pub enum AcquiredAll {
     },
     /// Refused: nothing was granted.
     NotAcquired(NotAcquired),
+}
+
+impl AcquiredAll {
+    /// Whether every resource was granted.
+    pub fn is_granted(&self) -> bool {
+        matches!(self, AcquiredAll::Granted { .. })
+    }
 }
 
 /// The answer to a renew.
@@ -775,10 +783,12 @@ impl Client {
             holder: self.holder.as_ref().map(|h| h.to_string()),
         };
         let sent = Instant::now();
-        let response = self
+        let answer = self
             .call(message, wait, |mut c, r| async move { c.acquire(r).await })
-            .await?;
-        acquired_all(response, resources.len(), sent)
+            .await
+            .and_then(|response| acquired_all(response, resources.len(), sent));
+        observe::acquire(&answer, AcquiredAll::is_granted, sent.elapsed());
+        answer
     }
 
     /// Extends the lease by its TTL if `id` still holds it; "not owner" otherwise (nothing is extended).

@@ -394,6 +394,18 @@ impl Session {
         ttl: Option<Duration>,
         wait: Duration,
     ) -> Result<AcquiredAll, ClientError> {
+        let started = Instant::now();
+        let answer = self.acquire_on_stream(resources, ttl, wait).await;
+        crate::observe::acquire(&answer, AcquiredAll::is_granted, started.elapsed());
+        answer
+    }
+
+    async fn acquire_on_stream(
+        &self,
+        resources: &[&str],
+        ttl: Option<Duration>,
+        wait: Duration,
+    ) -> Result<AcquiredAll, ClientError> {
         let ttl_ms = match ttl {
             Some(t) => Some(crate::millis(t, "ttl")?.max(1)),
             None => None,
@@ -795,6 +807,7 @@ impl Driver {
                 Body::Error(e) => {
                     let error = error_body(e);
                     tracing::warn!(%error, "a heartbeat was refused; it did not keep the session alive");
+                    crate::observe::renewal_failed("heartbeat_refused");
                     None
                 }
                 other => {

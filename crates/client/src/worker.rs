@@ -180,6 +180,7 @@ impl Shared {
 
     fn lose(&self, resource: &str, token: FencingToken, why: LossReason) {
         tracing::warn!(%resource, %token, %why, "lease lost");
+        crate::observe::lost(&why);
         self.why.lock().expect("keeper mutex").get_or_insert(why);
         self.state.send_replace(Ownership::Lost);
         self.cancel.cancel();
@@ -368,14 +369,17 @@ async fn run<R: Renewer>(mut renewer: R, lease: Lease, config: KeeperConfig, sha
                 next = sent + interval;
             }
             Ok(Ok(Renewal::NotOwner)) => {
+                crate::observe::renewal_failed("not_owner");
                 shared.lose(resource, token, LossReason::NotOwner);
                 return;
             }
             Ok(Err(e @ ClientError::Invalid(_))) => {
+                crate::observe::renewal_failed("refused");
                 shared.lose(resource, token, LossReason::Refused(e.to_string()));
                 return;
             }
             Ok(Err(e)) => {
+                crate::observe::renewal_failed("error");
                 tracing::info!(%resource, %token, error = %e, "renewal failed; ownership uncertain");
                 shared.state.send_if_modified(|s| {
                     std::mem::replace(s, Ownership::Uncertain) != Ownership::Uncertain
@@ -383,6 +387,7 @@ async fn run<R: Renewer>(mut renewer: R, lease: Lease, config: KeeperConfig, sha
                 next = Instant::now() + retry.next_delay();
             }
             Err(_) => {
+                crate::observe::renewal_failed("timeout");
                 shared.lose(resource, token, LossReason::DeadlinePassed);
                 return;
             }

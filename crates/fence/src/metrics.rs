@@ -1,7 +1,12 @@
 //! Fenced-write outcomes: emitted through the `metrics` facade as
-//! `baton_fence_outcomes_total{outcome="..."}` (install any recorder, such
-//! as a Prometheus exporter, and they appear there), tallied in-process for
-//! [`outcome_counts`], and logged one line per write.
+//! `baton_fence_outcomes_total{outcome="..."}` and the time each judgement
+//! took as `baton_fence_write_seconds{outcome="..."}` (install any
+//! recorder, such as a Prometheus exporter, and they appear there),
+//! tallied in-process for [`outcome_counts`], and logged one line per
+//! write.
+//!
+//! The names, with their help texts, are described once per process by
+//! [`describe`].
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
@@ -29,13 +34,40 @@ pub fn outcome_counts() -> Vec<(&'static str, u64)> {
         .collect()
 }
 
-/// Counts and logs one judged write. Logs carry identities and tokens, never payloads.
-pub(crate) fn record(req: &FenceRequest, outcome: &Outcome) {
+/// Every fenced write judged, by `outcome`.
+pub const OUTCOMES_TOTAL: &str = "baton_fence_outcomes_total";
+/// The time each judgement took (the fence's round trip on PostgreSQL,
+/// its reads and writes inside the transaction on SQLite), by `outcome`.
+pub const WRITE_SECONDS: &str = "baton_fence_write_seconds";
+
+/// Describes the kit's metrics to the installed recorder (their help
+/// texts and units); call once after installing one.
+pub fn describe() {
+    metrics::describe_counter!(
+        OUTCOMES_TOTAL,
+        "fenced writes judged at the resource, by outcome (stale: a token older than the resource's)"
+    );
+    metrics::describe_histogram!(
+        WRITE_SECONDS,
+        metrics::Unit::Seconds,
+        "time to judge a fenced write at the resource, by outcome"
+    );
+    // Every outcome at 0 from the start, so that a rate or an increase
+    // sees the first stale write as a change, not as a new series.
+    for label in LABELS {
+        metrics::counter!(OUTCOMES_TOTAL, "outcome" => label).increment(0);
+    }
+}
+
+/// Counts and logs one judged write, judged in `took`. Logs carry
+/// identities and tokens, never payloads.
+pub(crate) fn record(req: &FenceRequest, outcome: &Outcome, took: std::time::Duration) {
     let label = outcome.label();
     if let Some(i) = LABELS.iter().position(|l| *l == label) {
         COUNTS[i].fetch_add(1, Relaxed);
     }
-    metrics::counter!("baton_fence_outcomes_total", "outcome" => label).increment(1);
+    metrics::counter!(OUTCOMES_TOTAL, "outcome" => label).increment(1);
+    metrics::histogram!(WRITE_SECONDS, "outcome" => label).record(took.as_secs_f64());
     match outcome {
         Outcome::Applied { .. } | Outcome::Replayed { .. } => {
             tracing::debug!(resource = %req.resource, token = %req.token, operation = %req.operation, outcome = label, "fenced write")

@@ -2,6 +2,8 @@
 //! (in force: `sql/functions/fence_full.sql`, behind `fence.sql`), so a fenced write is one statement inside the
 //! caller's transaction and services in any language share it.
 
+use std::time::Instant;
+
 use tokio_postgres::{Client, GenericClient, Row, Statement, Transaction};
 
 use crate::error::{check_prune_age, stored_token as token};
@@ -220,11 +222,12 @@ impl Fields {
     }
 }
 
-fn outcome(req: &FenceRequest, row: &Row) -> Result<Outcome, FenceError> {
-    outcome_of(req, Fields::from_row(row)?)
+/// The outcome in `row` of a fence asked for at `started`, counted.
+fn outcome(req: &FenceRequest, row: &Row, started: Instant) -> Result<Outcome, FenceError> {
+    outcome_of(req, Fields::from_row(row)?, started)
 }
 
-fn outcome_of(req: &FenceRequest, f: Fields) -> Result<Outcome, FenceError> {
+fn outcome_of(req: &FenceRequest, f: Fields, started: Instant) -> Result<Outcome, FenceError> {
     let t = token(f.token)?;
     let missing = |what: &str| FenceError::Corrupt(format!("{} outcome without {what}", f.outcome));
     let current = || -> Result<FencingToken, FenceError> {
@@ -267,7 +270,7 @@ fn outcome_of(req: &FenceRequest, f: Fields) -> Result<Outcome, FenceError> {
         },
         other => return Err(FenceError::Corrupt(format!("unknown outcome {other:?}"))),
     };
-    metrics::record(req, &out);
+    metrics::record(req, &out, started.elapsed());
     Ok(out)
 }
 
@@ -408,8 +411,9 @@ impl PgFence {
         req: &FenceRequest,
     ) -> Result<Outcome, FenceError> {
         let args = FenceArgs::new(req);
+        let started = Instant::now();
         let row = client.query_one(statement, &args.params()).await?;
-        outcome(req, &row)
+        outcome(req, &row, started)
     }
 
     /// Opens a transaction, judges `req`, runs `effect` only if it applied,
@@ -449,6 +453,7 @@ impl PgFence {
     ) -> Result<Outcome, FenceError> {
         let args = FenceArgs::new(req);
         let fence_params = args.params();
+        let started = Instant::now();
         let (begun, fenced, effected) = tokio::join!(
             client.batch_execute("BEGIN"),
             client.query_one(&prepared.fence_or_abort, &fence_params),
@@ -474,7 +479,7 @@ impl PgFence {
                     Some(db) => {
                         let fields =
                             Fields::from_error(db.detail().unwrap_or_default(), db.hint())?;
-                        outcome_of(req, fields)
+                        outcome_of(req, fields, started)
                     }
                     None => Err(e.into()),
                 };
@@ -485,7 +490,7 @@ impl PgFence {
             return Err(e.into());
         }
         finish(true).await?;
-        outcome(req, &row)
+        outcome(req, &row, started)
     }
 
     /// A fenced move of the publication pointer to `req.result` (an object
@@ -500,6 +505,7 @@ impl PgFence {
                 field: "object key",
                 at_byte: 0,
             })?;
+        let started = Instant::now();
         let row = client
             .query_one(
                 &prepared.publish,
@@ -512,7 +518,7 @@ impl PgFence {
                 ],
             )
             .await?;
-        outcome(req, &row)
+        outcome(req, &row, started)
     }
 
     /// [`PgFence::fence`] with a prepared statement.
@@ -578,13 +584,14 @@ impl PgFence {
         client: &impl GenericClient,
         req: &FenceRequest,
     ) -> Result<Outcome, FenceError> {
+        let started = Instant::now();
         let row = client
             .query_one(
                 "SELECT outcome, token, current_token, current_seq, detail, result FROM baton.delete_impl($1, $2, $3, $4)",
                 &[&req.resource.as_str(), &req.token.get(), &req.operation.as_str(), &req.fingerprint.as_bytes()],
             )
             .await?;
-        outcome(req, &row)
+        outcome(req, &row, started)
     }
 
     /// Durable cancellation: every token at or below `at` is refused from now on.

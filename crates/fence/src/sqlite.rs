@@ -161,6 +161,7 @@ impl SqliteFence {
         req: &FenceRequest,
         adjust: impl FnOnce(&mut ResourceState, &Outcome) -> Result<(), FenceError>,
     ) -> Result<Outcome, FenceError> {
+        let started = std::time::Instant::now();
         let state = Self::state(tx, &req.resource)?;
         let existing = Self::operation(tx, req)?;
         let outcome = match rule::decide(state.as_ref(), existing.as_ref(), req)? {
@@ -175,7 +176,7 @@ impl SqliteFence {
                 outcome
             }
         };
-        metrics::record(req, &outcome);
+        metrics::record(req, &outcome, started.elapsed());
         Ok(outcome)
     }
 

@@ -143,6 +143,14 @@ impl Default for Metrics {
             "baton_is_leader",
             "1 while this server leads and answers lease requests",
         );
+        registry.register(
+            "baton_build",
+            "the build of this process (always 1; the labels say which)",
+            prometheus_client::metrics::info::Info::new(vec![
+                ("version", env!("CARGO_PKG_VERSION")),
+                ("process", "baton serve"),
+            ]),
+        );
         let commit_latency_s = Histogram::new(LATENCY_BUCKETS_S);
         registry.register(
             "baton_store_commit_latency_seconds",
@@ -350,6 +358,7 @@ mod tests {
             "baton_acquire_latency_seconds_bucket{le=\"0.002\"} 2",
             "baton_acquire_latency_seconds_bucket{le=\"+Inf\"} 3",
             "baton_acquire_latency_seconds_count 3",
+            "baton_build_info{version=\"",
         ] {
             assert!(text.contains(line), "missing {line:?} in\n{text}");
         }

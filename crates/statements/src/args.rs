@@ -212,6 +212,11 @@ pub struct WorkerArgs {
     /// to this file, for the fault suite's checker.
     #[arg(long)]
     pub history: Option<PathBuf>,
+    /// Serve the worker's metrics (fenced-write outcomes, renewal
+    /// failures, ownership losses, acquire times) for Prometheus at
+    /// http://ADDR/metrics, like 127.0.0.1:9101.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_listen: Option<std::net::SocketAddr>,
     /// NEGATIVE CONTROL ONLY: move the publication pointer with a blind
     /// write, no fence. Exists to prove the fault suite can see a stale write.
     #[arg(long, hide = true)]

@@ -5,6 +5,7 @@ mod args;
 mod chaos_service;
 mod demo;
 mod events;
+mod metrics_port;
 mod store;
 mod worker;
 
@@ -61,6 +62,10 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Worker(args) => {
+            if let Some(listen) = args.metrics_listen {
+                let bound = metrics_port::serve(listen).await?;
+                eprintln!("metrics on http://{bound}/metrics");
+            }
             worker::run(args.into()).await?;
             Ok(ExitCode::SUCCESS)
         }
