@@ -382,6 +382,10 @@ pub struct Status {
     pub n_waiters: u64,
     /// The holder's description, if it gave one.
     pub holder: Option<String>,
+    /// The last token the server issued, to any resource, when it
+    /// answered: every later grant gets a higher one (`None` from a server
+    /// too old to say).
+    pub issued_through: Option<FencingToken>,
 }
 
 /// What an operator fence did.
@@ -540,6 +544,10 @@ fn status(s: v1::StatusResponse) -> Result<Status, ClientError> {
         n_waiters: s.n_waiters,
         resource: s.resource,
         holder: (!s.holder.is_empty()).then_some(s.holder),
+        issued_through: match s.issued_through {
+            0 => None,
+            t => Some(token(t)?),
+        },
     })
 }
 

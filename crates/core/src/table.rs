@@ -429,6 +429,12 @@ impl LeaseTable {
         self.effects.woken.push((head, WaitResult::Granted(grants)));
     }
 
+    /// The last token issued (the position of the counter): every later
+    /// token is above it.
+    pub fn issued_through(&self) -> FencingToken {
+        FencingToken::new(self.epoch, self.counter).expect("counter in range")
+    }
+
     fn issue_token(&mut self) -> FencingToken {
         if self.counter == COUNTER_MAX {
             self.epoch = self.epoch.next().expect("token space exhausted");

@@ -289,6 +289,7 @@ fn status_message(s: LeaseStatus) -> v1::StatusResponse {
         ttl_ms: s.ttl_ms,
         n_waiters: s.n_waiters as u64,
         holder: s.holder.map(|h| h.to_string()).unwrap_or_default(),
+        issued_through: s.issued_through.get(),
     }
 }
 

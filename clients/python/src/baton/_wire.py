@@ -53,6 +53,9 @@ class Status:
     ttl_s: float
     n_waiters: int
     holder: str | None
+    #: The last token the server issued, to any resource, when it answered:
+    #: every later grant gets a higher one (``None`` from an older server).
+    issued_through: int | None = None
 
 
 @dataclass(frozen=True)
@@ -402,4 +405,5 @@ def status(s: Any) -> Status:
         ttl_s=s.ttl_ms / 1000,
         n_waiters=s.n_waiters,
         holder=s.holder or None,
+        issued_through=s.issued_through or None,
     )

@@ -29,6 +29,7 @@ impl LeaseTable {
             ttl_ms: lease.map_or(0, |l| l.ttl_ms),
             n_waiters: state.map_or(0, |s| s.queue.len()),
             holder: lease.and_then(|l| l.holder.clone()),
+            issued_through: self.issued_through(),
         }
     }
 

@@ -1219,3 +1219,20 @@ fn a_holder_description_travels_with_its_lease() {
         Some("bob".into())
     );
 }
+
+#[test]
+fn status_says_the_last_token_issued_to_any_resource() {
+    let mut t = table();
+    assert_eq!(t.status(MonoMs(0), &name("x")).issued_through, tok(0));
+    t.acquire(MonoMs(0), req(&["a"], 1, 5_000, 0, 0)).unwrap();
+    t.acquire(MonoMs(0), req(&["b"], 2, 5_000, 0, 1)).unwrap();
+    t.fence(MonoMs(0), &name("c"));
+    let free = t.status(MonoMs(0), &name("x"));
+    assert_eq!(free.holder_token, None);
+    assert_eq!(
+        free.issued_through,
+        tok(3),
+        "two grants and a fence elsewhere"
+    );
+    assert_eq!(t.status(MonoMs(0), &name("a")).issued_through, tok(3));
+}

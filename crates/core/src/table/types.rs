@@ -250,6 +250,11 @@ pub struct LeaseStatus {
     pub n_waiters: usize,
     /// The holder's description, if it gave one.
     pub holder: Option<Holder>,
+    /// The last token this server issued, to any resource, when it
+    /// answered: every later grant (and fence) gets a higher one. A
+    /// resource that stored a token above it saw tokens from a state this
+    /// server does not know (a restore without the floor).
+    pub issued_through: FencingToken,
 }
 
 /// The durable form of a lease. Expiry is not stored: after a restart every

@@ -1046,6 +1046,7 @@ class StatusResponse(google.protobuf.message.Message):
     TTL_MS_FIELD_NUMBER: builtins.int
     N_WAITERS_FIELD_NUMBER: builtins.int
     HOLDER_FIELD_NUMBER: builtins.int
+    ISSUED_THROUGH_FIELD_NUMBER: builtins.int
     resource: builtins.str
     held: builtins.bool
     holder_token: builtins.int
@@ -1054,6 +1055,12 @@ class StatusResponse(google.protobuf.message.Message):
     n_waiters: builtins.int
     holder: builtins.str
     """The holder's description (empty if it gave none, or if not held)."""
+    issued_through: builtins.int
+    """The last fencing token the server issued, to any resource, when it
+    answered: every later grant or fence gets a higher one. A resource
+    that stored a higher token saw tokens from a lease state this server
+    does not know (for example a restore without a token floor).
+    """
     def __init__(
         self,
         *,
@@ -1064,8 +1071,9 @@ class StatusResponse(google.protobuf.message.Message):
         ttl_ms: builtins.int = ...,
         n_waiters: builtins.int = ...,
         holder: builtins.str = ...,
+        issued_through: builtins.int = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["held", b"held", "holder", b"holder", "holder_token", b"holder_token", "n_waiters", b"n_waiters", "remaining_ms", b"remaining_ms", "resource", b"resource", "ttl_ms", b"ttl_ms"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["held", b"held", "holder", b"holder", "holder_token", b"holder_token", "issued_through", b"issued_through", "n_waiters", b"n_waiters", "remaining_ms", b"remaining_ms", "resource", b"resource", "ttl_ms", b"ttl_ms"]) -> None: ...
 
 global___StatusResponse = StatusResponse
 
