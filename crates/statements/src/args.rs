@@ -12,9 +12,9 @@ use crate::{store, worker};
 /// The exit codes of `statements`.
 const EXIT_CODES: &str = "Exit codes:
   0  success (chaos, check, demo: the verdict is clean)
-  1  failure, or a verdict that is not clean
+  1  failure, or a verdict that is not clean (inspect: a recovery mismatch)
   2  invalid usage or input
-  3  no such job (show, cancel)";
+  3  no such job (inspect, show, cancel)";
 
 /// A statement date: `YYYY-MM-DD`, a real day of a real month.
 pub fn parse_date(s: &str) -> Result<String, String> {
@@ -125,7 +125,39 @@ pub enum Command {
         #[arg(long)]
         listen: std::net::SocketAddr,
     },
-    /// The authoritative state of one statement, side by side.
+    /// The incident procedure: the job record, the publication pointer
+    /// and its manifest, every operation outcome with its token and the
+    /// lease server's state for the resource, side by side, then a one-line
+    /// verdict (which generation is authoritative and why, or a recovery
+    /// mismatch). Exits 1 on a recovery mismatch.
+    Inspect {
+        #[command(flatten)]
+        paths: Paths,
+        /// The lease server to ask about the resource.
+        #[arg(long, default_value = "http://127.0.0.1:7700")]
+        server: String,
+        /// The account, for example account-42.
+        account: String,
+        /// The statement date, YYYY-MM-DD.
+        #[arg(value_parser = parse_date)]
+        date: String,
+        /// Print one JSON object instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Serve `inspect` as a page (and as JSON at /api/inspect) on ADDR.
+    Console {
+        #[command(flatten)]
+        paths: Paths,
+        /// The lease server to ask about each resource.
+        #[arg(long, default_value = "http://127.0.0.1:7700")]
+        server: String,
+        /// Where to serve the page, like 127.0.0.1:9102.
+        #[arg(long, value_name = "ADDR")]
+        listen: std::net::SocketAddr,
+    },
+    /// The durable records of one statement, side by side (`inspect`
+    /// without the lease server and the verdict).
     Show {
         #[command(flatten)]
         paths: Paths,

@@ -162,12 +162,12 @@ async fn story(dir: &Path, json: bool, database_url: Option<String>) -> anyhow::
     };
     let (alice_lines, bob_lines) = play(&paths, &url, &db, &mut timeline).await?;
     let ending = Ending::read(&db, &alice_lines, &bob_lines).await?;
-    server.shutdown().await?;
     if json {
         println!("{}", ending.json(&timeline));
     } else {
-        print_story(&paths, &timeline, &ending).await?;
+        print_story(&paths, &url, &timeline, &ending).await?;
     }
+    server.shutdown().await?;
     Ok(if ending.ok() {
         ExitCode::SUCCESS
     } else {
@@ -277,6 +277,7 @@ impl Ending {
 
 async fn print_story(
     paths: &crate::args::Paths,
+    url: &str,
     timeline: &Timeline,
     e: &Ending,
 ) -> anyhow::Result<()> {
@@ -290,8 +291,8 @@ async fn print_story(
             .collect();
         println!("{ms:>6} ms  {who:<6} {what:<22} {}", detail.join(" "));
     }
-    let show = crate::show(paths, ACCOUNT, DATE, false).await?;
-    println!("\n{show}\n");
+    let shown = crate::inspect::gather(paths, ACCOUNT, DATE, Some(url)).await?;
+    println!("\n{}\n", shown.text());
     if e.ok() {
         println!(
             "Bob's token {} is authoritative; Alice's stale publish with token {} was rejected at the resource.",

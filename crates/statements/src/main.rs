@@ -3,8 +3,10 @@
 
 mod args;
 mod chaos_service;
+mod console;
 mod demo;
 mod events;
+mod inspect;
 mod metrics_port;
 mod store;
 mod worker;
@@ -12,7 +14,6 @@ mod worker;
 use std::process::ExitCode;
 
 use args::{Cli, Command, Paths};
-use baton_fence::objects::ObjectKit;
 use baton_fence::{resource_name, FencingToken};
 use clap::Parser;
 
@@ -117,8 +118,31 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
             date,
             json,
         } => {
-            let text = show(&paths, &account, &date, json).await?;
-            println!("{text}");
+            let shown = inspect::gather(&paths, &account, &date, None).await?;
+            print_inspection(&shown, json);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Inspect {
+            paths,
+            server,
+            account,
+            date,
+            json,
+        } => {
+            let shown = inspect::gather(&paths, &account, &date, Some(&server)).await?;
+            print_inspection(&shown, json);
+            Ok(if shown.verdict.recovery_mismatch {
+                ExitCode::FAILURE
+            } else {
+                ExitCode::SUCCESS
+            })
+        }
+        Command::Console {
+            paths,
+            server,
+            listen,
+        } => {
+            console::serve(paths, server, listen).await?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Cancel {
@@ -157,78 +181,13 @@ async fn cancel(paths: &Paths, server: &str, account: &str, date: &str) -> anyho
     Ok(at.get())
 }
 
-async fn show(paths: &Paths, account: &str, date: &str, json: bool) -> anyhow::Result<String> {
-    let db = store::open(&paths.target()).await?;
-    let kit = ObjectKit::local(&paths.objects)?;
-    let job = db
-        .job(account, date)
-        .await?
-        .ok_or_else(|| NoSuchJob(format!("no job for {account} {date}")))?;
-    let input = db.input(account, date).await?;
-    let key = resource_name(&worker::resource(account, date))?;
-    let state = db.fence_state(&key).await?;
-    let pointer = db.publication(&key).await?;
-    let manifest = match &pointer {
-        Some(p) => Some(kit.validate(&p.object_key, None, None).await?),
-        None => None,
-    };
-    let outcomes = db.outcomes(account, date).await?;
-    let generation = state.as_ref().map_or(0, |s| s.generation.get());
-    let cancelled_at = state
-        .as_ref()
-        .and_then(|s| s.cancelled_at)
-        .map_or(0, FencingToken::get);
-    let (pkey, ptoken, pop) = pointer.as_ref().map_or(("", 0, ""), |p| {
-        (p.object_key.as_str(), p.token.get(), p.operation.as_str())
-    });
-    let (snapshot, checksum, valid) = match &manifest {
-        Some(Ok(m)) => (
-            m.input_snapshot.clone(),
-            m.sha256_hex.clone(),
-            "valid".to_string(),
-        ),
-        Some(Err(why)) => (String::new(), String::new(), why.to_string()),
-        None => (String::new(), String::new(), "no publication".to_string()),
-    };
+fn print_inspection(shown: &inspect::Inspection, json: bool) {
     if json {
-        let outcome_list: Vec<serde_json::Value> = outcomes
-            .iter()
-            .map(|(w, t, o, d)| serde_json::json!({"worker": w, "token": t, "outcome": o, "detail": d}))
-            .collect();
-        let shown = serde_json::json!({
-            "account": account,
-            "date": date,
-            "job_state": job.state,
-            "job_token": job.token.unwrap_or(0),
-            "input_version": input.as_ref().map_or(0, |i| i.version),
-            "generation": generation,
-            "cancelled_at": cancelled_at,
-            "published_token": ptoken,
-            "published_key": pkey,
-            "published_operation": pop,
-            "manifest_input": snapshot,
-            "manifest_sha256": checksum,
-            "object": valid,
-            "outcomes": outcome_list,
-        });
-        return Ok(shown.to_string());
+        println!(
+            "{}",
+            serde_json::to_string(shown).expect("an inspection serializes")
+        );
+    } else {
+        println!("{}", shown.text());
     }
-    let mut out = format!(
-        "statement {account} {date}\n  job:          {}{}\n  input:        version {}\n  resource:     generation {generation}{}\n  publication:  {}\n  object:       {valid}{}\n  outcomes:\n",
-        job.state,
-        match (job.token, job.detail.as_deref()) {
-            (Some(t), Some(d)) => format!(" (token {t}, {d})"),
-            (Some(t), None) => format!(" (token {t})"),
-            (None, Some(d)) => format!(" ({d})"),
-            (None, None) => String::new(),
-        },
-        input.map_or("-".into(), |i| i.version.to_string()),
-        if cancelled_at > 0 { format!(", cancelled at {cancelled_at}") } else { String::new() },
-        if pkey.is_empty() { "none".to_string() } else { format!("{pkey} (token {ptoken}, operation {pop})") },
-        if snapshot.is_empty() { String::new() } else { format!(" (input {snapshot}, sha256 {checksum})") },
-    );
-    for (w, t, o, d) in outcomes {
-        out.push_str(&format!("    {w:<8} token {t:<16} {o:<12} {d}\n"));
-    }
-    Ok(out.trim_end().to_string())
 }

@@ -119,6 +119,22 @@ impl Env {
     }
 }
 
+impl Env {
+    /// `statements inspect ACCOUNT DATE --json` against `server`: exit code and JSON.
+    fn inspect(&self, server: &str) -> (Option<i32>, serde_json::Value) {
+        let out = Command::new(BIN)
+            .arg("inspect")
+            .args(self.paths())
+            .args(["--server", server, ACCOUNT, DATE, "--json"])
+            .output()
+            .unwrap();
+        let text = String::from_utf8(out.stdout).unwrap();
+        let json = serde_json::from_str(&text)
+            .unwrap_or_else(|e| panic!("{e}: {text:?} {:?}", String::from_utf8_lossy(&out.stderr)));
+        (out.status.code(), json)
+    }
+}
+
 impl Drop for Env {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.dir);
@@ -238,6 +254,121 @@ async fn a_paused_worker_resumes_and_is_rejected_as_stale() {
         "the resumed worker recorded a stale-owner outcome"
     );
     assert_eq!(env.job_state(), "published");
+
+    // The incident procedure: Bob's generation, Alice's refusal beside it.
+    let (code, shown) = env.inspect(&env.url);
+    assert_eq!(code, Some(0), "{shown}");
+    assert_eq!(shown["published_token"], bob_token, "{shown}");
+    assert_eq!(shown["verdict"]["authoritative_token"], bob_token);
+    assert_eq!(shown["verdict"]["stale_attempts"], 1);
+    assert_eq!(shown["verdict"]["recovery_mismatch"], false);
+    assert_eq!(shown["object"], "valid");
+    assert_eq!(shown["lease"]["state"], "free");
+    let outcomes = shown["outcomes"].as_array().unwrap();
+    assert!(
+        outcomes.iter().any(|o| o["worker"] == "alice"
+            && o["outcome"] == "stale"
+            && o["token"] == alice_token),
+        "{shown}"
+    );
+    let line = shown["verdict"]["line"].as_str().unwrap();
+    assert!(
+        line.starts_with(&format!("generation {bob_token} is authoritative"))
+            && line.contains("1 stale attempt"),
+        "{line}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_shows_a_plain_publication_and_the_lease_holder() {
+    let env = Env::new("inspect-plain").await;
+    let (out, text) = env.run_worker("bob", &[]);
+    assert!(out.status.success(), "{text}");
+    let bob_token = token(&events(&text, "published")[0]);
+    let (code, shown) = env.inspect(&env.url);
+    assert_eq!(code, Some(0), "{shown}");
+    assert_eq!(shown["job_state"], "published");
+    assert_eq!(shown["verdict"]["authoritative_token"], bob_token);
+    assert_eq!(shown["verdict"]["stale_attempts"], 0);
+    assert_eq!(
+        shown["manifest_size_bytes"].as_u64().map(|n| n > 0),
+        Some(true)
+    );
+    assert!(
+        shown["manifest_sha256"].as_str().unwrap().len() == 64,
+        "{shown}"
+    );
+    // Someone holds the lease now: the view says so, with its token.
+    let mut c = Client::connect(&env.url).await.unwrap();
+    let baton_client::Acquired::Granted(held) = c
+        .acquire(
+            RESOURCE,
+            std::time::Duration::from_secs(30),
+            std::time::Duration::ZERO,
+        )
+        .await
+        .unwrap()
+    else {
+        panic!("free")
+    };
+    let (_, shown) = env.inspect(&env.url);
+    assert_eq!(shown["lease"]["state"], "held", "{shown}");
+    assert_eq!(shown["lease"]["token"], held.token.get());
+    assert_eq!(shown["lease"]["issued_through"], held.token.get());
+    // The text form ends with the verdict line.
+    let out = Command::new(BIN)
+        .arg("inspect")
+        .args(env.paths())
+        .args(["--server", &env.url, ACCOUNT, DATE])
+        .output()
+        .unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("lease:        held by token"), "{text}");
+    assert!(
+        text.lines()
+            .last()
+            .unwrap()
+            .starts_with(&format!("verdict: generation {bob_token} is authoritative")),
+        "{text}"
+    );
+    // An unreachable lease server is said, not guessed.
+    let (code, shown) = env.inspect("http://127.0.0.1:1");
+    assert_eq!(code, Some(0));
+    assert_eq!(shown["lease"]["state"], "unreachable", "{shown}");
+}
+
+/// A lease server that lost its state (a fresh data directory here; in
+/// production a restore without `--floor-from`) issues tokens below what
+/// the resource stored: inspect names the mismatch and exits 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_names_a_recovery_mismatch() {
+    let env = Env::new("inspect-mismatch").await;
+    for _ in 0..3 {
+        let mut c = Client::connect(&env.url).await.unwrap();
+        c.fence("elsewhere").await.unwrap();
+    }
+    let (out, text) = env.run_worker("bob", &[]);
+    assert!(out.status.success(), "{text}");
+    let stored = token(&events(&text, "published")[0]);
+    let fresh_dir = env.dir.join("fresh-baton-data");
+    let fresh = baton_server::start(baton_server::ServerConfig::ephemeral(fresh_dir))
+        .await
+        .unwrap();
+    let fresh_url = format!("http://{}", fresh.grpc_addr);
+    let (code, shown) = env.inspect(&fresh_url);
+    assert_eq!(code, Some(1), "a mismatch exits 1: {shown}");
+    assert_eq!(shown["verdict"]["recovery_mismatch"], true);
+    let issued = shown["lease"]["issued_through"].as_i64().unwrap();
+    assert!(issued < stored, "{issued} < {stored}");
+    let line = shown["verdict"]["line"].as_str().unwrap();
+    assert!(line.starts_with("RECOVERY MISMATCH"), "{line}");
+    assert!(
+        line.contains(&stored.to_string()) && line.contains("--floor-from"),
+        "{line}"
+    );
+    // Against the server that issued the tokens, no mismatch.
+    assert_eq!(env.inspect(&env.url).0, Some(0));
+    fresh.shutdown().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -332,6 +463,29 @@ async fn cancellation_while_generating_rejects_the_later_publish() {
     assert!(refused[0].contains("\"outcome\":\"cancelled\""), "{after}");
     assert!(env.publication().is_none(), "nothing published");
     assert_eq!(env.job_state(), "cancelled");
+    let (code, shown) = env.inspect(&env.url);
+    assert_eq!(code, Some(0), "{shown}");
+    assert!(shown["cancelled_at"].as_u64().unwrap() > 0, "{shown}");
+    assert_eq!(
+        shown["verdict"]["authoritative_token"],
+        serde_json::Value::Null
+    );
+    let line = shown["verdict"]["line"].as_str().unwrap();
+    assert!(
+        line.starts_with(&format!(
+            "nothing is published: the job is cancelled at {}",
+            shown["cancelled_at"]
+        )),
+        "{line}"
+    );
+    assert!(
+        shown["outcomes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|o| o["outcome"] == "cancelled"),
+        "{shown}"
+    );
     // A replacement does not take an expired lease as permission to restart a cancelled job.
     env.lease_free().await;
     let (_, text) = env.run_worker("replacement", &[]);
@@ -409,4 +563,62 @@ fn a_bad_date_is_usage_and_an_unknown_job_is_exit_3() {
         .output()
         .unwrap();
     assert_eq!(version.status.code(), Some(0));
+}
+
+/// `GET path` on `addr` (HTTP/1.0): status and body.
+fn http_get(addr: &str, path: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    write!(stream, "GET {path} HTTP/1.0\r\nhost: x\r\n\r\n").unwrap();
+    let mut out = String::new();
+    stream.read_to_string(&mut out).unwrap();
+    let code = out[9..12].parse().unwrap();
+    (code, out.split_once("\r\n\r\n").unwrap().1.to_string())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_serves_inspect_as_a_page_and_json() {
+    use std::io::BufRead;
+    let env = Env::new("console").await;
+    let (out, text) = env.run_worker("bob", &[]);
+    assert!(out.status.success(), "{text}");
+    let bob_token = token(&events(&text, "published")[0]);
+    let port = baton_testkit::pg_cluster::free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut console = Command::new(BIN)
+        .arg("console")
+        .args(env.paths())
+        .args(["--server", &env.url, "--listen", &addr])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(console.stderr.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(line.starts_with("console on http://"), "{line}");
+    let (code, page) = http_get(&addr, "/");
+    assert_eq!(code, 200);
+    assert!(page.contains("incident procedure"), "{page}");
+    let (code, body) = http_get(
+        &addr,
+        &format!("/api/inspect?account={ACCOUNT}&date={DATE}"),
+    );
+    assert_eq!(code, 200, "{body}");
+    let shown: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(shown["verdict"]["authoritative_token"], bob_token);
+    let (code, body) = http_get(
+        &addr,
+        &format!("/api/inspect?account={ACCOUNT}&date=2026-02-30"),
+    );
+    assert_eq!(code, 400, "{body}");
+    assert!(body.contains("YYYY-MM-DD"), "{body}");
+    let (code, body) = http_get(&addr, "/api/inspect?account=nobody&date=2026-01-01");
+    assert_eq!(code, 404, "{body}");
+    assert!(body.contains("no job for nobody"), "{body}");
+    let (code, _) = http_get(&addr, "/api/inspect?account=x");
+    assert_eq!(code, 400, "a missing date is refused");
+    let _ = console.kill();
+    let _ = console.wait();
 }
