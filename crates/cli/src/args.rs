@@ -349,6 +349,15 @@ pub struct BenchArgs {
     /// watchers reading every bench change; medians and their ratio.
     #[arg(long)]
     pub watchers: Option<String>,
+    /// Operator page overhead: the server's HTTP address (--http-listen).
+    /// Reports the time to the page's first data, then rounds cycle at the
+    /// first --clients count without pages and beside --pages pages that
+    /// refresh every second; medians and their ratio.
+    #[arg(long, value_name = "HTTP_ADDR")]
+    pub page: Option<String>,
+    /// With --page: open pages.
+    #[arg(long, default_value_t = 1)]
+    pub pages: usize,
     #[command(flatten)]
     pub client: ClientOpts,
 }
@@ -436,6 +445,11 @@ pub struct ServeArgs {
     /// HTTP address for /healthz, /readyz and /metrics.
     #[arg(long, env = "BATON_HTTP_LISTEN", default_value = "127.0.0.1:7701")]
     pub http_listen: SocketAddr,
+    /// Export OpenTelemetry traces (spans for acquire, grant, renew and
+    /// release, joined to the client's trace) to this OTLP/HTTP collector,
+    /// like http://127.0.0.1:4318. Off when not given.
+    #[arg(long, env = "BATON_OTLP_ENDPOINT", value_name = "URL")]
+    pub otlp_endpoint: Option<String>,
     /// Where the embedded store keeps its file.
     #[arg(long, env = "BATON_DATA_DIR", default_value = "baton-data")]
     pub data_dir: PathBuf,

@@ -103,6 +103,9 @@ pub async fn bench(a: BenchArgs) -> Result<Exit, CliError> {
     if let Some(spec) = &a.watchers {
         return crate::bench_watch::overhead(&a, spec).await;
     }
+    if let Some(addr) = &a.page {
+        return crate::bench_page::overhead(&a, addr).await;
+    }
     cycles(&a).await
 }
 

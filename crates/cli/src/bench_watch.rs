@@ -77,14 +77,37 @@ async fn start(
     })
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
 }
 
-/// Alternating rounds without and with the watchers.
-pub async fn overhead(a: &BenchArgs, spec: &str) -> Result<Exit, CliError> {
-    let (idle, busy) = parse(spec)?;
+/// Medians of alternating rounds: without a load beside the clients, then
+/// with it.
+pub(crate) struct Sides {
+    pub clients: usize,
+    pub rounds: usize,
+    pub cycles_per_s_without: u64,
+    pub cycles_per_s_with: u64,
+    pub acquire_p99_us_without: u64,
+    pub acquire_p99_us_with: u64,
+}
+
+impl Sides {
+    pub fn ratio(&self) -> f64 {
+        self.cycles_per_s_with as f64 / self.cycles_per_s_without.max(1) as f64
+    }
+}
+
+/// Rounds of `--clients` (the first count) session or unary clients
+/// cycling on distinct resources, first alone, then beside what `start`
+/// starts (stopped when the guard it returns is dropped; `done` reads it
+/// before).
+pub(crate) async fn alternating<G>(
+    a: &BenchArgs,
+    mut start: impl AsyncFnMut() -> Result<G, CliError>,
+    mut done: impl FnMut(&G),
+) -> Result<Sides, CliError> {
     let clients = baton_bench::parse_clients(&a.clients)
         .map_err(|e| CliError::usage(format!("--clients: {e}")))?[0];
     let transport = if a.session {
@@ -97,7 +120,6 @@ pub async fn overhead(a: &BenchArgs, spec: &str) -> Result<Exit, CliError> {
         .with_options(crate::lease::connect_options(&a.client)?);
     let run_id = std::process::id().to_string();
     let (mut without, mut with, mut p99_without, mut p99_with) = (vec![], vec![], vec![], vec![]);
-    let mut delivered = 0;
     for round in 0..a.rounds.max(1) {
         let r = baton_bench::run(
             &target,
@@ -110,30 +132,51 @@ pub async fn overhead(a: &BenchArgs, spec: &str) -> Result<Exit, CliError> {
         .map_err(bench_error)?;
         without.push(r.cycles_per_s);
         p99_without.push(r.acquire_us.p99 as f64);
-        let watchers = start(a, idle, busy, &run_id).await?;
+        let guard = start().await?;
         let r = baton_bench::run(
             &target,
             Mode::Distinct,
             clients,
             a.duration,
-            &format!("{run_id}-{round}-watched"),
+            &format!("{run_id}-{round}-beside"),
         )
         .await
         .map_err(bench_error)?;
-        delivered += watchers.events.load(Ordering::Relaxed);
-        drop(watchers);
+        done(&guard);
+        drop(guard);
         with.push(r.cycles_per_s);
         p99_with.push(r.acquire_us.p99 as f64);
     }
-    let out = Overhead {
+    Ok(Sides {
         clients,
-        idle_watchers: idle,
-        busy_watchers: busy,
         rounds: without.len(),
         cycles_per_s_without: median(without).round() as u64,
-        cycles_per_s_with: median(with.clone()).round() as u64,
+        cycles_per_s_with: median(with).round() as u64,
         acquire_p99_us_without: median(p99_without) as u64,
         acquire_p99_us_with: median(p99_with) as u64,
+    })
+}
+
+/// Alternating rounds without and with the watchers.
+pub async fn overhead(a: &BenchArgs, spec: &str) -> Result<Exit, CliError> {
+    let (idle, busy) = parse(spec)?;
+    let run_id = std::process::id().to_string();
+    let mut delivered = 0;
+    let sides = alternating(
+        a,
+        async || start(a, idle, busy, &run_id).await,
+        |w: &Watchers| delivered += w.events.load(Ordering::Relaxed),
+    )
+    .await?;
+    let out = Overhead {
+        clients: sides.clients,
+        idle_watchers: idle,
+        busy_watchers: busy,
+        rounds: sides.rounds,
+        cycles_per_s_without: sides.cycles_per_s_without,
+        cycles_per_s_with: sides.cycles_per_s_with,
+        acquire_p99_us_without: sides.acquire_p99_us_without,
+        acquire_p99_us_with: sides.acquire_p99_us_with,
         events_delivered: delivered,
     };
     crate::output::emit(a.client.json, &out);

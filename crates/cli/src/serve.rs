@@ -8,15 +8,16 @@ use baton_core::Limits;
 use crate::args::ServeArgs;
 use crate::error::{CliError, Exit};
 
-fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(ansi)
-        .with_writer(std::io::stderr)
-        .init();
+/// Logs on stderr (`RUST_LOG`, `info` by default) and, with
+/// `--otlp-endpoint`, traces; the guard flushes the traces when dropped.
+fn init_telemetry(args: &ServeArgs) -> Result<baton_telemetry::Telemetry, CliError> {
+    baton_telemetry::init(&baton_telemetry::Settings {
+        service: "baton serve",
+        default_filter: "info",
+        ansi: std::io::IsTerminal::is_terminal(&std::io::stderr()),
+        otlp_endpoint: args.otlp_endpoint.as_deref(),
+    })
+    .map_err(|e| CliError::usage(e.to_string()))
 }
 
 /// The cluster configuration, if `--store` was given.
@@ -79,7 +80,7 @@ pub fn config(args: ServeArgs) -> baton_server::ServerConfig {
 
 /// `baton serve`. Prints one "baton listening" line once it serves.
 pub async fn serve(args: ServeArgs) -> Result<Exit, CliError> {
-    init_logging();
+    let _telemetry = init_telemetry(&args)?;
     let cluster = cluster_config(&args)?;
     let started = match cluster {
         Some(cluster) => {

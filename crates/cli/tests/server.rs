@@ -764,3 +764,47 @@ async fn a_config_file_sets_serve_flags_and_flags_and_env_win() {
         "{out:?}"
     );
 }
+
+/// `--otlp-endpoint`: the server's acquire and grant spans reach an OTLP
+/// collector (flushed when the server stops on SIGTERM), with the
+/// resource and the token; a bad endpoint is refused before serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_exports_its_lease_spans_to_an_otlp_collector() {
+    let collector = baton_testkit::otlp::Collector::start();
+    let dir = TempDir::new("otlp-serve");
+    let mut s = common::serve(dir.path(), &["--otlp-endpoint", &collector.endpoint()]);
+    let out = cli(&[
+        "acquire",
+        "traced:1",
+        "--ttl",
+        "30s",
+        "--json",
+        "--server",
+        &s.url(),
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let token = json_lease_u64(&String::from_utf8_lossy(&out.stdout), "token").unwrap();
+    assert!(s.terminate().success());
+    let spans = collector.spans();
+    let grant = spans
+        .iter()
+        .find(|s| s.name == "grant")
+        .unwrap_or_else(|| panic!("no grant span: {spans:#?}"));
+    assert_eq!(grant.service, "baton serve");
+    assert_eq!(grant.attributes["resource"], "traced:1");
+    assert_eq!(grant.attributes["token"], token.to_string());
+    let acquire = spans.iter().find(|s| s.name == "acquire").unwrap();
+    assert_eq!(grant.parent_id, acquire.span_id);
+    assert_eq!(acquire.attributes["outcome"], "granted");
+
+    let out = std::process::Command::new(common::BIN)
+        .args(["serve", "--otlp-endpoint", "localhost:4318", "--data-dir"])
+        .arg(dir.path().join("other"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("OTLP/HTTP address"),
+        "{out:?}"
+    );
+}

@@ -346,7 +346,11 @@ async fn raw(
 }
 
 fn req(id: u64, op: Op) -> v1::SessionRequest {
-    v1::SessionRequest { id, op: Some(op) }
+    v1::SessionRequest {
+        id,
+        op: Some(op),
+        traceparent: String::new(),
+    }
 }
 
 fn open(ttl_ms: u64) -> Op {

@@ -38,6 +38,7 @@ use servers::{endpoint, normalize, redirect, Servers, ServersState};
 use tokio::time::Instant;
 use tonic::transport::Channel;
 use tonic::{Code, Request};
+use tracing::Instrument;
 
 pub mod worker;
 
@@ -699,6 +700,15 @@ impl Client {
                 .metadata_mut()
                 .insert("authorization", value.clone());
         }
+        // The caller's span, when traces are exported: the server's span
+        // for this call joins its trace.
+        if let Some(parent) = baton_telemetry::traceparent()
+            .and_then(|t| tonic::metadata::MetadataValue::try_from(t).ok())
+        {
+            request
+                .metadata_mut()
+                .insert(baton_telemetry::TRACEPARENT, parent);
+        }
         request
     }
 
@@ -790,12 +800,14 @@ impl Client {
             wait_ms: millis(wait, "wait")?,
             holder: self.holder.as_ref().map(|h| h.to_string()),
         };
+        let span = observe::span("acquire", resources);
         let sent = Instant::now();
         let answer = self
             .call(message, wait, |mut c, r| async move { c.acquire(r).await })
+            .instrument(span.clone())
             .await
             .and_then(|response| acquired_all(response, resources.len(), sent));
-        observe::acquire(&answer, AcquiredAll::is_granted, sent.elapsed());
+        observe::acquired(&span, &answer, sent.elapsed());
         answer
     }
 
@@ -814,6 +826,7 @@ impl Client {
             .call(message, Duration::ZERO, |mut c, r| async move {
                 c.renew(r).await
             })
+            .instrument(observe::span("renew", &[resource]))
             .await?;
         renewal(r, sent)
     }
@@ -832,6 +845,7 @@ impl Client {
             .call(message, Duration::ZERO, |mut c, r| async move {
                 c.release(r).await
             })
+            .instrument(observe::span("release", &[resource]))
             .await?;
         release(r)
     }

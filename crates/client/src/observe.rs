@@ -12,7 +12,12 @@
 
 use std::time::Duration;
 
+use baton_telemetry::TRACE_TARGET;
+use tracing::field::Empty;
+use tracing::Span;
+
 use crate::worker::LossReason;
+use crate::{AcquiredAll, ClientError};
 
 /// Acquire requests by outcome, with their time from send to answer.
 pub const ACQUIRE_SECONDS: &str = "baton_client_acquire_seconds";
@@ -58,17 +63,33 @@ const RENEWAL_FAILURE_REASONS: [&str; 5] = [
 /// The `reason` labels of [`OWNERSHIP_LOSSES_TOTAL`].
 const LOSS_REASONS: [&str; 3] = ["deadline_passed", "not_owner", "refused"];
 
-/// An acquire answered (or failed) `took` after it was sent.
-pub(crate) fn acquire<T, E>(
-    answer: &Result<T, E>,
-    granted: impl FnOnce(&T) -> bool,
-    took: Duration,
-) {
+/// The client's span of a request for `op` (`acquire`, `renew`,
+/// `release`) on `resources`, for OpenTelemetry export (see the
+/// `baton-telemetry` crate): the server's span of the request is its child.
+pub(crate) fn span(op: &'static str, resources: &[&str]) -> Span {
+    match op {
+        "acquire" => {
+            tracing::debug_span!(target: TRACE_TARGET, "acquire", resource = ?resources, token = Empty, outcome = Empty)
+        }
+        "renew" => tracing::debug_span!(target: TRACE_TARGET, "renew", resource = ?resources),
+        _ => tracing::debug_span!(target: TRACE_TARGET, "release", resource = ?resources),
+    }
+}
+
+/// An acquire answered (or failed) `took` after it was sent: counted, and
+/// recorded on its span.
+pub(crate) fn acquired(span: &Span, answer: &Result<AcquiredAll, ClientError>, took: Duration) {
     let outcome = match answer {
-        Ok(a) if granted(a) => "granted",
-        Ok(_) => "not_acquired",
+        Ok(AcquiredAll::Granted { leases, .. }) => {
+            if let Some(l) = leases.first() {
+                span.record("token", l.token.get());
+            }
+            "granted"
+        }
+        Ok(AcquiredAll::NotAcquired(_)) => "not_acquired",
         Err(_) => "error",
     };
+    span.record("outcome", outcome);
     metrics::histogram!(ACQUIRE_SECONDS, "outcome" => outcome).record(took.as_secs_f64());
 }
 

@@ -26,6 +26,7 @@ use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::Streaming;
+use tracing::Instrument;
 
 use crate::servers::redirect;
 use crate::worker::{Backoff, Renewer};
@@ -73,6 +74,8 @@ pub struct SessionState {
 struct Call {
     id: u64,
     op: Op,
+    /// The W3C trace context of the caller's span (empty: none).
+    traceparent: String,
     reply: Option<oneshot::Sender<Result<Body, ClientError>>>,
 }
 
@@ -127,6 +130,7 @@ async fn connect(client: &Client, open: v1::OpenSession) -> Result<(Conn, Body),
             let first = v1::SessionRequest {
                 id: 0,
                 op: Some(Op::Open(request.get_ref().clone())),
+                traceparent: String::new(),
             };
             tx.send(first).await.expect("the receiver is here");
             // The call's metadata (the token) goes with the stream, but no
@@ -301,6 +305,7 @@ impl Drop for CancelOnDrop<'_> {
             let id = self.session.inner.next_id.fetch_add(1, Relaxed);
             let _ = self.session.inner.calls.send(Call {
                 id,
+                traceparent: String::new(),
                 op: Op::Cancel(v1::CancelWait { acquire_id }),
                 reply: None,
             });
@@ -337,6 +342,7 @@ impl Session {
         let call = Call {
             id,
             op,
+            traceparent: baton_telemetry::traceparent().unwrap_or_default(),
             reply: Some(tx),
         };
         if self.inner.calls.send(call).is_err() {
@@ -394,9 +400,13 @@ impl Session {
         ttl: Option<Duration>,
         wait: Duration,
     ) -> Result<AcquiredAll, ClientError> {
+        let span = crate::observe::span("acquire", resources);
         let started = Instant::now();
-        let answer = self.acquire_on_stream(resources, ttl, wait).await;
-        crate::observe::acquire(&answer, AcquiredAll::is_granted, started.elapsed());
+        let answer = self
+            .acquire_on_stream(resources, ttl, wait)
+            .instrument(span.clone())
+            .await;
+        crate::observe::acquired(&span, &answer, started.elapsed());
         answer
     }
 
@@ -459,7 +469,12 @@ impl Session {
         });
         let id = self.inner.next_id.fetch_add(1, Relaxed);
         let sent = Instant::now();
-        match self.request(id, op, Duration::ZERO).await? {
+        let span = crate::observe::span("renew", &[resource]);
+        match self
+            .request(id, op, Duration::ZERO)
+            .instrument(span)
+            .await?
+        {
             Body::Renew(r) => renewal(r, sent),
             other => Err(unexpected(&other)),
         }
@@ -476,7 +491,12 @@ impl Session {
             acquisition_id: acquisition_id.as_bytes().to_vec(),
         });
         let id = self.inner.next_id.fetch_add(1, Relaxed);
-        let out = match self.request(id, op, Duration::ZERO).await? {
+        let span = crate::observe::span("release", &[resource]);
+        let out = match self
+            .request(id, op, Duration::ZERO)
+            .instrument(span)
+            .await?
+        {
             Body::Release(r) => release(r),
             other => Err(unexpected(&other)),
         };
@@ -753,7 +773,7 @@ impl Driver {
                     // stream was down): never send what nobody waits for.
                     Some(call) if call.reply.as_ref().is_some_and(|r| r.is_closed()) => {}
                     Some(call) => {
-                        let request = v1::SessionRequest { id: call.id, op: Some(call.op) };
+                        let request = v1::SessionRequest { id: call.id, op: Some(call.op), traceparent: call.traceparent };
                         if let Some(reply) = call.reply {
                             self.pending.insert(call.id, reply);
                         }
@@ -764,7 +784,7 @@ impl Driver {
                     None if self.abandon.is_cancelled() => return Stop::Dropped,
                     None => {
                         // Every handle is gone: close the session, best effort.
-                        let close = v1::SessionRequest { id: 0, op: Some(Op::Close(v1::CloseSession {})) };
+                        let close = v1::SessionRequest { id: 0, op: Some(Op::Close(v1::CloseSession {})), traceparent: String::new() };
                         let _ = conn.tx.send(close).await;
                         let _ = tokio::time::timeout(self.client.rpc_timeout, conn.rx.message()).await;
                         return Stop::Dropped;
@@ -786,7 +806,7 @@ impl Driver {
                     let id = self.next_heartbeat;
                     self.next_heartbeat += 1;
                     self.heartbeats.insert(id, Instant::now());
-                    let beat = v1::SessionRequest { id, op: Some(Op::Heartbeat(v1::Heartbeat {})) };
+                    let beat = v1::SessionRequest { id, op: Some(Op::Heartbeat(v1::Heartbeat {})), traceparent: String::new() };
                     if conn.tx.send(beat).await.is_err() {
                         return Stop::Broken("the stream closed".into());
                     }

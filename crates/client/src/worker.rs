@@ -29,6 +29,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::{Acquired, Client, ClientError, Lease, Renewal, Session};
 
@@ -266,7 +267,9 @@ impl Keeper {
             cancel: CancellationToken::new(),
             why: Mutex::new(None),
         });
-        let task = tokio::spawn(run(renewer, lease.clone(), config, shared.clone()));
+        // In the caller's span: its renewals join the caller's trace.
+        let task =
+            tokio::spawn(run(renewer, lease.clone(), config, shared.clone()).in_current_span());
         Self {
             guard: Guard { lease, shared },
             state: rx,

@@ -59,10 +59,41 @@ pub fn describe() {
     }
 }
 
-/// Counts and logs one judged write, judged in `took`. Logs carry
+/// One judgement under way: its start, and its span for OpenTelemetry
+/// export (`fenced write`, with the resource, token and operation; see the
+/// `baton-telemetry` crate), which ends with [`record`].
+pub(crate) struct Judging {
+    started: std::time::Instant,
+    span: tracing::Span,
+}
+
+impl Judging {
+    pub(crate) fn start(req: &FenceRequest) -> Self {
+        Self {
+            started: std::time::Instant::now(),
+            span: tracing::debug_span!(
+                target: baton_telemetry::TRACE_TARGET,
+                "fenced write",
+                resource = %req.resource,
+                token = req.token.get(),
+                operation = %req.operation,
+                outcome = tracing::field::Empty,
+            ),
+        }
+    }
+
+    /// The judgement's span, to run its statements in.
+    pub(crate) fn span(&self) -> &tracing::Span {
+        &self.span
+    }
+}
+
+/// Counts and logs one judged write and ends its span. Logs carry
 /// identities and tokens, never payloads.
-pub(crate) fn record(req: &FenceRequest, outcome: &Outcome, took: std::time::Duration) {
+pub(crate) fn record(req: &FenceRequest, outcome: &Outcome, judging: Judging) {
+    let took = judging.started.elapsed();
     let label = outcome.label();
+    judging.span.record("outcome", label);
     if let Some(i) = LABELS.iter().position(|l| *l == label) {
         COUNTS[i].fetch_add(1, Relaxed);
     }

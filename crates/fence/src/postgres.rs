@@ -2,9 +2,8 @@
 //! (in force: `sql/functions/fence_full.sql`, behind `fence.sql`), so a fenced write is one statement inside the
 //! caller's transaction and services in any language share it.
 
-use std::time::Instant;
-
 use tokio_postgres::{Client, GenericClient, Row, Statement, Transaction};
+use tracing::Instrument;
 
 use crate::error::{check_prune_age, stored_token as token};
 use crate::rule::{Recreate, ResourceState};
@@ -222,12 +221,20 @@ impl Fields {
     }
 }
 
-/// The outcome in `row` of a fence asked for at `started`, counted.
-fn outcome(req: &FenceRequest, row: &Row, started: Instant) -> Result<Outcome, FenceError> {
-    outcome_of(req, Fields::from_row(row)?, started)
+/// The outcome in `row` of a fence under way, counted.
+fn outcome(
+    req: &FenceRequest,
+    row: &Row,
+    judging: metrics::Judging,
+) -> Result<Outcome, FenceError> {
+    outcome_of(req, Fields::from_row(row)?, judging)
 }
 
-fn outcome_of(req: &FenceRequest, f: Fields, started: Instant) -> Result<Outcome, FenceError> {
+fn outcome_of(
+    req: &FenceRequest,
+    f: Fields,
+    judging: metrics::Judging,
+) -> Result<Outcome, FenceError> {
     let t = token(f.token)?;
     let missing = |what: &str| FenceError::Corrupt(format!("{} outcome without {what}", f.outcome));
     let current = || -> Result<FencingToken, FenceError> {
@@ -270,7 +277,7 @@ fn outcome_of(req: &FenceRequest, f: Fields, started: Instant) -> Result<Outcome
         },
         other => return Err(FenceError::Corrupt(format!("unknown outcome {other:?}"))),
     };
-    metrics::record(req, &out, started.elapsed());
+    metrics::record(req, &out, judging);
     Ok(out)
 }
 
@@ -411,9 +418,12 @@ impl PgFence {
         req: &FenceRequest,
     ) -> Result<Outcome, FenceError> {
         let args = FenceArgs::new(req);
-        let started = Instant::now();
-        let row = client.query_one(statement, &args.params()).await?;
-        outcome(req, &row, started)
+        let judging = metrics::Judging::start(req);
+        let row = client
+            .query_one(statement, &args.params())
+            .instrument(judging.span().clone())
+            .await?;
+        outcome(req, &row, judging)
     }
 
     /// Opens a transaction, judges `req`, runs `effect` only if it applied,
@@ -453,12 +463,16 @@ impl PgFence {
     ) -> Result<Outcome, FenceError> {
         let args = FenceArgs::new(req);
         let fence_params = args.params();
-        let started = Instant::now();
-        let (begun, fenced, effected) = tokio::join!(
-            client.batch_execute("BEGIN"),
-            client.query_one(&prepared.fence_or_abort, &fence_params),
-            client.execute(effect, params),
-        );
+        let judging = metrics::Judging::start(req);
+        let (begun, fenced, effected) = async {
+            tokio::join!(
+                client.batch_execute("BEGIN"),
+                client.query_one(&prepared.fence_or_abort, &fence_params),
+                client.execute(effect, params),
+            )
+        }
+        .instrument(judging.span().clone())
+        .await;
         let finish = |commit: bool| async move {
             client
                 .batch_execute(if commit { "COMMIT" } else { "ROLLBACK" })
@@ -479,7 +493,7 @@ impl PgFence {
                     Some(db) => {
                         let fields =
                             Fields::from_error(db.detail().unwrap_or_default(), db.hint())?;
-                        outcome_of(req, fields, started)
+                        outcome_of(req, fields, judging)
                     }
                     None => Err(e.into()),
                 };
@@ -490,7 +504,7 @@ impl PgFence {
             return Err(e.into());
         }
         finish(true).await?;
-        outcome(req, &row, started)
+        outcome(req, &row, judging)
     }
 
     /// A fenced move of the publication pointer to `req.result` (an object
@@ -505,7 +519,7 @@ impl PgFence {
                 field: "object key",
                 at_byte: 0,
             })?;
-        let started = Instant::now();
+        let judging = metrics::Judging::start(req);
         let row = client
             .query_one(
                 &prepared.publish,
@@ -517,8 +531,9 @@ impl PgFence {
                     &object_key,
                 ],
             )
+            .instrument(judging.span().clone())
             .await?;
-        outcome(req, &row, started)
+        outcome(req, &row, judging)
     }
 
     /// [`PgFence::fence`] with a prepared statement.
@@ -584,14 +599,15 @@ impl PgFence {
         client: &impl GenericClient,
         req: &FenceRequest,
     ) -> Result<Outcome, FenceError> {
-        let started = Instant::now();
+        let judging = metrics::Judging::start(req);
         let row = client
             .query_one(
                 "SELECT outcome, token, current_token, current_seq, detail, result FROM baton.delete_impl($1, $2, $3, $4)",
                 &[&req.resource.as_str(), &req.token.get(), &req.operation.as_str(), &req.fingerprint.as_bytes()],
             )
+            .instrument(judging.span().clone())
             .await?;
-        outcome(req, &row, started)
+        outcome(req, &row, judging)
     }
 
     /// Durable cancellation: every token at or below `at` is refused from now on.

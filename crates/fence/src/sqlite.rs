@@ -161,7 +161,9 @@ impl SqliteFence {
         req: &FenceRequest,
         adjust: impl FnOnce(&mut ResourceState, &Outcome) -> Result<(), FenceError>,
     ) -> Result<Outcome, FenceError> {
-        let started = std::time::Instant::now();
+        let judging = metrics::Judging::start(req);
+        let span = judging.span().clone();
+        let _in = span.enter();
         let state = Self::state(tx, &req.resource)?;
         let existing = Self::operation(tx, req)?;
         let outcome = match rule::decide(state.as_ref(), existing.as_ref(), req)? {
@@ -176,7 +178,7 @@ impl SqliteFence {
                 outcome
             }
         };
-        metrics::record(req, &outcome, started.elapsed());
+        metrics::record(req, &outcome, judging);
         Ok(outcome)
     }
 

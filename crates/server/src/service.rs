@@ -12,6 +12,7 @@ use baton_proto::{LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX, SNAPSHOT_FORMAT};
 use baton_store::Stored;
 use tokio::sync::oneshot;
 use tonic::{Request, Response, Status};
+use tracing::Instrument;
 
 use crate::auth::Permission;
 use crate::engine::{AcquireReply, Command, EngineHandle};
@@ -20,6 +21,7 @@ use crate::seat::{Seat, Term};
 
 mod guard;
 mod session;
+mod trace;
 mod watch;
 
 pub(crate) use guard::Admitted;
@@ -134,6 +136,110 @@ impl LeaseService {
         let answer = answer(rx).await?;
         self.seat.confirm(term)?;
         Ok(answer)
+    }
+}
+
+/// The unary lease calls, inside their spans (see `trace.rs`).
+impl LeaseService {
+    async fn acquire_traced(
+        &self,
+        request: Request<v1::AcquireRequest>,
+        span: &tracing::Span,
+    ) -> Result<Response<v1::AcquireResponse>, Status> {
+        let started = Instant::now();
+        self.metrics.acquire_requests.inc();
+        let caller = Caller::of(&request, self.gate.is_on());
+        let who = self.gate.let_in(&caller, "acquire").await?;
+        let req = request.into_inner();
+        let mut claims = Vec::with_capacity(req.resources.len());
+        for (i, raw) in req.resources.iter().enumerate() {
+            claims.push((parse_resource(ResourcesField(i), raw)?, random_id()));
+        }
+        for (name, _) in &claims {
+            who.may(Permission::Lease, name.as_str())?;
+        }
+        let holder = parse_holder("holder", req.holder.as_deref())?;
+        let ttl_ms = req.ttl_ms.unwrap_or(self.default_ttl_ms);
+        let waiter = WaiterId(self.next_waiter.fetch_add(1, Relaxed));
+        let request = AcquireRequest {
+            claims,
+            ttl_ms,
+            wait_ms: req.wait_ms,
+            waiter,
+            session: None,
+            holder,
+        };
+        let term = self.seat.term()?;
+        let mut guard = WaitGuard {
+            engine: &term.engine,
+            waiter: (req.wait_ms > 0).then_some(waiter),
+        };
+        let reply = self
+            .call_on(&term, |reply| Command::Acquire { request, reply })
+            .await;
+        guard.waiter = None;
+        let reply = reply?.map_err(acquire_error)?;
+        if matches!(
+            reply,
+            AcquireReply::Granted {
+                after_wait: false,
+                ..
+            }
+        ) {
+            self.metrics
+                .observe_acquire_latency_us(started.elapsed().as_micros() as u64);
+        }
+        trace::acquired(span, &reply);
+        let outcome = acquire_outcome(reply, false);
+        Ok(Response::new(v1::AcquireResponse {
+            outcome: Some(outcome),
+        }))
+    }
+
+    async fn renew_traced(
+        &self,
+        request: Request<v1::RenewRequest>,
+        span: &tracing::Span,
+    ) -> Result<Response<v1::RenewResponse>, Status> {
+        let caller = Caller::of(&request, self.gate.is_on());
+        let who = self.gate.let_in(&caller, "renew").await?;
+        let req = request.into_inner();
+        let resource = parse_resource("resource", &req.resource)?;
+        who.may(Permission::Lease, resource.as_str())?;
+        let id = parse_acquisition_id(&req.acquisition_id)?;
+        let out = self
+            .call(|reply| Command::Renew {
+                resource,
+                id,
+                reply,
+            })
+            .await?;
+        let message = renew_message(out);
+        trace::renewed(span, &message);
+        Ok(Response::new(message))
+    }
+
+    async fn release_traced(
+        &self,
+        request: Request<v1::ReleaseRequest>,
+        span: &tracing::Span,
+    ) -> Result<Response<v1::ReleaseResponse>, Status> {
+        let caller = Caller::of(&request, self.gate.is_on());
+        let who = self.gate.let_in(&caller, "release").await?;
+        let req = request.into_inner();
+        let resource = parse_resource("resource", &req.resource)?;
+        who.may(Permission::Lease, resource.as_str())?;
+        let id = parse_acquisition_id(&req.acquisition_id)?;
+        let out = self
+            .call(|reply| Command::Release {
+                resource,
+                id,
+                reply,
+            })
+            .await?;
+        let message = release_message(out);
+        trace::released(span, &message);
+        Ok(Response::new(message))
     }
 }
 
@@ -313,93 +419,42 @@ impl Leases for LeaseService {
         &self,
         request: Request<v1::AcquireRequest>,
     ) -> Result<Response<v1::AcquireResponse>, Status> {
-        let started = Instant::now();
-        self.metrics.acquire_requests.inc();
-        let caller = Caller::of(&request, self.gate.is_on());
-        let who = self.gate.let_in(&caller, "acquire").await?;
-        let req = request.into_inner();
-        let mut claims = Vec::with_capacity(req.resources.len());
-        for (i, raw) in req.resources.iter().enumerate() {
-            claims.push((parse_resource(ResourcesField(i), raw)?, random_id()));
-        }
-        for (name, _) in &claims {
-            who.may(Permission::Lease, name.as_str())?;
-        }
-        let holder = parse_holder("holder", req.holder.as_deref())?;
-        let ttl_ms = req.ttl_ms.unwrap_or(self.default_ttl_ms);
-        let waiter = WaiterId(self.next_waiter.fetch_add(1, Relaxed));
-        let request = AcquireRequest {
-            claims,
-            ttl_ms,
-            wait_ms: req.wait_ms,
-            waiter,
-            session: None,
-            holder,
-        };
-        let term = self.seat.term()?;
-        let mut guard = WaitGuard {
-            engine: &term.engine,
-            waiter: (req.wait_ms > 0).then_some(waiter),
-        };
-        let reply = self
-            .call_on(&term, |reply| Command::Acquire { request, reply })
-            .await;
-        guard.waiter = None;
-        let reply = reply?.map_err(acquire_error)?;
-        if matches!(
-            reply,
-            AcquireReply::Granted {
-                after_wait: false,
-                ..
-            }
-        ) {
-            self.metrics
-                .observe_acquire_latency_us(started.elapsed().as_micros() as u64);
-        }
-        let outcome = acquire_outcome(reply, false);
-        Ok(Response::new(v1::AcquireResponse {
-            outcome: Some(outcome),
-        }))
+        let span = trace::request_span(
+            "acquire",
+            &request.get_ref().resources,
+            trace::traceparent_of(request.metadata()),
+        );
+        self.acquire_traced(request, &span)
+            .instrument(span.clone())
+            .await
     }
 
     async fn renew(
         &self,
         request: Request<v1::RenewRequest>,
     ) -> Result<Response<v1::RenewResponse>, Status> {
-        let caller = Caller::of(&request, self.gate.is_on());
-        let who = self.gate.let_in(&caller, "renew").await?;
-        let req = request.into_inner();
-        let resource = parse_resource("resource", &req.resource)?;
-        who.may(Permission::Lease, resource.as_str())?;
-        let id = parse_acquisition_id(&req.acquisition_id)?;
-        let out = self
-            .call(|reply| Command::Renew {
-                resource,
-                id,
-                reply,
-            })
-            .await?;
-        Ok(Response::new(renew_message(out)))
+        let span = trace::request_span(
+            "renew",
+            std::slice::from_ref(&request.get_ref().resource),
+            trace::traceparent_of(request.metadata()),
+        );
+        self.renew_traced(request, &span)
+            .instrument(span.clone())
+            .await
     }
 
     async fn release(
         &self,
         request: Request<v1::ReleaseRequest>,
     ) -> Result<Response<v1::ReleaseResponse>, Status> {
-        let caller = Caller::of(&request, self.gate.is_on());
-        let who = self.gate.let_in(&caller, "release").await?;
-        let req = request.into_inner();
-        let resource = parse_resource("resource", &req.resource)?;
-        who.may(Permission::Lease, resource.as_str())?;
-        let id = parse_acquisition_id(&req.acquisition_id)?;
-        let out = self
-            .call(|reply| Command::Release {
-                resource,
-                id,
-                reply,
-            })
-            .await?;
-        Ok(Response::new(release_message(out)))
+        let span = trace::request_span(
+            "release",
+            std::slice::from_ref(&request.get_ref().resource),
+            trace::traceparent_of(request.metadata()),
+        );
+        self.release_traced(request, &span)
+            .instrument(span.clone())
+            .await
     }
 
     async fn status(

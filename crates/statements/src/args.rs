@@ -124,6 +124,8 @@ pub enum Command {
         data_dir: PathBuf,
         #[arg(long)]
         listen: std::net::SocketAddr,
+        #[arg(long)]
+        otlp_endpoint: Option<String>,
     },
     /// The incident procedure: the job record, the publication pointer
     /// and its manifest, every operation outcome with its token and the
@@ -249,6 +251,11 @@ pub struct WorkerArgs {
     /// http://ADDR/metrics, like 127.0.0.1:9101.
     #[arg(long, value_name = "ADDR")]
     pub metrics_listen: Option<std::net::SocketAddr>,
+    /// Export OpenTelemetry traces (one per job: the acquire, the server's
+    /// grant, renewals and the fenced write) to this OTLP/HTTP collector,
+    /// like http://127.0.0.1:4318.
+    #[arg(long, value_name = "URL")]
+    pub otlp_endpoint: Option<String>,
     /// NEGATIVE CONTROL ONLY: move the publication pointer with a blind
     /// write, no fence. Exists to prove the fault suite can see a stale write.
     #[arg(long, hide = true)]

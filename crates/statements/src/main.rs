@@ -23,14 +23,26 @@ use clap::Parser;
 struct NoSuchJob(String);
 
 fn main() -> ExitCode {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(false)
-        .init();
     let cli = Cli::parse();
+    let (service, otlp_endpoint) = match &cli.command {
+        Command::Worker(w) => ("statements", w.otlp_endpoint.clone()),
+        // A lease server in this process: its spans are the server's.
+        Command::ServeBaton { otlp_endpoint, .. } => ("baton serve", otlp_endpoint.clone()),
+        _ => ("statements", None),
+    };
+    let telemetry = baton_telemetry::init(&baton_telemetry::Settings {
+        service,
+        default_filter: "warn",
+        ansi: false,
+        otlp_endpoint: otlp_endpoint.as_deref(),
+    });
+    let _telemetry = match telemetry {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -103,7 +115,9 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
                 ExitCode::FAILURE
             })
         }
-        Command::ServeBaton { data_dir, listen } => {
+        Command::ServeBaton {
+            data_dir, listen, ..
+        } => {
             let mut config = baton_server::ServerConfig::ephemeral(data_dir);
             config.listen = listen;
             let server = baton_server::start(config).await?;

@@ -17,6 +17,7 @@ use baton_faults::history::Step;
 use baton_fence::objects::ObjectKit;
 use baton_fence::FencingToken;
 use serde_json::json;
+use tracing::Instrument;
 
 use crate::events::emit;
 use crate::store::{self, Db, Input, Location, Result};
@@ -133,7 +134,18 @@ async fn session(cfg: &WorkerConfig, backoff: &mut Backoff) -> Result<()> {
     let mut db = store::open(&cfg.target).await?;
     loop {
         for (account, date) in db.open_jobs(&cfg.accounts).await? {
-            process(cfg, &client, &kit, &mut db, &account, &date).await?;
+            // One trace per job when traces are exported: the acquire, the
+            // server's grant, the renewals and the fenced write under it.
+            let span = tracing::debug_span!(
+                target: baton_telemetry::TRACE_TARGET,
+                "publish statement",
+                worker = %cfg.name,
+                account = %account,
+                date = %date,
+            );
+            process(cfg, &client, &kit, &mut db, &account, &date)
+                .instrument(span)
+                .await?;
         }
         backoff.reset();
         if cfg.once {

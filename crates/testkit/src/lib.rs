@@ -3,6 +3,7 @@
 #![warn(missing_docs)]
 
 pub mod json;
+pub mod otlp;
 pub mod pg_cluster;
 pub mod pki;
 pub mod process;

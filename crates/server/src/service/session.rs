@@ -18,11 +18,12 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
+use tracing::Instrument;
 
 use super::guard::{Admitted, SessionRefusal};
 use super::{
     acquire_error, acquire_outcome, answer, parse_acquisition_id, parse_holder, parse_resource,
-    random_id, release_message, renew_message, send, Caller, LeaseService, ResourcesField,
+    random_id, release_message, renew_message, send, trace, Caller, LeaseService, ResourcesField,
 };
 use crate::auth::{Permission, Principal};
 use crate::engine::Command;
@@ -268,7 +269,7 @@ impl SessionTask {
             let _ = self.out.send(Err(status)).await;
             return Next::Stop;
         }
-        match self.dispatch(id, op) {
+        match self.dispatch(id, op, &request.traceparent) {
             Ok(future) => {
                 self.pending.push(future);
                 Next::Continue
@@ -280,7 +281,10 @@ impl SessionTask {
         }
     }
 
-    fn dispatch(&mut self, id: u64, op: Op) -> Result<InFlight, Status> {
+    /// Starts one request; its answer is the future in flight. Acquire,
+    /// renew and release run in a span joined to the client's trace
+    /// (`traceparent`, see `trace.rs`).
+    fn dispatch(&mut self, id: u64, op: Op, traceparent: &str) -> Result<InFlight, Status> {
         let digest = self.digest;
         let term = &self.term;
         match op {
@@ -309,6 +313,8 @@ impl SessionTask {
                 }))
             }
             Op::Renew(r) => {
+                let span =
+                    trace::request_span("renew", std::slice::from_ref(&r.resource), traceparent);
                 let resource = parse_resource("renew.resource", &r.resource)?;
                 self.service
                     .gate
@@ -324,11 +330,21 @@ impl SessionTask {
                         reply,
                     },
                 )?;
-                Ok(Box::pin(async move {
-                    (id, answer(rx).await.map(|o| Body::Renew(renew_message(o))))
-                }))
+                Ok(Box::pin(
+                    async move {
+                        let body = answer(rx).await.map(|o| {
+                            let message = renew_message(o);
+                            trace::renewed(&tracing::Span::current(), &message);
+                            Body::Renew(message)
+                        });
+                        (id, body)
+                    }
+                    .instrument(span),
+                ))
             }
             Op::Release(r) => {
+                let span =
+                    trace::request_span("release", std::slice::from_ref(&r.resource), traceparent);
                 let resource = parse_resource("release.resource", &r.resource)?;
                 self.service
                     .gate
@@ -344,12 +360,17 @@ impl SessionTask {
                         reply,
                     },
                 )?;
-                Ok(Box::pin(async move {
-                    (
-                        id,
-                        answer(rx).await.map(|o| Body::Release(release_message(o))),
-                    )
-                }))
+                Ok(Box::pin(
+                    async move {
+                        let body = answer(rx).await.map(|o| {
+                            let message = release_message(o);
+                            trace::released(&tracing::Span::current(), &message);
+                            Body::Release(message)
+                        });
+                        (id, body)
+                    }
+                    .instrument(span),
+                ))
             }
             Op::Cancel(c) => {
                 self.service.gate.admit(&self.caller, "session.cancel")?;
@@ -366,6 +387,7 @@ impl SessionTask {
                 }))
             }
             Op::Acquire(a) => {
+                let span = trace::request_span("acquire", &a.resources, traceparent);
                 self.service.metrics.acquire_requests.inc();
                 let mut claims = Vec::with_capacity(a.resources.len());
                 for (i, raw) in a.resources.iter().enumerate() {
@@ -391,17 +413,23 @@ impl SessionTask {
                 if a.wait_ms > 0 {
                     self.waits.insert(id, waiter);
                 }
-                Ok(Box::pin(async move {
-                    // A cancelled wait ends here too: the engine drops its
-                    // reply (see `finish`).
-                    let body = answer(rx).await.map(|out| match out {
-                        Ok(reply) => Body::Acquire(v1::AcquireResponse {
-                            outcome: Some(acquire_outcome(reply, bound)),
-                        }),
-                        Err(e) => request_error(&acquire_error(e)),
-                    });
-                    (id, body)
-                }))
+                Ok(Box::pin(
+                    async move {
+                        // A cancelled wait ends here too: the engine drops
+                        // its reply (see `finish`).
+                        let body = answer(rx).await.map(|out| match out {
+                            Ok(reply) => {
+                                trace::acquired(&tracing::Span::current(), &reply);
+                                Body::Acquire(v1::AcquireResponse {
+                                    outcome: Some(acquire_outcome(reply, bound)),
+                                })
+                            }
+                            Err(e) => request_error(&acquire_error(e)),
+                        });
+                        (id, body)
+                    }
+                    .instrument(span),
+                ))
             }
         }
     }

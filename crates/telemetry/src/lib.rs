@@ -1,0 +1,70 @@
+//! Logs and traces of Baton's processes (`baton serve`, `statements
+//! worker`): structured logs on stderr as before, and with an OTLP
+//! endpoint, OpenTelemetry spans exported over OTLP/HTTP (protobuf) to a
+//! collector.
+//!
+//! Traced spans use the target [`TRACE_TARGET`] at `DEBUG`: the log layer
+//! never shows them (its filter is `RUST_LOG`, `info` by default) and the
+//! trace layer takes only them, so with no endpoint every span call site
+//! is disabled and costs a cached check.
+//!
+//! A trace crosses processes as a W3C `traceparent`: [`traceparent`]
+//! reads the current span's for a request (the client sends it as gRPC
+//! metadata, or in a session request), [`adopt`] makes a server span its
+//! child. One publication's path (the worker's acquire, the server's
+//! acquire and grant, the renewals, the fenced write) is then one trace.
+//!
+//! Written by hand here: only the wiring of the maintained crates
+//! (`opentelemetry-otlp`, `tracing-opentelemetry`) that no crate does for
+//! this pair of filters.
+
+use std::collections::HashMap;
+
+use opentelemetry::propagation::TextMapPropagator;
+use opentelemetry_sdk::propagation::TraceContextPropagator;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+#[cfg(feature = "export")]
+mod export;
+#[cfg(feature = "export")]
+pub use export::{init, Settings, Telemetry, TelemetryError};
+
+/// The target of every traced span (`tracing::debug_span!(target: ...)`).
+pub const TRACE_TARGET: &str = "baton::trace";
+
+/// The W3C header (and field) that carries a trace across processes.
+pub const TRACEPARENT: &str = "traceparent";
+
+/// The current span's W3C `traceparent`, when it is traced (an exporter
+/// is installed and the span is sampled); `None` otherwise.
+pub fn traceparent() -> Option<String> {
+    let cx = tracing::Span::current().context();
+    let mut carrier: HashMap<String, String> = HashMap::new();
+    TraceContextPropagator::new().inject_context(&cx, &mut carrier);
+    carrier.remove(TRACEPARENT)
+}
+
+/// Makes `span` the child of the remote span a `traceparent` names; a
+/// value that does not parse is ignored (the span starts its own trace).
+pub fn adopt(span: &tracing::Span, traceparent: &str) {
+    if traceparent.is_empty() || span.is_disabled() {
+        return;
+    }
+    let carrier: HashMap<String, String> =
+        HashMap::from([(TRACEPARENT.to_string(), traceparent.to_string())]);
+    let cx = TraceContextPropagator::new().extract(&carrier);
+    let _ = span.set_parent(cx);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn without_an_exporter_nothing_is_propagated() {
+        let span = tracing::debug_span!(target: TRACE_TARGET, "acquire");
+        let _in = span.enter();
+        assert_eq!(traceparent(), None);
+        adopt(&span, "not a traceparent");
+    }
+}
