@@ -65,9 +65,16 @@ class SessionRequest(google.protobuf.message.Message):
     RELEASE_FIELD_NUMBER: builtins.int
     CANCEL_FIELD_NUMBER: builtins.int
     CLOSE_FIELD_NUMBER: builtins.int
+    TRACEPARENT_FIELD_NUMBER: builtins.int
     id: builtins.int
     """Chosen by the client, echoed in the answer. Must be unique among the
     requests of this stream still waiting for an answer; 0 is allowed.
+    """
+    traceparent: builtins.str
+    """The W3C trace context of the client's span for this request
+    (`00-TRACEID-SPANID-FLAGS`), when the client exports traces: the
+    server's span for the request joins that trace. Empty: none. Unary
+    calls carry it as the `traceparent` metadata entry instead.
     """
     @property
     def open(self) -> global___OpenSession:
@@ -118,9 +125,10 @@ class SessionRequest(google.protobuf.message.Message):
         release: global___ReleaseRequest | None = ...,
         cancel: global___CancelWait | None = ...,
         close: global___CloseSession | None = ...,
+        traceparent: builtins.str = ...,
     ) -> None: ...
     def HasField(self, field_name: typing.Literal["acquire", b"acquire", "cancel", b"cancel", "close", b"close", "heartbeat", b"heartbeat", "op", b"op", "open", b"open", "release", b"release", "renew", b"renew"]) -> builtins.bool: ...
-    def ClearField(self, field_name: typing.Literal["acquire", b"acquire", "cancel", b"cancel", "close", b"close", "heartbeat", b"heartbeat", "id", b"id", "op", b"op", "open", b"open", "release", b"release", "renew", b"renew"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["acquire", b"acquire", "cancel", b"cancel", "close", b"close", "heartbeat", b"heartbeat", "id", b"id", "op", b"op", "open", b"open", "release", b"release", "renew", b"renew", "traceparent", b"traceparent"]) -> None: ...
     def WhichOneof(self, oneof_group: typing.Literal["op", b"op"]) -> typing.Literal["open", "heartbeat", "acquire", "renew", "release", "cancel", "close"] | None: ...
 
 global___SessionRequest = SessionRequest
