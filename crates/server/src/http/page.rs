@@ -128,15 +128,16 @@ pub(super) async fn overview(
     State(s): State<HttpState>,
     axum::Extension(peer): axum::Extension<Peer>,
     headers: HeaderMap,
-) -> Response {
+) -> Result<Response, Response> {
     let caller = caller(&s, peer, &headers);
-    let who = match s.gate.let_in(&caller, "read the operator page").await {
-        Ok(who) => who,
-        Err(refused) => return error(refused),
-    };
+    let who = s
+        .gate
+        .let_in(&caller, "read the operator page")
+        .await
+        .map_err(error)?;
     let readable = readable(&who);
     if readable.as_ref().is_some_and(Vec::is_empty) {
-        return error(denied(&who, ""));
+        return Err(error(denied(&who, "")));
     }
     let view = s.seat.view();
     let cluster = view.as_ref().map(|v| {
@@ -170,7 +171,7 @@ pub(super) async fn overview(
             "series": m.figures(),
         })
     });
-    Json(json!({
+    Ok(Json(json!({
         "node": s.seat.node,
         "role": if s.seat.is_leader() { "leader" } else { "follower" },
         "ready": m.ready.load(std::sync::atomic::Ordering::Acquire),
@@ -180,7 +181,7 @@ pub(super) async fn overview(
         "figures": figures,
         "history_note": history_note(),
     }))
-    .into_response()
+    .into_response())
 }
 
 #[derive(Deserialize)]
@@ -220,42 +221,45 @@ pub(super) async fn leases(
     axum::Extension(peer): axum::Extension<Peer>,
     headers: HeaderMap,
     Query(q): Query<LeasesQuery>,
-) -> Response {
+) -> Result<Response, Response> {
     let caller = caller(&s, peer, &headers);
-    let who = match s.gate.let_in(&caller, "list on the operator page").await {
-        Ok(who) => who,
-        Err(refused) => return error(refused),
-    };
+    let who = s
+        .gate
+        .let_in(&caller, "list on the operator page")
+        .await
+        .map_err(error)?;
     if q.prefix.len() > RESOURCE_NAME_LEN_BYTES_MAX {
-        return error(Status::invalid_argument(format!(
+        return Err(error(Status::invalid_argument(format!(
             "prefix is {} bytes; the limit is {RESOURCE_NAME_LEN_BYTES_MAX} bytes",
             q.prefix.len()
-        )));
+        ))));
     }
     let limit = q.limit.unwrap_or(PAGE_ROWS_DEFAULT);
     if limit == 0 || limit > LIST_LIMIT_MAX as usize {
-        return error(Status::invalid_argument(format!(
+        return Err(error(Status::invalid_argument(format!(
             "limit {limit} is outside 1 to {LIST_LIMIT_MAX}"
-        )));
+        ))));
     }
     let readable = readable(&who);
     let ranges = ranges(&q.prefix, readable.as_deref());
     if ranges.is_empty() {
-        return error(denied(&who, &q.prefix));
+        return Err(error(denied(&who, &q.prefix)));
     }
     let mut rows: Vec<Row> = Vec::new();
     for range in ranges {
         let want = limit - rows.len();
-        match s.service.list_entries(range, q.after.clone(), want).await {
-            Ok(entries) => rows.extend(entries.into_iter().map(Row::from)),
-            Err(e) => return error(e),
-        }
+        let entries = s
+            .service
+            .list_entries(range, q.after.clone(), want)
+            .await
+            .map_err(error)?;
+        rows.extend(entries.into_iter().map(Row::from));
         if rows.len() == limit {
             break;
         }
     }
     let next = (rows.len() == limit).then(|| rows[rows.len() - 1].resource.clone());
-    Json(json!({ "rows": rows, "next": next, "readable": readable })).into_response()
+    Ok(Json(json!({ "rows": rows, "next": next, "readable": readable })).into_response())
 }
 
 #[derive(Deserialize)]
@@ -268,23 +272,16 @@ pub(super) async fn history(
     axum::Extension(peer): axum::Extension<Peer>,
     headers: HeaderMap,
     Query(q): Query<ResourceQuery>,
-) -> Response {
+) -> Result<Response, Response> {
     let caller = caller(&s, peer, &headers);
-    let who = match s
+    let who = s
         .gate
         .let_in(&caller, "read history on the operator page")
         .await
-    {
-        Ok(who) => who,
-        Err(refused) => return error(refused),
-    };
-    let resource = match parse_resource("resource", &q.resource) {
-        Ok(r) => r,
-        Err(e) => return error(e),
-    };
-    if let Err(refused) = who.may(Permission::Read, resource.as_str()) {
-        return error(refused);
-    }
+        .map_err(error)?;
+    let resource = parse_resource("resource", &q.resource).map_err(error)?;
+    who.may(Permission::Read, resource.as_str())
+        .map_err(error)?;
     let now = Instant::now();
     let entries: Vec<_> = s
         .metrics
@@ -302,12 +299,12 @@ pub(super) async fn history(
             })
         })
         .collect();
-    Json(json!({
+    Ok(Json(json!({
         "resource": resource.as_str(),
         "entries": entries,
         "note": history_note(),
     }))
-    .into_response()
+    .into_response())
 }
 
 /// The header a fence from the page must carry, and its value.
@@ -318,29 +315,21 @@ pub(super) async fn fence(
     axum::Extension(peer): axum::Extension<Peer>,
     headers: HeaderMap,
     Query(q): Query<ResourceQuery>,
-) -> Response {
+) -> Result<Response, Response> {
     let caller = caller(&s, peer, &headers);
-    let who = match s.gate.let_in(&caller, "fence").await {
-        Ok(who) => who,
-        Err(refused) => return error(refused),
-    };
+    let who = s.gate.let_in(&caller, "fence").await.map_err(error)?;
     if headers.get(CONFIRM_HEADER).map(|v| v.as_bytes()) != Some(b"fence") {
-        return error(Status::invalid_argument(format!(
+        return Err(error(Status::invalid_argument(format!(
             "a fence from the page needs the header `{CONFIRM_HEADER}: fence` (the page sends it once the operator confirms)"
-        )));
+        ))));
     }
-    let resource = match parse_resource("resource", &q.resource) {
-        Ok(r) => r,
-        Err(e) => return error(e),
-    };
-    match s.service.fence_as(&who, resource).await {
-        Ok(out) => Json(json!({
-            "token": out.token.get().to_string(),
-            "revoked": out.revoked.map(|t| t.get().to_string()),
-        }))
-        .into_response(),
-        Err(e) => error(e),
-    }
+    let resource = parse_resource("resource", &q.resource).map_err(error)?;
+    let out = s.service.fence_as(&who, resource).await.map_err(error)?;
+    Ok(Json(json!({
+        "token": out.token.get().to_string(),
+        "revoked": out.revoked.map(|t| t.get().to_string()),
+    }))
+    .into_response())
 }
 
 #[cfg(test)]
