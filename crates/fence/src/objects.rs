@@ -41,7 +41,26 @@ pub enum ObjectError {
     Store(#[from] object_store::Error),
     #[error("invalid object store url {url:?}: {message}")]
     Url { url: String, message: String },
+    #[error("the object store {store} {detail}: it does not honour conditional create (If-None-Match: *), so a create-only write could silently overwrite an object; the kit refuses to run on it")]
+    NotCreateOnly { store: String, detail: String },
+    #[error("object {key} is {size_bytes} bytes; the kit writes each object in one create-only PUT of at most {max_bytes} bytes (S3's single-PUT limit)")]
+    TooLarge {
+        key: String,
+        size_bytes: u64,
+        max_bytes: u64,
+    },
+    #[error("object store credentials: {0}")]
+    Credentials(String),
 }
+
+/// The largest object the kit writes: one PUT, create-only (S3's limit for
+/// a single PUT). Multipart uploads are not used: their completion cannot
+/// be made create-only through `object_store`.
+pub const OBJECT_LEN_BYTES_MAX: u64 = 5 * 1024 * 1024 * 1024;
+
+/// The key the create-only probe writes (once per store, never deleted:
+/// a worker needs no delete permission).
+pub const PROBE_KEY: &str = ".baton-probe/create-only";
 
 /// Why a candidate may not be reused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -162,18 +181,68 @@ impl ObjectKit {
     }
 
     /// A store by URL: `file:///abs/dir`, `memory:///`, or with feature
-    /// `s3`, `s3://bucket/prefix` (credentials from the environment).
+    /// `s3`, `s3://bucket/prefix`, configured as the AWS SDKs are (see
+    /// `objects/s3.rs`). Not checked: [`ObjectKit::open`] also probes it.
     pub fn from_url(raw: &str) -> Result<Self, ObjectError> {
         let bad = |message: String| ObjectError::Url {
             url: raw.to_string(),
             message,
         };
         let url = url::Url::parse(raw).map_err(|e| bad(e.to_string()))?;
+        #[cfg(feature = "s3")]
+        if url.scheme() == "s3" {
+            let (store, prefix) = s3::open(&url)?;
+            return Ok(Self { store, prefix });
+        }
         let (store, prefix) = object_store::parse_url(&url).map_err(|e| bad(e.to_string()))?;
         Ok(Self {
             store: Arc::from(store),
             prefix,
         })
+    }
+
+    /// [`ObjectKit::from_url`], or a local directory for a path that is not
+    /// a URL, then [`ObjectKit::check_create_only`]: a store that would
+    /// overwrite is refused before anything is written.
+    pub async fn open(location: &str) -> Result<Self, ObjectError> {
+        let kit = if location.contains("://") {
+            Self::from_url(location)?
+        } else {
+            Self::local(std::path::Path::new(location))?
+        };
+        kit.check_create_only().await?;
+        Ok(kit)
+    }
+
+    /// Creates [`PROBE_KEY`] (if it is not there yet) and then creates it
+    /// again: the second create must be refused. A store that accepts it
+    /// (it ignores `If-None-Match: *`), or cannot express it, is refused
+    /// with [`ObjectError::NotCreateOnly`].
+    pub async fn check_create_only(&self) -> Result<(), ObjectError> {
+        let not_create_only = |detail: String| ObjectError::NotCreateOnly {
+            store: self.store.to_string(),
+            detail,
+        };
+        for attempt in 0..2 {
+            match self
+                .put_create(PROBE_KEY, b"create-only probe\n".to_vec())
+                .await
+            {
+                Ok(()) if attempt == 1 => {
+                    return Err(not_create_only(format!(
+                        "accepted a second create of {PROBE_KEY}"
+                    )))
+                }
+                Ok(()) | Err(ObjectError::AlreadyExists { .. }) => {}
+                Err(ObjectError::Store(object_store::Error::NotImplemented { .. })) => {
+                    return Err(not_create_only(
+                        "cannot express a conditional create".into(),
+                    ))
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
     }
 
     fn full(&self, relative: &str) -> Path {
@@ -193,6 +262,13 @@ impl ObjectKit {
     }
 
     async fn put_create(&self, key: &str, bytes: Vec<u8>) -> Result<(), ObjectError> {
+        if bytes.len() as u64 > OBJECT_LEN_BYTES_MAX {
+            return Err(ObjectError::TooLarge {
+                key: key.to_string(),
+                size_bytes: bytes.len() as u64,
+                max_bytes: OBJECT_LEN_BYTES_MAX,
+            });
+        }
         let options = PutOptions {
             mode: PutMode::Create,
             ..Default::default()
@@ -410,16 +486,16 @@ impl ObjectKit {
     /// Deletes objects (and their manifests) under `under` that no pointer
     /// references and that are older than `retention`. The published keys
     /// (`published`) and anything younger than `retention` are always kept.
-    /// Ages come from the store's modification times.
+    /// Ages come from the store's modification times, measured against the
+    /// store's own clock (the modification time of a marker written now),
+    /// never this machine's.
     pub async fn gc(
         &self,
         under: &str,
         published: &HashSet<String>,
         retention: Duration,
     ) -> Result<GcReport, ObjectError> {
-        let now_ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as i64);
+        let now_ms = self.store_now_ms().await?;
         let cutoff_ms = now_ms - retention.as_millis() as i64;
         let mut report = GcReport::default();
         for (relative, meta) in self.walk(under).await? {
@@ -438,6 +514,33 @@ impl ObjectKit {
     }
 }
 
+impl ObjectKit {
+    /// The store's clock: the modification time it gives a marker object
+    /// written now (then deleted; garbage collection may delete).
+    async fn store_now_ms(&self) -> Result<i64, ObjectError> {
+        let nonce = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let marker = self.full(&format!(
+            ".baton-probe/clock-{nonce}-{}",
+            std::process::id()
+        ));
+        self.store
+            .put_opts(
+                &marker,
+                PutPayload::from_static(b"clock"),
+                PutOptions {
+                    mode: PutMode::Create,
+                    ..Default::default()
+                },
+            )
+            .await?;
+        let meta = self.store.head(&marker).await?;
+        self.store.delete(&marker).await?;
+        Ok(meta.last_modified.timestamp_millis())
+    }
+}
+
 fn io_rule(e: &std::io::Error) -> &'static str {
     match e.kind() {
         std::io::ErrorKind::PermissionDenied => "permission denied",
@@ -446,6 +549,8 @@ fn io_rule(e: &std::io::Error) -> &'static str {
 }
 
 mod manifest;
+#[cfg(feature = "s3")]
+mod s3;
 
 use manifest::{field, relative_path, sha256_hex};
 

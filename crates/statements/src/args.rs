@@ -72,9 +72,12 @@ pub struct Paths {
     /// `host=127.0.0.1 user=postgres dbname=test` or `postgres://...`.
     #[arg(long)]
     pub database_url: Option<String>,
-    /// Directory for the immutable statement objects.
+    /// Where the immutable statement objects live: a directory, or an
+    /// S3-compatible bucket as `s3://BUCKET/PREFIX` (credentials, region
+    /// and endpoint from the AWS variables or profile). The store must
+    /// honour create-only writes: it is checked when opened.
     #[arg(long, default_value = "statement-objects")]
-    pub objects: PathBuf,
+    pub objects: String,
 }
 
 #[derive(Subcommand)]
@@ -301,6 +304,10 @@ pub struct ChaosArgs {
     /// Keep the run's files (server data, logs, histories) here.
     #[arg(long)]
     pub dir: Option<PathBuf>,
+    /// The workers' objects in an S3-compatible bucket, `s3://BUCKET/PREFIX`
+    /// (use a fresh prefix per run); a directory of the run otherwise.
+    #[arg(long)]
+    pub objects: Option<String>,
 }
 
 impl From<WorkerArgs> for crate::worker::WorkerConfig {

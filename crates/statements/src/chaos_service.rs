@@ -13,12 +13,16 @@ use crate::store::{self, Db, JobState, Location};
 /// This binary, storming itself.
 pub struct StatementsService {
     exe: PathBuf,
+    /// `s3://BUCKET/PREFIX` for the workers' objects; `None`: a directory
+    /// of the run.
+    objects: Option<String>,
 }
 
 impl StatementsService {
-    pub fn new() -> anyhow::Result<Self> {
+    pub fn new(objects: Option<String>) -> anyhow::Result<Self> {
         Ok(Self {
             exe: std::env::current_exe()?,
+            objects,
         })
     }
 }
@@ -41,7 +45,11 @@ impl Service for StatementsService {
             .arg("--db")
             .arg(spec.dir.join("statements.sqlite"))
             .arg("--objects")
-            .arg(spec.dir.join("objects"))
+            .arg(
+                self.objects
+                    .clone()
+                    .unwrap_or_else(|| spec.dir.join("objects").display().to_string()),
+            )
             .arg("--history")
             .arg(&spec.history)
             .args(["--server", &spec.server_url])

@@ -148,7 +148,7 @@ pub async fn run(
 async fn story(dir: &Path, json: bool, database_url: Option<String>) -> anyhow::Result<ExitCode> {
     let paths = crate::args::Paths {
         db: dir.join("statements.sqlite"),
-        objects: dir.join("objects"),
+        objects: dir.join("objects").display().to_string(),
         database_url,
     };
     let config = baton_server::ServerConfig::ephemeral(dir.join("baton-data"));

@@ -179,7 +179,7 @@ pub async fn gather(
     server: Option<&str>,
 ) -> anyhow::Result<Inspection> {
     let db = store::open(&paths.target()).await?;
-    let kit = ObjectKit::local(&paths.objects)?;
+    let kit = ObjectKit::open(&paths.objects).await?;
     let job = db
         .job(account, date)
         .await?

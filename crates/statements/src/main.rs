@@ -83,7 +83,8 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Chaos(args) => {
-            let service = std::sync::Arc::new(chaos_service::StatementsService::new()?);
+            let service =
+                std::sync::Arc::new(chaos_service::StatementsService::new(args.objects.clone())?);
             baton_chaos::run(args.into(), service).await
         }
         Command::Check {

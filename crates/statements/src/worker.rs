@@ -58,7 +58,8 @@ pub struct Drills {
 #[derive(Clone, Debug)]
 pub struct WorkerConfig {
     pub target: Location,
-    pub objects: PathBuf,
+    /// A directory or `s3://BUCKET/PREFIX` (see `--objects`).
+    pub objects: String,
     pub server: String,
     pub name: String,
     pub ttl: Duration,
@@ -130,7 +131,7 @@ pub async fn run(cfg: WorkerConfig) -> Result<()> {
 
 async fn session(cfg: &WorkerConfig, backoff: &mut Backoff) -> Result<()> {
     let client = Client::connect(&cfg.server).await?;
-    let kit = ObjectKit::local(&cfg.objects)?;
+    let kit = ObjectKit::open(&cfg.objects).await?;
     let mut db = store::open(&cfg.target).await?;
     loop {
         for (account, date) in db.open_jobs(&cfg.accounts).await? {

@@ -20,9 +20,20 @@ struct Env {
     /// The lease server, in this process, on a loopback socket.
     _server: baton_server::RunningServer,
     url: String,
+    /// With objects in an S3-compatible server instead of a directory.
+    s3: Option<baton_testkit::s3::S3Server>,
 }
 
 impl Env {
+    /// [`Env::new`] with the objects in a bucket of a moto server, reached
+    /// as users reach one: `--objects s3://BUCKET/PREFIX` and the AWS
+    /// variables.
+    async fn new_s3(tag: &str) -> Self {
+        let mut env = Self::new(tag).await;
+        env.s3 = Some(baton_testkit::s3::S3Server::start(&format!("stmt-{tag}")));
+        env
+    }
+
     async fn new(tag: &str) -> Self {
         let dir =
             std::env::temp_dir().join(format!("statements-test-{tag}-{}", std::process::id()));
@@ -35,18 +46,33 @@ impl Env {
             dir,
             _server: server,
             url,
+            s3: None,
         };
         env.seed();
         env
     }
 
     fn paths(&self) -> Vec<String> {
+        let objects = match &self.s3 {
+            Some(s3) => format!("s3://{}/statements-prod", s3.bucket),
+            None => self.objects().display().to_string(),
+        };
         vec![
             "--db".into(),
             self.db().display().to_string(),
             "--objects".into(),
-            self.objects().display().to_string(),
+            objects,
         ]
+    }
+
+    /// A command of this binary with the S3 variables, if any.
+    fn command(&self, subcommand: &str) -> Command {
+        let mut c = Command::new(BIN);
+        c.arg(subcommand).args(self.paths());
+        if let Some(s3) = &self.s3 {
+            c.envs(s3.env());
+        }
+        c
     }
 
     fn db(&self) -> PathBuf {
@@ -58,9 +84,8 @@ impl Env {
     }
 
     fn seed(&self) {
-        let out = Command::new(BIN)
-            .arg("seed")
-            .args(self.paths())
+        let out = self
+            .command("seed")
             .args(["--account", ACCOUNT, "--date", DATE])
             .output()
             .unwrap();
@@ -68,13 +93,11 @@ impl Env {
     }
 
     fn worker(&self, name: &str, extra: &[&str]) -> Command {
-        let mut c = Command::new(BIN);
-        c.arg("worker")
-            .args(self.paths())
-            .args([
-                "--server", &self.url, "--name", name, "--ttl", "2000ms", "--once",
-            ])
-            .args(extra);
+        let mut c = self.command("worker");
+        c.args([
+            "--server", &self.url, "--name", name, "--ttl", "2000ms", "--once",
+        ])
+        .args(extra);
         c.stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::null());
@@ -111,20 +134,30 @@ impl Env {
     }
 
     async fn objects_published(&self) -> Vec<String> {
-        ObjectKit::local(&self.objects())
-            .unwrap()
-            .list("statements")
-            .await
-            .unwrap()
+        let kit = match &self.s3 {
+            Some(s3) => {
+                let store = object_store::aws::AmazonS3Builder::new()
+                    .with_endpoint(&s3.endpoint)
+                    .with_allow_http(true)
+                    .with_bucket_name(&s3.bucket)
+                    .with_region("us-east-1")
+                    .with_access_key_id(baton_testkit::s3::ACCESS_KEY)
+                    .with_secret_access_key(baton_testkit::s3::SECRET_KEY)
+                    .build()
+                    .unwrap();
+                ObjectKit::new(std::sync::Arc::new(store), "statements-prod")
+            }
+            None => ObjectKit::local(&self.objects()).unwrap(),
+        };
+        kit.list("statements").await.unwrap()
     }
 }
 
 impl Env {
     /// `statements inspect ACCOUNT DATE --json` against `server`: exit code and JSON.
     fn inspect(&self, server: &str) -> (Option<i32>, serde_json::Value) {
-        let out = Command::new(BIN)
-            .arg("inspect")
-            .args(self.paths())
+        let out = self
+            .command("inspect")
             .args(["--server", server, ACCOUNT, DATE, "--json"])
             .output()
             .unwrap();
@@ -221,7 +254,16 @@ fn the_demo_ends_as_the_seed_says() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_worker_resumes_and_is_rejected_as_stale() {
-    let env = Env::new("paused").await;
+    a_paused_worker_resumes_and_is_rejected_as_stale_with(Env::new("paused").await).await;
+}
+
+/// The same, with the objects in an S3-compatible server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_worker_resumes_and_is_rejected_as_stale_on_s3() {
+    a_paused_worker_resumes_and_is_rejected_as_stale_with(Env::new_s3("paused").await).await;
+}
+
+async fn a_paused_worker_resumes_and_is_rejected_as_stale_with(env: Env) {
     let mut bob_text = String::new();
     let (before, after) = pause_story(&env, "--pause-before-publish", async || {
         env.lease_free().await;
@@ -401,7 +443,17 @@ async fn a_crash_after_publishing_is_completed_without_a_new_generation() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crash_after_uploading_is_reused_when_valid() {
-    let env = Env::new("crash-upload-reuse").await;
+    a_crash_after_uploading_is_reused_when_valid_with(Env::new("crash-upload-reuse").await).await;
+}
+
+/// The same, with the objects in an S3-compatible server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_after_uploading_is_reused_when_valid_on_s3() {
+    a_crash_after_uploading_is_reused_when_valid_with(Env::new_s3("crash-upload-reuse").await)
+        .await;
+}
+
+async fn a_crash_after_uploading_is_reused_when_valid_with(env: Env) {
     let (first, text) = env.run_worker("first", &["--crash-after", "upload"]);
     assert!(!first.status.success());
     let uploaded = events(&text, "uploaded");
@@ -426,7 +478,22 @@ async fn a_crash_after_uploading_is_reused_when_valid() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crash_after_uploading_is_regenerated_when_the_input_changed() {
-    let env = Env::new("crash-upload-regen").await;
+    a_crash_after_uploading_is_regenerated_when_the_input_changed_with(
+        Env::new("crash-upload-regen").await,
+    )
+    .await;
+}
+
+/// The same, with the objects in an S3-compatible server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_after_uploading_is_regenerated_when_the_input_changed_on_s3() {
+    a_crash_after_uploading_is_regenerated_when_the_input_changed_with(
+        Env::new_s3("crash-upload-regen").await,
+    )
+    .await;
+}
+
+async fn a_crash_after_uploading_is_regenerated_when_the_input_changed_with(env: Env) {
     let (first, _) = env.run_worker("first", &["--crash-after", "upload"]);
     assert!(!first.status.success());
     env.seed(); // the account data moves to input version 2
@@ -621,4 +688,30 @@ async fn the_console_serves_inspect_as_a_page_and_json() {
     assert_eq!(code, 400, "a missing date is refused");
     let _ = console.kill();
     let _ = console.wait();
+}
+
+/// A bucket behind a proxy that drops `If-None-Match` would let a late
+/// upload overwrite a generation: the worker refuses to start on it,
+/// naming the store and the missing feature, before writing anything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_refuses_a_store_that_would_overwrite() {
+    let env = Env::new_s3("overwrite").await;
+    let s3 = env.s3.as_ref().unwrap();
+    let proxy =
+        baton_testkit::s3::Proxy::start(s3.port(), baton_testkit::s3::Mischief::StripIfNoneMatch)
+            .await;
+    let out = env
+        .worker("bob", &[])
+        .env("AWS_ENDPOINT_URL", &proxy.endpoint)
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("does not honour conditional create") && err.contains("stmt-overwrite"),
+        "{err}"
+    );
+    assert!(env.publication().is_none());
+    assert!(env.objects_published().await.is_empty(), "nothing written");
 }

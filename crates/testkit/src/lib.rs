@@ -7,6 +7,7 @@ pub mod otlp;
 pub mod pg_cluster;
 pub mod pki;
 pub mod process;
+pub mod s3;
 pub mod store;
 
 use std::path::{Path, PathBuf};
