@@ -68,17 +68,11 @@ pub async fn resources_floor(url: &str) -> Result<Option<FencingToken>, RestoreE
         || url.starts_with("postgresql://")
         || (!url.starts_with("sqlite:") && url.contains('='));
     let token = if postgres {
-        use baton_fence::postgres::{describe_error, redact_url};
+        use baton_fence::postgres::redact_url;
         let shown = redact_url(url);
-        let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        let client = baton_pgconn::connect(url)
             .await
-            .map_err(|e| {
-                failure(format!(
-                    "--floor-from {shown}: cannot connect: {}",
-                    describe_error(&e)
-                ))
-            })?;
-        tokio::spawn(connection);
+            .map_err(|e| failure(format!("--floor-from {shown}: cannot connect: {e}")))?;
         baton_fence::postgres::PgFence::highest_token(&client)
             .await
             .map_err(|e| {

@@ -933,6 +933,27 @@ async fn a_bad_store_address_or_another_clusters_database_refuses_to_start() {
         &["--store", &db.url, "--advertise", "ftp://a:1"],
         "advertise address",
     );
+    refused(
+        &[
+            "--store",
+            &format!("{} sslmode=verify", db.url),
+            "--advertise",
+            "http://a:1",
+        ],
+        "sslmode \"verify\" is not one of disable, prefer, require, verify-ca, verify-full",
+    );
+    refused(
+        &[
+            "--store",
+            &format!(
+                "{} sslmode=verify-full sslrootcert=/nonexistent/ca.pem",
+                db.url
+            ),
+            "--advertise",
+            "http://a:1",
+        ],
+        "sslrootcert /nonexistent/ca.pem: cannot read it",
+    );
     let no_such_db = db
         .url
         .replace(&format!("dbname={}", db.name), "dbname=baton_no_such_db");
@@ -1052,5 +1073,51 @@ async fn a_store_that_lost_commits_is_refused_until_a_restore() {
     eprintln!(
         "refused with: {refusal}; after the restore: token {} > {}",
         after.token, lease.token
+    );
+}
+
+/// The cluster store over TLS: a PostgreSQL with `ssl = on` and a test
+/// CA's certificate; a server given `sslmode=verify-full` and the CA leads
+/// and grants, and one given another CA stays a follower that says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_on_postgresql_over_verified_tls_leads_and_grants() {
+    let certs = TempDir::new("cluster-tls-certs");
+    let ca = baton_testkit::pki::Ca::new(certs.path(), "pg-ca");
+    let other = baton_testkit::pki::Ca::new(certs.path(), "other-ca");
+    let server_cert = ca.server("pg-server", false);
+    let pg = PgCluster::start("cluster_tls");
+    pg.enable_tls(&server_cert.cert, &server_cert.key);
+    pg.psql("CREATE DATABASE baton");
+    let store = |root: &std::path::Path| {
+        format!(
+            "host=127.0.0.1 port={} user=postgres dbname=baton sslmode=verify-full sslrootcert={}",
+            pg.port(),
+            root.display()
+        )
+    };
+    let cluster = Cluster::start(&store(&ca.cert), 1);
+    let leader = cluster.wait_leader(None).await;
+    let mut c = Client::connect(&cluster.nodes[leader].url()).await.unwrap();
+    let granted = c
+        .acquire("tls:1", Duration::from_secs(30), Duration::ZERO)
+        .await
+        .unwrap();
+    assert!(matches!(granted, Acquired::Granted(_)), "{granted:?}");
+    let encrypted = pg.psql("SELECT count(*) FROM pg_stat_ssl JOIN pg_stat_activity USING (pid) WHERE ssl AND datname = 'baton'");
+    assert!(
+        encrypted.parse::<u32>().unwrap() >= 1,
+        "the store's connections are TLS: {encrypted}"
+    );
+
+    let wrong = Cluster::start(&store(&other.cert), 1);
+    let mut said = String::new();
+    eventually(Duration::from_secs(20), async || {
+        said = wrong.nodes[0].http_get("/readyz");
+        said.contains("not ready")
+    })
+    .await;
+    assert!(
+        wrong.leader(None).is_none(),
+        "no leadership over an unverified store"
     );
 }

@@ -69,7 +69,7 @@ pub(crate) fn validate(c: &ClusterConfig) -> Result<(), ServerError> {
 /// starts as a follower that says so, and checks the schema once it can.
 pub(crate) async fn prepare(
     c: &ClusterConfig,
-) -> Result<(tokio_postgres::Config, Option<PgError>), ServerError> {
+) -> Result<(baton_store_pg::PgTarget, Option<PgError>), ServerError> {
     let pg = baton_store_pg::parse_url(&c.store_url)?;
     match prepare_schema(&pg, &c.cluster).await {
         Ok(()) => Ok((pg, None)),
@@ -86,7 +86,7 @@ pub(crate) fn unreachable(e: &PgError) -> String {
     format!("its PostgreSQL store is unreachable ({e}); retry shortly")
 }
 
-async fn prepare_schema(pg: &tokio_postgres::Config, cluster: &str) -> Result<(), PgError> {
+async fn prepare_schema(pg: &baton_store_pg::PgTarget, cluster: &str) -> Result<(), PgError> {
     let mut client = baton_store_pg::connect(pg).await?;
     let meta = baton_store_pg::schema::prepare(&mut client, cluster).await?;
     info!(cluster = %meta.cluster, store_id = %meta.store_id, "store schema ready");
@@ -97,7 +97,7 @@ pub(crate) struct Election {
     pub seat: Arc<Seat>,
     pub metrics: Arc<Metrics>,
     pub limits: Limits,
-    pub pg: tokio_postgres::Config,
+    pub pg: baton_store_pg::PgTarget,
     pub config: ClusterConfig,
     client: Option<tokio_postgres::Client>,
     timing: Timing,
@@ -122,7 +122,7 @@ impl Election {
         seat: Arc<Seat>,
         metrics: Arc<Metrics>,
         limits: Limits,
-        pg: tokio_postgres::Config,
+        pg: baton_store_pg::PgTarget,
         config: ClusterConfig,
         prepared: bool,
     ) -> Self {

@@ -92,8 +92,14 @@ impl From<tokio_postgres::Error> for PgError {
     }
 }
 
-/// Parses a store address: a `postgres://` URL or a `key=value` string.
-pub fn parse_url(url: &str) -> Result<tokio_postgres::Config, PgError> {
+/// Where the store is and how to reach it (TLS as libpq's `sslmode` and
+/// friends say; see `baton-pgconn`).
+pub use baton_pgconn::Target as PgTarget;
+
+/// Parses a store address: a `postgres://` URL or a `key=value` string,
+/// with libpq's SSL settings (`sslmode`, `sslrootcert`, `sslcert`,
+/// `sslkey`, or `PGSSLMODE`...).
+pub fn parse_url(url: &str) -> Result<PgTarget, PgError> {
     let looks_like =
         url.starts_with("postgres://") || url.starts_with("postgresql://") || url.contains('=');
     if !looks_like {
@@ -101,11 +107,8 @@ pub fn parse_url(url: &str) -> Result<tokio_postgres::Config, PgError> {
             why: format!("{url:?} is neither a postgres:// URL nor key=value pairs"),
         });
     }
-    let mut config: tokio_postgres::Config =
-        url.parse()
-            .map_err(|e: tokio_postgres::Error| PgError::BadUrl {
-                why: db_message(&e),
-            })?;
+    let mut target = baton_pgconn::parse(url).map_err(|e| PgError::BadUrl { why: e.0 })?;
+    let config = &mut target.config;
     if config.get_hosts().is_empty() {
         return Err(PgError::BadUrl {
             why: "it names no host".into(),
@@ -116,12 +119,12 @@ pub fn parse_url(url: &str) -> Result<tokio_postgres::Config, PgError> {
     }
     config.keepalives_idle(std::time::Duration::from_secs(5));
     config.application_name("baton-server");
-    Ok(config)
+    Ok(target)
 }
 
 /// Connects and drives the connection on the current runtime.
-pub async fn connect(config: &tokio_postgres::Config) -> Result<tokio_postgres::Client, PgError> {
-    let (client, connection) = config.connect(tokio_postgres::NoTls).await.map_err(|e| {
+pub async fn connect(target: &PgTarget) -> Result<tokio_postgres::Client, PgError> {
+    target.connect().await.map_err(|e| {
         use tokio_postgres::error::SqlState;
         // The server answered: a wrong database, role or password needs
         // a person; starting up, shutting down or full is transient.
@@ -135,13 +138,7 @@ pub async fn connect(config: &tokio_postgres::Config) -> Result<tokio_postgres::
             Some(code) if !transient.contains(code) => PgError::Refused(db_message(&e)),
             _ => PgError::Connect(db_message(&e)),
         }
-    })?;
-    tokio::spawn(async move {
-        if let Err(e) = connection.await {
-            tracing::debug!(error = %e, "store connection closed");
-        }
-    });
-    Ok(client)
+    })
 }
 
 /// A random 64-bit hex id (store ids, node ids).

@@ -35,7 +35,7 @@ impl PgLeaseStore {
     /// that has no answer within `commit_timeout` is reported as failed
     /// with an unknown outcome.
     pub async fn open(
-        config: &tokio_postgres::Config,
+        config: &crate::PgTarget,
         term: u64,
         commit_timeout: Duration,
     ) -> Result<Self, PgError> {

@@ -11,7 +11,7 @@ use baton_store_pg::leader::{self, LeaderRow};
 use baton_store_pg::{schema, PgError, PgLeaseStore};
 use baton_testkit::PgDb;
 
-async fn prepared(db: &PgDb, cluster: &str) -> (tokio_postgres::Config, tokio_postgres::Client) {
+async fn prepared(db: &PgDb, cluster: &str) -> (baton_store_pg::PgTarget, tokio_postgres::Client) {
     let pg = baton_store_pg::parse_url(&db.url).unwrap();
     let mut client = baton_store_pg::connect(&pg).await.unwrap();
     schema::prepare(&mut client, cluster).await.unwrap();

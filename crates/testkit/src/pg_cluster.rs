@@ -194,6 +194,35 @@ impl PgCluster {
         );
     }
 
+    /// Turns TLS on with this certificate and key (copied into the data
+    /// directory, the key readable by its owner only) and restarts.
+    pub fn enable_tls(&self, cert: &Path, key: &Path) {
+        use std::os::unix::fs::PermissionsExt;
+        let data = self.dir.path().join("data");
+        std::fs::copy(cert, data.join("server.crt")).expect("copy the certificate");
+        std::fs::copy(key, data.join("server.key")).expect("copy the key");
+        std::fs::set_permissions(
+            data.join("server.key"),
+            std::fs::Permissions::from_mode(0o600),
+        )
+        .expect("chmod the key");
+        if is_root() {
+            for f in ["server.crt", "server.key"] {
+                let ok = Command::new("chown")
+                    .arg("postgres")
+                    .arg(data.join(f))
+                    .status();
+                assert!(ok.is_ok_and(|s| s.success()), "chown {f}");
+            }
+        }
+        let conf = data.join("postgresql.conf");
+        let mut text = std::fs::read_to_string(&conf).expect("read postgresql.conf");
+        text.push_str("\nssl = on\nssl_cert_file = 'server.crt'\nssl_key_file = 'server.key'\n");
+        std::fs::write(&conf, text).expect("write postgresql.conf");
+        self.ctl(&["stop", "-m", "fast"]);
+        self.start_again();
+    }
+
     /// The connection string of its `postgres` database.
     pub fn url(&self) -> String {
         format!(

@@ -73,6 +73,13 @@ impl Ca {
         self.sign(file, p, expired)
     }
 
+    /// A server certificate for `names` only (host names or addresses).
+    pub fn server_for(&self, file: &str, names: &[&str]) -> Pair {
+        let mut p = params("baton-server", names);
+        p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        self.sign(file, p, false)
+    }
+
     /// A client certificate whose subject common name is `cn`.
     pub fn client(&self, file: &str, cn: &str, expired: bool) -> Pair {
         let mut p = params(cn, &[]);

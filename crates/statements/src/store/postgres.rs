@@ -66,16 +66,12 @@ pub struct PgDb {
 
 impl PgDb {
     pub async fn open(url: &str) -> Result<Self> {
-        let (mut client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
-            .await
-            .map_err(|e| {
-                anyhow::anyhow!(
-                    "cannot connect to {}: {}",
-                    baton_fence::postgres::redact_url(url),
-                    baton_fence::postgres::describe_error(&e)
-                )
-            })?;
-        tokio::spawn(connection);
+        let mut client = baton_pgconn::connect(url).await.map_err(|e| {
+            anyhow::anyhow!(
+                "cannot connect to {}: {e}",
+                baton_fence::postgres::redact_url(url)
+            )
+        })?;
         PgFence::migrate(&mut client).await.map_err(err)?;
         // One migrating worker at a time: concurrent CREATE ... IF NOT
         // EXISTS can collide in the catalog.

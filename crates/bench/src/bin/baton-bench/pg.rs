@@ -9,18 +9,18 @@
 //!   clock. A waiting acquire polls every millisecond: the table has no queue.
 
 use baton_bench::{Conn, Target};
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::Client;
 
 pub struct Advisory {
     conninfo: String,
 }
 
+/// A connection as every part of Baton makes one (libpq's SSL settings;
+/// pass `sslmode=disable` to measure without TLS).
 async fn connect(conninfo: &str) -> Result<Client, String> {
-    let (client, connection) = tokio_postgres::connect(conninfo, NoTls)
+    baton_pgconn::connect(conninfo)
         .await
-        .map_err(|e| e.to_string())?;
-    tokio::spawn(connection);
-    Ok(client)
+        .map_err(|e| e.to_string())
 }
 
 impl Advisory {
