@@ -761,3 +761,97 @@ async fn a_cluster_over_tls_follows_its_leader_and_keeps_the_rules() {
     assert!(matches!(e, ClientError::PermissionDenied(_)), "{e:?}");
     drop(nodes);
 }
+
+/// SIGHUP reloads the server certificate and key: new connections get the
+/// new certificate, a connection made before keeps working, and a file
+/// that does not parse or a key that does not match the certificate is
+/// logged while the certificate in force stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_rotates_the_server_certificate_and_keeps_it_on_a_bad_file() {
+    let dir = TempDir::new("tls-rotate");
+    let old_ca = Ca::new(dir.path(), "old-ca");
+    let new_ca = Ca::new(dir.path(), "new-ca");
+    let old = old_ca.server("old-server", false);
+    let new = new_ca.server("new-server", false);
+    let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    std::fs::copy(&old.cert, &cert).unwrap();
+    std::fs::copy(&old.key, &key).unwrap();
+    let log = dir.path().join("server.log");
+    let s = Server::start_logged(
+        Path::new(BIN),
+        &dir.path().join("data"),
+        &[
+            "--tls-cert",
+            cert.to_str().unwrap(),
+            "--tls-key",
+            key.to_str().unwrap(),
+        ],
+        &log,
+    );
+    let trusting = |ca: &Path| ConnectOptions::default().ca_pem(&std::fs::read(ca).unwrap());
+    let works = async |ca: &Path, name: &str| -> Result<(), String> {
+        let mut c = Client::connect_with(&s.https_url(), trusting(ca))
+            .await
+            .map_err(|e| e.to_string())?;
+        c.acquire(name, Duration::from_secs(30), Duration::ZERO)
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    };
+    let mut before = Client::connect_with(&s.https_url(), trusting(&old_ca.cert))
+        .await
+        .unwrap();
+    assert!(matches!(
+        before
+            .acquire("rotate:0", Duration::from_secs(30), Duration::ZERO)
+            .await,
+        Ok(Acquired::Granted(_))
+    ));
+    let reloads = |needle: &str| {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .matches(needle)
+            .count()
+    };
+    let hup = async |needle: &str| {
+        let seen = reloads(needle);
+        s.signal(nix::sys::signal::Signal::SIGHUP);
+        common::eventually(Duration::from_secs(10), async || reloads(needle) > seen).await;
+    };
+
+    std::fs::copy(&new.cert, &cert).unwrap();
+    std::fs::copy(&new.key, &key).unwrap();
+    hup("TLS certificate, key and client CA reloaded").await;
+    let e = works(&old_ca.cert, "rotate:1").await.unwrap_err();
+    assert!(
+        e.to_lowercase().contains("certificate") || e.contains("UnknownIssuer"),
+        "{e}"
+    );
+    works(&new_ca.cert, "rotate:2").await.unwrap();
+    assert!(
+        before
+            .acquire("rotate:3", Duration::from_secs(30), Duration::ZERO)
+            .await
+            .is_ok(),
+        "a connection made before the reload keeps its certificate"
+    );
+
+    // A file that does not parse, then a key of another certificate: each
+    // is logged, and the new certificate stays in force.
+    std::fs::write(&cert, "not a certificate\n").unwrap();
+    hup("TLS material not reloaded").await;
+    works(&new_ca.cert, "rotate:4").await.unwrap();
+    std::fs::copy(&new.cert, &cert).unwrap();
+    std::fs::copy(&old.key, &key).unwrap();
+    hup("TLS material not reloaded").await;
+    works(&new_ca.cert, "rotate:5").await.unwrap();
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        text.contains("--tls-cert"),
+        "the log names the file: {text}"
+    );
+    assert!(
+        text.contains("do not make a usable pair"),
+        "and the mismatch: {text}"
+    );
+}

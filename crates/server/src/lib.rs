@@ -317,24 +317,45 @@ fn warn_about_auth_file(path: &std::path::Path, auth: &auth::Auth) {
     }
 }
 
-/// Reloads the auth file on every SIGHUP; a file that does not parse
-/// leaves the rules in force unchanged (and says why).
-fn reload_on_sighup(auth: &Arc<auth::Auth>, config: &ServerConfig) -> Result<(), ServerError> {
-    let Some(path) = config.auth_file.clone() else {
+/// Reloads the auth file and the TLS certificate, key and client CA on
+/// every SIGHUP; a file that does not parse (or a key that does not match)
+/// leaves what is in force unchanged, and the log says why. Connections
+/// already accepted keep the certificate they were accepted with.
+fn reload_on_sighup(guards: &Guards, config: &ServerConfig) -> Result<(), ServerError> {
+    let auth_path = config.auth_file.clone();
+    let ports: Vec<(&'static str, tls::Tls)> =
+        [("gRPC", &guards.grpc_tls), ("HTTP", &guards.http_tls)]
+            .into_iter()
+            .filter_map(|(port, t)| t.clone().map(|t| (port, t)))
+            .collect();
+    if auth_path.is_none() && ports.is_empty() {
         return Ok(());
-    };
+    }
     let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
         .map_err(|e| ServerError::Config(format!("cannot install the SIGHUP handler: {e}")))?;
-    let auth = auth.clone();
+    let auth = guards.auth.clone();
     tokio::spawn(async move {
         while hup.recv().await.is_some() {
-            match auth.reload() {
-                Ok(n) => {
-                    info!(path = %path.display(), principals = n, "auth file reloaded");
-                    warn_about_auth_file(&path, &auth);
+            if let Some(path) = &auth_path {
+                match auth.reload() {
+                    Ok(n) => {
+                        info!(path = %path.display(), principals = n, "auth file reloaded");
+                        warn_about_auth_file(path, &auth);
+                    }
+                    Err(e) => {
+                        error!(error = %e, "auth file not reloaded; the previous rules stay in force")
+                    }
                 }
-                Err(e) => {
-                    error!(error = %e, "auth file not reloaded; the previous rules stay in force")
+            }
+            for (port, tls) in &ports {
+                match tls.reload() {
+                    Ok(()) => info!(
+                        port,
+                        "TLS certificate, key and client CA reloaded; new connections use them"
+                    ),
+                    Err(e) => {
+                        error!(port, error = %e, "TLS material not reloaded; the previous certificate stays in force")
+                    }
                 }
             }
         }
@@ -383,7 +404,7 @@ pub async fn start_with_store(
     let (grpc, grpc_addr) = bind(config.listen).await?;
     let seat = Arc::new(Seat::single());
     let http_addr = serve_http(&config, &metrics, &seat, &guards).await?;
-    reload_on_sighup(&guards.auth, &config)?;
+    reload_on_sighup(&guards, &config)?;
     let (engine, engine_thread) =
         engine::Engine::start(store, config.limits.clone(), metrics.clone())?;
     let engine_stop = engine.clone();
@@ -451,7 +472,7 @@ pub async fn start_cluster(
         seat.trouble(cluster::unreachable(e));
     }
     let http_addr = serve_http(&config, &metrics, &seat, &guards).await?;
-    reload_on_sighup(&guards.auth, &config)?;
+    reload_on_sighup(&guards, &config)?;
     let (shutdown_tx, shutdown_rx) = oneshot::channel::<()>();
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
     let serve = grpc_server(

@@ -132,14 +132,45 @@ impl ClientCertVerifier for AfterHandshake {
     }
 }
 
-/// A port's TLS: the acceptor and, with client certificates, their verifier.
-#[derive(Clone)]
-pub struct Tls {
+/// A port's TLS material in force: the acceptor and, with client
+/// certificates, their verifier.
+pub struct Material {
     pub acceptor: TlsAcceptor,
     client_verifier: Option<Arc<dyn ClientCertVerifier>>,
 }
 
+/// A port's TLS: the material in force, swapped whole by [`Tls::reload`]
+/// (SIGHUP). A connection takes the material in force when it is accepted
+/// and keeps it; a reload that fails leaves the old material in force.
+#[derive(Clone)]
+pub struct Tls {
+    current: Arc<std::sync::RwLock<Arc<Material>>>,
+    files: TlsFiles,
+    alpn: Vec<Vec<u8>>,
+    client_auth: bool,
+}
+
 impl Tls {
+    /// The material new connections get.
+    pub fn current(&self) -> Arc<Material> {
+        self.current
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Reads the certificate, key and client CA files again; on success new
+    /// connections use them. On failure the error names the file and the
+    /// material in force stays.
+    pub fn reload(&self) -> Result<(), String> {
+        let alpn: Vec<&[u8]> = self.alpn.iter().map(Vec::as_slice).collect();
+        let material = material(&self.files, &alpn, self.client_auth)?;
+        *self.current.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(material);
+        Ok(())
+    }
+}
+
+impl Material {
     /// What the peer's certificates (leaf first) prove.
     fn client_cert(&self, chain: Option<&[CertificateDer<'static>]>) -> ClientCert {
         let Some(verifier) = &self.client_verifier else {
@@ -158,6 +189,16 @@ impl Tls {
 /// Builds a port's TLS for `alpn`; client certificates are asked for if
 /// `files.client_ca` is set and `client_auth` is true.
 pub fn server_tls(files: &TlsFiles, alpn: &[&[u8]], client_auth: bool) -> Result<Tls, String> {
+    let material = material(files, alpn, client_auth)?;
+    Ok(Tls {
+        current: Arc::new(std::sync::RwLock::new(Arc::new(material))),
+        files: files.clone(),
+        alpn: alpn.iter().map(|p| p.to_vec()).collect(),
+        client_auth,
+    })
+}
+
+fn material(files: &TlsFiles, alpn: &[&[u8]], client_auth: bool) -> Result<Material, String> {
     let chain = certs(&files.cert, "--tls-cert")?;
     let key = PrivateKeyDer::from_pem_file(&files.key)
         .map_err(|e| format!("--tls-key {}: {e}", files.key.display()))?;
@@ -185,7 +226,7 @@ pub fn server_tls(files: &TlsFiles, alpn: &[&[u8]], client_auth: bool) -> Result
         .with_single_cert(chain, key)
         .map_err(|e| format!("--tls-cert/--tls-key do not make a usable pair: {e}"))?;
     config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
-    Ok(Tls {
+    Ok(Material {
         acceptor: TlsAcceptor::from(Arc::new(config)),
         client_verifier,
     })
@@ -332,8 +373,9 @@ pub async fn accept<IO>(
 where
     IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
-    let stream = tls.acceptor.accept(io).await?;
-    let cert = tls.client_cert(stream.get_ref().1.peer_certificates());
+    let material = tls.current();
+    let stream = material.acceptor.accept(io).await?;
+    let cert = material.client_cert(stream.get_ref().1.peer_certificates());
     Ok((stream, cert))
 }
 
