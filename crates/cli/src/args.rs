@@ -170,6 +170,20 @@ pub enum Command {
         #[command(flatten)]
         client: ClientOpts,
     },
+    /// Print the shell completion script for SHELL (bash, zsh, fish,
+    /// elvish, powershell) on stdout, for example
+    /// `baton completions bash > /etc/bash_completion.d/baton`.
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+    /// Write the man pages (baton.1 and one per command, like
+    /// baton-acquire.1) into DIR.
+    Man {
+        /// The directory to write them into (created if missing).
+        #[arg(long, default_value = ".")]
+        dir: std::path::PathBuf,
+    },
     /// (internal) The child side of `run`: dies with its parent, then execs.
     #[command(hide = true, name = "exec-child")]
     ExecChild {

@@ -9,6 +9,7 @@ mod bench_page;
 mod bench_watch;
 mod cluster;
 mod config_file;
+mod docs;
 mod elect;
 mod error;
 mod hold;
@@ -104,7 +105,10 @@ fn usage_error(e: clap::Error, json: bool, code: Exit) -> Exit {
 
 fn wants_json(command: &Command) -> bool {
     match command {
-        Command::Serve(_) | Command::ExecChild { .. } => false,
+        Command::Serve(_)
+        | Command::ExecChild { .. }
+        | Command::Completions { .. }
+        | Command::Man { .. } => false,
         Command::Run(a) => a.client.json,
         Command::Elect(a) => a.client.json,
         Command::Observe { client, .. } => client.json,
@@ -134,6 +138,14 @@ async fn dispatch(command: Command) -> Result<ExitCode, CliError> {
             return Ok(ExitCode::from(run::exec_child(parent, &command)))
         }
         Command::Serve(args) => serve::serve(args).await?,
+        Command::Completions { shell } => {
+            docs::completions(shell);
+            Exit::Ok
+        }
+        Command::Man { dir } => {
+            docs::man_pages(&dir)?;
+            Exit::Ok
+        }
         Command::Acquire {
             names,
             ttl,

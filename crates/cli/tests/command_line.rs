@@ -444,3 +444,54 @@ async fn the_readme_run_and_election_scripts_run_as_written() {
     assert_eq!(out.status.code(), Some(1), "{out:?}");
     assert_eq!(String::from_utf8_lossy(&out.stderr), "deposed: stale\n");
 }
+
+/// `baton completions SHELL` prints a script that bash loads and that
+/// completes commands and flags from the definitions; `baton man` writes
+/// a page per visible command.
+#[test]
+fn completions_complete_from_the_definitions_and_man_pages_cover_every_command() {
+    let dir = TempDir::new("docs");
+    let out = cli(&["completions", "bash"]);
+    assert!(out.status.success(), "{out:?}");
+    let script = dir.path().join("baton.bash");
+    std::fs::write(&script, &out.stdout).unwrap();
+    let complete = |words: &str, cword: usize| {
+        let probe = format!(
+            "source {}; COMP_WORDS=({words}); COMP_CWORD={cword}; _baton baton \"${{COMP_WORDS[COMP_CWORD]}}\" \"${{COMP_WORDS[COMP_CWORD-1]}}\"; printf '%s\\n' \"${{COMPREPLY[@]}}\"",
+            script.display()
+        );
+        let out = std::process::Command::new("bash")
+            .args(["-c", &probe])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    assert!(complete("baton ac", 1).lines().any(|l| l == "acquire"));
+    assert!(complete("baton acquire --t", 2).contains("--ttl"));
+    for (shell, marker) in [("zsh", "#compdef baton"), ("fish", "complete -c baton")] {
+        let out = cli(&["completions", shell]);
+        assert!(out.status.success());
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains(marker),
+            "{shell}"
+        );
+    }
+    let out = cli(&["completions", "tcsh"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("possible values"));
+
+    let man = dir.path().join("man");
+    let out = cli(&["man", "--dir", man.to_str().unwrap()]);
+    assert!(out.status.success(), "{out:?}");
+    let page = |name: &str| std::fs::read_to_string(man.join(format!("{name}.1"))).unwrap();
+    assert!(page("baton").starts_with(".ie"), "roff");
+    assert!(page("baton").contains(".TH baton 1"));
+    assert!(page("baton-acquire").contains("\\-\\-ttl"));
+    assert!(page("baton-serve").contains("\\-\\-otlp\\-endpoint"));
+    assert!(page("baton-cluster-status").contains(".TH baton-cluster-status"));
+    assert!(
+        !man.join("baton-exec-child.1").exists(),
+        "no page for the internal command"
+    );
+}
