@@ -320,7 +320,9 @@ fn warn_about_auth_file(path: &std::path::Path, auth: &auth::Auth) {
 /// Reloads the auth file and the TLS certificate, key and client CA on
 /// every SIGHUP; a file that does not parse (or a key that does not match)
 /// leaves what is in force unchanged, and the log says why. Connections
-/// already accepted keep the certificate they were accepted with.
+/// already accepted keep the certificate they were accepted with. The
+/// handler is installed even with nothing to reload, so that a reload
+/// never ends the server.
 fn reload_on_sighup(guards: &Guards, config: &ServerConfig) -> Result<(), ServerError> {
     let auth_path = config.auth_file.clone();
     let ports: Vec<(&'static str, tls::Tls)> =
@@ -328,14 +330,16 @@ fn reload_on_sighup(guards: &Guards, config: &ServerConfig) -> Result<(), Server
             .into_iter()
             .filter_map(|(port, t)| t.clone().map(|t| (port, t)))
             .collect();
-    if auth_path.is_none() && ports.is_empty() {
-        return Ok(());
-    }
+    // Installed even with nothing to reload: SIGHUP's default action ends
+    // the process, and `systemctl reload` sends it.
     let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
         .map_err(|e| ServerError::Config(format!("cannot install the SIGHUP handler: {e}")))?;
     let auth = guards.auth.clone();
     tokio::spawn(async move {
         while hup.recv().await.is_some() {
+            if auth_path.is_none() && ports.is_empty() {
+                info!("SIGHUP: nothing to reload (no auth file, no TLS)");
+            }
             if let Some(path) = &auth_path {
                 match auth.reload() {
                     Ok(n) => {
