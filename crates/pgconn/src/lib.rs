@@ -348,7 +348,13 @@ pub async fn connect(conninfo: &str) -> Result<Client, ConnectError> {
 /// issuer, a name the certificate does not hold).
 pub fn describe(e: &tokio_postgres::Error) -> String {
     if let Some(db) = e.as_db_error() {
-        return format!("{}: {}", db.severity(), db.message());
+        let detail = db.detail().map_or(String::new(), |d| format!(" ({d})"));
+        return format!(
+            "{}: {}{detail} (SQLSTATE {})",
+            db.severity(),
+            db.message(),
+            db.code().code()
+        );
     }
     let mut out = e.to_string();
     let mut source = std::error::Error::source(e);

@@ -305,12 +305,15 @@ async fn a_lost_publish_answer_is_retried_by_the_worker_to_the_saved_result() {
     let pg_proxy = Proxy::start(pg.upstream()).await.unwrap();
     store.seed("lost-1");
     // The proxy looks for the publish by its operation id, in the bytes of
-    // the request.
+    // the request: plain text, whatever TLS the server offers.
     pg_proxy.drop_response_to(b"publish:lost-1:");
     let mut worker = store.worker(
         &format!("http://{}", server.grpc_addr),
         "w",
-        Some(&pg.url_via(pg_proxy.addr().port())),
+        Some(&format!(
+            "{} sslmode=disable",
+            pg.url_via(pg_proxy.addr().port())
+        )),
         &["--once", "--ttl", "5000ms"],
     );
     let unknown = worker.wait_for("\"event\":\"publish_unknown\"");
