@@ -134,9 +134,14 @@ pub async fn connect(target: &PgTarget) -> Result<tokio_postgres::Client, PgErro
             SqlState::CRASH_SHUTDOWN,
             SqlState::TOO_MANY_CONNECTIONS,
         ];
+        let message = db_message(&e);
+        // A certificate that does not verify (another CA, another name)
+        // is a setting to fix, not an outage to wait out.
+        let certificate = message.contains("invalid peer certificate");
         match e.code() {
-            Some(code) if !transient.contains(code) => PgError::Refused(db_message(&e)),
-            _ => PgError::Connect(db_message(&e)),
+            Some(code) if !transient.contains(code) => PgError::Refused(message),
+            _ if certificate => PgError::Refused(message),
+            _ => PgError::Connect(message),
         }
     })
 }
