@@ -54,6 +54,16 @@ async fn three_candidates_hand_over_in_order_and_a_deposed_leader_is_fenced() {
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
+    // Its first line (no leader yet) says its watch is registered: only
+    // then may the first candidate join, or `observe` would start from
+    // "current: c1" instead of seeing the grant.
+    let mut lines = BufReader::new(cli_observer.stdout.take().unwrap()).lines();
+    let first = lines.next().unwrap().unwrap();
+    assert_eq!(
+        (json_str(&first, "kind"), json_u64(&first, "token")),
+        (Some("current".into()), None),
+        "{first}"
+    );
 
     // Candidates join one after another, so the line is c1, c2, c3.
     let mut candidates = Vec::new();
@@ -138,9 +148,12 @@ async fn three_candidates_hand_over_in_order_and_a_deposed_leader_is_fenced() {
     );
 
     // `baton observe` printed the same story, one JSON line each.
-    let mut lines = BufReader::new(cli_observer.stdout.take().unwrap()).lines();
-    let mut printed = Vec::new();
-    for _ in 0..7 {
+    let mut printed = vec![(
+        json_str(&first, "kind").unwrap(),
+        json_u64(&first, "token"),
+        json_str(&first, "value"),
+    )];
+    for _ in 1..7 {
         let line = lines.next().unwrap().unwrap();
         printed.push((
             json_str(&line, "kind").unwrap(),
