@@ -38,7 +38,13 @@ pub const TRACEPARENT: &str = "traceparent";
 /// The current span's W3C `traceparent`, when it is traced (an exporter
 /// is installed and the span is sampled); `None` otherwise.
 pub fn traceparent() -> Option<String> {
-    let cx = tracing::Span::current().context();
+    // Every lease call asks: with no exporter, the span is disabled and
+    // this is all it costs.
+    let span = tracing::Span::current();
+    if span.is_disabled() {
+        return None;
+    }
+    let cx = span.context();
     let mut carrier: HashMap<String, String> = HashMap::new();
     TraceContextPropagator::new().inject_context(&cx, &mut carrier);
     carrier.remove(TRACEPARENT)
