@@ -26,6 +26,8 @@ mod error;
 pub mod metrics;
 #[cfg(feature = "objects")]
 pub mod objects;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub mod outbox;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 mod rule;

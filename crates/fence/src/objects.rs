@@ -400,6 +400,21 @@ impl ObjectKit {
         crate::sqlite::SqliteFence::publish(conn, req).map(Ok)
     }
 
+    /// [`ObjectKit::publish_sqlite`] with the caller's `effect` in the
+    /// publish's transaction, run only if it applied (an outbox intent).
+    #[cfg(feature = "sqlite")]
+    pub async fn publish_sqlite_with(
+        &self,
+        conn: &mut rusqlite::Connection,
+        req: &crate::FenceRequest,
+        effect: impl FnOnce(&rusqlite::Transaction<'_>) -> Result<(), crate::FenceError>,
+    ) -> Result<Result<crate::Outcome, Rejection>, crate::FenceError> {
+        if let Err(invalid) = self.validate_for(req).await? {
+            return Ok(Err(invalid));
+        }
+        crate::sqlite::SqliteFence::publish_with(conn, req, effect).map(Ok)
+    }
+
     /// [`ObjectKit::publish_sqlite`] for PostgreSQL (`baton.publish`).
     #[cfg(feature = "postgres")]
     pub async fn publish_postgres(

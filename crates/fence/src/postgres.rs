@@ -15,7 +15,7 @@ use crate::{
 /// The migrations that install and upgrade the `baton` schema, tables and
 /// functions, by version. Each runs once, in order, recorded in
 /// `baton.schema_migrations`; run them by hand with psql in the same order.
-pub const MIGRATIONS: [(i32, &str); 7] = [
+pub const MIGRATIONS: [(i32, &str); 8] = [
     (1, include_str!("../sql/001_baton_fence.sql")),
     (2, include_str!("../sql/002_names_and_races.sql")),
     (3, include_str!("../sql/003_documented_names.sql")),
@@ -23,6 +23,7 @@ pub const MIGRATIONS: [(i32, &str); 7] = [
     (5, include_str!("../sql/005_publish_hot_path.sql")),
     (6, include_str!("../sql/006_plpgsql_wrappers.sql")),
     (7, include_str!("../sql/007_plain_names.sql")),
+    (8, include_str!("../sql/008_outbox.sql")),
 ];
 
 /// The definition in force of every `baton.*` function, one file per
@@ -31,7 +32,7 @@ pub const MIGRATIONS: [(i32, &str); 7] = [
 /// the migrations on every install and upgrade; with psql, run them after
 /// the migrations. A test checks they are exactly what the migrations
 /// leave in force.
-pub const FUNCTIONS: [(&str, &str); 21] = [
+pub const FUNCTIONS: [(&str, &str); 29] = [
     ("cancel.sql", include_str!("../sql/functions/cancel.sql")),
     (
         "cancel_impl.sql",
@@ -78,6 +79,38 @@ pub const FUNCTIONS: [(&str, &str); 21] = [
     (
         "name_is_plain.sql",
         include_str!("../sql/functions/name_is_plain.sql"),
+    ),
+    (
+        "outbox_begin_send.sql",
+        include_str!("../sql/functions/outbox_begin_send.sql"),
+    ),
+    (
+        "outbox_cancel.sql",
+        include_str!("../sql/functions/outbox_cancel.sql"),
+    ),
+    (
+        "outbox_claim.sql",
+        include_str!("../sql/functions/outbox_claim.sql"),
+    ),
+    (
+        "outbox_confirm.sql",
+        include_str!("../sql/functions/outbox_confirm.sql"),
+    ),
+    (
+        "outbox_enqueue.sql",
+        include_str!("../sql/functions/outbox_enqueue.sql"),
+    ),
+    (
+        "outbox_is_final.sql",
+        include_str!("../sql/functions/outbox_is_final.sql"),
+    ),
+    (
+        "outbox_record.sql",
+        include_str!("../sql/functions/outbox_record.sql"),
+    ),
+    (
+        "outbox_resolve.sql",
+        include_str!("../sql/functions/outbox_resolve.sql"),
     ),
     (
         "policy_code.sql",

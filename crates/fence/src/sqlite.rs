@@ -45,7 +45,7 @@ impl SqliteFence {
     /// Creates the fence tables if they do not exist.
     pub fn migrate(conn: &Connection) -> Result<(), FenceError> {
         conn.execute_batch(SCHEMA)?;
-        Ok(())
+        crate::outbox::sqlite::SqliteOutbox::migrate(conn)
     }
 
     /// The highest token this database has recorded for any resource, or
@@ -207,19 +207,34 @@ impl SqliteFence {
     /// A fenced update of the resource's publication pointer to `req.result`
     /// (an object key), with its operation record, in one transaction.
     pub fn publish(conn: &mut Connection, req: &FenceRequest) -> Result<Outcome, FenceError> {
+        Self::publish_with(conn, req, |_| Ok(()))
+    }
+
+    /// [`SqliteFence::publish`] with the caller's `effect` in the same
+    /// transaction, run only if the publish applied (an outbox intent:
+    /// [`crate::outbox::sqlite::SqliteOutbox::enqueue`]).
+    pub fn publish_with<E>(
+        conn: &mut Connection,
+        req: &FenceRequest,
+        effect: impl FnOnce(&Transaction<'_>) -> Result<(), E>,
+    ) -> Result<Outcome, E>
+    where
+        E: From<FenceError>,
+    {
         let object_key = String::from_utf8(req.result.clone()).map_err(|_| {
-            crate::InputError::ControlCharacter {
+            FenceError::from(crate::InputError::ControlCharacter {
                 field: "object key",
                 at_byte: 0,
-            }
+            })
         })?;
         Self::write(conn, req, |tx| {
             tx.execute(
                 "UPDATE baton_resources SET published_key = ?2, published_token = ?3, published_operation = ?4
                  WHERE resource = ?1",
                 params![req.resource.as_str(), object_key, req.token.get(), req.operation.as_str()],
-            )?;
-            Ok::<(), FenceError>(())
+            )
+            .map_err(FenceError::from)?;
+            effect(tx)
         })
     }
 

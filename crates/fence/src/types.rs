@@ -39,7 +39,11 @@ pub enum InputError {
     NotCanonical { given: String, canonical: String },
 }
 
-fn text(field: &'static str, raw: &str, len_bytes_max: usize) -> Result<String, InputError> {
+pub(crate) fn text(
+    field: &'static str,
+    raw: &str,
+    len_bytes_max: usize,
+) -> Result<String, InputError> {
     if raw.is_empty() {
         return Err(InputError::Empty { field });
     }
