@@ -305,9 +305,21 @@ impl SqliteFence {
         at: FencingToken,
     ) -> Result<ResourceState, FenceError> {
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-        let next = rule::cancel(Self::state(&tx, resource)?.as_ref(), policy, at);
-        Self::put_state(&tx, resource, &next)?;
+        let next = Self::cancel_in(&tx, resource, policy, at)?;
         tx.commit()?;
+        Ok(next)
+    }
+
+    /// [`SqliteFence::cancel`] in the caller's transaction (with the
+    /// outbox's cancellation, [`crate::outbox::sqlite::SqliteOutbox::cancel`]).
+    pub fn cancel_in(
+        tx: &Transaction<'_>,
+        resource: &ResourceName,
+        policy: Policy,
+        at: FencingToken,
+    ) -> Result<ResourceState, FenceError> {
+        let next = rule::cancel(Self::state(tx, resource)?.as_ref(), policy, at);
+        Self::put_state(tx, resource, &next)?;
         tracing::info!(%resource, at = %at, "resource cancelled");
         Ok(next)
     }

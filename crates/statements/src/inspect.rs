@@ -80,6 +80,8 @@ pub struct Inspection {
     /// `valid`, `no publication`, or why the object fails validation.
     pub object: String,
     pub outcomes: Vec<Attempt>,
+    /// The outbox's deliveries caused by this statement's publication.
+    pub deliveries: Vec<baton_fence::outbox::Delivery>,
     pub lease: LeaseView,
     pub verdict: Verdict,
 }
@@ -178,7 +180,7 @@ pub async fn gather(
     date: &str,
     server: Option<&str>,
 ) -> anyhow::Result<Inspection> {
-    let db = store::open(&paths.target()).await?;
+    let mut db = store::open(&paths.target()).await?;
     let kit = ObjectKit::open(&paths.objects).await?;
     let job = db
         .job(account, date)
@@ -203,6 +205,16 @@ pub async fn gather(
             outcome,
             detail,
         })
+        .collect();
+    let deliveries = db
+        .outbox()
+        .list(&baton_fence::outbox::Filter {
+            resource_prefix: resource.clone(),
+            ..Default::default()
+        })
+        .await?
+        .into_iter()
+        .filter(|d| d.resource == resource)
         .collect();
     let lease = match server {
         None => LeaseView::NotAsked,
@@ -254,6 +266,7 @@ pub async fn gather(
         manifest_operation: m.map_or(String::new(), |m| m.operation.clone()),
         object,
         outcomes,
+        deliveries,
         lease,
         verdict,
     })
@@ -354,6 +367,13 @@ impl Inspection {
                 "  lease:        free, {waiters} waiting; last token issued {}\n",
                 issued_through.map_or("unknown".into(), |t| t.to_string()),
             )),
+        }
+        out.push_str("  deliveries:\n");
+        if self.deliveries.is_empty() {
+            out.push_str("    none recorded\n");
+        }
+        for d in &self.deliveries {
+            out.push_str(&format!("  {}\n", crate::deliveries::line(d)));
         }
         out.push_str("  outcomes:\n");
         if self.outcomes.is_empty() {

@@ -4,7 +4,9 @@
 mod args;
 mod chaos_service;
 mod console;
+mod deliveries;
 mod demo;
+mod dispatch;
 mod events;
 mod inspect;
 mod metrics_port;
@@ -20,7 +22,7 @@ use clap::Parser;
 /// A show or cancel of a job that does not exist (exit code 3).
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
-struct NoSuchJob(String);
+pub(crate) struct NoSuchJob(pub(crate) String);
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -170,6 +172,17 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
             println!("cancelled {account} {date}: every token at or below {at} is refused at the resource");
             Ok(ExitCode::SUCCESS)
         }
+        Command::Dispatch(args) => {
+            dispatch::run(args.into()).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Deliveries { command } => deliveries::run(command).await,
+        Command::WebhookReceiver(args) => {
+            baton_testkit::webhook::run(args)
+                .await
+                .map_err(|e| anyhow::anyhow!("webhook receiver: {e}"))?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Demo {
             json,
             dir,
@@ -184,10 +197,13 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
 /// every token issued; the fence kit refuses every token at or below it.
 async fn cancel(paths: &Paths, server: &str, account: &str, date: &str) -> anyhow::Result<i64> {
     let mut db = store::open(&paths.target()).await?;
-    if !db.cancel_job(account, date).await? {
+    let resource = worker::resource(account, date);
+    if !db
+        .cancel_job(account, date, &resource_name(&resource)?)
+        .await?
+    {
         return Err(NoSuchJob(format!("no job for {account} {date}")).into());
     }
-    let resource = worker::resource(account, date);
     let mut client = baton_client::Client::connect(server).await?;
     let fenced = client.fence(&resource).await?;
     let at = FencingToken::new(fenced.token.get())?;

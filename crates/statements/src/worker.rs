@@ -15,6 +15,7 @@ use baton_client::worker::{Backoff, Keeper, KeeperConfig};
 use baton_client::{Acquired, Client};
 use baton_faults::history::Step;
 use baton_fence::objects::ObjectKit;
+use baton_fence::outbox::{Intent, ReceiverKind};
 use baton_fence::FencingToken;
 use serde_json::json;
 use tracing::Instrument;
@@ -70,7 +71,64 @@ pub struct WorkerConfig {
     /// Append every publish attempt here: invoked, then ok, failed or
     /// unknown (the history the fault suite's checker reads).
     pub history: Option<PathBuf>,
+    /// Who hears of each publication: delivery intents recorded with it.
+    pub notify: Notify,
     pub drills: Drills,
+}
+
+/// The external effects of a publication, sent later by `statements dispatch`.
+#[derive(Clone, Debug, Default)]
+pub struct Notify {
+    /// An HTTP webhook that honours `Idempotency-Key` and answers status queries.
+    pub webhook: Option<String>,
+    /// An email address, sent by SMTP (a receiver that can neither
+    /// deduplicate nor be asked).
+    pub email: Option<String>,
+}
+
+impl Notify {
+    /// The intents of one publication. Each operation id is derived from
+    /// the publication's, so a replay of the publish gives the same ids.
+    pub fn intents(
+        &self,
+        publish_operation: &str,
+        account: &str,
+        date: &str,
+        token: FencingToken,
+        object_key: &str,
+    ) -> Result<Vec<Intent>> {
+        let mut out = Vec::new();
+        if let Some(url) = &self.webhook {
+            let body = json!({
+                "event": "statement.published",
+                "account": account,
+                "date": date,
+                "token": token.get(),
+                "object_key": object_key,
+                "operation": format!("{publish_operation}/webhook"),
+            });
+            out.push(Intent::new(
+                &format!("{publish_operation}/webhook"),
+                ReceiverKind::Idempotent,
+                url,
+                body.to_string().into_bytes(),
+            )?);
+        }
+        if let Some(address) = &self.email {
+            let mail = json!({
+                "subject": format!("Your statement for {date} is ready"),
+                "body": format!("Account {account}: your statement for {date} is published as {object_key}.\n"),
+                "operation": format!("{publish_operation}/email"),
+            });
+            out.push(Intent::new(
+                &format!("{publish_operation}/email"),
+                ReceiverKind::Unrepeatable,
+                address,
+                mail.to_string().into_bytes(),
+            )?);
+        }
+        Ok(out)
+    }
 }
 
 pub fn resource(account: &str, date: &str) -> String {
@@ -104,7 +162,7 @@ fn hex_bytes(hex: &str) -> Vec<u8> {
         .collect()
 }
 
-fn stop_self() {
+pub(crate) fn stop_self() {
     // A real SIGSTOP, delivered by the kernel like any other pause.
     let _ = baton_faults::signal::send(std::process::id(), baton_faults::signal::Signal::SIGSTOP);
 }

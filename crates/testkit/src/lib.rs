@@ -8,7 +8,9 @@ pub mod pg_cluster;
 pub mod pki;
 pub mod process;
 pub mod s3;
+pub mod smtp;
 pub mod store;
+pub mod webhook;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};

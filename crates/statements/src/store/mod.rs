@@ -8,12 +8,16 @@
 //! One trait, [`Store`], with a dialect per file: `sqlite.rs` and
 //! `postgres.rs`. Both create the same tables and the same publication log.
 
+mod outbox;
 mod postgres;
 mod sqlite;
+
+pub use outbox::Outbox;
 
 use std::path::PathBuf;
 
 use baton_fence::objects::{ObjectKit, Rejection};
+use baton_fence::outbox::{Intent, Step, StepOutcome};
 use baton_fence::{FenceRequest, FencingToken, Outcome, Publication, ResourceName};
 
 pub type Result<T> = anyhow::Result<T>;
@@ -157,7 +161,14 @@ pub trait Store {
         detail: &str,
     ) -> Result<bool>;
 
-    async fn cancel_job(&self, account: &str, date: &str) -> Result<bool>;
+    /// Cancels the job and, in the same transaction, its deliveries that
+    /// were not sent.
+    async fn cancel_job(
+        &mut self,
+        account: &str,
+        date: &str,
+        resource: &ResourceName,
+    ) -> Result<bool>;
 
     async fn record_outcome(
         &self,
@@ -179,11 +190,32 @@ pub trait Store {
 
     async fn fence_state(&self, key: &ResourceName) -> Result<Option<baton_fence::ResourceState>>;
 
+    /// The fenced publish and, in its transaction if it applied, the
+    /// delivery intents it causes.
     async fn publish(
         &mut self,
         kit: &ObjectKit,
         req: &FenceRequest,
+        intents: &[Intent],
     ) -> Result<std::result::Result<Outcome, Rejection>>;
 
+    /// The fence kit's cancellation and, in its transaction, the outbox's
+    /// (a publish that slipped in before it may have enqueued).
     async fn fence_cancel(&mut self, key: &ResourceName, at: FencingToken) -> Result<()>;
+
+    /// The outbox, on this store's connection.
+    fn outbox(&mut self) -> Outbox<'_>;
+}
+
+/// An enqueue after an applied publish is the same row or a new one;
+/// anything else is a bug worth stopping the transaction for.
+pub(crate) fn check_enqueued(step: &Step) -> std::result::Result<(), baton_fence::FenceError> {
+    match step.outcome {
+        StepOutcome::Enqueued | StepOutcome::Exists => Ok(()),
+        other => Err(baton_fence::FenceError::Corrupt(format!(
+            "the outbox refused an intent after its publish applied: {} ({})",
+            other.label(),
+            step.detail.as_deref().unwrap_or("")
+        ))),
+    }
 }

@@ -2,10 +2,12 @@
 //! fence kit's schema `baton`).
 
 use baton_fence::objects::{ObjectKit, Rejection};
+use baton_fence::outbox::postgres::PgOutbox;
+use baton_fence::outbox::Intent;
 use baton_fence::postgres::{PgFence, Prepared};
 use baton_fence::{FenceRequest, FencingToken, Outcome, Policy, Publication, ResourceName};
 
-use super::{err, Input, Job, JobState, LoggedPublication, Result, Store};
+use super::{check_enqueued, err, Input, Job, JobState, LoggedPublication, Outbox, Result, Store};
 
 const POSTGRES_SCHEMA: &str = "
 CREATE SCHEMA IF NOT EXISTS statements;
@@ -226,15 +228,24 @@ impl Store for PgDb {
         Ok(n == 1)
     }
 
-    async fn cancel_job(&self, account: &str, date: &str) -> Result<bool> {
-        let client = &self.client;
-        let n = client
-                .execute(
-                    "UPDATE statements.jobs SET state = 'cancelled', detail = 'cancelled by operator' WHERE account = $1 AND date = $2",
-                    &[&account, &date],
-                )
-                .await
-                .map_err(err)?;
+    async fn cancel_job(
+        &mut self,
+        account: &str,
+        date: &str,
+        resource: &ResourceName,
+    ) -> Result<bool> {
+        let tx = self.client.transaction().await.map_err(err)?;
+        let n = tx
+            .execute(
+                "UPDATE statements.jobs SET state = 'cancelled', detail = 'cancelled by operator' WHERE account = $1 AND date = $2",
+                &[&account, &date],
+            )
+            .await
+            .map_err(err)?;
+        PgOutbox::cancel(&tx, resource, "statements cancel")
+            .await
+            .map_err(err)?;
+        tx.commit().await.map_err(err)?;
         Ok(n == 1)
     }
 
@@ -292,20 +303,37 @@ impl Store for PgDb {
         &mut self,
         kit: &ObjectKit,
         req: &FenceRequest,
+        intents: &[Intent],
     ) -> Result<std::result::Result<Outcome, Rejection>> {
-        let (client, prepared) = (&mut self.client, &mut self.prepared);
-        kit.publish_postgres(client, prepared, req)
+        let tx = self.client.transaction().await.map_err(err)?;
+        let outcome = kit
+            .publish_postgres(&tx, &self.prepared, req)
             .await
-            .map_err(err)
+            .map_err(err)?;
+        if matches!(&outcome, Ok(o) if o.is_applied()) {
+            for intent in intents {
+                let step = PgOutbox::enqueue(&tx, &req.resource, req.token, intent)
+                    .await
+                    .map_err(err)?;
+                check_enqueued(&step).map_err(err)?;
+            }
+        }
+        tx.commit().await.map_err(err)?;
+        Ok(outcome)
     }
 
     async fn fence_cancel(&mut self, key: &ResourceName, at: FencingToken) -> Result<()> {
-        let client = &mut self.client;
-        {
-            PgFence::cancel(client, key, Policy::OnePerGeneration, at)
-                .await
-                .map(|_| ())
-                .map_err(err)
-        }
+        let tx = self.client.transaction().await.map_err(err)?;
+        PgFence::cancel(&tx, key, Policy::OnePerGeneration, at)
+            .await
+            .map_err(err)?;
+        PgOutbox::cancel(&tx, key, "statements cancel")
+            .await
+            .map_err(err)?;
+        tx.commit().await.map_err(err)
+    }
+
+    fn outbox(&mut self) -> Outbox<'_> {
+        Outbox::Postgres(&self.client)
     }
 }

@@ -3,11 +3,13 @@
 use std::path::Path;
 
 use baton_fence::objects::{ObjectKit, Rejection};
+use baton_fence::outbox::sqlite::SqliteOutbox;
+use baton_fence::outbox::Intent;
 use baton_fence::sqlite::SqliteFence;
 use baton_fence::{FenceRequest, FencingToken, Outcome, Policy, Publication, ResourceName};
 use rusqlite::{params, Connection, OptionalExtension};
 
-use super::{err, Input, Job, JobState, LoggedPublication, Result, Store};
+use super::{check_enqueued, err, Input, Job, JobState, LoggedPublication, Outbox, Result, Store};
 
 const SQLITE_SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS accounts (
@@ -232,14 +234,21 @@ impl Store for SqliteDb {
         Ok(n == 1)
     }
 
-    async fn cancel_job(&self, account: &str, date: &str) -> Result<bool> {
-        let c = &self.0;
-        let n = c
-                .execute(
-                    "UPDATE jobs SET state = 'cancelled', detail = 'cancelled by operator' WHERE account = ?1 AND date = ?2",
-                    params![account, date],
-                )
-                .map_err(err)? as u64;
+    async fn cancel_job(
+        &mut self,
+        account: &str,
+        date: &str,
+        resource: &ResourceName,
+    ) -> Result<bool> {
+        let tx = self.0.transaction().map_err(err)?;
+        let n = tx
+            .execute(
+                "UPDATE jobs SET state = 'cancelled', detail = 'cancelled by operator' WHERE account = ?1 AND date = ?2",
+                params![account, date],
+            )
+            .map_err(err)?;
+        SqliteOutbox::cancel(&tx, resource, "statements cancel").map_err(err)?;
+        tx.commit().map_err(err)?;
         Ok(n == 1)
     }
 
@@ -288,15 +297,36 @@ impl Store for SqliteDb {
         &mut self,
         kit: &ObjectKit,
         req: &FenceRequest,
+        intents: &[Intent],
     ) -> Result<std::result::Result<Outcome, Rejection>> {
         let c = &mut self.0;
-        kit.publish_sqlite(c, req).await.map_err(err)
+        kit.publish_sqlite_with(c, req, |tx| {
+            for intent in intents {
+                check_enqueued(&SqliteOutbox::enqueue(
+                    tx,
+                    &req.resource,
+                    req.token,
+                    intent,
+                )?)?;
+            }
+            Ok(())
+        })
+        .await
+        .map_err(err)
     }
 
     async fn fence_cancel(&mut self, key: &ResourceName, at: FencingToken) -> Result<()> {
-        let c = &mut self.0;
-        SqliteFence::cancel(c, key, Policy::OnePerGeneration, at)
-            .map(|_| ())
-            .map_err(err)
+        let tx = self
+            .0
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .map_err(err)?;
+        SqliteFence::cancel_in(&tx, key, Policy::OnePerGeneration, at).map_err(err)?;
+        // A publish that slipped in before the fence may have enqueued.
+        SqliteOutbox::cancel(&tx, key, "statements cancel").map_err(err)?;
+        tx.commit().map_err(err)
+    }
+
+    fn outbox(&mut self) -> Outbox<'_> {
+        Outbox::Sqlite(&mut self.0)
     }
 }

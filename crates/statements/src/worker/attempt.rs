@@ -288,10 +288,14 @@ impl Attempt<'_> {
             &fingerprint,
             object_key.as_bytes(),
         )?;
+        let intents =
+            self.cfg
+                .notify
+                .intents(&op, self.account, self.date, self.token, object_key)?;
         let mut retried = false;
         loop {
             self.record(&op, Step::Invoke, "");
-            match db.publish(self.kit, &req).await {
+            match db.publish(self.kit, &req, &intents).await {
                 Ok(Ok(outcome)) => {
                     let status = match outcome {
                         Outcome::Applied { .. } | Outcome::Replayed { .. } => Step::Ok,

@@ -1,0 +1,545 @@
+//! `statements dispatch`: sends what the outbox holds.
+//!
+//! Several dispatchers may run at once. Each delivery is claimed with a
+//! Baton lease on `outbox:ID` (try once, never wait: a held row belongs to
+//! another dispatcher) and the lease's fencing token, which the outbox
+//! checks on every step, so a dispatcher that paused past its lease cannot
+//! overwrite what its successor recorded. Before sending, the keeper must
+//! still vouch for the lease and the row must still be claimed by this
+//! token and not cancelled.
+//!
+//! After a send whose outcome is unknown (a timeout, a connection dropped
+//! after the request went out), or when a claim finds an earlier send that
+//! recorded nothing: the webhook is asked for the key's status, and sent
+//! again with the same key if it never saw it; an email goes to
+//! `needs_attention`, never out a second time without an operator.
+
+mod smtp;
+mod webhook;
+
+use std::time::Duration;
+
+use baton_client::worker::{Backoff, Keeper, KeeperConfig};
+use baton_client::{Acquired, Client};
+use baton_fence::outbox::{Delivery, DeliveryState, ReceiverKind, Report, StepOutcome};
+use baton_fence::FencingToken;
+use serde_json::json;
+
+use crate::events::emit;
+use crate::store::{self, Db, Location, Result};
+
+/// What became of one send.
+#[derive(Debug)]
+pub enum Sent {
+    /// The receiver took it.
+    Delivered(String),
+    /// The receiver took it and will confirm.
+    Accepted(String),
+    /// It cannot have arrived; another try is safe.
+    NeverArrived(String),
+    /// The receiver refused it for good.
+    Refused(String),
+    /// It may or may not have arrived.
+    Unknown(String),
+}
+
+/// The fault drills of a dispatcher (off in production).
+#[derive(Clone, Debug, Default)]
+pub struct Drills {
+    /// Abort right after a send, before its outcome is recorded.
+    pub crash_after_send: bool,
+    /// Stop with SIGSTOP right after a send, before its outcome is recorded.
+    pub pause_after_send: bool,
+    /// NEGATIVE CONTROL: no idempotency key, and an unknown outcome is
+    /// retried whatever the receiver (duplicates follow).
+    pub blind_retries: bool,
+}
+
+#[derive(Clone, Debug)]
+pub struct DispatchConfig {
+    pub target: Location,
+    pub server: String,
+    pub name: String,
+    /// The lease on each delivery while it is being sent.
+    pub ttl: Duration,
+    pub poll: Duration,
+    pub once: bool,
+    /// The SMTP relay, `HOST:PORT`.
+    pub smtp: Option<String>,
+    pub smtp_from: String,
+    /// How long a send may take before its outcome counts as unknown.
+    pub send_timeout: Duration,
+    /// Sends per delivery before it fails.
+    pub max_attempts: u32,
+    pub backoff_base: Duration,
+    pub backoff_max: Duration,
+    /// How long an accepted webhook delivery waits for its callback before
+    /// its status is asked.
+    pub confirm_wait: Duration,
+    pub callback_listen: Option<std::net::SocketAddr>,
+    pub drills: Drills,
+}
+
+/// Runs the dispatcher until killed (or, with `once`, for one pass).
+pub async fn run(cfg: DispatchConfig) -> Result<()> {
+    if let Some(listen) = cfg.callback_listen {
+        let bound = callback::serve(listen, cfg.target.clone()).await?;
+        eprintln!("callbacks on http://{bound}/callback");
+    }
+    let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
+    loop {
+        match pass_loop(&cfg, &mut backoff).await {
+            Ok(()) => return Ok(()),
+            Err(e) if cfg.once => return Err(e),
+            Err(e) => {
+                emit(
+                    "error",
+                    json!({"dispatcher": cfg.name, "why": format!("{e:#}")}),
+                );
+                tokio::time::sleep(backoff.next_delay()).await;
+            }
+        }
+    }
+}
+
+async fn pass_loop(cfg: &DispatchConfig, backoff: &mut Backoff) -> Result<()> {
+    let client = Client::connect(&cfg.server).await?;
+    let mut db = store::open(&cfg.target).await?;
+    let http = reqwest::Client::builder()
+        .build()
+        .map_err(|e| anyhow::anyhow!("HTTP client: {e}"))?;
+    loop {
+        let due = db.outbox().due(100).await?;
+        for row in due {
+            deliver(cfg, &client, &http, &mut db, &row).await?;
+        }
+        backoff.reset();
+        if cfg.once {
+            return Ok(());
+        }
+        tokio::time::sleep(cfg.poll).await;
+    }
+}
+
+/// The backoff before attempt `attempts + 1`: full jitter under a ceiling
+/// that doubles per attempt.
+fn retry_after(cfg: &DispatchConfig, attempts: i32) -> Duration {
+    let mut b = Backoff::new(cfg.backoff_base, cfg.backoff_max);
+    for _ in 1..attempts.max(1) {
+        b.next_delay();
+    }
+    b.next_delay().max(Duration::from_millis(1))
+}
+
+fn kind(row: &Delivery) -> ReceiverKind {
+    ReceiverKind::parse(&row.receiver_kind).unwrap_or(ReceiverKind::Unrepeatable)
+}
+
+async fn deliver(
+    cfg: &DispatchConfig,
+    client: &Client,
+    http: &reqwest::Client,
+    db: &mut Db,
+    row: &Delivery,
+) -> Result<()> {
+    let resource = format!("outbox:{}", row.id);
+    let session = client.session(cfg.ttl).await?;
+    let lease = match session.acquire(&resource, Duration::ZERO).await? {
+        Acquired::Granted(lease) => lease,
+        Acquired::NotAcquired(_) => return Ok(()),
+    };
+    let keeper = Keeper::start(session.clone(), lease.clone(), KeeperConfig::default());
+    let token = FencingToken::new(lease.token.get())?;
+    let result = Delivering {
+        cfg,
+        http,
+        row,
+        token,
+        guard: keeper.guard(),
+    }
+    .run(db)
+    .await;
+    let lease = keeper.stop();
+    let _ = session
+        .release(&lease.resource, &lease.acquisition_id)
+        .await;
+    result
+}
+
+struct Delivering<'a> {
+    cfg: &'a DispatchConfig,
+    http: &'a reqwest::Client,
+    row: &'a Delivery,
+    token: FencingToken,
+    guard: baton_client::worker::Guard,
+}
+
+impl Delivering<'_> {
+    fn said(&self, what: &str, extra: serde_json::Value) {
+        let mut fields = json!({
+            "dispatcher": self.cfg.name,
+            "delivery": self.row.id,
+            "operation": self.row.operation,
+            "token": self.token.get(),
+        });
+        if let (Some(f), serde_json::Value::Object(extra)) = (fields.as_object_mut(), extra) {
+            f.extend(extra);
+        }
+        emit(what, fields);
+    }
+
+    async fn run(&self, db: &mut Db) -> Result<()> {
+        let id = self.row.id;
+        let claim = db.outbox().claim(id, self.token, &self.cfg.name).await?;
+        if claim.outcome != StepOutcome::Claimed {
+            return Ok(());
+        }
+        let previous = claim.previous();
+        let attempts = claim.attempts.unwrap_or(0);
+        self.said("claimed", json!({"was": previous.map(|p| p.as_str())}));
+        if matches!(
+            previous,
+            Some(DeliveryState::Sending | DeliveryState::Accepted)
+        ) && !self.cfg.drills.blind_retries
+        {
+            // An earlier send recorded no outcome (or awaits confirmation).
+            match kind(self.row) {
+                ReceiverKind::Unrepeatable => {
+                    let why = format!(
+                        "attempt {attempts} began at {} by {} and recorded no outcome: the message may have been delivered, and this receiver can neither deduplicate nor be asked",
+                        self.row.send_started_at.as_deref().unwrap_or("?"),
+                        self.row.claimed_by.as_deref().unwrap_or("?"),
+                    );
+                    return self.record(db, Report::NeedsAttention, &why).await;
+                }
+                ReceiverKind::Idempotent => {
+                    if let Some(done) = self.reconcile(db, attempts).await? {
+                        return Ok(done);
+                    }
+                }
+            }
+        }
+        if !self.guard.may_start_effect() {
+            self.said("lease_lost", json!({"when": "before send"}));
+            return Ok(());
+        }
+        let begun = db.outbox().begin_send(id, self.token).await?;
+        match begun.outcome {
+            StepOutcome::Sending => {}
+            StepOutcome::Cancelled => {
+                self.said("not_sent", json!({"why": "cancelled"}));
+                return Ok(());
+            }
+            other => {
+                self.said("not_sent", json!({"why": other.label()}));
+                return Ok(());
+            }
+        }
+        let attempts = begun.attempts.unwrap_or(attempts + 1);
+        let payload = db
+            .outbox()
+            .payload(id)
+            .await?
+            .ok_or_else(|| anyhow::anyhow!("delivery {id} vanished"))?;
+        let sent = self.send(payload).await;
+        self.said(
+            "sent",
+            json!({"attempt": attempts, "result": format!("{sent:?}")}),
+        );
+        if self.cfg.drills.crash_after_send {
+            emit(
+                "crashing",
+                json!({"dispatcher": self.cfg.name, "after": "send"}),
+            );
+            std::process::abort();
+        }
+        if self.cfg.drills.pause_after_send {
+            emit(
+                "paused",
+                json!({"dispatcher": self.cfg.name, "delivery": id}),
+            );
+            crate::worker::stop_self();
+            emit(
+                "resumed",
+                json!({"dispatcher": self.cfg.name, "delivery": id}),
+            );
+        }
+        let (report, evidence) = match sent {
+            Sent::Delivered(e) => (Report::Delivered, e),
+            Sent::Accepted(e) => (self.accepted(), e),
+            Sent::Refused(e) => (Report::Failed, e),
+            Sent::NeverArrived(e) => self.retry_or_fail(attempts, e),
+            Sent::Unknown(e) => match (kind(self.row), self.cfg.drills.blind_retries) {
+                (_, true) => self.retry_or_fail(attempts, e),
+                (ReceiverKind::Unrepeatable, false) => (
+                    Report::NeedsAttention,
+                    format!(
+                        "outcome unknown ({e}); this receiver can neither deduplicate nor be asked"
+                    ),
+                ),
+                (ReceiverKind::Idempotent, false) => {
+                    match webhook::status(
+                        self.http,
+                        &self.row.recipient,
+                        &self.row.operation,
+                        self.cfg.send_timeout,
+                    )
+                    .await
+                    {
+                        webhook::Status::Applied(s) => (
+                            Report::Delivered,
+                            format!("outcome unknown ({e}); status query: {s}"),
+                        ),
+                        webhook::Status::Accepted(s) => (
+                            self.accepted(),
+                            format!("outcome unknown ({e}); status query: {s}"),
+                        ),
+                        webhook::Status::NotApplied => self.retry_or_fail(
+                            attempts,
+                            format!("outcome unknown ({e}); the receiver never saw the key"),
+                        ),
+                        webhook::Status::Unreachable(s) => self.retry_or_fail(
+                            attempts,
+                            format!("outcome unknown ({e}); status query failed: {s}"),
+                        ),
+                    }
+                }
+            },
+        };
+        self.record(db, report, &evidence).await
+    }
+
+    /// For an idempotent receiver whose earlier send is in doubt: its
+    /// status. `Some` when that settled the delivery; `None` to send again
+    /// with the same key.
+    async fn reconcile(&self, db: &mut Db, attempts: i32) -> Result<Option<()>> {
+        let status = webhook::status(
+            self.http,
+            &self.row.recipient,
+            &self.row.operation,
+            self.cfg.send_timeout,
+        )
+        .await;
+        match status {
+            webhook::Status::Applied(s) => {
+                self.record(
+                    db,
+                    Report::Delivered,
+                    &format!("status query after an unrecorded send: {s}"),
+                )
+                .await?;
+                Ok(Some(()))
+            }
+            webhook::Status::Accepted(s) => {
+                self.record(db, self.accepted(), &format!("status query: {s}"))
+                    .await?;
+                Ok(Some(()))
+            }
+            webhook::Status::NotApplied => Ok(None),
+            webhook::Status::Unreachable(s) => {
+                let (report, evidence) =
+                    self.retry_or_fail(attempts, format!("status query failed: {s}"));
+                self.record(db, report, &evidence).await?;
+                Ok(Some(()))
+            }
+        }
+    }
+
+    /// Accepted, to be asked again after the confirmation wait.
+    fn accepted(&self) -> Report {
+        Report::Accepted {
+            check_after_ms: self.cfg.confirm_wait.as_millis() as u64,
+        }
+    }
+
+    fn retry_or_fail(&self, attempts: i32, evidence: String) -> (Report, String) {
+        if attempts >= self.cfg.max_attempts as i32 {
+            (
+                Report::Failed,
+                format!("gave up after {attempts} attempts; last: {evidence}"),
+            )
+        } else {
+            let after = retry_after(self.cfg, attempts);
+            (
+                Report::Retry {
+                    after_ms: after.as_millis() as u64,
+                },
+                evidence,
+            )
+        }
+    }
+
+    async fn send(&self, payload: Vec<u8>) -> Sent {
+        let timeout = self.cfg.send_timeout;
+        match kind(self.row) {
+            ReceiverKind::Idempotent => {
+                let key = (!self.cfg.drills.blind_retries).then_some(self.row.operation.as_str());
+                webhook::send(self.http, &self.row.recipient, key, payload, timeout).await
+            }
+            ReceiverKind::Unrepeatable => {
+                let Some(relay) = &self.cfg.smtp else {
+                    return Sent::NeverArrived(
+                        "no SMTP relay configured (--smtp HOST:PORT)".into(),
+                    );
+                };
+                let mail: serde_json::Value = match serde_json::from_slice(&payload) {
+                    Ok(v) => v,
+                    Err(e) => return Sent::Refused(format!("the payload is not an email: {e}")),
+                };
+                let text = |k: &str| {
+                    mail.get(k)
+                        .and_then(|v| v.as_str())
+                        .unwrap_or("")
+                        .to_string()
+                };
+                let (subject, body) = (text("subject"), text("body"));
+                let m = smtp::Mail {
+                    from: &self.cfg.smtp_from,
+                    to: &self.row.recipient,
+                    subject: &subject,
+                    body: &body,
+                    operation: &self.row.operation,
+                };
+                smtp::send(relay, &m, timeout).await
+            }
+        }
+    }
+
+    async fn record(&self, db: &mut Db, report: Report, evidence: &str) -> Result<()> {
+        let step = db
+            .outbox()
+            .record(self.row.id, self.token, report, evidence)
+            .await?;
+        match step.outcome {
+            StepOutcome::Recorded => self.said(
+                "recorded",
+                json!({"outcome": report.label(), "evidence": evidence}),
+            ),
+            other => self.said(
+                "outcome_refused",
+                json!({"outcome": report.label(), "why": other.label(), "claim_token": step.claim_token}),
+            ),
+        }
+        Ok(())
+    }
+}
+
+mod callback {
+    //! The endpoint a receiver calls to confirm a delivery it accepted:
+    //! `POST /callback` with `{"idempotency_key": KEY, "status":
+    //! "delivered" | "failed", "detail": TEXT}`. A callback for a delivery
+    //! that is already final changes nothing.
+
+    use axum::extract::State;
+    use axum::http::StatusCode;
+    use axum::Json;
+    use serde_json::{json, Value};
+    use tokio::sync::{mpsc, oneshot};
+
+    use crate::store::{self, Location, Result};
+
+    type Request = (
+        String,
+        bool,
+        String,
+        oneshot::Sender<std::result::Result<String, String>>,
+    );
+
+    /// Serves callbacks on `listen`; a thread of its own owns the database
+    /// connection (the store's futures are not `Send`).
+    pub async fn serve(
+        listen: std::net::SocketAddr,
+        target: Location,
+    ) -> Result<std::net::SocketAddr> {
+        let (tx, mut rx) = mpsc::channel::<Request>(64);
+        std::thread::Builder::new()
+            .name("callbacks".into())
+            .spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("callback runtime");
+                rt.block_on(async move {
+                    let mut db = None;
+                    while let Some((key, delivered, detail, reply)) = rx.recv().await {
+                        if db.is_none() {
+                            db = store::open(&target).await.ok();
+                        }
+                        let answer = match db.as_mut() {
+                            Some(db) => db
+                                .outbox()
+                                .confirm(&key, delivered, &detail)
+                                .await
+                                .map(|s| s.outcome.label().to_string())
+                                .map_err(|e| format!("{e:#}")),
+                            None => Err("the database is unavailable".to_string()),
+                        };
+                        if answer.is_err() {
+                            db = None;
+                        }
+                        let _ = reply.send(answer);
+                    }
+                });
+            })?;
+        let app = axum::Router::new()
+            .route("/callback", axum::routing::post(callback))
+            .with_state(tx);
+        let listener = tokio::net::TcpListener::bind(listen)
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot listen for callbacks on {listen}: {e}"))?;
+        let bound = listener.local_addr()?;
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Ok(bound)
+    }
+
+    async fn callback(
+        State(tx): State<mpsc::Sender<Request>>,
+        body: axum::body::Bytes,
+    ) -> (StatusCode, Json<Value>) {
+        let bad = |why: &str| (StatusCode::BAD_REQUEST, Json(json!({"error": why})));
+        let Ok(v) = serde_json::from_slice::<Value>(&body) else {
+            return bad("the body must be JSON: {\"idempotency_key\": KEY, \"status\": \"delivered\" | \"failed\", \"detail\": TEXT}");
+        };
+        let Some(key) = v
+            .get("idempotency_key")
+            .and_then(Value::as_str)
+            .filter(|k| !k.is_empty())
+        else {
+            return bad("idempotency_key is missing or empty");
+        };
+        let delivered = match v.get("status").and_then(Value::as_str) {
+            Some("delivered") => true,
+            Some("failed") => false,
+            _ => return bad("status must be \"delivered\" or \"failed\""),
+        };
+        let detail = v
+            .get("detail")
+            .and_then(Value::as_str)
+            .unwrap_or("callback")
+            .to_string();
+        let (reply, answer) = oneshot::channel();
+        if tx
+            .send((key.to_string(), delivered, detail, reply))
+            .await
+            .is_err()
+        {
+            return (
+                StatusCode::SERVICE_UNAVAILABLE,
+                Json(json!({"error": "shutting down"})),
+            );
+        }
+        match answer.await {
+            Ok(Ok(outcome)) if outcome == "missing" => {
+                (StatusCode::NOT_FOUND, Json(json!({"outcome": outcome})))
+            }
+            Ok(Ok(outcome)) => (StatusCode::OK, Json(json!({"outcome": outcome}))),
+            Ok(Err(e)) => (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"error": e}))),
+            Err(_) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                Json(json!({"error": "no answer"})),
+            ),
+        }
+    }
+}
