@@ -521,3 +521,209 @@ async fn cancelling_a_job_cancels_its_unsent_deliveries() {
     assert_eq!(receiver.stats().await["posts"].as_i64(), Some(0));
     assert!(sink.messages().is_empty());
 }
+
+/// What a storm left behind, counted at the receivers and in the outbox.
+#[derive(Debug)]
+struct StormFigures {
+    faults: std::collections::BTreeMap<&'static str, u64>,
+    intents: usize,
+    delivered: usize,
+    needs_attention: usize,
+    failed: usize,
+    /// Webhook operations the receiver applied more than once.
+    duplicate_webhooks: i64,
+    /// Emails that arrived more than once (by operation).
+    duplicate_emails: usize,
+    /// Intents of acknowledged publications with neither a delivery nor a
+    /// needs_attention row once the dispatchers drained.
+    lost: usize,
+}
+
+/// Publishes `accounts` statements with a webhook and an email each, then
+/// runs three dispatchers for `storm` while killing (SIGKILL) and pausing
+/// (SIGSTOP) them, dropping webhook responses after the receiver applied,
+/// and resetting SMTP connections after DATA; then lets them drain (at most
+/// 60 s) and counts.
+async fn storm(
+    tag: &str,
+    seed: u64,
+    accounts: usize,
+    storm: std::time::Duration,
+    smtp_drop_pct: u32,
+    blind: bool,
+) -> StormFigures {
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+    let env = Env::new(tag).await;
+    let receiver = env.receiver("recv", &[]);
+    let proxy = baton_faults::Proxy::start(receiver.addr.parse().unwrap())
+        .await
+        .unwrap();
+    let hooks = format!("http://{}/hooks", proxy.addr());
+    let sink = SmtpSink::start_with(
+        &env.dir.join("smtp"),
+        &[
+            "--drop-pct",
+            &smtp_drop_pct.to_string(),
+            "--seed",
+            &seed.to_string(),
+        ],
+    );
+    for i in 0..accounts {
+        env.ok(env
+            .command(&["seed"])
+            .args(["--account", &format!("acct-{i:03}"), "--date", DATE]));
+    }
+    env.ok(env.command(&["worker"]).args([
+        "--server",
+        &env.url,
+        "--once",
+        "--notify-webhook",
+        &hooks,
+        "--notify-email",
+        "storm@example.com",
+    ]));
+    let mut extra = vec!["--smtp", sink.addr.as_str(), "--max-attempts", "20"];
+    if blind {
+        extra.push("--blind-retries");
+    }
+    let names = ["d0", "d1", "d2"];
+    let mut procs: Vec<Proc> = names.iter().map(|n| env.dispatcher(n, &extra)).collect();
+    let mut rng = baton_client::rng::Rng::new(seed);
+    let mut faults = std::collections::BTreeMap::new();
+    let started = std::time::Instant::now();
+    let mut stopped: Vec<(usize, std::time::Instant)> = Vec::new();
+    while started.elapsed() < storm {
+        tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+        stopped.retain(|(i, until)| {
+            if std::time::Instant::now() >= *until {
+                let _ = kill(Pid::from_raw(procs[*i].0.id() as i32), Signal::SIGCONT);
+                false
+            } else {
+                true
+            }
+        });
+        let i = rng.below(3) as usize;
+        match rng.below(10) {
+            0 => {
+                stopped.retain(|(j, _)| *j != i);
+                procs[i] = env.dispatcher(names[i], &extra);
+                *faults.entry("dispatcher_kills").or_insert(0) += 1;
+            }
+            1 if !stopped.iter().any(|(j, _)| *j == i) => {
+                let _ = kill(Pid::from_raw(procs[i].0.id() as i32), Signal::SIGSTOP);
+                let pause = std::time::Duration::from_millis(500 + rng.below(2000));
+                stopped.push((i, std::time::Instant::now() + pause));
+                *faults.entry("dispatcher_pauses").or_insert(0) += 1;
+            }
+            2 | 3 => proxy.drop_next_response(),
+            _ => {}
+        }
+    }
+    for (i, _) in stopped.drain(..) {
+        let _ = kill(Pid::from_raw(procs[i].0.id() as i32), Signal::SIGCONT);
+    }
+    faults.insert(
+        "webhook_responses_dropped",
+        proxy.counts().dropped_responses,
+    );
+    let open = ["pending", "claimed", "sending", "accepted"];
+    baton_testkit::eventually(std::time::Duration::from_secs(60), async || {
+        let rows = env.deliveries(None);
+        let waiting: Vec<String> = rows
+            .iter()
+            .filter(|d| open.contains(&d["state"].as_str().unwrap()))
+            .map(|d| {
+                format!(
+                    "{} {} {} {}",
+                    d["id"], d["state"], d["attempts"], d["next_attempt_at"]
+                )
+            })
+            .collect();
+        if !waiting.is_empty() {
+            eprintln!("waiting: {waiting:?}");
+        }
+        waiting.is_empty()
+    })
+    .await;
+    drop(procs);
+    let rows = env.deliveries(None);
+    let count = |s: &str| rows.iter().filter(|d| d["state"] == s).count();
+    let mails = sink.messages();
+    let ops: Vec<String> = mails
+        .iter()
+        .filter_map(|m| {
+            m.lines()
+                .find(|l| l.starts_with("X-Baton-Operation:"))
+                .map(str::to_string)
+        })
+        .collect();
+    let distinct: std::collections::BTreeSet<&String> = ops.iter().collect();
+    let dropped_mail = std::fs::read_to_string(sink.dir.join("dropped.log")).unwrap_or_default();
+    faults.insert(
+        "smtp_connections_reset_after_data",
+        dropped_mail.lines().count() as u64,
+    );
+    let stats = receiver.stats().await;
+    StormFigures {
+        faults,
+        intents: rows.len(),
+        delivered: count("delivered"),
+        needs_attention: count("needs_attention"),
+        failed: count("failed"),
+        duplicate_webhooks: stats["duplicates"].as_i64().unwrap(),
+        duplicate_emails: ops.len() - distinct.len(),
+        lost: 2 * accounts - count("delivered") - count("needs_attention"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_storm_of_kills_pauses_and_lost_answers_neither_duplicates_nor_loses() {
+    let seed = std::env::var("BATON_STORM_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| std::process::id() as u64);
+    let secs = std::env::var("BATON_STORM_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(10);
+    let f = storm(
+        "storm",
+        seed,
+        24,
+        std::time::Duration::from_secs(secs),
+        15,
+        false,
+    )
+    .await;
+    eprintln!("storm seed {seed}: {f:?}");
+    assert!(f.faults.values().sum::<u64>() > 0, "faults fired: {f:?}");
+    assert_eq!(f.intents, 48, "two intents per publication: {f:?}");
+    assert_eq!(
+        (f.duplicate_webhooks, f.duplicate_emails, f.lost),
+        (0, 0, 0),
+        "seed {seed}: {f:?}"
+    );
+    assert_eq!(f.failed, 0, "{f:?}");
+}
+
+/// The negative control: the same storm with dispatchers that send no
+/// idempotency key and retry whatever the receiver. The counts must see
+/// the duplicates, or the storm above proves nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_storm_sees_duplicates_when_dispatchers_retry_blindly() {
+    let f = storm(
+        "storm_blind",
+        7,
+        12,
+        std::time::Duration::from_secs(4),
+        50,
+        true,
+    )
+    .await;
+    eprintln!("negative control: {f:?}");
+    assert!(
+        f.duplicate_webhooks + f.duplicate_emails as i64 > 0,
+        "{f:?}"
+    );
+}
