@@ -705,6 +705,7 @@ async fn a_storm_of_kills_pauses_and_lost_answers_neither_duplicates_nor_loses()
         "seed {seed}: {f:?}"
     );
     assert_eq!(f.failed, 0, "{f:?}");
+    assert_eq!(f.delivered + f.needs_attention, f.intents, "{f:?}");
 }
 
 /// The negative control: the same storm with dispatchers that send no
