@@ -305,6 +305,13 @@ impl Store for PgDb {
         req: &FenceRequest,
         intents: &[Intent],
     ) -> Result<std::result::Result<Outcome, Rejection>> {
+        if intents.is_empty() {
+            // One statement, committed on its own: one round trip.
+            return kit
+                .publish_postgres(&self.client, &self.prepared, req)
+                .await
+                .map_err(err);
+        }
         let tx = self.client.transaction().await.map_err(err)?;
         let outcome = kit
             .publish_postgres(&tx, &self.prepared, req)
