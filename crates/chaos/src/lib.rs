@@ -23,6 +23,7 @@
 //! checker's verdict and the report). The history format and its reader are
 //! `baton_faults::history`, next to the checker.
 
+mod effects;
 mod net;
 mod procs;
 mod report;
@@ -41,7 +42,9 @@ use tokio::time::Instant;
 
 pub use report::{check, Checked, Figures};
 pub use schedule::{fingerprint, schedule, Fault};
-pub use service::{Opening, Service, ServiceDb, WorkerSpec};
+pub use service::{
+    DeliveryFigures, Effects, EffectsOpening, EffectsSpec, Opening, Service, ServiceDb, WorkerSpec,
+};
 
 use baton_client::rng::Rng;
 use procs::{Run, WorkerSlot};
@@ -61,6 +64,8 @@ pub struct ChaosConfig {
     pub dir: Option<PathBuf>,
     /// Percent of publish attempts on which a worker stops itself first.
     pub pause_chance_pct: u32,
+    /// Dispatchers of the service's external effects, if it has any.
+    pub dispatchers: usize,
 }
 
 /// Pauses announced by the workers: (worker, incarnation).
@@ -104,6 +109,28 @@ pub async fn run(cfg: ChaosConfig, service: Arc<dyn Service>) -> anyhow::Result<
     );
     announce(&run, &sched);
     run.start_server().await?;
+    let effects = service
+        .effects(&EffectsSpec {
+            dir: run.dir.clone(),
+            database_url: run.cfg.database_url.clone(),
+            seed: run.cfg.seed,
+            accounts: run.prefix.clone(),
+            blind: run.cfg.negative_control,
+        })
+        .await?;
+    let mut dispatchers = match effects {
+        Some(effects) if run.cfg.dispatchers > 0 => {
+            run.worker_args = effects.worker_args();
+            Some(effects::Dispatchers::start(
+                effects,
+                run.cfg.dispatchers,
+                format!("http://{}", run.server_addr),
+                run.cfg.ttl,
+                run.dir.join("logs"),
+            )?)
+        }
+        _ => None,
+    };
     for w in 0..run.cfg.workers {
         run.start_worker(w)?;
     }
@@ -114,14 +141,26 @@ pub async fn run(cfg: ChaosConfig, service: Arc<dyn Service>) -> anyhow::Result<
         run.prefix.clone(),
         run.cfg.workers * 2,
     );
-    storm(&mut run, &sched, &mut paused).await?;
+    storm(&mut run, &sched, &mut paused, dispatchers.as_mut()).await?;
     let db = service
         .open(&run.dir, run.cfg.database_url.as_deref())
         .await?;
     let (seeded, open_at_end) = settle(&mut run, seeder, &*db, &mut paused).await?;
+    let deliveries = match dispatchers.as_mut() {
+        Some(d) => Some(d.drain(DELIVERY_DRAIN).await?),
+        None => None,
+    };
+    if let Some(d) = dispatchers.as_mut() {
+        d.kill_all().await;
+    }
     run.kill_all().await;
-    verdict(&run, &*db, &sched, seeded, open_at_end).await
+    verdict(&run, &*db, &sched, seeded, open_at_end, deliveries).await
 }
+
+/// How long the dispatchers may take to settle every delivery once the
+/// faults stop and the jobs settled: past it, an unsettled intent counts
+/// as lost.
+pub const DELIVERY_DRAIN: Duration = Duration::from_secs(60);
 
 /// The run's directory, database, proxies and worker slots.
 async fn setup(cfg: ChaosConfig, service: Arc<dyn Service>) -> anyhow::Result<(Run, Paused)> {
@@ -177,6 +216,7 @@ async fn setup(cfg: ChaosConfig, service: Arc<dyn Service>) -> anyhow::Result<(R
         fired: BTreeMap::new(),
         events,
         stale_seen: Default::default(),
+        worker_args: Vec::new(),
     };
     Ok((run, paused))
 }
@@ -201,7 +241,12 @@ fn announce(run: &Run, sched: &[(u64, Fault)]) {
 
 /// Applies the schedule until the duration is over, with the timers and
 /// the workers' own pauses in between.
-async fn storm(run: &mut Run, sched: &[(u64, Fault)], paused: &mut Paused) -> anyhow::Result<()> {
+async fn storm(
+    run: &mut Run,
+    sched: &[(u64, Fault)],
+    paused: &mut Paused,
+    mut dispatchers: Option<&mut effects::Dispatchers>,
+) -> anyhow::Result<()> {
     let start = Instant::now();
     let end = start + run.cfg.duration;
     let mut next = 0;
@@ -218,9 +263,15 @@ async fn storm(run: &mut Run, sched: &[(u64, Fault)], paused: &mut Paused) -> an
             next += 1;
         }
         run.fire_timers(now, false).await?;
-        let due = sched
+        if let Some(d) = dispatchers.as_deref_mut() {
+            d.tick(now, &mut run.rng, &mut run.fired).await?;
+        }
+        let mut due = sched
             .get(next)
             .map_or(end, |(at, _)| end.min(start + Duration::from_millis(*at)));
+        if let Some(d) = dispatchers.as_deref() {
+            due = d.next_wake(due);
+        }
         tokio::select! {
             _ = tokio::time::sleep_until(run.next_wake(due)) => {}
             Some((w, inc)) = paused.recv() => run.paused_before_publish(w, inc, true),
@@ -316,6 +367,7 @@ async fn verdict(
     sched: &[(u64, Fault)],
     seeded: u64,
     open_at_end: i64,
+    deliveries: Option<DeliveryFigures>,
 ) -> anyhow::Result<ExitCode> {
     let checked = check(db, &run.dir.join("history"), &run.prefix).await?;
     let jobs = db
@@ -345,6 +397,7 @@ async fn verdict(
         accounts: run.prefix.clone(),
         figures: checked.figures(),
         examples_text: Vec::new(),
+        deliveries,
     }
     .with_verdict(&checked);
     if cfg.json {
@@ -355,7 +408,7 @@ async fn verdict(
     } else {
         println!("{}", report.text());
     }
-    let clean = checked.verdict.is_clean();
+    let clean = report.figures.verdict == "clean";
     if clean && cfg.dir.is_none() {
         let _ = std::fs::remove_dir_all(&run.dir);
     }

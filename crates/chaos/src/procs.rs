@@ -57,6 +57,8 @@ pub struct Run {
     /// Publishes the workers reported refused as stale, for the status line.
     pub stale_seen: std::sync::Arc<std::sync::atomic::AtomicU64>,
     pub rng: Rng,
+    /// From the service's effects: where the workers' publications notify.
+    pub worker_args: Vec<String>,
 }
 
 impl Run {
@@ -141,6 +143,7 @@ impl Run {
             chaos_seed: self.cfg.seed ^ ((w as u64) << 32) ^ u64::from(incarnation),
             database_url,
             unfenced: self.cfg.negative_control,
+            extra_args: self.worker_args.clone(),
         })
     }
 

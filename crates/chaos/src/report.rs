@@ -124,6 +124,9 @@ pub struct Report {
     pub figures: Figures,
     #[serde(skip)]
     pub examples_text: Vec<String>,
+    /// The service's external effects, when it has any on this backend.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub deliveries: Option<crate::DeliveryFigures>,
 }
 
 impl Report {
@@ -164,6 +167,13 @@ impl Report {
             )
             .collect();
         self.figures = checked.figures();
+        if let Some(d) = &self.deliveries {
+            if self.figures.verdict == "clean"
+                && (d.duplicate_deliveries > 0 || d.lost_deliveries > 0)
+            {
+                self.figures.verdict = "deliveries duplicated or lost";
+            }
+        }
         self
     }
 
@@ -200,6 +210,13 @@ impl Report {
             "checker: {} stale overwrites, {} doubled operations, {} lost publications, {} pointer regressions\n",
             f.stale_overwrites, f.doubled_operations, f.lost_publications, f.pointer_regressions
         );
+        if let Some(d) = &self.deliveries {
+            out += &format!(
+                "deliveries: {} recorded, {} delivered, {} need attention, {} failed, {} unsettled; {} duplicate, {} lost; receiver faults {:?}\n",
+                d.deliveries, d.delivered, d.needs_attention, d.failed, d.unsettled,
+                d.duplicate_deliveries, d.lost_deliveries, d.receiver_faults
+            );
+        }
         for line in &self.examples_text {
             out += line;
             out += "\n";

@@ -2,6 +2,7 @@
 //! needs from the service's database and how it starts the service's
 //! processes. `statements` implements it; another application can too.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -31,7 +32,68 @@ pub struct WorkerSpec {
     pub database_url: Option<String>,
     /// Negative control: publish with a blind write.
     pub unfenced: bool,
+    /// More arguments, from the service's [`Effects::worker_args`].
+    pub extra_args: Vec<String>,
 }
+
+/// What [`Service::effects`] is given.
+#[derive(Clone, Debug)]
+pub struct EffectsSpec {
+    /// The run's directory.
+    pub dir: PathBuf,
+    /// The service's database (not proxied), if PostgreSQL.
+    pub database_url: Option<String>,
+    pub seed: u64,
+    /// The run's accounts (the prefix of every job it seeds).
+    pub accounts: String,
+    /// The negative control: dispatchers that send no idempotency key and
+    /// retry unknown outcomes whatever the receiver.
+    pub blind: bool,
+}
+
+/// What a run's external effects came to, once the dispatchers drained.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct DeliveryFigures {
+    /// Delivery intents recorded.
+    pub deliveries: u64,
+    pub delivered: u64,
+    pub needs_attention: u64,
+    pub failed: u64,
+    /// Still pending, claimed, sending or accepted when the drain ended.
+    pub unsettled: u64,
+    /// Operations a receiver applied (or received) more than once.
+    pub duplicate_deliveries: u64,
+    /// Intents an accepted publication should have caused with neither a
+    /// delivery nor a needs_attention row after the drain.
+    pub lost_deliveries: u64,
+    /// Faults the receivers inflicted (answers dropped, connections reset).
+    pub receiver_faults: BTreeMap<String, u64>,
+}
+
+/// A service's external effects under the storm: receivers it runs, the
+/// dispatchers the run starts (and kills and pauses), and the counts.
+#[async_trait::async_trait(?Send)]
+pub trait Effects {
+    /// Arguments for every worker: where its publications notify.
+    fn worker_args(&self) -> Vec<String>;
+    /// The command that starts one dispatcher.
+    fn dispatcher_command(
+        &self,
+        name: &str,
+        server_url: &str,
+        ttl: Duration,
+    ) -> tokio::process::Command;
+    /// Deliveries not settled yet.
+    async fn unsettled(&self) -> anyhow::Result<u64>;
+    /// The counts, after the drain.
+    async fn figures(&self) -> anyhow::Result<DeliveryFigures>;
+}
+
+/// A service's effects being started: `None` when it has none (or not on
+/// this backend).
+pub type EffectsOpening<'a> = std::pin::Pin<
+    Box<dyn std::future::Future<Output = anyhow::Result<Option<Box<dyn Effects>>>> + 'a>,
+>;
 
 /// The service's database as the run sees it.
 #[async_trait::async_trait(?Send)]
@@ -63,4 +125,10 @@ pub trait Service: Send + Sync + 'static {
     fn server_command(&self, data_dir: &Path, listen: SocketAddr) -> tokio::process::Command;
     /// Whether a job state label means a worker may still pick the job up.
     fn is_open_state(&self, label: &str) -> bool;
+    /// Starts the service's receivers for a run, if it has external
+    /// effects. None by default.
+    fn effects<'a>(&'a self, spec: &'a EffectsSpec) -> EffectsOpening<'a> {
+        let _ = spec;
+        Box::pin(async { Ok(None) })
+    }
 }

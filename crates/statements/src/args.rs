@@ -470,6 +470,12 @@ pub struct ChaosArgs {
     /// Keep the run's files (server data, logs, histories) here.
     #[arg(long)]
     pub dir: Option<PathBuf>,
+    /// Outbox dispatchers beside the workers (0 to 16), killed and paused
+    /// like them, with a webhook receiver and an SMTP server (aiosmtpd:
+    /// `BATON_CHAOS_PYTHON` names a Python that has it, else `python3`).
+    /// With PostgreSQL only; 0 runs none.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(0..=16))]
+    pub dispatchers: u16,
     /// The workers' objects in an S3-compatible bucket, `s3://BUCKET/PREFIX`
     /// (use a fresh prefix per run); a directory of the run otherwise.
     #[arg(long)]
@@ -522,6 +528,7 @@ impl From<ChaosArgs> for baton_chaos::ChaosConfig {
             ttl: a.ttl,
             dir: a.dir,
             pause_chance_pct: a.pause_chance_pct,
+            dispatchers: usize::from(a.dispatchers),
         }
     }
 }

@@ -65,6 +65,7 @@ impl Service for StatementsService {
         if spec.unfenced {
             cmd.arg("--unfenced");
         }
+        cmd.args(&spec.extra_args);
         cmd
     }
 
@@ -80,6 +81,22 @@ impl Service for StatementsService {
 
     fn is_open_state(&self, label: &str) -> bool {
         JobState::parse(label).is_ok_and(JobState::is_open)
+    }
+
+    fn effects<'a>(
+        &'a self,
+        spec: &'a baton_chaos::EffectsSpec,
+    ) -> baton_chaos::EffectsOpening<'a> {
+        Box::pin(async move {
+            let Some(url) = &spec.database_url else {
+                // The webhook receiver keeps its keys in PostgreSQL.
+                return Ok(None);
+            };
+            let effects: Box<dyn baton_chaos::Effects> = Box::new(
+                crate::chaos_effects::StatementsEffects::start(&self.exe, spec, url).await?,
+            );
+            Ok(Some(effects))
+        })
     }
 }
 

@@ -2,6 +2,7 @@
 //! on Baton's public APIs. See `statements demo`.
 
 mod args;
+mod chaos_effects;
 mod chaos_service;
 mod console;
 mod deliveries;

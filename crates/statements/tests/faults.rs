@@ -568,6 +568,81 @@ fn a_short_chaos_run_is_clean_and_its_negative_control_is_caught() {
     std::fs::remove_dir_all(files).unwrap();
 }
 
+/// On PostgreSQL the run adds outbox dispatchers (killed and paused like
+/// the workers), a webhook receiver behind a proxy that drops its answers
+/// and an SMTP server that resets connections after DATA: nothing is
+/// delivered twice or lost. The negative control's dispatchers retry
+/// blindly, and the counts must see the duplicates.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chaos_run_on_postgres_neither_duplicates_nor_loses_deliveries() {
+    let python = baton_testkit::smtp::python();
+    let mut reports = Vec::new();
+    for negative in [false, true] {
+        let db = PgDb::create(if negative {
+            "chaos_outbox_neg"
+        } else {
+            "chaos_outbox"
+        })
+        .await;
+        let mut c = Command::new(BIN);
+        c.args([
+            "chaos",
+            "--workers",
+            "4",
+            "--duration",
+            "10s",
+            "--json",
+            "--seed",
+            "23",
+        ])
+        .args(["--database-url", &db.url])
+        .env("BATON_CHAOS_PYTHON", &python);
+        if negative {
+            c.arg("--negative-control");
+        }
+        let out = c.output().unwrap();
+        let report = String::from_utf8_lossy(&out.stdout).to_string();
+        eprintln!("{report}\n{}", String::from_utf8_lossy(&out.stderr));
+        reports.push((out.status.code(), report));
+    }
+    let (code, run) = &reports[0];
+    assert_eq!(*code, Some(0), "{run}");
+    assert!(num(run, "deliveries") > 0, "{run}");
+    assert_eq!(
+        (
+            num(run, "duplicate_deliveries"),
+            num(run, "lost_deliveries")
+        ),
+        (0, 0),
+        "{run}"
+    );
+    let fired = |k: &str| {
+        if run.contains(&format!("\"{k}\":")) {
+            num(run, k)
+        } else {
+            0
+        }
+    };
+    assert!(
+        fired("kill_dispatcher") + fired("pause_dispatcher") >= 1,
+        "{run}"
+    );
+    let (code, neg) = &reports[1];
+    assert_eq!(*code, Some(1), "{neg}");
+    assert!(
+        num(neg, "duplicate_deliveries") >= 1,
+        "blind retries caused no duplicate: the delivery counts prove nothing. {neg}"
+    );
+    let files = neg
+        .split("\"files\":\"")
+        .nth(1)
+        .unwrap()
+        .split('"')
+        .next()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(files);
+}
+
 #[test]
 fn chaos_refuses_bad_settings_with_the_rule() {
     for (args, rule) in [

@@ -144,12 +144,15 @@ pub trait Store {
 
     async fn pointers(&self, prefix: &str) -> Result<Vec<(String, i64)>>;
 
+    /// The negative control's blind pointer write, and its intents written
+    /// as blindly (no fence, no event).
     async fn publish_unfenced(
         &self,
         resource: &str,
         token: i64,
         operation: &str,
         object_key: &str,
+        intents: &[Intent],
     ) -> Result<()>;
 
     async fn set_state(

@@ -190,7 +190,18 @@ impl Store for PgDb {
         token: i64,
         operation: &str,
         object_key: &str,
+        intents: &[Intent],
     ) -> Result<()> {
+        for i in intents {
+            self.client
+                .execute(
+                    "INSERT INTO baton.outbox (operation, resource, token, receiver_kind, recipient, payload, payload_digest)
+                     VALUES ($1, $2, $3, $4, $5, $6, sha256($6)) ON CONFLICT (operation) DO NOTHING",
+                    &[&i.operation, &resource, &token, &i.kind.as_str(), &i.recipient, &i.payload],
+                )
+                .await
+                .map_err(err)?;
+        }
         let client = &self.client;
         {
             client

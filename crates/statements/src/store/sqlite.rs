@@ -199,8 +199,19 @@ impl Store for SqliteDb {
         token: i64,
         operation: &str,
         object_key: &str,
+        intents: &[Intent],
     ) -> Result<()> {
         let c = &self.0;
+        for i in intents {
+            use sha2::Digest;
+            c.execute(
+                "INSERT INTO baton_outbox (operation, resource, token, receiver_kind, recipient, payload, payload_digest,
+                     next_attempt_ms, created_ms, updated_ms)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 0, 0, 0) ON CONFLICT (operation) DO NOTHING",
+                params![i.operation, resource, token, i.kind.as_str(), i.recipient, i.payload, sha2::Sha256::digest(&i.payload).to_vec()],
+            )
+            .map_err(err)?;
+        }
         {
             c.execute(
                     "INSERT INTO baton_resources (resource, policy, generation, published_key, published_token, published_operation)

@@ -248,9 +248,13 @@ impl Attempt<'_> {
     /// The negative control: a blind pointer write.
     async fn publish_unfenced(&self, db: &Db, object_key: &str) -> Result<()> {
         let op = self.publish_operation();
+        let intents =
+            self.cfg
+                .notify
+                .intents(&op, self.account, self.date, self.token, object_key)?;
         self.record(&op, Step::Invoke, "");
         if let Err(e) = db
-            .publish_unfenced(&self.resource, self.token.get(), &op, object_key)
+            .publish_unfenced(&self.resource, self.token.get(), &op, object_key, &intents)
             .await
         {
             self.record(&op, Step::Unknown, &format!("{e:#}"));
