@@ -40,6 +40,35 @@ pub const OUTCOMES_TOTAL: &str = "baton_fence_outcomes_total";
 /// its reads and writes inside the transaction on SQLite), by `outcome`.
 pub const WRITE_SECONDS: &str = "baton_fence_write_seconds";
 
+/// Outbox outcomes recorded by dispatchers (`outbox_record`), by
+/// `outcome`: delivered, accepted, retry, failed, needs_attention,
+/// cancelled, or `stale` when a newer claim refused it.
+pub const OUTBOX_RECORDS_TOTAL: &str = "baton_outbox_records_total";
+const OUTBOX_LABELS: [&str; 9] = [
+    "delivered",
+    "accepted",
+    "retry",
+    "failed",
+    "needs_attention",
+    "cancelled",
+    "stale",
+    "final",
+    "missing",
+];
+
+/// Counts one `outbox_record` call by what it recorded or why it was refused.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub(crate) fn outbox_recorded(report: crate::outbox::Report, step: &crate::outbox::Step) {
+    let label = match step.outcome {
+        crate::outbox::StepOutcome::Recorded => report.label(),
+        other => other.label(),
+    };
+    metrics::counter!(OUTBOX_RECORDS_TOTAL, "outcome" => label).increment(1);
+    if label == "needs_attention" {
+        tracing::warn!(delivery = ?step.id, "a delivery needs attention: its outcome is unknown and its receiver cannot deduplicate");
+    }
+}
+
 /// Describes the kit's metrics to the installed recorder (their help
 /// texts and units); call once after installing one.
 pub fn describe() {
@@ -56,6 +85,13 @@ pub fn describe() {
     // sees the first stale write as a change, not as a new series.
     for label in LABELS {
         metrics::counter!(OUTCOMES_TOTAL, "outcome" => label).increment(0);
+    }
+    metrics::describe_counter!(
+        OUTBOX_RECORDS_TOTAL,
+        "outbox delivery outcomes recorded, by outcome (needs_attention: unknown and unrepeatable; stale: a late dispatcher refused)"
+    );
+    for label in OUTBOX_LABELS {
+        metrics::counter!(OUTBOX_RECORDS_TOTAL, "outcome" => label).increment(0);
     }
 }
 

@@ -324,6 +324,14 @@ pub struct DispatchArgs {
     /// Serve the receivers' confirmations at http://ADDR/callback.
     #[arg(long, value_name = "ADDR")]
     pub callback_listen: Option<std::net::SocketAddr>,
+    /// Serve the dispatcher's metrics (the outbox's recorded outcomes,
+    /// `baton_outbox_records_total`) for Prometheus at http://ADDR/metrics.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_listen: Option<std::net::SocketAddr>,
+    /// A file holding the bearer token every callback must present
+    /// (`Authorization: Bearer TOKEN`); required with --callback-listen.
+    #[arg(long, value_name = "PATH")]
+    pub callback_token_file: Option<PathBuf>,
     /// Drill: abort right after a send, before recording its outcome.
     #[arg(long, hide = true)]
     pub crash_after_send: bool,
@@ -336,9 +344,27 @@ pub struct DispatchArgs {
     pub blind_retries: bool,
 }
 
-impl From<DispatchArgs> for crate::dispatch::DispatchConfig {
-    fn from(a: DispatchArgs) -> Self {
-        Self {
+impl TryFrom<DispatchArgs> for crate::dispatch::DispatchConfig {
+    type Error = anyhow::Error;
+
+    fn try_from(a: DispatchArgs) -> anyhow::Result<Self> {
+        let callback_token = match &a.callback_token_file {
+            None => None,
+            Some(path) => {
+                let text = std::fs::read_to_string(path).map_err(|e| {
+                    anyhow::anyhow!("--callback-token-file {}: {e}", path.display())
+                })?;
+                let token = text.trim().to_string();
+                if token.len() < 16 || token.chars().any(|c| c.is_whitespace() || c.is_control()) {
+                    anyhow::bail!(
+                        "--callback-token-file {}: the token must be at least 16 characters, with no spaces or control characters",
+                        path.display()
+                    );
+                }
+                Some(token)
+            }
+        };
+        Ok(Self {
             target: a.paths.target(),
             server: a.server,
             name: a.name,
@@ -353,12 +379,13 @@ impl From<DispatchArgs> for crate::dispatch::DispatchConfig {
             backoff_max: a.backoff_max.max(a.backoff),
             confirm_wait: a.confirm_wait,
             callback_listen: a.callback_listen,
+            callback_token,
             drills: crate::dispatch::Drills {
                 crash_after_send: a.crash_after_send,
                 pause_after_send: a.pause_after_send,
                 blind_retries: a.blind_retries,
             },
-        }
+        })
     }
 }
 

@@ -77,29 +77,26 @@ pub struct DispatchConfig {
     /// its status is asked.
     pub confirm_wait: Duration,
     pub callback_listen: Option<std::net::SocketAddr>,
+    /// The bearer token a callback must present (read from a file).
+    pub callback_token: Option<String>,
     pub drills: Drills,
 }
 
 /// Runs the dispatcher until killed (or, with `once`, for one pass).
 pub async fn run(cfg: DispatchConfig) -> Result<()> {
     if let Some(listen) = cfg.callback_listen {
-        let bound = callback::serve(listen, cfg.target.clone()).await?;
+        let token = cfg.callback_token.clone().ok_or_else(|| {
+            anyhow::anyhow!(
+                "--callback-listen needs --callback-token-file: a callback marks a delivery delivered, so it must prove it comes from the receiver"
+            )
+        })?;
+        let bound = callback::serve(listen, cfg.target.clone(), token).await?;
         eprintln!("callbacks on http://{bound}/callback");
     }
-    let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
-    loop {
-        match pass_loop(&cfg, &mut backoff).await {
-            Ok(()) => return Ok(()),
-            Err(e) if cfg.once => return Err(e),
-            Err(e) => {
-                emit(
-                    "error",
-                    json!({"dispatcher": cfg.name, "why": format!("{e:#}")}),
-                );
-                tokio::time::sleep(backoff.next_delay()).await;
-            }
-        }
-    }
+    crate::events::outlive_errors("dispatcher", &cfg.name, cfg.once, async |backoff| {
+        pass_loop(&cfg, backoff).await
+    })
+    .await
 }
 
 async fn pass_loop(cfg: &DispatchConfig, backoff: &mut Backoff) -> Result<()> {
@@ -428,7 +425,9 @@ mod callback {
     //! The endpoint a receiver calls to confirm a delivery it accepted:
     //! `POST /callback` with `{"idempotency_key": KEY, "status":
     //! "delivered" | "failed", "detail": TEXT}`. A callback for a delivery
-    //! that is already final changes nothing.
+    //! that is already final changes nothing. Every callback carries
+    //! `Authorization: Bearer TOKEN` (the dispatcher's
+    //! `--callback-token-file`); any other is refused with 401.
 
     use axum::extract::State;
     use axum::http::StatusCode;
@@ -450,6 +449,7 @@ mod callback {
     pub async fn serve(
         listen: std::net::SocketAddr,
         target: Location,
+        token: String,
     ) -> Result<std::net::SocketAddr> {
         let (tx, mut rx) = mpsc::channel::<Request>(64);
         std::thread::Builder::new()
@@ -483,7 +483,10 @@ mod callback {
             })?;
         let app = axum::Router::new()
             .route("/callback", axum::routing::post(callback))
-            .with_state(tx);
+            .with_state(Gate {
+                tx,
+                token: std::sync::Arc::new(token),
+            });
         let listener = tokio::net::TcpListener::bind(listen)
             .await
             .map_err(|e| anyhow::anyhow!("cannot listen for callbacks on {listen}: {e}"))?;
@@ -494,10 +497,38 @@ mod callback {
         Ok(bound)
     }
 
+    #[derive(Clone)]
+    struct Gate {
+        tx: mpsc::Sender<Request>,
+        token: std::sync::Arc<String>,
+    }
+
+    /// Whether the request presents the token, compared in constant time.
+    fn authorized(headers: &axum::http::HeaderMap, token: &str) -> bool {
+        use subtle::ConstantTimeEq;
+        let presented = headers
+            .get(axum::http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or("");
+        presented.len() == token.len() && bool::from(presented.as_bytes().ct_eq(token.as_bytes()))
+    }
+
     async fn callback(
-        State(tx): State<mpsc::Sender<Request>>,
+        State(gate): State<Gate>,
+        headers: axum::http::HeaderMap,
         body: axum::body::Bytes,
     ) -> (StatusCode, Json<Value>) {
+        if !authorized(&headers, &gate.token) {
+            crate::events::emit("callback_refused", json!({"why": "no valid bearer token"}));
+            return (
+                StatusCode::UNAUTHORIZED,
+                Json(
+                    json!({"error": "a callback needs Authorization: Bearer TOKEN, the token in the dispatcher's --callback-token-file"}),
+                ),
+            );
+        }
+        let tx = gate.tx;
         let bad = |why: &str| (StatusCode::BAD_REQUEST, Json(json!({"error": why})));
         let Ok(v) = serde_json::from_slice::<Value>(&body) else {
             return bad("the body must be JSON: {\"idempotency_key\": KEY, \"status\": \"delivered\" | \"failed\", \"detail\": TEXT}");

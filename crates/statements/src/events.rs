@@ -17,6 +17,35 @@ pub fn emit(event: &str, fields: Value) {
     let _ = out.flush();
 }
 
+/// Runs `pass` until it returns. With `once`, its first error ends it;
+/// otherwise the process outlives its errors (a server restart, a lost
+/// database connection): it says so as `{"event":"error", role: name}`,
+/// backs off with jitter, and runs `pass` again (which reconnects).
+pub async fn outlive_errors(
+    role: &str,
+    name: &str,
+    once: bool,
+    mut pass: impl AsyncFnMut(&mut baton_client::worker::Backoff) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    let mut backoff = baton_client::worker::Backoff::new(
+        std::time::Duration::from_millis(50),
+        std::time::Duration::from_secs(2),
+    );
+    loop {
+        match pass(&mut backoff).await {
+            Ok(()) => return Ok(()),
+            Err(e) if once => return Err(e),
+            Err(e) => {
+                let mut fields = Map::new();
+                fields.insert(role.into(), Value::from(name));
+                fields.insert("why".into(), Value::from(format!("{e:#}")));
+                emit("error", Value::Object(fields));
+                tokio::time::sleep(backoff.next_delay()).await;
+            }
+        }
+    }
+}
+
 /// Field `key` of one event line, as text (numbers written out); `None` if
 /// the line is not a JSON object or has no such field.
 pub fn field(line: &str, key: &str) -> Option<String> {

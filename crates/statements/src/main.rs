@@ -79,7 +79,7 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
         }
         Command::Worker(args) => {
             if let Some(listen) = args.metrics_listen {
-                let bound = metrics_port::serve(listen).await?;
+                let bound = metrics_port::serve(listen, "statements worker").await?;
                 eprintln!("metrics on http://{bound}/metrics");
             }
             worker::run(args.into()).await?;
@@ -174,7 +174,11 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Dispatch(args) => {
-            dispatch::run(args.into()).await?;
+            if let Some(listen) = args.metrics_listen {
+                let bound = metrics_port::serve(listen, "statements dispatch").await?;
+                eprintln!("metrics on http://{bound}/metrics");
+            }
+            dispatch::run(args.try_into()?).await?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Deliveries { command } => deliveries::run(command).await,

@@ -1,4 +1,4 @@
-//! `statements worker --metrics-listen ADDR`: the worker's metrics in the
+//! `statements worker|dispatch --metrics-listen ADDR`: the process's metrics in the
 //! Prometheus text format at `http://ADDR/metrics`. The fence kit and the
 //! client's worker runtime emit through the `metrics` facade; this
 //! process installs the exporter's recorder (no listener of its own: the
@@ -21,7 +21,7 @@ const UPKEEP_INTERVAL: Duration = Duration::from_secs(5);
 
 /// Installs the recorder and serves `/metrics` on `listen` for the life of
 /// the process; returns the bound address.
-pub async fn serve(listen: SocketAddr) -> anyhow::Result<SocketAddr> {
+pub async fn serve(listen: SocketAddr, process: &'static str) -> anyhow::Result<SocketAddr> {
     let handle = PrometheusBuilder::new()
         .set_buckets(&BUCKETS_S)
         .context("the histogram buckets")?
@@ -36,7 +36,7 @@ pub async fn serve(listen: SocketAddr) -> anyhow::Result<SocketAddr> {
     metrics::gauge!(
         "baton_build_info",
         "version" => env!("CARGO_PKG_VERSION"),
-        "process" => "statements worker"
+        "process" => process
     )
     .set(1.0);
     let listener = tokio::net::TcpListener::bind(listen)

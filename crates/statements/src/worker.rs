@@ -171,20 +171,10 @@ pub(crate) fn stop_self() {
 /// worker outlives its errors (a server restart, a lost database connection):
 /// it says so, backs off with jitter, reconnects and carries on.
 pub async fn run(cfg: WorkerConfig) -> Result<()> {
-    let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
-    loop {
-        match session(&cfg, &mut backoff).await {
-            Ok(()) => return Ok(()),
-            Err(e) if cfg.once => return Err(e),
-            Err(e) => {
-                emit(
-                    "error",
-                    json!({"worker": cfg.name, "why": format!("{e:#}")}),
-                );
-                tokio::time::sleep(backoff.next_delay()).await;
-            }
-        }
-    }
+    crate::events::outlive_errors("worker", &cfg.name, cfg.once, async |backoff| {
+        session(&cfg, backoff).await
+    })
+    .await
 }
 
 async fn session(cfg: &WorkerConfig, backoff: &mut Backoff) -> Result<()> {

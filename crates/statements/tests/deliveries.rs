@@ -138,29 +138,19 @@ impl Env {
     }
 
     fn receiver(&self, schema: &str, extra: &[&str]) -> Receiver {
-        let mut child = Command::new(BIN)
-            .args([
-                "webhook-receiver",
-                "--database-url",
-                &self.db.url,
-                "--schema",
-                schema,
-            ])
-            .args(extra)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        std::io::BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let addr = line
-            .trim()
-            .strip_prefix("listening on ")
-            .expect(&line)
-            .to_string();
+        let (child, addr) = baton_testkit::process::spawn_listening(
+            Command::new(BIN)
+                .args([
+                    "webhook-receiver",
+                    "--database-url",
+                    &self.db.url,
+                    "--schema",
+                    schema,
+                ])
+                .args(extra)
+                .stderr(Stdio::inherit()),
+            "webhook receiver",
+        );
         Receiver {
             _proc: Proc(child),
             addr,
@@ -353,12 +343,38 @@ async fn callbacks_confirm_and_a_late_one_changes_nothing() {
     let env = Env::new("callback").await;
     let port = baton_testkit::pg_cluster::free_port();
     let callback = format!("http://127.0.0.1:{port}/callback");
+    let token_file = env.dir.join("callback-token");
+    std::fs::write(&token_file, "s3cret-callback-token\n").unwrap();
+    let token_path = token_file.display().to_string();
     let receiver = env.receiver(
         "recv",
-        &["--accept-async", &callback, "--confirm-after", "100ms"],
+        &[
+            "--accept-async",
+            &callback,
+            "--confirm-after",
+            "100ms",
+            "--callback-token-file",
+            &token_path,
+        ],
     );
     env.publish("acct-callback", &["--notify-webhook", &receiver.hooks()]);
-    let d = env.dispatcher("d", &["--callback-listen", &format!("127.0.0.1:{port}")]);
+    let listen = format!("127.0.0.1:{port}");
+    // Without a token the endpoint is refused at start.
+    let out = env
+        .dispatch_args("d", &["--once", "--callback-listen", &listen])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--callback-token-file"));
+    let d = env.dispatcher(
+        "d",
+        &[
+            "--callback-listen",
+            &listen,
+            "--callback-token-file",
+            &token_path,
+        ],
+    );
     env.until_state("delivered", 1).await;
     let row = only(env.deliveries(Some("delivered")));
     let id = row["id"].as_i64().unwrap();
@@ -368,8 +384,17 @@ async fn callbacks_confirm_and_a_late_one_changes_nothing() {
         "{events:?}"
     );
     // A late callback that says otherwise changes nothing.
+    // A callback without the token changes nothing and is refused.
+    let forged = reqwest::Client::new()
+        .post(&callback)
+        .json(&serde_json::json!({"idempotency_key": row["operation"], "status": "failed"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(forged.status().as_u16(), 401);
     let late: Value = reqwest::Client::new()
         .post(&callback)
+        .bearer_auth("s3cret-callback-token")
         .json(&serde_json::json!({"idempotency_key": row["operation"], "status": "failed", "detail": "late"}))
         .send()
         .await
@@ -381,6 +406,7 @@ async fn callbacks_confirm_and_a_late_one_changes_nothing() {
     assert_eq!(only(env.deliveries(None))["state"], "delivered");
     let bad = reqwest::Client::new()
         .post(&callback)
+        .bearer_auth("s3cret-callback-token")
         .body("{")
         .send()
         .await

@@ -7,6 +7,26 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// Starts `cmd` (stdout piped, stdin closed) and reads its first line,
+/// which must be `listening on ADDR`; returns the child and ADDR.
+pub fn spawn_listening(cmd: &mut Command, what: &str) -> (Child, String) {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("start the {what}: {e}"));
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("piped stdout"))
+        .read_line(&mut line)
+        .unwrap_or_else(|e| panic!("read the {what}'s first line: {e}"));
+    let addr = line
+        .trim()
+        .strip_prefix("listening on ")
+        .unwrap_or_else(|| panic!("the {what} said {line:?}, not `listening on ADDR`"))
+        .to_string();
+    (child, addr)
+}
+
 /// A `baton serve` process.
 pub struct Server {
     /// The `baton serve` process.

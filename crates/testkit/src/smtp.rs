@@ -4,7 +4,6 @@
 //! file, so a test counts what arrived; [`SmtpSink::drop_next`] makes the
 //! next message arrive and the connection reset before the reply.
 
-use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
@@ -45,25 +44,15 @@ impl SmtpSink {
         std::fs::create_dir_all(dir).unwrap();
         let script = dir.join("smtp_sink.py");
         std::fs::write(&script, SCRIPT).unwrap();
-        let mut child = Command::new(python())
-            .arg(&script)
-            .arg("--dir")
-            .arg(dir.join("mail"))
-            .args(extra)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start the SMTP sink");
-        let mut line = String::new();
-        std::io::BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let addr = line
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("the SMTP sink said {line:?}; is aiosmtpd installed?"))
-            .to_string();
+        let (child, addr) = crate::process::spawn_listening(
+            Command::new(python())
+                .arg(&script)
+                .arg("--dir")
+                .arg(dir.join("mail"))
+                .args(extra)
+                .stderr(Stdio::inherit()),
+            "SMTP sink (is aiosmtpd installed?)",
+        );
         Self {
             child,
             addr,

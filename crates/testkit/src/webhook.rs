@@ -43,6 +43,9 @@ pub struct ReceiverArgs {
     /// Answer `202` to new keys and confirm them later at this URL.
     #[arg(long, value_name = "URL")]
     pub accept_async: Option<String>,
+    /// The bearer token to present with each confirmation, from a file.
+    #[arg(long, value_name = "PATH")]
+    pub callback_token_file: Option<std::path::PathBuf>,
     /// How long after a `202` the confirmation is sent.
     #[arg(long, default_value = "200ms", value_parser = humantime::parse_duration)]
     pub confirm_after: Duration,
@@ -218,9 +221,16 @@ async fn post(
                     &[&key],
                 )
                 .await;
+            let token = r2
+                .args
+                .callback_token_file
+                .as_ref()
+                .and_then(|p| std::fs::read_to_string(p).ok())
+                .unwrap_or_default();
             let _ = r2
                 .http
                 .post(&callback)
+                .bearer_auth(token.trim())
                 .json(&json!({"idempotency_key": key, "status": "delivered", "detail": "confirmed by the receiver"}))
                 .send()
                 .await;

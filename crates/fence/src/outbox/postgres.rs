@@ -141,7 +141,9 @@ impl PgOutbox {
                 &[&id, &token.get(), &report.label(), &evidence, &after_ms],
             )
             .await?;
-        step(&row)
+        let step = step(&row)?;
+        crate::metrics::outbox_recorded(report, &step);
+        Ok(step)
     }
 
     /// A receiver's confirmation (a callback) for the delivery whose

@@ -416,6 +416,18 @@ impl SqliteOutbox {
         report: Report,
         evidence: &str,
     ) -> Result<Step, FenceError> {
+        let step = Self::record_in(conn, id, token, report, evidence)?;
+        crate::metrics::outbox_recorded(report, &step);
+        Ok(step)
+    }
+
+    fn record_in(
+        conn: &mut Connection,
+        id: i64,
+        token: FencingToken,
+        report: Report,
+        evidence: &str,
+    ) -> Result<Step, FenceError> {
         Self::immediate(conn, |tx| {
             let Some(c) = load(tx, "id", &id)? else {
                 return Ok(missing(Some(id)));
