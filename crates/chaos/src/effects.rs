@@ -144,12 +144,7 @@ impl Dispatchers {
     /// No more faults: every dispatcher runs; then waits (at most `bound`)
     /// until no delivery is left to settle, and counts.
     pub async fn drain(&mut self, bound: Duration) -> anyhow::Result<DeliveryFigures> {
-        for slot in &mut self.slots {
-            slot.resume_at = None;
-            if let Some(c) = &slot.child {
-                send(c, Signal::SIGCONT);
-            }
-        }
+        self.resume_all();
         let end = Instant::now() + bound;
         loop {
             let unsettled = self.effects.unsettled().await?;
@@ -159,6 +154,16 @@ impl Dispatchers {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
         self.effects.figures().await
+    }
+
+    /// No more pauses: every stopped dispatcher continues.
+    pub fn resume_all(&mut self) {
+        for slot in &mut self.slots {
+            slot.resume_at = None;
+            if let Some(c) = &slot.child {
+                send(c, Signal::SIGCONT);
+            }
+        }
     }
 
     pub async fn kill_all(&mut self) {

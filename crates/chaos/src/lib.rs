@@ -142,6 +142,12 @@ pub async fn run(cfg: ChaosConfig, service: Arc<dyn Service>) -> anyhow::Result<
         run.cfg.workers * 2,
     );
     storm(&mut run, &sched, &mut paused, dispatchers.as_mut()).await?;
+    // Resume everything before opening the database: a process stopped
+    // inside its migration holds the migration lock.
+    if let Some(d) = dispatchers.as_mut() {
+        d.resume_all();
+    }
+    run.release_everything();
     let db = service
         .open(&run.dir, run.cfg.database_url.as_deref())
         .await?;

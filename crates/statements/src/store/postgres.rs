@@ -55,9 +55,16 @@ BEGIN
     END IF;
     RETURN NULL;
 END $$;
-CREATE OR REPLACE TRIGGER publication_log
-AFTER INSERT OR UPDATE OF published_key, published_token, published_operation ON baton.resources
-FOR EACH ROW EXECUTE FUNCTION statements.log_publication();
+-- Created once: CREATE OR REPLACE TRIGGER would lock baton.resources on
+-- every open and wait behind any publish in flight (a paused worker's).
+DO $$ BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_trigger
+                   WHERE tgname = 'publication_log' AND tgrelid = 'baton.resources'::regclass) THEN
+        CREATE TRIGGER publication_log
+        AFTER INSERT OR UPDATE OF published_key, published_token, published_operation ON baton.resources
+        FOR EACH ROW EXECUTE FUNCTION statements.log_publication();
+    END IF;
+END $$;
 ";
 
 /// A PostgreSQL connection with the fence kit's statements prepared.
