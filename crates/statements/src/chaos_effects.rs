@@ -5,6 +5,7 @@
 //! resets 10 % of connections after DATA. At the end: what was delivered,
 //! duplicated, lost, or left for an operator.
 
+use anyhow::Context;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -50,7 +51,7 @@ async fn listening(mut cmd: Command, what: &str) -> anyhow::Result<(Child, Strin
         .stdin(Stdio::null())
         .kill_on_drop(true)
         .spawn()
-        .map_err(|e| anyhow::anyhow!("cannot start the {what}: {e}"))?;
+        .with_context(|| format!("cannot start the {what}"))?;
     let stdout = child
         .stdout
         .take()
@@ -248,10 +249,10 @@ impl Effects for StatementsEffects {
             .count() as u64;
         let stats: serde_json::Value = reqwest::get(format!("http://{}/stats", self.receiver_addr))
             .await
-            .map_err(|e| anyhow::anyhow!("the webhook receiver's stats: {e}"))?
+            .context("the webhook receiver's stats")?
             .json()
             .await
-            .map_err(|e| anyhow::anyhow!("the webhook receiver's stats: {e}"))?;
+            .context("the webhook receiver's stats")?;
         let webhook_duplicates = stats["duplicates"].as_u64().unwrap_or(0);
         let resets = std::fs::read_to_string(self.mail_dir.join("dropped.log"))
             .map(|t| t.lines().count() as u64)

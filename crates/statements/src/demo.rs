@@ -8,6 +8,7 @@
 //! resource as stale. The account data changes while Alice sleeps, so Bob
 //! refuses her candidate (wrong input version) and publishes his own. The demo exits 0 only if that is how it ended.
 
+use anyhow::Context;
 use baton_fence::resource_name;
 use std::path::{Path, PathBuf};
 use std::process::{ExitCode, Stdio};
@@ -137,7 +138,7 @@ pub async fn run(
         ),
     };
     let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).map_err(|e| anyhow::anyhow!("{}: {e}", dir.display()))?;
+    std::fs::create_dir_all(&dir).with_context(|| dir.display().to_string())?;
     let result = story(&dir, json, database_url).await;
     if temporary {
         let _ = std::fs::remove_dir_all(&dir);

@@ -17,6 +17,7 @@
 mod smtp;
 mod webhook;
 
+use anyhow::Context;
 use std::time::Duration;
 
 use baton_client::worker::{Backoff, Keeper, KeeperConfig};
@@ -104,7 +105,7 @@ async fn pass_loop(cfg: &DispatchConfig, backoff: &mut Backoff) -> Result<()> {
     let mut db = store::open(&cfg.target).await?;
     let http = reqwest::Client::builder()
         .build()
-        .map_err(|e| anyhow::anyhow!("HTTP client: {e}"))?;
+        .context("the HTTP client")?;
     loop {
         let due = db.outbox().due(100).await?;
         for row in due {
@@ -429,6 +430,7 @@ mod callback {
     //! `Authorization: Bearer TOKEN` (the dispatcher's
     //! `--callback-token-file`); any other is refused with 401.
 
+    use anyhow::Context;
     use axum::extract::State;
     use axum::http::StatusCode;
     use axum::Json;
@@ -489,7 +491,7 @@ mod callback {
             });
         let listener = tokio::net::TcpListener::bind(listen)
             .await
-            .map_err(|e| anyhow::anyhow!("cannot listen for callbacks on {listen}: {e}"))?;
+            .with_context(|| format!("cannot listen for callbacks on {listen}"))?;
         let bound = listener.local_addr()?;
         tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;

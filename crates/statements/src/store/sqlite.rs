@@ -1,5 +1,6 @@
 //! The SQLite dialect of the store.
 
+use anyhow::Context;
 use std::path::Path;
 
 use baton_fence::objects::{ObjectKit, Rejection};
@@ -82,8 +83,8 @@ pub struct SqliteDb(Connection);
 
 impl SqliteDb {
     pub fn open(path: &Path) -> Result<Self> {
-        let conn = Connection::open(path)
-            .map_err(|e| anyhow::anyhow!("cannot open {}: {e}", path.display()))?;
+        let conn =
+            Connection::open(path).with_context(|| format!("cannot open {}", path.display()))?;
         conn.busy_timeout(std::time::Duration::from_secs(30))
             .map_err(err)?;
         conn.pragma_update(None, "journal_mode", "WAL")
