@@ -276,29 +276,12 @@ impl Delivering<'_> {
                     ),
                 ),
                 (ReceiverKind::Idempotent, false) => {
-                    match webhook::status(
-                        self.http,
-                        &self.row.recipient,
-                        &self.row.operation,
-                        self.cfg.send_timeout,
-                    )
-                    .await
-                    {
-                        webhook::Status::Applied(s) => (
-                            Report::Delivered,
-                            format!("outcome unknown ({e}); status query: {s}"),
-                        ),
-                        webhook::Status::Accepted(s) => (
-                            self.accepted(),
-                            format!("outcome unknown ({e}); status query: {s}"),
-                        ),
-                        webhook::Status::NotApplied => self.retry_or_fail(
+                    let why = format!("outcome unknown ({e})");
+                    match self.ask(attempts, &why).await {
+                        Some(settled) => settled,
+                        None => self.retry_or_fail(
                             attempts,
-                            format!("outcome unknown ({e}); the receiver never saw the key"),
-                        ),
-                        webhook::Status::Unreachable(s) => self.retry_or_fail(
-                            attempts,
-                            format!("outcome unknown ({e}); status query failed: {s}"),
+                            format!("{why}; the receiver never saw the key"),
                         ),
                     }
                 }
@@ -311,6 +294,18 @@ impl Delivering<'_> {
     /// status. `Some` when that settled the delivery; `None` to send again
     /// with the same key.
     async fn reconcile(&self, db: &mut Db, attempts: i32) -> Result<Option<()>> {
+        match self.ask(attempts, "an unrecorded send").await {
+            Some((report, evidence)) => {
+                self.record(db, report, &evidence).await?;
+                Ok(Some(()))
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// Asks the webhook whether the key was applied, after `why` left the
+    /// outcome in doubt: what to record, or `None` if it never saw the key.
+    async fn ask(&self, attempts: i32, why: &str) -> Option<(Report, String)> {
         let status = webhook::status(
             self.http,
             &self.row.recipient,
@@ -320,25 +315,14 @@ impl Delivering<'_> {
         .await;
         match status {
             webhook::Status::Applied(s) => {
-                self.record(
-                    db,
-                    Report::Delivered,
-                    &format!("status query after an unrecorded send: {s}"),
-                )
-                .await?;
-                Ok(Some(()))
+                Some((Report::Delivered, format!("{why}; status query: {s}")))
             }
             webhook::Status::Accepted(s) => {
-                self.record(db, self.accepted(), &format!("status query: {s}"))
-                    .await?;
-                Ok(Some(()))
+                Some((self.accepted(), format!("{why}; status query: {s}")))
             }
-            webhook::Status::NotApplied => Ok(None),
+            webhook::Status::NotApplied => None,
             webhook::Status::Unreachable(s) => {
-                let (report, evidence) =
-                    self.retry_or_fail(attempts, format!("status query failed: {s}"));
-                self.record(db, report, &evidence).await?;
-                Ok(Some(()))
+                Some(self.retry_or_fail(attempts, format!("{why}; status query failed: {s}")))
             }
         }
     }
