@@ -23,10 +23,11 @@ use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tracing::debug;
 
-use crate::auth::Permission;
+use crate::access::auth::Permission;
+use crate::access::{Caller, Gate};
+use crate::cluster::seat::Seat;
 use crate::metrics::Metrics;
-use crate::seat::Seat;
-use crate::service::{Caller, Gate, LeaseService};
+use crate::service::LeaseService;
 
 mod page;
 
@@ -136,7 +137,7 @@ pub async fn serve(
     listener: TcpListener,
     metrics: Arc<Metrics>,
     seat: Arc<Seat>,
-    tls: Option<crate::tls::Tls>,
+    tls: Option<crate::net::tls::Tls>,
     gate: Gate,
     service: LeaseService,
 ) {
@@ -158,10 +159,12 @@ pub async fn serve(
                 let Some(tls) = tls else {
                     return serve_one(stream, service).await;
                 };
-                if !crate::tls::starts_tls(&mut stream, crate::tls::PlainAnswer::Http1).await? {
+                if !crate::net::tls::starts_tls(&mut stream, crate::net::tls::PlainAnswer::Http1)
+                    .await?
+                {
                     return Ok(());
                 }
-                let (stream, _) = crate::tls::accept(&tls, stream).await?;
+                let (stream, _) = crate::net::tls::accept(&tls, stream).await?;
                 serve_one(stream, service).await
             };
             match tokio::time::timeout(CONNECTION_TIME_MAX, served).await {

@@ -12,10 +12,10 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
 use super::{Caller, LeaseService};
-use crate::auth::Permission;
+use crate::access::auth::Permission;
+use crate::cluster::seat::Seat;
+use crate::engine::watch::{WatchEvent, WatchStart, WATCH_QUEUE_LEN};
 use crate::engine::Command;
-use crate::seat::Seat;
-use crate::watch::{WatchEvent, WatchStart, WATCH_QUEUE_LEN};
 
 pub type WatchStream = ReceiverStream<Result<v1::WatchResponse, Status>>;
 

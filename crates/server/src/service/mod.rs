@@ -4,29 +4,30 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Instant;
 
-use baton_core::{
-    AcquireError, AcquireRequest, AcquisitionId, Holder, LeaseStatus, ResourceName, WaiterId,
-};
+use baton_core::{AcquireRequest, LeaseStatus, ResourceName, WaiterId};
 use baton_proto::v1::{self, leases_server::Leases};
-use baton_proto::{LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX, SNAPSHOT_FORMAT};
-use baton_store::Stored;
+use baton_proto::{LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX};
 use tokio::sync::oneshot;
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
-use crate::auth::Permission;
+use crate::access::auth::Permission;
+use crate::cluster::seat::{Seat, Term};
 use crate::engine::{AcquireReply, Command, EngineHandle};
 use crate::metrics::Metrics;
-use crate::seat::{Seat, Term};
 
-mod guard;
+mod convert;
 mod session;
 mod trace;
 mod watch;
 
-pub(crate) use guard::Admitted;
-pub use guard::Caller;
-pub(crate) use guard::Gate;
+use convert::{
+    acquire_error, acquire_outcome, not_acquired, parse_acquisition_id, random_id, release_message,
+    renew_message, snapshot_message, status_message, ResourcesField,
+};
+pub use convert::{parse_holder, parse_resource};
+
+use crate::access::{Admitted, Caller, Gate};
 
 #[derive(Clone)]
 pub struct LeaseService {
@@ -263,142 +264,6 @@ async fn answer<T>(rx: oneshot::Receiver<T>) -> Result<T, Status> {
     })
 }
 
-/// Parses a resource name, naming the field and the rule on failure.
-pub fn parse_resource(field: impl std::fmt::Display, raw: &str) -> Result<ResourceName, Status> {
-    ResourceName::parse(raw).map_err(|e| Status::invalid_argument(format!("{field}: {e}")))
-}
-
-/// An optional holder description: absent or empty is none; otherwise it
-/// must follow [`Holder::parse`]'s rules, named in the error.
-pub fn parse_holder(
-    field: impl std::fmt::Display,
-    raw: Option<&str>,
-) -> Result<Option<Holder>, Status> {
-    match raw {
-        None | Some("") => Ok(None),
-        Some(text) => Holder::parse(text)
-            .map(Some)
-            .map_err(|e| Status::invalid_argument(format!("{field}: {e}"))),
-    }
-}
-
-/// Names element `i` of the `resources` field in error messages.
-struct ResourcesField(usize);
-
-impl std::fmt::Display for ResourcesField {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "resources[{}]", self.0)
-    }
-}
-
-fn parse_acquisition_id(bytes: &[u8]) -> Result<AcquisitionId, Status> {
-    AcquisitionId::from_slice(bytes).ok_or_else(|| {
-        Status::invalid_argument(format!(
-            "acquisition_id is {} bytes; it must be exactly {} bytes",
-            bytes.len(),
-            AcquisitionId::LEN_BYTES
-        ))
-    })
-}
-
-/// A fresh acquisition or session id: 16 bytes of the thread's ChaCha12
-/// generator, seeded from the operating system and reseeded after every
-/// 64 KiB (`rand::rng`). One `getrandom` call per id was a system call on
-/// every acquire.
-fn random_id() -> AcquisitionId {
-    use rand::Rng;
-    let mut bytes = [0u8; 16];
-    rand::rng().fill_bytes(&mut bytes);
-    AcquisitionId::from_bytes(bytes)
-}
-
-fn acquire_error(e: AcquireError) -> Status {
-    match e {
-        AcquireError::TooManyWaiters { .. } | AcquireError::TooManyWaitersOnResource { .. } => {
-            Status::resource_exhausted(e.to_string())
-        }
-        other => Status::invalid_argument(other.to_string()),
-    }
-}
-
-/// An acquire's answer on the wire; `bound`: its leases are tied to a session.
-fn acquire_outcome(reply: AcquireReply, bound: bool) -> v1::acquire_response::Outcome {
-    match reply {
-        AcquireReply::Granted { grants, after_wait } => {
-            let leases = grants
-                .into_iter()
-                .map(|g| v1::Lease {
-                    resource: g.resource.to_string(),
-                    acquisition_id: g.acquisition_id.as_bytes().to_vec(),
-                    token: g.token.get(),
-                    ttl_ms: g.ttl_ms,
-                    session_bound: bound,
-                    waited_ms: g.waited_ms,
-                })
-                .collect();
-            v1::acquire_response::Outcome::Granted(v1::Granted { leases, after_wait })
-        }
-        AcquireReply::NotAcquired(n) => {
-            v1::acquire_response::Outcome::NotAcquired(v1::NotAcquired {
-                reason: v1::not_acquired::Reason::Held.into(),
-                resource: n.resource.to_string(),
-                holder_token: n.holder_token.map_or(0, |t| t.get()),
-            })
-        }
-        AcquireReply::TimedOut => not_acquired(v1::not_acquired::Reason::TimedOut),
-        AcquireReply::SessionEnded => not_acquired(v1::not_acquired::Reason::SessionEnded),
-    }
-}
-
-fn not_acquired(reason: v1::not_acquired::Reason) -> v1::acquire_response::Outcome {
-    v1::acquire_response::Outcome::NotAcquired(v1::NotAcquired {
-        reason: reason.into(),
-        resource: String::new(),
-        holder_token: 0,
-    })
-}
-
-fn renew_message(out: baton_core::RenewOutcome) -> v1::RenewResponse {
-    match out {
-        baton_core::RenewOutcome::Renewed { token, ttl_ms } => v1::RenewResponse {
-            renewed: true,
-            token: token.get(),
-            remaining_ms: ttl_ms,
-        },
-        baton_core::RenewOutcome::NotOwner => v1::RenewResponse {
-            renewed: false,
-            token: 0,
-            remaining_ms: 0,
-        },
-    }
-}
-
-fn release_message(out: baton_core::ReleaseOutcome) -> v1::ReleaseResponse {
-    match out {
-        baton_core::ReleaseOutcome::Released { token } => v1::ReleaseResponse {
-            released: true,
-            token: token.get(),
-        },
-        baton_core::ReleaseOutcome::NotHeld => v1::ReleaseResponse {
-            released: false,
-            token: 0,
-        },
-    }
-}
-
-fn status_message(s: LeaseStatus) -> v1::StatusResponse {
-    v1::StatusResponse {
-        resource: s.resource.to_string(),
-        held: s.holder_token.is_some(),
-        holder_token: s.holder_token.map_or(0, |t| t.get()),
-        remaining_ms: s.remaining_ms,
-        ttl_ms: s.ttl_ms,
-        n_waiters: s.n_waiters as u64,
-        holder: s.holder.map(|h| h.to_string()).unwrap_or_default(),
-        issued_through: s.issued_through.get(),
-    }
-}
-
 /// Withdraws a waiting request if its handler is dropped (the client went away).
 struct WaitGuard<'a> {
     engine: &'a EngineHandle,
@@ -589,37 +454,6 @@ impl Leases for LeaseService {
                 .collect();
         }
         Ok(Response::new(out))
-    }
-}
-
-/// The backup's message for a snapshot of the store.
-fn snapshot_message(stored: Stored) -> v1::Snapshot {
-    v1::Snapshot {
-        format: SNAPSHOT_FORMAT,
-        epoch: stored.epoch.get(),
-        counter: stored.counter,
-        leases: Vec::new(),
-        stored_leases: stored
-            .leases
-            .into_iter()
-            .map(|(r, l)| v1::StoredLease {
-                resource: r.to_string(),
-                acquisition_digest: l.acquisition_digest.as_bytes().to_vec(),
-                token: l.token.get(),
-                ttl_ms: l.ttl_ms,
-                session_digest: l.session.map_or_else(Vec::new, |d| d.as_bytes().to_vec()),
-                holder: l.holder.map(|h| h.to_string()).unwrap_or_default(),
-            })
-            .collect(),
-        sessions: stored
-            .sessions
-            .into_iter()
-            .map(|s| v1::StoredSession {
-                digest: s.digest.as_bytes().to_vec(),
-                ttl_ms: s.ttl_ms,
-                opener: s.opener.unwrap_or_default(),
-            })
-            .collect(),
     }
 }
 

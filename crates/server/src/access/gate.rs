@@ -10,12 +10,12 @@ use std::time::Instant;
 
 use tonic::{Request, Status};
 
-use crate::audit::{Audit, Record};
-use crate::auth::{Auth, Credential, Permission, Principal, Refusal};
-use crate::conn::ConnInfo;
+use crate::access::audit::{Audit, Record};
+use crate::access::auth::{Auth, Credential, Permission, Principal, Refusal};
+use crate::access::penalty::Penalties;
 use crate::engine::SessionCheck;
 use crate::metrics::Metrics;
-use crate::penalty::Penalties;
+use crate::net::conn::ConnInfo;
 
 /// The gatekeeper: one per server, shared by the gRPC service and the
 /// HTTP port, so a refusal is audited, counted and slowed the same way
@@ -63,7 +63,7 @@ impl Caller {
     /// The caller of `request`; its credential is only read with `auth_on`.
     pub(crate) fn of<T>(request: &Request<T>, auth_on: bool) -> Self {
         let info = request.extensions().get::<ConnInfo>();
-        use crate::tls::ClientCert;
+        use crate::net::tls::ClientCert;
         let cert = info.map_or(&ClientCert::NotAsked, |i| &i.client_cert);
         let cn = match cert {
             ClientCert::Verified(cn) => cn.as_deref(),
@@ -306,7 +306,7 @@ impl Gate {
             if let Some(peer) = caller.peer {
                 let penalty = self.penalties.failed(peer.ip(), Instant::now());
                 if penalty.starts {
-                    tracing::warn!(peer = %peer.ip(), failures = crate::penalty::FREE_FAILURES + 1, "repeated authentication failures from this address: its refusals now wait, up to 1 s each");
+                    tracing::warn!(peer = %peer.ip(), failures = crate::access::penalty::FREE_FAILURES + 1, "repeated authentication failures from this address: its refusals now wait, up to 1 s each");
                 }
                 if !penalty.wait.is_zero() {
                     tokio::time::sleep(penalty.wait).await;

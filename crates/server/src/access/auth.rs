@@ -218,6 +218,11 @@ pub struct AuthFileError {
     pub message: String,
 }
 
+/// The rule of the auth file that a text breaks, named in the message.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct BrokenRule(pub String);
+
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 struct File {
@@ -249,34 +254,34 @@ fn parse_digest(hex: &str) -> Option<[u8; 32]> {
 
 /// Parses the auth file's text (TOML: `[[principal]]` entries with `name`,
 /// `token_sha256` and `rules`).
-pub fn parse(text: &str) -> Result<AuthTable, String> {
-    let file: File = toml::from_str(text).map_err(|e| e.to_string())?;
+pub fn parse(text: &str) -> Result<AuthTable, BrokenRule> {
+    let file: File = toml::from_str(text).map_err(|e| BrokenRule(e.to_string()))?;
     let mut names = HashSet::new();
     let mut digests = HashSet::new();
     let mut principals = Vec::with_capacity(file.principal.len());
     for (i, e) in file.principal.into_iter().enumerate() {
         let at = format!("principal #{} ({:?})", i + 1, e.name);
         if e.name.trim().is_empty() || e.name.trim() != e.name {
-            return Err(format!(
+            return Err(BrokenRule(format!(
                 "{at}: `name` must be non-empty without surrounding whitespace"
-            ));
+            )));
         }
         if !names.insert(e.name.clone()) {
-            return Err(format!(
+            return Err(BrokenRule(format!(
                 "{at}: the name is used by an earlier principal; names must be unique"
-            ));
+            )));
         }
         let token_sha256 = match &e.token_sha256 {
             None => None,
             Some(hex) => Some(parse_digest(hex).ok_or_else(|| {
-                format!("{at}: `token_sha256` must be 64 hex digits (the SHA-256 of the token, as `sha256sum` prints it)")
+                BrokenRule(format!("{at}: `token_sha256` must be 64 hex digits (the SHA-256 of the token, as `sha256sum` prints it)"))
             })?),
         };
         if let Some(d) = token_sha256 {
             if !digests.insert(d) {
-                return Err(format!(
+                return Err(BrokenRule(format!(
                     "{at}: `token_sha256` is also an earlier principal's; each token must prove one principal"
-                ));
+                )));
             }
         }
         let mut rules = Vec::with_capacity(e.rules.len());
@@ -284,9 +289,9 @@ pub fn parse(text: &str) -> Result<AuthTable, String> {
             let mut perms = Vec::with_capacity(words.len());
             for w in &words {
                 perms.push(Permission::parse(w).ok_or_else(|| {
-                    format!(
+                    BrokenRule(format!(
                         "{at}: rule {prefix:?} has permission {w:?}; the permissions are read, lease, fence and admin"
-                    )
+                    ))
                 })?);
             }
             rules.push((prefix.nfc().collect::<String>(), perms));
@@ -356,7 +361,7 @@ fn read(path: &Path) -> Result<AuthTable, AuthFileError> {
         message,
     };
     let text = std::fs::read_to_string(path).map_err(|e| error(format!("cannot read it: {e}")))?;
-    parse(&text).map_err(error)
+    parse(&text).map_err(|e| error(e.0))
 }
 
 #[cfg(test)]
@@ -440,7 +445,7 @@ rules = {{ "" = ["read", "fence", "admin"] }}
                 "one principal",
             ),
         ] {
-            let e = parse(text).unwrap_err();
+            let e = parse(text).unwrap_err().0;
             assert!(e.contains(says), "{text}: {e}");
         }
     }

@@ -55,14 +55,44 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
-fn certs(path: &Path, what: &str) -> Result<Vec<CertificateDer<'static>>, String> {
+/// Why a port's TLS material was not loaded; each names the flag and the
+/// file it came from.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    /// A file did not read as PEM, or a certificate was refused.
+    #[error("{flag} {}: {reason}", path.display())]
+    File {
+        flag: &'static str,
+        path: std::path::PathBuf,
+        reason: String,
+    },
+    /// The certificate and the key do not belong together.
+    #[error("--tls-cert/--tls-key do not make a usable pair: {0}")]
+    Pair(rustls::Error),
+    /// rustls refused its own defaults (it never does with ring).
+    #[error("TLS setup: {0}")]
+    Setup(rustls::Error),
+}
+
+impl TlsError {
+    fn file(flag: &'static str, path: &Path, reason: impl std::fmt::Display) -> Self {
+        Self::File {
+            flag,
+            path: path.to_owned(),
+            reason: reason.to_string(),
+        }
+    }
+}
+
+fn certs(path: &Path, flag: &'static str) -> Result<Vec<CertificateDer<'static>>, TlsError> {
     let certs = CertificateDer::pem_file_iter(path)
         .and_then(|it| it.collect::<Result<Vec<_>, _>>())
-        .map_err(|e| format!("{what} {}: {e}", path.display()))?;
+        .map_err(|e| TlsError::file(flag, path, e))?;
     if certs.is_empty() {
-        return Err(format!(
-            "{what} {}: no PEM certificate (-----BEGIN CERTIFICATE-----) in it",
-            path.display()
+        return Err(TlsError::file(
+            flag,
+            path,
+            "no PEM certificate (-----BEGIN CERTIFICATE-----) in it",
         ));
     }
     Ok(certs)
@@ -162,7 +192,7 @@ impl Tls {
     /// Reads the certificate, key and client CA files again; on success new
     /// connections use them. On failure the error names the file and the
     /// material in force stays.
-    pub fn reload(&self) -> Result<(), String> {
+    pub fn reload(&self) -> Result<(), TlsError> {
         let alpn: Vec<&[u8]> = self.alpn.iter().map(Vec::as_slice).collect();
         let material = material(&self.files, &alpn, self.client_auth)?;
         *self.current.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(material);
@@ -188,7 +218,7 @@ impl Material {
 
 /// Builds a port's TLS for `alpn`; client certificates are asked for if
 /// `files.client_ca` is set and `client_auth` is true.
-pub fn server_tls(files: &TlsFiles, alpn: &[&[u8]], client_auth: bool) -> Result<Tls, String> {
+pub fn server_tls(files: &TlsFiles, alpn: &[&[u8]], client_auth: bool) -> Result<Tls, TlsError> {
     let material = material(files, alpn, client_auth)?;
     Ok(Tls {
         current: Arc::new(std::sync::RwLock::new(Arc::new(material))),
@@ -198,13 +228,13 @@ pub fn server_tls(files: &TlsFiles, alpn: &[&[u8]], client_auth: bool) -> Result
     })
 }
 
-fn material(files: &TlsFiles, alpn: &[&[u8]], client_auth: bool) -> Result<Material, String> {
+fn material(files: &TlsFiles, alpn: &[&[u8]], client_auth: bool) -> Result<Material, TlsError> {
     let chain = certs(&files.cert, "--tls-cert")?;
     let key = PrivateKeyDer::from_pem_file(&files.key)
-        .map_err(|e| format!("--tls-key {}: {e}", files.key.display()))?;
+        .map_err(|e| TlsError::file("--tls-key", &files.key, e))?;
     let builder = ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?;
+        .map_err(TlsError::Setup)?;
     let mut client_verifier = None;
     let builder = match (&files.client_ca, client_auth) {
         (Some(ca), true) => {
@@ -212,11 +242,11 @@ fn material(files: &TlsFiles, alpn: &[&[u8]], client_auth: bool) -> Result<Mater
             for c in certs(ca, "--tls-client-ca")? {
                 roots
                     .add(c)
-                    .map_err(|e| format!("--tls-client-ca {}: {e}", ca.display()))?;
+                    .map_err(|e| TlsError::file("--tls-client-ca", ca, e))?;
             }
             let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
                 .build()
-                .map_err(|e| format!("--tls-client-ca {}: {e}", ca.display()))?;
+                .map_err(|e| TlsError::file("--tls-client-ca", ca, e))?;
             client_verifier = Some(verifier.clone());
             builder.with_client_cert_verifier(Arc::new(AfterHandshake(verifier)))
         }
@@ -224,7 +254,7 @@ fn material(files: &TlsFiles, alpn: &[&[u8]], client_auth: bool) -> Result<Mater
     };
     let mut config = builder
         .with_single_cert(chain, key)
-        .map_err(|e| format!("--tls-cert/--tls-key do not make a usable pair: {e}"))?;
+        .map_err(TlsError::Pair)?;
     config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
     Ok(Material {
         acceptor: TlsAcceptor::from(Arc::new(config)),

@@ -16,15 +16,18 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use baton_core::Limits;
+use baton_store::StoreError;
 use baton_store_pg::election::{Timing, Verdict, Watch};
 use baton_store_pg::{leader, PgError, PgLeaseStore};
 use tokio::sync::watch;
 use tracing::{error, info, warn};
 
-use crate::engine::{Command, Engine};
+use crate::engine::{Command, Engine, EngineHandle};
+pub(crate) mod seat;
+
+use crate::config::ServerError;
 use crate::metrics::Metrics;
-use crate::seat::Seat;
-use crate::ServerError;
+use seat::Seat;
 
 /// What `baton serve --store` is told.
 #[derive(Clone, Debug)]
@@ -271,25 +274,12 @@ impl Election {
 
     /// Leads `term` until it ends. True if the server is stopping.
     async fn lead(&mut self, term: u64, sent_ms: u64, stop: &mut watch::Receiver<bool>) -> bool {
-        let node = self.seat.node.clone();
-        let mut deadline_ms = self.timing.deadline_ms(sent_ms);
+        let deadline_ms = self.timing.deadline_ms(sent_ms);
         self.metrics.leader_changes.inc();
         self.metrics.leader_term.set(term as i64);
         info!(term, "won leadership; loading leases");
         let started = Instant::now();
-        let commit_timeout = Duration::from_millis(self.timing.ttl_ms);
-        let engine = match PgLeaseStore::open(&self.pg, term, commit_timeout).await {
-            Ok(store) => {
-                let limits = self.limits.clone();
-                let metrics = self.metrics.clone();
-                tokio::task::spawn_blocking(move || Engine::start(Box::new(store), limits, metrics))
-                    .await
-                    .map_err(|_| "the engine panicked while loading".to_string())
-                    .and_then(|r| r.map_err(|e| e.to_string()))
-            }
-            Err(e) => Err(e.to_string()),
-        };
-        let (engine, thread) = match engine {
+        let (engine, thread) = match self.load(term).await {
             Ok(e) => e,
             Err(e) => {
                 error!(term, error = %e, "cannot load the leases; giving up the term");
@@ -306,35 +296,76 @@ impl Election {
             self.end_term(term, true).await;
             return false;
         }
-        self.seat.lead(engine.clone(), term, deadline_ms);
-        self.seat.set_view(|v| {
-            v.term = term;
-            v.leader_node = Some(node.clone());
-            v.leader = Some(self.config.advertise.clone());
-        });
-        self.metrics.is_leader.set(1);
-        self.metrics.ready.store(true, Ordering::Release);
+        self.take_seat(term, &engine, deadline_ms);
         info!(
             term,
             load_ms = started.elapsed().as_millis() as u64,
             "leading"
         );
         let mut joined = tokio::task::spawn_blocking(move || thread.join());
+        let stopping = self
+            .keep_leading(term, deadline_ms, &mut joined, stop)
+            .await;
+        engine.send(Command::Shutdown);
+        if stopping {
+            // Flush the lazy writes under this term before stepping down.
+            self.seat.follow(None);
+            let _ = tokio::time::timeout(Duration::from_secs(3), joined).await;
+        }
+        self.end_term(term, stopping).await;
+        stopping
+    }
+
+    /// Loads the leases under `term` into a new engine.
+    async fn load(&self, term: u64) -> Result<(EngineHandle, EngineThread), LoadError> {
+        let commit_timeout = Duration::from_millis(self.timing.ttl_ms);
+        let store = PgLeaseStore::open(&self.pg, term, commit_timeout).await?;
+        let limits = self.limits.clone();
+        let metrics = self.metrics.clone();
+        let started =
+            tokio::task::spawn_blocking(move || Engine::start(Box::new(store), limits, metrics))
+                .await
+                .map_err(|_| LoadError::Panicked)?;
+        Ok(started?)
+    }
+
+    /// Seats `engine` for `term` and says so: the view, the gauges, ready.
+    fn take_seat(&self, term: u64, engine: &EngineHandle, deadline_ms: u64) {
+        let node = self.seat.node.clone();
+        self.seat.lead(engine.clone(), term, deadline_ms);
+        self.seat.set_view(|v| {
+            v.term = term;
+            v.leader_node = Some(node);
+            v.leader = Some(self.config.advertise.clone());
+        });
+        self.metrics.is_leader.set(1);
+        self.metrics.ready.store(true, Ordering::Release);
+    }
+
+    /// Renews the term until it is lost, its engine stops, or `stop` says
+    /// to step down (then `true`).
+    async fn keep_leading(
+        &mut self,
+        term: u64,
+        mut deadline_ms: u64,
+        joined: &mut tokio::task::JoinHandle<std::thread::Result<Result<(), StoreError>>>,
+        stop: &mut watch::Receiver<bool>,
+    ) -> bool {
+        let node = self.seat.node.clone();
         let renew_every = Duration::from_millis(self.timing.renew_interval_ms());
-        let mut stopping = false;
         loop {
             tokio::select! {
                 _ = tokio::time::sleep(renew_every) => {}
-                r = &mut joined => {
+                r = &mut *joined => {
                     let why = match r {
                         Ok(Ok(Err(e))) => e.to_string(),
                         Ok(Ok(Ok(()))) => "the engine stopped".into(),
                         _ => "the engine panicked".into(),
                     };
                     error!(term, error = %why, "the leader's engine stopped; stepping down");
-                    break;
+                    return false;
                 }
-                _ = stop.changed() => { stopping = true; break; }
+                _ = stop.changed() => return true,
             }
             let sent_ms = self.seat.now_ms();
             let renewed = match self.client().await {
@@ -352,7 +383,7 @@ impl Election {
                 }
                 Ok(false) => {
                     warn!(term, "another server took over; stepping down");
-                    break;
+                    return false;
                 }
                 Err(e) => self.trouble("cannot renew leadership", &e),
             }
@@ -361,17 +392,9 @@ impl Election {
                     term,
                     "leadership deadline passed without a renewal; stepping down"
                 );
-                break;
+                return false;
             }
         }
-        engine.send(Command::Shutdown);
-        if stopping {
-            // Flush the lazy writes under this term before stepping down.
-            self.seat.follow(None);
-            let _ = tokio::time::timeout(Duration::from_secs(3), joined).await;
-        }
-        self.end_term(term, stopping).await;
-        stopping
     }
 
     /// Reports this leader in the members table and refreshes the view
@@ -418,4 +441,17 @@ impl Election {
             }
         }
     }
+}
+
+type EngineThread = std::thread::JoinHandle<Result<(), StoreError>>;
+
+/// Why a new leader could not load the leases (it gives up the term).
+#[derive(Debug, thiserror::Error)]
+enum LoadError {
+    #[error(transparent)]
+    Pg(#[from] PgError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("the engine panicked while loading")]
+    Panicked,
 }

@@ -69,7 +69,7 @@ pub struct ConnInfo {
     /// The peer's address, for audit lines.
     pub peer: Option<std::net::SocketAddr>,
     /// What the client certificate proved (mTLS).
-    pub client_cert: crate::tls::ClientCert,
+    pub client_cert: crate::net::tls::ClientCert,
 }
 
 /// Admits connections: counts them and evicts idle newcomers at the limit.
@@ -121,7 +121,7 @@ impl Registry {
                 connections_max: self.limits.connections_max,
                 state,
                 peer,
-                client_cert: crate::tls::ClientCert::NotAsked,
+                client_cert: crate::net::tls::ClientCert::NotAsked,
             },
             limits: self.limits,
             metrics: self.metrics.clone(),
@@ -256,7 +256,7 @@ pub enum Io {
     Plain(Conn),
     Tls(
         tokio_rustls::server::TlsStream<Conn>,
-        crate::tls::ClientCert,
+        crate::net::tls::ClientCert,
     ),
 }
 
@@ -338,7 +338,7 @@ impl AsyncWrite for Io {
 pub fn incoming(
     listener: tokio::net::TcpListener,
     registry: Arc<Registry>,
-    tls: Option<crate::tls::Tls>,
+    tls: Option<crate::net::tls::Tls>,
 ) -> Pin<Box<dyn futures_util::Stream<Item = io::Result<Io>> + Send>> {
     use futures_util::StreamExt;
     let accepted = tokio_stream::wrappers::TcpListenerStream::new(listener);
@@ -365,14 +365,18 @@ pub fn incoming(
             tokio::spawn(async move {
                 let mut conn = conn;
                 let handshake = async {
-                    if !crate::tls::starts_tls(&mut conn.io, crate::tls::PlainAnswer::Http2).await?
+                    if !crate::net::tls::starts_tls(
+                        &mut conn.io,
+                        crate::net::tls::PlainAnswer::Http2,
+                    )
+                    .await?
                     {
                         return Err(io::Error::new(
                             io::ErrorKind::InvalidData,
                             "plain text on a TLS port",
                         ));
                     }
-                    crate::tls::accept(&tls, conn).await
+                    crate::net::tls::accept(&tls, conn).await
                 };
                 match tokio::time::timeout(timeout, handshake).await {
                     Ok(Ok((stream, cert))) => {

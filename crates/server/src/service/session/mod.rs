@@ -9,25 +9,22 @@
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
-use baton_core::{AcquireRequest, AcquisitionId, Resumed, SessionDigest, SessionError, WaiterId};
+use baton_core::{AcquisitionId, Resumed, SessionDigest, SessionError, WaiterId};
 use baton_proto::v1::{self, session_request::Op, session_response::Body};
 use futures_util::stream::{FuturesUnordered, StreamExt};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
-use tracing::Instrument;
 
-use super::guard::{Admitted, SessionRefusal};
-use super::{
-    acquire_error, acquire_outcome, answer, parse_acquisition_id, parse_holder, parse_resource,
-    random_id, release_message, renew_message, send, trace, Caller, LeaseService, ResourcesField,
-};
-use crate::auth::{Permission, Principal};
+mod requests;
+
+use super::{random_id, Caller, LeaseService};
+use crate::access::auth::Principal;
+use crate::access::gate::Admitted;
+use crate::cluster::seat::Term;
 use crate::engine::Command;
-use crate::seat::Term;
 
 /// What the stream returns to tonic.
 pub type SessionStream = ReceiverStream<Result<v1::SessionResponse, Status>>;
@@ -285,195 +282,15 @@ impl SessionTask {
     /// renew and release run in a span joined to the client's trace
     /// (`traceparent`, see `trace.rs`).
     fn dispatch(&mut self, id: u64, op: Op, traceparent: &str) -> Result<InFlight, Status> {
-        let digest = self.digest;
-        let term = &self.term;
         match op {
             Op::Open(_) => unreachable!("refused by `start`"),
             Op::Heartbeat(_) => self.heartbeat(id),
-            Op::Close(_) => {
-                // Closing releases the session's leases: only a principal
-                // that may hold all of them can (as for a resume).
-                let who = self.service.gate.admit(&self.caller, "session.close")?;
-                let (check, refusal) = (who.session_check(), who.session_refusal());
-                let (reply, rx) = oneshot::channel();
-                send(
-                    term,
-                    Command::CloseSession {
-                        digest,
-                        check,
-                        reply,
-                    },
-                )?;
-                Ok(Box::pin(async move {
-                    let body = answer(rx).await.map(|closed| match closed {
-                        Some(was_open) => Body::Closed(v1::SessionClosed { was_open }),
-                        None => request_error(&refusal.status()),
-                    });
-                    (id, body)
-                }))
-            }
-            Op::Renew(r) => {
-                let span =
-                    trace::request_span("renew", std::slice::from_ref(&r.resource), traceparent);
-                let resource = parse_resource("renew.resource", &r.resource)?;
-                self.service
-                    .gate
-                    .admit(&self.caller, "session.renew")?
-                    .may(Permission::Lease, resource.as_str())?;
-                let acquisition = parse_acquisition_id(&r.acquisition_id)?;
-                let (reply, rx) = oneshot::channel();
-                send(
-                    term,
-                    Command::Renew {
-                        resource,
-                        id: acquisition,
-                        reply,
-                    },
-                )?;
-                Ok(Box::pin(
-                    async move {
-                        let body = answer(rx).await.map(|o| {
-                            let message = renew_message(o);
-                            trace::renewed(&tracing::Span::current(), &message);
-                            Body::Renew(message)
-                        });
-                        (id, body)
-                    }
-                    .instrument(span),
-                ))
-            }
-            Op::Release(r) => {
-                let span =
-                    trace::request_span("release", std::slice::from_ref(&r.resource), traceparent);
-                let resource = parse_resource("release.resource", &r.resource)?;
-                self.service
-                    .gate
-                    .admit(&self.caller, "session.release")?
-                    .may(Permission::Lease, resource.as_str())?;
-                let acquisition = parse_acquisition_id(&r.acquisition_id)?;
-                let (reply, rx) = oneshot::channel();
-                send(
-                    term,
-                    Command::Release {
-                        resource,
-                        id: acquisition,
-                        reply,
-                    },
-                )?;
-                Ok(Box::pin(
-                    async move {
-                        let body = answer(rx).await.map(|o| {
-                            let message = release_message(o);
-                            trace::released(&tracing::Span::current(), &message);
-                            Body::Release(message)
-                        });
-                        (id, body)
-                    }
-                    .instrument(span),
-                ))
-            }
-            Op::Cancel(c) => {
-                self.service.gate.admit(&self.caller, "session.cancel")?;
-                let withdrawn = match self.waits.get(&c.acquire_id) {
-                    Some(waiter) => {
-                        self.cancelled.insert(c.acquire_id);
-                        term.engine.send(Command::CancelWait { waiter: *waiter });
-                        true
-                    }
-                    None => false,
-                };
-                Ok(Box::pin(async move {
-                    (id, Ok(Body::Cancel(v1::CancelWaitResponse { withdrawn })))
-                }))
-            }
-            Op::Acquire(a) => {
-                let span = trace::request_span("acquire", &a.resources, traceparent);
-                self.service.metrics.acquire_requests.inc();
-                let mut claims = Vec::with_capacity(a.resources.len());
-                for (i, raw) in a.resources.iter().enumerate() {
-                    claims.push((parse_resource(ResourcesField(i), raw)?, random_id()));
-                }
-                let who = self.service.gate.admit(&self.caller, "session.acquire")?;
-                for (name, _) in &claims {
-                    who.may(Permission::Lease, name.as_str())?;
-                }
-                // No TTL of its own: the lease is tied to the session.
-                let bound = a.ttl_ms.is_none();
-                let waiter = WaiterId(self.service.next_waiter.fetch_add(1, Relaxed));
-                let request = AcquireRequest {
-                    claims,
-                    ttl_ms: a.ttl_ms.unwrap_or(0),
-                    wait_ms: a.wait_ms,
-                    waiter,
-                    session: bound.then_some(digest),
-                    holder: parse_holder("acquire.holder", a.holder.as_deref())?,
-                };
-                let (reply, rx) = oneshot::channel();
-                send(term, Command::Acquire { request, reply })?;
-                if a.wait_ms > 0 {
-                    self.waits.insert(id, waiter);
-                }
-                Ok(Box::pin(
-                    async move {
-                        // A cancelled wait ends here too: the engine drops
-                        // its reply (see `finish`).
-                        let body = answer(rx).await.map(|out| match out {
-                            Ok(reply) => {
-                                trace::acquired(&tracing::Span::current(), &reply);
-                                Body::Acquire(v1::AcquireResponse {
-                                    outcome: Some(acquire_outcome(reply, bound)),
-                                })
-                            }
-                            Err(e) => request_error(&acquire_error(e)),
-                        });
-                        (id, body)
-                    }
-                    .instrument(span),
-                ))
-            }
+            Op::Close(_) => self.close(id),
+            Op::Renew(r) => self.renew(id, r, traceparent),
+            Op::Release(r) => self.release(id, r, traceparent),
+            Op::Cancel(c) => self.cancel(id, c),
+            Op::Acquire(a) => self.acquire(id, a, traceparent),
         }
-    }
-
-    /// A heartbeat. After a reload of the auth file it is judged like a
-    /// resume, once per new table: a principal that lost `lease` on what
-    /// the session holds cannot keep it alive, and the refusal ends the
-    /// stream (see `finish`).
-    fn heartbeat(&mut self, id: u64) -> Result<InFlight, Status> {
-        let who = self.service.gate.admit(&self.caller, "session.heartbeat")?;
-        let reloaded = who
-            .principal()
-            .filter(|p| !self.kept_by.as_ref().is_some_and(|k| Arc::ptr_eq(k, p)))
-            .cloned();
-        let (check, refusal) = reloaded
-            .map(|principal| {
-                self.kept_by = Some(principal);
-                (who.session_check(), who.session_refusal())
-            })
-            .unzip();
-        let (reply, rx) = oneshot::channel();
-        let digest = self.digest;
-        send(
-            &self.term,
-            Command::KeepAlive {
-                digest,
-                check,
-                reply,
-            },
-        )?;
-        Ok(Box::pin(async move {
-            let body = answer(rx).await.and_then(|kept| match kept {
-                Resumed::Kept(kept) => Ok(Body::Heartbeat(v1::HeartbeatAck {
-                    remaining_ms: kept.ttl_ms,
-                    revoked: revoked(kept.revoked),
-                })),
-                Resumed::NotOpen => Ok(Body::Ended(v1::SessionEnded {})),
-                Resumed::Refused => Err(refusal.map_or_else(
-                    || Status::internal("a heartbeat was refused without a check"),
-                    SessionRefusal::status,
-                )),
-            });
-            (id, body)
-        }))
     }
 
     async fn finish(&mut self, id: u64, answer: Answer) -> Next {

@@ -8,7 +8,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 use std::time::Instant;
 
-use crate::watch::Change;
+use crate::engine::watch::Change;
 
 /// Changes kept per resource: the oldest goes first.
 pub const HISTORY_PER_RESOURCE_MAX: usize = 32;

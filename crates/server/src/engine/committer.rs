@@ -1,0 +1,113 @@
+//! The thread that owns the store: it commits the steps queued while its
+//! last commit was in flight together, and only then releases their
+//! replies, in order.
+
+use std::sync::mpsc;
+use std::sync::{Arc, Weak};
+use std::time::Instant;
+
+use baton_core::{AcquireError, Write};
+use baton_store::{LeaseStore, StoreError};
+use tokio::sync::oneshot;
+use tracing::error;
+
+use super::{AcquireReply, Command, Deferred, Reply, Shared, Wake};
+use crate::metrics::Metrics;
+
+/// One batch's share of durable work, handed to the committer in order.
+pub(super) struct Job {
+    pub(super) writes: Vec<Write>,
+    /// A token was issued: commit before any reply of this job goes out.
+    pub(super) sync: bool,
+    pub(super) replies: Vec<Deferred>,
+    /// Waiters granted or timed out; a grant whose caller left is handed back.
+    pub(super) woken: Vec<(Reply<Result<AcquireReply, AcquireError>>, AcquireReply)>,
+}
+
+pub(super) enum ToCommitter {
+    Job(Job),
+    /// Commit whatever is pending, then stop.
+    Flush,
+}
+
+/// The thread that owns the store: commits queued batches together and
+/// releases their replies in order.
+pub(super) struct Committer {
+    pub(super) store: Box<dyn LeaseStore>,
+    pub(super) rx: mpsc::Receiver<ToCommitter>,
+    /// For handing back grants whose waiter left before its answer (weak:
+    /// it must not keep the engine alive).
+    pub(super) engine: Weak<Shared>,
+    /// To stop the engine when a commit fails.
+    pub(super) timer: mpsc::Sender<Wake>,
+    pub(super) metrics: Arc<Metrics>,
+}
+
+impl Committer {
+    pub(super) fn run(mut self) -> Result<(), StoreError> {
+        let mut pending: Vec<Write> = Vec::new();
+        loop {
+            let Ok(first) = self.rx.recv() else {
+                break;
+            };
+            let mut jobs = Vec::new();
+            let mut stop = false;
+            for message in std::iter::once(first).chain(self.rx.try_iter()) {
+                match message {
+                    ToCommitter::Job(job) => jobs.push(job),
+                    ToCommitter::Flush => stop = true,
+                }
+            }
+            let sync = stop || jobs.iter().any(|j| j.sync || !j.writes.is_empty());
+            for job in &mut jobs {
+                pending.append(&mut job.writes);
+            }
+            if sync && !pending.is_empty() {
+                let started = Instant::now();
+                if let Err(e) = self.store.commit(&pending) {
+                    // Dropping the replies tells every caller the outcome is unknown.
+                    self.metrics.store_errors.inc();
+                    error!(error = %e, "lease store commit failed; stopping");
+                    // Stop the engine too.
+                    let _ = self.timer.send(Wake::Stop);
+                    return Err(e);
+                }
+                self.metrics
+                    .observe_commit_latency_us(started.elapsed().as_micros() as u64);
+                self.metrics.commits.inc();
+                pending.clear();
+            }
+            // Invariant: a job that issued a token is answered only after a
+            // commit that holds its writes and every earlier job's.
+            assert!(
+                pending.is_empty() || !jobs.iter().any(|j| j.sync),
+                "a batch that issued a token must commit before replying"
+            );
+            for job in jobs {
+                for reply in job.replies {
+                    reply();
+                }
+                for (reply, answer) in job.woken {
+                    if let Err(Ok(AcquireReply::Granted { grants, .. })) = reply.send(Ok(answer)) {
+                        // The caller left just as its turn came: give the leases back.
+                        let Some(engine) = self.engine.upgrade() else {
+                            continue;
+                        };
+                        for g in grants {
+                            let (tx, _) = oneshot::channel();
+                            engine.submit(Command::Release {
+                                resource: g.resource,
+                                id: g.acquisition_id,
+                                reply: tx,
+                            });
+                        }
+                    }
+                }
+            }
+            if stop {
+                break;
+            }
+        }
+        Ok(())
+    }
+}

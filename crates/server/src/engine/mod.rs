@@ -1,0 +1,487 @@
+//! The engine: the lease table behind a lock, applied to by the callers
+//! themselves, a timer thread for deadlines, and a committer thread that
+//! owns the store.
+//!
+//! A caller (a gRPC task) takes the lock, applies its command to the table
+//! and hands the step's writes and replies, in order, to the committer,
+//! without a thread hand-off: renewals, releases and heartbeats are
+//! answered before the lock is let go. The timer thread wakes at the
+//! table's next deadline (expiries, wait timeouts, the lazy flush) and
+//! steps the table the same way. The committer takes every step queued
+//! while its last commit was in flight, commits their writes together
+//! (group commit) when any of them issued a token, and only then releases
+//! their replies, in order. So a commit's latency never holds the table,
+//! and no reply goes out before every write of its step and of all earlier
+//! steps is durable (or, for steps that issued no token, before every
+//! earlier step that did is). Releases and expiries are written lazily:
+//! losing them in a crash only keeps a lease held for one more TTL.
+
+use std::collections::HashMap;
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use baton_core::{
+    AcquireError, AcquireRequest, AcquisitionId, FenceOutcome, Grant, LeaseStatus, LeaseTable,
+    MonoMs, NotAcquired, ReleaseOutcome, RenewOutcome, ResourceName, Resumed, SessionDigest,
+    SessionError, WaitResult, WaiterId, Write,
+};
+use baton_store::{LeaseStore, StoreError, Stored};
+use tokio::sync::oneshot;
+use tracing::info;
+
+mod apply;
+mod committer;
+pub(crate) mod history;
+mod record;
+mod timer;
+pub(crate) mod watch;
+
+use crate::metrics::Metrics;
+use committer::{Committer, Job, ToCommitter};
+use timer::run_timer;
+use watch::{holder_changes, Hub, WatchStart};
+
+/// Lazy writes are flushed at least this often, or when this many are pending.
+const LAZY_FLUSH_INTERVAL_MS: u64 = 100;
+const LAZY_WRITES_MAX: usize = 8_192;
+
+#[derive(Debug)]
+pub enum AcquireReply {
+    Granted {
+        grants: Vec<Grant>,
+        after_wait: bool,
+    },
+    NotAcquired(NotAcquired),
+    TimedOut,
+    /// The request's session ended while it waited.
+    SessionEnded,
+}
+
+pub type Reply<T> = oneshot::Sender<T>;
+
+/// Who may keep a session alive or close it: the principal that opened
+/// it (or an administrator), holding `lease` on what it holds.
+pub use baton_core::SessionCheck;
+
+pub enum Command {
+    Acquire {
+        request: AcquireRequest,
+        reply: Reply<Result<AcquireReply, AcquireError>>,
+    },
+    Renew {
+        resource: ResourceName,
+        id: AcquisitionId,
+        reply: Reply<RenewOutcome>,
+    },
+    Release {
+        resource: ResourceName,
+        id: AcquisitionId,
+        reply: Reply<ReleaseOutcome>,
+    },
+    Status {
+        resource: ResourceName,
+        reply: Reply<LeaseStatus>,
+    },
+    List {
+        prefix: String,
+        start_after: Option<String>,
+        limit: usize,
+        reply: Reply<Vec<LeaseStatus>>,
+    },
+    Fence {
+        resource: ResourceName,
+        reply: Reply<FenceOutcome>,
+    },
+    Snapshot {
+        reply: Reply<Stored>,
+    },
+    /// A watcher of `prefix`: the holders now, then every later change
+    /// (see `watch.rs`).
+    Watch {
+        prefix: String,
+        reply: Reply<WatchStart>,
+    },
+    CancelWait {
+        waiter: WaiterId,
+    },
+    /// Answered after the session is durable.
+    OpenSession {
+        digest: SessionDigest,
+        ttl_ms: u64,
+        /// The principal that opens it (`None` with authentication off).
+        opener: Option<String>,
+        reply: Reply<Result<(), SessionError>>,
+    },
+    /// A heartbeat: the session's TTL and revoked leases. With `check` (a
+    /// resume, or a heartbeat under a reloaded auth table), only if it
+    /// accepts every resource of the session, decided in the same step;
+    /// never `Refused` without one.
+    KeepAlive {
+        digest: SessionDigest,
+        check: Option<SessionCheck>,
+        reply: Reply<Resumed>,
+    },
+    /// Whether the session was open (it is closed now either way), or
+    /// `None` if `may_hold` refuses a resource of the session (nothing
+    /// changed).
+    CloseSession {
+        digest: SessionDigest,
+        check: SessionCheck,
+        reply: Reply<Option<bool>>,
+    },
+    /// Flush and stop, even if handles remain (connections that outlived the grace period).
+    Shutdown,
+}
+
+/// A cheap handle for giving commands to the engine. When the last one is
+/// dropped the engine flushes and stops (the committer's own reference
+/// does not keep it alive).
+#[derive(Clone)]
+pub struct EngineHandle {
+    shared: Arc<Shared>,
+    _last: Arc<StopOnDrop>,
+}
+
+struct StopOnDrop(mpsc::Sender<Wake>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.send(Wake::Stop);
+    }
+}
+
+impl EngineHandle {
+    /// Applies a command (its reply comes on its channel); `false` if the
+    /// engine has stopped.
+    pub fn send(&self, command: Command) -> bool {
+        self.shared.submit(command)
+    }
+}
+
+/// What the timer thread is woken for.
+enum Wake {
+    /// A deadline earlier than the one it sleeps towards was set.
+    Rearm,
+    /// Flush and stop: the last handle went, a shutdown was asked for, or
+    /// a commit failed.
+    Stop,
+}
+
+/// The table and the timer thread's channel, shared by every handle.
+struct Shared {
+    engine: Mutex<Engine>,
+    timer: mpsc::Sender<Wake>,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Engine> {
+        match self.engine.lock() {
+            Ok(engine) => engine,
+            // A step panicked while it held the table (a violated
+            // invariant; no input does this): take no more commands, and
+            // let the timer thread stop the engine as a panic, as the
+            // engine thread's own panic did.
+            Err(poisoned) => {
+                let mut engine = poisoned.into_inner();
+                self.stop(&mut engine);
+                engine
+            }
+        }
+    }
+
+    /// Takes no more commands and has the timer thread stop the engine.
+    fn stop(&self, engine: &mut Engine) {
+        if !engine.stopped {
+            engine.stopped = true;
+            let _ = self.timer.send(Wake::Stop);
+        }
+    }
+
+    fn submit(&self, command: Command) -> bool {
+        if let Command::Shutdown = command {
+            return self.timer.send(Wake::Stop).is_ok();
+        }
+        let mut engine = self.lock();
+        if engine.stopped {
+            return false;
+        }
+        let now = engine.now();
+        let mut replies = Vec::new();
+        engine.apply(now, command, &mut replies);
+        self.finish_step(&mut engine, now, replies);
+        true
+    }
+
+    /// Hands the step to the committer and wakes the timer thread if the
+    /// table's next deadline moved earlier than the one it sleeps towards.
+    fn finish_step(&self, engine: &mut Engine, now: MonoMs, replies: Vec<Deferred>) {
+        if !engine.step(now, replies) {
+            // The committer stopped (a commit failed): its replies are
+            // dropped, so their callers hear that the outcome is unknown.
+            self.stop(engine);
+            return;
+        }
+        if let Some(at) = engine.next_wake() {
+            if at < engine.armed {
+                engine.armed = at;
+                let _ = self.timer.send(Wake::Rearm);
+            }
+        }
+    }
+}
+
+type Deferred = Box<dyn FnOnce() + Send>;
+
+/// The table and what goes with it; always behind [`Shared`]'s lock.
+pub struct Engine {
+    table: LeaseTable,
+    origin: Instant,
+    /// Lazy writes not yet handed over.
+    lazy: Vec<Write>,
+    flush_at: MonoMs,
+    waiting: HashMap<WaiterId, Reply<Result<AcquireReply, AcquireError>>>,
+    metrics: Arc<Metrics>,
+    committer: mpsc::Sender<ToCommitter>,
+    /// The deadline the timer thread sleeps towards.
+    armed: MonoMs,
+    /// No more commands are taken.
+    stopped: bool,
+    /// Watchers of holder changes.
+    hub: Arc<Hub>,
+}
+
+impl Engine {
+    /// Loads the table from `store` (every stored lease held for a full TTL
+    /// from now) and starts the timer and committer threads. The returned
+    /// thread (the timer's) ends when the engine stops, with the
+    /// committer's outcome.
+    pub fn start(
+        store: Box<dyn LeaseStore>,
+        limits: baton_core::Limits,
+        metrics: Arc<Metrics>,
+    ) -> Result<
+        (
+            EngineHandle,
+            std::thread::JoinHandle<Result<(), StoreError>>,
+        ),
+        StoreError,
+    > {
+        let stored = store.load()?;
+        let origin = Instant::now();
+        let (n_leases, n_sessions) = (stored.leases.len(), stored.sessions.len());
+        let table = LeaseTable::recover(
+            limits,
+            MonoMs(0),
+            stored.epoch,
+            stored.counter,
+            stored.leases,
+            stored.sessions,
+        );
+        info!(
+            epoch = stored.epoch.get(),
+            counter = stored.counter,
+            n_leases,
+            n_sessions,
+            "recovered lease state; stored leases and sessions are held for a full TTL from now"
+        );
+        metrics.leases.set(n_leases as i64);
+        let (timer, timer_rx) = mpsc::channel();
+        let (to_committer, committer_rx) = mpsc::channel();
+        let shared = Arc::new(Shared {
+            engine: Mutex::new(Engine {
+                table,
+                origin,
+                lazy: Vec::new(),
+                flush_at: MonoMs(LAZY_FLUSH_INTERVAL_MS),
+                waiting: HashMap::new(),
+                metrics: metrics.clone(),
+                committer: to_committer,
+                armed: MonoMs(u64::MAX),
+                stopped: false,
+                hub: Arc::default(),
+            }),
+            timer: timer.clone(),
+        });
+        Ok(spawn_threads(
+            shared,
+            store,
+            timer,
+            timer_rx,
+            committer_rx,
+            metrics,
+        ))
+    }
+
+    fn now(&self) -> MonoMs {
+        MonoMs(self.origin.elapsed().as_millis() as u64)
+    }
+
+    /// When the table next needs a step without a command: its next
+    /// deadline, or the lazy flush.
+    fn next_wake(&self) -> Option<MonoMs> {
+        [
+            self.table.next_deadline(),
+            (!self.lazy.is_empty()).then_some(self.flush_at),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
+
+    /// Ticks the table to `now` and hands the step's writes and replies to
+    /// the committer. `false` if the committer has stopped (a commit failed).
+    fn step(&mut self, now: MonoMs, mut replies: Vec<Deferred>) -> bool {
+        self.table.tick(now);
+        let fx = self.table.take_effects();
+        let changes = holder_changes(&fx.events);
+        if !changes.is_empty() {
+            // Recorded and published by the committer after this step's
+            // commit: neither the page nor a watcher sees a grant that is
+            // not durable.
+            let hub = self.hub.clone();
+            let metrics = self.metrics.clone();
+            replies.push(Box::new(move || {
+                metrics.history.record(&changes, Instant::now());
+                if hub.is_watched() {
+                    hub.publish(changes);
+                }
+            }));
+        }
+        self.lazy.extend(fx.writes);
+        let flush = !self.lazy.is_empty()
+            && (fx.sync || now >= self.flush_at || self.lazy.len() >= LAZY_WRITES_MAX);
+        let writes = if flush {
+            self.flush_at = MonoMs(now.0 + LAZY_FLUSH_INTERVAL_MS);
+            std::mem::take(&mut self.lazy)
+        } else {
+            Vec::new()
+        };
+        self.record(&fx.events);
+        let mut woken = Vec::with_capacity(fx.woken.len());
+        for (waiter, result) in fx.woken {
+            let Some(reply) = self.waiting.remove(&waiter) else {
+                continue;
+            };
+            let answer = match result {
+                WaitResult::Granted(grants) => {
+                    self.metrics.grants_after_wait.inc();
+                    AcquireReply::Granted {
+                        grants,
+                        after_wait: true,
+                    }
+                }
+                WaitResult::TimedOut => AcquireReply::TimedOut,
+                WaitResult::SessionEnded => AcquireReply::SessionEnded,
+            };
+            woken.push((reply, answer));
+        }
+        self.metrics.leases.set(self.table.n_leases() as i64);
+        self.metrics.waiters.set(self.table.n_waiters() as i64);
+        self.metrics.sessions.set(self.table.n_sessions() as i64);
+        if replies.is_empty() && woken.is_empty() && writes.is_empty() {
+            return true;
+        }
+        let job = Job {
+            writes,
+            sync: fx.sync,
+            replies,
+            woken,
+        };
+        self.committer.send(ToCommitter::Job(job)).is_ok()
+    }
+
+    /// A watcher's snapshot now, and its registration in step order.
+    fn watch(
+        &mut self,
+        now: MonoMs,
+        prefix: String,
+        reply: Reply<WatchStart>,
+        replies: &mut Vec<Deferred>,
+    ) {
+        // Earlier events go to earlier watchers in a step of their own, so
+        // that this snapshot and the events registered after it neither
+        // overlap nor leave a gap.
+        self.step(now, std::mem::take(replies));
+        let holders: Vec<LeaseStatus> = self
+            .table
+            .list(now, &prefix, None, usize::MAX)
+            .into_iter()
+            .filter(|s| s.holder_token.is_some())
+            .collect();
+        self.hub.expect();
+        let hub = self.hub.clone();
+        replies.push(Box::new(move || {
+            let _ = reply.send(hub.register(prefix, holders));
+        }));
+    }
+}
+
+/// Starts the committer thread, which owns `store`, and the timer thread,
+/// which steps `shared` at its deadlines and joins the committer.
+fn spawn_threads(
+    shared: Arc<Shared>,
+    store: Box<dyn LeaseStore>,
+    timer: mpsc::Sender<Wake>,
+    timer_rx: mpsc::Receiver<Wake>,
+    committer_rx: mpsc::Receiver<ToCommitter>,
+    metrics: Arc<Metrics>,
+) -> (
+    EngineHandle,
+    std::thread::JoinHandle<Result<(), StoreError>>,
+) {
+    let committer = Committer {
+        store,
+        rx: committer_rx,
+        engine: Arc::downgrade(&shared),
+        timer: timer.clone(),
+        metrics,
+    };
+    let committer_thread = std::thread::Builder::new()
+        .name("baton-commit".into())
+        .spawn(move || committer.run())
+        .expect("spawn committer thread");
+    let timer_shared = shared.clone();
+    let thread = std::thread::Builder::new()
+        .name("baton-engine".into())
+        .spawn(move || run_timer(&timer_shared, &timer_rx, committer_thread))
+        .expect("spawn engine thread");
+    let stop = Arc::new(StopOnDrop(timer));
+    (
+        EngineHandle {
+            shared,
+            _last: stop,
+        },
+        thread,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use baton_testkit::store::MemStore;
+
+    #[test]
+    fn a_panic_while_the_table_is_held_stops_the_engine_as_a_panic() {
+        let metrics = Arc::new(Metrics::default());
+        let (handle, thread) = Engine::start(
+            Box::new(MemStore::default()),
+            baton_core::Limits::default(),
+            metrics,
+        )
+        .unwrap();
+        let shared = handle.shared.clone();
+        let poisoner = std::thread::spawn(move || {
+            let _held = shared.lock();
+            panic!("a violated invariant while the table is held");
+        });
+        assert!(poisoner.join().is_err());
+        let (reply, _rx) = oneshot::channel();
+        let status = Command::Status {
+            resource: ResourceName::parse("r").unwrap(),
+            reply,
+        };
+        assert!(!handle.send(status), "no command is taken after the panic");
+        assert!(thread.join().is_err(), "the engine stops as a panic");
+    }
+}

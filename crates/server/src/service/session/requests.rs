@@ -1,0 +1,243 @@
+//! Each request on a session stream: admitted by the gate, handed to the
+//! engine, its answer the future kept in flight.
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+
+use baton_core::{AcquireRequest, AcquisitionId, ResourceName, Resumed, WaiterId};
+use baton_proto::v1::{self, session_response::Body};
+use tokio::sync::oneshot;
+use tonic::Status;
+use tracing::Instrument;
+
+use super::{request_error, revoked, InFlight, SessionTask};
+use crate::access::auth::Permission;
+use crate::access::gate::SessionRefusal;
+use crate::engine::Command;
+use crate::service::{
+    acquire_error, acquire_outcome, answer, parse_acquisition_id, parse_holder, parse_resource,
+    random_id, release_message, renew_message, send, trace, ResourcesField,
+};
+
+impl SessionTask {
+    /// A heartbeat. After a reload of the auth file it is judged like a
+    /// resume, once per new table: a principal that lost `lease` on what
+    /// the session holds cannot keep it alive, and the refusal ends the
+    /// stream (see `finish`).
+    pub(super) fn heartbeat(&mut self, id: u64) -> Result<InFlight, Status> {
+        let who = self.service.gate.admit(&self.caller, "session.heartbeat")?;
+        let reloaded = who
+            .principal()
+            .filter(|p| !self.kept_by.as_ref().is_some_and(|k| Arc::ptr_eq(k, p)))
+            .cloned();
+        let (check, refusal) = reloaded
+            .map(|principal| {
+                self.kept_by = Some(principal);
+                (who.session_check(), who.session_refusal())
+            })
+            .unzip();
+        let (reply, rx) = oneshot::channel();
+        let digest = self.digest;
+        send(
+            &self.term,
+            Command::KeepAlive {
+                digest,
+                check,
+                reply,
+            },
+        )?;
+        Ok(Box::pin(async move {
+            let body = answer(rx).await.and_then(|kept| match kept {
+                Resumed::Kept(kept) => Ok(Body::Heartbeat(v1::HeartbeatAck {
+                    remaining_ms: kept.ttl_ms,
+                    revoked: revoked(kept.revoked),
+                })),
+                Resumed::NotOpen => Ok(Body::Ended(v1::SessionEnded {})),
+                Resumed::Refused => Err(refusal.map_or_else(
+                    || Status::internal("a heartbeat was refused without a check"),
+                    SessionRefusal::status,
+                )),
+            });
+            (id, body)
+        }))
+    }
+
+    /// Closing releases the session's leases: only a principal that may
+    /// hold all of them can (as for a resume).
+    pub(super) fn close(&mut self, id: u64) -> Result<InFlight, Status> {
+        let who = self.service.gate.admit(&self.caller, "session.close")?;
+        let (check, refusal) = (who.session_check(), who.session_refusal());
+        let (reply, rx) = oneshot::channel();
+        let digest = self.digest;
+        send(
+            &self.term,
+            Command::CloseSession {
+                digest,
+                check,
+                reply,
+            },
+        )?;
+        Ok(Box::pin(async move {
+            let body = answer(rx).await.map(|closed| match closed {
+                Some(was_open) => Body::Closed(v1::SessionClosed { was_open }),
+                None => request_error(&refusal.status()),
+            });
+            (id, body)
+        }))
+    }
+
+    /// What a renew and a release share: their span, the resource parsed
+    /// and admitted for `lease`, and the acquisition id parsed.
+    fn holder_request(
+        &self,
+        (op, action, field): (&'static str, &'static str, &'static str),
+        raw_resource: &String,
+        raw_id: &[u8],
+        traceparent: &str,
+    ) -> Result<(tracing::Span, ResourceName, AcquisitionId), Status> {
+        let span = trace::request_span(op, std::slice::from_ref(raw_resource), traceparent);
+        let resource = parse_resource(field, raw_resource)?;
+        self.service
+            .gate
+            .admit(&self.caller, action)?
+            .may(Permission::Lease, resource.as_str())?;
+        Ok((span, resource, parse_acquisition_id(raw_id)?))
+    }
+
+    pub(super) fn renew(
+        &mut self,
+        id: u64,
+        r: v1::RenewRequest,
+        traceparent: &str,
+    ) -> Result<InFlight, Status> {
+        let (span, resource, acquisition) = self.holder_request(
+            ("renew", "session.renew", "renew.resource"),
+            &r.resource,
+            &r.acquisition_id,
+            traceparent,
+        )?;
+        let (reply, rx) = oneshot::channel();
+        send(
+            &self.term,
+            Command::Renew {
+                resource,
+                id: acquisition,
+                reply,
+            },
+        )?;
+        Ok(Box::pin(
+            async move {
+                let body = answer(rx).await.map(|o| {
+                    let message = renew_message(o);
+                    trace::renewed(&tracing::Span::current(), &message);
+                    Body::Renew(message)
+                });
+                (id, body)
+            }
+            .instrument(span),
+        ))
+    }
+
+    pub(super) fn release(
+        &mut self,
+        id: u64,
+        r: v1::ReleaseRequest,
+        traceparent: &str,
+    ) -> Result<InFlight, Status> {
+        let (span, resource, acquisition) = self.holder_request(
+            ("release", "session.release", "release.resource"),
+            &r.resource,
+            &r.acquisition_id,
+            traceparent,
+        )?;
+        let (reply, rx) = oneshot::channel();
+        send(
+            &self.term,
+            Command::Release {
+                resource,
+                id: acquisition,
+                reply,
+            },
+        )?;
+        Ok(Box::pin(
+            async move {
+                let body = answer(rx).await.map(|o| {
+                    let message = release_message(o);
+                    trace::released(&tracing::Span::current(), &message);
+                    Body::Release(message)
+                });
+                (id, body)
+            }
+            .instrument(span),
+        ))
+    }
+
+    /// Withdraws a waiting acquire of this stream, if it still waits.
+    pub(super) fn cancel(&mut self, id: u64, c: v1::CancelWait) -> Result<InFlight, Status> {
+        self.service.gate.admit(&self.caller, "session.cancel")?;
+        let withdrawn = match self.waits.get(&c.acquire_id) {
+            Some(waiter) => {
+                self.cancelled.insert(c.acquire_id);
+                self.term
+                    .engine
+                    .send(Command::CancelWait { waiter: *waiter });
+                true
+            }
+            None => false,
+        };
+        Ok(Box::pin(async move {
+            (id, Ok(Body::Cancel(v1::CancelWaitResponse { withdrawn })))
+        }))
+    }
+
+    pub(super) fn acquire(
+        &mut self,
+        id: u64,
+        a: v1::SessionAcquire,
+        traceparent: &str,
+    ) -> Result<InFlight, Status> {
+        let span = trace::request_span("acquire", &a.resources, traceparent);
+        self.service.metrics.acquire_requests.inc();
+        let mut claims = Vec::with_capacity(a.resources.len());
+        for (i, raw) in a.resources.iter().enumerate() {
+            claims.push((parse_resource(ResourcesField(i), raw)?, random_id()));
+        }
+        let who = self.service.gate.admit(&self.caller, "session.acquire")?;
+        for (name, _) in &claims {
+            who.may(Permission::Lease, name.as_str())?;
+        }
+        // No TTL of its own: the lease is tied to the session.
+        let bound = a.ttl_ms.is_none();
+        let waiter = WaiterId(self.service.next_waiter.fetch_add(1, Relaxed));
+        let request = AcquireRequest {
+            claims,
+            ttl_ms: a.ttl_ms.unwrap_or(0),
+            wait_ms: a.wait_ms,
+            waiter,
+            session: bound.then_some(self.digest),
+            holder: parse_holder("acquire.holder", a.holder.as_deref())?,
+        };
+        let (reply, rx) = oneshot::channel();
+        send(&self.term, Command::Acquire { request, reply })?;
+        if a.wait_ms > 0 {
+            self.waits.insert(id, waiter);
+        }
+        Ok(Box::pin(
+            async move {
+                // A cancelled wait ends here too: the engine drops its
+                // reply (see `finish`).
+                let body = answer(rx).await.map(|out| match out {
+                    Ok(reply) => {
+                        trace::acquired(&tracing::Span::current(), &reply);
+                        Body::Acquire(v1::AcquireResponse {
+                            outcome: Some(acquire_outcome(reply, bound)),
+                        })
+                    }
+                    Err(e) => request_error(&acquire_error(e)),
+                });
+                (id, body)
+            }
+            .instrument(span),
+        ))
+    }
+}
