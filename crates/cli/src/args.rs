@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 
 use baton_client::flags::{parse_duration, parse_positive_duration};
 
@@ -19,6 +19,52 @@ pub const EXIT_CODES: &str = "Exit codes:
   5  refused by the server's auth rules (unauthenticated, or permission denied)
   6  expired on arrival: the grant or renewal came back later than its TTL
      counted from when the request was sent (released, best effort)";
+
+/// The command line, with `serve`'s defaults taken from the server's own
+/// (`ServerConfig::default`, which holds `Limits::default`, and the
+/// cluster's leader TTL): one source for every default, which `--help`,
+/// the man pages and a config file all see.
+pub fn command() -> clap::Command {
+    let d = baton_server::ServerConfig::default();
+    let l = &d.limits;
+    let ms = |v: u64| baton_client::flags::format_duration(Duration::from_millis(v));
+    let defaults = [
+        ("listen", d.listen.to_string()),
+        (
+            "http_listen",
+            d.http_listen.map(|a| a.to_string()).unwrap_or_default(),
+        ),
+        ("data_dir", d.data_dir.display().to_string()),
+        ("default_ttl", ms(d.default_ttl_ms)),
+        ("ttl_min", ms(l.ttl_ms_min)),
+        ("ttl_max", ms(l.ttl_ms_max)),
+        ("wait_max", ms(l.wait_ms_max)),
+        (
+            "max_waiters_per_resource",
+            l.n_waiters_per_resource_max.to_string(),
+        ),
+        ("max_waiters", l.n_waiters_max.to_string()),
+        ("max_sessions", l.n_sessions_max.to_string()),
+        ("max_connections", d.connections_max.to_string()),
+        ("handshake_timeout", ms(d.handshake_timeout_ms)),
+        ("idle_timeout", ms(d.idle_timeout_ms)),
+        (
+            "max_resources_per_request",
+            l.n_resources_per_request_max.to_string(),
+        ),
+        ("leader_ttl", ms(baton_server::LEADER_TTL_MS_DEFAULT)),
+    ];
+    Cli::command().mut_subcommand("serve", |serve| {
+        defaults.into_iter().fold(serve, |serve, (id, value)| {
+            serve.mut_arg(id, |a| a.default_value(value).required(false))
+        })
+    })
+}
+
+/// Parses `args` against [`command`].
+pub fn parse_from(args: &[std::ffi::OsString]) -> Result<Cli, clap::Error> {
+    Cli::from_arg_matches(&command().try_get_matches_from(args)?)
+}
 
 #[derive(Parser)]
 #[command(name = "baton", version, about = "Leases with fencing tokens that make stale workers harmless", after_help = EXIT_CODES)]
@@ -71,8 +117,8 @@ pub struct HolderOpt {
     pub holder: Option<baton_core::Holder>,
 }
 
-fn parse_holder(raw: &str) -> Result<baton_core::Holder, String> {
-    baton_core::Holder::parse(raw).map_err(|e| e.to_string())
+fn parse_holder(raw: &str) -> Result<baton_core::Holder, baton_core::HolderError> {
+    baton_core::Holder::parse(raw)
 }
 
 impl HolderOpt {
@@ -454,10 +500,10 @@ pub struct ServeArgs {
     #[arg(long, env = "BATON_CONFIG")]
     pub config: Option<std::path::PathBuf>,
     /// gRPC address.
-    #[arg(long, env = "BATON_LISTEN", default_value = "127.0.0.1:7700")]
+    #[arg(long, env = "BATON_LISTEN")]
     pub listen: SocketAddr,
     /// HTTP address for /healthz, /readyz and /metrics.
-    #[arg(long, env = "BATON_HTTP_LISTEN", default_value = "127.0.0.1:7701")]
+    #[arg(long, env = "BATON_HTTP_LISTEN")]
     pub http_listen: SocketAddr,
     /// Export OpenTelemetry traces (spans for acquire, grant, renew and
     /// release, joined to the client's trace) to this OTLP/HTTP collector,
@@ -465,40 +511,40 @@ pub struct ServeArgs {
     #[arg(long, env = "BATON_OTLP_ENDPOINT", value_name = "URL")]
     pub otlp_endpoint: Option<String>,
     /// Where the embedded store keeps its file.
-    #[arg(long, env = "BATON_DATA_DIR", default_value = "baton-data")]
+    #[arg(long, env = "BATON_DATA_DIR")]
     pub data_dir: PathBuf,
     /// Lease duration when a client names none.
-    #[arg(long, env = "BATON_DEFAULT_TTL", default_value = "30s", value_parser = parse_positive_duration)]
+    #[arg(long, env = "BATON_DEFAULT_TTL", value_parser = parse_positive_duration)]
     pub default_ttl: Duration,
     /// Shortest lease duration accepted.
-    #[arg(long, env = "BATON_TTL_MIN", default_value = "1s", value_parser = parse_positive_duration)]
+    #[arg(long, env = "BATON_TTL_MIN", value_parser = parse_positive_duration)]
     pub ttl_min: Duration,
     /// Longest lease duration accepted.
-    #[arg(long, env = "BATON_TTL_MAX", default_value = "10m", value_parser = parse_positive_duration)]
+    #[arg(long, env = "BATON_TTL_MAX", value_parser = parse_positive_duration)]
     pub ttl_max: Duration,
     /// Longest time an acquire may wait in line.
-    #[arg(long, env = "BATON_WAIT_MAX", default_value = "10m", value_parser = parse_duration)]
+    #[arg(long, env = "BATON_WAIT_MAX", value_parser = parse_duration)]
     pub wait_max: Duration,
     /// Most requests waiting on one resource; beyond, RESOURCE_EXHAUSTED.
-    #[arg(long, env = "BATON_MAX_WAITERS_PER_RESOURCE", default_value_t = 1_024)]
+    #[arg(long, env = "BATON_MAX_WAITERS_PER_RESOURCE")]
     pub max_waiters_per_resource: usize,
     /// Most requests waiting in all.
-    #[arg(long, env = "BATON_MAX_WAITERS", default_value_t = 100_000)]
+    #[arg(long, env = "BATON_MAX_WAITERS")]
     pub max_waiters: usize,
     /// Most open sessions; beyond, opening one gets RESOURCE_EXHAUSTED.
-    #[arg(long, env = "BATON_MAX_SESSIONS", default_value_t = 100_000)]
+    #[arg(long, env = "BATON_MAX_SESSIONS")]
     pub max_sessions: usize,
     /// Most open client connections (a newcomer first evicts one that sent nothing).
-    #[arg(long, env = "BATON_MAX_CONNECTIONS", default_value_t = 1_024)]
+    #[arg(long, env = "BATON_MAX_CONNECTIONS")]
     pub max_connections: usize,
     /// A new connection must send its first request within this long.
-    #[arg(long, env = "BATON_HANDSHAKE_TIMEOUT", default_value = "10s", value_parser = parse_positive_duration)]
+    #[arg(long, env = "BATON_HANDSHAKE_TIMEOUT", value_parser = parse_positive_duration)]
     pub handshake_timeout: Duration,
     /// A connection with no request in flight for this long is closed.
-    #[arg(long, env = "BATON_IDLE_TIMEOUT", default_value = "15m", value_parser = parse_positive_duration)]
+    #[arg(long, env = "BATON_IDLE_TIMEOUT", value_parser = parse_positive_duration)]
     pub idle_timeout: Duration,
     /// Most resources in one all-or-nothing acquire.
-    #[arg(long, env = "BATON_MAX_RESOURCES_PER_REQUEST", default_value_t = 64)]
+    #[arg(long, env = "BATON_MAX_RESOURCES_PER_REQUEST")]
     pub max_resources_per_request: usize,
     /// Keep the lease state in PostgreSQL instead of the data directory and
     /// serve as one server of a cluster (postgres://USER@HOST:PORT/DB, or
@@ -521,7 +567,7 @@ pub struct ServeArgs {
     pub advertise: Option<String>,
     /// A follower takes over when the leader has not renewed for this long;
     /// failover takes about this plus loading the leases.
-    #[arg(long, env = "BATON_LEADER_TTL", default_value = "4s", value_parser = parse_positive_duration, requires = "store")]
+    #[arg(long, env = "BATON_LEADER_TTL", value_parser = parse_positive_duration, requires = "store")]
     pub leader_ttl: Duration,
     /// Serve gRPC and HTTP over TLS with this certificate chain (PEM, leaf first).
     #[arg(long, env = "BATON_TLS_CERT", requires = "tls_key")]
@@ -544,4 +590,55 @@ pub struct ServeArgs {
     /// file, one JSON object per line.
     #[arg(long, env = "BATON_AUDIT_LOG")]
     pub audit_log: Option<PathBuf>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn serve_config(extra: &[&str]) -> baton_server::ServerConfig {
+        let args: Vec<std::ffi::OsString> = ["baton", "serve"]
+            .iter()
+            .chain(extra)
+            .map(Into::into)
+            .collect();
+        match parse_from(&args).expect("parses").command {
+            Command::Serve(a) => crate::serve::config(a),
+            _ => unreachable!("serve was asked for"),
+        }
+    }
+
+    #[test]
+    fn the_command_line_is_well_formed() {
+        command().debug_assert();
+    }
+
+    #[test]
+    fn serve_with_no_flags_is_the_servers_default_configuration() {
+        // Debug output: ServerConfig holds no secrets and has no PartialEq.
+        assert_eq!(
+            format!("{:?}", serve_config(&[])),
+            format!("{:?}", baton_server::ServerConfig::default())
+        );
+    }
+
+    #[test]
+    fn a_flag_still_overrides_its_default() {
+        let c = serve_config(&["--default-ttl", "5s", "--max-connections", "7"]);
+        assert_eq!((c.default_ttl_ms, c.connections_max), (5_000, 7));
+    }
+
+    #[test]
+    fn the_help_shows_the_servers_defaults() {
+        let mut serve = command().find_subcommand("serve").expect("serve").clone();
+        let help = serve.render_long_help().to_string();
+        for shown in [
+            "[default: 30s]",
+            "[default: 10m]",
+            "[default: 1024]",
+            "[default: 4s]",
+        ] {
+            assert!(help.contains(shown), "{shown} missing from:\n{help}");
+        }
+    }
 }

@@ -4,15 +4,13 @@
 
 use std::path::Path;
 
-use clap::CommandFactory;
-
-use crate::args::Cli;
+use crate::args::command;
 use crate::error::CliError;
 
 /// The completion script for `shell`, on stdout (a reader that went away
 /// is not an error).
 pub fn completions(shell: clap_complete::Shell) {
-    let mut cmd = Cli::command();
+    let mut cmd = command();
     let mut script = Vec::new();
     clap_complete::generate(shell, &mut cmd, "baton", &mut script);
     crate::stdout::line(String::from_utf8_lossy(&script).trim_end());
@@ -23,7 +21,7 @@ pub fn completions(shell: clap_complete::Shell) {
 pub fn man_pages(dir: &Path) -> Result<(), CliError> {
     std::fs::create_dir_all(dir)
         .map_err(|e| CliError::failure(format!("--dir {}: {e}", dir.display())))?;
-    write_page(dir, Cli::command(), "baton")
+    write_page(dir, command(), "baton")
 }
 
 fn write_page(dir: &Path, cmd: clap::Command, name: &str) -> Result<(), CliError> {

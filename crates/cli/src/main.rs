@@ -23,9 +23,7 @@ mod watch;
 
 use std::process::ExitCode;
 
-use clap::Parser;
-
-use args::{Admin, Cli, ClusterCommand, Command};
+use args::{Admin, ClusterCommand, Command};
 use error::{CliError, Exit};
 use output::emit;
 
@@ -48,9 +46,11 @@ fn main() -> ExitCode {
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
     let json_asked = args.iter().any(|a| a == "--json");
     if let Err(message) = config_file::apply(&args) {
-        return CliError::usage(message).report(json_asked).into();
+        return CliError::usage(message.to_string())
+            .report(json_asked)
+            .into();
     }
-    let cli = match Cli::try_parse_from(&args) {
+    let cli = match args::parse_from(&args) {
         Ok(cli) => cli,
         // `run` keeps 124-127 for its own outcomes: a bad flag is 125.
         Err(e) if args.get(1).is_some_and(|a| a == "run") => {
