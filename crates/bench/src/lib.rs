@@ -9,6 +9,7 @@
 //! printed for people; no test asserts on them.
 #![warn(missing_docs)]
 
+use anyhow::Context;
 use std::future::Future;
 use std::time::{Duration, Instant};
 
@@ -40,7 +41,7 @@ pub trait Target: Sync {
     /// The name printed in reports.
     fn name(&self) -> String;
     /// Opens one client connection.
-    fn connect(&self) -> impl Future<Output = Result<Self::Conn, String>> + Send;
+    fn connect(&self) -> impl Future<Output = anyhow::Result<Self::Conn>> + Send;
     /// Names (as in `/proc/PID/comm`) of the processes that serve this
     /// target: their CPU time is the server's cost per cycle.
     fn server_processes(&self) -> &'static [&'static str] {
@@ -95,9 +96,9 @@ pub trait Conn: Send + 'static {
         &mut self,
         resource: &str,
         wait: bool,
-    ) -> impl Future<Output = Result<Self::Held, String>> + Send;
+    ) -> impl Future<Output = anyhow::Result<Self::Held>> + Send;
     /// Releases what `acquire` returned.
-    fn release(&mut self, held: Self::Held) -> impl Future<Output = Result<(), String>> + Send;
+    fn release(&mut self, held: Self::Held) -> impl Future<Output = anyhow::Result<()>> + Send;
 }
 
 /// One measurement: a target, a mode and a client count.
@@ -200,7 +201,7 @@ pub async fn run<T: Target>(
     clients: usize,
     duration: Duration,
     run_id: &str,
-) -> Result<Report, String> {
+) -> anyhow::Result<Report> {
     let mut conns = Vec::with_capacity(clients);
     for _ in 0..clients {
         conns.push(target.connect().await?);
@@ -245,7 +246,7 @@ pub async fn run<T: Target>(
     let (server0, client0) = (cpu_us_of(names), pid_cpu_us("self"));
     let (mut acq, mut rel, mut errors, mut conns) = (Vec::new(), Vec::new(), 0, Vec::new());
     for t in tasks {
-        let (a, r, e, conn) = t.await.map_err(|e| e.to_string())?;
+        let (a, r, e, conn) = t.await?;
         acq.extend(a);
         rel.extend(r);
         errors += e;
@@ -347,11 +348,11 @@ impl Target for Baton {
         self.processes
     }
 
-    async fn connect(&self) -> Result<BatonConn, String> {
+    async fn connect(&self) -> anyhow::Result<BatonConn> {
         let connect = || async {
             Client::connect_with(&self.url, self.options.clone())
                 .await
-                .map_err(|e| e.to_string())
+                .with_context(|| format!("connect to {}", self.url))
         };
         let client = match self.transport {
             Transport::SessionSharedConnection => {
@@ -361,12 +362,7 @@ impl Target for Baton {
         };
         let session = match self.transport {
             Transport::Unary => None,
-            _ => Some(
-                client
-                    .open_session(self.ttl)
-                    .await
-                    .map_err(|e| e.to_string())?,
-            ),
+            _ => Some(client.open_session(self.ttl).await?),
         };
         Ok(BatonConn {
             client,
@@ -386,7 +382,7 @@ pub struct BatonConn {
 impl Conn for BatonConn {
     type Held = baton_client::Lease;
 
-    async fn acquire(&mut self, resource: &str, wait: bool) -> Result<Self::Held, String> {
+    async fn acquire(&mut self, resource: &str, wait: bool) -> anyhow::Result<Self::Held> {
         let wait = if wait {
             Duration::from_secs(60)
         } else {
@@ -396,13 +392,13 @@ impl Conn for BatonConn {
             Some(s) => s.acquire(resource, wait).await,
             None => self.client.acquire(resource, self.ttl, wait).await,
         };
-        match acquired.map_err(|e| e.to_string())? {
+        match acquired? {
             Acquired::Granted(lease) => Ok(lease),
-            Acquired::NotAcquired(n) => Err(format!("not acquired: {n:?}")),
+            Acquired::NotAcquired(n) => Err(anyhow::anyhow!("not acquired: {n:?}")),
         }
     }
 
-    async fn release(&mut self, held: Self::Held) -> Result<(), String> {
+    async fn release(&mut self, held: Self::Held) -> anyhow::Result<()> {
         let released = match &self.session {
             Some(s) => s.release(&held.resource, &held.acquisition_id).await,
             None => {
@@ -411,9 +407,9 @@ impl Conn for BatonConn {
                     .await
             }
         };
-        match released.map_err(|e| e.to_string())? {
+        match released? {
             Release::Released { .. } => Ok(()),
-            Release::NotHeld => Err("release: not held".into()),
+            Release::NotHeld => Err(anyhow::anyhow!("release: not held")),
         }
     }
 }
@@ -438,7 +434,7 @@ pub async fn fill(
     n_leases: usize,
     ttl: Duration,
     run_id: &str,
-) -> Result<Duration, String> {
+) -> anyhow::Result<Duration> {
     fill_counting(url, n_leases, ttl, run_id, Default::default()).await
 }
 
@@ -449,13 +445,13 @@ pub async fn fill_counting(
     ttl: Duration,
     run_id: &str,
     done: std::sync::Arc<std::sync::atomic::AtomicUsize>,
-) -> Result<Duration, String> {
+) -> anyhow::Result<Duration> {
     const CLIENTS: usize = 16;
     const PER_REQUEST: usize = 64;
     let started = Instant::now();
     let mut tasks = Vec::new();
     for c in 0..CLIENTS {
-        let mut client = Client::connect(url).await.map_err(|e| e.to_string())?;
+        let mut client = Client::connect(url).await?;
         let run_id = run_id.to_string();
         let done = done.clone();
         tasks.push(tokio::spawn(async move {
@@ -465,23 +461,19 @@ pub async fn fill_counting(
                     .map(|k| format!("fill:{run_id}:{k:08}"))
                     .collect();
                 let refs: Vec<&str> = names.iter().map(String::as_str).collect();
-                match client
-                    .acquire_all(&refs, ttl, Duration::ZERO)
-                    .await
-                    .map_err(|e| e.to_string())?
-                {
+                match client.acquire_all(&refs, ttl, Duration::ZERO).await? {
                     baton_client::AcquiredAll::Granted { leases, .. } => {
                         done.fetch_add(leases.len(), std::sync::atomic::Ordering::Relaxed);
                     }
-                    other => return Err(format!("fill: not granted: {other:?}")),
+                    other => return Err(anyhow::anyhow!("fill: not granted: {other:?}")),
                 }
                 i += CLIENTS * PER_REQUEST;
             }
-            Ok::<(), String>(())
+            Ok::<(), anyhow::Error>(())
         }));
     }
     for t in tasks {
-        t.await.map_err(|e| e.to_string())??;
+        t.await??;
     }
     Ok(started.elapsed())
 }
@@ -576,7 +568,7 @@ pub async fn scale(
     s: &Scale<'_>,
     run_id: &str,
     mut on_row: impl FnMut(&ScaleRow),
-) -> Result<Vec<ScaleRow>, String> {
+) -> anyhow::Result<Vec<ScaleRow>> {
     let mut held = 0;
     let mut rows = Vec::new();
     for &level in s.levels {

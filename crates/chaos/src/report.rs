@@ -64,7 +64,7 @@ impl Checked {
 /// pointers of the statements of accounts starting with `prefix`.
 pub async fn check(db: &dyn ServiceDb, history: &Path, prefix: &str) -> anyhow::Result<Checked> {
     let resource_prefix = format!("statement:{prefix}");
-    let histories = baton_faults::history::read_dir(history).map_err(anyhow::Error::msg)?;
+    let histories = baton_faults::history::read_dir(history)?;
     let accepted: Vec<Accepted> = db
         .publication_log(&resource_prefix)
         .await

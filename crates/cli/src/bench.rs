@@ -88,8 +88,9 @@ fn print_json(value: &impl Serialize) {
     );
 }
 
-pub(crate) fn bench_error(e: String) -> CliError {
-    CliError::failure(format!("bench: {e}"))
+/// A failed measurement, with every cause in its chain.
+pub(crate) fn bench_error(e: impl std::fmt::Display) -> CliError {
+    CliError::failure(format!("bench: {e:#}"))
 }
 
 /// `baton bench`, in whichever of its three forms the flags ask for.

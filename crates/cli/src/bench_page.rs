@@ -23,29 +23,33 @@ const FIRST_ROWS_SAMPLES: usize = 21;
 
 /// `GET path` on `addr` with an optional bearer token: the status and the
 /// body's length.
-async fn get(addr: SocketAddr, path: &str, token: Option<&str>) -> Result<(u16, usize), String> {
+async fn get(addr: SocketAddr, path: &str, token: Option<&str>) -> std::io::Result<(u16, usize)> {
+    let context =
+        |e: std::io::Error| std::io::Error::new(e.kind(), format!("GET {path} from {addr}: {e}"));
     let mut stream = tokio::net::TcpStream::connect(addr)
         .await
-        .map_err(|e| format!("connecting to {addr}: {e}"))?;
+        .map_err(context)?;
     let auth = token.map_or(String::new(), |t| format!("authorization: Bearer {t}\r\n"));
     stream
         .write_all(format!("GET {path} HTTP/1.0\r\nhost: {addr}\r\n{auth}\r\n").as_bytes())
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(context)?;
     let mut out = Vec::new();
-    stream
-        .read_to_end(&mut out)
-        .await
-        .map_err(|e| e.to_string())?;
+    stream.read_to_end(&mut out).await.map_err(context)?;
     let status = std::str::from_utf8(out.get(9..12).unwrap_or_default())
         .ok()
         .and_then(|s| s.parse().ok())
-        .ok_or_else(|| format!("{path}: not an HTTP answer"))?;
+        .ok_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("GET {path} from {addr}: not an HTTP answer"),
+            )
+        })?;
     Ok((status, out.len()))
 }
 
-/// The calls one refresh of the page makes.
-async fn refresh(addr: SocketAddr, token: Option<&str>) -> Result<(), String> {
+/// The calls one refresh of the page makes; `false` if one did not answer 200.
+async fn refresh(addr: SocketAddr, token: Option<&str>) -> std::io::Result<bool> {
     for path in [
         "/api/overview",
         "/api/leases?limit=50&prefix=",
@@ -53,10 +57,10 @@ async fn refresh(addr: SocketAddr, token: Option<&str>) -> Result<(), String> {
     ] {
         let (status, _) = get(addr, path, token).await?;
         if status != 200 {
-            return Err(format!("{path} answered {status}"));
+            return Ok(false);
         }
     }
-    Ok(())
+    Ok(true)
 }
 
 /// Open pages; dropping them closes every one.
@@ -82,7 +86,7 @@ fn open(addr: SocketAddr, n: usize, token: Option<String>) -> Pages {
                 let mut tick = tokio::time::interval(REFRESH);
                 loop {
                     tick.tick().await;
-                    if refresh(addr, token.as_deref()).await.is_ok() {
+                    if refresh(addr, token.as_deref()).await.is_ok_and(|ok| ok) {
                         refreshes.fetch_add(1, Ordering::Relaxed);
                     }
                 }

@@ -50,25 +50,37 @@ fn lossy(args: &[std::ffi::OsString]) -> Vec<String> {
         .collect()
 }
 
+/// Why `serve --config FILE` was refused: the file and the rule.
+#[derive(Debug, thiserror::Error)]
+#[error("--config {path}: {reason}")]
+pub struct ConfigFileError {
+    path: String,
+    reason: String,
+}
+
 /// Reads the config file named on the command line, if any, and exposes
 /// each value that neither a flag nor the environment sets as its `BATON_*`
 /// variable. An unreadable file or an unknown key is an error naming it.
-pub fn apply(args: &[std::ffi::OsString]) -> Result<(), String> {
+pub fn apply(args: &[std::ffi::OsString]) -> Result<(), ConfigFileError> {
     let args = &lossy(args);
     let Some(path) = config_path(args) else {
         return Ok(());
     };
-    let text = std::fs::read_to_string(&path).map_err(|e| format!("--config {path}: {e}"))?;
+    let refused = |reason: String| ConfigFileError {
+        path: path.clone(),
+        reason,
+    };
+    let text = std::fs::read_to_string(&path).map_err(|e| refused(e.to_string()))?;
     let table: BTreeMap<String, toml::Value> = toml::from_str(&text)
-        .map_err(|e| format!("--config {path}: not a TOML table of serve flags: {e}"))?;
+        .map_err(|e| refused(format!("not a TOML table of serve flags: {e}")))?;
     for (key, value) in table {
         let key = key.replace('-', "_");
         let keys = keys();
         if !keys.contains(&key) {
-            return Err(format!(
-                "--config {path}: unknown key {key:?}; the keys are the serve flags: {}",
+            return Err(refused(format!(
+                "unknown key {key:?}; the keys are the serve flags: {}",
                 keys.join(", ")
-            ));
+            )));
         }
         let flag = format!("--{}", key.replace('_', "-"));
         let on_command_line = args
@@ -82,10 +94,10 @@ pub fn apply(args: &[std::ffi::OsString]) -> Result<(), String> {
             toml::Value::String(s) => s,
             toml::Value::Integer(n) => n.to_string(),
             other => {
-                return Err(format!(
-                    "--config {path}: {key} must be a string or a number, not a {}",
+                return Err(refused(format!(
+                    "{key} must be a string or a number, not a {}",
                     other.type_str()
-                ))
+                )))
             }
         };
         // Edition 2021, before any thread starts: set_var is sound here.

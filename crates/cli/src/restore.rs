@@ -145,7 +145,6 @@ pub async fn restore_cluster(
             resources: resources_floor,
             now_unix_s,
         })
-        .map_err(|e| e.to_string())
     })
     .await
     .map_err(|e| failure(format!("--store: {e}")))?;

@@ -67,16 +67,22 @@ pub struct Histories {
 
 /// Reads every history file in `dir`. A line that does not parse is an
 /// error: one write per line means a crash cannot cut one short.
-pub fn read_dir(dir: &Path) -> Result<Histories, String> {
+pub fn read_dir(dir: &Path) -> std::io::Result<Histories> {
     let mut last: BTreeMap<(String, String), Observed> = BTreeMap::new();
     let mut out = Histories::default();
-    for entry in std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))? {
-        let path = entry.map_err(|e| e.to_string())?.path();
-        let text =
-            std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let named = |path: &Path, e: std::io::Error| {
+        std::io::Error::new(e.kind(), format!("{}: {e}", path.display()))
+    };
+    for entry in std::fs::read_dir(dir).map_err(|e| named(dir, e))? {
+        let path = entry.map_err(|e| named(dir, e))?.path();
+        let text = std::fs::read_to_string(&path).map_err(|e| named(&path, e))?;
         for raw in text.lines() {
-            let line: Line = serde_json::from_str(raw)
-                .map_err(|e| format!("{}: unreadable history line {raw:?}: {e}", path.display()))?;
+            let line: Line = serde_json::from_str(raw).map_err(|e| {
+                std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    format!("{}: unreadable history line {raw:?}: {e}", path.display()),
+                )
+            })?;
             let status = match line.status {
                 Step::Invoke => {
                     out.attempts += 1;
@@ -135,6 +141,7 @@ mod tests {
         std::fs::write(dir.join("w1.jsonl"), "{\"resource\":\n").unwrap();
         assert!(read_dir(&dir)
             .unwrap_err()
+            .to_string()
             .contains("unreadable history line"));
         std::fs::remove_dir_all(&dir).unwrap();
     }

@@ -335,7 +335,7 @@ impl ObjectKit {
         };
         let manifest = match std::str::from_utf8(&text)
             .map_err(|e| e.to_string())
-            .and_then(Manifest::parse)
+            .and_then(|text| Manifest::parse(text).map_err(|e| e.to_string()))
         {
             Ok(m) => m,
             Err(detail) => {

@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use anyhow::Context;
 use baton_client::flags::parse_positive_duration;
 use clap::{Parser, Subcommand};
 
@@ -16,10 +17,17 @@ const EXIT_CODES: &str = "Exit codes:
   2  invalid usage or input
   3  no such job (inspect, show, cancel)";
 
+/// A date that is not YYYY-MM-DD with a real month and day.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct BadDate(String);
+
 /// A statement date: `YYYY-MM-DD`, a real day of a real month.
-pub fn parse_date(s: &str) -> Result<String, String> {
+pub fn parse_date(s: &str) -> Result<String, BadDate> {
     let bad = || {
-        format!("{s:?} is not a date: write YYYY-MM-DD with a real month and day, like 2026-09-13")
+        BadDate(format!(
+            "{s:?} is not a date: write YYYY-MM-DD with a real month and day, like 2026-09-13"
+        ))
     };
     let parts: Vec<&str> = s.split('-').collect();
     let [y, m, d] = parts.as_slice() else {
@@ -269,13 +277,13 @@ pub enum DeliveriesCommand {
     },
 }
 
-fn parse_delivery_state(s: &str) -> Result<baton_fence::outbox::DeliveryState, String> {
+fn parse_delivery_state(s: &str) -> anyhow::Result<baton_fence::outbox::DeliveryState> {
     baton_fence::outbox::DeliveryState::parse(s).ok_or_else(|| {
         let all: Vec<&str> = baton_fence::outbox::DeliveryState::ALL
             .iter()
             .map(|s| s.as_str())
             .collect();
-        format!("{s:?} is not a delivery state; one of {}", all.join(", "))
+        anyhow::anyhow!("{s:?} is not a delivery state; one of {}", all.join(", "))
     })
 }
 
@@ -351,9 +359,8 @@ impl TryFrom<DispatchArgs> for crate::dispatch::DispatchConfig {
         let callback_token = match &a.callback_token_file {
             None => None,
             Some(path) => {
-                let text = std::fs::read_to_string(path).map_err(|e| {
-                    anyhow::anyhow!("--callback-token-file {}: {e}", path.display())
-                })?;
+                let text = std::fs::read_to_string(path)
+                    .with_context(|| format!("--callback-token-file {}", path.display()))?;
                 let token = text.trim().to_string();
                 if token.len() < 16 || token.chars().any(|c| c.is_whitespace() || c.is_control()) {
                     anyhow::bail!(
@@ -579,7 +586,10 @@ mod tests {
             "2026-00-10",
             "2026-04-31",
         ] {
-            assert!(parse_date(bad).unwrap_err().contains("YYYY-MM-DD"), "{bad}");
+            assert!(
+                parse_date(bad).unwrap_err().0.contains("YYYY-MM-DD"),
+                "{bad}"
+            );
         }
     }
 }

@@ -70,7 +70,7 @@ async fn inspect_one(State(c): State<Arc<Console>>, Query(w): Query<Which>) -> R
         );
     }
     if let Err(e) = parse_date(&w.date) {
-        return refuse(StatusCode::BAD_REQUEST, e);
+        return refuse(StatusCode::BAD_REQUEST, e.to_string());
     }
     // The store's handle is not shared across threads (SQLite): the
     // gathering runs on a blocking thread of its own.

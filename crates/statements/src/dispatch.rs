@@ -423,12 +423,7 @@ mod callback {
 
     use crate::store::{self, Location, Result};
 
-    type Request = (
-        String,
-        bool,
-        String,
-        oneshot::Sender<std::result::Result<String, String>>,
-    );
+    type Request = (String, bool, String, oneshot::Sender<Result<String>>);
 
     /// Serves callbacks on `listen`; a thread of its own owns the database
     /// connection (the store's futures are not `Send`).
@@ -456,9 +451,8 @@ mod callback {
                                 .outbox()
                                 .confirm(&key, delivered, &detail)
                                 .await
-                                .map(|s| s.outcome.label().to_string())
-                                .map_err(|e| format!("{e:#}")),
-                            None => Err("the database is unavailable".to_string()),
+                                .map(|s| s.outcome.label().to_string()),
+                            None => Err(anyhow::anyhow!("the database is unavailable")),
                         };
                         if answer.is_err() {
                             db = None;
@@ -552,7 +546,10 @@ mod callback {
                 (StatusCode::NOT_FOUND, Json(json!({"outcome": outcome})))
             }
             Ok(Ok(outcome)) => (StatusCode::OK, Json(json!({"outcome": outcome}))),
-            Ok(Err(e)) => (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"error": e}))),
+            Ok(Err(e)) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                Json(json!({"error": format!("{e:#}")})),
+            ),
             Err(_) => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 Json(json!({"error": "no answer"})),

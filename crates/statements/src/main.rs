@@ -185,7 +185,7 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
         Command::WebhookReceiver(args) => {
             baton_testkit::webhook::run(args)
                 .await
-                .map_err(|e| anyhow::anyhow!("webhook receiver: {e}"))?;
+                .map_err(|e| anyhow::anyhow!(e).context("webhook receiver"))?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Demo {

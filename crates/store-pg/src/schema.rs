@@ -173,7 +173,7 @@ pub struct Restored {
 pub async fn restore(
     client: &mut Client,
     cluster: &str,
-    new_epoch: impl FnOnce(baton_core::Epoch) -> Result<baton_core::Epoch, String>,
+    new_epoch: impl FnOnce(baton_core::Epoch) -> Result<baton_core::Epoch, baton_core::TokenError>,
 ) -> Result<Restored, PgError> {
     check_cluster_name(cluster)?;
     let txn = client.transaction().await?;
@@ -214,7 +214,7 @@ pub async fn restore(
         .ok()
         .and_then(|e| baton_core::Epoch::new(e).ok())
         .ok_or_else(|| PgError::Db(format!("stored epoch {epoch} is out of range")))?;
-    let epoch = new_epoch(replaced).map_err(PgError::Db)?;
+    let epoch = new_epoch(replaced).map_err(|e| PgError::Db(e.to_string()))?;
     let dropped = txn.execute("DELETE FROM baton_server.leases", &[]).await?;
     if version >= 2 {
         txn.execute("DELETE FROM baton_server.sessions", &[])

@@ -34,7 +34,7 @@ pub struct Stored {
 ///
 /// The engine calls [`LeaseStore::load`] once at start and
 /// [`LeaseStore::commit`] with every batch that must be durable before its
-/// replies go out (see ARCHITECTURE.md, "I/O ordering"). An implementation
+/// replies go out (see docs/design.md, "The engine and the I/O ordering"). An implementation
 /// must make a commit's writes durable, all of them or none, before it
 /// returns `Ok`; after it returns `Err` the engine stops and never calls it
 /// again, so a store may leave itself unusable (`StoreError::PreviousIo`).

@@ -172,7 +172,7 @@ impl Wal {
         let mut writes = Vec::new();
         let mut at = HEADER_LEN_BYTES as usize;
         while let Some(payload) = record_at(&bytes, at, generation) {
-            decode(payload, &mut writes).map_err(|e| corrupt(&e))?;
+            decode(payload, &mut writes).map_err(|e| corrupt(&e.to_string()))?;
             at += RECORD_HEADER_LEN_BYTES + payload.len();
         }
         let len_bytes = (bytes.len() as u64).max(len_bytes);
@@ -386,38 +386,55 @@ pub(crate) fn encode(writes: &[Write]) -> Vec<u8> {
 }
 
 /// A cursor over a payload; every read names what was cut short.
+/// Why a record that passed its checksum did not decode: corruption, not
+/// a torn tail.
+#[derive(Debug)]
+struct Undecodable(String);
+
+impl std::fmt::Display for Undecodable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl<E: std::error::Error> From<E> for Undecodable {
+    fn from(e: E) -> Self {
+        Self(e.to_string())
+    }
+}
+
 struct Cursor<'a>(&'a [u8]);
 
 impl<'a> Cursor<'a> {
-    fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8], String> {
+    fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8], Undecodable> {
         if self.0.len() < n {
-            return Err(format!("a record ends inside {what}"));
+            return Err(Undecodable(format!("a record ends inside {what}")));
         }
         let (head, rest) = self.0.split_at(n);
         self.0 = rest;
         Ok(head)
     }
 
-    fn name(&mut self) -> Result<ResourceName, String> {
+    fn name(&mut self) -> Result<ResourceName, Undecodable> {
         let len = u16::from_le_bytes(self.take(2, "a name length")?.try_into().expect("2"));
         let raw = std::str::from_utf8(self.take(len as usize, "a name")?)
-            .map_err(|_| "a name is not UTF-8".to_string())?;
-        ResourceName::parse(raw).map_err(|e| format!("name {raw:?}: {e}"))
+            .map_err(|_| Undecodable("a name is not UTF-8".into()))?;
+        ResourceName::parse(raw).map_err(|e| Undecodable(format!("name {raw:?}: {e}")))
     }
 
-    fn digest(&mut self) -> Result<AcquisitionDigest, String> {
+    fn digest(&mut self) -> Result<AcquisitionDigest, Undecodable> {
         Ok(AcquisitionDigest::from_bytes(
             self.take(16, "a digest")?.try_into().expect("16"),
         ))
     }
 
-    fn u16(&mut self, what: &str) -> Result<u16, String> {
+    fn u16(&mut self, what: &str) -> Result<u16, Undecodable> {
         Ok(u16::from_le_bytes(
             self.take(2, what)?.try_into().expect("2"),
         ))
     }
 
-    fn u64(&mut self, what: &str) -> Result<u64, String> {
+    fn u64(&mut self, what: &str) -> Result<u64, Undecodable> {
         Ok(u64::from_le_bytes(
             self.take(8, what)?.try_into().expect("8"),
         ))
@@ -426,7 +443,7 @@ impl<'a> Cursor<'a> {
 
 /// Appends the writes of one record's payload to `out`. A record that
 /// passed its checksum but does not decode is corruption, not a torn tail.
-fn decode(payload: &[u8], out: &mut Vec<Write>) -> Result<(), String> {
+fn decode(payload: &[u8], out: &mut Vec<Write>) -> Result<(), Undecodable> {
     let mut c = Cursor(payload);
     while !c.0.is_empty() {
         let tag = c.take(1, "a write tag")?[0];
@@ -436,7 +453,7 @@ fn decode(payload: &[u8], out: &mut Vec<Write>) -> Result<(), String> {
                 let len = c.take(1, "a lease length")?[0] as usize;
                 let bytes = c.take(len, "a lease")?;
                 let (_, record) = crate::record::decode_v2(resource.as_str(), bytes)
-                    .map_err(|e| e.to_string())?;
+                    .map_err(Undecodable::from)?;
                 Write::PutLease { resource, record }
             }
             PUT_LEASE => {
@@ -444,7 +461,7 @@ fn decode(payload: &[u8], out: &mut Vec<Write>) -> Result<(), String> {
                 let len = c.u16("a lease length")? as usize;
                 let bytes = c.take(len, "a lease")?;
                 let (_, record) =
-                    crate::record::decode(resource.as_str(), bytes).map_err(|e| e.to_string())?;
+                    crate::record::decode(resource.as_str(), bytes).map_err(Undecodable::from)?;
                 Write::PutLease { resource, record }
             }
             DELETE_LEASE => Write::DeleteLease {
@@ -452,9 +469,9 @@ fn decode(payload: &[u8], out: &mut Vec<Write>) -> Result<(), String> {
             },
             TOKENS => {
                 let epoch = u32::from_le_bytes(c.take(4, "an epoch")?.try_into().expect("4"));
-                let epoch = Epoch::new(epoch).map_err(|e| e.to_string())?;
+                let epoch = Epoch::new(epoch).map_err(Undecodable::from)?;
                 let counter = c.u64("a counter")?;
-                FencingToken::new(epoch, counter.max(1)).map_err(|e| e.to_string())?;
+                FencingToken::new(epoch, counter.max(1)).map_err(Undecodable::from)?;
                 Write::Tokens { epoch, counter }
             }
             PUT_SESSION_V2 => Write::PutSession {
@@ -469,7 +486,7 @@ fn decode(payload: &[u8], out: &mut Vec<Write>) -> Result<(), String> {
                 let ttl_ms = c.u64("a session TTL")?;
                 let len = c.u16("an opener length")? as usize;
                 let opener = std::str::from_utf8(c.take(len, "an opener")?)
-                    .map_err(|_| "a session opener is not UTF-8".to_string())?;
+                    .map_err(|_| Undecodable("a session opener is not UTF-8".into()))?;
                 Write::PutSession {
                     record: SessionRecord {
                         digest,
@@ -481,7 +498,7 @@ fn decode(payload: &[u8], out: &mut Vec<Write>) -> Result<(), String> {
             DELETE_SESSION => Write::DeleteSession {
                 digest: c.digest()?,
             },
-            other => return Err(format!("unknown write tag {other}")),
+            other => return Err(Undecodable(format!("unknown write tag {other}"))),
         });
     }
     Ok(())

@@ -10,18 +10,18 @@ use crate::TempDir;
 
 /// The directory of the PostgreSQL server binaries: `BATON_PG_BIN`, or the
 /// newest `/usr/lib/postgresql/*/bin` that has `initdb`.
-pub fn pg_bin_dir() -> Result<PathBuf, String> {
+pub fn pg_bin_dir() -> std::io::Result<PathBuf> {
     if let Some(dir) = std::env::var_os("BATON_PG_BIN") {
         return Ok(PathBuf::from(dir));
     }
     let mut dirs: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
-        .map_err(|_| "PostgreSQL's server binaries (initdb, pg_ctl) are not installed: install the postgresql server package (Debian: postgresql-15) or set BATON_PG_BIN".to_string())?
+        .map_err(|e| std::io::Error::new(e.kind(), "PostgreSQL's server binaries (initdb, pg_ctl) are not installed: install the postgresql server package (Debian: postgresql-15) or set BATON_PG_BIN"))?
         .filter_map(|e| Some(e.ok()?.path().join("bin")))
         .filter(|d| d.join("initdb").exists())
         .collect();
     dirs.sort();
     dirs.pop().ok_or_else(|| {
-        "no initdb under /usr/lib/postgresql/*/bin: install the postgresql server package or set BATON_PG_BIN".into()
+        std::io::Error::new(std::io::ErrorKind::NotFound, "no initdb under /usr/lib/postgresql/*/bin: install the postgresql server package or set BATON_PG_BIN")
     })
 }
 

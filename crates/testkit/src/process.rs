@@ -65,7 +65,7 @@ impl Server {
         listen: &str,
         data_dir: &Path,
         extra: Vec<String>,
-    ) -> Result<Self, String> {
+    ) -> std::io::Result<Self> {
         Self::spawn_logged(bin, listen, data_dir, extra, None)
     }
 
@@ -75,7 +75,7 @@ impl Server {
         data_dir: &Path,
         extra: Vec<String>,
         log: Option<&Path>,
-    ) -> Result<Self, String> {
+    ) -> std::io::Result<Self> {
         let stderr = match log {
             Some(path) => Stdio::from(
                 std::fs::OpenOptions::new()
@@ -113,7 +113,9 @@ impl Server {
         if !line.starts_with("baton listening") {
             let _ = child.kill();
             let status = child.wait();
-            return Err(format!("server did not start: {line:?} {status:?}"));
+            return Err(std::io::Error::other(format!(
+                "server did not start: {line:?} {status:?}"
+            )));
         }
         let field = |key: &str| -> SocketAddr {
             line.split_whitespace()

@@ -70,29 +70,54 @@ impl Manifest {
         out
     }
 
-    pub(super) fn parse(text: &str) -> Result<Self, String> {
+    pub(super) fn parse(text: &str) -> Result<Self, ManifestError> {
         let mut lines = text.lines();
         if lines.next() != Some(MANIFEST_HEADER) {
-            return Err("missing header".into());
+            return Err(ManifestError::NoHeader);
         }
-        let mut get = |name: &str| -> Result<String, String> {
-            let line = lines.next().ok_or_else(|| format!("missing {name}"))?;
+        let mut get = |name: &'static str| -> Result<String, ManifestError> {
+            let line = lines.next().ok_or(ManifestError::Missing(name))?;
             line.strip_prefix(&format!("{name}: "))
                 .map(str::to_string)
-                .ok_or_else(|| format!("expected {name}, found {line:?}"))
+                .ok_or_else(|| ManifestError::Unexpected {
+                    name,
+                    line: line.to_string(),
+                })
         };
+        fn number<T: std::str::FromStr<Err = std::num::ParseIntError>>(
+            name: &'static str,
+            value: String,
+        ) -> Result<T, ManifestError> {
+            value
+                .parse()
+                .map_err(|reason| ManifestError::Number { name, reason })
+        }
         Ok(Manifest {
             sha256_hex: get("sha256")?,
-            size_bytes: get("size_bytes")?
-                .parse()
-                .map_err(|e| format!("size_bytes: {e}"))?,
+            size_bytes: number("size_bytes", get("size_bytes")?)?,
             input_snapshot: get("input_snapshot")?,
             generator_version: get("generator_version")?,
             operation: get("operation")?,
             resource: get("resource")?,
-            token: get("token")?.parse().map_err(|e| format!("token: {e}"))?,
+            token: number("token", get("token")?)?,
         })
     }
+}
+
+/// Why a manifest did not read.
+#[derive(Debug, PartialEq, thiserror::Error)]
+pub(super) enum ManifestError {
+    #[error("missing header")]
+    NoHeader,
+    #[error("missing {0}")]
+    Missing(&'static str),
+    #[error("expected {name}, found {line:?}")]
+    Unexpected { name: &'static str, line: String },
+    #[error("{name}: {reason}")]
+    Number {
+        name: &'static str,
+        reason: std::num::ParseIntError,
+    },
 }
 
 pub(super) fn sha256_hex(bytes: &[u8]) -> String {

@@ -20,11 +20,11 @@ pub enum Status {
     Unreachable(String),
 }
 
-fn status_url(url: &str, key: &str) -> Result<reqwest::Url, String> {
-    let mut u = reqwest::Url::parse(&format!("{}/status", url.trim_end_matches('/')))
-        .map_err(|e| format!("webhook URL {url:?}: {e}"))?;
-    u.query_pairs_mut().append_pair("key", key);
-    Ok(u)
+fn status_url(url: &str, key: &str) -> Result<reqwest::Url, impl std::fmt::Display> {
+    reqwest::Url::parse(&format!("{}/status", url.trim_end_matches('/'))).map(|mut u| {
+        u.query_pairs_mut().append_pair("key", key);
+        u
+    })
 }
 
 fn answer(code: reqwest::StatusCode, body: &str) -> String {
@@ -72,7 +72,7 @@ pub async fn send(
 pub async fn status(http: &reqwest::Client, url: &str, key: &str, timeout: Duration) -> Status {
     let u = match status_url(url, key) {
         Ok(u) => u,
-        Err(e) => return Status::Unreachable(e),
+        Err(e) => return Status::Unreachable(format!("webhook URL {url:?}: {e}")),
     };
     match http.get(u).timeout(timeout).send().await {
         Ok(resp) if resp.status().as_u16() == 200 => {

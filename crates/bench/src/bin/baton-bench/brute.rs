@@ -23,7 +23,7 @@ async fn cycle(
     client: &mut Client,
     tag: &str,
     stop: impl Fn() -> bool,
-) -> Result<Vec<u64>, String> {
+) -> anyhow::Result<Vec<u64>> {
     let mut out = Vec::new();
     let mut i = 0u64;
     while !stop() {
@@ -32,14 +32,10 @@ async fn cycle(
         let sent = Instant::now();
         let got = client
             .acquire(&name, Duration::from_secs(30), Duration::ZERO)
-            .await
-            .map_err(|e| e.to_string())?;
+            .await?;
         out.push(sent.elapsed().as_micros() as u64);
         if let Acquired::Granted(l) = got {
-            client
-                .release(&l.resource, &l.acquisition_id)
-                .await
-                .map_err(|e| e.to_string())?;
+            client.release(&l.resource, &l.acquisition_id).await?;
         }
     }
     out.sort_unstable();
@@ -48,19 +44,16 @@ async fn cycle(
 
 /// `n` calls with wrong tokens from [`ATTACKERS`] connections; returns
 /// how many were refused UNAUTHENTICATED.
-async fn attack(url: &str, ca: &[u8], n: usize, round: usize) -> Result<usize, String> {
+async fn attack(url: &str, ca: &[u8], n: usize, round: usize) -> anyhow::Result<usize> {
     let tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca));
     let next = Arc::new(AtomicUsize::new(0));
     let refused = Arc::new(AtomicUsize::new(0));
     let mut tasks = Vec::new();
     for _ in 0..ATTACKERS {
-        let channel = Endpoint::from_shared(url.to_string())
-            .map_err(|e| e.to_string())?
-            .tls_config(tls.clone())
-            .map_err(|e| e.to_string())?
+        let channel = Endpoint::from_shared(url.to_string())?
+            .tls_config(tls.clone())?
             .connect()
-            .await
-            .map_err(|e| e.to_string())?;
+            .await?;
         for _ in 0..IN_FLIGHT {
             let (next, refused) = (next.clone(), refused.clone());
             let channel = channel.clone();
@@ -90,7 +83,7 @@ async fn attack(url: &str, ca: &[u8], n: usize, round: usize) -> Result<usize, S
         }
     }
     for t in tasks {
-        t.await.map_err(|e| e.to_string())?;
+        t.await?;
     }
     Ok(refused.load(Ordering::Relaxed))
 }
@@ -104,10 +97,8 @@ pub async fn run(
     n: usize,
     quiet: Duration,
     rounds: usize,
-) -> Result<(), String> {
-    let mut client = Client::connect_with(url, options)
-        .await
-        .map_err(|e| e.to_string())?;
+) -> anyhow::Result<()> {
+    let mut client = Client::connect_with(url, options).await?;
     println!(
         "{:<6} {:<9} {:>8} {:>9} {:>9} {:>10} {:>9}",
         "round", "phase", "acquires", "p50", "p99", "wrong/s", "refused"
@@ -130,7 +121,7 @@ pub async fn run(
                 done.load(Ordering::Relaxed)
             })
             .await?;
-            let refused = attack.await.map_err(|e| e.to_string())??;
+            let refused = attack.await??;
             (lat, refused, started.elapsed())
         };
         let (lat, refused, took) = attacked;

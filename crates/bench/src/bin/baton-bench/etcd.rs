@@ -2,6 +2,7 @@
 //! concurrency package does) and cycles Lock(name, lease) → Unlock(key).
 //! The lock key's revision is etcd's fencing token.
 
+use anyhow::Context;
 use baton_bench::{Conn, Target};
 use tonic::transport::Channel;
 
@@ -22,20 +23,17 @@ pub struct Etcd {
 }
 
 impl Etcd {
-    pub async fn probe(url: &str) -> Result<Self, String> {
+    pub async fn probe(url: &str) -> anyhow::Result<Self> {
         let channel = tokio::time::timeout(
             std::time::Duration::from_secs(2),
-            Channel::from_shared(url.to_string())
-                .map_err(|e| e.to_string())?
-                .connect(),
+            Channel::from_shared(url.to_string())?.connect(),
         )
         .await
-        .map_err(|_| "connect timed out".to_string())?
-        .map_err(|e| e.to_string())?;
+        .map_err(|_| anyhow::anyhow!("connect to {url} timed out"))?
+        .with_context(|| format!("connect to {url}"))?;
         LeaseClient::new(channel)
             .lease_grant(etcdserverpb::LeaseGrantRequest { ttl: 5, id: 0 })
-            .await
-            .map_err(|e| e.to_string())?;
+            .await?;
         Ok(Self {
             url: url.to_string(),
         })
@@ -53,16 +51,11 @@ impl Target for Etcd {
         "etcd lock API".into()
     }
 
-    async fn connect(&self) -> Result<EtcdConn, String> {
-        let channel = Channel::from_shared(self.url.clone())
-            .map_err(|e| e.to_string())?
-            .connect()
-            .await
-            .map_err(|e| e.to_string())?;
+    async fn connect(&self) -> anyhow::Result<EtcdConn> {
+        let channel = Channel::from_shared(self.url.clone())?.connect().await?;
         let lease = LeaseClient::new(channel.clone())
             .lease_grant(etcdserverpb::LeaseGrantRequest { ttl: 60, id: 0 })
-            .await
-            .map_err(|e| e.to_string())?
+            .await?
             .into_inner()
             .id;
         Ok(EtcdConn {
@@ -80,7 +73,7 @@ pub struct EtcdConn {
 impl Conn for EtcdConn {
     type Held = Vec<u8>;
 
-    async fn acquire(&mut self, resource: &str, _wait: bool) -> Result<Vec<u8>, String> {
+    async fn acquire(&mut self, resource: &str, _wait: bool) -> anyhow::Result<Vec<u8>> {
         // etcd's Lock always waits in line on the server.
         let r = self
             .lock
@@ -89,14 +82,11 @@ impl Conn for EtcdConn {
                 lease: self.lease,
             })
             .await;
-        Ok(r.map_err(|e| e.to_string())?.into_inner().key)
+        Ok(r?.into_inner().key)
     }
 
-    async fn release(&mut self, key: Vec<u8>) -> Result<(), String> {
-        self.lock
-            .unlock(v3lockpb::UnlockRequest { key })
-            .await
-            .map_err(|e| e.to_string())?;
+    async fn release(&mut self, key: Vec<u8>) -> anyhow::Result<()> {
+        self.lock.unlock(v3lockpb::UnlockRequest { key }).await?;
         Ok(())
     }
 }

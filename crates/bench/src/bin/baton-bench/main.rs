@@ -108,7 +108,7 @@ async fn measure<T: Target>(
                     out.push(report);
                 }
                 Err(e) => println!(
-                    "{:<26} {:<9} {:>4} failed: {e}",
+                    "{:<26} {:<9} {:>4} failed: {e:#}",
                     target.name(),
                     mode.label(),
                     c
@@ -144,7 +144,7 @@ async fn main() {
         ) {
             Ok(o) => Some(o),
             Err(e) => {
-                eprintln!("error: --secure-server: {e}");
+                eprintln!("error: --secure-server: {e:#}");
                 std::process::exit(2);
             }
         }
@@ -166,7 +166,7 @@ async fn main() {
         )
         .await
         {
-            eprintln!("error: {e}");
+            eprintln!("error: {e:#}");
             std::process::exit(1);
         }
         return;
@@ -215,19 +215,19 @@ async fn main() {
         }
         if !args.lease_table.is_empty() {
             match pg::LeaseTable::probe(&args.lease_table, args.ttl_s).await {
-                Err(e) => println!("postgres lease table: not reachable ({e}); skipped"),
+                Err(e) => println!("postgres lease table: not reachable ({e:#}); skipped"),
                 Ok(target) => measure(&target, &args, &clients, &modes, &run_id, &mut all).await,
             }
         }
 
         if !args.redis.is_empty() {
             match redis::Redis::probe(&args.redis).await {
-                Err(e) => println!("redis at {}: not running ({e}); skipped", args.redis),
+                Err(e) => println!("redis at {}: not running ({e:#}); skipped", args.redis),
                 Ok(()) if args.redis_aof_modes => {
                     let saved = redis::aof_settings(&args.redis).await;
                     for mode in ["always", "everysec"] {
                         if let Err(e) = redis::set_aof(&args.redis, mode).await {
-                            println!("redis: cannot set appendfsync {mode}: {e}");
+                            println!("redis: cannot set appendfsync {mode}: {e:#}");
                             continue;
                         }
                         let target = redis::Redis::new(
@@ -249,13 +249,13 @@ async fn main() {
         }
         if !args.etcd.is_empty() {
             match etcd::Etcd::probe(&args.etcd).await {
-                Err(e) => println!("etcd at {}: not running ({e}); skipped", args.etcd),
+                Err(e) => println!("etcd at {}: not running ({e:#}); skipped", args.etcd),
                 Ok(target) => measure(&target, &args, &clients, &modes, &run_id, &mut all).await,
             }
         }
         if !args.postgres.is_empty() {
             match pg::Advisory::probe(&args.postgres).await {
-                Err(e) => println!("postgres advisory locks: not reachable ({e}); skipped"),
+                Err(e) => println!("postgres advisory locks: not reachable ({e:#}); skipped"),
                 Ok(target) => measure(&target, &args, &clients, &modes, &run_id, &mut all).await,
             }
         }

@@ -8,6 +8,7 @@
 //!   a token column incremented on every grant, expiry by the database's
 //!   clock. A waiting acquire polls every millisecond: the table has no queue.
 
+use anyhow::Context;
 use baton_bench::{Conn, Target};
 use tokio_postgres::Client;
 
@@ -17,19 +18,15 @@ pub struct Advisory {
 
 /// A connection as every part of Baton makes one (libpq's SSL settings;
 /// pass `sslmode=disable` to measure without TLS).
-async fn connect(conninfo: &str) -> Result<Client, String> {
+async fn connect(conninfo: &str) -> anyhow::Result<Client> {
     baton_pgconn::connect(conninfo)
         .await
-        .map_err(|e| e.to_string())
+        .context("connect to PostgreSQL")
 }
 
 impl Advisory {
-    pub async fn probe(conninfo: &str) -> Result<Self, String> {
-        connect(conninfo)
-            .await?
-            .simple_query("SELECT 1")
-            .await
-            .map_err(|e| e.to_string())?;
+    pub async fn probe(conninfo: &str) -> anyhow::Result<Self> {
+        connect(conninfo).await?.simple_query("SELECT 1").await?;
         Ok(Self {
             conninfo: conninfo.to_string(),
         })
@@ -47,7 +44,7 @@ impl Target for Advisory {
         "postgres advisory lock".into()
     }
 
-    async fn connect(&self) -> Result<AdvisoryConn, String> {
+    async fn connect(&self) -> anyhow::Result<AdvisoryConn> {
         Ok(AdvisoryConn {
             client: connect(&self.conninfo).await?,
         })
@@ -68,31 +65,28 @@ fn key(resource: &str) -> i64 {
 impl Conn for AdvisoryConn {
     type Held = i64;
 
-    async fn acquire(&mut self, resource: &str, wait: bool) -> Result<i64, String> {
+    async fn acquire(&mut self, resource: &str, wait: bool) -> anyhow::Result<i64> {
         let k = key(resource);
         if wait {
             self.client
                 .execute("SELECT pg_advisory_lock($1)", &[&k])
-                .await
-                .map_err(|e| e.to_string())?;
+                .await?;
         } else {
             let row = self
                 .client
                 .query_one("SELECT pg_try_advisory_lock($1)", &[&k])
-                .await
-                .map_err(|e| e.to_string())?;
+                .await?;
             if !row.get::<_, bool>(0) {
-                return Err("held".into());
+                return Err(anyhow::anyhow!("held"));
             }
         }
         Ok(k)
     }
 
-    async fn release(&mut self, k: i64) -> Result<(), String> {
+    async fn release(&mut self, k: i64) -> anyhow::Result<()> {
         self.client
             .execute("SELECT pg_advisory_unlock($1)", &[&k])
-            .await
-            .map_err(|e| e.to_string())?;
+            .await?;
         Ok(())
     }
 }
@@ -104,7 +98,7 @@ pub struct LeaseTable {
 }
 
 impl LeaseTable {
-    pub async fn probe(conninfo: &str, ttl_s: u64) -> Result<Self, String> {
+    pub async fn probe(conninfo: &str, ttl_s: u64) -> anyhow::Result<Self> {
         connect(conninfo)
             .await?
             .batch_execute(
@@ -114,8 +108,7 @@ impl LeaseTable {
                     token bigint NOT NULL,
                     expires_at timestamptz NOT NULL)",
             )
-            .await
-            .map_err(|e| e.to_string())?;
+            .await?;
         Ok(Self {
             conninfo: conninfo.to_string(),
             ttl_s,
@@ -134,7 +127,7 @@ impl Target for LeaseTable {
         "postgres lease table".into()
     }
 
-    async fn connect(&self) -> Result<LeaseTableConn, String> {
+    async fn connect(&self) -> anyhow::Result<LeaseTableConn> {
         let client = connect(&self.conninfo).await?;
         let acquire = client
             .prepare(
@@ -146,11 +139,10 @@ impl Target for LeaseTable {
                  RETURNING token",
             )
             .await
-            .map_err(|e| e.to_string())?;
+            ?;
         let release = client
             .prepare("UPDATE bench_leases SET holder = NULL WHERE resource = $1 AND holder = $2")
-            .await
-            .map_err(|e| e.to_string())?;
+            .await?;
         let mut id = [0u8; 8];
         getrandom_id(&mut id);
         Ok(LeaseTableConn {
@@ -183,28 +175,26 @@ pub struct LeaseTableConn {
 impl Conn for LeaseTableConn {
     type Held = (String, i64);
 
-    async fn acquire(&mut self, resource: &str, wait: bool) -> Result<(String, i64), String> {
+    async fn acquire(&mut self, resource: &str, wait: bool) -> anyhow::Result<(String, i64)> {
         loop {
             let rows = self
                 .client
                 .query(&self.acquire, &[&resource, &self.holder, &self.ttl_s])
-                .await
-                .map_err(|e| e.to_string())?;
+                .await?;
             if let Some(row) = rows.first() {
                 return Ok((resource.to_string(), row.get(0)));
             }
             if !wait {
-                return Err("held".into());
+                return Err(anyhow::anyhow!("held"));
             }
             tokio::time::sleep(std::time::Duration::from_millis(1)).await;
         }
     }
 
-    async fn release(&mut self, held: (String, i64)) -> Result<(), String> {
+    async fn release(&mut self, held: (String, i64)) -> anyhow::Result<()> {
         self.client
             .execute(&self.release, &[&held.0, &self.holder])
-            .await
-            .map_err(|e| e.to_string())?;
+            .await?;
         Ok(())
     }
 }

@@ -1,6 +1,7 @@
 //! A minimal RESP2 client, enough for the Redis lock recipe: `SET key id NX
 //! PX ttl`, `INCR` for a fencing token, and a compare-and-delete script.
 
+use anyhow::Context;
 use std::time::Duration;
 
 use baton_bench::{Conn, Target};
@@ -22,89 +23,75 @@ pub struct Resp {
 }
 
 impl Resp {
-    pub async fn connect(addr: &str) -> Result<Self, String> {
+    pub async fn connect(addr: &str) -> anyhow::Result<Self> {
         let stream = tokio::time::timeout(Duration::from_secs(2), TcpStream::connect(addr))
             .await
-            .map_err(|_| "connect timed out".to_string())?
-            .map_err(|e| e.to_string())?;
-        stream.set_nodelay(true).map_err(|e| e.to_string())?;
+            .map_err(|_| anyhow::anyhow!("connect to {addr} timed out"))?
+            .with_context(|| format!("connect to {addr}"))?;
+        stream.set_nodelay(true)?;
         Ok(Self {
             stream: BufReader::new(stream),
         })
     }
 
-    pub async fn cmd(&mut self, args: &[&[u8]]) -> Result<Value, String> {
+    pub async fn cmd(&mut self, args: &[&[u8]]) -> anyhow::Result<Value> {
         let mut out = format!("*{}\r\n", args.len()).into_bytes();
         for a in args {
             out.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
             out.extend_from_slice(a);
             out.extend_from_slice(b"\r\n");
         }
-        self.stream
-            .get_mut()
-            .write_all(&out)
-            .await
-            .map_err(|e| e.to_string())?;
+        self.stream.get_mut().write_all(&out).await?;
         self.read().await
     }
 
-    async fn read(&mut self) -> Result<Value, String> {
+    async fn read(&mut self) -> anyhow::Result<Value> {
         let mut line = String::new();
-        self.stream
-            .read_line(&mut line)
-            .await
-            .map_err(|e| e.to_string())?;
+        self.stream.read_line(&mut line).await?;
         let line = line.trim_end();
         let (kind, rest) = line.split_at(1.min(line.len()));
         match kind {
             "+" => Ok(Value::Ok(rest.to_string())),
-            "-" => Err(format!("redis error: {rest}")),
-            ":" => rest.parse().map(Value::Int).map_err(|e| e.to_string()),
+            "-" => Err(anyhow::anyhow!("redis error: {rest}")),
+            ":" => Ok(Value::Int(rest.parse().context("an integer reply")?)),
             "$" => {
-                let n: i64 = rest
-                    .parse()
-                    .map_err(|e: std::num::ParseIntError| e.to_string())?;
+                let n: i64 = rest.parse().context("a bulk length")?;
                 if n < 0 {
                     return Ok(Value::Bulk(None));
                 }
                 let mut buf = vec![0u8; n as usize + 2];
-                self.stream
-                    .read_exact(&mut buf)
-                    .await
-                    .map_err(|e| e.to_string())?;
+                self.stream.read_exact(&mut buf).await?;
                 buf.truncate(n as usize);
                 Ok(Value::Bulk(Some(buf)))
             }
             "*" => {
-                let n: i64 = rest
-                    .parse()
-                    .map_err(|e: std::num::ParseIntError| e.to_string())?;
+                let n: i64 = rest.parse().context("an array length")?;
                 let mut items = Vec::new();
                 for _ in 0..n.max(0) {
                     items.push(Box::pin(self.read()).await?);
                 }
                 Ok(Value::Array(items))
             }
-            _ => Err(format!("unexpected reply {line:?}")),
+            _ => Err(anyhow::anyhow!("unexpected reply {line:?}")),
         }
     }
 }
 
-pub async fn aof_settings(addr: &str) -> Result<(String, String), String> {
+pub async fn aof_settings(addr: &str) -> anyhow::Result<(String, String)> {
     let mut c = Resp::connect(addr).await?;
     let get = |v: Value| match v {
         Value::Array(mut items) if items.len() == 2 => match items.pop() {
             Some(Value::Bulk(Some(b))) => Ok(String::from_utf8_lossy(&b).into_owned()),
-            other => Err(format!("unexpected {other:?}")),
+            other => Err(anyhow::anyhow!("unexpected {other:?}")),
         },
-        other => Err(format!("unexpected {other:?}")),
+        other => Err(anyhow::anyhow!("unexpected {other:?}")),
     };
     let appendonly = get(c.cmd(&[b"CONFIG", b"GET", b"appendonly"]).await?)?;
     let fsync = get(c.cmd(&[b"CONFIG", b"GET", b"appendfsync"]).await?)?;
     Ok((appendonly, fsync))
 }
 
-pub async fn set_aof(addr: &str, fsync: &str) -> Result<(), String> {
+pub async fn set_aof(addr: &str, fsync: &str) -> anyhow::Result<()> {
     let mut c = Resp::connect(addr).await?;
     c.cmd(&[b"CONFIG", b"SET", b"appendonly", b"yes"]).await?;
     c.cmd(&[b"CONFIG", b"SET", b"appendfsync", fsync.as_bytes()])
@@ -112,7 +99,7 @@ pub async fn set_aof(addr: &str, fsync: &str) -> Result<(), String> {
     Ok(())
 }
 
-pub async fn restore_aof(addr: &str, appendonly: &str, fsync: &str) -> Result<(), String> {
+pub async fn restore_aof(addr: &str, appendonly: &str, fsync: &str) -> anyhow::Result<()> {
     let mut c = Resp::connect(addr).await?;
     c.cmd(&[b"CONFIG", b"SET", b"appendfsync", fsync.as_bytes()])
         .await?;
@@ -128,7 +115,7 @@ pub struct Redis {
 }
 
 impl Redis {
-    pub async fn probe(addr: &str) -> Result<(), String> {
+    pub async fn probe(addr: &str) -> anyhow::Result<()> {
         Resp::connect(addr).await?.cmd(&[b"PING"]).await.map(|_| ())
     }
 
@@ -152,7 +139,7 @@ impl Target for Redis {
         self.label.clone()
     }
 
-    async fn connect(&self) -> Result<RedisConn, String> {
+    async fn connect(&self) -> anyhow::Result<RedisConn> {
         let resp = Resp::connect(&self.addr).await?;
         Ok(RedisConn {
             resp,
@@ -173,7 +160,7 @@ pub struct RedisConn {
 impl Conn for RedisConn {
     type Held = (String, String);
 
-    async fn acquire(&mut self, resource: &str, wait: bool) -> Result<Self::Held, String> {
+    async fn acquire(&mut self, resource: &str, wait: bool) -> anyhow::Result<Self::Held> {
         self.seq += 1;
         let owner = format!("{}-{:p}-{}", self.id, &self.seq, self.seq);
         loop {
@@ -194,14 +181,14 @@ impl Conn for RedisConn {
                 return Ok((resource.to_string(), owner));
             }
             if !wait {
-                return Err("held".into());
+                return Err(anyhow::anyhow!("held"));
             }
             // Redis has no server-side wait for SET NX: clients poll.
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
     }
 
-    async fn release(&mut self, (resource, owner): Self::Held) -> Result<(), String> {
+    async fn release(&mut self, (resource, owner): Self::Held) -> anyhow::Result<()> {
         match self
             .resp
             .cmd(&[
@@ -214,7 +201,7 @@ impl Conn for RedisConn {
             .await?
         {
             Value::Int(1) => Ok(()),
-            other => Err(format!("release: {other:?}")),
+            other => Err(anyhow::anyhow!("release: {other:?}")),
         }
     }
 }
