@@ -98,7 +98,7 @@ pub async fn resources_floor(url: &str) -> Result<Option<FencingToken>, RestoreE
         )));
     };
     token
-        .map(|t| FencingToken::from_u64(t.get() as u64))
+        .map(|t| FencingToken::from_u64(t.get()))
         .transpose()
         .map_err(|e| {
             failure(format!(

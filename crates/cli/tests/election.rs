@@ -186,8 +186,8 @@ async fn three_candidates_hand_over_in_order_and_a_deposed_leader_is_fenced() {
     let late = SqliteFence::publish(&mut db, &publish(leaders[0], "report-by-c1")).unwrap();
     match late {
         Outcome::Stale { presented, current } => {
-            assert_eq!(presented.get() as u64, leaders[0]);
-            assert_eq!(current.get() as u64, leaders[1]);
+            assert_eq!(presented.get(), leaders[0]);
+            assert_eq!(current.get(), leaders[1]);
         }
         other => panic!("the deposed leader's write must be refused, got {other:?}"),
     }

@@ -222,7 +222,7 @@ async fn after_a_restore_from_an_old_backup_every_pre_restore_token_is_refused_a
         assert!(*old < token);
         let late = publish(&mut conn, *old, &format!("late-{old}"));
         assert!(
-            matches!(late, Outcome::Stale { presented, current } if presented.get() as u64 == *old && current.get() as u64 == token),
+            matches!(late, Outcome::Stale { presented, current } if presented.get() == *old && current.get() == token),
             "pre-restore token {old}: {late:?}"
         );
     }

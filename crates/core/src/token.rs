@@ -37,7 +37,11 @@ impl Epoch {
     }
 }
 
-/// An ordered generation number: `epoch << 40 | counter`.
+/// An ordered generation number: `epoch << 40 | counter` when Baton issued
+/// it, and always 1 to 2^63-1, so that it fits the `BIGINT` a resource
+/// keeps it in. The one token type of the client, the fence kit and the
+/// applications: a token goes from a grant to an SQL parameter without a
+/// cast ([`FencingToken::bigint`]).
 ///
 /// Compare tokens as plain integers. Every token the service issues is above
 /// every token it issued before, on every resource, so per resource they
@@ -46,6 +50,32 @@ impl Epoch {
 pub struct FencingToken(u64);
 
 impl FencingToken {
+    /// The largest token (2^63-1): cancelling "at" it blocks every token.
+    pub const MAX: FencingToken = FencingToken(i64::MAX as u64);
+
+    /// Any token from 1 to 2^63-1: Baton's, or another issuer's (an etcd
+    /// revision, a sequence) where the fence kit enforces it. Its
+    /// [`FencingToken::epoch`] means something only for Baton's tokens.
+    pub fn of(token: u64) -> Result<Self, TokenError> {
+        if token == 0 || token > Self::MAX.0 {
+            return Err(TokenError::OutOfRange { token });
+        }
+        Ok(Self(token))
+    }
+
+    /// A token as a resource stored it (a `BIGINT` column).
+    pub fn from_bigint(value: i64) -> Result<Self, TokenError> {
+        u64::try_from(value)
+            .map_err(|_| TokenError::NegativeBigint { value })
+            .and_then(Self::of)
+    }
+
+    /// The token as a `BIGINT` (SQL parameters and columns): lossless,
+    /// since a token is at most 2^63-1.
+    pub fn bigint(self) -> i64 {
+        i64::try_from(self.0).expect("a token is at most i64::MAX")
+    }
+
     /// The token `epoch << 40 | counter`.
     pub fn new(epoch: Epoch, counter: u64) -> Result<Self, TokenError> {
         if counter > COUNTER_MAX {
@@ -101,6 +131,10 @@ pub enum TokenError {
     CounterOutOfRange { counter: u64 },
     #[error("token {token} does not fit a signed 64-bit integer (BIGINT)")]
     AboveBigint { token: u64 },
+    #[error("token {token} is out of range: tokens are 1 to 9223372036854775807 (a BIGINT)")]
+    OutOfRange { token: u64 },
+    #[error("a stored token is {value}: tokens are 1 to 9223372036854775807")]
+    NegativeBigint { value: i64 },
     #[error("the wall clock reads {now_unix_s} s since 1970, later than {latest_unix_s}: fix the clock before a restore (its epoch floor would use up the epoch space)")]
     ClockImplausible { now_unix_s: u64, latest_unix_s: u64 },
 }
@@ -108,6 +142,28 @@ pub enum TokenError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn any_issuers_token_fits_a_bigint_both_ways() {
+        for t in [1, 108, 1 << 40, i64::MAX as u64] {
+            let token = FencingToken::of(t).unwrap();
+            assert_eq!(token.get(), t);
+            assert_eq!(FencingToken::from_bigint(token.bigint()), Ok(token));
+        }
+        assert_eq!(
+            FencingToken::of(0),
+            Err(TokenError::OutOfRange { token: 0 })
+        );
+        assert_eq!(
+            FencingToken::of(1 << 63),
+            Err(TokenError::OutOfRange { token: 1 << 63 })
+        );
+        assert_eq!(
+            FencingToken::from_bigint(-1),
+            Err(TokenError::NegativeBigint { value: -1 })
+        );
+        assert_eq!(FencingToken::MAX.bigint(), i64::MAX);
+    }
 
     #[test]
     fn tokens_order_by_epoch_then_counter_and_fit_bigint() {

@@ -108,7 +108,7 @@ async fn a_lost_publication_response_is_retried_to_the_saved_result_then_a_chang
     assert_eq!(
         retry,
         Outcome::Replayed {
-            token: baton_fence::FencingToken::new(108).unwrap(),
+            token: baton_fence::FencingToken::of(108).unwrap(),
             result: key.as_bytes().to_vec()
         }
     );
@@ -206,7 +206,7 @@ async fn a_request_delayed_across_deletion_and_recreation_is_refused() {
         PgFence::recreate(
             &setup,
             &key,
-            baton_fence::FencingToken::new(carol.token.get()).unwrap()
+            baton_fence::FencingToken::of(carol.token.get()).unwrap()
         )
         .await
         .unwrap(),

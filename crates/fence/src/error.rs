@@ -41,5 +41,5 @@ pub(crate) fn check_prune_age(min_age_s: u64) -> Result<(), FenceError> {
 
 /// A token read back from storage; anything out of range means corruption.
 pub(crate) fn stored_token(value: i64) -> Result<crate::FencingToken, FenceError> {
-    crate::FencingToken::new(value as u64).map_err(|e| FenceError::Corrupt(e.to_string()))
+    crate::FencingToken::from_bigint(value).map_err(|e| FenceError::Corrupt(e.to_string()))
 }

@@ -309,7 +309,7 @@ impl ObjectKit {
             generator_version: provenance.generator_version.to_string(),
             operation: provenance.operation.to_string(),
             resource: provenance.resource.to_string(),
-            token: token.get(),
+            token: token.bigint(),
         };
         self.put_create(&key, bytes).await?;
         self.put_create(&format!("{key}.manifest"), manifest.render().into_bytes())

@@ -333,7 +333,7 @@ impl<'a> FenceArgs<'a> {
         Self {
             req,
             resource: req.resource.as_str(),
-            token: req.token.get(),
+            token: req.token.bigint(),
             operation: req.operation.as_str(),
             fingerprint: req.fingerprint.as_bytes(),
             seq: req.seq.get(),
@@ -558,7 +558,7 @@ impl PgFence {
                 &prepared.publish,
                 &[
                     &req.resource.as_str(),
-                    &req.token.get(),
+                    &req.token.bigint(),
                     &req.operation.as_str(),
                     &req.fingerprint.as_bytes(),
                     &object_key,
@@ -636,7 +636,7 @@ impl PgFence {
         let row = client
             .query_one(
                 "SELECT outcome, token, current_token, current_seq, detail, result FROM baton.delete_impl($1, $2, $3, $4)",
-                &[&req.resource.as_str(), &req.token.get(), &req.operation.as_str(), &req.fingerprint.as_bytes()],
+                &[&req.resource.as_str(), &req.token.bigint(), &req.operation.as_str(), &req.fingerprint.as_bytes()],
             )
             .instrument(judging.span().clone())
             .await?;
@@ -653,7 +653,7 @@ impl PgFence {
         let row = client
             .query_one(
                 "SELECT baton.cancel_impl($1, $2, $3)",
-                &[&resource.as_str(), &at.get(), &policy.code()],
+                &[&resource.as_str(), &at.bigint(), &policy.code()],
             )
             .await?;
         tracing::info!(%resource, at = %at, "resource cancelled");
@@ -669,7 +669,7 @@ impl PgFence {
         let label: String = client
             .query_one(
                 "SELECT baton.recreate_impl($1, $2)",
-                &[&resource.as_str(), &token_.get()],
+                &[&resource.as_str(), &token_.bigint()],
             )
             .await?
             .try_get(0)?;

@@ -271,7 +271,7 @@ mod tests {
     }
 
     fn t(n: u64) -> FencingToken {
-        FencingToken::new(n).unwrap()
+        FencingToken::of(n).unwrap()
     }
 
     /// Applies a decision to a one-resource store, as a backend would.
@@ -470,7 +470,7 @@ mod tests {
             let mut applied_ops: HashMap<String, (FencingToken, Vec<u8>, Vec<u8>)> = HashMap::new();
             let mut last_applied: Option<(FencingToken, Sequence)> = None;
             for st in steps {
-                let before = s.state.as_ref().map(|x| x.generation.get()).unwrap_or(0);
+                let before = s.state.as_ref().map(|x| x.generation.bigint()).unwrap_or(0);
                 match st {
                     Step::Write { token, op, fp, seq } => {
                         let op = format!("op{op}");
@@ -480,20 +480,20 @@ mod tests {
                         let out = s.write(&r);
                         match &out {
                             Outcome::Applied { token, .. } => {
-                                prop_assert!(token.get() >= floor, "applied {token} below floor {floor}");
+                                prop_assert!(token.bigint() >= floor, "applied {token} below floor {floor}");
                                 prop_assert!(!applied_ops.contains_key(&op), "operation {op} applied twice");
                                 prop_assert!(!was_deleted);
                                 prop_assert!(cancelled_at.is_none_or(|c| *token > c));
                                 if let Some((prev, prev_seq)) = last_applied {
                                     match policy {
-                                        Policy::OnePerGeneration => prop_assert!(*token > prev || floor > prev.get()),
-                                        Policy::Ordered => prop_assert!(*token > prev || r.seq > prev_seq || floor > prev.get()),
-                                        Policy::Session => prop_assert!(*token >= prev || floor > prev.get()),
+                                        Policy::OnePerGeneration => prop_assert!(*token > prev || floor > prev.bigint()),
+                                        Policy::Ordered => prop_assert!(*token > prev || r.seq > prev_seq || floor > prev.bigint()),
+                                        Policy::Session => prop_assert!(*token >= prev || floor > prev.bigint()),
                                     }
                                 }
                                 applied_ops.insert(op.clone(), (*token, r.fingerprint.as_bytes().to_vec(), r.result.clone()));
                                 last_applied = Some((*token, r.seq));
-                                floor = floor.max(token.get());
+                                floor = floor.max(token.bigint());
                             }
                             Outcome::Replayed { token, result } => {
                                 let (t0, fp0, res0) = &applied_ops[&op];
@@ -522,7 +522,7 @@ mod tests {
                     Step::Recreate { token } => {
                         if let Some(x) = s.state.clone() {
                             if let (Recreate::Recreated { .. }, Some(next)) = recreate(&x, t(token)) {
-                                prop_assert!(token as i64 > floor.max(x.generation.get()) || token as i64 > x.generation.get());
+                                prop_assert!(token as i64 > floor.max(x.generation.bigint()) || token as i64 > x.generation.bigint());
                                 floor = floor.max(token as i64);
                                 last_applied = None;
                                 s.state = Some(next);
@@ -530,7 +530,7 @@ mod tests {
                         }
                     }
                 }
-                let after = s.state.as_ref().map(|x| x.generation.get()).unwrap_or(0);
+                let after = s.state.as_ref().map(|x| x.generation.bigint()).unwrap_or(0);
                 prop_assert!(after >= before, "generation went down from {before} to {after}");
             }
         }

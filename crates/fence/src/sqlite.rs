@@ -116,10 +116,10 @@ impl SqliteFence {
             params![
                 resource.as_str(),
                 s.policy.code(),
-                s.generation.get(),
+                s.generation.bigint(),
                 s.seq.get(),
                 s.last_operation,
-                s.cancelled_at.map(FencingToken::get),
+                s.cancelled_at.map(FencingToken::bigint),
                 s.deleted,
                 s.incarnation
             ],
@@ -173,7 +173,7 @@ impl SqliteFence {
                 Self::put_state(tx, &req.resource, &next)?;
                 tx.execute(
                     "INSERT INTO baton_operations (resource, operation, token, fingerprint, result) VALUES (?1, ?2, ?3, ?4, ?5)",
-                    params![req.resource.as_str(), req.operation.as_str(), req.token.get(), req.fingerprint.as_bytes(), req.result],
+                    params![req.resource.as_str(), req.operation.as_str(), req.token.bigint(), req.fingerprint.as_bytes(), req.result],
                 )?;
                 outcome
             }
@@ -231,7 +231,7 @@ impl SqliteFence {
             tx.execute(
                 "UPDATE baton_resources SET published_key = ?2, published_token = ?3, published_operation = ?4
                  WHERE resource = ?1",
-                params![req.resource.as_str(), object_key, req.token.get(), req.operation.as_str()],
+                params![req.resource.as_str(), object_key, req.token.bigint(), req.operation.as_str()],
             )
             .map_err(FenceError::from)?;
             effect(tx)

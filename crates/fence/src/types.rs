@@ -127,34 +127,9 @@ impl Fingerprint {
     }
 }
 
-/// A fencing token as the resource sees it: a positive `BIGINT`. Baton's
-/// tokens fit; so do tokens from other sources (etcd revisions, sequences).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct FencingToken(i64);
-
-impl FencingToken {
-    /// A token: 1 to 2^63-1 (a BIGINT), from Baton or any other issuer.
-    pub fn new(token: u64) -> Result<Self, InputError> {
-        match i64::try_from(token) {
-            Ok(t) if t >= 1 => Ok(Self(t)),
-            _ => Err(InputError::TokenOutOfRange { token }),
-        }
-    }
-
-    /// The token as stored (BIGINT).
-    pub fn get(self) -> i64 {
-        self.0
-    }
-
-    /// The largest token: cancelling "at" it blocks every token.
-    pub const MAX: FencingToken = FencingToken(i64::MAX);
-}
-
-impl fmt::Display for FencingToken {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.0)
-    }
-}
+/// The fencing token: the lease service's own type, 1 to 2^63-1 (a
+/// `BIGINT`), from Baton or any other issuer ([`FencingToken::of`]).
+pub use baton_core::FencingToken;
 
 /// The order of mutations within one generation ([`Policy::Ordered`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
@@ -252,7 +227,7 @@ impl FenceRequest {
         }
         Ok(Self {
             resource: resource_name(resource)?,
-            token: FencingToken::new(token)?,
+            token: FencingToken::of(token).map_err(|_| InputError::TokenOutOfRange { token })?,
             operation: OperationId::new(operation)?,
             fingerprint: Fingerprint::new(fingerprint)?,
             seq: Sequence::default(),

@@ -65,7 +65,7 @@ async fn postgres_concurrent_writers_cannot_slip_past_the_check() {
                 let out = PgFence::write(&mut client, &req, async |tx| {
                     tx.execute(
                         "INSERT INTO effects (token) VALUES ($1)",
-                        &[&req.token.get()],
+                        &[&req.token.bigint()],
                     )
                     .await?;
                     Ok::<(), FenceError>(())
@@ -95,7 +95,7 @@ async fn postgres_concurrent_writers_cannot_slip_past_the_check() {
         .unwrap()
         .unwrap()
         .generation
-        .get();
+        .bigint();
 
     // Negative control: read the generation, compare in application code,
     // then write unconditionally (with a short pause in between, as a GC
@@ -173,7 +173,10 @@ fn sqlite_concurrent_writers_cannot_slip_past_the_check() {
                 for (i, token) in tokens(w + 1).into_iter().enumerate() {
                     let req = request(w, i as u64, token);
                     let out = SqliteFence::write(&mut conn, &req, |tx| {
-                        tx.execute("INSERT INTO effects (token) VALUES (?1)", [req.token.get()])?;
+                        tx.execute(
+                            "INSERT INTO effects (token) VALUES (?1)",
+                            [req.token.bigint()],
+                        )?;
                         Ok::<(), FenceError>(())
                     })
                     .unwrap();
@@ -198,7 +201,7 @@ fn sqlite_concurrent_writers_cannot_slip_past_the_check() {
         .unwrap()
         .unwrap()
         .generation
-        .get();
+        .bigint();
     drop(stmt);
     drop(setup);
     for suffix in ["", "-wal", "-shm"] {

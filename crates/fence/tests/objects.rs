@@ -49,7 +49,7 @@ async fn put(kit: &ObjectKit, token: u64, body: &[u8], snapshot: &str) -> Candid
 }
 
 fn t(n: u64) -> FencingToken {
-    FencingToken::new(n).unwrap()
+    FencingToken::of(n).unwrap()
 }
 
 fn age(path: &std::path::Path, by: Duration) {

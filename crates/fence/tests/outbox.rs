@@ -15,7 +15,7 @@ use rusqlite::{Connection, TransactionBehavior};
 use tokio_postgres::Client;
 
 fn t(n: u64) -> FencingToken {
-    FencingToken::new(n).unwrap()
+    FencingToken::of(n).unwrap()
 }
 
 fn intent(op: &str, kind: ReceiverKind, payload: &str) -> Intent {

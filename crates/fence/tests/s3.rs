@@ -21,7 +21,7 @@ const PATH: &str = "statements/account-42/2026-09-13";
 const RESOURCE: &str = "statement:account-42:2026-09-13";
 
 fn t(n: u64) -> FencingToken {
-    FencingToken::new(n).unwrap()
+    FencingToken::of(n).unwrap()
 }
 
 /// A kit on `endpoint`'s bucket under `prefix`, as an application builds one.

@@ -12,7 +12,7 @@ use rusqlite::Connection;
 use tokio_postgres::Client;
 
 fn t(n: u64) -> FencingToken {
-    FencingToken::new(n).unwrap()
+    FencingToken::of(n).unwrap()
 }
 
 fn key(s: &str) -> ResourceName {
@@ -85,7 +85,7 @@ fn sqlite_effect(tx: &rusqlite::Transaction<'_>, req: &FenceRequest) -> Result<(
         "INSERT INTO effects (resource, token, operation) VALUES (?1, ?2, ?3)",
         rusqlite::params![
             req.resource.as_str(),
-            req.token.get(),
+            req.token.bigint(),
             req.operation.as_str()
         ],
     )?;
@@ -111,7 +111,7 @@ impl Backend for Sqlite {
     async fn publication(&mut self, resource: &str) -> Option<(String, i64)> {
         SqliteFence::publication(&self.conn, &key(resource))
             .unwrap()
-            .map(|p| (p.object_key, p.token.get()))
+            .map(|p| (p.object_key, p.token.bigint()))
     }
 
     async fn cancel(&mut self, resource: &str, at: u64) {
@@ -182,7 +182,7 @@ async fn pg_effect(
         "INSERT INTO effects (resource, token, operation) VALUES ($1, $2, $3)",
         &[
             &req.resource.as_str(),
-            &req.token.get(),
+            &req.token.bigint(),
             &req.operation.as_str(),
         ],
     )
@@ -215,7 +215,7 @@ impl Backend for Pg {
         PgFence::publication(&self.client, &key(resource))
             .await
             .unwrap()
-            .map(|p| (p.object_key, p.token.get()))
+            .map(|p| (p.object_key, p.token.bigint()))
     }
 
     async fn cancel(&mut self, resource: &str, at: u64) {
@@ -476,7 +476,7 @@ impl PgPipelined {
             &effect,
             &[
                 &req.resource.as_str(),
-                &req.token.get(),
+                &req.token.bigint(),
                 &req.operation.as_str(),
             ],
         )

@@ -118,7 +118,7 @@ async fn until(what: &str, mut check: impl AsyncFnMut() -> bool) -> anyhow::Resu
     Ok(())
 }
 
-fn token_of(lines: &[String], event: &str) -> Option<i64> {
+fn token_of(lines: &[String], event: &str) -> Option<u64> {
     lines
         .iter()
         .find(|l| field(l, "event").as_deref() == Some(event))
@@ -217,10 +217,10 @@ async fn play(
 
 /// How the story ended, at the resource and in the workers' words.
 struct Ending {
-    authoritative: i64,
+    authoritative: u64,
     published_key: String,
-    alice_token: i64,
-    bob_token: i64,
+    alice_token: u64,
+    bob_token: u64,
     stale_outcome: String,
 }
 

@@ -147,7 +147,7 @@ async fn deliver(
         Acquired::NotAcquired(_) => return Ok(()),
     };
     let keeper = Keeper::start(session.clone(), lease.clone(), KeeperConfig::default());
-    let token = FencingToken::new(lease.token.get())?;
+    let token = lease.token;
     let result = Delivering {
         cfg,
         http,

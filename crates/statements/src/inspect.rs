@@ -220,7 +220,7 @@ pub async fn gather(
         None => LeaseView::NotAsked,
         Some(url) => lease_view(url, &resource).await,
     };
-    let token_of = |t: FencingToken| t.get().max(0) as u64;
+    let token_of = FencingToken::get;
     let generation = state.as_ref().map_or(0, |s| token_of(s.generation));
     let cancelled_at = state
         .as_ref()

@@ -17,7 +17,7 @@ mod worker;
 use std::process::ExitCode;
 
 use args::{Cli, Command, Paths};
-use baton_fence::{resource_name, FencingToken};
+use baton_fence::resource_name;
 use clap::Parser;
 
 /// A show or cancel of a job that does not exist (exit code 3).
@@ -200,7 +200,7 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
 /// that pick it up skip it); Baton fences the lease (revoking it: the holder's
 /// keeper sees "not owner" on its next renewal) and returns a token above
 /// every token issued; the fence kit refuses every token at or below it.
-async fn cancel(paths: &Paths, server: &str, account: &str, date: &str) -> anyhow::Result<i64> {
+async fn cancel(paths: &Paths, server: &str, account: &str, date: &str) -> anyhow::Result<u64> {
     let mut db = store::open(&paths.target()).await?;
     let resource = worker::resource(account, date);
     if !db
@@ -211,7 +211,7 @@ async fn cancel(paths: &Paths, server: &str, account: &str, date: &str) -> anyho
     }
     let mut client = baton_client::Client::connect(server).await?;
     let fenced = client.fence(&resource).await?;
-    let at = FencingToken::new(fenced.token.get())?;
+    let at = fenced.token;
     let key = resource_name(&resource)?;
     db.fence_cancel(&key, at).await?;
     Ok(at.get())

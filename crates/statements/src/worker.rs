@@ -219,7 +219,7 @@ fn record(
     let line = baton_faults::history::Line {
         resource: resource.into(),
         operation: operation.into(),
-        token: token.get(),
+        token: token.bigint(),
         status,
         outcome: outcome.into(),
     };
@@ -238,7 +238,7 @@ fn chaos_pause(cfg: &WorkerConfig, resource: &str, token: FencingToken) -> bool 
         return false;
     }
     let h = baton_client::rng::hash(d.chaos_seed, cfg.name.bytes().chain(resource.bytes()));
-    baton_client::rng::Rng::new(h ^ token.get() as u64).below(100) < u64::from(d.pause_chance_pct)
+    baton_client::rng::Rng::new(h ^ token.get()).below(100) < u64::from(d.pause_chance_pct)
 }
 
 async fn process(
@@ -257,7 +257,7 @@ async fn process(
         Acquired::NotAcquired(_) => return Ok(()),
     };
     let keeper = Keeper::start(session.clone(), lease.clone(), KeeperConfig::default());
-    let token = FencingToken::new(lease.token.get())?;
+    let token = lease.token;
     emit(
         "acquired",
         json!({"worker": cfg.name, "resource": resource, "token": token.get()}),

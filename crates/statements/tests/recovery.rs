@@ -279,7 +279,7 @@ async fn a_paused_worker_resumes_and_is_rejected_as_stale_with(env: Env) {
     assert!(refused[0].contains("\"outcome\":\"stale\""), "{after}");
     assert!(bob_token > alice_token);
     assert_eq!(
-        env.publication().unwrap().token.get(),
+        env.publication().unwrap().token.bigint(),
         bob_token,
         "the higher token is authoritative"
     );
@@ -355,8 +355,8 @@ async fn inspect_shows_a_plain_publication_and_the_lease_holder() {
     };
     let (_, shown) = env.inspect(&env.url);
     assert_eq!(shown["lease"]["state"], "held", "{shown}");
-    assert_eq!(shown["lease"]["token"], held.token.get());
-    assert_eq!(shown["lease"]["issued_through"], held.token.get());
+    assert_eq!(shown["lease"]["token"], held.token.bigint());
+    assert_eq!(shown["lease"]["issued_through"], held.token.bigint());
     // The text form ends with the verdict line.
     let out = Command::new(BIN)
         .arg("inspect")
@@ -434,7 +434,7 @@ async fn a_crash_after_publishing_is_completed_without_a_new_generation() {
     );
     assert_eq!(env.job_state(), "published");
     assert_eq!(
-        env.publication().unwrap().token.get(),
+        env.publication().unwrap().token.bigint(),
         published,
         "still the first worker's generation"
     );
@@ -465,7 +465,7 @@ async fn a_crash_after_uploading_is_reused_when_valid_with(env: Env) {
     assert_eq!(events(&text, "reuse_candidate").len(), 1, "{text}");
     let pointer = env.publication().unwrap();
     assert_eq!(
-        pointer.token.get(),
+        pointer.token.bigint(),
         token(&events(&text, "published")[0]),
         "published under the replacement's own token"
     );
@@ -505,7 +505,7 @@ async fn a_crash_after_uploading_is_regenerated_when_the_input_changed_with(env:
     assert!(rejected[0].contains("input snapshot"), "{}", rejected[0]);
     let own = token(&events(&text, "uploaded")[0]);
     let pointer = env.publication().unwrap();
-    assert_eq!(pointer.token.get(), own);
+    assert_eq!(pointer.token.bigint(), own);
     assert!(pointer
         .object_key
         .ends_with(&format!("generation-{own}.txt")));
@@ -596,7 +596,7 @@ async fn a_worker_paused_after_reading_stops_itself_before_any_effect() {
         events(&after, "uploaded").is_empty() && events(&after, "publish_refused").is_empty(),
         "{after}"
     );
-    assert_eq!(env.publication().unwrap().token.get(), bob_token);
+    assert_eq!(env.publication().unwrap().token.bigint(), bob_token);
     assert_eq!(env.objects_published().await.len(), 1, "only Bob's object");
 }
 

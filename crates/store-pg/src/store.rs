@@ -171,7 +171,7 @@ impl PgLeaseStore {
                 Some(r) => {
                     put_resources.push(resource);
                     put_digests.push(&r.acquisition_digest.as_bytes()[..]);
-                    put_tokens.push(r.token.get() as i64);
+                    put_tokens.push(r.token.bigint());
                     put_ttls.push(r.ttl_ms as i64);
                     put_sessions.push(r.session.as_ref().map(|d| &d.as_bytes()[..]));
                     put_holders.push(r.holder.as_ref().map(Holder::as_str));

@@ -8,9 +8,9 @@ fn paths_that_escape_the_prefix_are_refused() {
         assert!(relative_path(bad).is_err(), "{bad:?}");
     }
     relative_path("statements/account-42/2026-09-13").unwrap();
-    assert!(ObjectKit::key("s/a", FencingToken::new(1).unwrap(), "p/df").is_err());
+    assert!(ObjectKit::key("s/a", FencingToken::of(1).unwrap(), "p/df").is_err());
     assert_eq!(
-        ObjectKit::key("s/a", FencingToken::new(108).unwrap(), "pdf").unwrap(),
+        ObjectKit::key("s/a", FencingToken::of(108).unwrap(), "pdf").unwrap(),
         "s/a/generation-108.pdf"
     );
 }

@@ -82,7 +82,7 @@ impl PgOutbox {
                 "SELECT * FROM baton.outbox_enqueue($1, $2, $3, $4, $5, $6)",
                 &[
                     &resource.as_str(),
-                    &token.get(),
+                    &token.bigint(),
                     &intent.operation,
                     &intent.kind.as_str(),
                     &intent.recipient,
@@ -103,7 +103,7 @@ impl PgOutbox {
         let row = client
             .query_one(
                 "SELECT * FROM baton.outbox_claim($1, $2, $3)",
-                &[&id, &token.get(), &claimed_by],
+                &[&id, &token.bigint(), &claimed_by],
             )
             .await?;
         step(&row)
@@ -119,7 +119,7 @@ impl PgOutbox {
         let row = client
             .query_one(
                 "SELECT * FROM baton.outbox_begin_send($1, $2)",
-                &[&id, &token.get()],
+                &[&id, &token.bigint()],
             )
             .await?;
         step(&row)
@@ -138,7 +138,7 @@ impl PgOutbox {
         let row = client
             .query_one(
                 "SELECT * FROM baton.outbox_record($1, $2, $3, $4, $5)",
-                &[&id, &token.get(), &report.label(), &evidence, &after_ms],
+                &[&id, &token.bigint(), &report.label(), &evidence, &after_ms],
             )
             .await?;
         let step = step(&row)?;

@@ -224,7 +224,7 @@ impl SqliteOutbox {
                 format!("resource {resource} has no fenced write; enqueue after a fence or publish applied"),
             ));
         };
-        if cancelled_at.is_some_and(|c| c >= token.get()) {
+        if cancelled_at.is_some_and(|c| c >= token.bigint()) {
             return Ok(refused(
                 StepOutcome::Cancelled,
                 format!(
@@ -233,7 +233,7 @@ impl SqliteOutbox {
                 ),
             ));
         }
-        if deleted || generation != token.get() {
+        if deleted || generation != token.bigint() {
             return Ok(refused(
                 StepOutcome::Stale,
                 format!("token {token} is not the resource's generation {generation}"),
@@ -275,7 +275,7 @@ impl SqliteOutbox {
             params![
                 intent.operation,
                 resource.as_str(),
-                token.get(),
+                token.bigint(),
                 intent.kind.as_str(),
                 intent.recipient,
                 intent.payload,
@@ -284,7 +284,7 @@ impl SqliteOutbox {
         )?;
         let id = tx.last_insert_rowid();
         let what = format!("{} {}", intent.kind, intent.recipient);
-        event(tx, id, Some(token.get()), None, "enqueued", Some(&what))?;
+        event(tx, id, Some(token.bigint()), None, "enqueued", Some(&what))?;
         Ok(Step {
             outcome: StepOutcome::Enqueued,
             id: Some(id),
@@ -317,7 +317,7 @@ impl SqliteOutbox {
             let Some(c) = load(tx, "id", &id)? else {
                 return Ok(missing(Some(id)));
             };
-            if token.get() <= c.claim_token {
+            if token.bigint() <= c.claim_token {
                 return Ok(c.step(StepOutcome::Stale));
             }
             if c.state.is_final() {
@@ -335,13 +335,13 @@ impl SqliteOutbox {
                 &format!(
                     "UPDATE baton_outbox SET claim_token = ?2, claimed_by = ?3, state = ?4, updated_ms = {NOW_MS} WHERE id = ?1"
                 ),
-                params![id, token.get(), claimed_by, state.as_str()],
+                params![id, token.bigint(), claimed_by, state.as_str()],
             )?;
             let was = format!("was {}", c.state);
             event(
                 tx,
                 id,
-                Some(token.get()),
+                Some(token.bigint()),
                 Some(claimed_by),
                 "claimed",
                 Some(&was),
@@ -350,7 +350,7 @@ impl SqliteOutbox {
                 outcome: StepOutcome::Claimed,
                 id: Some(id),
                 state: Some(state),
-                claim_token: Some(token.get()),
+                claim_token: Some(token.bigint()),
                 attempts: Some(c.attempts),
                 detail: Some(c.state.as_str().to_string()),
             })
@@ -367,14 +367,14 @@ impl SqliteOutbox {
             let Some(c) = load(tx, "id", &id)? else {
                 return Ok(missing(Some(id)));
             };
-            if c.claim_token != token.get() {
+            if c.claim_token != token.bigint() {
                 return Ok(c.step(StepOutcome::Stale));
             }
             if c.state == DeliveryState::Cancelled {
                 event(
                     tx,
                     id,
-                    Some(token.get()),
+                    Some(token.bigint()),
                     c.claimed_by.as_deref(),
                     "not_sent",
                     Some("cancelled before the send began"),
@@ -395,7 +395,7 @@ impl SqliteOutbox {
             event(
                 tx,
                 id,
-                Some(token.get()),
+                Some(token.bigint()),
                 c.claimed_by.as_deref(),
                 "sending",
                 Some(&n),
@@ -432,7 +432,7 @@ impl SqliteOutbox {
             let Some(c) = load(tx, "id", &id)? else {
                 return Ok(missing(Some(id)));
             };
-            if c.claim_token != token.get() {
+            if c.claim_token != token.bigint() {
                 let why = format!(
                     "{} from token {} refused: the row is claimed by token {}",
                     report.label(),
@@ -442,7 +442,7 @@ impl SqliteOutbox {
                 event(
                     tx,
                     id,
-                    Some(token.get()),
+                    Some(token.bigint()),
                     None,
                     "refused_stale_outcome",
                     Some(&why),
@@ -454,7 +454,7 @@ impl SqliteOutbox {
                 event(
                     tx,
                     id,
-                    Some(token.get()),
+                    Some(token.bigint()),
                     c.claimed_by.as_deref(),
                     "ignored_outcome",
                     Some(&why),
@@ -472,7 +472,7 @@ impl SqliteOutbox {
             event(
                 tx,
                 id,
-                Some(token.get()),
+                Some(token.bigint()),
                 c.claimed_by.as_deref(),
                 report.label(),
                 Some(evidence),

@@ -149,7 +149,7 @@ pub trait Store {
     async fn publish_unfenced(
         &self,
         resource: &str,
-        token: i64,
+        token: FencingToken,
         operation: &str,
         object_key: &str,
         intents: &[Intent],
@@ -160,7 +160,7 @@ pub trait Store {
         account: &str,
         date: &str,
         state: JobState,
-        token: i64,
+        token: FencingToken,
         detail: &str,
     ) -> Result<bool>;
 
@@ -178,7 +178,7 @@ pub trait Store {
         worker: &str,
         account: &str,
         date: &str,
-        token: i64,
+        token: FencingToken,
         outcome: &str,
         detail: &str,
     ) -> Result<()>;

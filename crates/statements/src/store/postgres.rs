@@ -194,11 +194,12 @@ impl Store for PgDb {
     async fn publish_unfenced(
         &self,
         resource: &str,
-        token: i64,
+        token: FencingToken,
         operation: &str,
         object_key: &str,
         intents: &[Intent],
     ) -> Result<()> {
+        let token = token.bigint();
         for i in intents {
             self.client
                 .execute(
@@ -230,9 +231,10 @@ impl Store for PgDb {
         account: &str,
         date: &str,
         state: JobState,
-        token: i64,
+        token: FencingToken,
         detail: &str,
     ) -> Result<bool> {
+        let token = token.bigint();
         let client = &self.client;
         let state = state.as_str();
         let n = client
@@ -272,10 +274,11 @@ impl Store for PgDb {
         worker: &str,
         account: &str,
         date: &str,
-        token: i64,
+        token: FencingToken,
         outcome: &str,
         detail: &str,
     ) -> Result<()> {
+        let token = token.bigint();
         let client = &self.client;
         {
             client

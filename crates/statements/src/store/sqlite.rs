@@ -197,11 +197,12 @@ impl Store for SqliteDb {
     async fn publish_unfenced(
         &self,
         resource: &str,
-        token: i64,
+        token: FencingToken,
         operation: &str,
         object_key: &str,
         intents: &[Intent],
     ) -> Result<()> {
+        let token = token.bigint();
         let c = &self.0;
         for i in intents {
             use sha2::Digest;
@@ -231,9 +232,10 @@ impl Store for SqliteDb {
         account: &str,
         date: &str,
         state: JobState,
-        token: i64,
+        token: FencingToken,
         detail: &str,
     ) -> Result<bool> {
+        let token = token.bigint();
         let c = &self.0;
         let state = state.as_str();
         let n = c
@@ -269,10 +271,11 @@ impl Store for SqliteDb {
         worker: &str,
         account: &str,
         date: &str,
-        token: i64,
+        token: FencingToken,
         outcome: &str,
         detail: &str,
     ) -> Result<()> {
+        let token = token.bigint();
         let c = &self.0;
         {
             c.execute(

@@ -62,7 +62,7 @@ impl Attempt<'_> {
     /// Marks the job generating and reads its input; `None` if the job is
     /// final or ownership was lost after reading.
     async fn begin(&self, db: &Db) -> Result<Option<Input>> {
-        let (name, token) = (self.name(), self.token.get());
+        let (name, token) = (self.name(), self.token);
         let job = db
             .job(self.account, self.date)
             .await?
@@ -87,12 +87,12 @@ impl Attempt<'_> {
         let snap = snapshot(self.account, self.date, &input);
         emit(
             "read_input",
-            json!({"worker": name, "token": token, "input": snap}),
+            json!({"worker": name, "token": token.get(), "input": snap}),
         );
         if self.cfg.drills.pause_after_read {
-            emit("paused", json!({"worker": name, "token": token}));
+            emit("paused", json!({"worker": name, "token": token.get()}));
             stop_self();
-            emit("resumed", json!({"worker": name, "token": token}));
+            emit("resumed", json!({"worker": name, "token": token.get()}));
         }
         // Every step below has an effect (even bookkeeping): check ownership first.
         if !self.guard.may_start_effect() {
@@ -123,7 +123,7 @@ impl Attempt<'_> {
             self.account,
             self.date,
             JobState::Published,
-            p.token.get(),
+            p.token,
             &detail,
         )
         .await?;
@@ -131,7 +131,7 @@ impl Attempt<'_> {
             name,
             self.account,
             self.date,
-            self.token.get(),
+            self.token,
             "bookkeeping",
             &p.object_key,
         )
@@ -210,7 +210,7 @@ impl Attempt<'_> {
 
     /// The crash and pause drills, and the last local ownership check.
     async fn before_publish(&self, db: &Db) -> Result<std::result::Result<(), Stop>> {
-        let (name, token) = (self.name(), self.token.get());
+        let (name, token) = (self.name(), self.token);
         if self.cfg.drills.crash_after == Some(CrashPoint::Upload) {
             emit("crashing", json!({"worker": name, "after": "upload"}));
             std::process::abort();
@@ -223,10 +223,10 @@ impl Attempt<'_> {
         {
             emit(
                 "paused",
-                json!({"worker": name, "token": token, "resource": self.resource}),
+                json!({"worker": name, "token": token.get(), "resource": self.resource}),
             );
             stop_self();
-            emit("resumed", json!({"worker": name, "token": token}));
+            emit("resumed", json!({"worker": name, "token": token.get()}));
         }
         Ok(Ok(()))
     }
@@ -254,7 +254,7 @@ impl Attempt<'_> {
                 .intents(&op, self.account, self.date, self.token, object_key)?;
         self.record(&op, Step::Invoke, "");
         if let Err(e) = db
-            .publish_unfenced(&self.resource, self.token.get(), &op, object_key, &intents)
+            .publish_unfenced(&self.resource, self.token, &op, object_key, &intents)
             .await
         {
             self.record(&op, Step::Unknown, &format!("{e:#}"));
@@ -265,7 +265,7 @@ impl Attempt<'_> {
             self.name(),
             self.account,
             self.date,
-            self.token.get(),
+            self.token,
             "applied_unfenced",
             object_key,
         )
@@ -287,7 +287,7 @@ impl Attempt<'_> {
         let fingerprint = hex_bytes(&manifest.sha256_hex);
         let req = FenceRequest::new(
             &self.resource,
-            self.token.get() as u64,
+            self.token.get(),
             &op,
             &fingerprint,
             object_key.as_bytes(),
@@ -335,7 +335,7 @@ impl Attempt<'_> {
             self.account,
             self.date,
             JobState::NeedsAttention,
-            self.token.get(),
+            self.token,
             why,
         )
         .await?;
@@ -349,7 +349,7 @@ impl Attempt<'_> {
     /// Records the outcome; a publication completes the job, a refusal is
     /// said and, unless it is the ordinary stale or cancelled case, flagged.
     async fn settle(&self, db: &Db, outcome: Outcome, object_key: &str) -> Result<()> {
-        let (name, token) = (self.name(), self.token.get());
+        let (name, token) = (self.name(), self.token);
         let detail = outcome.describe();
         db.record_outcome(
             name,
@@ -386,7 +386,7 @@ impl Attempt<'_> {
                 .await?;
                 emit(
                     "publish_refused",
-                    json!({"worker": name, "outcome": other.label(), "token": token}),
+                    json!({"worker": name, "outcome": other.label(), "token": token.get()}),
                 );
             }
         }
@@ -395,10 +395,10 @@ impl Attempt<'_> {
 
     /// After the pointer moved: the job is done.
     async fn finish(&self, db: &Db, object_key: &str) -> Result<()> {
-        let (name, token) = (self.name(), self.token.get());
+        let (name, token) = (self.name(), self.token);
         emit(
             "published",
-            json!({"worker": name, "token": token, "key": object_key}),
+            json!({"worker": name, "token": token.get(), "key": object_key}),
         );
         if self.cfg.drills.crash_after == Some(CrashPoint::Publish) {
             emit("crashing", json!({"worker": name, "after": "publish"}));
@@ -407,17 +407,17 @@ impl Attempt<'_> {
         let detail = format!("published by {name}");
         db.set_state(self.account, self.date, JobState::Published, token, &detail)
             .await?;
-        emit("completed", json!({"worker": name, "token": token}));
+        emit("completed", json!({"worker": name, "token": token.get()}));
         Ok(())
     }
 
     async fn lost(&self, db: &Db, when: &str) -> Result<()> {
-        let (name, token) = (self.name(), self.token.get());
+        let (name, token) = (self.name(), self.token);
         db.record_outcome(name, self.account, self.date, token, "lease_lost", when)
             .await?;
         emit(
             "lease_lost",
-            json!({"worker": name, "token": token, "when": when}),
+            json!({"worker": name, "token": token.get(), "when": when}),
         );
         Ok(())
     }
