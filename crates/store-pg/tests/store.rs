@@ -487,3 +487,22 @@ async fn a_version_2_schema_gains_holders_and_openers_in_place() {
         .get(0);
     assert_eq!(holder, None);
 }
+
+/// The contract every `LeaseStore` keeps (`baton_testkit::store_contract`),
+/// each reopen a new store for the same term, as a restarted leader's
+/// engine would load it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_postgres_store_keeps_the_store_contract() {
+    let db = PgDb::create("pgstore_contract").await;
+    let (pg, mut client) = prepared(&db, "main").await;
+    let term = take(&mut client, "a").await;
+    let runtime = tokio::runtime::Handle::current();
+    on_thread(move || {
+        baton_testkit::store_contract::check(|| {
+            runtime
+                .block_on(PgLeaseStore::open(&pg, term, Duration::from_secs(5)))
+                .expect("open the store")
+        })
+    })
+    .await;
+}

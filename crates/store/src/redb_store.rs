@@ -51,8 +51,6 @@ pub struct RedbStore {
     wal: Wal,
     /// The log's writes not yet in redb, one per key.
     pending: Pending,
-    /// The log's writes found at open, for `load`.
-    replayed: Vec<Write>,
     /// Commits appended since the log was (re)started, and since the last
     /// partial fold.
     log_commits: u64,
@@ -192,7 +190,6 @@ impl RedbStore {
             poisoned: false,
             wal,
             pending,
-            replayed,
             log_commits,
             since_fold: 0,
         })
@@ -217,7 +214,6 @@ impl RedbStore {
             poisoned: false,
             wal,
             pending: Pending::default(),
-            replayed: Vec::new(),
             log_commits: 0,
             since_fold: 0,
         })
@@ -537,7 +533,9 @@ impl RedbStore {
             leases,
             sessions,
         };
-        apply(&mut stored, &self.replayed);
+        // The log's writes not yet folded, replayed at open or committed
+        // since: a load sees every commit, before or after a reopen.
+        apply(&mut stored, &self.pending.writes());
         Ok(stored)
     }
 

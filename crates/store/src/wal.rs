@@ -562,6 +562,30 @@ impl Pending {
         out
     }
 
+    /// The pending state as writes, left pending: what a load lays over
+    /// redb (order does not matter: one per key).
+    pub(crate) fn writes(&self) -> Vec<Write> {
+        let leases = self.leases.iter().map(|(resource, record)| match record {
+            Some(record) => Write::PutLease {
+                resource: resource.clone(),
+                record: record.clone(),
+            },
+            None => Write::DeleteLease {
+                resource: resource.clone(),
+            },
+        });
+        let sessions = self.sessions.iter().map(|(digest, record)| match record {
+            Some(record) => Write::PutSession {
+                record: record.clone(),
+            },
+            None => Write::DeleteSession { digest: *digest },
+        });
+        let tokens = self
+            .tokens
+            .map(|(epoch, counter)| Write::Tokens { epoch, counter });
+        leases.chain(sessions).chain(tokens).collect()
+    }
+
     /// The pending state as writes (order does not matter: one per key).
     pub(crate) fn drain(&mut self) -> Vec<Write> {
         let mut out = self.take(usize::MAX);

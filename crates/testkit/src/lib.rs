@@ -10,6 +10,7 @@ pub mod process;
 pub mod s3;
 pub mod smtp;
 pub mod store;
+pub mod store_contract;
 pub mod webhook;
 
 use std::path::{Path, PathBuf};

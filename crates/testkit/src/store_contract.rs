@@ -1,0 +1,223 @@
+//! The contract every [`LeaseStore`] keeps, written once: each
+//! implementation's tests call [`check`] with a way to open its store
+//! (again) on the same storage. The in-memory store, the embedded redb
+//! store and the cluster's PostgreSQL store all run it.
+//!
+//! What it checks, each on names of its own so that the cases share one
+//! storage:
+//! - a fresh store holds no lease and no session;
+//! - what a commit wrote is what a reopened store loads, records whole
+//!   (token, TTL, session, holder; a session's TTL and opener);
+//! - the writes of one commit apply in order (a put then a delete leaves
+//!   nothing, a delete then a put leaves the put, the last put wins);
+//! - a delete in a later commit survives a reopen;
+//! - the token position is the last one written, and survives a reopen;
+//! - an empty commit changes nothing.
+//!
+//! The store is dropped before each reopen, as a process that stops
+//! would; a store whose file is locked (redb) needs that.
+
+use baton_core::{
+    AcquisitionId, Epoch, FencingToken, Holder, LeaseRecord, ResourceName, SessionDigest,
+    SessionId, SessionRecord, Write,
+};
+use baton_store::{LeaseStore, Stored};
+
+/// Runs every case against the stores `open` returns; each call must open
+/// the same storage as the one before.
+pub fn check<S: LeaseStore>(mut open: impl FnMut() -> S) {
+    let mut store = open();
+    fresh(&store);
+    let position = first_commit_is_what_a_reopen_loads(&mut store);
+    drop(store);
+    let mut store = open();
+    let loaded = store.load().expect("load after reopen");
+    assert_round_trip(&loaded, position);
+    writes_in_one_commit_apply_in_order(&mut store);
+    a_later_delete_survives_a_reopen(&mut store);
+    drop(store);
+    let mut store = open();
+    after_the_delete(&store.load().expect("load"));
+    the_token_position_is_the_last_written(&mut store, position);
+    drop(store);
+    let store = open();
+    let loaded = store.load().expect("load");
+    assert_eq!(
+        (loaded.epoch, loaded.counter),
+        (Epoch::FIRST, position + 20),
+        "the last token position written survives a reopen"
+    );
+    drop(store);
+    an_empty_commit_changes_nothing(open());
+}
+
+fn name(n: &str) -> ResourceName {
+    ResourceName::parse(&format!("contract:{n}")).expect("a valid name")
+}
+
+fn digest(n: u8) -> SessionDigest {
+    SessionId::from_bytes([n; 16]).digest()
+}
+
+fn record(token: u64, session: Option<u8>, holder: Option<&str>) -> LeaseRecord {
+    LeaseRecord {
+        acquisition_digest: AcquisitionId::from_bytes([token as u8; 16]).digest(),
+        token: FencingToken::new(Epoch::FIRST, token).expect("counter in range"),
+        ttl_ms: 1_000 + token,
+        session: session.map(digest),
+        holder: holder.map(|h| Holder::parse(h).expect("a valid holder")),
+    }
+}
+
+fn put(n: &str, r: LeaseRecord) -> Write {
+    Write::PutLease {
+        resource: name(n),
+        record: r,
+    }
+}
+
+fn lease<'a>(s: &'a Stored, n: &str) -> Option<&'a LeaseRecord> {
+    let n = name(n);
+    s.leases.iter().find(|(r, _)| *r == n).map(|(_, l)| l)
+}
+
+fn fresh(store: &impl LeaseStore) {
+    let s = store.load().expect("a fresh store loads");
+    assert!(
+        s.leases
+            .iter()
+            .all(|(r, _)| !r.as_str().starts_with("contract:")),
+        "a fresh store holds no lease of this suite: {:?}",
+        s.leases
+    );
+    assert!(
+        s.sessions.iter().all(|x| x.digest != digest(1)),
+        "a fresh store holds no session of this suite"
+    );
+}
+
+/// Writes two leases (one bound to a session, with a holder), the session
+/// and a token position; answers the position.
+fn first_commit_is_what_a_reopen_loads(store: &mut impl LeaseStore) -> u64 {
+    let position = store.load().expect("load").counter + 10;
+    store
+        .commit(&[
+            Write::PutSession {
+                record: SessionRecord {
+                    digest: digest(1),
+                    ttl_ms: 7_000,
+                    opener: Some("alice".into()),
+                },
+            },
+            put("a", record(position - 1, None, None)),
+            put("b", record(position, Some(1), Some("worker-7 pid 42"))),
+            Write::Tokens {
+                epoch: Epoch::FIRST,
+                counter: position,
+            },
+        ])
+        .expect("commit");
+    position
+}
+
+fn assert_round_trip(s: &Stored, position: u64) {
+    assert_eq!(lease(s, "a"), Some(&record(position - 1, None, None)));
+    assert_eq!(
+        lease(s, "b"),
+        Some(&record(position, Some(1), Some("worker-7 pid 42"))),
+        "a bound lease keeps its session and its holder"
+    );
+    let session = s.sessions.iter().find(|x| x.digest == digest(1));
+    assert_eq!(
+        session.map(|x| (x.ttl_ms, x.opener.as_deref())),
+        Some((7_000, Some("alice"))),
+        "a session keeps its TTL and its opener"
+    );
+    assert_eq!((s.epoch, s.counter), (Epoch::FIRST, position));
+}
+
+fn writes_in_one_commit_apply_in_order(store: &mut impl LeaseStore) {
+    let base = store.load().expect("load").counter;
+    store
+        .commit(&[
+            put("gone", record(base + 1, None, None)),
+            Write::DeleteLease {
+                resource: name("gone"),
+            },
+            Write::DeleteLease {
+                resource: name("back"),
+            },
+            put("back", record(base + 2, None, None)),
+            put("twice", record(base + 3, None, None)),
+            put("twice", record(base + 4, None, Some("second"))),
+        ])
+        .expect("commit");
+    let s = store.load().expect("load");
+    assert_eq!(
+        lease(&s, "gone"),
+        None,
+        "a put then a delete leaves nothing"
+    );
+    assert_eq!(lease(&s, "back"), Some(&record(base + 2, None, None)));
+    assert_eq!(
+        lease(&s, "twice"),
+        Some(&record(base + 4, None, Some("second"))),
+        "the last put of one commit wins"
+    );
+}
+
+fn a_later_delete_survives_a_reopen(store: &mut impl LeaseStore) {
+    store
+        .commit(&[
+            Write::DeleteLease {
+                resource: name("a"),
+            },
+            Write::DeleteSession { digest: digest(9) },
+        ])
+        .expect("commit");
+}
+
+fn after_the_delete(s: &Stored) {
+    assert_eq!(lease(s, "a"), None, "a deleted lease stays deleted");
+    assert!(lease(s, "b").is_some(), "a delete touches only its name");
+}
+
+fn the_token_position_is_the_last_written(store: &mut impl LeaseStore, position: u64) {
+    store
+        .commit(&[
+            Write::Tokens {
+                epoch: Epoch::FIRST,
+                counter: position + 15,
+            },
+            Write::Tokens {
+                epoch: Epoch::FIRST,
+                counter: position + 20,
+            },
+        ])
+        .expect("commit");
+    let s = store.load().expect("load");
+    assert_eq!((s.epoch, s.counter), (Epoch::FIRST, position + 20));
+}
+
+fn an_empty_commit_changes_nothing(mut store: impl LeaseStore) {
+    let before = store.load().expect("load");
+    store.commit(&[]).expect("an empty commit");
+    let after = store.load().expect("load");
+    let sorted = |s: &Stored| {
+        let mut l = s.leases.clone();
+        l.sort_by(|a, b| a.0.as_str().cmp(b.0.as_str()));
+        (s.epoch, s.counter, l)
+    };
+    assert_eq!(sorted(&before), sorted(&after));
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::store::MemStore;
+
+    #[test]
+    fn the_in_memory_store_keeps_the_contract() {
+        let shared = MemStore::default();
+        super::check(|| shared.clone());
+    }
+}
