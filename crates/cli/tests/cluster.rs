@@ -4,12 +4,12 @@
 
 mod common;
 
-use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use baton_client::{Acquired, AcquiredAll, Client, ClientError, Release, Renewal};
+use baton_faults::grants::Grant;
 use baton_testkit::pg_cluster::{free_port, PgCluster};
 use baton_testkit::{eventually, PgDb, TempDir};
 use common::{Server, BIN};
@@ -94,18 +94,6 @@ async fn client(endpoints: &str) -> Client {
         .with_rpc_timeout(Duration::from_secs(5))
 }
 
-/// One grant as a worker saw it. `end` is the earliest the server can have
-/// ended it: the release's send instant, or the last confirmed (acquire or
-/// renew) send instant plus the TTL.
-#[derive(Clone, Debug)]
-struct Grant {
-    resource: String,
-    token: u64,
-    invoked: Instant,
-    answered: Instant,
-    end: Instant,
-}
-
 #[derive(Default, Debug)]
 struct Tally {
     ok: u64,
@@ -132,44 +120,11 @@ impl History {
         }
     }
 
-    /// The three properties, over every grant: no token twice; per resource,
-    /// a grant answered before another was asked for has the lower token;
-    /// and the holder with the higher token was answered only after the
-    /// lower one's lease could have ended.
+    /// The lease service's three promises, over every grant, by the fault
+    /// suite's checker (`baton_faults::grants`).
     fn check(&self) {
-        let mut seen = HashSet::new();
-        for g in &self.grants {
-            assert!(seen.insert(g.token), "token {} was granted twice", g.token);
-        }
-        let mut by_resource: BTreeMap<&str, Vec<&Grant>> = BTreeMap::new();
-        for g in &self.grants {
-            by_resource.entry(&g.resource).or_default().push(g);
-        }
-        for (resource, mut grants) in by_resource {
-            for a in &grants {
-                for b in &grants {
-                    if a.answered < b.invoked {
-                        assert!(
-                            a.token < b.token,
-                            "{resource}: token {} answered before token {} was asked for, yet is not lower",
-                            a.token,
-                            b.token
-                        );
-                    }
-                }
-            }
-            grants.sort_by_key(|g| g.token);
-            for pair in grants.windows(2) {
-                let (a, b) = (pair[0], pair[1]);
-                assert!(
-                    b.answered >= a.end,
-                    "{resource}: token {} was granted {:?} before token {}'s lease could have ended",
-                    b.token,
-                    a.end - b.answered,
-                    a.token
-                );
-            }
-        }
+        let verdict = baton_faults::grants::check(&self.grants);
+        assert!(verdict.is_safe(), "unsafe grant history: {verdict:?}");
     }
 }
 
@@ -226,7 +181,7 @@ async fn worker(
             token: lease.token.get(),
             invoked,
             answered,
-            end,
+            earliest_end: Some(end),
         });
     }
 }

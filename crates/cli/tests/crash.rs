@@ -252,43 +252,22 @@ async fn tokens_stay_ordered_and_exclusive_across_sigkill() {
     drop(server);
 
     let history = history.lock().unwrap().clone();
-    let mut checked_abandoned = 0;
-    for resource in 0..RESOURCES {
-        let mut grants: Vec<&Grant> = history.iter().filter(|g| g.resource == resource).collect();
-        grants.sort_by_key(|g| g.token);
-        let mut latest_sent: Option<Instant> = None;
-        for pair in grants.windows(2) {
-            let (a, b) = (pair[0], pair[1]);
-            assert!(
-                a.token < b.token,
-                "resource {resource}: token {} issued twice",
-                a.token
-            );
-            if a.abandoned {
-                // a was held for a full TTL from its grant, which came after a.sent.
-                assert!(
-                    b.received >= a.sent + TTL,
-                    "resource {resource}: token {} granted {:?} after abandoned token {} was requested (TTL {TTL:?}): {a:?} then {b:?}",
-                    b.token,
-                    b.received - a.sent,
-                    a.token
-                );
-                checked_abandoned += 1;
-            }
-        }
-        for g in &grants {
-            // Real-time order: a grant that completed before another was
-            // requested must carry the lower token.
-            if let Some(sent) = latest_sent {
-                assert!(
-                    g.received >= sent,
-                    "resource {resource}: token {} completed before a lower token was requested",
-                    g.token
-                );
-            }
-            latest_sent = Some(latest_sent.map_or(g.sent, |s: Instant| s.max(g.sent)));
-        }
-    }
+    // The fault suite's checker: no token twice, tokens in real-time
+    // order, and a lease left to expire (its holder killed or abandoned)
+    // held for a full TTL from the request that granted it.
+    let grants: Vec<baton_faults::grants::Grant> = history
+        .iter()
+        .map(|g| baton_faults::grants::Grant {
+            resource: g.resource.to_string(),
+            token: g.token,
+            invoked: g.sent,
+            answered: g.received,
+            earliest_end: g.abandoned.then(|| g.sent + TTL),
+        })
+        .collect();
+    let verdict = baton_faults::grants::check(&grants);
+    assert!(verdict.is_safe(), "unsafe grant history: {verdict:?}");
+    let checked_abandoned = verdict.exclusion_checked;
     let counts = counts.lock().unwrap();
     let on_sessions = history.iter().filter(|g| g.on_session).count();
     println!(

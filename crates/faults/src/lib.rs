@@ -24,6 +24,7 @@
 #![warn(missing_docs)]
 
 pub mod checker;
+pub mod grants;
 pub mod history;
 pub mod signal;
 
