@@ -80,13 +80,6 @@ impl Cluster {
     }
 }
 
-fn metric(server: &Server, name: &str) -> u64 {
-    let text = server.http_get("/metrics");
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no {name} in /metrics"))
-}
-
 async fn client(endpoints: &str) -> Client {
     Client::connect(endpoints)
         .await
@@ -544,7 +537,7 @@ async fn a_paused_leader_confirms_nothing_commits_nothing_and_steps_down() {
         baton_proto::v1::leases_client::LeasesClient::connect(cluster.nodes[old].url())
             .await
             .unwrap();
-    let commits_before = metric(&cluster.nodes[old], "baton_store_commits_total");
+    let commits_before = cluster.nodes[old].metric("baton_store_commits_total");
     let pid = Pid::from_raw(old_pid as i32);
     kill(pid, SIGSTOP).unwrap();
     eventually(Duration::from_secs(5), async || {
@@ -599,11 +592,11 @@ async fn a_paused_leader_confirms_nothing_commits_nothing_and_steps_down() {
     })
     .await;
     assert_eq!(
-        metric(&cluster.nodes[old], "baton_store_commits_total"),
+        cluster.nodes[old].metric("baton_store_commits_total"),
         commits_before,
         "the woken old leader committed something"
     );
-    assert_eq!(metric(&cluster.nodes[old], "baton_is_leader"), 0);
+    assert_eq!(cluster.nodes[old].metric("baton_is_leader"), 0);
     // B's lease is intact in the database and on the leader.
     let token: i64 = db
         .connect()

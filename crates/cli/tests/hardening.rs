@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use baton_client::{Acquired, Client};
-use common::{cli, eventually, json_u64, Server, TempDir, BIN};
+use common::{cli, eventually, json_u64, TempDir, BIN};
 
 const TTL: Duration = Duration::from_secs(30);
 
@@ -276,7 +276,7 @@ async fn idle_sockets_up_to_the_limit_do_not_lock_out_a_holder_that_reconnects()
         std::thread::spawn(move || hold_idle_sockets(addr, limit, stop, reopened))
     };
     eventually(Duration::from_secs(10), async || {
-        metric(&s, "baton_connections") >= limit as u64
+        s.metric("baton_connections") >= limit as u64
     })
     .await;
     let mut renewed = 0;
@@ -301,16 +301,16 @@ async fn idle_sockets_up_to_the_limit_do_not_lock_out_a_holder_that_reconnects()
     // The handshake deadline closes idle sockets even without newcomers; the
     // attacker opens them again, and the holder still gets in.
     eventually(Duration::from_secs(10), async || {
-        metric(&s, "baton_connections_closed_idle_total") >= limit as u64 / 2
+        s.metric("baton_connections_closed_idle_total") >= limit as u64 / 2
             && reopened.load(Ordering::Relaxed) >= limit as u64 / 2
     })
     .await;
     renew_over_fresh_connections().await;
     stop.store(true, Ordering::Relaxed);
     attacker.join().unwrap();
-    let evicted = metric(&s, "baton_connections_evicted_total");
-    let closed_idle = metric(&s, "baton_connections_closed_idle_total");
-    let refused = metric(&s, "baton_connections_refused_total");
+    let evicted = s.metric("baton_connections_evicted_total");
+    let closed_idle = s.metric("baton_connections_closed_idle_total");
+    let refused = s.metric("baton_connections_refused_total");
     println!(
         "idle-socket attack: {limit} sockets held, {} reopened by the attacker, {evicted} evicted, \
          {closed_idle} closed at the handshake deadline, {refused} refused; holder renewed {renewed} times over fresh connections",
@@ -320,14 +320,6 @@ async fn idle_sockets_up_to_the_limit_do_not_lock_out_a_holder_that_reconnects()
         evicted >= 1,
         "the holder's connections never needed an eviction: the attack did not fill the limit"
     );
-}
-
-fn metric(s: &Server, name: &str) -> u64 {
-    let text = s.http_get("/metrics");
-    text.lines()
-        .find_map(|l| l.strip_prefix(&format!("{name} ")))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no {name} in /metrics"))
 }
 
 #[tokio::test]

@@ -189,6 +189,15 @@ impl Server {
         }
     }
 
+    /// The value of an unlabelled counter or gauge on `/metrics`; panics
+    /// naming it if the server does not export it.
+    pub fn metric(&self, name: &str) -> u64 {
+        let text = self.http_get("/metrics");
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in /metrics"))
+    }
+
     /// One `GET path` on the HTTP port: the whole response.
     pub fn http_get(&self, path: &str) -> String {
         use std::io::{Read, Write};
