@@ -1,0 +1,331 @@
+//! A session's calls: acquire (waiting on the stream, withdrawn if the
+//! caller goes away), renew, release, close, each a request on the stream
+//! answered by id.
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Duration;
+
+use baton_core::{AcquisitionId, SessionId};
+use baton_proto::v1::{self, session_request::Op, session_response::Body};
+use tokio::sync::{oneshot, watch};
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use super::{error_body, unexpected, Call, Health, Session, SessionState};
+use crate::worker::Renewer;
+use crate::{release, renewal, Acquired, AcquiredAll, ClientError, Release, Renewal};
+
+/// Sends a cancel for a waiting acquire if its future is dropped first.
+struct CancelOnDrop<'a> {
+    session: &'a Session,
+    acquire_id: Option<u64>,
+}
+
+impl Drop for CancelOnDrop<'_> {
+    fn drop(&mut self) {
+        if let Some(acquire_id) = self.acquire_id {
+            let id = self.session.inner.next_id.fetch_add(1, Relaxed);
+            let _ = self.session.inner.calls.send(Call {
+                id,
+                traceparent: String::new(),
+                op: Op::Cancel(v1::CancelWait { acquire_id }),
+                reply: None,
+            });
+        }
+    }
+}
+
+impl Session {
+    /// The session id (a secret: it resumes the session).
+    pub fn id(&self) -> SessionId {
+        self.inner.id
+    }
+
+    /// The session TTL the server granted.
+    pub fn ttl(&self) -> Duration {
+        self.inner.ttl
+    }
+
+    /// The session's state now.
+    pub fn state(&self) -> SessionState {
+        self.inner.state.borrow().clone()
+    }
+
+    /// A receiver that sees every change of the session's state.
+    pub fn watch(&self) -> watch::Receiver<SessionState> {
+        self.inner.state.clone()
+    }
+
+    async fn request(&self, id: u64, op: Op, extra: Duration) -> Result<Body, ClientError> {
+        if self.inner.state.borrow().health == Health::Ended {
+            return Err(ClientError::SessionEnded);
+        }
+        let (tx, rx) = oneshot::channel();
+        let call = Call {
+            id,
+            op,
+            traceparent: baton_telemetry::traceparent().unwrap_or_default(),
+            reply: Some(tx),
+        };
+        if self.inner.calls.send(call).is_err() {
+            return Err(ClientError::SessionEnded);
+        }
+        let timeout = self.inner.rpc_timeout + extra;
+        match tokio::time::timeout(timeout, rx).await {
+            Ok(Ok(Ok(Body::Error(e)))) => Err(error_body(e)),
+            Ok(Ok(Ok(Body::Ended(_)))) => Err(ClientError::SessionEnded),
+            Ok(Ok(answer)) => answer,
+            Ok(Err(_)) => Err(ClientError::Indeterminate(
+                "the session stopped before the answer came".into(),
+            )),
+            Err(_) => Err(ClientError::Indeterminate(format!(
+                "no answer on the session within {} ms",
+                timeout.as_millis()
+            ))),
+        }
+    }
+
+    /// Acquires one resource, tied to the session (no renewals: it lives
+    /// while the session does). `wait` of zero tries once.
+    pub async fn acquire(&self, resource: &str, wait: Duration) -> Result<Acquired, ClientError> {
+        Acquired::from_all(self.acquire_all(&[resource], wait).await?)
+    }
+
+    /// Acquires every resource or none, tied to the session.
+    pub async fn acquire_all(
+        &self,
+        resources: &[&str],
+        wait: Duration,
+    ) -> Result<AcquiredAll, ClientError> {
+        self.acquire_inner(resources, None, wait).await
+    }
+
+    /// Acquires every resource or none, each lease with its own `ttl` (to
+    /// be renewed), on the session's stream.
+    pub async fn acquire_with_ttl(
+        &self,
+        resources: &[&str],
+        ttl: Duration,
+        wait: Duration,
+    ) -> Result<AcquiredAll, ClientError> {
+        if ttl.is_zero() {
+            return Err(ClientError::Invalid(
+                "ttl must be above zero; use acquire_all for leases tied to the session".into(),
+            ));
+        }
+        self.acquire_inner(resources, Some(ttl), wait).await
+    }
+
+    async fn acquire_inner(
+        &self,
+        resources: &[&str],
+        ttl: Option<Duration>,
+        wait: Duration,
+    ) -> Result<AcquiredAll, ClientError> {
+        let span = crate::observe::span("acquire", resources);
+        let started = Instant::now();
+        let answer = self
+            .acquire_on_stream(resources, ttl, wait)
+            .instrument(span.clone())
+            .await;
+        crate::observe::acquired(&span, &answer, started.elapsed());
+        answer
+    }
+
+    async fn acquire_on_stream(
+        &self,
+        resources: &[&str],
+        ttl: Option<Duration>,
+        wait: Duration,
+    ) -> Result<AcquiredAll, ClientError> {
+        let ttl_ms = match ttl {
+            Some(t) => Some(crate::millis(t, "ttl")?.max(1)),
+            None => None,
+        };
+        let op = Op::Acquire(v1::SessionAcquire {
+            resources: resources.iter().map(|r| r.to_string()).collect(),
+            ttl_ms,
+            wait_ms: crate::millis(wait, "wait")?,
+            holder: self.inner.holder.clone(),
+        });
+        let id = self.inner.next_id.fetch_add(1, Relaxed);
+        let mut guard = CancelOnDrop {
+            session: self,
+            acquire_id: (!wait.is_zero()).then_some(id),
+        };
+        let sent = Instant::now();
+        let body = self.request(id, op, wait).await;
+        if !matches!(body, Err(ClientError::Indeterminate(_))) {
+            guard.acquire_id = None;
+        }
+        let answer = match body? {
+            Body::Acquire(a) => a,
+            other => return Err(unexpected(&other)),
+        };
+        let mut out = crate::acquired_all(answer, resources.len(), sent)?;
+        if let (AcquiredAll::Granted { leases, .. }, None) = (&mut out, ttl) {
+            // A lease tied to the session ends with it. The server counts
+            // the acquire as a heartbeat (held a session TTL from the send,
+            // as `acquired_all` set), and heartbeats kept the session
+            // moving while the acquire waited in line: the later of the two.
+            let session_deadline = self.inner.state.borrow().server_deadline;
+            let mut bound = self.inner.bound.lock().expect("session mutex");
+            for l in leases {
+                l.valid_until = l.valid_until.max(session_deadline);
+                bound.insert(l.acquisition_id, l.token);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Renews a lease with its own TTL; for a lease tied to the session this
+    /// is a heartbeat of the whole session.
+    pub async fn renew(
+        &self,
+        resource: &str,
+        acquisition_id: &AcquisitionId,
+    ) -> Result<Renewal, ClientError> {
+        let op = Op::Renew(v1::RenewRequest {
+            resource: resource.to_string(),
+            acquisition_id: acquisition_id.as_bytes().to_vec(),
+        });
+        let id = self.inner.next_id.fetch_add(1, Relaxed);
+        let sent = Instant::now();
+        let span = crate::observe::span("renew", &[resource]);
+        match self
+            .request(id, op, Duration::ZERO)
+            .instrument(span)
+            .await?
+        {
+            Body::Renew(r) => renewal(r, sent),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Releases a lease (tied to the session or not).
+    pub async fn release(
+        &self,
+        resource: &str,
+        acquisition_id: &AcquisitionId,
+    ) -> Result<Release, ClientError> {
+        let op = Op::Release(v1::ReleaseRequest {
+            resource: resource.to_string(),
+            acquisition_id: acquisition_id.as_bytes().to_vec(),
+        });
+        let id = self.inner.next_id.fetch_add(1, Relaxed);
+        let span = crate::observe::span("release", &[resource]);
+        let out = match self
+            .request(id, op, Duration::ZERO)
+            .instrument(span)
+            .await?
+        {
+            Body::Release(r) => release(r),
+            other => Err(unexpected(&other)),
+        };
+        if out.is_ok() {
+            let token = self
+                .inner
+                .bound
+                .lock()
+                .expect("session mutex")
+                .remove(acquisition_id);
+            let revoked = |t| self.inner.state.borrow().revoked.iter().any(|r| r.1 == t);
+            if let Some(t) = token.filter(|t| revoked(*t)) {
+                self.inner.released.lock().expect("session mutex").push(t);
+            }
+        }
+        out
+    }
+
+    /// Ends the session: its leases are released and its waiters
+    /// withdrawn. `false` if it had already ended. With auth on, the
+    /// principal needs `lease` on every resource the session holds
+    /// ([`ClientError::PermissionDenied`] otherwise, and nothing changes).
+    pub async fn close(&self) -> Result<bool, ClientError> {
+        let id = self.inner.next_id.fetch_add(1, Relaxed);
+        match self
+            .request(id, Op::Close(v1::CloseSession {}), Duration::ZERO)
+            .await
+        {
+            Ok(Body::Closed(c)) => Ok(c.was_open),
+            Ok(other) => Err(unexpected(&other)),
+            Err(ClientError::SessionEnded) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Stops heartbeats and drops the stream without closing the session,
+    /// as a crashed process would: the server ends the session and its
+    /// leases one TTL after the last heartbeat it received. For drills and
+    /// tests; [`Session::close`] is the orderly way out.
+    pub fn abandon(&self) {
+        self.inner.abandon.cancel();
+    }
+
+    /// For a lease tied to the session: waits for the next acknowledged
+    /// heartbeat and reports the session's deadline as the lease's. The
+    /// remaining time counts from this call, which is no earlier than the
+    /// caller's send time, so the caller's deadline is never later than
+    /// the server's.
+    async fn follow_heartbeat(&self, id: &AcquisitionId) -> Result<Renewal, ClientError> {
+        let called = Instant::now();
+        let mut state = self.inner.state.clone();
+        let beats = state.borrow().beats;
+        loop {
+            {
+                let s = state.borrow_and_update();
+                let token = self
+                    .inner
+                    .bound
+                    .lock()
+                    .expect("session mutex")
+                    .get(id)
+                    .copied();
+                let Some(token) = token else {
+                    return Ok(Renewal::NotOwner);
+                };
+                if s.revoked.iter().any(|(_, t)| *t == token) {
+                    return Ok(Renewal::NotOwner);
+                }
+                match s.health {
+                    Health::Ended => return Ok(Renewal::NotOwner),
+                    Health::Reconnecting => {
+                        return Err(ClientError::Indeterminate(
+                            "the session's stream broke; it is being resumed".into(),
+                        ))
+                    }
+                    Health::Live if s.beats > beats => {
+                        return Ok(Renewal::Renewed {
+                            token,
+                            remaining: s.server_deadline.saturating_duration_since(called),
+                            valid_until: s.server_deadline,
+                        })
+                    }
+                    Health::Live => {}
+                }
+            }
+            if state.changed().await.is_err() {
+                return Err(ClientError::Indeterminate("the session stopped".into()));
+            }
+        }
+    }
+}
+
+/// A keeper over a session follows the session's heartbeats for a lease
+/// tied to it (no renewal of its own) and renews any other lease on the
+/// stream.
+impl Renewer for Session {
+    async fn renew(&mut self, resource: &str, id: &AcquisitionId) -> Result<Renewal, ClientError> {
+        let bound = self
+            .inner
+            .bound
+            .lock()
+            .expect("session mutex")
+            .contains_key(id);
+        if bound {
+            self.follow_heartbeat(id).await
+        } else {
+            Session::renew(self, resource, id).await
+        }
+    }
+}
