@@ -1,11 +1,10 @@
 //! The `baton` command line: flag definitions only. Values are validated
 //! into configuration by the subcommand modules.
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
 
 use baton_client::flags::{parse_duration, parse_positive_duration};
 
@@ -20,51 +19,8 @@ pub const EXIT_CODES: &str = "Exit codes:
   6  expired on arrival: the grant or renewal came back later than its TTL
      counted from when the request was sent (released, best effort)";
 
-/// The command line, with `serve`'s defaults taken from the server's own
-/// (`ServerConfig::default`, which holds `Limits::default`, and the
-/// cluster's leader TTL): one source for every default, which `--help`,
-/// the man pages and a config file all see.
-pub fn command() -> clap::Command {
-    let d = baton_server::ServerConfig::default();
-    let l = &d.limits;
-    let ms = |v: u64| baton_client::flags::format_duration(Duration::from_millis(v));
-    let defaults = [
-        ("listen", d.listen.to_string()),
-        (
-            "http_listen",
-            d.http_listen.map(|a| a.to_string()).unwrap_or_default(),
-        ),
-        ("data_dir", d.data_dir.display().to_string()),
-        ("default_ttl", ms(d.default_ttl_ms)),
-        ("ttl_min", ms(l.ttl_ms_min)),
-        ("ttl_max", ms(l.ttl_ms_max)),
-        ("wait_max", ms(l.wait_ms_max)),
-        (
-            "max_waiters_per_resource",
-            l.n_waiters_per_resource_max.to_string(),
-        ),
-        ("max_waiters", l.n_waiters_max.to_string()),
-        ("max_sessions", l.n_sessions_max.to_string()),
-        ("max_connections", d.connections_max.to_string()),
-        ("handshake_timeout", ms(d.handshake_timeout_ms)),
-        ("idle_timeout", ms(d.idle_timeout_ms)),
-        (
-            "max_resources_per_request",
-            l.n_resources_per_request_max.to_string(),
-        ),
-        ("leader_ttl", ms(baton_server::LEADER_TTL_MS_DEFAULT)),
-    ];
-    Cli::command().mut_subcommand("serve", |serve| {
-        defaults.into_iter().fold(serve, |serve, (id, value)| {
-            serve.mut_arg(id, |a| a.default_value(value).required(false))
-        })
-    })
-}
-
-/// Parses `args` against [`command`].
-pub fn parse_from(args: &[std::ffi::OsString]) -> Result<Cli, clap::Error> {
-    Cli::from_arg_matches(&command().try_get_matches_from(args)?)
-}
+mod serve;
+pub use serve::{command, parse_from, ServeArgs};
 
 #[derive(Parser)]
 #[command(name = "baton", version, about = "Leases with fencing tokens that make stale workers harmless", after_help = EXIT_CODES)]
@@ -491,105 +447,6 @@ pub struct RestoreArgs {
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
-}
-
-#[derive(Args)]
-pub struct ServeArgs {
-    /// A TOML file of these flags (keys like data_dir, default_ttl); a flag
-    /// on the command line wins, then its BATON_* variable, then the file.
-    #[arg(long, env = "BATON_CONFIG")]
-    pub config: Option<std::path::PathBuf>,
-    /// gRPC address.
-    #[arg(long, env = "BATON_LISTEN")]
-    pub listen: SocketAddr,
-    /// HTTP address for /healthz, /readyz and /metrics.
-    #[arg(long, env = "BATON_HTTP_LISTEN")]
-    pub http_listen: SocketAddr,
-    /// Export OpenTelemetry traces (spans for acquire, grant, renew and
-    /// release, joined to the client's trace) to this OTLP/HTTP collector,
-    /// like http://127.0.0.1:4318. Off when not given.
-    #[arg(long, env = "BATON_OTLP_ENDPOINT", value_name = "URL")]
-    pub otlp_endpoint: Option<String>,
-    /// Where the embedded store keeps its file.
-    #[arg(long, env = "BATON_DATA_DIR")]
-    pub data_dir: PathBuf,
-    /// Lease duration when a client names none.
-    #[arg(long, env = "BATON_DEFAULT_TTL", value_parser = parse_positive_duration)]
-    pub default_ttl: Duration,
-    /// Shortest lease duration accepted.
-    #[arg(long, env = "BATON_TTL_MIN", value_parser = parse_positive_duration)]
-    pub ttl_min: Duration,
-    /// Longest lease duration accepted.
-    #[arg(long, env = "BATON_TTL_MAX", value_parser = parse_positive_duration)]
-    pub ttl_max: Duration,
-    /// Longest time an acquire may wait in line.
-    #[arg(long, env = "BATON_WAIT_MAX", value_parser = parse_duration)]
-    pub wait_max: Duration,
-    /// Most requests waiting on one resource; beyond, RESOURCE_EXHAUSTED.
-    #[arg(long, env = "BATON_MAX_WAITERS_PER_RESOURCE")]
-    pub max_waiters_per_resource: usize,
-    /// Most requests waiting in all.
-    #[arg(long, env = "BATON_MAX_WAITERS")]
-    pub max_waiters: usize,
-    /// Most open sessions; beyond, opening one gets RESOURCE_EXHAUSTED.
-    #[arg(long, env = "BATON_MAX_SESSIONS")]
-    pub max_sessions: usize,
-    /// Most open client connections (a newcomer first evicts one that sent nothing).
-    #[arg(long, env = "BATON_MAX_CONNECTIONS")]
-    pub max_connections: usize,
-    /// A new connection must send its first request within this long.
-    #[arg(long, env = "BATON_HANDSHAKE_TIMEOUT", value_parser = parse_positive_duration)]
-    pub handshake_timeout: Duration,
-    /// A connection with no request in flight for this long is closed.
-    #[arg(long, env = "BATON_IDLE_TIMEOUT", value_parser = parse_positive_duration)]
-    pub idle_timeout: Duration,
-    /// Most resources in one all-or-nothing acquire.
-    #[arg(long, env = "BATON_MAX_RESOURCES_PER_REQUEST")]
-    pub max_resources_per_request: usize,
-    /// Keep the lease state in PostgreSQL instead of the data directory and
-    /// serve as one server of a cluster (postgres://USER@HOST:PORT/DB, or
-    /// key=value pairs; list several hosts with target_session_attrs=read-write
-    /// to follow a database failover). Servers given the same database and
-    /// --cluster elect one leader.
-    #[arg(long, env = "BATON_STORE")]
-    pub store: Option<String>,
-    /// The cluster's name; a database holds the state of one cluster only.
-    #[arg(
-        long,
-        env = "BATON_CLUSTER",
-        default_value = "baton",
-        requires = "store"
-    )]
-    pub cluster: String,
-    /// The address clients should dial for this server, told to them by
-    /// followers [default: http:// and --listen, if that is not 0.0.0.0 or ::].
-    #[arg(long, env = "BATON_ADVERTISE", requires = "store")]
-    pub advertise: Option<String>,
-    /// A follower takes over when the leader has not renewed for this long;
-    /// failover takes about this plus loading the leases.
-    #[arg(long, env = "BATON_LEADER_TTL", value_parser = parse_positive_duration, requires = "store")]
-    pub leader_ttl: Duration,
-    /// Serve gRPC and HTTP over TLS with this certificate chain (PEM, leaf first).
-    #[arg(long, env = "BATON_TLS_CERT", requires = "tls_key")]
-    pub tls_cert: Option<PathBuf>,
-    /// The private key (PEM) of --tls-cert.
-    #[arg(long, env = "BATON_TLS_KEY", requires = "tls_cert")]
-    pub tls_key: Option<PathBuf>,
-    /// Require a client certificate signed by this CA (PEM) on every gRPC
-    /// connection; with --auth-file its common name names the principal.
-    #[arg(long, env = "BATON_TLS_CLIENT_CA", requires = "tls_cert")]
-    pub tls_client_ca: Option<PathBuf>,
-    /// Principals and their permissions per name prefix (TOML; reloaded on
-    /// SIGHUP). Without it every caller may do everything.
-    #[arg(long, env = "BATON_AUTH_FILE")]
-    pub auth_file: Option<PathBuf>,
-    /// Refuse to start without --auth-file.
-    #[arg(long, env = "BATON_REQUIRE_AUTH")]
-    pub require_auth: bool,
-    /// Also append the audit lines (fences, backups, refused calls) to this
-    /// file, one JSON object per line.
-    #[arg(long, env = "BATON_AUDIT_LOG")]
-    pub audit_log: Option<PathBuf>,
 }
 
 #[cfg(test)]
