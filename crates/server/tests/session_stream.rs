@@ -1,0 +1,351 @@
+//! The server's session stream, in process against the lease engine on
+//! an in-memory store, speaking the wire protocol itself: answers by id
+//! in any order, the rules that answer one request and those that end the
+//! stream, the limits, and a half-close (the rules `baton.proto` states).
+
+use std::time::Duration;
+
+use baton_client::{Acquired, AcquiredAll, Client};
+use baton_proto::v1::{
+    self, leases_client::LeasesClient, session_request::Op, session_response::Body,
+};
+use baton_server::{start_with_store, RunningServer, ServerConfig};
+use baton_testkit::eventually;
+use baton_testkit::store::MemStore;
+use tokio_stream::wrappers::ReceiverStream;
+
+/// A server on an in-memory store; `max_sessions` caps the open sessions.
+async fn serve(max_sessions: Option<usize>) -> (RunningServer, String) {
+    let mut config = ServerConfig::ephemeral(std::env::temp_dir().join("unused-in-memory"));
+    if let Some(n) = max_sessions {
+        config.limits.n_sessions_max = n;
+    }
+    let server = start_with_store(config, Box::new(MemStore::default()))
+        .await
+        .expect("start");
+    let url = format!("http://{}", server.grpc_addr);
+    (server, url)
+}
+
+fn granted(a: Acquired) -> baton_client::Lease {
+    match a {
+        Acquired::Granted(l) => l,
+        other => panic!("not granted: {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_come_back_by_id_while_a_wait_is_pending() {
+    let (_server, url) = serve(None).await;
+    let client = Client::connect(&url).await.unwrap();
+    let mut c = client.clone();
+    let held = granted(
+        c.acquire("s:slow", Duration::from_secs(5), Duration::ZERO)
+            .await
+            .unwrap(),
+    );
+    let session = client.open_session(Duration::from_secs(2)).await.unwrap();
+    let waiter = session.clone();
+    let wait = tokio::spawn(async move { waiter.acquire("s:slow", Duration::from_secs(10)).await });
+    // While the first request waits, later ones on the same stream are answered.
+    let mut own_ttl = Vec::new();
+    for i in 0..20 {
+        let AcquiredAll::Granted { mut leases, .. } = session
+            .acquire_with_ttl(
+                &[&format!("s:quick:{i}")],
+                Duration::from_secs(1),
+                Duration::ZERO,
+            )
+            .await
+            .unwrap()
+        else {
+            panic!()
+        };
+        own_ttl.push(leases.pop().unwrap());
+    }
+    assert!(!wait.is_finished(), "the waiting acquire is still waiting");
+    // Leases with their own TTL renew on the stream, and expire without it.
+    let l = &own_ttl[0];
+    assert!(matches!(
+        session.renew(&l.resource, &l.acquisition_id).await.unwrap(),
+        baton_client::Renewal::Renewed { .. }
+    ));
+    c.release(&held.resource, &held.acquisition_id)
+        .await
+        .unwrap();
+    let got = granted(wait.await.unwrap().unwrap());
+    assert!(got.token > held.token);
+    eventually(Duration::from_secs(3), async || {
+        c.status(&own_ttl[5].resource)
+            .await
+            .unwrap()
+            .holder_token
+            .is_none()
+    })
+    .await;
+    assert_eq!(
+        c.status("s:slow").await.unwrap().holder_token,
+        Some(got.token)
+    );
+}
+
+async fn raw(
+    url: &str,
+    requests: Vec<v1::SessionRequest>,
+) -> Result<Vec<v1::SessionResponse>, tonic::Status> {
+    let mut c = LeasesClient::connect(url.to_string()).await.unwrap();
+    let (tx, rx) = tokio::sync::mpsc::channel(16);
+    for r in requests {
+        tx.send(r).await.unwrap();
+    }
+    let mut stream = c.session(ReceiverStream::new(rx)).await?.into_inner();
+    let mut out = Vec::new();
+    loop {
+        match tokio::time::timeout(Duration::from_millis(500), stream.message()).await {
+            Ok(Ok(Some(m))) => out.push(m),
+            Ok(Ok(None)) | Err(_) => return Ok(out),
+            Ok(Err(status)) => return if out.is_empty() { Err(status) } else { Ok(out) },
+        }
+    }
+}
+
+fn req(id: u64, op: Op) -> v1::SessionRequest {
+    v1::SessionRequest {
+        id,
+        op: Some(op),
+        traceparent: String::new(),
+    }
+}
+
+fn open(ttl_ms: u64) -> Op {
+    Op::Open(v1::OpenSession {
+        ttl_ms: Some(ttl_ms),
+        resume: vec![],
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_session_protocol_gets_errors_that_name_the_rule() {
+    let (_server, url) = serve(None).await;
+    let code = |r: Result<Vec<v1::SessionResponse>, tonic::Status>| match r {
+        Err(status) => (status.code(), status.message().to_string()),
+        Ok(out) => panic!("expected a refusal, got {out:?}"),
+    };
+    let (c, m) = code(raw(&url, vec![req(1, Op::Heartbeat(v1::Heartbeat {}))]).await);
+    assert_eq!(c, tonic::Code::InvalidArgument);
+    assert!(m.contains("must be `open`"), "{m}");
+    let (c, m) = code(raw(&url, vec![req(1, open(5))]).await);
+    assert_eq!(c, tonic::Code::InvalidArgument);
+    assert!(m.contains("session ttl 5ms is out of range"), "{m}");
+    // A TTL that is present is a TTL: 0 is refused, not "the default".
+    let (c, m) = code(raw(&url, vec![req(1, open(0))]).await);
+    assert_eq!(c, tonic::Code::InvalidArgument);
+    assert!(m.contains("session ttl 0ms is out of range"), "{m}");
+    let bad_resume = Op::Open(v1::OpenSession {
+        ttl_ms: None,
+        resume: vec![1, 2, 3],
+    });
+    let (c, m) = code(raw(&url, vec![req(1, bad_resume)]).await);
+    assert_eq!(c, tonic::Code::InvalidArgument);
+    assert!(m.contains("resume is 3 bytes"), "{m}");
+    // An unknown session is not resumed, and nothing is created.
+    let unknown = Op::Open(v1::OpenSession {
+        ttl_ms: None,
+        resume: vec![7; 16],
+    });
+    let out = raw(&url, vec![req(4, unknown)]).await.unwrap();
+    assert!(
+        matches!(
+            out.as_slice(),
+            [v1::SessionResponse {
+                id: 4,
+                body: Some(Body::Ended(_))
+            }]
+        ),
+        "{out:?}"
+    );
+    // Per-request errors keep the stream; a second open ends it.
+    let bad_name = Op::Acquire(v1::SessionAcquire {
+        resources: vec![" x".into()],
+        ttl_ms: None,
+        wait_ms: 0,
+        holder: None,
+    });
+    let out = raw(
+        &url,
+        vec![
+            req(1, open(1_000)),
+            req(2, bad_name),
+            req(
+                3,
+                Op::Release(v1::ReleaseRequest {
+                    resource: "a".into(),
+                    acquisition_id: vec![1],
+                }),
+            ),
+            req(5, open(1_000)),
+            req(6, Op::Heartbeat(v1::Heartbeat {})),
+        ],
+    )
+    .await
+    .unwrap();
+    let body = |id: u64| out.iter().find(|r| r.id == id).and_then(|r| r.body.clone());
+    assert!(matches!(body(1), Some(Body::Opened(_))), "{out:?}");
+    let Some(Body::Error(e)) = body(2) else {
+        panic!("{out:?}")
+    };
+    assert_eq!(e.code, tonic::Code::InvalidArgument as i32);
+    assert!(e.message.contains("resources[0]"), "{}", e.message);
+    let Some(Body::Error(e)) = body(3) else {
+        panic!("{out:?}")
+    };
+    assert!(
+        e.message.contains("acquisition_id is 1 bytes"),
+        "{}",
+        e.message
+    );
+    assert!(
+        body(6).is_none(),
+        "nothing is answered after a second open: {out:?}"
+    );
+    // The server still serves.
+    let mut c = Client::connect(&url).await.unwrap();
+    granted(
+        c.acquire("s:fine", Duration::from_secs(1), Duration::ZERO)
+            .await
+            .unwrap(),
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reused_request_id_and_the_session_limit_are_refused_by_rule() {
+    let (_server, url) = serve(Some(1)).await;
+    let mut c = Client::connect(&url).await.unwrap();
+    let held = granted(
+        c.acquire("l:busy", Duration::from_secs(5), Duration::ZERO)
+            .await
+            .unwrap(),
+    );
+    // Request 2 waits for l:busy; a second request 2 while it waits is refused.
+    let wait = Op::Acquire(v1::SessionAcquire {
+        resources: vec!["l:busy".into()],
+        ttl_ms: None,
+        wait_ms: 10_000,
+        holder: None,
+    });
+    let again = Op::Heartbeat(v1::Heartbeat {});
+    let mut lc = LeasesClient::connect(url.clone()).await.unwrap();
+    let (tx, rx) = tokio::sync::mpsc::channel(16);
+    for r in [req(1, open(1_000)), req(2, wait), req(2, again)] {
+        tx.send(r).await.unwrap();
+    }
+    let mut stream = lc
+        .session(ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let opened = stream.message().await.unwrap().unwrap();
+    assert!(matches!(opened.body, Some(Body::Opened(_))), "{opened:?}");
+    let refused = stream.message().await.unwrap().unwrap();
+    let Some(Body::Error(e)) = refused.body else {
+        panic!("{refused:?}")
+    };
+    assert_eq!(
+        (refused.id, e.code),
+        (2, tonic::Code::InvalidArgument as i32)
+    );
+    assert!(e.message.contains("already in use"), "{}", e.message);
+    // The server holds one session at most: another open is refused by name.
+    let err = client_open(&url).await;
+    assert_eq!(err.0, tonic::Code::ResourceExhausted, "{}", err.1);
+    assert!(err.1.contains("open sessions"), "{}", err.1);
+    // The first stream still works: the wait is granted once l:busy is free.
+    c.release(&held.resource, &held.acquisition_id)
+        .await
+        .unwrap();
+    let granted_on_stream = stream.message().await.unwrap().unwrap();
+    assert_eq!(granted_on_stream.id, 2);
+    assert!(
+        matches!(
+            granted_on_stream.body,
+            Some(Body::Acquire(v1::AcquireResponse {
+                outcome: Some(v1::acquire_response::Outcome::Granted(_))
+            }))
+        ),
+        "{granted_on_stream:?}"
+    );
+    drop(tx);
+}
+
+async fn client_open(url: &str) -> (tonic::Code, String) {
+    match raw(url, vec![req(1, open(1_000))]).await {
+        Err(status) => (status.code(), status.message().to_string()),
+        Ok(out) => panic!("expected a refusal, got {out:?}"),
+    }
+}
+
+/// Half-close, as the proto says: the stream ends, an acquire still
+/// waiting is withdrawn (the resource goes to nobody when it frees), and
+/// the session lives on: it can be resumed within its TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_half_close_withdraws_the_wait_and_the_session_lives_on() {
+    let (_server, url) = serve(None).await;
+    let mut c = Client::connect(&url).await.unwrap();
+    let held = granted(
+        c.acquire("h:busy", Duration::from_secs(5), Duration::ZERO)
+            .await
+            .unwrap(),
+    );
+    let mut lc = LeasesClient::connect(url.clone()).await.unwrap();
+    let (tx, rx) = tokio::sync::mpsc::channel(16);
+    let wait = Op::Acquire(v1::SessionAcquire {
+        resources: vec!["h:busy".into()],
+        ttl_ms: None,
+        wait_ms: 10_000,
+        holder: None,
+    });
+    for r in [req(1, open(5_000)), req(2, wait)] {
+        tx.send(r).await.unwrap();
+    }
+    let mut stream = lc
+        .session(ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let Some(Body::Opened(opened)) = stream.message().await.unwrap().unwrap().body else {
+        panic!("the first answer is `opened`")
+    };
+    // The wait is registered before the half-close (a second answer is
+    // not due: the resource is held).
+    eventually(Duration::from_secs(2), async || {
+        c.status("h:busy").await.unwrap().n_waiters == 1
+    })
+    .await;
+    drop(tx);
+    let end = tokio::time::timeout(Duration::from_secs(5), stream.message())
+        .await
+        .expect("the stream ends after a half-close");
+    assert!(
+        matches!(end, Ok(None)),
+        "ends with OK and no answer to the wait: {end:?}"
+    );
+    // The withdrawn wait is not granted when the holder lets go.
+    eventually(Duration::from_secs(2), async || {
+        c.status("h:busy").await.unwrap().n_waiters == 0
+    })
+    .await;
+    c.release(&held.resource, &held.acquisition_id)
+        .await
+        .unwrap();
+    assert_eq!(c.status("h:busy").await.unwrap().holder_token, None);
+    // The session itself lives on.
+    let resume = Op::Open(v1::OpenSession {
+        ttl_ms: None,
+        resume: opened.session_id.clone(),
+    });
+    let out = raw(&url, vec![req(1, resume)]).await.unwrap();
+    assert!(
+        matches!(out.first().and_then(|r| r.body.as_ref()), Some(Body::Opened(o)) if o.resumed),
+        "{out:?}"
+    );
+}
