@@ -95,41 +95,10 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
             history,
             accounts,
             json,
-        } => {
-            let db = store::open(&paths.target()).await?;
-            let db = chaos_service::StatementsDb(db);
-            let checked = baton_chaos::check(&db, &history, &accounts).await?;
-            let figures = checked.figures();
-            if json {
-                println!(
-                    "{}",
-                    serde_json::to_string(&figures).expect("figures serialize")
-                );
-            } else if let serde_json::Value::Object(fields) =
-                serde_json::to_value(&figures).expect("figures serialize")
-            {
-                for (k, v) in fields {
-                    let v = v.as_str().map_or(v.to_string(), str::to_string);
-                    println!("{k:<36} {v}");
-                }
-            }
-            Ok(if checked.verdict.is_clean() {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::FAILURE
-            })
-        }
+        } => check(&paths, &history, &accounts, json).await,
         Command::ServeBaton {
             data_dir, listen, ..
-        } => {
-            let mut config = baton_server::ServerConfig::ephemeral(data_dir);
-            config.listen = listen;
-            let server = baton_server::start(config).await?;
-            println!("listening on {}", server.grpc_addr);
-            // Runs until killed: that is what it is for.
-            std::future::pending::<()>().await;
-            Ok(ExitCode::SUCCESS)
-        }
+        } => serve_baton(data_dir, listen).await,
         Command::Show {
             paths,
             account,
@@ -194,6 +163,53 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
             database_url,
         } => demo::run(json, dir, database_url).await,
     }
+}
+
+/// The hidden `serve-baton`: a lease server in this process, for demos
+/// and tests, until killed.
+async fn serve_baton(
+    data_dir: std::path::PathBuf,
+    listen: std::net::SocketAddr,
+) -> anyhow::Result<ExitCode> {
+    let mut config = baton_server::ServerConfig::ephemeral(data_dir);
+    config.listen = listen;
+    let server = baton_server::start(config).await?;
+    println!("listening on {}", server.grpc_addr);
+    // Runs until killed: that is what it is for.
+    std::future::pending::<()>().await;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `statements check`: a chaos run's history against the resources; the
+/// exit code says whether the verdict is clean.
+async fn check(
+    paths: &Paths,
+    history: &std::path::Path,
+    accounts: &str,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
+    let db = store::open(&paths.target()).await?;
+    let db = chaos_service::StatementsDb(db);
+    let checked = baton_chaos::check(&db, history, accounts).await?;
+    let figures = checked.figures();
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string(&figures).expect("figures serialize")
+        );
+    } else if let serde_json::Value::Object(fields) =
+        serde_json::to_value(&figures).expect("figures serialize")
+    {
+        for (k, v) in fields {
+            let v = v.as_str().map_or(v.to_string(), str::to_string);
+            println!("{k:<36} {v}");
+        }
+    }
+    Ok(if checked.verdict.is_clean() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }
 
 /// Durable cancellation, in this order: the job becomes `cancelled` (workers

@@ -149,18 +149,7 @@ async fn post(
     let s = &r.args.schema;
     let key = headers.get("idempotency-key").and_then(|v| v.to_str().ok());
     let Some(key) = key else {
-        // No key: applied every time.
-        return match r
-            .db
-            .execute(
-                &format!("INSERT INTO {s}.applications (key, operation) VALUES (NULL, $1)"),
-                &[&operation],
-            )
-            .await
-        {
-            Ok(_) => (StatusCode::OK, Json(json!({"status": "applied"}))),
-            Err(e) => fail(e),
-        };
+        return apply_unkeyed(&r, &operation).await;
     };
     let digest: String = sha2::Sha256::digest(&body)
         .iter()
@@ -180,64 +169,86 @@ async fn post(
         .await;
     match inserted {
         Ok(Some(_)) => {}
-        Ok(None) => {
-            r.replays.fetch_add(1, Ordering::SeqCst);
-            let row = match r
-                .db
-                .query_one(
-                    &format!("SELECT payload_sha256 FROM {s}.keys WHERE key = $1"),
-                    &[&key],
-                )
-                .await
-            {
-                Ok(row) => row,
-                Err(e) => return fail(e),
-            };
-            let stored: String = row.get(0);
-            if stored != digest {
-                return (
-                    StatusCode::UNPROCESSABLE_ENTITY,
-                    Json(json!({"error": "idempotency key reused with a different payload"})),
-                );
-            }
-            return (
-                StatusCode::OK,
-                Json(json!({"status": "applied", "replayed": true})),
-            );
-        }
+        Ok(None) => return replay(&r, key, &digest).await,
         Err(e) => return fail(e),
     }
     if let Some(callback) = r.args.accept_async.clone() {
-        let (r2, key) = (r.clone(), key.to_string());
-        tokio::spawn(async move {
-            tokio::time::sleep(r2.args.confirm_after).await;
-            let _ = r2
-                .db
-                .execute(
-                    &format!(
-                        "UPDATE {}.keys SET confirmed = true WHERE key = $1",
-                        r2.args.schema
-                    ),
-                    &[&key],
-                )
-                .await;
-            let token = r2
-                .args
-                .callback_token_file
-                .as_ref()
-                .and_then(|p| std::fs::read_to_string(p).ok())
-                .unwrap_or_default();
-            let _ = r2
-                .http
-                .post(&callback)
-                .bearer_auth(token.trim())
-                .json(&json!({"idempotency_key": key, "status": "delivered", "detail": "confirmed by the receiver"}))
-                .send()
-                .await;
-        });
+        tokio::spawn(confirm_later(r.clone(), key.to_string(), callback));
         return (StatusCode::ACCEPTED, Json(json!({"status": "accepted"})));
     }
     (StatusCode::OK, Json(json!({"status": "applied"})))
+}
+
+/// No key: applied every time.
+async fn apply_unkeyed(r: &Receiver, operation: &str) -> Answer {
+    let s = &r.args.schema;
+    match r
+        .db
+        .execute(
+            &format!("INSERT INTO {s}.applications (key, operation) VALUES (NULL, $1)"),
+            &[&operation],
+        )
+        .await
+    {
+        Ok(_) => (StatusCode::OK, Json(json!({"status": "applied"}))),
+        Err(e) => fail(e),
+    }
+}
+
+/// A key seen before: the saved answer if the payload is the same, a
+/// refusal if it is not.
+async fn replay(r: &Receiver, key: &str, digest: &str) -> Answer {
+    r.replays.fetch_add(1, Ordering::SeqCst);
+    let s = &r.args.schema;
+    let row = match r
+        .db
+        .query_one(
+            &format!("SELECT payload_sha256 FROM {s}.keys WHERE key = $1"),
+            &[&key],
+        )
+        .await
+    {
+        Ok(row) => row,
+        Err(e) => return fail(e),
+    };
+    let stored: String = row.get(0);
+    if stored != digest {
+        return (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            Json(json!({"error": "idempotency key reused with a different payload"})),
+        );
+    }
+    (
+        StatusCode::OK,
+        Json(json!({"status": "applied", "replayed": true})),
+    )
+}
+
+/// `--accept-async`: confirms the delivery after a while, then calls back.
+async fn confirm_later(r: Arc<Receiver>, key: String, callback: String) {
+    tokio::time::sleep(r.args.confirm_after).await;
+    let _ =
+        r.db.execute(
+            &format!(
+                "UPDATE {}.keys SET confirmed = true WHERE key = $1",
+                r.args.schema
+            ),
+            &[&key],
+        )
+        .await;
+    let token = r
+        .args
+        .callback_token_file
+        .as_ref()
+        .and_then(|p| std::fs::read_to_string(p).ok())
+        .unwrap_or_default();
+    let _ = r
+        .http
+        .post(&callback)
+        .bearer_auth(token.trim())
+        .json(&json!({"idempotency_key": key, "status": "delivered", "detail": "confirmed by the receiver"}))
+        .send()
+        .await;
 }
 
 async fn status(

@@ -133,42 +133,9 @@ async fn main() {
         "shared" => vec![Mode::Shared],
         _ => vec![Mode::Distinct, Mode::Shared],
     };
-    let secure = if args.secure_server.is_empty() {
-        None
-    } else {
-        match baton_client::ConnectOptions::from_files(
-            args.tls_ca.as_deref(),
-            None,
-            None,
-            args.token_file.as_deref(),
-        ) {
-            Ok(o) => Some(o),
-            Err(e) => {
-                eprintln!("error: --secure-server: {e:#}");
-                std::process::exit(2);
-            }
-        }
-    };
+    let secure = secure_options(&args);
     if let Some(n) = args.brute_force {
-        let Some(options) = secure else {
-            eprintln!("error: --brute-force needs --secure-server, --tls-ca and --token-file");
-            std::process::exit(2);
-        };
-        let ca = std::fs::read(args.tls_ca.as_ref().expect("checked")).expect("read --tls-ca");
-        let seconds = Duration::from_secs_f64(args.seconds);
-        if let Err(e) = brute::run(
-            &args.secure_server,
-            options,
-            &ca,
-            n,
-            seconds,
-            args.rounds.max(1),
-        )
-        .await
-        {
-            eprintln!("error: {e:#}");
-            std::process::exit(1);
-        }
+        brute_force(&args, n, secure).await;
         return;
     }
     // Every Baton server measured with each transport: label prefix, URL,
@@ -182,9 +149,90 @@ async fn main() {
     }
     let mut all: Vec<Report> = Vec::new();
     for round in 1..=args.rounds.max(1) {
-        let run_id = format!("{}-{round}", std::process::id());
+        let plan = Plan {
+            args: &args,
+            clients: &clients,
+            modes: &modes,
+            run_id: format!("{}-{round}", std::process::id()),
+        };
         println!("round {round}");
         println!("{}", Report::header());
+        plan.batons(&servers, &mut all).await;
+        plan.peers(&mut all).await;
+    }
+    if args.rounds > 1 {
+        summarize(&all, args.rounds);
+    }
+}
+
+/// The TLS and token options of --secure-server, if one is given.
+fn secure_options(args: &Args) -> Option<baton_client::ConnectOptions> {
+    if args.secure_server.is_empty() {
+        return None;
+    }
+    match baton_client::ConnectOptions::from_files(
+        args.tls_ca.as_deref(),
+        None,
+        None,
+        args.token_file.as_deref(),
+    ) {
+        Ok(o) => Some(o),
+        Err(e) => {
+            eprintln!("error: --secure-server: {e:#}");
+            std::process::exit(2);
+        }
+    }
+}
+
+/// `--brute-force N`: the guessing attack beside a correct client.
+async fn brute_force(args: &Args, n: usize, secure: Option<baton_client::ConnectOptions>) {
+    let Some(options) = secure else {
+        eprintln!("error: --brute-force needs --secure-server, --tls-ca and --token-file");
+        std::process::exit(2);
+    };
+    let ca = std::fs::read(args.tls_ca.as_ref().expect("checked")).expect("read --tls-ca");
+    let seconds = Duration::from_secs_f64(args.seconds);
+    if let Err(e) = brute::run(
+        &args.secure_server,
+        options,
+        &ca,
+        n,
+        seconds,
+        args.rounds.max(1),
+    )
+    .await
+    {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+/// One round's measurements: every target, each mode and client count.
+struct Plan<'a> {
+    args: &'a Args,
+    clients: &'a [usize],
+    modes: &'a [Mode],
+    run_id: String,
+}
+
+type Server = (&'static str, String, Option<baton_client::ConnectOptions>);
+
+impl Plan<'_> {
+    async fn measure<T: Target>(&self, target: &T, all: &mut Vec<Report>) {
+        measure(
+            target,
+            self.args,
+            self.clients,
+            self.modes,
+            &self.run_id,
+            all,
+        )
+        .await;
+    }
+
+    /// Every Baton server with each transport asked for, then the cluster.
+    async fn batons(&self, servers: &[Server], all: &mut Vec<Report>) {
+        let args = self.args;
         let ttl = Duration::from_secs(args.ttl_s);
         for (label, transport) in [
             ("baton unary", Transport::Unary),
@@ -197,71 +245,75 @@ async fn main() {
             {
                 continue;
             }
-            for (prefix, url, options) in &servers {
+            for (prefix, url, options) in servers {
                 let mut baton = Baton::new(label.replace("baton", prefix), url.clone(), ttl)
                     .with_transport(transport)
                     .with_processes(&["baton"]);
                 if let Some(options) = options {
                     baton = baton.with_options(options.clone());
                 }
-                measure(&baton, &args, &clients, &modes, &run_id, &mut all).await;
+                self.measure(&baton, all).await;
             }
         }
         if !args.cluster.is_empty() {
             let cluster = Baton::new("baton on postgres", args.cluster.clone(), ttl)
                 .with_transport(Transport::SessionSharedConnection)
                 .with_processes(&["baton", "postgres"]);
-            measure(&cluster, &args, &clients, &modes, &run_id, &mut all).await;
+            self.measure(&cluster, all).await;
         }
+    }
+
+    /// The peers that answer; one that does not is reported and skipped.
+    async fn peers(&self, all: &mut Vec<Report>) {
+        let args = self.args;
         if !args.lease_table.is_empty() {
             match pg::LeaseTable::probe(&args.lease_table, args.ttl_s).await {
                 Err(e) => println!("postgres lease table: not reachable ({e:#}); skipped"),
-                Ok(target) => measure(&target, &args, &clients, &modes, &run_id, &mut all).await,
+                Ok(target) => self.measure(&target, all).await,
             }
         }
-
         if !args.redis.is_empty() {
-            match redis::Redis::probe(&args.redis).await {
-                Err(e) => println!("redis at {}: not running ({e:#}); skipped", args.redis),
-                Ok(()) if args.redis_aof_modes => {
-                    let saved = redis::aof_settings(&args.redis).await;
-                    for mode in ["always", "everysec"] {
-                        if let Err(e) = redis::set_aof(&args.redis, mode).await {
-                            println!("redis: cannot set appendfsync {mode}: {e:#}");
-                            continue;
-                        }
-                        let target = redis::Redis::new(
-                            &args.redis,
-                            &format!("redis aof={mode}"),
-                            args.ttl_s,
-                        );
-                        measure(&target, &args, &clients, &modes, &run_id, &mut all).await;
-                    }
-                    if let Ok((appendonly, fsync)) = saved {
-                        let _ = redis::restore_aof(&args.redis, &appendonly, &fsync).await;
-                    }
-                }
-                Ok(()) => {
-                    let target = redis::Redis::new(&args.redis, "redis", args.ttl_s);
-                    measure(&target, &args, &clients, &modes, &run_id, &mut all).await;
-                }
-            }
+            self.redis(all).await;
         }
         if !args.etcd.is_empty() {
             match etcd::Etcd::probe(&args.etcd).await {
                 Err(e) => println!("etcd at {}: not running ({e:#}); skipped", args.etcd),
-                Ok(target) => measure(&target, &args, &clients, &modes, &run_id, &mut all).await,
+                Ok(target) => self.measure(&target, all).await,
             }
         }
         if !args.postgres.is_empty() {
             match pg::Advisory::probe(&args.postgres).await {
                 Err(e) => println!("postgres advisory locks: not reachable ({e:#}); skipped"),
-                Ok(target) => measure(&target, &args, &clients, &modes, &run_id, &mut all).await,
+                Ok(target) => self.measure(&target, all).await,
             }
         }
     }
-    if args.rounds > 1 {
-        summarize(&all, args.rounds);
+
+    /// Redis as it is, or once per appendfsync mode (restored afterwards).
+    async fn redis(&self, all: &mut Vec<Report>) {
+        let args = self.args;
+        match redis::Redis::probe(&args.redis).await {
+            Err(e) => println!("redis at {}: not running ({e:#}); skipped", args.redis),
+            Ok(()) if args.redis_aof_modes => {
+                let saved = redis::aof_settings(&args.redis).await;
+                for mode in ["always", "everysec"] {
+                    if let Err(e) = redis::set_aof(&args.redis, mode).await {
+                        println!("redis: cannot set appendfsync {mode}: {e:#}");
+                        continue;
+                    }
+                    let target =
+                        redis::Redis::new(&args.redis, &format!("redis aof={mode}"), args.ttl_s);
+                    self.measure(&target, all).await;
+                }
+                if let Ok((appendonly, fsync)) = saved {
+                    let _ = redis::restore_aof(&args.redis, &appendonly, &fsync).await;
+                }
+            }
+            Ok(()) => {
+                let target = redis::Redis::new(&args.redis, "redis", args.ttl_s);
+                self.measure(&target, all).await;
+            }
+        }
     }
 }
 
