@@ -77,38 +77,7 @@ impl PgLeaseStore {
             )
             .await
             .map_err(storage)?;
-        let mut leases = Vec::with_capacity(rows.len());
-        for r in rows {
-            let name: String = r.get(0);
-            let corrupt = |what: String| StoreError::Corrupt(format!("lease {name:?}: {what}"));
-            let resource = ResourceName::parse(&name).map_err(|e| corrupt(e.to_string()))?;
-            let digest: Vec<u8> = r.get(1);
-            let digest: [u8; 16] = digest
-                .try_into()
-                .map_err(|_| corrupt("digest is not 16 bytes".into()))?;
-            let token = FencingToken::from_u64(r.get::<_, i64>(2) as u64)
-                .map_err(|e| corrupt(e.to_string()))?;
-            let session = match r.get::<_, Option<Vec<u8>>>(4) {
-                Some(d) => {
-                    Some(digest16(d).ok_or_else(|| corrupt("session is not 16 bytes".into()))?)
-                }
-                None => None,
-            };
-            let holder = match r.get::<_, Option<&str>>(5) {
-                Some(text) => Some(Holder::parse(text).map_err(|e| corrupt(e.to_string()))?),
-                None => None,
-            };
-            leases.push((
-                resource,
-                LeaseRecord {
-                    acquisition_digest: AcquisitionDigest::from_bytes(digest),
-                    token,
-                    ttl_ms: r.get::<_, i64>(3) as u64,
-                    session,
-                    holder,
-                },
-            ));
-        }
+        let leases = rows.iter().map(lease_row).collect::<Result<Vec<_>, _>>()?;
         let rows = self
             .client
             .query(
@@ -136,80 +105,24 @@ impl PgLeaseStore {
     }
 
     async fn commit_async(&self, writes: &[Write]) -> Result<(), StoreError> {
-        // The last write of each resource wins; the batch is one statement.
-        let mut last: BTreeMap<&str, Option<&LeaseRecord>> = BTreeMap::new();
-        let mut last_sessions: BTreeMap<SessionDigest, Option<&SessionRecord>> = BTreeMap::new();
-        let mut position: Option<(i64, i64)> = None;
-        for w in writes {
-            match w {
-                Write::PutLease { resource, record } => {
-                    last.insert(resource.as_str(), Some(record));
-                }
-                Write::DeleteLease { resource } => {
-                    last.insert(resource.as_str(), None);
-                }
-                Write::PutSession { record } => {
-                    last_sessions.insert(record.digest, Some(record));
-                }
-                Write::DeleteSession { digest } => {
-                    last_sessions.insert(*digest, None);
-                }
-                Write::Tokens { epoch, counter } => {
-                    position = Some((i64::from(epoch.get()), *counter as i64));
-                }
-            }
-        }
-        let mut put_resources = Vec::new();
-        let mut put_digests = Vec::new();
-        let mut put_tokens = Vec::new();
-        let mut put_ttls = Vec::new();
-        let mut put_sessions: Vec<Option<&[u8]>> = Vec::new();
-        let mut put_holders: Vec<Option<&str>> = Vec::new();
-        let mut deletes = Vec::new();
-        for (resource, record) in last {
-            match record {
-                Some(r) => {
-                    put_resources.push(resource);
-                    put_digests.push(&r.acquisition_digest.as_bytes()[..]);
-                    put_tokens.push(r.token.bigint());
-                    put_ttls.push(r.ttl_ms as i64);
-                    put_sessions.push(r.session.as_ref().map(|d| &d.as_bytes()[..]));
-                    put_holders.push(r.holder.as_ref().map(Holder::as_str));
-                }
-                None => deletes.push(resource),
-            }
-        }
-        let mut session_digests = Vec::new();
-        let mut session_ttls = Vec::new();
-        let mut session_openers: Vec<Option<&str>> = Vec::new();
-        let mut session_deletes = Vec::new();
-        for (digest, record) in &last_sessions {
-            match record {
-                Some(record) => {
-                    session_digests.push(&digest.as_bytes()[..]);
-                    session_ttls.push(record.ttl_ms as i64);
-                    session_openers.push(record.opener.as_deref());
-                }
-                None => session_deletes.push(&digest.as_bytes()[..]),
-            }
-        }
+        let b = Batch::of(writes);
         let term = self.term as i64;
-        let (epoch, counter) = (position.map(|p| p.0), position.map(|p| p.1));
+        let (epoch, counter) = (b.position.map(|p| p.0), b.position.map(|p| p.1));
         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 14] = [
             &term,
             &epoch,
             &counter,
-            &put_resources,
-            &put_digests,
-            &put_tokens,
-            &put_ttls,
-            &put_sessions,
-            &put_holders,
-            &deletes,
-            &session_digests,
-            &session_ttls,
-            &session_openers,
-            &session_deletes,
+            &b.put_resources,
+            &b.put_digests,
+            &b.put_tokens,
+            &b.put_ttls,
+            &b.put_sessions,
+            &b.put_holders,
+            &b.deletes,
+            &b.session_digests,
+            &b.session_ttls,
+            &b.session_openers,
+            &b.session_deletes,
         ];
         let call = self.client.execute(&self.commit, &params);
         match tokio::time::timeout(self.commit_timeout, call).await {
@@ -229,6 +142,108 @@ impl PgLeaseStore {
                 self.commit_timeout.as_millis()
             ))),
         }
+    }
+}
+
+/// One row of `baton_server.leases` as a lease; a row that does not read
+/// is corruption, named with its resource.
+fn lease_row(r: &tokio_postgres::Row) -> Result<(ResourceName, LeaseRecord), StoreError> {
+    let name: String = r.get(0);
+    let corrupt = |what: String| StoreError::Corrupt(format!("lease {name:?}: {what}"));
+    let resource = ResourceName::parse(&name).map_err(|e| corrupt(e.to_string()))?;
+    let digest: Vec<u8> = r.get(1);
+    let digest: [u8; 16] = digest
+        .try_into()
+        .map_err(|_| corrupt("digest is not 16 bytes".into()))?;
+    let token =
+        FencingToken::from_u64(r.get::<_, i64>(2) as u64).map_err(|e| corrupt(e.to_string()))?;
+    let session = match r.get::<_, Option<Vec<u8>>>(4) {
+        Some(d) => Some(digest16(d).ok_or_else(|| corrupt("session is not 16 bytes".into()))?),
+        None => None,
+    };
+    let holder = match r.get::<_, Option<&str>>(5) {
+        Some(text) => Some(Holder::parse(text).map_err(|e| corrupt(e.to_string()))?),
+        None => None,
+    };
+    Ok((
+        resource,
+        LeaseRecord {
+            acquisition_digest: AcquisitionDigest::from_bytes(digest),
+            token,
+            ttl_ms: r.get::<_, i64>(3) as u64,
+            session,
+            holder,
+        },
+    ))
+}
+
+/// One commit's writes as the columns of `commit_batch` (one statement):
+/// the last write of each resource and of each session wins.
+#[derive(Default)]
+struct Batch<'a> {
+    position: Option<(i64, i64)>,
+    put_resources: Vec<&'a str>,
+    put_digests: Vec<&'a [u8]>,
+    put_tokens: Vec<i64>,
+    put_ttls: Vec<i64>,
+    put_sessions: Vec<Option<&'a [u8]>>,
+    put_holders: Vec<Option<&'a str>>,
+    deletes: Vec<&'a str>,
+    session_digests: Vec<&'a [u8]>,
+    session_ttls: Vec<i64>,
+    session_openers: Vec<Option<&'a str>>,
+    session_deletes: Vec<&'a [u8]>,
+}
+
+impl<'a> Batch<'a> {
+    fn of(writes: &'a [Write]) -> Self {
+        let mut last: BTreeMap<&str, Option<&LeaseRecord>> = BTreeMap::new();
+        let mut last_sessions: BTreeMap<&SessionDigest, Option<&SessionRecord>> = BTreeMap::new();
+        let mut b = Batch::default();
+        for w in writes {
+            match w {
+                Write::PutLease { resource, record } => {
+                    last.insert(resource.as_str(), Some(record));
+                }
+                Write::DeleteLease { resource } => {
+                    last.insert(resource.as_str(), None);
+                }
+                Write::PutSession { record } => {
+                    last_sessions.insert(&record.digest, Some(record));
+                }
+                Write::DeleteSession { digest } => {
+                    last_sessions.insert(digest, None);
+                }
+                Write::Tokens { epoch, counter } => {
+                    b.position = Some((i64::from(epoch.get()), *counter as i64));
+                }
+            }
+        }
+        for (resource, record) in last {
+            match record {
+                Some(r) => {
+                    b.put_resources.push(resource);
+                    b.put_digests.push(&r.acquisition_digest.as_bytes()[..]);
+                    b.put_tokens.push(r.token.bigint());
+                    b.put_ttls.push(r.ttl_ms as i64);
+                    b.put_sessions
+                        .push(r.session.as_ref().map(|d| &d.as_bytes()[..]));
+                    b.put_holders.push(r.holder.as_ref().map(Holder::as_str));
+                }
+                None => b.deletes.push(resource),
+            }
+        }
+        for (digest, record) in last_sessions {
+            match record {
+                Some(record) => {
+                    b.session_digests.push(&digest.as_bytes()[..]);
+                    b.session_ttls.push(record.ttl_ms as i64);
+                    b.session_openers.push(record.opener.as_deref());
+                }
+                None => b.session_deletes.push(&digest.as_bytes()[..]),
+            }
+        }
+        b
     }
 }
 

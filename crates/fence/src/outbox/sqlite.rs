@@ -204,40 +204,8 @@ impl SqliteOutbox {
         token: FencingToken,
         intent: &Intent,
     ) -> Result<Step, FenceError> {
-        let fenced: Option<(i64, Option<i64>, bool)> = tx
-            .query_row(
-                "SELECT generation, cancelled_at, deleted FROM baton_resources WHERE resource = ?1",
-                [resource.as_str()],
-                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
-            )
-            .optional()?;
-        let refused = |outcome, detail: String| {
-            Step {
-                detail: Some(detail),
-                ..missing(None)
-            }
-            .with(outcome)
-        };
-        let Some((generation, cancelled_at, deleted)) = fenced else {
-            return Ok(refused(
-                StepOutcome::Missing,
-                format!("resource {resource} has no fenced write; enqueue after a fence or publish applied"),
-            ));
-        };
-        if cancelled_at.is_some_and(|c| c >= token.bigint()) {
-            return Ok(refused(
-                StepOutcome::Cancelled,
-                format!(
-                    "resource cancelled at token {}",
-                    cancelled_at.unwrap_or_default()
-                ),
-            ));
-        }
-        if deleted || generation != token.bigint() {
-            return Ok(refused(
-                StepOutcome::Stale,
-                format!("token {token} is not the resource's generation {generation}"),
-            ));
+        if let Some(refused) = Self::fence_refusal(tx, resource, token)? {
+            return Ok(refused);
         }
         let digest = sha2::Sha256::digest(&intent.payload).to_vec();
         let existing: Option<(i64, Vec<u8>, String, String, String)> = tx
@@ -247,24 +215,8 @@ impl SqliteOutbox {
                 |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)),
             )
             .optional()?;
-        if let Some((id, d, recipient, kind, res)) = existing {
-            let current =
-                load(tx, "id", &id)?.ok_or_else(|| FenceError::Corrupt("row vanished".into()))?;
-            let same = d == digest
-                && recipient == intent.recipient
-                && kind == intent.kind.as_str()
-                && res == resource.as_str();
-            let mut step = current.step(if same {
-                StepOutcome::Exists
-            } else {
-                StepOutcome::Conflict
-            });
-            if !same {
-                step.detail = Some(
-                    "the operation id was enqueued with a different resource, receiver, recipient or payload".into(),
-                );
-            }
-            return Ok(step);
+        if let Some(existing) = existing {
+            return Self::replay(tx, existing, resource, intent, &digest);
         }
         tx.execute(
             &format!(
@@ -293,6 +245,80 @@ impl SqliteOutbox {
             attempts: Some(0),
             detail: None,
         })
+    }
+
+    /// Why a fenced write may not enqueue under `token`, if it may not:
+    /// no fenced write yet, cancelled at or above it, or a stale token.
+    fn fence_refusal(
+        tx: &Transaction<'_>,
+        resource: &ResourceName,
+        token: FencingToken,
+    ) -> Result<Option<Step>, FenceError> {
+        let fenced: Option<(i64, Option<i64>, bool)> = tx
+            .query_row(
+                "SELECT generation, cancelled_at, deleted FROM baton_resources WHERE resource = ?1",
+                [resource.as_str()],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )
+            .optional()?;
+        let refused = |outcome, detail: String| {
+            Step {
+                detail: Some(detail),
+                ..missing(None)
+            }
+            .with(outcome)
+        };
+        let Some((generation, cancelled_at, deleted)) = fenced else {
+            return Ok(Some(refused(
+                StepOutcome::Missing,
+                format!("resource {resource} has no fenced write; enqueue after a fence or publish applied"),
+            )));
+        };
+        if cancelled_at.is_some_and(|c| c >= token.bigint()) {
+            return Ok(Some(refused(
+                StepOutcome::Cancelled,
+                format!(
+                    "resource cancelled at token {}",
+                    cancelled_at.unwrap_or_default()
+                ),
+            )));
+        }
+        if deleted || generation != token.bigint() {
+            return Ok(Some(refused(
+                StepOutcome::Stale,
+                format!("token {token} is not the resource's generation {generation}"),
+            )));
+        }
+        Ok(None)
+    }
+
+    /// An operation id seen before: `exists` if the intent is the same,
+    /// `conflict` if it is not.
+    fn replay(
+        tx: &Transaction<'_>,
+        existing: (i64, Vec<u8>, String, String, String),
+        resource: &ResourceName,
+        intent: &Intent,
+        digest: &[u8],
+    ) -> Result<Step, FenceError> {
+        let (id, d, recipient, kind, res) = existing;
+        let current =
+            load(tx, "id", &id)?.ok_or_else(|| FenceError::Corrupt("row vanished".into()))?;
+        let same = d == digest
+            && recipient == intent.recipient
+            && kind == intent.kind.as_str()
+            && res == resource.as_str();
+        let mut step = current.step(if same {
+            StepOutcome::Exists
+        } else {
+            StepOutcome::Conflict
+        });
+        if !same {
+            step.detail = Some(
+                "the operation id was enqueued with a different resource, receiver, recipient or payload".into(),
+            );
+        }
+        Ok(step)
     }
 
     fn immediate<T>(
