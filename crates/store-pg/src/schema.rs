@@ -64,34 +64,33 @@ pub async fn prepare(client: &mut Client, cluster: &str) -> Result<Meta, PgError
     prepare_version(client, cluster, SCHEMA_VERSION).await
 }
 
-/// [`prepare`], stopping at schema version `target`: what an older
-/// release creates (upgrade tests write a store as that release did).
-#[doc(hidden)]
-pub async fn prepare_version(
-    client: &mut Client,
-    cluster: &str,
-    target: i32,
-) -> Result<Meta, PgError> {
-    check_cluster_name(cluster)?;
-    let txn = client.transaction().await?;
-    let exists = lock_schema(&txn).await?;
-    let mut version = 0;
-    if exists {
-        version = txn
-            .query_one(
-                "SELECT schema_version FROM baton_server.meta WHERE id = 1",
-                &[],
-            )
-            .await
-            .map_err(privileges("reading baton_server.meta"))?
-            .get(0);
-        if version > SCHEMA_VERSION {
-            return Err(PgError::NewerSchema {
-                found: version,
-                supported: SCHEMA_VERSION,
-            });
-        }
+/// The schema's version; refused if a newer Baton wrote it.
+async fn stored_version(txn: &tokio_postgres::Transaction<'_>) -> Result<i32, PgError> {
+    let version: i32 = txn
+        .query_one(
+            "SELECT schema_version FROM baton_server.meta WHERE id = 1",
+            &[],
+        )
+        .await
+        .map_err(privileges("reading baton_server.meta"))?
+        .get(0);
+    if version > SCHEMA_VERSION {
+        return Err(PgError::NewerSchema {
+            found: version,
+            supported: SCHEMA_VERSION,
+        });
     }
+    Ok(version)
+}
+
+/// Runs the migrations after `version` up to `target`; the first one
+/// creates the meta and leadership rows.
+async fn migrate(
+    txn: &tokio_postgres::Transaction<'_>,
+    cluster: &str,
+    version: i32,
+    target: i32,
+) -> Result<(), PgError> {
     let upto = target.clamp(1, SCHEMA_VERSION) as usize;
     for (i, sql) in MIGRATIONS
         .iter()
@@ -120,6 +119,26 @@ pub async fn prepare_version(
         )
         .await?;
     }
+    Ok(())
+}
+
+/// [`prepare`], stopping at schema version `target`: what an older
+/// release creates (upgrade tests write a store as that release did).
+#[doc(hidden)]
+pub async fn prepare_version(
+    client: &mut Client,
+    cluster: &str,
+    target: i32,
+) -> Result<Meta, PgError> {
+    check_cluster_name(cluster)?;
+    let txn = client.transaction().await?;
+    let exists = lock_schema(&txn).await?;
+    let version = if exists {
+        stored_version(&txn).await?
+    } else {
+        0
+    };
+    migrate(&txn, cluster, version, target).await?;
     let row = txn
         .query_one(
             "SELECT cluster, store_id FROM baton_server.meta WHERE id = 1",

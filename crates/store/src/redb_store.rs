@@ -115,22 +115,10 @@ impl RedbStore {
         let path = Self::path_in(data_dir);
         let identity = Identity::read(data_dir)?;
         let state = file_state(&path)?;
-        match (&identity, state) {
-            (None, FileState::Missing) => return Self::initialize(data_dir, log_len_bytes),
-            (_, FileState::Missing | FileState::Empty) => {
-                return Err(StoreError::StoreLost {
-                    path: path.display().to_string(),
-                    state: if state == FileState::Empty {
-                        "empty"
-                    } else {
-                        "missing"
-                    },
-                    data_dir: data_dir.display().to_string(),
-                    floor_epoch: identity.as_ref().map_or(1, |i| i.floor_epoch.get()),
-                })
-            }
-            (_, FileState::Present) => {}
+        if identity.is_none() && state == FileState::Missing {
+            return Self::initialize(data_dir, log_len_bytes);
         }
+        refuse_lost(data_dir, &path, identity.as_ref(), state)?;
         let db = open_db(&path)?;
         let (db, meta) = contain_panics(&path, || migrate_and_read_meta(db, &path))?;
         if let Some(identity) = &identity {
@@ -154,24 +142,7 @@ impl RedbStore {
             // A store from before the log: from now on it has one.
             contain_panics(&path, || mark_log_used(&db))?;
         }
-        // Where the tokens are: redb's position, moved on by the log.
-        let found = replayed
-            .iter()
-            .rev()
-            .find_map(|w| match w {
-                Write::Tokens { epoch, counter } => Some((*epoch, *counter)),
-                _ => None,
-            })
-            .unwrap_or((meta.epoch, meta.counter));
-        if let Some(identity) = &identity {
-            if found < identity.floor() {
-                return Err(StoreError::BehindFloor {
-                    path: path.display().to_string(),
-                    found: position(found),
-                    floor: position(identity.floor()),
-                });
-            }
-        }
+        let found = checked_position(&path, identity.as_ref(), &meta, &replayed)?;
         // Raise the floor to where the store is now (and write it for a
         // directory from before identity files existed).
         let identity = Identity {
@@ -289,6 +260,58 @@ impl RedbStore {
             _ => Ok(from_store.max(identity.map(|i| i.floor_epoch))),
         }
     }
+}
+
+/// A store file missing or empty in a directory that served before is
+/// lost, not new: starting would issue tokens again from epoch 1.
+fn refuse_lost(
+    data_dir: &Path,
+    path: &Path,
+    identity: Option<&Identity>,
+    state: FileState,
+) -> Result<(), StoreError> {
+    if state == FileState::Present {
+        return Ok(());
+    }
+    Err(StoreError::StoreLost {
+        path: path.display().to_string(),
+        state: if state == FileState::Empty {
+            "empty"
+        } else {
+            "missing"
+        },
+        data_dir: data_dir.display().to_string(),
+        floor_epoch: identity.map_or(1, |i| i.floor_epoch.get()),
+    })
+}
+
+/// Where the tokens are: redb's position, moved on by the log; refused if
+/// it is below the floor the directory's identity recorded (an older copy
+/// of the store).
+fn checked_position(
+    path: &Path,
+    identity: Option<&Identity>,
+    meta: &Meta,
+    replayed: &[Write],
+) -> Result<(Epoch, u64), StoreError> {
+    let found = replayed
+        .iter()
+        .rev()
+        .find_map(|w| match w {
+            Write::Tokens { epoch, counter } => Some((*epoch, *counter)),
+            _ => None,
+        })
+        .unwrap_or((meta.epoch, meta.counter));
+    if let Some(identity) = identity {
+        if found < identity.floor() {
+            return Err(StoreError::BehindFloor {
+                path: path.display().to_string(),
+                found: position(found),
+                floor: position(identity.floor()),
+            });
+        }
+    }
+    Ok(found)
 }
 
 impl RedbStore {
