@@ -195,27 +195,8 @@ impl Delivering<'_> {
         let previous = claim.previous();
         let attempts = claim.attempts.unwrap_or(0);
         self.said("claimed", json!({"was": previous.map(|p| p.as_str())}));
-        if matches!(
-            previous,
-            Some(DeliveryState::Sending | DeliveryState::Accepted)
-        ) && !self.cfg.drills.blind_retries
-        {
-            // An earlier send recorded no outcome (or awaits confirmation).
-            match kind(self.row) {
-                ReceiverKind::Unrepeatable => {
-                    let why = format!(
-                        "attempt {attempts} began at {} by {} and recorded no outcome: the message may have been delivered, and this receiver can neither deduplicate nor be asked",
-                        self.row.send_started_at.as_deref().unwrap_or("?"),
-                        self.row.claimed_by.as_deref().unwrap_or("?"),
-                    );
-                    return self.record(db, Report::NeedsAttention, &why).await;
-                }
-                ReceiverKind::Idempotent => {
-                    if let Some(done) = self.reconcile(db, attempts).await? {
-                        return Ok(done);
-                    }
-                }
-            }
+        if let Some(done) = self.settle_doubt(db, previous, attempts).await? {
+            return Ok(done);
         }
         if !self.guard.may_start_effect() {
             self.said("lease_lost", json!({"when": "before send"}));
@@ -244,6 +225,47 @@ impl Delivering<'_> {
             "sent",
             json!({"attempt": attempts, "result": format!("{sent:?}")}),
         );
+        self.drills_after_send();
+        let (report, evidence) = self.judge(sent, attempts).await;
+        self.record(db, report, &evidence).await
+    }
+
+    /// An earlier send that recorded no outcome (or awaits confirmation),
+    /// unless the drill retries blindly: an unrepeatable receiver goes to
+    /// an operator, an idempotent one is asked. `Some` when that settled
+    /// the delivery.
+    async fn settle_doubt(
+        &self,
+        db: &mut Db,
+        previous: Option<DeliveryState>,
+        attempts: i32,
+    ) -> Result<Option<()>> {
+        if !matches!(
+            previous,
+            Some(DeliveryState::Sending | DeliveryState::Accepted)
+        ) || self.cfg.drills.blind_retries
+        {
+            return Ok(None);
+        }
+        // An earlier send recorded no outcome (or awaits confirmation).
+        match kind(self.row) {
+            ReceiverKind::Unrepeatable => {
+                let why = format!(
+                    "attempt {attempts} began at {} by {} and recorded no outcome: the message may have been delivered, and this receiver can neither deduplicate nor be asked",
+                    self.row.send_started_at.as_deref().unwrap_or("?"),
+                    self.row.claimed_by.as_deref().unwrap_or("?"),
+                );
+                self.record(db, Report::NeedsAttention, &why)
+                    .await
+                    .map(Some)
+            }
+            ReceiverKind::Idempotent => self.reconcile(db, attempts).await,
+        }
+    }
+
+    /// The drills that stop a dispatcher right after a send.
+    fn drills_after_send(&self) {
+        let id = self.row.id;
         if self.cfg.drills.crash_after_send {
             emit(
                 "crashing",
@@ -262,7 +284,11 @@ impl Delivering<'_> {
                 json!({"dispatcher": self.cfg.name, "delivery": id}),
             );
         }
-        let (report, evidence) = match sent {
+    }
+
+    /// What a send's result makes of the delivery, and the evidence.
+    async fn judge(&self, sent: Sent, attempts: i32) -> (Report, String) {
+        match sent {
             Sent::Delivered(e) => (Report::Delivered, e),
             Sent::Accepted(e) => (self.accepted(), e),
             Sent::Refused(e) => (Report::Failed, e),
@@ -286,8 +312,7 @@ impl Delivering<'_> {
                     }
                 }
             },
-        };
-        self.record(db, report, &evidence).await
+        }
     }
 
     /// For an idempotent receiver whose earlier send is in doubt: its
