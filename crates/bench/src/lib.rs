@@ -217,24 +217,7 @@ pub async fn run<T: Target>(
         let wait = mode == Mode::Shared;
         tasks.push(tokio::spawn(async move {
             tokio::time::sleep_until(start.into()).await;
-            let (mut acq, mut rel, mut errors) = (Vec::new(), Vec::new(), 0u64);
-            while Instant::now() < deadline {
-                let t0 = Instant::now();
-                let held = match conn.acquire(&resource, wait).await {
-                    Ok(h) => h,
-                    Err(_) => {
-                        errors += 1;
-                        continue;
-                    }
-                };
-                let t1 = Instant::now();
-                if conn.release(held).await.is_err() {
-                    errors += 1;
-                }
-                let t2 = Instant::now();
-                acq.push((t1 - t0).as_micros() as u64);
-                rel.push((t2 - t1).as_micros() as u64);
-            }
+            let (acq, rel, errors) = cycle(&mut conn, &resource, wait, deadline).await;
             // The connection goes back with the figures: a server process
             // per connection (PostgreSQL) must still be there when its CPU
             // time is read.
@@ -272,6 +255,35 @@ pub async fn run<T: Target>(
         release_us: percentiles(rel),
         errors,
     })
+}
+
+/// One client's acquire → release cycles until `deadline`: each
+/// acquire's and release's time in µs, and the errors.
+async fn cycle<C: Conn>(
+    conn: &mut C,
+    resource: &str,
+    wait: bool,
+    deadline: Instant,
+) -> (Vec<u64>, Vec<u64>, u64) {
+    let (mut acq, mut rel, mut errors) = (Vec::new(), Vec::new(), 0u64);
+    while Instant::now() < deadline {
+        let t0 = Instant::now();
+        let held = match conn.acquire(resource, wait).await {
+            Ok(h) => h,
+            Err(_) => {
+                errors += 1;
+                continue;
+            }
+        };
+        let t1 = Instant::now();
+        if conn.release(held).await.is_err() {
+            errors += 1;
+        }
+        let t2 = Instant::now();
+        acq.push((t1 - t0).as_micros() as u64);
+        rel.push((t2 - t1).as_micros() as u64);
+    }
+    (acq, rel, errors)
 }
 
 /// How the load generator's clients talk to Baton.

@@ -68,35 +68,42 @@ async fn listening(mut cmd: Command, what: &str) -> anyhow::Result<(Child, Strin
     Ok((child, addr))
 }
 
+/// The SMTP server of a chaos run (aiosmtpd, resetting a seeded share of
+/// connections after DATA): its process, address and mail directory.
+async fn start_smtp(spec: &EffectsSpec) -> anyhow::Result<(Child, String, PathBuf)> {
+    let python = std::env::var("BATON_CHAOS_PYTHON").unwrap_or_else(|_| "python3".into());
+    let has = Command::new(&python)
+        .args(["-c", "import aiosmtpd"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .await;
+    if !has.is_ok_and(|s| s.success()) {
+        anyhow::bail!(
+            "the chaos run's SMTP server needs Python with aiosmtpd ({python} has none): \
+             pip install aiosmtpd==1.4.6 into a virtualenv and set BATON_CHAOS_PYTHON to its python, \
+             or run with --dispatchers 0"
+        );
+    }
+    let smtp_dir = spec.dir.join("smtp");
+    std::fs::create_dir_all(&smtp_dir)?;
+    let script = smtp_dir.join("smtp_sink.py");
+    std::fs::write(&script, baton_testkit::smtp::SCRIPT)?;
+    let mail_dir = smtp_dir.join("mail");
+    let mut sink = Command::new(&python);
+    sink.arg(&script)
+        .arg("--dir")
+        .arg(&mail_dir)
+        .args(["--drop-pct", &SMTP_DROP_PCT.to_string()])
+        .args(["--seed", &spec.seed.to_string()])
+        .stderr(Stdio::null());
+    let (sink, smtp_addr) = listening(sink, "SMTP server").await?;
+    Ok((sink, smtp_addr, mail_dir))
+}
+
 impl StatementsEffects {
     pub async fn start(exe: &Path, spec: &EffectsSpec, database_url: &str) -> anyhow::Result<Self> {
-        let python = std::env::var("BATON_CHAOS_PYTHON").unwrap_or_else(|_| "python3".into());
-        let has = Command::new(&python)
-            .args(["-c", "import aiosmtpd"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .await;
-        if !has.is_ok_and(|s| s.success()) {
-            anyhow::bail!(
-                "the chaos run's SMTP server needs Python with aiosmtpd ({python} has none): \
-                 pip install aiosmtpd==1.4.6 into a virtualenv and set BATON_CHAOS_PYTHON to its python, \
-                 or run with --dispatchers 0"
-            );
-        }
-        let smtp_dir = spec.dir.join("smtp");
-        std::fs::create_dir_all(&smtp_dir)?;
-        let script = smtp_dir.join("smtp_sink.py");
-        std::fs::write(&script, baton_testkit::smtp::SCRIPT)?;
-        let mail_dir = smtp_dir.join("mail");
-        let mut sink = Command::new(&python);
-        sink.arg(&script)
-            .arg("--dir")
-            .arg(&mail_dir)
-            .args(["--drop-pct", &SMTP_DROP_PCT.to_string()])
-            .args(["--seed", &spec.seed.to_string()])
-            .stderr(Stdio::null());
-        let (sink, smtp_addr) = listening(sink, "SMTP server").await?;
+        let (sink, smtp_addr, mail_dir) = start_smtp(spec).await?;
         let schema = format!(
             "chaos_receiver_{:x}",
             spec.seed ^ u64::from(std::process::id())

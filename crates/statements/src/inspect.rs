@@ -195,43 +195,16 @@ pub async fn gather(
         Some(p) => Some(kit.validate(&p.object_key, None, None).await?),
         None => None,
     };
-    let outcomes: Vec<Attempt> = db
-        .outcomes(account, date)
-        .await?
-        .into_iter()
-        .map(|(worker, token, outcome, detail)| Attempt {
-            worker,
-            token,
-            outcome,
-            detail,
-        })
-        .collect();
-    let deliveries = db
-        .outbox()
-        .list(&baton_fence::outbox::Filter {
-            resource_prefix: resource.clone(),
-            ..Default::default()
-        })
-        .await?
-        .into_iter()
-        .filter(|d| d.resource == resource)
-        .collect();
+    let (outcomes, deliveries) = worker_records(&mut db, account, date, &resource).await?;
     let lease = match server {
         None => LeaseView::NotAsked,
         Some(url) => lease_view(url, &resource).await,
     };
-    let token_of = FencingToken::get;
-    let generation = state.as_ref().map_or(0, |s| token_of(s.generation));
-    let cancelled_at = state
-        .as_ref()
-        .and_then(|s| s.cancelled_at)
-        .map_or(0, token_of);
-    let published_token = pointer.as_ref().map_or(0, |p| token_of(p.token));
-    let (manifest, object) = match manifest {
-        Some(Ok(m)) => (Some(m), "valid".to_string()),
-        Some(Err(why)) => (None, why.to_string()),
-        None => (None, "no publication".to_string()),
-    };
+    let generation = state.as_ref().map_or(0, |s| s.generation.get());
+    let cancelled_at = state.as_ref().and_then(|s| s.cancelled_at);
+    let cancelled_at = cancelled_at.map_or(0, FencingToken::get);
+    let published_token = pointer.as_ref().map_or(0, |p| p.token.get());
+    let (manifest, object) = object_state(manifest);
     let verdict = verdict(&Facts {
         job_state: Some(job.state),
         generation,
@@ -270,6 +243,48 @@ pub async fn gather(
         lease,
         verdict,
     })
+}
+
+/// What the workers recorded for a statement, and its deliveries.
+async fn worker_records(
+    db: &mut store::Db,
+    account: &str,
+    date: &str,
+    resource: &str,
+) -> anyhow::Result<(Vec<Attempt>, Vec<baton_fence::outbox::Delivery>)> {
+    let outcomes: Vec<Attempt> = db
+        .outcomes(account, date)
+        .await?
+        .into_iter()
+        .map(|(worker, token, outcome, detail)| Attempt {
+            worker,
+            token,
+            outcome,
+            detail,
+        })
+        .collect();
+    let deliveries = db
+        .outbox()
+        .list(&baton_fence::outbox::Filter {
+            resource_prefix: resource.to_string(),
+            ..Default::default()
+        })
+        .await?
+        .into_iter()
+        .filter(|d| d.resource == resource)
+        .collect();
+    Ok((outcomes, deliveries))
+}
+
+/// The published object's manifest, if valid, and what to say of it.
+fn object_state<E: std::fmt::Display>(
+    manifest: Option<Result<baton_fence::objects::Manifest, E>>,
+) -> (Option<baton_fence::objects::Manifest>, String) {
+    match manifest {
+        Some(Ok(m)) => (Some(m), "valid".to_string()),
+        Some(Err(why)) => (None, why.to_string()),
+        None => (None, "no publication".to_string()),
+    }
 }
 
 async fn lease_view(url: &str, resource: &str) -> LeaseView {
@@ -343,31 +358,7 @@ impl Inspection {
             self.generation,
             self.object,
         );
-        match &self.lease {
-            LeaseView::NotAsked => {}
-            LeaseView::Unreachable { error } => {
-                out.push_str(&format!("  lease:        unknown: {error}\n"));
-            }
-            LeaseView::Held {
-                token,
-                holder,
-                remaining_ms,
-                waiters,
-                issued_through,
-            } => out.push_str(&format!(
-                "  lease:        held by token {token}{} for {:.1} s more, {waiters} waiting; last token issued {}\n",
-                holder.as_deref().map_or(String::new(), |h| format!(" ({h})")),
-                *remaining_ms as f64 / 1000.0,
-                issued_through.map_or("unknown".into(), |t| t.to_string()),
-            )),
-            LeaseView::Free {
-                waiters,
-                issued_through,
-            } => out.push_str(&format!(
-                "  lease:        free, {waiters} waiting; last token issued {}\n",
-                issued_through.map_or("unknown".into(), |t| t.to_string()),
-            )),
-        }
+        out.push_str(&self.lease.line());
         out.push_str("  deliveries:\n");
         if self.deliveries.is_empty() {
             out.push_str("    none recorded\n");
@@ -389,6 +380,35 @@ impl Inspection {
             out.push_str(&format!("verdict: {}\n", self.verdict.line));
         }
         out.trim_end().to_string()
+    }
+}
+
+impl LeaseView {
+    /// The lease's line of the text report (empty when not asked).
+    fn line(&self) -> String {
+        match self {
+            LeaseView::NotAsked => String::new(),
+            LeaseView::Unreachable { error } => format!("  lease:        unknown: {error}\n"),
+            LeaseView::Held {
+                token,
+                holder,
+                remaining_ms,
+                waiters,
+                issued_through,
+            } => format!(
+                "  lease:        held by token {token}{} for {:.1} s more, {waiters} waiting; last token issued {}\n",
+                holder.as_deref().map_or(String::new(), |h| format!(" ({h})")),
+                *remaining_ms as f64 / 1000.0,
+                issued_through.map_or("unknown".into(), |t| t.to_string()),
+            ),
+            LeaseView::Free {
+                waiters,
+                issued_through,
+            } => format!(
+                "  lease:        free, {waiters} waiting; last token issued {}\n",
+                issued_through.map_or("unknown".into(), |t| t.to_string()),
+            ),
+        }
     }
 }
 
