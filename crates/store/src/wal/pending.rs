@@ -1,0 +1,96 @@
+//! What the log holds beyond redb, one entry per key: what a load lays
+//! over redb and what a fold writes into it.
+
+use super::*;
+
+/// What the log holds beyond redb, one entry per key (the last write wins),
+/// so a checkpoint is one redb transaction of at most one write per key.
+#[derive(Default)]
+pub(crate) struct Pending {
+    leases: std::collections::HashMap<ResourceName, Option<LeaseRecord>>,
+    sessions: std::collections::HashMap<AcquisitionDigest, Option<SessionRecord>>,
+    tokens: Option<(Epoch, u64)>,
+}
+
+impl Pending {
+    pub(crate) fn absorb(&mut self, writes: &[Write]) {
+        for w in writes {
+            match w {
+                Write::PutLease { resource, record } => {
+                    self.leases.insert(resource.clone(), Some(record.clone()));
+                }
+                Write::DeleteLease { resource } => {
+                    self.leases.insert(resource.clone(), None);
+                }
+                Write::Tokens { epoch, counter } => self.tokens = Some((*epoch, *counter)),
+                Write::PutSession { record } => {
+                    self.sessions.insert(record.digest, Some(record.clone()));
+                }
+                Write::DeleteSession { digest } => {
+                    self.sessions.insert(*digest, None);
+                }
+            }
+        }
+    }
+
+    /// Keys pending (leases and sessions).
+    pub(crate) fn len(&self) -> usize {
+        self.leases.len() + self.sessions.len()
+    }
+
+    /// At most `n` pending keys as writes, taken out (the token position
+    /// stays pending until the full drain).
+    pub(crate) fn take(&mut self, n: usize) -> Vec<Write> {
+        let leases: Vec<ResourceName> = self.leases.keys().take(n).cloned().collect();
+        let mut out = Vec::with_capacity(leases.len());
+        for resource in leases {
+            let record = self.leases.remove(&resource).expect("listed");
+            out.push(match record {
+                Some(record) => Write::PutLease { resource, record },
+                None => Write::DeleteLease { resource },
+            });
+        }
+        let left = n.saturating_sub(out.len());
+        let sessions: Vec<AcquisitionDigest> = self.sessions.keys().take(left).copied().collect();
+        for digest in sessions {
+            out.push(match self.sessions.remove(&digest).expect("listed") {
+                Some(record) => Write::PutSession { record },
+                None => Write::DeleteSession { digest },
+            });
+        }
+        out
+    }
+
+    /// The pending state as writes, left pending: what a load lays over
+    /// redb (order does not matter: one per key).
+    pub(crate) fn writes(&self) -> Vec<Write> {
+        let leases = self.leases.iter().map(|(resource, record)| match record {
+            Some(record) => Write::PutLease {
+                resource: resource.clone(),
+                record: record.clone(),
+            },
+            None => Write::DeleteLease {
+                resource: resource.clone(),
+            },
+        });
+        let sessions = self.sessions.iter().map(|(digest, record)| match record {
+            Some(record) => Write::PutSession {
+                record: record.clone(),
+            },
+            None => Write::DeleteSession { digest: *digest },
+        });
+        let tokens = self
+            .tokens
+            .map(|(epoch, counter)| Write::Tokens { epoch, counter });
+        leases.chain(sessions).chain(tokens).collect()
+    }
+
+    /// The pending state as writes (order does not matter: one per key).
+    pub(crate) fn drain(&mut self) -> Vec<Write> {
+        let mut out = self.take(usize::MAX);
+        if let Some((epoch, counter)) = self.tokens.take() {
+            out.push(Write::Tokens { epoch, counter });
+        }
+        out
+    }
+}
