@@ -6,9 +6,13 @@
 //! [`LeaseTable::take_effects`].
 
 mod query;
+mod recovery;
 mod sessions;
 mod state;
 mod types;
+mod waiters;
+
+pub use recovery::{recovery_delay_ms, RECOVERED_ENDS_PER_MS};
 
 pub use sessions::SessionCheck;
 use state::{Lease, Queue, ResourceState, Session, Timer, Waiter};
@@ -24,19 +28,6 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use crate::{
     AcquisitionId, Epoch, FencingToken, Holder, ResourceName, SessionDigest, WaiterId, COUNTER_MAX,
 };
-
-/// At most this many recovered leases (or sessions) end per millisecond.
-pub const RECOVERED_ENDS_PER_MS: usize = 500;
-
-/// How much later than its full TTL from the restart the `i`th of `n`
-/// recovered leases (or sessions) ends: spread evenly so that at most
-/// about [`RECOVERED_ENDS_PER_MS`] end per millisecond, and never more
-/// than a tenth of the TTL later. Zero for fewer than 500 (a small table
-/// ends exactly at its TTL).
-pub fn recovery_delay_ms(ttl_ms: u64, i: usize, n: usize) -> u64 {
-    let window_ms = (ttl_ms / 10).min((n / RECOVERED_ENDS_PER_MS) as u64);
-    (u128::from(window_ms) * i as u128 / n.max(1) as u128) as u64
-}
 
 /// The lease table. See the crate docs.
 #[derive(Debug)]
@@ -70,76 +61,6 @@ impl LeaseTable {
             timers: BTreeSet::new(),
             effects: Effects::default(),
         }
-    }
-
-    /// Rebuilds the table after a restart. Every stored session and every
-    /// stored lease is held for its full TTL from `now`: the server cannot
-    /// know how long it was down. A lease tied to a session lives as long
-    /// as the session; one whose session is not stored (its end was written
-    /// but not the lease's) is held for its own TTL.
-    ///
-    /// A big table's ends are spread (see [`recovery_delay_ms`]) so that
-    /// leases whose holders died with the server do not all expire in one
-    /// step and one commit.
-    pub fn recover(
-        limits: Limits,
-        now: MonoMs,
-        epoch: Epoch,
-        counter: u64,
-        leases: impl IntoIterator<Item = (ResourceName, LeaseRecord)>,
-        sessions: impl IntoIterator<Item = SessionRecord>,
-    ) -> Self {
-        let mut table = Self::new(limits, epoch, counter);
-        let sessions: Vec<_> = sessions.into_iter().collect();
-        let n_sessions = sessions.len();
-        for (i, record) in sessions.into_iter().enumerate() {
-            let at =
-                now.end_of(record.ttl_ms)
-                    .plus(recovery_delay_ms(record.ttl_ms, i, n_sessions));
-            table.insert_session_until(at, record.digest, record.ttl_ms, record.opener);
-        }
-        let leases: Vec<_> = leases.into_iter().collect();
-        let n = leases.len();
-        for (i, (resource, record)) in leases.into_iter().enumerate() {
-            let last = FencingToken::new(epoch, counter).expect("stored counter in range");
-            assert!(
-                record.token <= last,
-                "stored lease token {} above last issued {last}",
-                record.token
-            );
-            let session = record.session.filter(|d| table.sessions.contains_key(d));
-            let expires_at = match session {
-                Some(digest) => {
-                    let s = table.sessions.get_mut(&digest).expect("checked");
-                    s.leases.insert(resource.clone());
-                    MonoMs::NEVER
-                }
-                None => {
-                    let at = now
-                        .end_of(record.ttl_ms)
-                        .plus(recovery_delay_ms(record.ttl_ms, i, n));
-                    table.timers.insert((at, Timer::Expiry(resource.clone())));
-                    at
-                }
-            };
-            let lease = Lease {
-                acquisition_digest: record.acquisition_digest,
-                token: record.token,
-                ttl_ms: record.ttl_ms,
-                expires_at,
-                session,
-                holder: record.holder,
-            };
-            table.resources.insert(
-                resource,
-                ResourceState {
-                    lease: Some(lease),
-                    queue: Queue::default(),
-                },
-            );
-            table.n_leases += 1;
-        }
-        table
     }
 
     /// The last token issued (or the position a new table starts from).
@@ -287,146 +208,6 @@ impl LeaseTable {
             }
         }
         Ok(())
-    }
-
-    fn enqueue(
-        &mut self,
-        now: MonoMs,
-        request: AcquireRequest,
-    ) -> Result<AcquireOutcome, AcquireError> {
-        if self.waiters.len() >= self.limits.n_waiters_max {
-            return Err(AcquireError::TooManyWaiters {
-                n_waiters: self.waiters.len(),
-            });
-        }
-        if self.waiters.contains_key(&request.waiter) {
-            return Err(AcquireError::DuplicateWaiter(request.waiter));
-        }
-        for (resource, _) in &request.claims {
-            let n_waiters = self.resources.get(resource).map_or(0, |s| s.queue.len());
-            if n_waiters >= self.limits.n_waiters_per_resource_max {
-                return Err(AcquireError::TooManyWaitersOnResource {
-                    resource: resource.clone(),
-                    n_waiters,
-                });
-            }
-        }
-        // Joining every queue at once, in arrival order, keeps all queues
-        // consistently ordered, so waiters for overlapping sets cannot deadlock.
-        for (resource, _) in &request.claims {
-            self.resources
-                .entry(resource.clone())
-                .or_default()
-                .queue
-                .push_back(request.waiter);
-        }
-        let deadline = now.plus(request.wait_ms);
-        self.timers
-            .insert((deadline, Timer::WaitDeadline(request.waiter)));
-        if let Some(digest) = request.session {
-            let session = self.sessions.get_mut(&digest).expect("checked by acquire");
-            session.waiters.insert(request.waiter);
-        }
-        let waiter = Waiter {
-            claims: request.claims,
-            ttl_ms: request.ttl_ms,
-            deadline,
-            queued_at: now,
-            session: request.session,
-            holder: request.holder,
-        };
-        self.waiters.insert(request.waiter, waiter);
-        Ok(AcquireOutcome::Queued {
-            waiter: request.waiter,
-        })
-    }
-
-    /// Withdraws a waiting request (its client went away). Unknown ids are ignored.
-    pub fn cancel_wait(&mut self, now: MonoMs, waiter: WaiterId) {
-        self.tick(now);
-        if let Some(w) = self.waiters.get(&waiter) {
-            self.timers
-                .remove(&(w.deadline, Timer::WaitDeadline(waiter)));
-            self.remove_waiter(now, waiter);
-        }
-    }
-
-    fn remove_waiter(&mut self, now: MonoMs, waiter: WaiterId) {
-        let w = self
-            .waiters
-            .remove(&waiter)
-            .expect("removing an unknown waiter");
-        self.unbind_waiter(waiter, w.session);
-        for (resource, _) in &w.claims {
-            let state = self
-                .resources
-                .get_mut(resource)
-                .expect("waiter on unknown resource");
-            state.queue.retain(|q| *q != waiter);
-        }
-        for (resource, _) in &w.claims {
-            self.pump(now, resource);
-        }
-    }
-
-    /// Grants the head waiter of `resource` if it now can be, and forgets idle resources.
-    fn pump(&mut self, now: MonoMs, resource: &ResourceName) {
-        let Some(state) = self.resources.get(resource) else {
-            return;
-        };
-        if state.is_idle() {
-            self.resources.remove(resource);
-            return;
-        }
-        if state.lease.is_some() {
-            return;
-        }
-        let head = *state
-            .queue
-            .front()
-            .expect("not idle and not held means queued");
-        let waiter = &self.waiters[&head];
-        // A session whose end is due is ended within this tick, its waiters
-        // first: never grant to it in the meantime.
-        if let Some(session) = waiter.session.map(|d| &self.sessions[&d]) {
-            if session.expires_at <= now {
-                return;
-            }
-        }
-        let ready = waiter.claims.iter().all(|(r, _)| {
-            let s = &self.resources[r];
-            s.lease.is_none() && s.queue.front() == Some(&head)
-        });
-        if !ready {
-            return;
-        }
-        let waiter = self.waiters.remove(&head).expect("head waiter exists");
-        self.timers
-            .remove(&(waiter.deadline, Timer::WaitDeadline(head)));
-        self.unbind_waiter(head, waiter.session);
-        let grants = waiter
-            .claims
-            .into_iter()
-            .map(|(r, id)| {
-                let popped = self
-                    .resources
-                    .get_mut(&r)
-                    .expect("claimed")
-                    .queue
-                    .pop_front();
-                assert_eq!(popped, Some(head));
-                self.grant(
-                    now,
-                    r,
-                    id,
-                    waiter.ttl_ms,
-                    Some(waiter.queued_at),
-                    waiter.session,
-                    waiter.holder.clone(),
-                )
-            })
-            .collect();
-        self.effects.woken.push((head, WaitResult::Granted(grants)));
     }
 
     /// The last token issued (the position of the counter): every later

@@ -1,0 +1,90 @@
+//! A table recovered from the store after a restart: every lease and
+//! session held for a full TTL from the restart, their ends spread so that
+//! a big table does not end all at once.
+
+use super::*;
+
+/// At most this many recovered leases (or sessions) end per millisecond.
+pub const RECOVERED_ENDS_PER_MS: usize = 500;
+
+/// How much later than its full TTL from the restart the `i`th of `n`
+/// recovered leases (or sessions) ends: spread evenly so that at most
+/// about [`RECOVERED_ENDS_PER_MS`] end per millisecond, and never more
+/// than a tenth of the TTL later. Zero for fewer than 500 (a small table
+/// ends exactly at its TTL).
+pub fn recovery_delay_ms(ttl_ms: u64, i: usize, n: usize) -> u64 {
+    let window_ms = (ttl_ms / 10).min((n / RECOVERED_ENDS_PER_MS) as u64);
+    (u128::from(window_ms) * i as u128 / n.max(1) as u128) as u64
+}
+
+impl LeaseTable {
+    /// Rebuilds the table after a restart. Every stored session and every
+    /// stored lease is held for its full TTL from `now`: the server cannot
+    /// know how long it was down. A lease tied to a session lives as long
+    /// as the session; one whose session is not stored (its end was written
+    /// but not the lease's) is held for its own TTL.
+    ///
+    /// A big table's ends are spread (see [`recovery_delay_ms`]) so that
+    /// leases whose holders died with the server do not all expire in one
+    /// step and one commit.
+    pub fn recover(
+        limits: Limits,
+        now: MonoMs,
+        epoch: Epoch,
+        counter: u64,
+        leases: impl IntoIterator<Item = (ResourceName, LeaseRecord)>,
+        sessions: impl IntoIterator<Item = SessionRecord>,
+    ) -> Self {
+        let mut table = Self::new(limits, epoch, counter);
+        let sessions: Vec<_> = sessions.into_iter().collect();
+        let n_sessions = sessions.len();
+        for (i, record) in sessions.into_iter().enumerate() {
+            let at =
+                now.end_of(record.ttl_ms)
+                    .plus(recovery_delay_ms(record.ttl_ms, i, n_sessions));
+            table.insert_session_until(at, record.digest, record.ttl_ms, record.opener);
+        }
+        let leases: Vec<_> = leases.into_iter().collect();
+        let n = leases.len();
+        for (i, (resource, record)) in leases.into_iter().enumerate() {
+            let last = FencingToken::new(epoch, counter).expect("stored counter in range");
+            assert!(
+                record.token <= last,
+                "stored lease token {} above last issued {last}",
+                record.token
+            );
+            let session = record.session.filter(|d| table.sessions.contains_key(d));
+            let expires_at = match session {
+                Some(digest) => {
+                    let s = table.sessions.get_mut(&digest).expect("checked");
+                    s.leases.insert(resource.clone());
+                    MonoMs::NEVER
+                }
+                None => {
+                    let at = now
+                        .end_of(record.ttl_ms)
+                        .plus(recovery_delay_ms(record.ttl_ms, i, n));
+                    table.timers.insert((at, Timer::Expiry(resource.clone())));
+                    at
+                }
+            };
+            let lease = Lease {
+                acquisition_digest: record.acquisition_digest,
+                token: record.token,
+                ttl_ms: record.ttl_ms,
+                expires_at,
+                session,
+                holder: record.holder,
+            };
+            table.resources.insert(
+                resource,
+                ResourceState {
+                    lease: Some(lease),
+                    queue: Queue::default(),
+                },
+            );
+            table.n_leases += 1;
+        }
+        table
+    }
+}

@@ -1,0 +1,147 @@
+//! Fair waiting: acquires that wait in line per resource, in arrival
+//! order, granted as resources free (all of a request's resources at
+//! once), withdrawn when cancelled or when their wait runs out.
+
+use super::*;
+
+impl LeaseTable {
+    pub(super) fn enqueue(
+        &mut self,
+        now: MonoMs,
+        request: AcquireRequest,
+    ) -> Result<AcquireOutcome, AcquireError> {
+        if self.waiters.len() >= self.limits.n_waiters_max {
+            return Err(AcquireError::TooManyWaiters {
+                n_waiters: self.waiters.len(),
+            });
+        }
+        if self.waiters.contains_key(&request.waiter) {
+            return Err(AcquireError::DuplicateWaiter(request.waiter));
+        }
+        for (resource, _) in &request.claims {
+            let n_waiters = self.resources.get(resource).map_or(0, |s| s.queue.len());
+            if n_waiters >= self.limits.n_waiters_per_resource_max {
+                return Err(AcquireError::TooManyWaitersOnResource {
+                    resource: resource.clone(),
+                    n_waiters,
+                });
+            }
+        }
+        // Joining every queue at once, in arrival order, keeps all queues
+        // consistently ordered, so waiters for overlapping sets cannot deadlock.
+        for (resource, _) in &request.claims {
+            self.resources
+                .entry(resource.clone())
+                .or_default()
+                .queue
+                .push_back(request.waiter);
+        }
+        let deadline = now.plus(request.wait_ms);
+        self.timers
+            .insert((deadline, Timer::WaitDeadline(request.waiter)));
+        if let Some(digest) = request.session {
+            let session = self.sessions.get_mut(&digest).expect("checked by acquire");
+            session.waiters.insert(request.waiter);
+        }
+        let waiter = Waiter {
+            claims: request.claims,
+            ttl_ms: request.ttl_ms,
+            deadline,
+            queued_at: now,
+            session: request.session,
+            holder: request.holder,
+        };
+        self.waiters.insert(request.waiter, waiter);
+        Ok(AcquireOutcome::Queued {
+            waiter: request.waiter,
+        })
+    }
+
+    /// Withdraws a waiting request (its client went away). Unknown ids are ignored.
+    pub fn cancel_wait(&mut self, now: MonoMs, waiter: WaiterId) {
+        self.tick(now);
+        if let Some(w) = self.waiters.get(&waiter) {
+            self.timers
+                .remove(&(w.deadline, Timer::WaitDeadline(waiter)));
+            self.remove_waiter(now, waiter);
+        }
+    }
+
+    pub(super) fn remove_waiter(&mut self, now: MonoMs, waiter: WaiterId) {
+        let w = self
+            .waiters
+            .remove(&waiter)
+            .expect("removing an unknown waiter");
+        self.unbind_waiter(waiter, w.session);
+        for (resource, _) in &w.claims {
+            let state = self
+                .resources
+                .get_mut(resource)
+                .expect("waiter on unknown resource");
+            state.queue.retain(|q| *q != waiter);
+        }
+        for (resource, _) in &w.claims {
+            self.pump(now, resource);
+        }
+    }
+
+    /// Grants the head waiter of `resource` if it now can be, and forgets idle resources.
+    pub(super) fn pump(&mut self, now: MonoMs, resource: &ResourceName) {
+        let Some(state) = self.resources.get(resource) else {
+            return;
+        };
+        if state.is_idle() {
+            self.resources.remove(resource);
+            return;
+        }
+        if state.lease.is_some() {
+            return;
+        }
+        let head = *state
+            .queue
+            .front()
+            .expect("not idle and not held means queued");
+        let waiter = &self.waiters[&head];
+        // A session whose end is due is ended within this tick, its waiters
+        // first: never grant to it in the meantime.
+        if let Some(session) = waiter.session.map(|d| &self.sessions[&d]) {
+            if session.expires_at <= now {
+                return;
+            }
+        }
+        let ready = waiter.claims.iter().all(|(r, _)| {
+            let s = &self.resources[r];
+            s.lease.is_none() && s.queue.front() == Some(&head)
+        });
+        if !ready {
+            return;
+        }
+        let waiter = self.waiters.remove(&head).expect("head waiter exists");
+        self.timers
+            .remove(&(waiter.deadline, Timer::WaitDeadline(head)));
+        self.unbind_waiter(head, waiter.session);
+        let grants = waiter
+            .claims
+            .into_iter()
+            .map(|(r, id)| {
+                let popped = self
+                    .resources
+                    .get_mut(&r)
+                    .expect("claimed")
+                    .queue
+                    .pop_front();
+                assert_eq!(popped, Some(head));
+                self.grant(
+                    now,
+                    r,
+                    id,
+                    waiter.ttl_ms,
+                    Some(waiter.queued_at),
+                    waiter.session,
+                    waiter.holder.clone(),
+                )
+            })
+            .collect();
+        self.effects.woken.push((head, WaitResult::Granted(grants)));
+    }
+}
