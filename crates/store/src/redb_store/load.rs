@@ -1,0 +1,94 @@
+//! Loading: redb's tables with the log's pending writes laid over them.
+
+use super::*;
+
+impl RedbStore {
+    pub(super) fn load_inner(&self) -> Result<Stored, StoreError> {
+        let meta = read_meta(&self.db)?;
+        let txn = self.db.begin_read().map_err(storage)?;
+        let table = txn.open_table(LEASES).map_err(storage)?;
+        let mut leases = Vec::with_capacity(table.len().map_err(storage)? as usize);
+        for entry in table.iter().map_err(storage)? {
+            let (k, v) = entry.map_err(storage)?;
+            leases.push(decode(k.value(), v.value())?);
+        }
+        let mut openers = std::collections::HashMap::new();
+        match txn.open_table(SESSION_OPENERS) {
+            Ok(table) => {
+                for entry in table.iter().map_err(storage)? {
+                    let (k, v) = entry.map_err(storage)?;
+                    openers.insert(k.value().to_vec(), v.value().to_string());
+                }
+            }
+            Err(redb::TableError::TableDoesNotExist(_)) => {}
+            Err(e) => return Err(storage(e)),
+        }
+        let mut sessions = Vec::new();
+        match txn.open_table(SESSIONS) {
+            Ok(table) => {
+                for entry in table.iter().map_err(storage)? {
+                    let (k, v) = entry.map_err(storage)?;
+                    let digest = <[u8; 16]>::try_from(k.value()).map_err(|_| {
+                        StoreError::Corrupt(format!(
+                            "a session key is {} bytes, expected 16",
+                            k.value().len()
+                        ))
+                    })?;
+                    sessions.push(SessionRecord {
+                        digest: AcquisitionDigest::from_bytes(digest),
+                        ttl_ms: v.value(),
+                        opener: openers.remove(&digest[..]),
+                    });
+                }
+            }
+            Err(redb::TableError::TableDoesNotExist(_)) => {}
+            Err(e) => return Err(storage(e)),
+        }
+        let mut stored = Stored {
+            epoch: meta.epoch,
+            counter: meta.counter,
+            leases,
+            sessions,
+        };
+        // The log's writes not yet folded, replayed at open or committed
+        // since: a load sees every commit, before or after a reopen.
+        apply(&mut stored, &self.pending.writes());
+        Ok(stored)
+    }
+}
+
+/// Applies `writes` in order to a loaded state (the log over redb).
+pub(super) fn apply(stored: &mut Stored, writes: &[Write]) {
+    if writes.is_empty() {
+        return;
+    }
+    let mut leases: std::collections::BTreeMap<ResourceName, LeaseRecord> =
+        std::mem::take(&mut stored.leases).into_iter().collect();
+    let mut sessions: std::collections::BTreeMap<AcquisitionDigest, SessionRecord> =
+        std::mem::take(&mut stored.sessions)
+            .into_iter()
+            .map(|s| (s.digest, s))
+            .collect();
+    for w in writes {
+        match w {
+            Write::PutLease { resource, record } => {
+                leases.insert(resource.clone(), record.clone());
+            }
+            Write::DeleteLease { resource } => {
+                leases.remove(resource);
+            }
+            Write::Tokens { epoch, counter } => {
+                stored.epoch = *epoch;
+                stored.counter = *counter;
+            }
+            Write::PutSession { record } => {
+                sessions.insert(record.digest, record.clone());
+            }
+            Write::DeleteSession { digest } => {
+                sessions.remove(digest);
+            }
+        }
+    }
+    stored.leases = leases.into_iter().collect();
+    stored.sessions = sessions.into_values().collect();
+}
