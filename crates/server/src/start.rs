@@ -29,7 +29,7 @@ use crate::cluster::{self, ClusterConfig};
 use crate::config::{validate, EngineFailure, ServerConfig, ServerError};
 use crate::engine::{self, EngineHandle};
 use crate::metrics::Metrics;
-use crate::net::{bind, conn};
+use crate::net::conn;
 use crate::{http, service};
 
 /// How long a shutdown waits for in-flight requests (waiting acquires included).
@@ -343,4 +343,15 @@ fn grpc_server(
             let _ = stop.await;
             closing.cancel();
         })
+}
+
+/// Binds `addr`, naming it in the error.
+async fn bind(addr: SocketAddr) -> Result<(TcpListener, SocketAddr), ServerError> {
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|source| ServerError::Bind { addr, source })?;
+    let bound = listener
+        .local_addr()
+        .map_err(|source| ServerError::Bind { addr, source })?;
+    Ok((listener, bound))
 }
