@@ -86,22 +86,30 @@ impl SessionTask {
         }))
     }
 
-    /// What a renew and a release share: their span, the resource parsed
-    /// and admitted for `lease`, and the acquisition id parsed.
-    fn holder_request(
-        &self,
+    /// A renew or a release: its span, the resource parsed and admitted
+    /// for `lease`, the acquisition id parsed, the command handed to the
+    /// engine (`command`), and its answer as a message (`body`).
+    fn holder_call<T: Send + 'static>(
+        &mut self,
+        id: u64,
         (op, action, field): (&'static str, &'static str, &'static str),
-        raw_resource: &String,
-        raw_id: &[u8],
+        (raw_resource, raw_id): (&String, &[u8]),
         traceparent: &str,
-    ) -> Result<(tracing::Span, ResourceName, AcquisitionId), Status> {
+        command: impl FnOnce(ResourceName, AcquisitionId, oneshot::Sender<T>) -> Command,
+        body: impl FnOnce(T) -> Body + Send + 'static,
+    ) -> Result<InFlight, Status> {
         let span = trace::request_span(op, std::slice::from_ref(raw_resource), traceparent);
         let resource = parse_resource(field, raw_resource)?;
         self.service
             .gate
             .admit(&self.caller, action)?
             .may(Permission::Lease, resource.as_str())?;
-        Ok((span, resource, parse_acquisition_id(raw_id)?))
+        let acquisition = parse_acquisition_id(raw_id)?;
+        let (reply, rx) = oneshot::channel();
+        send(&self.term, command(resource, acquisition, reply))?;
+        Ok(Box::pin(
+            async move { (id, answer(rx).await.map(body)) }.instrument(span),
+        ))
     }
 
     pub(super) fn renew(
@@ -110,32 +118,22 @@ impl SessionTask {
         r: v1::RenewRequest,
         traceparent: &str,
     ) -> Result<InFlight, Status> {
-        let (span, resource, acquisition) = self.holder_request(
+        self.holder_call(
+            id,
             ("renew", "session.renew", "renew.resource"),
-            &r.resource,
-            &r.acquisition_id,
+            (&r.resource, &r.acquisition_id),
             traceparent,
-        )?;
-        let (reply, rx) = oneshot::channel();
-        send(
-            &self.term,
-            Command::Renew {
+            |resource, id, reply| Command::Renew {
                 resource,
-                id: acquisition,
+                id,
                 reply,
             },
-        )?;
-        Ok(Box::pin(
-            async move {
-                let body = answer(rx).await.map(|o| {
-                    let message = renew_message(o);
-                    trace::renewed(&tracing::Span::current(), &message);
-                    Body::Renew(message)
-                });
-                (id, body)
-            }
-            .instrument(span),
-        ))
+            |o| {
+                let message = renew_message(o);
+                trace::renewed(&tracing::Span::current(), &message);
+                Body::Renew(message)
+            },
+        )
     }
 
     pub(super) fn release(
@@ -144,32 +142,22 @@ impl SessionTask {
         r: v1::ReleaseRequest,
         traceparent: &str,
     ) -> Result<InFlight, Status> {
-        let (span, resource, acquisition) = self.holder_request(
+        self.holder_call(
+            id,
             ("release", "session.release", "release.resource"),
-            &r.resource,
-            &r.acquisition_id,
+            (&r.resource, &r.acquisition_id),
             traceparent,
-        )?;
-        let (reply, rx) = oneshot::channel();
-        send(
-            &self.term,
-            Command::Release {
+            |resource, id, reply| Command::Release {
                 resource,
-                id: acquisition,
+                id,
                 reply,
             },
-        )?;
-        Ok(Box::pin(
-            async move {
-                let body = answer(rx).await.map(|o| {
-                    let message = release_message(o);
-                    trace::released(&tracing::Span::current(), &message);
-                    Body::Release(message)
-                });
-                (id, body)
-            }
-            .instrument(span),
-        ))
+            |o| {
+                let message = release_message(o);
+                trace::released(&tracing::Span::current(), &message);
+                Body::Release(message)
+            },
+        )
     }
 
     /// Withdraws a waiting acquire of this stream, if it still waits.
