@@ -24,6 +24,7 @@ mod access;
 mod cluster;
 mod config;
 mod engine;
+mod history;
 mod http;
 mod metrics;
 mod net;

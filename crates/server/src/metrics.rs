@@ -15,7 +15,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
-use crate::engine::history::History;
+use crate::history::History;
 
 /// Upper bounds of the acquire-latency buckets, in seconds.
 const LATENCY_BUCKETS_S: [f64; 12] = [

@@ -32,7 +32,6 @@ use tracing::info;
 
 mod apply;
 mod committer;
-pub(crate) mod history;
 mod record;
 mod timer;
 pub(crate) mod watch;

@@ -18,7 +18,9 @@
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use baton_core::{Event, FencingToken, Holder, HolderChange, LeaseStatus};
+use baton_core::{FencingToken, Holder, HolderChange, LeaseStatus};
+
+pub use crate::history::{holder_changes, Change};
 use tokio::sync::mpsc;
 
 /// Events a watcher may fall behind by before it is cut off.
@@ -176,31 +178,6 @@ impl Hub {
     fn lock(&self) -> std::sync::MutexGuard<'_, Watchers> {
         self.watchers.lock().unwrap_or_else(|p| p.into_inner())
     }
-}
-
-/// A change as the hub carries it, before it is numbered.
-#[derive(Clone, Debug)]
-pub struct Change {
-    pub kind: HolderChange,
-    pub resource: String,
-    pub token: FencingToken,
-    pub revoked: Option<FencingToken>,
-    pub holder: Option<Holder>,
-}
-
-/// The holder changes among a step's events, in order.
-pub fn holder_changes(events: &[Event]) -> Vec<Change> {
-    events
-        .iter()
-        .filter_map(HolderChange::of)
-        .map(|c| Change {
-            kind: c.kind,
-            resource: c.resource.to_string(),
-            token: c.token,
-            revoked: c.revoked,
-            holder: c.holder.cloned(),
-        })
-        .collect()
 }
 
 #[cfg(test)]

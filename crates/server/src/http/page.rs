@@ -33,7 +33,7 @@ use tonic::{Code, Status};
 use super::{HttpState, Peer};
 use crate::access::auth::Permission;
 use crate::access::{Admitted, Caller};
-use crate::engine::history::{HISTORY_PER_RESOURCE_MAX, HISTORY_TOTAL_MAX};
+use crate::history::{HISTORY_PER_RESOURCE_MAX, HISTORY_TOTAL_MAX};
 use crate::service::parse_resource;
 
 const PAGE_HTML: &str = include_str!("page.html");

@@ -1,4 +1,6 @@
-//! Recent holder changes per resource, for the operator page: kept in
+//! Holder changes: the one type the engine's watchers and the operator
+//! page's history carry ([`Change`]), and the history itself: recent
+//! changes per resource, for the operator page: kept in
 //! memory only (a restart or a new leader starts with none, and the page
 //! says so), bounded per resource and in all, recorded by the committer
 //! after each step's commit (so it never shows a grant that is not
@@ -8,7 +10,33 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 use std::time::Instant;
 
-use crate::engine::watch::Change;
+use baton_core::{Event, FencingToken, Holder, HolderChange};
+
+/// A holder change as the engine's watchers and this history carry it
+/// (before a watch numbers it).
+#[derive(Clone, Debug)]
+pub struct Change {
+    pub kind: HolderChange,
+    pub resource: String,
+    pub token: FencingToken,
+    pub revoked: Option<FencingToken>,
+    pub holder: Option<Holder>,
+}
+
+/// The holder changes among a step's events, in order.
+pub fn holder_changes(events: &[Event]) -> Vec<Change> {
+    events
+        .iter()
+        .filter_map(HolderChange::of)
+        .map(|c| Change {
+            kind: c.kind,
+            resource: c.resource.to_string(),
+            token: c.token,
+            revoked: c.revoked,
+            holder: c.holder.cloned(),
+        })
+        .collect()
+}
 
 /// Changes kept per resource: the oldest goes first.
 pub const HISTORY_PER_RESOURCE_MAX: usize = 32;
