@@ -27,6 +27,28 @@ async fn serve(max_sessions: Option<usize>) -> (RunningServer, String) {
     (server, url)
 }
 
+/// A session stream with `requests` already sent; the sender keeps the
+/// client's side open until it is dropped.
+async fn stream_with(
+    url: &str,
+    requests: Vec<v1::SessionRequest>,
+) -> (
+    tokio::sync::mpsc::Sender<v1::SessionRequest>,
+    tonic::Streaming<v1::SessionResponse>,
+) {
+    let mut lc = LeasesClient::connect(url.to_string()).await.unwrap();
+    let (tx, rx) = tokio::sync::mpsc::channel(16);
+    for r in requests {
+        tx.send(r).await.unwrap();
+    }
+    let stream = lc
+        .session(ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    (tx, stream)
+}
+
 fn granted(a: Acquired) -> baton_client::Lease {
     match a {
         Acquired::Granted(l) => l,
@@ -234,16 +256,8 @@ async fn a_reused_request_id_and_the_session_limit_are_refused_by_rule() {
         holder: None,
     });
     let again = Op::Heartbeat(v1::Heartbeat {});
-    let mut lc = LeasesClient::connect(url.clone()).await.unwrap();
-    let (tx, rx) = tokio::sync::mpsc::channel(16);
-    for r in [req(1, open(1_000)), req(2, wait), req(2, again)] {
-        tx.send(r).await.unwrap();
-    }
-    let mut stream = lc
-        .session(ReceiverStream::new(rx))
-        .await
-        .unwrap()
-        .into_inner();
+    let (tx, mut stream) =
+        stream_with(&url, vec![req(1, open(1_000)), req(2, wait), req(2, again)]).await;
     let opened = stream.message().await.unwrap().unwrap();
     assert!(matches!(opened.body, Some(Body::Opened(_))), "{opened:?}");
     let refused = stream.message().await.unwrap().unwrap();
@@ -296,22 +310,13 @@ async fn a_half_close_withdraws_the_wait_and_the_session_lives_on() {
             .await
             .unwrap(),
     );
-    let mut lc = LeasesClient::connect(url.clone()).await.unwrap();
-    let (tx, rx) = tokio::sync::mpsc::channel(16);
     let wait = Op::Acquire(v1::SessionAcquire {
         resources: vec!["h:busy".into()],
         ttl_ms: None,
         wait_ms: 10_000,
         holder: None,
     });
-    for r in [req(1, open(5_000)), req(2, wait)] {
-        tx.send(r).await.unwrap();
-    }
-    let mut stream = lc
-        .session(ReceiverStream::new(rx))
-        .await
-        .unwrap()
-        .into_inner();
+    let (tx, mut stream) = stream_with(&url, vec![req(1, open(5_000)), req(2, wait)]).await;
     let Some(Body::Opened(opened)) = stream.message().await.unwrap().unwrap().body else {
         panic!("the first answer is `opened`")
     };

@@ -45,18 +45,15 @@ impl Pending {
         let mut out = Vec::with_capacity(leases.len());
         for resource in leases {
             let record = self.leases.remove(&resource).expect("listed");
-            out.push(match record {
-                Some(record) => Write::PutLease { resource, record },
-                None => Write::DeleteLease { resource },
-            });
+            out.push(lease_write(resource, record));
         }
         let left = n.saturating_sub(out.len());
         let sessions: Vec<AcquisitionDigest> = self.sessions.keys().take(left).copied().collect();
         for digest in sessions {
-            out.push(match self.sessions.remove(&digest).expect("listed") {
-                Some(record) => Write::PutSession { record },
-                None => Write::DeleteSession { digest },
-            });
+            out.push(session_write(
+                digest,
+                self.sessions.remove(&digest).expect("listed"),
+            ));
         }
         out
     }
@@ -64,21 +61,14 @@ impl Pending {
     /// The pending state as writes, left pending: what a load lays over
     /// redb (order does not matter: one per key).
     pub(crate) fn writes(&self) -> Vec<Write> {
-        let leases = self.leases.iter().map(|(resource, record)| match record {
-            Some(record) => Write::PutLease {
-                resource: resource.clone(),
-                record: record.clone(),
-            },
-            None => Write::DeleteLease {
-                resource: resource.clone(),
-            },
-        });
-        let sessions = self.sessions.iter().map(|(digest, record)| match record {
-            Some(record) => Write::PutSession {
-                record: record.clone(),
-            },
-            None => Write::DeleteSession { digest: *digest },
-        });
+        let leases = self
+            .leases
+            .iter()
+            .map(|(resource, record)| lease_write(resource.clone(), record.clone()));
+        let sessions = self
+            .sessions
+            .iter()
+            .map(|(digest, record)| session_write(*digest, record.clone()));
         let tokens = self
             .tokens
             .map(|(epoch, counter)| Write::Tokens { epoch, counter });
@@ -92,5 +82,21 @@ impl Pending {
             out.push(Write::Tokens { epoch, counter });
         }
         out
+    }
+}
+
+/// A pending lease key as its write: the record, or its deletion.
+fn lease_write(resource: ResourceName, record: Option<LeaseRecord>) -> Write {
+    match record {
+        Some(record) => Write::PutLease { resource, record },
+        None => Write::DeleteLease { resource },
+    }
+}
+
+/// A pending session key as its write: the record, or its deletion.
+fn session_write(digest: AcquisitionDigest, record: Option<SessionRecord>) -> Write {
+    match record {
+        Some(record) => Write::PutSession { record },
+        None => Write::DeleteSession { digest },
     }
 }
