@@ -3,11 +3,10 @@
 //! error, errors name the likely cause and the address once, and `--json`
 //! has one pinned shape per command.
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::process::Output;
 
+use baton_systest as common;
 use common::{cli, TempDir};
 use serde_json::Value;
 
@@ -90,7 +89,7 @@ fn durations_that_cannot_be_honoured_are_refused_by_every_flag() {
         assert_eq!(err.matches("error:").count(), 1, "one error: {err}");
     }
     // Through the environment and a config file, the same parser.
-    let out = std::process::Command::new(common::BIN)
+    let out = std::process::Command::new(&*common::BIN)
         .args(["serve", "--data-dir", "/nonexistent/never-created"])
         .env("BATON_DEFAULT_TTL", "0s")
         .output()
@@ -103,7 +102,7 @@ fn durations_that_cannot_be_honoured_are_refused_by_every_flag() {
 fn an_argument_that_is_not_utf8_is_a_usage_error_not_a_panic() {
     use std::os::unix::ffi::OsStrExt;
     for json in [false, true] {
-        let mut cmd = std::process::Command::new(common::BIN);
+        let mut cmd = std::process::Command::new(&*common::BIN);
         cmd.arg("status")
             .arg(std::ffi::OsStr::from_bytes(b"\xff\xfe"))
             .args(["--server", "127.0.0.1:1"]);
@@ -418,15 +417,15 @@ async fn the_readme_run_and_election_scripts_run_as_written() {
     let lead = readme_script("#!/bin/sh\n# lead.sh", &db.name);
     let path = dir.path().join("lead.sh");
     std::fs::write(&path, &lead).unwrap();
-    let mut leader = std::process::Command::new("sh")
-        .arg(&path)
-        .env("PGPORT", &port)
-        .env("BATON_FENCING_TOKEN", &t2)
-        // Its `sleep` outlives a kill of the shell: keep it off our output.
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let leader = baton_testkit::process::Proc::spawn(
+        std::process::Command::new("sh")
+            .arg(&path)
+            .env("PGPORT", &port)
+            .env("BATON_FENCING_TOKEN", &t2)
+            // Its `sleep` outlives a kill of the shell: keep it off our output.
+            .stderr(std::process::Stdio::null()),
+        "lead.sh",
+    );
     baton_testkit::eventually(std::time::Duration::from_secs(10), async || {
         client
             .query_opt(
@@ -438,8 +437,7 @@ async fn the_readme_run_and_election_scripts_run_as_written() {
             .is_some()
     })
     .await;
-    let _ = leader.kill();
-    let _ = leader.wait();
+    drop(leader);
     let out = sh(&lead, &[("BATON_FENCING_TOKEN", &t1)]);
     assert_eq!(out.status.code(), Some(1), "{out:?}");
     assert_eq!(String::from_utf8_lossy(&out.stderr), "deposed: stale\n");

@@ -2,12 +2,11 @@
 //! and the Rust client, shown by `status`, `list` and watch, kept across a
 //! restart, and refused with the rule when they break it.
 
-mod common;
-
 use std::time::Duration;
 
 use baton_client::{baton_core::Holder, Acquired, Client, WatchKind};
 use baton_proto::v1::{self, leases_client::LeasesClient};
+use baton_systest as common;
 use common::{cli, json_str, Server, TempDir};
 
 fn stdout(out: &std::process::Output) -> String {
@@ -63,19 +62,19 @@ async fn a_holder_is_shown_by_status_list_and_watch_and_survives_a_restart() {
     assert!(!text.contains("acquisition"), "{text}");
 
     // `hold` (a session) and the Rust client.
-    let mut hold = std::process::Command::new(common::BIN)
-        .args([
-            "hold",
-            "h:held",
-            "--ttl",
-            "5s",
-            "--holder",
-            "holder of h:held",
-        ])
-        .args(["--server", &url])
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let hold = common::Proc::spawn(
+        std::process::Command::new(&*common::BIN)
+            .args([
+                "hold",
+                "h:held",
+                "--ttl",
+                "5s",
+                "--holder",
+                "holder of h:held",
+            ])
+            .args(["--server", &url]),
+        "baton hold",
+    );
     common::eventually(Duration::from_secs(10), async || {
         status_holder(&s, "h:held").as_deref() == Some("holder of h:held")
     })
@@ -156,8 +155,7 @@ async fn a_holder_is_shown_by_status_list_and_watch_and_survives_a_restart() {
             ),
         ]
     );
-    let _ = hold.kill();
-    let _ = hold.wait();
+    drop(hold);
 
     // Durable: after SIGKILL and a restart, every lease keeps its holder
     // (the session's too, held for its TTL from the restart).

@@ -5,60 +5,18 @@
 //! the network is the fault. Every test has another client take the
 //! resource and checks that the command had stopped claiming it first.
 
-mod common;
-
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use baton_client::{Acquired, Client};
 use baton_faults::{Direction, Proxy};
-use common::{json_lease_u64, Server, TempDir, BIN};
+use baton_systest as common;
+use common::{json_lease_u64, Proc, Server, TempDir, BIN};
 
-/// A `baton` process whose output lines are stamped when they arrive.
-struct Cli {
-    child: Child,
-    lines: mpsc::Receiver<(Instant, String)>,
-}
-
-impl Cli {
-    fn spawn(args: &[&str]) -> Self {
-        let mut child = Command::new(BIN)
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("run baton");
-        let (tx, lines) = mpsc::channel();
-        for out in [
-            Box::new(child.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>,
-            Box::new(child.stderr.take().unwrap()),
-        ] {
-            let tx = tx.clone();
-            std::thread::spawn(move || {
-                for line in BufReader::new(out).lines().map_while(Result::ok) {
-                    let _ = tx.send((Instant::now(), line));
-                }
-            });
-        }
-        Self { child, lines }
-    }
-
-    /// The next line, and when it arrived.
-    fn line(&self) -> (Instant, String) {
-        self.lines
-            .recv_timeout(Duration::from_secs(30))
-            .expect("a line from baton within 30 s")
-    }
-
-    /// Waits for the exit: its code and every line not read yet.
-    fn exit(mut self) -> (Option<i32>, String) {
-        let status = self.child.wait().unwrap();
-        let rest: Vec<String> = self.lines.iter().map(|(_, l)| l).collect();
-        (status.code(), rest.join("\n"))
-    }
+/// A `baton` process whose stdout and stderr lines are stamped when they
+/// arrive.
+fn baton(args: &[&str]) -> Proc {
+    Proc::spawn_merged(Command::new(&*BIN).args(args), "baton")
 }
 
 /// Acquires `name` for 30 s on `url`, waiting up to 30 s: the other client.
@@ -91,7 +49,7 @@ async fn a_grant_that_arrives_after_its_ttl_is_reported_expired_on_arrival() {
     let via = proxy.addr().to_string();
     proxy.delay_response_to(b"late:1", Duration::from_millis(2_500));
     let sent = Instant::now();
-    let cli = Cli::spawn(&[
+    let mut cli = baton(&[
         "acquire", "late:1", "--ttl", "1s", "--json", "--server", &via,
     ]);
     // The CLI's grant is made (its reply now waits in the proxy) before the
@@ -99,7 +57,7 @@ async fn a_grant_that_arrives_after_its_ttl_is_reported_expired_on_arrival() {
     let mut c = Client::connect(&s.url()).await.unwrap();
     baton_testkit::until(async || c.status("late:1").await.unwrap().holder_token.is_some()).await;
     let (granted_other_at, other_token) = take_over(&s.url(), "late:1").await;
-    let (reported_at, line) = cli.line();
+    let (reported_at, line) = cli.next_line();
     let (code, rest) = cli.exit();
     assert_eq!(proxy.counts().delayed_responses, 1, "the fault fired once");
     assert!(
@@ -120,10 +78,10 @@ async fn a_grant_that_arrives_after_its_ttl_is_reported_expired_on_arrival() {
     // Late, but within its TTL: a grant, valid for what is left of the TTL
     // counted from the send time.
     proxy.delay_response_to(b"late:2", Duration::from_millis(300));
-    let cli = Cli::spawn(&[
+    let mut cli = baton(&[
         "acquire", "late:2", "--ttl", "1s", "--json", "--server", &via,
     ]);
-    let (_, line) = cli.line();
+    let (_, line) = cli.next_line();
     let (code, rest) = cli.exit();
     assert_eq!(code, Some(0), "{line}\n{rest}");
     let valid_for_ms = json_lease_u64(&line, "valid_for_ms").unwrap();
@@ -147,8 +105,8 @@ async fn a_hold_cut_off_from_the_server_gives_up_before_anyone_else_is_granted()
     let dir = TempDir::new("own-partition");
     let (s, proxy) = serve_behind_proxy(&dir).await;
     let via = proxy.addr().to_string();
-    let cli = Cli::spawn(&["hold", "cut:1", "--ttl", "1s", "--json", "--server", &via]);
-    let (_, grant) = cli.line();
+    let mut cli = baton(&["hold", "cut:1", "--ttl", "1s", "--json", "--server", &via]);
+    let (_, grant) = cli.next_line();
     let token = json_lease_u64(&grant, "token").expect("a grant");
     // Let a heartbeat or two go by, then cut the network.
     let mut c = Client::connect(&s.url()).await.unwrap();
@@ -157,7 +115,7 @@ async fn a_hold_cut_off_from_the_server_gives_up_before_anyone_else_is_granted()
     proxy.hold(Direction::ServerToClient);
     let cut_at = Instant::now();
     let (granted_other_at, other_token) = take_over(&s.url(), "cut:1").await;
-    let (lost_at, lost) = cli.line();
+    let (lost_at, lost) = cli.next_line();
     proxy.release(Direction::ClientToServer);
     proxy.release(Direction::ServerToClient);
     let (code, rest) = cli.exit();
@@ -201,14 +159,14 @@ async fn a_hold_whose_lease_is_fenced_exits_4_at_once() {
     let dir = TempDir::new("own-fence");
     let s = common::serve(dir.path(), &[]);
     let url = s.url();
-    let cli = Cli::spawn(&[
+    let mut cli = baton(&[
         "hold", "fenced:1", "--ttl", "3s", "--json", "--server", &url,
     ]);
-    let (_, grant) = cli.line();
+    let (_, grant) = cli.next_line();
     let token = json_lease_u64(&grant, "token").expect("a grant");
     let fence = common::cli(&["fence", "fenced:1", "--server", &url]);
     assert_eq!(fence.status.code(), Some(0));
-    let (_, lost) = cli.line();
+    let (_, lost) = cli.next_line();
     let (code, rest) = cli.exit();
     assert_eq!(code, Some(4), "{lost}\n{rest}");
     assert!(
@@ -236,13 +194,13 @@ async fn a_grant_after_a_wait_longer_than_its_ttl_is_valid_from_the_grant() {
     else {
         panic!("first grant")
     };
-    let cli = Cli::spawn(&[
+    let mut cli = baton(&[
         "acquire", "wait:1", "--ttl", "1s", "--wait", "10s", "--json", "--server", &url,
     ]);
     baton_testkit::until(async || c.status("wait:1").await.unwrap().n_waiters == 1).await;
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     c.release("wait:1", &first.acquisition_id).await.unwrap();
-    let (_, line) = cli.line();
+    let (_, line) = cli.next_line();
     let (code, rest) = cli.exit();
     assert_eq!(code, Some(0), "{line}\n{rest}");
     let json = baton_testkit::json::object(&line).unwrap();

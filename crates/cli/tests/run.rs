@@ -4,19 +4,16 @@
 //! safe-until, a killed `run` leaves no command behind, and two `run`s on
 //! one name never overlap.
 
-mod common;
-
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use baton_client::Client;
-use common::{eventually, Server, TempDir, BIN};
-use nix::sys::signal::{kill, Signal};
-use nix::unistd::Pid;
+use baton_systest as common;
+use common::{eventually, Proc, Server, TempDir, BIN};
+use nix::sys::signal::Signal;
 
 fn run_cmd(url: &str, args: &[&str]) -> Command {
-    let mut cmd = Command::new(BIN);
+    let mut cmd = Command::new(&*BIN);
     // Flags before the names: everything after `--` is the command's.
     cmd.args(["run", "--server", url]).args(args);
     cmd.stdin(Stdio::null());
@@ -34,24 +31,17 @@ fn alive(pid: i32) -> bool {
     }
 }
 
-/// Spawns `run` whose command prints its pid first; returns both.
-fn spawn_printing_pid(
-    url: &str,
-    args: &[&str],
-) -> (Child, i32, BufReader<std::process::ChildStdout>) {
-    let mut child = run_cmd(url, args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    out.read_line(&mut line).unwrap();
-    let pid = line
-        .trim()
-        .parse()
-        .unwrap_or_else(|_| panic!("a pid, not {line:?}"));
-    (child, pid, out)
+/// Spawns `run` whose command prints its pid first; returns both, and
+/// what `run` said before it. The process's lines are its stdout and
+/// stderr together.
+fn spawn_printing_pid(url: &str, args: &[&str]) -> (Proc, i32, String) {
+    let mut run = Proc::spawn_merged(&mut run_cmd(url, args), "baton run");
+    loop {
+        if let Ok(pid) = run.next_line().1.trim().parse() {
+            let before = run.lines().join("\n");
+            return (run, pid, before);
+        }
+    }
 }
 
 async fn holder(url: &str, name: &str) -> Option<u64> {
@@ -165,7 +155,7 @@ async fn a_fence_stops_the_command_and_run_exits_124() {
     let dir = TempDir::new("run-fence");
     let s = serve(&dir);
     let url = s.url();
-    let (child, pid, _out) = spawn_printing_pid(
+    let (run, pid, before) = spawn_printing_pid(
         &url,
         &[
             "f:1",
@@ -179,9 +169,9 @@ async fn a_fence_stops_the_command_and_run_exits_124() {
     );
     let fence = common::cli(&["fence", "f:1", "--server", &url]);
     assert_eq!(fence.status.code(), Some(0));
-    let out = child.wait_with_output().unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(124), "{err}");
+    let (code, after) = run.exit();
+    let err = format!("{before}\n{after}");
+    assert_eq!(code, Some(124), "{err}");
     assert!(err.contains("fenced"), "{err}");
     assert!(!alive(pid), "the command is gone when run exits");
 }
@@ -196,7 +186,7 @@ async fn a_stopped_server_gets_the_command_killed_by_the_safe_until() {
     let s = serve(&dir);
     let url = s.url();
     let ttl = Duration::from_secs(2);
-    let (child, pid, _out) = spawn_printing_pid(
+    let (run, pid, before) = spawn_printing_pid(
         &url,
         &[
             "stop:1",
@@ -220,11 +210,11 @@ async fn a_stopped_server_gets_the_command_killed_by_the_safe_until() {
         }
         Instant::now()
     });
-    let out = child.wait_with_output().unwrap();
+    let (code, after) = run.exit();
+    let err = format!("{before}\n{after}");
     let took = died.join().unwrap().duration_since(stopped);
     s.signal(Signal::SIGCONT);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(124), "{err}");
+    assert_eq!(code, Some(124), "{err}");
     assert!(!alive(pid), "killed, though it ignored SIGTERM");
     assert!(
         took < ttl,
@@ -239,11 +229,10 @@ async fn a_killed_run_leaves_no_command_behind() {
     let dir = TempDir::new("run-kill9");
     let s = serve(&dir);
     let url = s.url();
-    let (mut child, pid, _out) =
+    let (mut run, pid, _) =
         spawn_printing_pid(&url, &["k:1", "--", "sh", "-c", "echo $$; exec sleep 60"]);
     assert!(alive(pid));
-    kill(Pid::from_raw(child.id() as i32), Signal::SIGKILL).unwrap();
-    child.wait().unwrap();
+    run.kill9();
     eventually(Duration::from_secs(5), async || !alive(pid)).await;
 }
 

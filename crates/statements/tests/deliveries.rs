@@ -4,10 +4,10 @@
 //! and status queries over a real table) and an SMTP server (aiosmtpd).
 //! Each scenario counts what the receivers applied or received.
 
-use std::io::BufRead;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 
+use baton_testkit::process::Proc;
 use baton_testkit::smtp::SmtpSink;
 use baton_testkit::PgDb;
 use serde_json::Value;
@@ -20,16 +20,6 @@ struct Env {
     db: PgDb,
     _server: baton_server::RunningServer,
     url: String,
-}
-
-/// A child process killed when dropped.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 struct Receiver {
@@ -127,18 +117,14 @@ impl Env {
     }
 
     fn dispatcher(&self, name: &str, extra: &[&str]) -> Proc {
-        Proc(
-            self.dispatch_args(name, extra)
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .unwrap(),
+        Proc::spawn(
+            self.dispatch_args(name, extra).stderr(Stdio::null()),
+            "dispatcher",
         )
     }
 
     fn receiver(&self, schema: &str, extra: &[&str]) -> Receiver {
-        let (child, addr) = baton_testkit::process::spawn_listening(
+        let (proc, addr) = Proc::listening(
             Command::new(BIN)
                 .args([
                     "webhook-receiver",
@@ -151,10 +137,7 @@ impl Env {
                 .stderr(Stdio::inherit()),
             "webhook receiver",
         );
-        Receiver {
-            _proc: Proc(child),
-            addr,
-        }
+        Receiver { _proc: proc, addr }
     }
 
     fn deliveries(&self, state: Option<&str>) -> Vec<Value> {
@@ -293,22 +276,11 @@ async fn a_stale_dispatchers_late_outcome_is_refused() {
     env.publish("acct-stale", &["--notify-webhook", &receiver.hooks()]);
     // The first dispatcher sends, then pauses before recording; its lease
     // runs out.
-    let mut paused = env
-        .dispatch_args("paused", &["--once", "--pause-after-send"])
-        .stdout(Stdio::piped())
-        .stdin(Stdio::null())
-        .spawn()
-        .unwrap();
-    let pid = paused.id() as i32;
-    let mut stdout = std::io::BufReader::new(paused.stdout.take().unwrap());
-    let mut line = String::new();
-    while !line.contains("\"paused\"") {
-        line.clear();
-        assert!(
-            stdout.read_line(&mut line).unwrap() > 0,
-            "the dispatcher paused"
-        );
-    }
+    let mut paused = Proc::spawn(
+        &mut env.dispatch_args("paused", &["--once", "--pause-after-send"]),
+        "paused dispatcher",
+    );
+    paused.wait_for("\"paused\"");
     let row = only(env.deliveries(Some("sending")));
     let id = row["id"].as_i64().unwrap();
     // The successor finds the send in doubt, asks the receiver, and
@@ -318,17 +290,13 @@ async fn a_stale_dispatchers_late_outcome_is_refused() {
         env.events(id).iter().any(|e| e == "delivered")
     })
     .await;
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(pid),
-        nix::sys::signal::Signal::SIGCONT,
-    )
-    .unwrap();
-    let rest: Vec<String> = stdout.lines().map(|l| l.unwrap()).collect();
-    assert!(paused.wait().unwrap().success());
+    paused.signal(nix::sys::signal::Signal::SIGCONT);
+    let (code, rest) = paused.exit();
+    assert_eq!(code, Some(0), "{rest}");
     assert!(
-        rest.iter()
+        rest.lines()
             .any(|l| l.contains("outcome_refused") && l.contains("stale")),
-        "{rest:?}"
+        "{rest}"
     );
     let events = env.events(id);
     assert!(
@@ -623,7 +591,7 @@ async fn storm(
         tokio::time::sleep(std::time::Duration::from_millis(150)).await;
         stopped.retain(|(i, until)| {
             if std::time::Instant::now() >= *until {
-                let _ = kill(Pid::from_raw(procs[*i].0.id() as i32), Signal::SIGCONT);
+                let _ = kill(Pid::from_raw(procs[*i].pid() as i32), Signal::SIGCONT);
                 false
             } else {
                 true
@@ -637,7 +605,7 @@ async fn storm(
                 *faults.entry("dispatcher_kills").or_insert(0) += 1;
             }
             1 if !stopped.iter().any(|(j, _)| *j == i) => {
-                let _ = kill(Pid::from_raw(procs[i].0.id() as i32), Signal::SIGSTOP);
+                let _ = kill(Pid::from_raw(procs[i].pid() as i32), Signal::SIGSTOP);
                 let pause = std::time::Duration::from_millis(500 + rng.below(2000));
                 stopped.push((i, std::time::Instant::now() + pause));
                 *faults.entry("dispatcher_pauses").or_insert(0) += 1;
@@ -647,7 +615,7 @@ async fn storm(
         }
     }
     for (i, _) in stopped.drain(..) {
-        let _ = kill(Pid::from_raw(procs[i].0.id() as i32), Signal::SIGCONT);
+        let _ = kill(Pid::from_raw(procs[i].pid() as i32), Signal::SIGCONT);
     }
     faults.insert(
         "webhook_responses_dropped",

@@ -5,99 +5,18 @@
 //! ends with the history checker (`statements check`) and says how often its
 //! fault fired.
 
-use std::io::BufRead;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 use baton_client::{Acquired, Client};
 use baton_faults::{Direction, Proxy};
+use baton_testkit::process::Proc;
 use baton_testkit::{PgDb, TempDir};
 
 const BIN: &str = env!("CARGO_BIN_EXE_statements");
 const DATE: &str = "2026-10-01";
-const WAIT: Duration = Duration::from_secs(60);
-
-/// A child process whose stdout lines arrive on a channel.
-struct Proc {
-    child: Child,
-    lines: mpsc::Receiver<String>,
-    seen: Vec<String>,
-}
-
-impl Proc {
-    fn spawn(mut cmd: Command) -> Self {
-        let mut child = cmd
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        let out = child.stdout.take().unwrap();
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    return;
-                }
-            }
-        });
-        Self {
-            child,
-            lines,
-            seen: Vec::new(),
-        }
-    }
-
-    /// Blocks until a line contains `needle`; returns it.
-    fn wait_for(&mut self, needle: &str) -> String {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(line) => {
-                    self.seen.push(line.clone());
-                    if line.contains(needle) {
-                        return line;
-                    }
-                }
-                Err(e) => panic!("no {needle:?} ({e}); output so far: {:#?}", self.seen),
-            }
-        }
-    }
-
-    /// Every line so far, without waiting.
-    fn lines(&mut self) -> &[String] {
-        while let Ok(line) = self.lines.try_recv() {
-            self.seen.push(line);
-        }
-        &self.seen
-    }
-
-    fn signal(&self, sig: nix::sys::signal::Signal) {
-        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
-        nix::sys::signal::kill(pid, sig).expect("signal a worker");
-    }
-
-    fn stopped(&self) -> bool {
-        baton_testkit::stopped(self.child.id())
-    }
-
-    fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        self.lines();
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// The service's state: SQLite in `dir`, or PostgreSQL at `url`.
 struct Store {
@@ -155,7 +74,7 @@ impl Store {
             .arg(self.dir.join("history").join(format!("{name}.jsonl")))
             .args(extra);
         std::fs::create_dir_all(self.dir.join("history")).unwrap();
-        Proc::spawn(cmd)
+        Proc::spawn(&mut cmd, "statements worker")
     }
 
     /// `statements check` over every history: (exit code, JSON report).
@@ -365,7 +284,7 @@ impl BatonProcess {
             .arg("--data-dir")
             .arg(data)
             .args(["--listen", &addr.to_string()]);
-        let mut proc = Proc::spawn(cmd);
+        let mut proc = Proc::spawn(&mut cmd, "baton server");
         proc.wait_for("listening");
         Self {
             proc,
@@ -379,7 +298,7 @@ impl BatonProcess {
     }
 
     fn kill9_and_restart(&mut self) {
-        self.proc.kill();
+        self.proc.kill9();
         *self = Self::on(&self.data.clone(), self.addr);
     }
 }
@@ -441,7 +360,7 @@ async fn the_server_killed_and_restarted_while_workers_run_keeps_tokens_rising_a
     store.all_published(&accounts).await;
     let mut grants = Vec::new();
     for w in &mut workers {
-        w.kill();
+        w.kill9();
         let tokens = acquired_tokens(w.lines());
         assert!(
             tokens.windows(2).all(|p| p[0] < p[1]),
@@ -510,7 +429,7 @@ async fn postgresql_restarted_while_workers_run_loses_and_doubles_nothing() {
     store.all_published(&accounts).await;
     let mut errors = 0;
     for w in &mut workers {
-        w.kill();
+        w.kill9();
         errors += w
             .lines()
             .iter()

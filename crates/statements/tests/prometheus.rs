@@ -11,13 +11,14 @@
 //! `.ci/run` (through `scripts/test`) installs `prometheus` when missing;
 //! without it this test fails, naming the package.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use baton_client::Client;
 use baton_testkit::pg_cluster::free_port;
+use baton_testkit::process::Proc;
 use baton_testkit::TempDir;
 use serde_json::Value;
 
@@ -32,20 +33,6 @@ fn deploy(file: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../deploy")
         .join(file)
-}
-
-/// A child process killed when dropped.
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(self.0.id() as i32),
-            nix::sys::signal::Signal::SIGCONT,
-        );
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 fn need(tool: &str) -> PathBuf {
@@ -156,21 +143,6 @@ fn shipped_expressions() -> String {
     exprs.join("\n")
 }
 
-fn read_until(reader: &mut impl BufRead, event: &str) -> String {
-    let mut all = String::new();
-    loop {
-        let mut line = String::new();
-        assert!(
-            reader.read_line(&mut line).unwrap() > 0,
-            "worker ended before {event}: {all}"
-        );
-        all.push_str(&line);
-        if line.contains(&format!("\"event\":\"{event}\"")) {
-            return all;
-        }
-    }
-}
-
 #[test]
 fn promtool_accepts_the_rules_and_the_example_configuration() {
     let promtool = need("promtool");
@@ -224,8 +196,6 @@ async fn prometheus_scrapes_every_shipped_metric_and_a_stale_write_fires_the_ale
             &metrics.to_string(),
         ])
         .args(["--accounts", ACCOUNT])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
         .stderr(Stdio::null());
     // Her database must exist before she polls it (with a job she skips).
     let mut seed = Command::new(BIN);
@@ -243,8 +213,7 @@ async fn prometheus_scrapes_every_shipped_metric_and_a_stale_write_fires_the_ale
         .output()
         .unwrap();
     assert!(seeded.status.success(), "{seeded:?}");
-    let mut alice = Killed(alice.spawn().unwrap());
-    let mut alice_out = BufReader::new(alice.0.stdout.take().unwrap());
+    let mut alice = Proc::spawn(&mut alice, "alice's worker");
 
     let prom = std::net::SocketAddr::from(([127, 0, 0, 1], free_port()));
     let config = dir.path().join("prometheus.yml");
@@ -257,7 +226,7 @@ async fn prometheus_scrapes_every_shipped_metric_and_a_stale_write_fires_the_ale
     )
     .unwrap();
     let log = std::fs::File::create(dir.path().join("prometheus.log")).unwrap();
-    let _prometheus = Killed(
+    let _prometheus = Proc::spawn(
         Command::new(prometheus)
             .arg(format!("--config.file={}", config.display()))
             .arg(format!(
@@ -265,11 +234,8 @@ async fn prometheus_scrapes_every_shipped_metric_and_a_stale_write_fires_the_ale
                 dir.path().join("tsdb").display()
             ))
             .arg(format!("--web.listen-address={prom}"))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap(),
+            .stderr(log),
+        "prometheus",
     );
     until_true("Prometheus ready", || get(prom, "/-/ready").0 == 200).await;
     // Alice's outcomes are scraped at 0 before anything happens, so the
@@ -290,8 +256,8 @@ async fn prometheus_scrapes_every_shipped_metric_and_a_stale_write_fires_the_ale
         .output()
         .unwrap();
     assert!(seeded.status.success(), "{seeded:?}");
-    read_until(&mut alice_out, "paused");
-    let pid = alice.0.id();
+    alice.wait_for("\"event\":\"paused\"");
+    let pid = alice.pid();
     baton_testkit::until(async || baton_testkit::stopped(pid)).await;
     let mut client = Client::connect(&url).await.unwrap();
     baton_testkit::until(async || {
@@ -314,12 +280,8 @@ async fn prometheus_scrapes_every_shipped_metric_and_a_stale_write_fires_the_ale
         .output()
         .unwrap();
     assert!(bob.status.success(), "{bob:?}");
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(pid as i32),
-        nix::sys::signal::Signal::SIGCONT,
-    )
-    .unwrap();
-    let after = read_until(&mut alice_out, "publish_refused");
+    alice.signal(nix::sys::signal::Signal::SIGCONT);
+    let after = alice.wait_for("\"event\":\"publish_refused\"");
     assert!(after.contains("\"outcome\":\"stale\""), "{after}");
 
     until_true("the stale rejection scraped", || {

@@ -9,6 +9,7 @@ use std::process::{Command, Output, Stdio};
 use baton_client::Client;
 use baton_fence::objects::ObjectKit;
 use baton_fence::sqlite::SqliteFence;
+use baton_testkit::process::Proc;
 
 const BIN: &str = env!("CARGO_BIN_EXE_statements");
 const ACCOUNT: &str = "account-7";
@@ -191,39 +192,17 @@ fn token(line: &str) -> i64 {
         .unwrap()
 }
 
-fn read_until(reader: &mut impl std::io::BufRead, event: &str) -> String {
-    let mut all = String::new();
-    loop {
-        let mut line = String::new();
-        assert!(
-            reader.read_line(&mut line).unwrap() > 0,
-            "worker ended before {event}: {all}"
-        );
-        all.push_str(&line);
-        if line.contains(&format!("\"event\":\"{event}\"")) {
-            return all;
-        }
-    }
-}
-
 /// Starts `alice` with `pause_flag`, waits until she has stopped herself
 /// with SIGSTOP, runs `between`, resumes her with SIGCONT and returns her
 /// output before and after the pause.
 async fn pause_story(env: &Env, pause_flag: &str, between: impl AsyncFnOnce()) -> (String, String) {
-    let mut alice = env.worker("alice", &[pause_flag]).spawn().unwrap();
-    let mut out = std::io::BufReader::new(alice.stdout.take().unwrap());
-    let before = read_until(&mut out, "paused");
-    let pid = alice.id();
-    baton_testkit::until(async || baton_testkit::stopped(pid)).await;
+    let mut alice = Proc::spawn(&mut env.worker("alice", &[pause_flag]), "alice's worker");
+    alice.wait_for("\"event\":\"paused\"");
+    let before = alice.lines().join("\n");
+    baton_testkit::until(async || alice.stopped()).await;
     between().await;
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(pid as i32),
-        nix::sys::signal::Signal::SIGCONT,
-    )
-    .expect("resume alice");
-    let mut after = String::new();
-    std::io::Read::read_to_string(&mut out, &mut after).unwrap();
-    alice.wait().unwrap();
+    alice.signal(nix::sys::signal::Signal::SIGCONT);
+    let (_, after) = alice.exit();
     (before, after)
 }
 
@@ -645,25 +624,20 @@ fn http_get(addr: &str, path: &str) -> (u16, String) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_console_serves_inspect_as_a_page_and_json() {
-    use std::io::BufRead;
     let env = Env::new("console").await;
     let (out, text) = env.run_worker("bob", &[]);
     assert!(out.status.success(), "{text}");
     let bob_token = token(&events(&text, "published")[0]);
     let port = baton_testkit::pg_cluster::free_port();
     let addr = format!("127.0.0.1:{port}");
-    let mut console = Command::new(BIN)
-        .arg("console")
-        .args(env.paths())
-        .args(["--server", &env.url, "--listen", &addr])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    std::io::BufReader::new(console.stderr.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
+    let mut console = Proc::spawn_merged(
+        Command::new(BIN)
+            .arg("console")
+            .args(env.paths())
+            .args(["--server", &env.url, "--listen", &addr]),
+        "statements console",
+    );
+    let (_, line) = console.next_line();
     assert!(line.starts_with("console on http://"), "{line}");
     let (code, page) = http_get(&addr, "/");
     assert_eq!(code, 200);
@@ -686,8 +660,7 @@ async fn the_console_serves_inspect_as_a_page_and_json() {
     assert!(body.contains("no job for nobody"), "{body}");
     let (code, _) = http_get(&addr, "/api/inspect?account=x");
     assert_eq!(code, 400, "a missing date is refused");
-    let _ = console.kill();
-    let _ = console.wait();
+    drop(console);
 }
 
 /// A bucket behind a proxy that drops `If-None-Match` would let a late

@@ -6,27 +6,17 @@
 //! the resource, the token and (for the write) the operation id.
 
 use std::collections::HashSet;
-use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use baton_testkit::otlp::{Collector, Span};
 use baton_testkit::pg_cluster::free_port;
+use baton_testkit::process::Proc;
 use baton_testkit::TempDir;
 
 const BIN: &str = env!("CARGO_BIN_EXE_statements");
 const ACCOUNT: &str = "account-5";
 const DATE: &str = "2026-10-03";
-
-/// A child process killed when dropped.
-struct Killed(std::process::Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 async fn spans_until(
     collector: &Collector,
@@ -52,7 +42,7 @@ async fn one_publication_is_one_trace_across_the_worker_and_the_server() {
     let collector = Collector::start();
     let dir = TempDir::new("otlp");
     let grpc = std::net::SocketAddr::from(([127, 0, 0, 1], free_port()));
-    let mut server = Killed(
+    let mut server = Proc::spawn(
         Command::new(BIN)
             .args(["serve-baton", "--listen", &grpc.to_string()])
             .arg("--data-dir")
@@ -60,15 +50,10 @@ async fn one_publication_is_one_trace_across_the_worker_and_the_server() {
             .args(["--otlp-endpoint", &collector.endpoint()])
             // Export every 100 ms: the server is killed, not stopped.
             .env("OTEL_BSP_SCHEDULE_DELAY", "100")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
+            .stderr(Stdio::null()),
+        "statements serve-baton",
     );
-    let mut line = String::new();
-    BufReader::new(server.0.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
+    let (_, line) = server.next_line();
     assert!(line.starts_with("listening on"), "{line}");
     let paths = |c: &mut Command| {
         c.arg("--db")

@@ -6,12 +6,14 @@
 //! create) or cut a request's body short (an interrupted upload).
 
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+
+use crate::process::Proc;
 
 use crate::pg_cluster::free_port;
 
@@ -35,7 +37,7 @@ fn moto_server() -> PathBuf {
 
 /// A moto server process with one bucket, killed when dropped.
 pub struct S3Server {
-    child: Child,
+    _proc: Proc,
     /// `http://127.0.0.1:PORT`.
     pub endpoint: String,
     /// The bucket made for the test.
@@ -47,15 +49,14 @@ impl S3Server {
     /// digits and hyphens).
     pub fn start(bucket: &str) -> Self {
         let port = free_port();
-        let child = Command::new(moto_server())
-            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start moto_server");
+        let proc = Proc::spawn(
+            Command::new(moto_server())
+                .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+                .stderr(Stdio::null()),
+            "moto_server",
+        );
         let server = Self {
-            child,
+            _proc: proc,
             endpoint: format!("http://127.0.0.1:{port}"),
             bucket: bucket.to_string(),
         };
@@ -91,13 +92,6 @@ impl S3Server {
             ("AWS_REGION", "us-east-1".into()),
             ("AWS_ENDPOINT_URL", self.endpoint.clone()),
         ]
-    }
-}
-
-impl Drop for S3Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

@@ -5,7 +5,9 @@
 //! next message arrive and the connection reset before the reply.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
+
+use crate::process::Proc;
 
 /// The sink's script, for programs that start it themselves.
 pub const SCRIPT: &str = include_str!("../smtp_sink.py");
@@ -26,7 +28,7 @@ pub fn python() -> PathBuf {
 
 /// A running sink, killed when dropped.
 pub struct SmtpSink {
-    child: Child,
+    _proc: Proc,
     /// `127.0.0.1:PORT`.
     pub addr: String,
     /// Where messages land.
@@ -44,7 +46,7 @@ impl SmtpSink {
         std::fs::create_dir_all(dir).unwrap();
         let script = dir.join("smtp_sink.py");
         std::fs::write(&script, SCRIPT).unwrap();
-        let (child, addr) = crate::process::spawn_listening(
+        let (proc, addr) = Proc::listening(
             Command::new(python())
                 .arg(&script)
                 .arg("--dir")
@@ -54,7 +56,7 @@ impl SmtpSink {
             "SMTP sink (is aiosmtpd installed?)",
         );
         Self {
-            child,
+            _proc: proc,
             addr,
             dir: dir.join("mail"),
         }
@@ -76,12 +78,5 @@ impl SmtpSink {
     /// The next message arrives, and its connection is reset before the reply.
     pub fn drop_next(&self) {
         std::fs::write(self.dir.join("drop-next"), b"").unwrap();
-    }
-}
-
-impl Drop for SmtpSink {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }

@@ -2,13 +2,12 @@
 //! gap under concurrent clients; a slow watcher cut off; the end of a
 //! watch at a restart; the command line's lines.
 
-mod common;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use baton_client::{Acquired, Client, ClientError, WatchEvent, WatchKind};
+use baton_systest as common;
 use common::{Server, TempDir};
 
 async fn connect(s: &Server) -> Client {
@@ -196,14 +195,18 @@ async fn a_watcher_that_falls_behind_is_cut_off() {
 /// `baton watch r: --json`: the holder, then a grant, as JSON lines; SIGINT
 /// ends it with exit 0.
 async fn cli_prints_a_line_per_holder_and_change(s: &Server, c: &mut Client) {
-    use std::io::{BufRead, BufReader};
-    let mut child = std::process::Command::new(common::BIN)
-        .args(["watch", "r:", "--json", "--server", &s.url()])
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let held = serde_json::from_str::<serde_json::Value>(&lines.next().unwrap().unwrap()).unwrap();
+    let mut watch = common::Proc::spawn(
+        std::process::Command::new(&*common::BIN).args([
+            "watch",
+            "r:",
+            "--json",
+            "--server",
+            &s.url(),
+        ]),
+        "baton watch",
+    );
+    let mut next = || serde_json::from_str::<serde_json::Value>(&watch.next_line().1).unwrap();
+    let held = next();
     assert_eq!(
         (&held["kind"], &held["resource"]),
         (&"held".into(), &"r:1".into())
@@ -215,17 +218,12 @@ async fn cli_prints_a_line_per_holder_and_change(s: &Server, c: &mut Client) {
     else {
         panic!("free")
     };
-    let granted =
-        serde_json::from_str::<serde_json::Value>(&lines.next().unwrap().unwrap()).unwrap();
+    let granted = next();
     assert_eq!(granted["kind"], "granted");
     assert_eq!(granted["token"], l.token.get());
     assert!(granted["seq"].as_u64() > held["seq"].as_u64());
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(child.id() as i32),
-        nix::sys::signal::Signal::SIGINT,
-    )
-    .unwrap();
-    assert_eq!(child.wait().unwrap().code(), Some(0));
+    watch.signal(nix::sys::signal::Signal::SIGINT);
+    assert_eq!(watch.wait().code(), Some(0));
 }
 
 /// A restart ends the watch (watch again); a refused or invalid watch ends

@@ -10,17 +10,16 @@
 //! `chromium-driver`; `.ci/run` installs them): the test fails, naming
 //! them, when they are missing.
 
-mod common;
-
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use baton_client::baton_core::Holder;
 use baton_client::{Acquired, Client};
+use baton_systest as common;
 use baton_testkit::pg_cluster::free_port;
 use baton_testkit::pki::token_sha256;
-use common::{Server, TempDir, BIN};
+use common::{Proc, Server, TempDir, BIN};
 use fantoccini::{Client as Browser, ClientBuilder, Locator};
 use serde_json::{json, Value};
 
@@ -31,15 +30,8 @@ const SHOWN_WITHIN: Duration = Duration::from_secs(15);
 
 /// A chromedriver process, killed when dropped.
 struct Driver {
-    child: Child,
+    _proc: Proc,
     port: u16,
-}
-
-impl Drop for Driver {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 fn driver() -> Driver {
@@ -50,14 +42,13 @@ fn driver() -> Driver {
         );
     }
     let port = free_port();
-    let child = Command::new(CHROMEDRIVER)
-        .arg(format!("--port={port}"))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start chromedriver");
-    Driver { child, port }
+    let proc = Proc::spawn(
+        Command::new(CHROMEDRIVER)
+            .arg(format!("--port={port}"))
+            .stderr(Stdio::null()),
+        "chromedriver",
+    );
+    Driver { _proc: proc, port }
 }
 
 /// A headless Chromium session; the flags keep it off every network but
@@ -319,7 +310,7 @@ rules = {{ "billing:" = ["read"] }}
     )
     .unwrap();
     let s = Server::start(
-        Path::new(BIN),
+        &BIN,
         &dir.path().join("data"),
         &["--auth-file", auth.to_str().unwrap()],
     );

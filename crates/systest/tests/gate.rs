@@ -4,13 +4,12 @@
 //! whichever port it tries. `/metrics` does not tell a valid token from an
 //! unknown one.
 
-mod common;
-
 use std::io::{Read, Write};
 use std::path::Path;
 use std::time::Duration;
 
 use baton_client::{Client, ClientError, ConnectOptions};
+use baton_systest as common;
 use baton_testkit::pki::token_sha256;
 use common::{Server, TempDir, BIN};
 
@@ -45,12 +44,7 @@ fn serve(dir: &Path) -> Server {
         "--audit-log",
         audit.to_str().unwrap(),
     ];
-    Server::start_logged(
-        Path::new(BIN),
-        &dir.join("data"),
-        &flags,
-        &dir.join("server.log"),
-    )
+    Server::start_logged(&BIN, &dir.join("data"), &flags, &dir.join("server.log"))
 }
 
 async fn client(s: &Server, token: &str) -> Client {

@@ -4,8 +4,6 @@
 //! acquisition ids, non-UTF-8 names are the caller's error, readiness waits
 //! for recovery, and a restore can start above what the resources recorded.
 
-mod common;
-
 use std::io::Read;
 use std::net::TcpStream;
 use std::process::{Command, Stdio};
@@ -14,7 +12,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use baton_client::{Acquired, Client};
-use common::{cli, eventually, json_u64, TempDir, BIN};
+use baton_systest as common;
+use common::{cli, eventually, json_u64, Proc, TempDir, BIN};
 
 const TTL: Duration = Duration::from_secs(30);
 
@@ -28,7 +27,7 @@ async fn grant(url: &str, name: &str) -> baton_client::Lease {
 
 /// Runs `baton serve` expecting it to refuse to start: exit code and stderr.
 fn serve_refused(data_dir: &std::path::Path) -> (Option<i32>, String) {
-    let out = Command::new(BIN)
+    let out = Command::new(&*BIN)
         .args([
             "serve",
             "--listen",
@@ -352,21 +351,20 @@ async fn readyz_waits_for_recovery_and_the_gauges_are_set_from_it() {
         .unwrap()
         .local_addr()
         .unwrap();
-    let mut child = Command::new(BIN)
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--http-listen",
-            &http.to_string(),
-        ])
-        .arg("--data-dir")
-        .arg(dir.path())
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let server = Proc::spawn(
+        Command::new(&*BIN)
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--http-listen",
+                &http.to_string(),
+            ])
+            .arg("--data-dir")
+            .arg(dir.path())
+            .stderr(Stdio::null()),
+        "baton server",
+    );
     let get = |path: &str| -> Option<String> {
         use std::io::Write as _;
         let mut s = TcpStream::connect(http).ok()?;
@@ -391,8 +389,7 @@ async fn readyz_waits_for_recovery_and_the_gauges_are_set_from_it() {
     })
     .await;
     let metrics = get("/metrics").unwrap();
-    let _ = child.kill();
-    let _ = child.wait();
+    drop(server);
     println!("readyz: {not_ready} answers 503 while {n_leases} leases loaded ({alive_while_loading} with /healthz 200)");
     assert!(
         not_ready >= 1,

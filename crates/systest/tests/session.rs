@@ -5,12 +5,11 @@
 //! refusals, limits, half-close) is tested in process, in
 //! `crates/server/tests/session_stream.rs`.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
 use baton_client::worker::{Keeper, KeeperConfig, Ownership};
 use baton_client::{Acquired, AcquiredAll, Client, ClientError, Health};
+use baton_systest as common;
 use common::{eventually, TempDir};
 
 const TTL: Duration = Duration::from_millis(300);
@@ -272,16 +271,14 @@ async fn a_waiter_is_withdrawn_when_its_stream_breaks_and_a_cancel_withdraws_it(
 /// so when it wakes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn baton_hold_keeps_until_sigterm_and_a_paused_holder_loses() {
-    use nix::sys::signal::{kill, Signal};
-    use nix::unistd::Pid;
-    use std::io::{BufRead, BufReader};
-    use std::process::{Command, Stdio};
+    use nix::sys::signal::Signal;
+    use std::process::Command;
 
     let dir = TempDir::new("session-hold");
     let s = common::serve(dir.path(), &[]);
     let hold = |name: &str| {
-        let mut child = Command::new(common::BIN)
-            .args([
+        let mut hold = common::Proc::spawn_merged(
+            Command::new(&*common::BIN).args([
                 "hold",
                 name,
                 "--ttl",
@@ -289,37 +286,33 @@ async fn baton_hold_keeps_until_sigterm_and_a_paused_holder_loses() {
                 "--json",
                 "--server",
                 &s.url(),
-            ])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let token = common::json_lease_u64(&line, "token")
-            .unwrap_or_else(|| panic!("no token in {line:?}"));
-        (child, token)
+            ]),
+            "baton hold",
+        );
+        loop {
+            let (_, line) = hold.next_line();
+            if let Some(token) = common::json_lease_u64(&line, "token") {
+                return (hold, token);
+            }
+        }
     };
     let mut c = Client::connect(&s.url()).await.unwrap();
-    let (mut child, token) = hold("h:a");
+    let (mut holder, token) = hold("h:a");
     tokio::time::sleep(Duration::from_millis(1_200)).await;
     assert_eq!(
         c.status("h:a").await.unwrap().holder_token.map(|t| t.get()),
         Some(token)
     );
-    kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM).unwrap();
-    assert!(child.wait().unwrap().success());
+    holder.signal(Signal::SIGTERM);
+    assert!(holder.wait().success());
     assert_eq!(
         c.status("h:a").await.unwrap().holder_token,
         None,
         "released on SIGTERM"
     );
 
-    let (child, token) = hold("h:b");
-    let pid = Pid::from_raw(child.id() as i32);
-    kill(pid, Signal::SIGSTOP).unwrap();
+    let (holder, token) = hold("h:b");
+    holder.signal(Signal::SIGSTOP);
     let paused = Instant::now();
     let next = granted(
         c.acquire("h:b", Duration::from_secs(5), Duration::from_secs(5))
@@ -328,11 +321,10 @@ async fn baton_hold_keeps_until_sigterm_and_a_paused_holder_loses() {
     );
     assert!(next.token.get() > token);
     assert!(paused.elapsed() >= Duration::from_millis(400) - Duration::from_millis(400) / 3);
-    kill(pid, Signal::SIGCONT).unwrap();
-    let out = child.wait_with_output().unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    holder.signal(Signal::SIGCONT);
+    let (code, stderr) = holder.exit();
     assert_eq!(
-        out.status.code(),
+        code,
         Some(4),
         "a holder that lost its session exits 4: {stderr}"
     );

@@ -1,36 +1,17 @@
 //! A real `baton serve` process on loopback, owning its own data directory,
 //! killed when dropped.
 
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// Starts `cmd` (stdout piped, stdin closed) and reads its first line,
-/// which must be `listening on ADDR`; returns the child and ADDR.
-pub fn spawn_listening(cmd: &mut Command, what: &str) -> (Child, String) {
-    let mut child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("start the {what}: {e}"));
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().expect("piped stdout"))
-        .read_line(&mut line)
-        .unwrap_or_else(|e| panic!("read the {what}'s first line: {e}"));
-    let addr = line
-        .trim()
-        .strip_prefix("listening on ")
-        .unwrap_or_else(|| panic!("the {what} said {line:?}, not `listening on ADDR`"))
-        .to_string();
-    (child, addr)
-}
+use super::Proc;
 
 /// A `baton serve` process.
 pub struct Server {
     /// The `baton serve` process.
-    pub child: Child,
+    pub proc: Proc,
     /// The binary it runs.
     pub bin: PathBuf,
     /// The gRPC address it listens on.
@@ -86,37 +67,32 @@ impl Server {
             ),
             None => Stdio::inherit(),
         };
-        let mut child = Command::new(bin)
-            .args([
-                "serve",
-                "--listen",
-                listen,
-                "--http-listen",
-                "127.0.0.1:0",
-                "--ttl-min",
-                "100ms",
-            ])
-            .arg("--data-dir")
-            .arg(data_dir)
-            .args(&extra)
-            .env("RUST_LOG", if log.is_some() { "info" } else { "warn" })
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(stderr)
-            .spawn()
-            .expect("spawn baton serve");
-        let stdout = child.stdout.take().unwrap();
-        let mut line = String::new();
-        BufReader::new(stdout)
-            .read_line(&mut line)
-            .expect("read ready line");
-        if !line.starts_with("baton listening") {
-            let _ = child.kill();
-            let status = child.wait();
-            return Err(std::io::Error::other(format!(
-                "server did not start: {line:?} {status:?}"
-            )));
-        }
+        let mut cmd = Command::new(bin);
+        cmd.args([
+            "serve",
+            "--listen",
+            listen,
+            "--http-listen",
+            "127.0.0.1:0",
+            "--ttl-min",
+            "100ms",
+        ])
+        .arg("--data-dir")
+        .arg(data_dir)
+        .args(&extra)
+        .env("RUST_LOG", if log.is_some() { "info" } else { "warn" })
+        .stderr(stderr);
+        let mut proc = Proc::spawn(&mut cmd, "baton server");
+        let line = match proc.line_within(super::LINE_WITHIN) {
+            Some((_, line)) if line.starts_with("baton listening") => line,
+            first => {
+                proc.kill9();
+                let status = proc.wait();
+                return Err(std::io::Error::other(format!(
+                    "server did not start: {first:?} {status:?}"
+                )));
+            }
+        };
         let field = |key: &str| -> SocketAddr {
             line.split_whitespace()
                 .find_map(|w| w.strip_prefix(key))
@@ -126,7 +102,7 @@ impl Server {
         };
         let (grpc, http) = (field("grpc="), field("http="));
         Ok(Server {
-            child,
+            proc,
             bin: bin.to_path_buf(),
             grpc,
             http,
@@ -148,21 +124,18 @@ impl Server {
 
     /// Sends `signal` to the process.
     pub fn signal(&self, signal: nix::sys::signal::Signal) {
-        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
-        nix::sys::signal::kill(pid, signal).expect("signal the server");
+        self.proc.signal(signal);
     }
 
     /// SIGKILL, and wait for it.
     pub fn kill9(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.proc.kill9();
     }
 
     /// SIGTERM, and the exit status.
     pub fn terminate(&mut self) -> std::process::ExitStatus {
-        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
-        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
-        self.child.wait().unwrap()
+        self.proc.signal(nix::sys::signal::Signal::SIGTERM);
+        self.proc.wait()
     }
 
     /// Kills (if running) and restarts on the same gRPC port and data directory.
@@ -206,11 +179,5 @@ impl Server {
         let mut out = String::new();
         s.read_to_string(&mut out).unwrap();
         out
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        self.kill9();
     }
 }

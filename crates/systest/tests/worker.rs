@@ -2,14 +2,13 @@
 //! releases, guarded work is stopped when the lease is taken away, and
 //! acquisition backs off until a held resource frees up.
 
-mod common;
-
 use std::time::Duration;
 
 use baton_client::worker::{
     acquire_with_backoff, run_guarded, Backoff, Guarded, KeeperConfig, Ownership,
 };
 use baton_client::{Acquired, Client};
+use baton_systest as common;
 use common::TempDir;
 
 #[tokio::test]

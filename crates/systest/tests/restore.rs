@@ -2,13 +2,12 @@
 //! issued afterwards is above every token issued before it, including tokens
 //! issued after the backup was taken.
 
-mod common;
-
 use std::time::Duration;
 
 use baton_client::{Acquired, Client};
 use baton_fence::sqlite::SqliteFence;
 use baton_fence::{resource_name, FenceRequest, Outcome};
+use baton_systest as common;
 use common::{cli, json_u64, TempDir};
 
 async fn grant_tokens(url: &str, prefix: &str, n: usize) -> Vec<u64> {

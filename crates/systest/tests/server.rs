@@ -1,10 +1,9 @@
 //! Integration tests against a real `baton serve` process over loopback.
 
-mod common;
-
 use std::time::Duration;
 
 use baton_client::{Acquired, AcquiredAll, Client, ClientError, Release, Renewal};
+use baton_systest as common;
 use common::{cli, eventually, json_lease_str, json_lease_u64, json_u64, Server, TempDir};
 
 const TTL: Duration = Duration::from_secs(30);
@@ -638,7 +637,7 @@ async fn addresses_env_default_ttl_and_bad_values_as_a_newcomer_meets_them() {
         Some(7_000),
         "the server's --default-ttl: {text}"
     );
-    let out = std::process::Command::new(common::BIN)
+    let out = std::process::Command::new(&*common::BIN)
         .args(["status", "bare", "--json"])
         .env("BATON_SERVER", &bare)
         .output()
@@ -699,7 +698,7 @@ async fn a_config_file_sets_serve_flags_and_flags_and_env_win() {
     let config = file.to_str().unwrap();
     let data = dir.path().join("data");
     let start = |env_ttl: Option<&str>, flag_ttl: Option<&str>| {
-        let mut cmd = std::process::Command::new(common::BIN);
+        let mut cmd = std::process::Command::new(&*common::BIN);
         cmd.args([
             "serve",
             "--listen",
@@ -711,7 +710,6 @@ async fn a_config_file_sets_serve_flags_and_flags_and_env_win() {
         ])
         .arg("--data-dir")
         .arg(&data)
-        .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null());
         if let Some(t) = flag_ttl {
             cmd.args(["--default-ttl", t]);
@@ -720,26 +718,21 @@ async fn a_config_file_sets_serve_flags_and_flags_and_env_win() {
             Some(t) => cmd.env("BATON_DEFAULT_TTL", t),
             None => cmd.env_remove("BATON_DEFAULT_TTL"),
         };
-        let mut child = cmd.spawn().unwrap();
-        let mut line = String::new();
-        std::io::BufRead::read_line(
-            &mut std::io::BufReader::new(child.stdout.take().unwrap()),
-            &mut line,
-        )
-        .unwrap();
+        let mut server = common::Proc::spawn(&mut cmd, "baton server");
+        let (_, line) = server.next_line();
         let grpc = line
             .split_whitespace()
             .find_map(|w| w.strip_prefix("grpc="))
             .unwrap()
             .to_string();
-        (child, grpc)
+        (server, grpc)
     };
     for (env_ttl, flag_ttl, expected_ms) in [
         (None, None, 9_000),
         (Some("8s"), None, 8_000),
         (Some("8s"), Some("7s"), 7_000),
     ] {
-        let (mut child, grpc) = start(env_ttl, flag_ttl);
+        let (server, grpc) = start(env_ttl, flag_ttl);
         let out = cli(&[
             "acquire",
             &format!("cfg-{expected_ms}"),
@@ -747,8 +740,7 @@ async fn a_config_file_sets_serve_flags_and_flags_and_env_win() {
             "--server",
             &grpc,
         ]);
-        let _ = child.kill();
-        let _ = child.wait();
+        drop(server);
         let text = String::from_utf8_lossy(&out.stdout).to_string();
         assert_eq!(
             json_lease_u64(&text, "ttl_ms"),
@@ -797,7 +789,7 @@ async fn serve_exports_its_lease_spans_to_an_otlp_collector() {
     assert_eq!(grant.parent_id, acquire.span_id);
     assert_eq!(acquire.attributes["outcome"], "granted");
 
-    let out = std::process::Command::new(common::BIN)
+    let out = std::process::Command::new(&*common::BIN)
         .args(["serve", "--otlp-endpoint", "localhost:4318", "--data-dir"])
         .arg(dir.path().join("other"))
         .output()

@@ -2,14 +2,12 @@
 //! a paused leader, PostgreSQL restarts and a database failover, with
 //! every answer recorded and checked.
 
-mod common;
-
-use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use baton_client::{Acquired, AcquiredAll, Client, ClientError, Release, Renewal};
 use baton_faults::grants::Grant;
+use baton_systest as common;
 use baton_testkit::pg_cluster::{free_port, PgCluster};
 use baton_testkit::{eventually, PgDb, TempDir};
 use common::{Server, BIN};
@@ -42,8 +40,7 @@ impl Cluster {
                     "--leader-ttl".to_string(),
                     LEADER_TTL.to_string(),
                 ];
-                Server::spawn(Path::new(BIN), &listen, dir.path(), extra)
-                    .unwrap_or_else(|e| panic!("{e}"))
+                Server::spawn(&BIN, &listen, dir.path(), extra).unwrap_or_else(|e| panic!("{e}"))
             })
             .collect();
         Self { nodes, _dir: dir }
@@ -76,7 +73,7 @@ impl Cluster {
     }
 
     fn pid(&self, i: usize) -> u32 {
-        self.nodes[i].child.id()
+        self.nodes[i].proc.pid()
     }
 }
 

@@ -4,36 +4,31 @@
 //! and no gap, and a deposed leader's late write is refused by the fence
 //! kit.
 
-mod common;
-
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use baton_client::{Client, WatchKind};
 use baton_fence::sqlite::SqliteFence;
 use baton_fence::{FenceRequest, Outcome};
-use common::{json_str, json_u64, TempDir, BIN};
+use baton_systest as common;
+use common::{json_str, json_u64, Proc, TempDir, BIN};
 
 /// A `baton elect NAME --value VALUE --ttl 2s --json` process.
-fn candidate(url: &str, value: &str) -> Child {
-    Command::new(BIN)
-        .args([
-            "elect", "e:sched", "--value", value, "--ttl", "2s", "--json",
-        ])
-        .args(["--server", url])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap()
+fn candidate(url: &str, value: &str) -> Proc {
+    Proc::spawn(
+        Command::new(&*BIN)
+            .args([
+                "elect", "e:sched", "--value", value, "--ttl", "2s", "--json",
+            ])
+            .args(["--server", url])
+            .stderr(Stdio::null()),
+        "candidate",
+    )
 }
 
 /// The candidate's first line: its leadership, printed once elected.
-fn leadership(child: &mut Child) -> (String, u64) {
-    let mut line = String::new();
-    BufReader::new(child.stdout.as_mut().unwrap())
-        .read_line(&mut line)
-        .unwrap();
+fn leadership(candidate: &mut Proc) -> (String, u64) {
+    let (_, line) = candidate.next_line();
     (
         json_str(&line, "value").unwrap_or_else(|| panic!("{line:?}")),
         json_u64(&line, "token").unwrap(),
@@ -49,16 +44,14 @@ async fn three_candidates_hand_over_in_order_and_a_deposed_leader_is_fenced() {
     let election = client.election("e:sched").unwrap();
     let mut observer = election.observe().await.unwrap();
     assert_eq!(observer.current(), None);
-    let mut cli_observer = Command::new(BIN)
-        .args(["observe", "e:sched", "--json", "--server", &url])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut cli_observer = Proc::spawn(
+        Command::new(&*BIN).args(["observe", "e:sched", "--json", "--server", &url]),
+        "baton observe",
+    );
     // Its first line (no leader yet) says its watch is registered: only
     // then may the first candidate join, or `observe` would start from
     // "current: c1" instead of seeing the grant.
-    let mut lines = BufReader::new(cli_observer.stdout.take().unwrap()).lines();
-    let first = lines.next().unwrap().unwrap();
+    let (_, first) = cli_observer.next_line();
     assert_eq!(
         (json_str(&first, "kind"), json_u64(&first, "token")),
         (Some("current".into()), None),
@@ -96,8 +89,7 @@ async fn three_candidates_hand_over_in_order_and_a_deposed_leader_is_fenced() {
         );
         // The leader dies without a word; its session expires one TTL
         // later and the next in line leads.
-        child.kill().unwrap();
-        child.wait().unwrap();
+        child.kill9();
         while changes.len() < 2 * (i + 1) {
             let c = tokio::time::timeout(Duration::from_secs(10), observer.next())
                 .await
@@ -154,15 +146,14 @@ async fn three_candidates_hand_over_in_order_and_a_deposed_leader_is_fenced() {
         json_str(&first, "value"),
     )];
     for _ in 1..7 {
-        let line = lines.next().unwrap().unwrap();
+        let (_, line) = cli_observer.next_line();
         printed.push((
             json_str(&line, "kind").unwrap(),
             json_u64(&line, "token"),
             json_str(&line, "value"),
         ));
     }
-    let _ = cli_observer.kill();
-    let _ = cli_observer.wait();
+    drop(cli_observer);
     assert_eq!(printed[0], ("current".into(), None, None));
     assert_eq!(
         printed[1],
@@ -227,6 +218,5 @@ fn an_election_refuses_bad_input_before_it_campaigns() {
     ]);
     assert_eq!(out.status.code(), Some(125), "{out:?}");
     assert!(!marker.exists());
-    let _ = leader.kill();
-    let _ = leader.wait();
+    drop(leader);
 }

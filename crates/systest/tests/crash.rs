@@ -5,13 +5,12 @@
 //! acquirers hold their leases on sessions: they resume their session after
 //! each restart, and abandon it (no close, no heartbeat) to abandon a lease.
 
-mod common;
-
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use baton_client::{Acquired, Client, Release};
+use baton_systest as common;
 use common::TempDir;
 
 const TTL: Duration = Duration::from_millis(120);

@@ -13,13 +13,12 @@
 //!   lease is untouched until it expires, and a session's heartbeats no
 //!   longer keep a lease its principal may not hold.
 
-mod common;
-
 use std::path::Path;
 use std::time::Duration;
 
 use baton_client::{Acquired, Client, ClientError, ConnectOptions, Renewal};
 use baton_core::AcquisitionId;
+use baton_systest as common;
 use baton_testkit::pki::{token_sha256, Ca, Pair};
 use common::{Server, TempDir, BIN};
 
@@ -106,7 +105,7 @@ fn serve(dir: &Path, pki: &Pki, auth: &Path, log: &Path) -> Server {
     flags.extend(["--require-auth".into(), "--audit-log".into()]);
     flags.push(audit.to_str().unwrap().to_string());
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-    Server::start_logged(Path::new(BIN), &data, &flags, log)
+    Server::start_logged(&BIN, &data, &flags, log)
 }
 
 fn options(ca: &Path, cert: &Pair, token: Option<&str>) -> ConnectOptions {
@@ -434,7 +433,7 @@ async fn tls_mistakes_are_refused_clearly_and_the_server_keeps_serving() {
     let expired_server = pki.ca.server("expired-server", true);
     let dir2 = TempDir::new("security-tls-expired");
     let expired = Server::start(
-        Path::new(BIN),
+        &BIN,
         dir2.path(),
         &[
             "--tls-cert",
@@ -658,7 +657,7 @@ async fn a_cluster_over_tls_follows_its_leader_and_keeps_the_rules() {
             .map(String::from)
             .to_vec();
         extra.extend(guard_flags(&pki, &auth));
-        Server::spawn(Path::new(BIN), listen, dir.path(), extra).unwrap_or_else(|e| panic!("{e}"))
+        Server::spawn(&BIN, listen, dir.path(), extra).unwrap_or_else(|e| panic!("{e}"))
     };
     let mut nodes: Vec<Server> = (0..2)
         .map(|_| {
@@ -778,7 +777,7 @@ async fn sighup_rotates_the_server_certificate_and_keeps_it_on_a_bad_file() {
     std::fs::copy(&old.key, &key).unwrap();
     let log = dir.path().join("server.log");
     let s = Server::start_logged(
-        Path::new(BIN),
+        &BIN,
         &dir.path().join("data"),
         &[
             "--tls-cert",
