@@ -44,7 +44,20 @@ pub trait LeaseStore: Send {
     /// Applies `writes` in order in one transaction and makes them durable
     /// before returning. After an error the store must not be used again.
     fn commit(&mut self, writes: &[Write]) -> Result<(), StoreError>;
+    /// A consistent view of every commit so far, taken now and read later
+    /// on another thread: a backup of a large table then holds up neither
+    /// the commits nor the lease table. Taking it must be cheap (no read
+    /// of the whole table). `None`, the default: the store has no such
+    /// view, and the engine copies its table instead.
+    fn snapshot(&mut self) -> Option<Result<SnapshotRead, StoreError>> {
+        None
+    }
 }
+
+/// A view of the store taken by [`LeaseStore::snapshot`]: reading it
+/// gives the state as of the moment it was taken, whatever was committed
+/// since.
+pub type SnapshotRead = Box<dyn FnOnce() -> Result<Stored, StoreError> + Send>;
 
 /// Why the store could not open, load or commit.
 #[allow(missing_docs)] // variant fields are named for what they hold; the messages explain them

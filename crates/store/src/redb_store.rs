@@ -446,6 +446,17 @@ impl LeaseStore for RedbStore {
         contain_panics(&Self::path_in(&self.data_dir), || self.load_inner())
     }
 
+    fn snapshot(&mut self) -> Option<Result<crate::SnapshotRead, StoreError>> {
+        if self.poisoned {
+            return Some(Err(StoreError::PreviousIo));
+        }
+        let path = Self::path_in(&self.data_dir);
+        Some(
+            contain_panics(&path, || self.snapshot_inner())
+                .map(|read| Box::new(move || contain_panics(&path, read)) as crate::SnapshotRead),
+        )
+    }
+
     fn commit(&mut self, writes: &[Write]) -> Result<(), StoreError> {
         if self.poisoned {
             return Err(StoreError::PreviousIo);

@@ -12,7 +12,9 @@
 //!   nothing, a delete then a put leaves the put, the last put wins);
 //! - a delete in a later commit survives a reopen;
 //! - the token position is the last one written, and survives a reopen;
-//! - an empty commit changes nothing.
+//! - an empty commit changes nothing;
+//! - a snapshot ([`LeaseStore::snapshot`], where the store has one) reads
+//!   the state as of when it was taken, not the commits after it.
 //!
 //! The store is dropped before each reopen, as a process that stops
 //! would; a store whose file is locked (redb) needs that.
@@ -34,6 +36,7 @@ pub fn check<S: LeaseStore>(mut open: impl FnMut() -> S) {
     let loaded = store.load().expect("load after reopen");
     assert_round_trip(&loaded, position);
     writes_in_one_commit_apply_in_order(&mut store);
+    a_snapshot_is_the_state_when_taken(&mut store);
     a_later_delete_survives_a_reopen(&mut store);
     drop(store);
     let mut store = open();
@@ -166,6 +169,41 @@ fn writes_in_one_commit_apply_in_order(store: &mut impl LeaseStore) {
     );
 }
 
+fn a_snapshot_is_the_state_when_taken(store: &mut impl LeaseStore) {
+    let before = store.load().expect("load");
+    let Some(snapshot) = store.snapshot() else {
+        return; // The store has none: the engine copies its table.
+    };
+    let snapshot = snapshot.expect("a snapshot is taken");
+    let next = before.counter + 1;
+    store
+        .commit(&[
+            put("after-snapshot", record(next, None, None)),
+            Write::DeleteLease {
+                resource: name("back"),
+            },
+            Write::Tokens {
+                epoch: Epoch::FIRST,
+                counter: next,
+            },
+        ])
+        .expect("commit");
+    let read = snapshot().expect("the snapshot reads");
+    assert_eq!(
+        sorted(&read),
+        sorted(&before),
+        "a snapshot reads the state when it was taken"
+    );
+    let now = store.load().expect("load");
+    assert!(lease(&now, "after-snapshot").is_some() && lease(&now, "back").is_none());
+}
+
+fn sorted(s: &Stored) -> (Epoch, u64, Vec<(ResourceName, LeaseRecord)>) {
+    let mut l = s.leases.clone();
+    l.sort_by(|a, b| a.0.as_str().cmp(b.0.as_str()));
+    (s.epoch, s.counter, l)
+}
+
 fn a_later_delete_survives_a_reopen(store: &mut impl LeaseStore) {
     store
         .commit(&[
@@ -203,11 +241,6 @@ fn an_empty_commit_changes_nothing(mut store: impl LeaseStore) {
     let before = store.load().expect("load");
     store.commit(&[]).expect("an empty commit");
     let after = store.load().expect("load");
-    let sorted = |s: &Stored| {
-        let mut l = s.leases.clone();
-        l.sort_by(|a, b| a.0.as_str().cmp(b.0.as_str()));
-        (s.epoch, s.counter, l)
-    };
     assert_eq!(sorted(&before), sorted(&after));
 }
 

@@ -177,7 +177,11 @@ pub(super) fn mark_log_used(db: &Database) -> Result<(), StoreError> {
 }
 
 pub(super) fn read_meta(db: &Database) -> Result<Meta, StoreError> {
-    let txn = db.begin_read().map_err(storage)?;
+    read_meta_in(&db.begin_read().map_err(storage)?)
+}
+
+/// The meta table as `txn` sees it.
+pub(super) fn read_meta_in(txn: &redb::ReadTransaction) -> Result<Meta, StoreError> {
     let meta = txn.open_table(META).map_err(storage)?;
     let get = |key: &str| -> Result<u64, StoreError> {
         meta.get(key)

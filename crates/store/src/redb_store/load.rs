@@ -4,57 +4,71 @@ use super::*;
 
 impl RedbStore {
     pub(super) fn load_inner(&self) -> Result<Stored, StoreError> {
-        let meta = read_meta(&self.db)?;
         let txn = self.db.begin_read().map_err(storage)?;
-        let table = txn.open_table(LEASES).map_err(storage)?;
-        let mut leases = Vec::with_capacity(table.len().map_err(storage)? as usize);
-        for entry in table.iter().map_err(storage)? {
-            let (k, v) = entry.map_err(storage)?;
-            leases.push(decode(k.value(), v.value())?);
-        }
-        let mut openers = std::collections::HashMap::new();
-        match txn.open_table(SESSION_OPENERS) {
-            Ok(table) => {
-                for entry in table.iter().map_err(storage)? {
-                    let (k, v) = entry.map_err(storage)?;
-                    openers.insert(k.value().to_vec(), v.value().to_string());
-                }
-            }
-            Err(redb::TableError::TableDoesNotExist(_)) => {}
-            Err(e) => return Err(storage(e)),
-        }
-        let mut sessions = Vec::new();
-        match txn.open_table(SESSIONS) {
-            Ok(table) => {
-                for entry in table.iter().map_err(storage)? {
-                    let (k, v) = entry.map_err(storage)?;
-                    let digest = <[u8; 16]>::try_from(k.value()).map_err(|_| {
-                        StoreError::Corrupt(format!(
-                            "a session key is {} bytes, expected 16",
-                            k.value().len()
-                        ))
-                    })?;
-                    sessions.push(SessionRecord {
-                        digest: AcquisitionDigest::from_bytes(digest),
-                        ttl_ms: v.value(),
-                        opener: openers.remove(&digest[..]),
-                    });
-                }
-            }
-            Err(redb::TableError::TableDoesNotExist(_)) => {}
-            Err(e) => return Err(storage(e)),
-        }
-        let mut stored = Stored {
-            epoch: meta.epoch,
-            counter: meta.counter,
-            leases,
-            sessions,
-        };
-        // The log's writes not yet folded, replayed at open or committed
-        // since: a load sees every commit, before or after a reopen.
-        apply(&mut stored, &self.pending.writes());
-        Ok(stored)
+        read(&txn, &self.pending.writes())
     }
+
+    /// redb's read transaction (a consistent view of its file) and the
+    /// log's pending writes as of now: no read of the table yet.
+    pub(super) fn snapshot_inner(&self) -> Result<crate::SnapshotRead, StoreError> {
+        let txn = self.db.begin_read().map_err(storage)?;
+        let overlay = self.pending.writes();
+        Ok(Box::new(move || read(&txn, &overlay)))
+    }
+}
+
+/// The state in `txn` with `overlay` (the log's writes not yet folded)
+/// laid over it.
+fn read(txn: &redb::ReadTransaction, overlay: &[Write]) -> Result<Stored, StoreError> {
+    let meta = read_meta_in(txn)?;
+    let table = txn.open_table(LEASES).map_err(storage)?;
+    let mut leases = Vec::with_capacity(table.len().map_err(storage)? as usize);
+    for entry in table.iter().map_err(storage)? {
+        let (k, v) = entry.map_err(storage)?;
+        leases.push(decode(k.value(), v.value())?);
+    }
+    let mut openers = std::collections::HashMap::new();
+    match txn.open_table(SESSION_OPENERS) {
+        Ok(table) => {
+            for entry in table.iter().map_err(storage)? {
+                let (k, v) = entry.map_err(storage)?;
+                openers.insert(k.value().to_vec(), v.value().to_string());
+            }
+        }
+        Err(redb::TableError::TableDoesNotExist(_)) => {}
+        Err(e) => return Err(storage(e)),
+    }
+    let mut sessions = Vec::new();
+    match txn.open_table(SESSIONS) {
+        Ok(table) => {
+            for entry in table.iter().map_err(storage)? {
+                let (k, v) = entry.map_err(storage)?;
+                let digest = <[u8; 16]>::try_from(k.value()).map_err(|_| {
+                    StoreError::Corrupt(format!(
+                        "a session key is {} bytes, expected 16",
+                        k.value().len()
+                    ))
+                })?;
+                sessions.push(SessionRecord {
+                    digest: AcquisitionDigest::from_bytes(digest),
+                    ttl_ms: v.value(),
+                    opener: openers.remove(&digest[..]),
+                });
+            }
+        }
+        Err(redb::TableError::TableDoesNotExist(_)) => {}
+        Err(e) => return Err(storage(e)),
+    }
+    let mut stored = Stored {
+        epoch: meta.epoch,
+        counter: meta.counter,
+        leases,
+        sessions,
+    };
+    // The log's writes not yet folded, replayed at open or committed
+    // since: a load sees every commit, before or after a reopen.
+    apply(&mut stored, overlay);
+    Ok(stored)
 }
 
 /// Applies `writes` in order to a loaded state (the log over redb).

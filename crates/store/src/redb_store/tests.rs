@@ -418,3 +418,41 @@ fn a_lost_log_is_refused_but_a_store_from_before_logs_gets_one() {
     ));
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+/// A snapshot taken between commits reads its moment even after the log
+/// was checkpointed into redb and folded in part many times since.
+#[test]
+fn a_snapshot_reads_its_moment_across_checkpoints_and_folds() {
+    let d = dir("snapshot-folds");
+    for log_len in [4096, 64 << 10] {
+        let _ = std::fs::remove_dir_all(&d);
+        let mut s = RedbStore::open_with_log(&d, log_len).unwrap();
+        let mut taken = Vec::new();
+        for i in 1..=1_500u64 {
+            let (resource, record) = lease((i % 40) as u8, i);
+            let mut writes = vec![
+                Write::PutLease { resource, record },
+                Write::Tokens {
+                    epoch: Epoch::FIRST,
+                    counter: i,
+                },
+            ];
+            if i.is_multiple_of(3) {
+                writes.push(Write::DeleteLease {
+                    resource: lease(((i + 7) % 40) as u8, i).0,
+                });
+            }
+            s.commit(&writes).unwrap();
+            if i.is_multiple_of(250) {
+                taken.push((s.load().unwrap(), s.snapshot().unwrap().unwrap()));
+            }
+        }
+        for (expected, snapshot) in taken {
+            let read = snapshot().unwrap();
+            assert_eq!(read.counter, expected.counter, "log {log_len}");
+            assert_eq!(read.leases, expected.leases, "log {log_len}");
+        }
+        drop(s);
+    }
+    std::fs::remove_dir_all(&d).unwrap();
+}
