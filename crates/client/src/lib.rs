@@ -57,6 +57,22 @@ pub use security::ConnectOptions;
 pub use session::{Health, Session, SessionState};
 pub use watch::{Watch, WatchEvent, WatchHolder, WatchKind};
 
+/// The snapshot whose parts `parts` carries: the first part's header and
+/// every part's leases and sessions.
+async fn gather(mut parts: tonic::Streaming<Snapshot>) -> Result<Snapshot, tonic::Status> {
+    let mut whole: Option<Snapshot> = None;
+    while let Some(part) = parts.message().await? {
+        match &mut whole {
+            None => whole = Some(part),
+            Some(w) => {
+                w.stored_leases.extend(part.stored_leases);
+                w.sessions.extend(part.sessions);
+            }
+        }
+    }
+    whole.ok_or_else(|| tonic::Status::internal("the backup ended before its first part"))
+}
+
 /// Time allowed for a request beyond any server-side wait it asks for.
 const RPC_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
 /// The largest backup the client reads: a protobuf message's own limit
@@ -414,17 +430,24 @@ impl Client {
         })
     }
 
-    /// A consistent snapshot of the server's durable state.
+    /// A consistent snapshot of the server's durable state: received in
+    /// parts (`BackupParts`), or whole from a server that predates them.
     pub async fn backup(&mut self) -> Result<Snapshot, ClientError> {
         self.call(
             v1::BackupRequest {},
             Duration::from_secs(60),
-            // A snapshot is about 52 bytes per lease: far past tonic's
-            // default 4 MiB limit at 100k leases.
             |c, r| async move {
-                c.max_decoding_message_size(SNAPSHOT_LEN_BYTES_MAX)
-                    .backup(r)
-                    .await
+                // A whole snapshot is about 52 bytes per lease: far past
+                // tonic's default 4 MiB limit at 100k leases.
+                let mut c = c.max_decoding_message_size(SNAPSHOT_LEN_BYTES_MAX);
+                let (metadata, _, message) = r.into_parts();
+                let again = || Request::from_parts(metadata.clone(), Default::default(), message);
+                match c.backup_parts(again()).await {
+                    Ok(parts) => gather(parts.into_inner()).await.map(tonic::Response::new),
+                    // A server from before `BackupParts`.
+                    Err(s) if s.code() == Code::Unimplemented => c.backup(again()).await,
+                    Err(s) => Err(s),
+                }
             },
         )
         .await

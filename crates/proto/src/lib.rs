@@ -17,6 +17,8 @@ pub const LIST_LIMIT_MAX: u32 = 1_000;
 /// Snapshot format version written by this build: 2 holds acquisition
 /// digests (`Snapshot.stored_leases`), never acquisition ids.
 pub const SNAPSHOT_FORMAT: u32 = 2;
+/// Leases per part of a `BackupParts` answer (about 200 KiB encoded).
+pub const BACKUP_PART_LEASES: usize = 4_096;
 /// The earlier format, whose `leases` held usable acquisition ids. A restore
 /// still reads it (it drops every lease anyway).
 pub const SNAPSHOT_FORMAT_WITH_IDS: u32 = 1;

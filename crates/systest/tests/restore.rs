@@ -249,3 +249,77 @@ fn restore_refuses_a_file_that_is_not_a_backup() {
         "nothing written on refusal"
     );
 }
+
+/// A backup of more leases than one part holds: `BackupParts` sends them
+/// in parts of at most 4,096, the first with the header and the sessions;
+/// the client's snapshot is the union, the same as the whole `Backup` an
+/// older client asks for, and taken after every change so far (a release
+/// just answered is not in it, though its write is lazy: the backup's
+/// step flushes it, if the 100 ms flush has not yet).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backup_in_parts_is_the_whole_snapshot() {
+    let dir = TempDir::new("backup-parts");
+    let s = common::serve(dir.path(), &[]);
+    let mut c = Client::connect(&s.url()).await.unwrap();
+    let n = 2 * baton_proto::BACKUP_PART_LEASES + 100;
+    let names: Vec<String> = (0..n).map(|i| format!("parts:{i:05}")).collect();
+    for chunk in names.chunks(64) {
+        let refs: Vec<&str> = chunk.iter().map(String::as_str).collect();
+        let granted = c
+            .acquire_all(&refs, Duration::from_secs(60), Duration::ZERO)
+            .await
+            .unwrap();
+        assert!(matches!(granted, baton_client::AcquiredAll::Granted { .. }));
+    }
+    let session = c.open_session(Duration::from_secs(60)).await.unwrap();
+    let mut raw = baton_proto::v1::leases_client::LeasesClient::connect(s.url())
+        .await
+        .unwrap()
+        .max_decoding_message_size(64 << 20);
+    // Two releases in a row, the second's write lazy behind the first's.
+    for name in ["parts:released-1", "parts:released-2"] {
+        let Acquired::Granted(gone) = c
+            .acquire(name, Duration::from_secs(60), Duration::ZERO)
+            .await
+            .unwrap()
+        else {
+            panic!("free")
+        };
+        c.release(&gone.resource, &gone.acquisition_id)
+            .await
+            .unwrap();
+    }
+    let mut parts = raw
+        .backup_parts(baton_proto::v1::BackupRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let mut sizes = Vec::new();
+    let mut first = None;
+    while let Some(part) = parts.message().await.unwrap() {
+        assert!(
+            part.stored_leases
+                .iter()
+                .all(|l| !l.resource.starts_with("parts:released")),
+            "a lease released before the backup is not in it"
+        );
+        sizes.push((part.stored_leases.len(), part.sessions.len()));
+        first.get_or_insert(part);
+    }
+    assert_eq!(
+        sizes,
+        vec![(4_096, 1), (4_096, 0), (100, 0)],
+        "parts of 4,096 leases, the sessions in the first"
+    );
+    let whole = raw
+        .backup(baton_proto::v1::BackupRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let gathered = c.backup().await.unwrap();
+    assert_eq!(gathered, whole, "the parts make the whole");
+    assert_eq!(whole.stored_leases.len(), n);
+    let first = first.unwrap();
+    assert_eq!((first.epoch, first.counter), (whole.epoch, whole.counter));
+    drop(session);
+}

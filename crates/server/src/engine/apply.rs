@@ -52,7 +52,13 @@ impl Engine {
                 defer(replies, reply, out);
             }
             Command::Watch { prefix, reply } => self.watch(now, prefix, reply, replies),
-            Command::Snapshot { reply } => defer(replies, reply, self.snapshot()),
+            Command::Snapshot { reply } => {
+                // Flush the lazy writes in this step: the view then holds
+                // every change so far.
+                self.flush_at = now;
+                self.snapshots.push(reply);
+            }
+            Command::CopyTable { reply } => defer(replies, reply, self.snapshot()),
             Command::OpenSession {
                 digest,
                 ttl_ms,

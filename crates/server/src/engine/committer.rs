@@ -7,7 +7,7 @@ use std::sync::{Arc, Weak};
 use std::time::Instant;
 
 use baton_core::{AcquireError, Write};
-use baton_store::{LeaseStore, StoreError};
+use baton_store::{LeaseStore, SnapshotRead, StoreError};
 use tokio::sync::oneshot;
 use tracing::error;
 
@@ -22,6 +22,9 @@ pub(super) struct Job {
     pub(super) replies: Vec<Deferred>,
     /// Waiters granted or timed out; a grant whose caller left is handed back.
     pub(super) woken: Vec<(Reply<Result<AcquireReply, AcquireError>>, AcquireReply)>,
+    /// Backups: each gets a view of the store taken after this job's
+    /// commit (cheap; the backup reads it on a thread of its own).
+    pub(super) snapshots: Vec<Reply<Option<Result<SnapshotRead, StoreError>>>>,
 }
 
 pub(super) enum ToCommitter {
@@ -86,6 +89,9 @@ impl Committer {
             for job in jobs {
                 for reply in job.replies {
                     reply();
+                }
+                for reply in job.snapshots {
+                    let _ = reply.send(self.store.snapshot());
                 }
                 for (reply, answer) in job.woken {
                     if let Err(Ok(AcquireReply::Granted { grants, .. })) = reply.send(Ok(answer)) {

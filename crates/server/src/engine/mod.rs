@@ -26,7 +26,7 @@ use baton_core::{
     MonoMs, NotAcquired, ReleaseOutcome, RenewOutcome, ResourceName, Resumed, SessionDigest,
     SessionError, WaitResult, WaiterId, Write,
 };
-use baton_store::{LeaseStore, StoreError, Stored};
+use baton_store::{LeaseStore, SnapshotRead, StoreError, Stored};
 use tokio::sync::oneshot;
 use tracing::info;
 
@@ -92,7 +92,15 @@ pub enum Command {
         resource: ResourceName,
         reply: Reply<FenceOutcome>,
     },
+    /// A view of the store for a backup, taken after every write so far
+    /// (the lazy ones too) is durable; `None` if the store has none (then
+    /// [`Command::CopyTable`]).
     Snapshot {
+        reply: Reply<Option<Result<SnapshotRead, StoreError>>>,
+    },
+    /// A copy of the table for a backup, made under the table's lock: for
+    /// stores without [`LeaseStore::snapshot`].
+    CopyTable {
         reply: Reply<Stored>,
     },
     /// A watcher of `prefix`: the holders now, then every later change
@@ -248,6 +256,8 @@ pub struct Engine {
     stopped: bool,
     /// Watchers of holder changes.
     hub: Arc<Hub>,
+    /// Backups waiting for this step's writes to be durable.
+    snapshots: Vec<Reply<Option<Result<SnapshotRead, StoreError>>>>,
 }
 
 impl Engine {
@@ -299,6 +309,7 @@ impl Engine {
                 armed: MonoMs(u64::MAX),
                 stopped: false,
                 hub: Arc::default(),
+                snapshots: Vec::new(),
             }),
             timer: timer.clone(),
         });
@@ -378,7 +389,8 @@ impl Engine {
         self.metrics.leases.set(self.table.n_leases() as i64);
         self.metrics.waiters.set(self.table.n_waiters() as i64);
         self.metrics.sessions.set(self.table.n_sessions() as i64);
-        if replies.is_empty() && woken.is_empty() && writes.is_empty() {
+        let snapshots = std::mem::take(&mut self.snapshots);
+        if replies.is_empty() && woken.is_empty() && writes.is_empty() && snapshots.is_empty() {
             return true;
         }
         let job = Job {
@@ -386,6 +398,7 @@ impl Engine {
             sync: fx.sync,
             replies,
             woken,
+            snapshots,
         };
         self.committer.send(ToCommitter::Job(job)).is_ok()
     }

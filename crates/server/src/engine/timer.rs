@@ -51,6 +51,7 @@ pub(super) fn run_timer(
             sync: false,
             replies: Vec::new(),
             woken: Vec::new(),
+            snapshots: Vec::new(),
         }));
         let _ = engine.committer.send(ToCommitter::Flush);
     }

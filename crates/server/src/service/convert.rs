@@ -145,26 +145,16 @@ pub(super) fn status_message(s: LeaseStatus) -> v1::StatusResponse {
     }
 }
 
-/// The backup's message for a snapshot of the store.
-pub(super) fn snapshot_message(stored: Stored) -> v1::Snapshot {
-    v1::Snapshot {
-        format: SNAPSHOT_FORMAT,
-        epoch: stored.epoch.get(),
-        counter: stored.counter,
-        leases: Vec::new(),
-        stored_leases: stored
-            .leases
-            .into_iter()
-            .map(|(r, l)| v1::StoredLease {
-                resource: r.to_string(),
-                acquisition_digest: l.acquisition_digest.as_bytes().to_vec(),
-                token: l.token.get(),
-                ttl_ms: l.ttl_ms,
-                session_digest: l.session.map_or_else(Vec::new, |d| d.as_bytes().to_vec()),
-                holder: l.holder.map(|h| h.to_string()).unwrap_or_default(),
-            })
-            .collect(),
-        sessions: stored
+/// The backup's messages for a snapshot of the store: parts of at most
+/// `leases_per_part` leases, the first with the sessions (and the only one
+/// when the store holds no more than that), converted as they are taken.
+pub(super) fn snapshot_parts(
+    stored: Stored,
+    leases_per_part: usize,
+) -> impl Iterator<Item = v1::Snapshot> {
+    let (epoch, counter) = (stored.epoch.get(), stored.counter);
+    let mut sessions = Some(
+        stored
             .sessions
             .into_iter()
             .map(|s| v1::StoredSession {
@@ -172,6 +162,32 @@ pub(super) fn snapshot_message(stored: Stored) -> v1::Snapshot {
                 ttl_ms: s.ttl_ms,
                 opener: s.opener.unwrap_or_default(),
             })
-            .collect(),
-    }
+            .collect::<Vec<_>>(),
+    );
+    let mut leases = stored.leases.into_iter().peekable();
+    std::iter::from_fn(move || {
+        let first = sessions.is_some();
+        if !first && leases.peek().is_none() {
+            return None;
+        }
+        Some(v1::Snapshot {
+            format: SNAPSHOT_FORMAT,
+            epoch,
+            counter,
+            leases: Vec::new(),
+            stored_leases: leases
+                .by_ref()
+                .take(leases_per_part)
+                .map(|(r, l)| v1::StoredLease {
+                    resource: r.to_string(),
+                    acquisition_digest: l.acquisition_digest.as_bytes().to_vec(),
+                    token: l.token.get(),
+                    ttl_ms: l.ttl_ms,
+                    session_digest: l.session.map_or_else(Vec::new, |d| d.as_bytes().to_vec()),
+                    holder: l.holder.map(|h| h.to_string()).unwrap_or_default(),
+                })
+                .collect(),
+            sessions: sessions.take().unwrap_or_default(),
+        })
+    })
 }
