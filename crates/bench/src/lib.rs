@@ -440,3 +440,6 @@ pub fn parse_clients(s: &str) -> Result<Vec<usize>, String> {
 
 mod scale;
 pub use scale::{fill, fill_counting, parse_counts, rss_bytes, scale, Scale, ScaleRow};
+
+mod events;
+pub use events::{EventReport, EventRun, Window};

@@ -374,6 +374,19 @@ pub struct BenchArgs {
     /// With --page: open pages.
     #[arg(long, default_value_t = 1)]
     pub pages: usize,
+    /// Stall run: the first --clients count cycles on sessions on distinct
+    /// resources while this event happens (`backup`: three `admin backup`
+    /// in a row; `none`: --settle of nothing, the baseline); prints the
+    /// worst and p99.9 acquire and the worst `/readyz` before, during and
+    /// after it. Fill the server first (--fill-leases).
+    #[arg(long, value_parser = ["backup", "none"])]
+    pub event: Option<String>,
+    /// With --event: the server's HTTP address, probed at /readyz every 10 ms.
+    #[arg(long, value_name = "HTTP_ADDR")]
+    pub http: Option<std::net::SocketAddr>,
+    /// With --event: quiet time before and after the event.
+    #[arg(long, default_value = "3s", value_parser = parse_positive_duration)]
+    pub settle: Duration,
     #[command(flatten)]
     pub client: ClientOpts,
 }

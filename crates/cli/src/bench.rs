@@ -107,6 +107,9 @@ pub async fn bench(a: BenchArgs) -> Result<Exit, CliError> {
     if let Some(addr) = &a.page {
         return crate::bench_page::overhead(&a, addr).await;
     }
+    if let Some(event) = &a.event {
+        return crate::bench_event::stalls(&a, event).await;
+    }
     cycles(&a).await
 }
 

@@ -5,6 +5,7 @@
 mod admin;
 mod args;
 mod bench;
+mod bench_event;
 mod bench_page;
 mod bench_watch;
 mod cluster;

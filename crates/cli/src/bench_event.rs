@@ -1,0 +1,154 @@
+//! `baton bench --event EVENT`: the worst moments of the lease path while
+//! something heavy happens beside it (see `baton_bench::EventRun`).
+
+use baton_bench::{Baton, EventReport, EventRun, Transport, Window};
+use serde::Serialize;
+
+use crate::args::BenchArgs;
+use crate::bench::bench_error;
+use crate::error::{CliError, Exit};
+
+/// Backups in a row for `--event backup`.
+const BACKUPS: usize = 3;
+
+/// One window in `--json`.
+#[derive(Serialize)]
+struct WindowJson {
+    window: &'static str,
+    length_ms: u64,
+    cycles_per_s: f64,
+    acquire_max_us: u64,
+    acquire_p999_us: u64,
+    readyz_max_us: Option<u64>,
+    errors: u64,
+}
+
+fn json_of(name: &'static str, w: &Window) -> WindowJson {
+    WindowJson {
+        window: name,
+        length_ms: w.length.as_millis() as u64,
+        cycles_per_s: w.cycles_per_s,
+        acquire_max_us: w.acquire_max_us,
+        acquire_p999_us: w.acquire_p999_us,
+        readyz_max_us: w.readyz_max_us,
+        errors: w.errors,
+    }
+}
+
+fn line(name: &str, w: &Window) -> String {
+    let ms = |us: u64| format!("{:.1}ms", us as f64 / 1000.0);
+    format!(
+        "{name:<8} {:>8.1}s {:>10.0} {:>10} {:>10} {:>11} {:>6}",
+        w.length.as_secs_f64(),
+        w.cycles_per_s,
+        ms(w.acquire_max_us),
+        ms(w.acquire_p999_us),
+        w.readyz_max_us.map_or("-".to_string(), ms),
+        w.errors
+    )
+}
+
+/// `baton bench --event backup`.
+pub async fn stalls(a: &BenchArgs, event: &str) -> Result<Exit, CliError> {
+    let clients = baton_bench::parse_clients(&a.clients)
+        .map_err(|e| CliError::usage(format!("--clients: {e}")))?[0];
+    let target = Baton::new("baton session", a.client.server.clone(), a.ttl)
+        .with_transport(Transport::SessionSharedConnection)
+        .with_options(crate::lease::connect_options(&a.client)?);
+    let run = EventRun {
+        target: &target,
+        clients,
+        settle: a.settle,
+        http: a.http,
+    };
+    let run_id = std::process::id().to_string();
+    let report = match event {
+        "backup" => {
+            let out = backup_file(&run_id);
+            // `baton admin backup` as its own process, as an operator
+            // runs it: its decoding and writing stay off this process's
+            // clients.
+            let me = std::env::current_exe().map_err(bench_error)?;
+            let backups = async {
+                for _ in 0..BACKUPS {
+                    let status = tokio::process::Command::new(&me)
+                        .args(["admin", "backup", "--server", &a.client.server])
+                        .arg("--out")
+                        .arg(&out)
+                        .stdout(std::process::Stdio::null())
+                        .status()
+                        .await?;
+                    if !status.success() {
+                        return Err(std::io::Error::other(format!("admin backup: {status}")));
+                    }
+                }
+                let _ = std::fs::remove_file(&out);
+                Ok(())
+            };
+            let label = format!("{BACKUPS} backups in a row");
+            run.around(&label, backups, &run_id).await
+        }
+        // The baseline: the same windows with nothing in the middle.
+        "none" => {
+            let quiet = async {
+                tokio::time::sleep(a.settle).await;
+                Ok::<(), std::convert::Infallible>(())
+            };
+            run.around("no event", quiet, &run_id).await
+        }
+        other => return Err(CliError::usage(format!("--event {other:?}: not an event"))),
+    }
+    .map_err(bench_error)?;
+    print(&report, a.client.json, clients);
+    Ok(Exit::Ok)
+}
+
+fn print(report: &EventReport, json: bool, clients: usize) {
+    let windows = [
+        ("before", &report.before),
+        ("during", &report.during),
+        ("after", &report.after),
+    ];
+    if json {
+        #[derive(Serialize)]
+        struct Out<'a> {
+            event: &'a str,
+            clients: usize,
+            windows: Vec<WindowJson>,
+        }
+        let out = Out {
+            event: &report.event,
+            clients,
+            windows: windows.iter().map(|(n, w)| json_of(n, w)).collect(),
+        };
+        println!(
+            "{}",
+            serde_json::to_string(&out).expect("output types serialize")
+        );
+        return;
+    }
+    println!(
+        "{}: C={clients} session clients cycling on distinct resources",
+        report.event
+    );
+    println!(
+        "{:<8} {:>9} {:>10} {:>10} {:>10} {:>11} {:>6}",
+        "window", "length", "cycles/s", "acq max", "acq p99.9", "readyz max", "errors"
+    );
+    for (name, w) in windows {
+        println!("{}", line(name, w));
+    }
+}
+
+/// Where the backups go: tmpfs where there is one, so that the figures
+/// show the server's stalls, not the disk writing 50 MB files back while
+/// the server's commits wait for the same disk.
+fn backup_file(run_id: &str) -> std::path::PathBuf {
+    let shm = std::path::Path::new("/dev/shm");
+    let dir = if shm.is_dir() {
+        shm.to_path_buf()
+    } else {
+        std::env::temp_dir()
+    };
+    dir.join(format!("baton-bench-backup-{run_id}.json"))
+}
