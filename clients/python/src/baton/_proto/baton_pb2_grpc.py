@@ -69,6 +69,11 @@ class LeasesStub(object):
                 request_serializer=baton_dot_v1_dot_baton__pb2.BackupRequest.SerializeToString,
                 response_deserializer=baton_dot_v1_dot_baton__pb2.Snapshot.FromString,
                 _registered_method=True)
+        self.BackupParts = channel.unary_stream(
+                '/baton.v1.Leases/BackupParts',
+                request_serializer=baton_dot_v1_dot_baton__pb2.BackupRequest.SerializeToString,
+                response_deserializer=baton_dot_v1_dot_baton__pb2.Snapshot.FromString,
+                _registered_method=True)
         self.ClusterStatus = channel.unary_unary(
                 '/baton.v1.Leases/ClusterStatus',
                 request_serializer=baton_dot_v1_dot_baton__pb2.ClusterStatusRequest.SerializeToString,
@@ -135,6 +140,18 @@ class LeasesServicer(object):
 
     def Backup(self, request, context):
         """A consistent snapshot of the durable state, for `baton admin backup`.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def BackupParts(self, request, context):
+        """The same snapshot in parts, each a `Snapshot` with at most 4096 of the
+        leases; the first part also carries the format, epoch, counter and
+        sessions, and the snapshot is the union of the parts. The server
+        encodes one part at a time, so a backup of a large table never holds
+        up other calls on the same threads. `baton admin backup` uses it, and
+        falls back to `Backup` where a server answers UNIMPLEMENTED.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -237,6 +254,11 @@ def add_LeasesServicer_to_server(servicer, server):
             ),
             'Backup': grpc.unary_unary_rpc_method_handler(
                     servicer.Backup,
+                    request_deserializer=baton_dot_v1_dot_baton__pb2.BackupRequest.FromString,
+                    response_serializer=baton_dot_v1_dot_baton__pb2.Snapshot.SerializeToString,
+            ),
+            'BackupParts': grpc.unary_stream_rpc_method_handler(
+                    servicer.BackupParts,
                     request_deserializer=baton_dot_v1_dot_baton__pb2.BackupRequest.FromString,
                     response_serializer=baton_dot_v1_dot_baton__pb2.Snapshot.SerializeToString,
             ),
@@ -443,6 +465,33 @@ class Leases(object):
             request,
             target,
             '/baton.v1.Leases/Backup',
+            baton_dot_v1_dot_baton__pb2.BackupRequest.SerializeToString,
+            baton_dot_v1_dot_baton__pb2.Snapshot.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BackupParts(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/baton.v1.Leases/BackupParts',
             baton_dot_v1_dot_baton__pb2.BackupRequest.SerializeToString,
             baton_dot_v1_dot_baton__pb2.Snapshot.FromString,
             options,

@@ -99,6 +99,18 @@ class LeasesStub:
     ]
     """A consistent snapshot of the durable state, for `baton admin backup`."""
 
+    BackupParts: grpc.UnaryStreamMultiCallable[
+        baton._proto.baton_pb2.BackupRequest,
+        baton._proto.baton_pb2.Snapshot,
+    ]
+    """The same snapshot in parts, each a `Snapshot` with at most 4096 of the
+    leases; the first part also carries the format, epoch, counter and
+    sessions, and the snapshot is the union of the parts. The server
+    encodes one part at a time, so a backup of a large table never holds
+    up other calls on the same threads. `baton admin backup` uses it, and
+    falls back to `Backup` where a server answers UNIMPLEMENTED.
+    """
+
     ClusterStatus: grpc.UnaryUnaryMultiCallable[
         baton._proto.baton_pb2.ClusterStatusRequest,
         baton._proto.baton_pb2.ClusterStatusResponse,
@@ -207,6 +219,18 @@ class LeasesAsyncStub:
         baton._proto.baton_pb2.Snapshot,
     ]
     """A consistent snapshot of the durable state, for `baton admin backup`."""
+
+    BackupParts: grpc.aio.UnaryStreamMultiCallable[
+        baton._proto.baton_pb2.BackupRequest,
+        baton._proto.baton_pb2.Snapshot,
+    ]
+    """The same snapshot in parts, each a `Snapshot` with at most 4096 of the
+    leases; the first part also carries the format, epoch, counter and
+    sessions, and the snapshot is the union of the parts. The server
+    encodes one part at a time, so a backup of a large table never holds
+    up other calls on the same threads. `baton admin backup` uses it, and
+    falls back to `Backup` where a server answers UNIMPLEMENTED.
+    """
 
     ClusterStatus: grpc.aio.UnaryUnaryMultiCallable[
         baton._proto.baton_pb2.ClusterStatusRequest,
@@ -330,6 +354,20 @@ class LeasesServicer(metaclass=abc.ABCMeta):
         context: _ServicerContext,
     ) -> typing.Union[baton._proto.baton_pb2.Snapshot, collections.abc.Awaitable[baton._proto.baton_pb2.Snapshot]]:
         """A consistent snapshot of the durable state, for `baton admin backup`."""
+
+    @abc.abstractmethod
+    def BackupParts(
+        self,
+        request: baton._proto.baton_pb2.BackupRequest,
+        context: _ServicerContext,
+    ) -> typing.Union[collections.abc.Iterator[baton._proto.baton_pb2.Snapshot], collections.abc.AsyncIterator[baton._proto.baton_pb2.Snapshot]]:
+        """The same snapshot in parts, each a `Snapshot` with at most 4096 of the
+        leases; the first part also carries the format, epoch, counter and
+        sessions, and the snapshot is the union of the parts. The server
+        encodes one part at a time, so a backup of a large table never holds
+        up other calls on the same threads. `baton admin backup` uses it, and
+        falls back to `Backup` where a server answers UNIMPLEMENTED.
+        """
 
     @abc.abstractmethod
     def ClusterStatus(
