@@ -232,11 +232,21 @@ async fn tokens_stay_ordered_and_exclusive_across_sigkill() {
             counts.clone(),
         ))
     }));
+    let granted = history.clone();
     let killer = tokio::task::spawn_blocking(move || {
         let mut server = server;
         let mut rng = Rng::new(seed);
         for _ in 0..kills {
+            // Each incarnation grants something before it is killed (on a
+            // loaded machine a restart can take most of the interval), so
+            // that every kill has grants on both sides of it.
+            let before = granted.lock().unwrap().len();
             std::thread::sleep(Duration::from_millis(150 + rng.below(250)));
+            // Bounded, so that 50 kills stay well inside the test's time.
+            let deadline = Instant::now() + Duration::from_secs(2);
+            while granted.lock().unwrap().len() == before && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(5));
+            }
             server.restart();
         }
         server
