@@ -38,7 +38,7 @@ pub struct Window {
     pub acquire_p999_us: u64,
     /// The slowest `/readyz` answer, µs (`None` without an HTTP address).
     pub readyz_max_us: Option<u64>,
-    /// Failed calls.
+    /// Failed acquires and releases that overlap the window.
     pub errors: u64,
 }
 
@@ -95,25 +95,18 @@ impl<T: Target> EventRun<'_, T> {
         let end = origin.elapsed();
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         outcome.map_err(|e| anyhow::anyhow!("the event ({name}) failed: {e}"))?;
-        let (mut calls, mut errors) = (Vec::new(), 0);
+        let (mut calls, mut errors) = (Vec::new(), Vec::new());
         for t in tasks {
             let (c, e) = t.await?;
             calls.extend(c);
-            errors += e;
+            errors.extend(e);
         }
         let probes = match prober {
             Some(p) => Some(p.await?),
             None => None,
         };
-        let window = |from: Duration, to: Duration| {
-            window(
-                &calls,
-                probes.as_deref(),
-                from,
-                to,
-                errors_in(errors, from, to, end),
-            )
-        };
+        let window =
+            |from: Duration, to: Duration| window(&calls, &errors, probes.as_deref(), from, to);
         Ok(EventReport {
             event: name.to_string(),
             before: window(Duration::ZERO, started),
@@ -121,35 +114,40 @@ impl<T: Target> EventRun<'_, T> {
             after: window(ended, end),
         })
     }
-}
 
-impl<T: Target> EventRun<'_, T> {
     /// Starts the clients: each cycles until `stop`, then answers its
-    /// timed acquires and its errors.
+    /// timed acquires and its timed failures.
     async fn spawn_clients(
         &self,
         origin: Instant,
         stop: &std::sync::Arc<std::sync::atomic::AtomicBool>,
         run_id: &str,
-    ) -> anyhow::Result<Vec<tokio::task::JoinHandle<(Vec<Timed>, u64)>>> {
+    ) -> anyhow::Result<Vec<tokio::task::JoinHandle<(Vec<Timed>, Vec<Timed>)>>> {
         let mut tasks = Vec::with_capacity(self.clients);
         for i in 0..self.clients {
             let mut conn = self.target.connect().await?;
             let resource = format!("bench:{run_id}:event:r{i}");
             let stop = stop.clone();
             tasks.push(tokio::spawn(async move {
-                let (mut calls, mut errors) = (Vec::new(), 0u64);
+                let (mut calls, mut errors) = (Vec::new(), Vec::new());
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                     let from = origin.elapsed();
-                    match conn.acquire(&resource, false).await {
+                    let acquired = conn.acquire(&resource, false).await;
+                    let acquire = Timed {
+                        from,
+                        to: origin.elapsed(),
+                    };
+                    match acquired {
                         Ok(held) => {
-                            calls.push(Timed {
-                                from,
-                                to: origin.elapsed(),
-                            });
-                            errors += u64::from(conn.release(held).await.is_err());
+                            calls.push(acquire);
+                            if conn.release(held).await.is_err() {
+                                errors.push(Timed {
+                                    from: acquire.to,
+                                    to: origin.elapsed(),
+                                });
+                            }
                         }
-                        Err(_) => errors += 1,
+                        Err(_) => errors.push(acquire),
                     }
                 }
                 (calls, errors)
@@ -159,21 +157,13 @@ impl<T: Target> EventRun<'_, T> {
     }
 }
 
-/// Errors are not timed: spread them over the run by length (a report
-/// that shows any makes the run suspect anyway).
-fn errors_in(errors: u64, from: Duration, to: Duration, end: Duration) -> u64 {
-    if end.is_zero() {
-        return errors;
-    }
-    (errors as f64 * (to - from).as_secs_f64() / end.as_secs_f64()).round() as u64
-}
-
+/// The window `from..to`: every call, failure and probe that overlaps it.
 fn window(
     calls: &[Timed],
+    errors: &[Timed],
     probes: Option<&[Timed]>,
     from: Duration,
     to: Duration,
-    errors: u64,
 ) -> Window {
     let overlaps = |c: &&Timed| c.to >= from && c.from <= to;
     let mut acquires: Vec<u64> = calls.iter().filter(overlaps).map(|c| c.us()).collect();
@@ -192,7 +182,7 @@ fn window(
         acquire_max_us: acquires.last().copied().unwrap_or(0),
         acquire_p999_us: at(0.999),
         readyz_max_us: probes.map(|p| p.iter().filter(overlaps).map(|c| c.us()).max().unwrap_or(0)),
-        errors,
+        errors: errors.iter().filter(overlaps).count() as u64,
     }
 }
 

@@ -58,7 +58,7 @@ impl Engine {
                 self.flush_at = now;
                 self.snapshots.push(reply);
             }
-            Command::CopyTable { reply } => defer(replies, reply, self.snapshot()),
+            Command::CopyTable { reply } => defer(replies, reply, self.copy_table()),
             Command::OpenSession {
                 digest,
                 ttl_ms,
@@ -134,8 +134,8 @@ impl Engine {
         }
     }
 
-    /// A copy of the table for a backup.
-    fn snapshot(&self) -> Stored {
+    /// A copy of the table for a backup (a store without snapshots).
+    fn copy_table(&self) -> Stored {
         let started = Instant::now();
         let (epoch, counter) = self.table.last_token();
         let leases: Vec<_> = self.table.leases().map(|(r, l)| (r.clone(), l)).collect();

@@ -7,11 +7,11 @@ use std::sync::{Arc, Weak};
 use std::time::Instant;
 
 use baton_core::{AcquireError, Write};
-use baton_store::{LeaseStore, SnapshotRead, StoreError};
+use baton_store::{LeaseStore, StoreError};
 use tokio::sync::oneshot;
 use tracing::error;
 
-use super::{AcquireReply, Command, Deferred, Reply, Shared, Wake};
+use super::{AcquireReply, Command, Deferred, Reply, Shared, SnapshotReply, Wake};
 use crate::metrics::Metrics;
 
 /// One batch's share of durable work, handed to the committer in order.
@@ -24,7 +24,7 @@ pub(super) struct Job {
     pub(super) woken: Vec<(Reply<Result<AcquireReply, AcquireError>>, AcquireReply)>,
     /// Backups: each gets a view of the store taken after this job's
     /// commit (cheap; the backup reads it on a thread of its own).
-    pub(super) snapshots: Vec<Reply<Option<Result<SnapshotRead, StoreError>>>>,
+    pub(super) snapshots: Vec<SnapshotReply>,
 }
 
 pub(super) enum ToCommitter {

@@ -59,6 +59,10 @@ pub enum AcquireReply {
 
 pub type Reply<T> = oneshot::Sender<T>;
 
+/// The answer to [`Command::Snapshot`]: the store's view, or `None` for a
+/// store without one.
+pub type SnapshotReply = Reply<Option<Result<SnapshotRead, StoreError>>>;
+
 /// Who may keep a session alive or close it: the principal that opened
 /// it (or an administrator), holding `lease` on what it holds.
 pub use baton_core::SessionCheck;
@@ -96,7 +100,7 @@ pub enum Command {
     /// (the lazy ones too) is durable; `None` if the store has none (then
     /// [`Command::CopyTable`]).
     Snapshot {
-        reply: Reply<Option<Result<SnapshotRead, StoreError>>>,
+        reply: SnapshotReply,
     },
     /// A copy of the table for a backup, made under the table's lock: for
     /// stores without [`LeaseStore::snapshot`].
@@ -257,7 +261,7 @@ pub struct Engine {
     /// Watchers of holder changes.
     hub: Arc<Hub>,
     /// Backups waiting for this step's writes to be durable.
-    snapshots: Vec<Reply<Option<Result<SnapshotRead, StoreError>>>>,
+    snapshots: Vec<SnapshotReply>,
 }
 
 impl Engine {
