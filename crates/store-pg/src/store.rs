@@ -69,6 +69,8 @@ impl PgLeaseStore {
             .ok()
             .and_then(|e| Epoch::new(e).ok())
             .ok_or_else(|| StoreError::Corrupt(format!("stored epoch {epoch} is out of range")))?;
+        let counter = u64::try_from(counter)
+            .map_err(|_| StoreError::Corrupt(format!("stored counter {counter} is negative")))?;
         let rows = self
             .client
             .query(
@@ -90,15 +92,21 @@ impl PgLeaseStore {
         for r in rows {
             let digest = digest16(r.get(0))
                 .ok_or_else(|| StoreError::Corrupt("a session digest is not 16 bytes".into()))?;
+            let ttl_ms = u64::try_from(r.get::<_, i64>(1)).map_err(|_| {
+                StoreError::Corrupt(format!(
+                    "a session's ttl_ms {} is negative",
+                    r.get::<_, i64>(1)
+                ))
+            })?;
             sessions.push(SessionRecord {
                 digest,
-                ttl_ms: r.get::<_, i64>(1) as u64,
+                ttl_ms,
                 opener: r.get(2),
             });
         }
         Ok(Stored {
             epoch,
-            counter: counter as u64,
+            counter,
             leases,
             sessions,
         })
@@ -155,8 +163,11 @@ fn lease_row(r: &tokio_postgres::Row) -> Result<(ResourceName, LeaseRecord), Sto
     let digest: [u8; 16] = digest
         .try_into()
         .map_err(|_| corrupt("digest is not 16 bytes".into()))?;
-    let token =
-        FencingToken::from_u64(r.get::<_, i64>(2) as u64).map_err(|e| corrupt(e.to_string()))?;
+    let token = u64::try_from(r.get::<_, i64>(2))
+        .map_err(|_| corrupt(format!("token {} is negative", r.get::<_, i64>(2))))
+        .and_then(|t| FencingToken::from_u64(t).map_err(|e| corrupt(e.to_string())))?;
+    let ttl_ms = u64::try_from(r.get::<_, i64>(3))
+        .map_err(|_| corrupt(format!("ttl_ms {} is negative", r.get::<_, i64>(3))))?;
     let session = match r.get::<_, Option<Vec<u8>>>(4) {
         Some(d) => Some(digest16(d).ok_or_else(|| corrupt("session is not 16 bytes".into()))?),
         None => None,
@@ -170,7 +181,7 @@ fn lease_row(r: &tokio_postgres::Row) -> Result<(ResourceName, LeaseRecord), Sto
         LeaseRecord {
             acquisition_digest: AcquisitionDigest::from_bytes(digest),
             token,
-            ttl_ms: r.get::<_, i64>(3) as u64,
+            ttl_ms,
             session,
             holder,
         },
