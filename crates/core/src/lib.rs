@@ -35,7 +35,7 @@ pub use table::{
     AcquireError, AcquireOutcome, AcquireRequest, ChangeOf, Effects, Event, FenceOutcome, Grant,
     HolderChange, KeptAlive, LeaseRecord, LeaseStatus, LeaseTable, Limits, MonoMs, NotAcquired,
     ReleaseOutcome, RenewOutcome, Resumed, SessionCheck, SessionError, SessionRecord, WaitResult,
-    Write, RECOVERED_ENDS_PER_MS,
+    Write, RECOVERED_ENDS_PER_MS, SESSION_ENDS_PER_STEP,
 };
 pub use token::{
     restore_epoch, Epoch, FencingToken, RestoreFloors, TokenError, COUNTER_BITS, COUNTER_MAX,

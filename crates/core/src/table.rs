@@ -5,6 +5,7 @@
 //! grant time. Effects accumulate until the shell calls
 //! [`LeaseTable::take_effects`].
 
+mod drain;
 mod query;
 mod recovery;
 mod sessions;
@@ -12,10 +13,11 @@ mod state;
 mod types;
 mod waiters;
 
+pub use drain::SESSION_ENDS_PER_STEP;
 pub use recovery::{recovery_delay_ms, RECOVERED_ENDS_PER_MS};
 
 pub use sessions::SessionCheck;
-use state::{Lease, Queue, ResourceState, Session, Timer, Waiter};
+use state::{Draining, Lease, Queue, ResourceState, Session, Timer, Waiter};
 
 pub use types::{
     AcquireError, AcquireOutcome, AcquireRequest, ChangeOf, Effects, Event, FenceOutcome, Grant,
@@ -41,6 +43,10 @@ pub struct LeaseTable {
     resources: BTreeMap<ResourceName, ResourceState>,
     waiters: HashMap<WaiterId, Waiter>,
     sessions: HashMap<SessionDigest, Session>,
+    /// Ended sessions whose leases are dropped in bounded steps.
+    draining: HashMap<SessionDigest, Draining>,
+    /// At most this many of an ended session's leases are dropped per step.
+    ends_per_step: usize,
     timers: BTreeSet<(MonoMs, Timer)>,
     effects: Effects,
 }
@@ -58,6 +64,8 @@ impl LeaseTable {
             resources: BTreeMap::new(),
             waiters: HashMap::new(),
             sessions: HashMap::new(),
+            draining: HashMap::new(),
+            ends_per_step: SESSION_ENDS_PER_STEP,
             timers: BTreeSet::new(),
             effects: Effects::default(),
         }
@@ -104,11 +112,17 @@ impl LeaseTable {
             match timer {
                 Timer::Expiry(resource) => self.expire(now, resource),
                 Timer::WaitDeadline(waiter) => {
+                    if self.settle_claims_of(now, waiter) {
+                        // Granted: an ended session's lease it waited for was
+                        // gone before its wait ran out.
+                        continue;
+                    }
                     self.remove_waiter(now, waiter);
                     self.effects.woken.push((waiter, WaitResult::TimedOut));
                     self.effects.events.push(Event::WaitTimedOut { waiter });
                 }
                 Timer::SessionExpiry(digest) => self.end_session(now, digest, true),
+                Timer::SessionDrain(digest) => self.drain_session(now, digest),
             }
         }
     }
@@ -140,6 +154,9 @@ impl LeaseTable {
     ) -> Result<AcquireOutcome, AcquireError> {
         self.tick(now);
         self.validate(&request)?;
+        for (resource, _) in &request.claims {
+            self.settle_and_pump(now, resource);
+        }
         // An acquire on a session counts as its heartbeat, so a lease tied
         // to it is held a full session TTL from the request at least.
         let ttl_ms = match request.session {
@@ -315,6 +332,7 @@ impl LeaseTable {
         id: &AcquisitionId,
     ) -> RenewOutcome {
         self.tick(now);
+        self.settle_and_pump(now, resource);
         let Some(lease) = self.held_by(resource, id) else {
             self.effects.events.push(Event::RenewRefused {
                 resource: resource.clone(),
@@ -355,6 +373,7 @@ impl LeaseTable {
         id: &AcquisitionId,
     ) -> ReleaseOutcome {
         self.tick(now);
+        self.settle_and_pump(now, resource);
         let Some(lease) = self.held_by(resource, id) else {
             return ReleaseOutcome::NotHeld;
         };
@@ -396,6 +415,7 @@ impl LeaseTable {
     /// every earlier grant, so the next holder's token is higher still.
     pub fn fence(&mut self, now: MonoMs, resource: &ResourceName) -> FenceOutcome {
         self.tick(now);
+        self.settle_and_pump(now, resource);
         let session = self
             .resources
             .get(resource)

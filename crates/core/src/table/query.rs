@@ -12,6 +12,7 @@ impl LeaseTable {
     /// Holder token, remaining TTL and waiters of one resource (never the acquisition id).
     pub fn status(&mut self, now: MonoMs, resource: &ResourceName) -> LeaseStatus {
         self.tick(now);
+        self.settle_and_pump(now, resource);
         self.status_of(now, resource, self.resources.get(resource))
     }
 
@@ -21,7 +22,10 @@ impl LeaseTable {
         resource: &ResourceName,
         state: Option<&ResourceState>,
     ) -> LeaseStatus {
-        let lease = state.and_then(|s| s.lease.as_ref());
+        // An ended session's lease is gone, though its batch has not come.
+        let lease = state
+            .and_then(|s| s.lease.as_ref())
+            .filter(|l| !self.is_gone(l));
         LeaseStatus {
             resource: resource.clone(),
             holder_token: lease.map(|l| l.token),
@@ -34,7 +38,10 @@ impl LeaseTable {
     }
 
     /// Resources with a lease or waiters whose name starts with `prefix`, in
-    /// name order, after `start_after`, at most `limit` of them.
+    /// name order, after `start_after`, at most `limit` of them. A resource
+    /// whose ended session's lease is still to be dropped is listed as not
+    /// held (listing changes nothing, so that a long list cannot end a big
+    /// session in one step).
     pub fn list(
         &mut self,
         now: MonoMs,
@@ -58,7 +65,7 @@ impl LeaseTable {
     /// Every held lease in durable form (for snapshots).
     pub fn leases(&self) -> impl Iterator<Item = (&ResourceName, LeaseRecord)> {
         self.resources.iter().filter_map(|(r, s)| {
-            let l = s.lease.as_ref()?;
+            let l = s.lease.as_ref().filter(|l| !self.is_gone(l))?;
             Some((
                 r,
                 LeaseRecord {

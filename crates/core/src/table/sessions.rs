@@ -2,14 +2,16 @@
 //!
 //! A lease tied to a session has no expiry timer of its own: it lives
 //! exactly as long as the session, and all of a session's leases end in
-//! the same step when the session expires or is closed. A session's
-//! waiters are withdrawn at that step too, before any lease is dropped, so
-//! no grant ever goes to a session that has ended.
+//! the same step when the session expires or is closed: from that step on
+//! none of them is held for any caller, although a big session's leases
+//! are dropped from the table a bounded number per step (`drain.rs`). A
+//! session's waiters are withdrawn at that step too, before any lease is
+//! dropped, so no grant ever goes to a session that has ended.
 
 use super::Write;
 use super::{
-    Event, KeptAlive, LeaseTable, MonoMs, Resumed, Session, SessionError, SessionRecord, Timer,
-    WaitResult,
+    Draining, Event, KeptAlive, LeaseTable, MonoMs, Resumed, Session, SessionError, SessionRecord,
+    Timer, WaitResult,
 };
 use crate::{ResourceName, SessionDigest};
 
@@ -66,7 +68,9 @@ impl LeaseTable {
                 ttl_ms_max: l.ttl_ms_max,
             });
         }
-        if self.sessions.contains_key(&digest) {
+        // An ended session whose leases are still being dropped keeps its
+        // digest until the last one is gone: its leases name it.
+        if self.sessions.contains_key(&digest) || self.draining.contains_key(&digest) {
             return Err(SessionError::AlreadyOpen);
         }
         if self.sessions.len() >= l.n_sessions_max {
@@ -220,9 +224,11 @@ impl LeaseTable {
         self.sessions.len()
     }
 
-    /// Withdraws the session's waiters, then drops its leases (handing each
-    /// resource to its next waiter), then forgets the session. Its timer is
-    /// already gone (popped, or removed by the caller).
+    /// Withdraws the session's waiters, forgets the session, and starts
+    /// dropping its leases (handing each resource to its next waiter): the
+    /// first bounded step now, the rest in later steps (`drain.rs`). From
+    /// here on every one of its leases is gone for every caller. Its timer
+    /// is already gone (popped, or removed by the caller).
     pub(super) fn end_session(&mut self, now: MonoMs, digest: SessionDigest, expired: bool) {
         let session = self
             .sessions
@@ -233,37 +239,32 @@ impl LeaseTable {
         session.expires_at = now;
         let waiters = std::mem::take(&mut session.waiters);
         for waiter in waiters {
-            let deadline = self.waiters[&waiter].deadline;
+            let Some(deadline) = self.waiters.get(&waiter).map(|w| w.deadline) else {
+                continue; // granted since (`settle_claims_of`)
+            };
             self.timers.remove(&(deadline, Timer::WaitDeadline(waiter)));
             self.remove_waiter(now, waiter);
             self.effects.woken.push((waiter, WaitResult::SessionEnded));
         }
-        let leases = self.sessions[&digest].leases.clone();
-        let n_leases = leases.len();
-        for resource in leases {
-            let (token, holder) = self.drop_lease(&resource).expect("a bound lease is held");
-            self.effects.events.push(if expired {
-                Event::Expired {
-                    resource: resource.clone(),
-                    token,
-                    holder,
-                }
-            } else {
-                Event::Released {
-                    resource: resource.clone(),
-                    token,
-                    holder,
-                }
-            });
-            self.pump(now, &resource);
-        }
-        self.sessions.remove(&digest);
+        let session = self.sessions.remove(&digest).expect("still open");
+        let n_leases = session.leases.len();
+        self.n_leases -= n_leases;
         self.effects.writes.push(Write::DeleteSession { digest });
         self.effects.events.push(Event::SessionEnded {
             digest,
             expired,
             n_leases,
         });
+        if n_leases > 0 {
+            self.draining.insert(
+                digest,
+                Draining {
+                    leases: session.leases,
+                    expired,
+                },
+            );
+            self.drain_session(now, digest);
+        }
     }
 
     /// Forgets `waiter` in its session's set (it was granted or withdrawn).

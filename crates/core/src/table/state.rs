@@ -109,4 +109,16 @@ pub(super) enum Timer {
     Expiry(ResourceName),
     WaitDeadline(WaiterId),
     SessionExpiry(SessionDigest),
+    /// The next bounded step of an ended session's leases (see `drain.rs`).
+    SessionDrain(SessionDigest),
+}
+
+/// An ended session whose leases are still being dropped, a bounded number
+/// per step. Its leases are already gone for every caller: each
+/// per-resource call drops the one it touches first (`settle`).
+#[derive(Clone, Debug)]
+pub(super) struct Draining {
+    pub(super) leases: BTreeSet<ResourceName>,
+    /// The session ran out (its leases expired) rather than being closed.
+    pub(super) expired: bool,
 }

@@ -90,11 +90,13 @@ impl LeaseTable {
         let Some(state) = self.resources.get(resource) else {
             return;
         };
-        if state.is_idle() {
-            self.resources.remove(resource);
+        if state.lease.as_ref().is_some_and(|l| !self.is_gone(l)) {
             return;
         }
-        if state.lease.is_some() {
+        if state.queue.is_empty() {
+            // Free, or held only by an ended session's lease (`drain.rs`).
+            self.settle(resource);
+            self.resources.remove(resource);
             return;
         }
         let head = *state
@@ -109,14 +111,18 @@ impl LeaseTable {
                 return;
             }
         }
+        // An ended session's lease is free for the hand-off (`drain.rs`).
         let ready = waiter.claims.iter().all(|(r, _)| {
             let s = &self.resources[r];
-            s.lease.is_none() && s.queue.front() == Some(&head)
+            s.lease.as_ref().is_none_or(|l| self.is_gone(l)) && s.queue.front() == Some(&head)
         });
         if !ready {
             return;
         }
         let waiter = self.waiters.remove(&head).expect("head waiter exists");
+        for (r, _) in &waiter.claims {
+            self.settle(r);
+        }
         self.timers
             .remove(&(waiter.deadline, Timer::WaitDeadline(head)));
         self.unbind_waiter(head, waiter.session);
