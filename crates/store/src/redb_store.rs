@@ -1,4 +1,5 @@
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use baton_core::{
     AcquisitionDigest, AcquisitionId, Epoch, FencingToken, LeaseRecord, ResourceName,
@@ -11,6 +12,8 @@ use crate::quiet::contain_panics;
 use crate::record::{decode, decode_v2, encode, LEASE_LEN_BYTES};
 use crate::wal::{self, Pending, Wal};
 use crate::{LeaseStore, StoreError, Stored};
+use fold::Folder;
+use logs::Logs;
 
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 const LEASES: TableDefinition<&str, &[u8]> = TableDefinition::new("leases");
@@ -22,8 +25,9 @@ const SESSIONS: TableDefinition<&[u8], u64> = TableDefinition::new("sessions");
 const SESSION_OPENERS: TableDefinition<&[u8], &str> = TableDefinition::new("session_openers");
 /// Format 1 stored acquisition ids; format 2 stores their digests and a
 /// store id; format 3 adds holder descriptions to lease records (see
-/// `record`) and session openers.
-const FORMAT: u64 = 3;
+/// `record`) and session openers; format 4 has two logs (a build that
+/// knows one would not replay the second).
+const FORMAT: u64 = 4;
 const FORMAT_DIGESTS: u64 = 2;
 const FORMAT_WITH_IDS: u64 = 1;
 const FILE_NAME: &str = "baton.redb";
@@ -32,29 +36,22 @@ const FILE_NAME: &str = "baton.redb";
 /// only needs the pages on its path, and the kernel's page cache serves the
 /// rest. At 10M live leases the file is about 1.4 GB.
 const CACHE_LEN_BYTES: usize = 64 << 20;
-/// Partial folds of the log into redb (see `fold_some`): at least this many
-/// keys, or this many commits apart, and at most this many keys at once.
-const FOLD_KEYS_MIN: usize = 256;
-const FOLD_EVERY_COMMITS: u64 = 64;
-const FOLD_KEYS_MAX: usize = 4_096;
-
 /// The embedded backend: one redb file under the data directory, guarded by
-/// the directory's identity file, with a write-ahead log in front (see the
-/// `wal` module): a commit is one appended record and one `fdatasync`, and
-/// the log is folded into redb (`Durability::Immediate`) when it is full or
-/// the epoch changes.
+/// the directory's identity file, with two write-ahead logs in front (see
+/// the `wal` module): a commit is one record appended to the active log and
+/// one `fdatasync`; a full log is folded into redb by a thread of its own
+/// (`fold.rs`) while commits go on in the other; an epoch change folds
+/// everything into redb at once.
 pub struct RedbStore {
-    db: Database,
+    db: Arc<Database>,
     data_dir: PathBuf,
     identity: Identity,
     poisoned: bool,
-    wal: Wal,
-    /// The log's writes not yet in redb, one per key.
+    logs: Logs,
+    /// The active log's writes, one per key (not yet in redb).
     pending: Pending,
-    /// Commits appended since the log was (re)started, and since the last
-    /// partial fold.
-    log_commits: u64,
-    since_fold: u64,
+    /// Folds the other log's writes into redb.
+    folder: Folder,
 }
 
 fn storage(e: impl std::fmt::Display) -> StoreError {
@@ -89,6 +86,8 @@ struct Meta {
     /// Whether the store has a write-ahead log (meta key `log`): then a
     /// missing log is lost commits, not an upgrade from before logs.
     uses_log: bool,
+    /// Whether it has two (meta key `log` at 2): then the second is needed too.
+    two_logs: bool,
 }
 
 impl RedbStore {
@@ -105,9 +104,10 @@ impl RedbStore {
         Self::open_with_log(data_dir, wal::LEN_BYTES_DEFAULT)
     }
 
-    /// [`RedbStore::open`] with a write-ahead log of `log_len_bytes` (a new
-    /// log; an existing one keeps its size).
-    pub(crate) fn open_with_log(data_dir: &Path, log_len_bytes: u64) -> Result<Self, StoreError> {
+    /// [`RedbStore::open`] with write-ahead logs of `log_len_bytes` each
+    /// (new logs; existing ones keep their size). Crash tests use small
+    /// logs, so that folds and rotations come every few commits.
+    pub fn open_with_log(data_dir: &Path, log_len_bytes: u64) -> Result<Self, StoreError> {
         std::fs::create_dir_all(data_dir).map_err(|source| StoreError::Io {
             path: data_dir.display().to_string(),
             source,
@@ -130,18 +130,22 @@ impl RedbStore {
                 });
             }
         }
-        let wal_path = Wal::path_in(data_dir);
-        if meta.uses_log && !wal_path.exists() {
-            return Err(StoreError::LogLost {
-                path: wal_path.display().to_string(),
-                data_dir: data_dir.display().to_string(),
-            });
+        for (slot, needed) in [(0, meta.uses_log), (1, meta.two_logs)] {
+            let wal_path = Wal::path_of(data_dir, slot);
+            if needed && !wal_path.exists() {
+                return Err(StoreError::LogLost {
+                    path: wal_path.display().to_string(),
+                    data_dir: data_dir.display().to_string(),
+                });
+            }
         }
-        let (wal, replayed) = Wal::open(data_dir, meta.store_id, log_len_bytes)?;
-        if !meta.uses_log {
-            // A store from before the log: from now on it has one.
-            contain_panics(&path, || mark_log_used(&db))?;
+        let opened = Logs::open(data_dir, meta.store_id, log_len_bytes)?;
+        if !meta.two_logs {
+            // A store from before the logs, or before the second: from now
+            // on it has two, and a build that knows one refuses it.
+            contain_panics(&path, || mark_two_logs(&db))?;
         }
+        let replayed = [&opened.older[..], &opened.newer[..]].concat();
         let found = checked_position(&path, identity.as_ref(), &meta, &replayed)?;
         // Raise the floor to where the store is now (and write it for a
         // directory from before identity files existed).
@@ -151,18 +155,21 @@ impl RedbStore {
             floor_counter: found.1,
         };
         identity.write(data_dir)?;
+        // The older log's writes are folded again (whatever part of them
+        // already is in redb), in the background.
+        let mut frozen = Pending::default();
+        frozen.absorb(&opened.older);
         let mut pending = Pending::default();
-        pending.absorb(&replayed);
-        let log_commits = replayed.len() as u64;
+        pending.absorb(&opened.newer);
+        let db = Arc::new(db);
         Ok(Self {
+            folder: Folder::start(db.clone(), frozen)?,
             db,
             data_dir: data_dir.to_path_buf(),
             identity,
             poisoned: false,
-            wal,
+            logs: opened.logs,
             pending,
-            log_commits,
-            since_fold: 0,
         })
     }
 
@@ -175,19 +182,24 @@ impl RedbStore {
             floor_epoch: Epoch::FIRST,
             floor_counter: 0,
         };
-        let wal = Wal::create(data_dir, store_id, log_len_bytes)?;
+        let logs = Logs::create(data_dir, store_id, log_len_bytes)?;
         identity.write(data_dir)?;
-        let db = open_db(&path)?;
+        let db = Arc::new(open_db(&path)?);
         Ok(Self {
+            folder: Folder::start(db.clone(), Pending::default())?,
             db,
             data_dir: data_dir.to_path_buf(),
             identity,
             poisoned: false,
-            wal,
+            logs,
             pending: Pending::default(),
-            log_commits: 0,
-            since_fold: 0,
         })
+    }
+
+    /// Keys of the frozen log not yet folded into redb: zero unless a
+    /// background fold is under way.
+    pub fn fold_backlog(&self) -> usize {
+        self.folder.with_frozen(|frozen| frozen.len())
     }
 
     /// Replaces whatever is in `data_dir` with an empty store whose tokens
@@ -211,9 +223,9 @@ impl RedbStore {
         std::fs::File::open(data_dir)
             .and_then(|d| d.sync_all())
             .map_err(io(data_dir))?;
-        // The old log belongs to the old store id: until it is replaced, the
-        // directory refuses to open.
-        Wal::create(data_dir, store_id, wal::LEN_BYTES_DEFAULT)?;
+        // The old logs belong to the old store id: until they are replaced,
+        // the directory refuses to open.
+        Logs::create(data_dir, store_id, wal::LEN_BYTES_DEFAULT)?;
         Identity {
             store_id,
             floor_epoch: epoch,
@@ -315,110 +327,95 @@ fn checked_position(
 }
 
 impl RedbStore {
-    /// Folds the log into redb in one transaction, then starts the log
-    /// again. Returns the new epoch if the fold raised it.
-    fn checkpoint(&mut self) -> Result<Option<Epoch>, StoreError> {
+    /// Folds both logs into redb and starts them again: for an epoch
+    /// change (whose floor is raised only once redb holds it) and for a
+    /// commit bigger than a log.
+    fn checkpoint(&mut self) -> Result<(), StoreError> {
+        self.folder.wait_idle()?;
         let writes = self.pending.drain();
-        let new_epoch = self.commit_inner(&writes)?;
-        self.wal.restart()?;
-        self.log_commits = 0;
-        self.since_fold = 0;
-        Ok(new_epoch)
+        write_to_redb(&self.db, &writes)?;
+        self.logs.restart_both()
     }
 
-    /// Once the log is half full, each commit owes a share of the pending
-    /// keys (their count over the commits that still fit), so that all are
-    /// folded into redb (at their current values) by the time the log is
-    /// full and the checkpoint has little left, instead of one stall for
-    /// every key of the log. Shares are paid together once they reach
-    /// `FOLD_KEYS_MIN` keys or `FOLD_EVERY_COMMITS` commits, at most
-    /// `FOLD_KEYS_MAX` at a time. Safe at any point: replaying the log over
-    /// redb changes nothing the log does not write again, and a key written
-    /// after its fold is pending again.
-    fn fold_some(&mut self) -> Result<(), StoreError> {
-        if !self.wal.past_half() || self.pending.len() == 0 {
-            return Ok(());
-        }
-        self.since_fold += 1;
-        let share = self
-            .pending
-            .len()
-            .div_ceil(self.wal.commits_left(self.log_commits) as usize);
-        let owed = share.saturating_mul(self.since_fold as usize);
-        if owed < FOLD_KEYS_MIN && self.since_fold < FOLD_EVERY_COMMITS {
-            return Ok(());
-        }
-        self.since_fold = 0;
-        let writes = self.pending.take(owed.min(FOLD_KEYS_MAX));
-        self.commit_inner(&writes)?;
+    /// The active log is full: once the background fold has the other
+    /// wholly in redb, commits go on in that one, and this one is folded.
+    fn rotate(&mut self) -> Result<(), StoreError> {
+        self.folder.wait_idle()?;
+        self.logs.rotate()?;
+        self.folder.hand_over(std::mem::take(&mut self.pending));
         Ok(())
     }
 
-    /// One commit: appended to the log, or, when the log is full or the
-    /// epoch changes, folded into redb with everything pending.
+    /// One commit: appended to the active log (the other one first if this
+    /// one is full), or, when the epoch changes, folded into redb with
+    /// everything pending. Returns the new epoch, if any.
     fn commit_logged(&mut self, writes: &[Write]) -> Result<Option<Epoch>, StoreError> {
+        if let Some(e) = self.folder.failure() {
+            return Err(e);
+        }
         let floor = self.identity.floor_epoch;
-        let new_epoch = writes
-            .iter()
-            .any(|w| matches!(w, Write::Tokens { epoch, .. } if *epoch > floor));
+        let new_epoch = writes.iter().find_map(|w| match w {
+            Write::Tokens { epoch, .. } if *epoch > floor => Some(*epoch),
+            _ => None,
+        });
         let payload = wal::encode(writes);
-        if !new_epoch && self.wal.fits(payload.len()) {
-            self.wal.append(&payload)?;
-            self.pending.absorb(writes);
-            self.log_commits += 1;
-            self.fold_some()?;
-            return Ok(None);
+        if new_epoch.is_none() {
+            if !self.logs.active().fits(payload.len()) && !self.logs.active().is_empty() {
+                self.rotate()?;
+            }
+            if self.logs.active().fits(payload.len()) {
+                self.logs.active().append(&payload)?;
+                self.pending.absorb(writes);
+                return Ok(None);
+            }
         }
         self.pending.absorb(writes);
-        self.checkpoint()
+        self.checkpoint()?;
+        Ok(new_epoch)
     }
+}
 
-    fn commit_inner(&mut self, writes: &[Write]) -> Result<Option<Epoch>, StoreError> {
-        let mut new_epoch = None;
-        let txn = self.db.begin_write().map_err(storage)?;
-        {
-            let mut leases = txn.open_table(LEASES).map_err(storage)?;
-            let mut meta = txn.open_table(META).map_err(storage)?;
-            let mut sessions = None;
-            for write in writes {
-                match write {
-                    Write::PutLease { resource, record } => {
-                        leases
-                            .insert(resource.as_str(), encode(record).as_slice())
-                            .map_err(storage)?;
-                    }
-                    Write::PutSession { record } => {
-                        let (table, openers) = open_sessions(&txn, &mut sessions)?;
-                        let key = &record.digest.as_bytes()[..];
-                        table.insert(key, record.ttl_ms).map_err(storage)?;
-                        match &record.opener {
-                            Some(opener) => openers.insert(key, opener.as_str()),
-                            None => openers.remove(key),
-                        }
+/// Applies `writes` in order to redb in one durable transaction.
+fn write_to_redb(db: &Database, writes: &[Write]) -> Result<(), StoreError> {
+    let txn = db.begin_write().map_err(storage)?;
+    {
+        let mut leases = txn.open_table(LEASES).map_err(storage)?;
+        let mut meta = txn.open_table(META).map_err(storage)?;
+        let mut sessions = None;
+        for write in writes {
+            match write {
+                Write::PutLease { resource, record } => {
+                    leases
+                        .insert(resource.as_str(), encode(record).as_slice())
                         .map_err(storage)?;
+                }
+                Write::PutSession { record } => {
+                    let (table, openers) = open_sessions(&txn, &mut sessions)?;
+                    let key = &record.digest.as_bytes()[..];
+                    table.insert(key, record.ttl_ms).map_err(storage)?;
+                    match &record.opener {
+                        Some(opener) => openers.insert(key, opener.as_str()),
+                        None => openers.remove(key),
                     }
-                    Write::DeleteSession { digest } => {
-                        let (table, openers) = open_sessions(&txn, &mut sessions)?;
-                        table.remove(&digest.as_bytes()[..]).map_err(storage)?;
-                        openers.remove(&digest.as_bytes()[..]).map_err(storage)?;
-                    }
-                    Write::DeleteLease { resource } => {
-                        leases.remove(resource.as_str()).map_err(storage)?;
-                    }
-                    Write::Tokens { epoch, counter } => {
-                        meta.insert("epoch", u64::from(epoch.get()))
-                            .map_err(storage)?;
-                        meta.insert("counter", *counter).map_err(storage)?;
-                        if *epoch > self.identity.floor_epoch {
-                            new_epoch = Some(*epoch);
-                        }
-                    }
+                    .map_err(storage)?;
+                }
+                Write::DeleteSession { digest } => {
+                    let (table, openers) = open_sessions(&txn, &mut sessions)?;
+                    table.remove(&digest.as_bytes()[..]).map_err(storage)?;
+                    openers.remove(&digest.as_bytes()[..]).map_err(storage)?;
+                }
+                Write::DeleteLease { resource } => {
+                    leases.remove(resource.as_str()).map_err(storage)?;
+                }
+                Write::Tokens { epoch, counter } => {
+                    meta.insert("epoch", u64::from(epoch.get()))
+                        .map_err(storage)?;
+                    meta.insert("counter", *counter).map_err(storage)?;
                 }
             }
         }
-        txn.commit().map_err(storage)?;
-        Ok(new_epoch)
     }
+    txn.commit().map_err(storage)
 }
 
 type SessionTables<'t> = (
@@ -477,8 +474,10 @@ impl LeaseStore for RedbStore {
     }
 }
 
+mod fold;
 mod format;
 mod load;
+mod logs;
 use format::*;
 
 #[cfg(test)]

@@ -10,9 +10,12 @@
 //! against 95 µs and 45 µs). Elsewhere (tmpfs, some network file
 //! systems) it is one `pwrite` and one `fdatasync`. (A redb commit writes about
 //! seven pages and costs, on the reference machine, about 3.5 times the
-//! CPU and the latency of this.) The log is folded into redb when it is
-//! full or an epoch changes (a *checkpoint*), then started again under a
-//! new generation.
+//! CPU and the latency of this.) There are two such logs: commits go to the
+//! *active* one; when it is full, the other (whose writes are all in redb
+//! by then) is started again under a new generation and becomes the
+//! active one, and the full one is folded into redb in the background
+//! (see `redb_store/fold.rs`). At open, both are replayed, the older
+//! generation first.
 //!
 //! Layout: a 64-byte header (magic, format, the store id the log belongs
 //! to, the generation), then records `generation u64 | length u32 |
@@ -35,7 +38,9 @@ use sha2::{Digest, Sha256};
 
 use crate::{StoreError, StoreId};
 
-const FILE_NAME: &str = "baton.wal";
+/// The two logs' files: the first is the one every store had before there
+/// were two.
+const FILE_NAMES: [&str; 2] = ["baton.wal", "baton.wal2"];
 const MAGIC: &[u8; 8] = b"BATONWAL";
 const FORMAT: u32 = 1;
 const HEADER_LEN_BYTES: u64 = 64;
@@ -128,22 +133,26 @@ fn checksum(generation: u64, payload: &[u8]) -> u64 {
 }
 
 impl Wal {
+    /// The first log of `data_dir`.
+    #[cfg(test)]
     pub(crate) fn path_in(data_dir: &Path) -> PathBuf {
-        data_dir.join(FILE_NAME)
+        Self::path_of(data_dir, 0)
     }
 
-    /// Opens the log of `data_dir` and returns it with the writes of its
-    /// valid records, in order; creates an empty one if there is none. A log
-    /// of another store is refused.
+    /// Log `slot` (0 or 1) of `data_dir`.
+    pub(crate) fn path_of(data_dir: &Path, slot: usize) -> PathBuf {
+        data_dir.join(FILE_NAMES[slot])
+    }
+
+    /// Opens log `slot` of `data_dir` and returns it with the writes of its
+    /// valid records, in order. A log of another store is refused.
     pub(crate) fn open(
         data_dir: &Path,
+        slot: usize,
         store_id: StoreId,
         len_bytes: u64,
     ) -> Result<(Self, Vec<Write>), StoreError> {
-        let path = Self::path_in(data_dir);
-        if !path.exists() {
-            return Ok((Self::create(data_dir, store_id, len_bytes)?, Vec::new()));
-        }
+        let path = Self::path_of(data_dir, slot);
         let mut file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -190,15 +199,18 @@ impl Wal {
         Ok((wal, writes))
     }
 
-    /// A new, empty log for `store_id` in place of any other: zero-filled
-    /// to its full size and synced, directory included.
+    /// A new, empty log `slot` for `store_id` in place of any other, under
+    /// `generation`: zero-filled to its full size and synced, directory
+    /// included.
     pub(crate) fn create(
         data_dir: &Path,
+        slot: usize,
         store_id: StoreId,
         len_bytes: u64,
+        generation: u64,
     ) -> Result<Self, StoreError> {
-        let path = Self::path_in(data_dir);
-        let tmp = data_dir.join(format!("{FILE_NAME}.new"));
+        let path = Self::path_of(data_dir, slot);
+        let tmp = data_dir.join(format!("{}.new", FILE_NAMES[slot]));
         {
             let mut file = File::create(&tmp).map_err(io(&tmp))?;
             let zeros = vec![0u8; 1 << 20];
@@ -208,7 +220,7 @@ impl Wal {
                 file.write_all(&zeros[..n]).map_err(io(&tmp))?;
                 left -= n as u64;
             }
-            file.write_all_at(&header(store_id, 1), 0)
+            file.write_all_at(&header(store_id, generation), 0)
                 .map_err(io(&tmp))?;
             file.sync_all().map_err(io(&tmp))?;
         }
@@ -221,29 +233,27 @@ impl Wal {
             .write(true)
             .open(&path)
             .map_err(io(&path))?;
-        let direct = Direct::open(&path, len_bytes, &header(store_id, 1));
+        let direct = Direct::open(&path, len_bytes, &header(store_id, generation));
         Ok(Self {
             file,
             path,
             store_id,
-            generation: 1,
+            generation,
             end: HEADER_LEN_BYTES,
             len_bytes,
             direct,
         })
     }
 
-    /// How many more commits of about the average size so far still fit
-    /// (at least 1).
-    pub(crate) fn commits_left(&self, commits: u64) -> u64 {
-        let used = self.end - HEADER_LEN_BYTES;
-        let average = (used / commits.max(1)).max(1);
-        ((self.len_bytes - self.end) / average).max(1)
+    /// The generation its records carry: the higher of two logs is the
+    /// newer.
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation
     }
 
-    /// Whether more than half of the log is used.
-    pub(crate) fn past_half(&self) -> bool {
-        self.end > self.len_bytes / 2
+    /// Whether it holds no record.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.end == HEADER_LEN_BYTES
     }
 
     /// Whether a record of `payload_len` bytes still fits.
@@ -289,10 +299,11 @@ impl Wal {
         self.file.sync_data().map_err(io(&self.path))
     }
 
-    /// Starts the log again, empty, under the next generation (after its
-    /// writes were folded into redb): every older record stops counting.
-    pub(crate) fn restart(&mut self) -> Result<(), StoreError> {
-        let generation = self.generation + 1;
+    /// Starts the log again, empty, under `generation` (above both logs'
+    /// current ones; after its writes were folded into redb): every older
+    /// record stops counting.
+    pub(crate) fn restart(&mut self, generation: u64) -> Result<(), StoreError> {
+        assert!(generation > self.generation, "generations only rise");
         // Nothing precedes the header in its block: a direct write of it
         // zeros the rest of the first block.
         if let Some(direct) = self.direct.as_mut() {
@@ -373,7 +384,7 @@ mod tests {
 
     /// Opens `d`'s log, with direct writes only if `direct`.
     fn open_as(d: &Path, id: StoreId, direct: bool) -> (Wal, Vec<Write>) {
-        let (mut wal, writes) = Wal::open(d, id, 1 << 16).unwrap();
+        let (mut wal, writes) = Wal::open(d, 0, id, 1 << 16).unwrap();
         if !direct {
             wal.direct = None;
         }
@@ -400,7 +411,7 @@ mod tests {
                 "blocks-buffered"
             });
             let id = StoreId([5; 16]);
-            drop(Wal::create(&d, id, 1 << 16).unwrap());
+            drop(Wal::create(&d, 0, id, 1 << 16, 1).unwrap());
             let (mut wal, _) = open_as(&d, id, direct);
             assert_eq!(wal.is_direct(), direct);
             let mut all = Vec::new();
@@ -422,7 +433,7 @@ mod tests {
             assert!(biggest > BLOCK_LEN_BYTES, "a record spans blocks");
             let end = wal.end as usize;
             drop(wal);
-            let (_, replayed) = Wal::open(&d, id, 1 << 16).unwrap();
+            let (_, replayed) = Wal::open(&d, 0, id, 1 << 16).unwrap();
             assert_eq!(replayed, all);
             expected.push(all);
             files.push(std::fs::read(Wal::path_in(&d)).unwrap()[..end].to_vec());
@@ -439,14 +450,14 @@ mod tests {
             "torn-buffered"
         });
         let id = StoreId([3; 16]);
-        drop(Wal::create(&d, id, 1 << 16).unwrap());
+        drop(Wal::create(&d, 0, id, 1 << 16, 1).unwrap());
         let (mut wal, _) = open_as(&d, id, direct);
         for n in 1..=3 {
             wal.append(&encode(&put(n))).unwrap();
         }
         let end = wal.end;
         drop(wal);
-        let (_, writes) = Wal::open(&d, id, 1 << 16).unwrap();
+        let (_, writes) = Wal::open(&d, 0, id, 1 << 16).unwrap();
         assert_eq!(writes, [put(1), put(2), put(3)].concat());
         // Tear the last record: only the first two come back.
         let f = OpenOptions::new()
@@ -457,14 +468,14 @@ mod tests {
         let (mut wal, writes) = open_as(&d, id, direct);
         assert_eq!(writes, [put(1), put(2)].concat());
         // A restart forgets every record; appends after it replay alone.
-        wal.restart().unwrap();
+        wal.restart(2).unwrap();
         wal.append(&encode(&put(7))).unwrap();
         drop(wal);
-        let (_, writes) = Wal::open(&d, id, 1 << 16).unwrap();
+        let (_, writes) = Wal::open(&d, 0, id, 1 << 16).unwrap();
         assert_eq!(writes, put(7));
         // Another store's log is refused, not replayed.
         assert!(matches!(
-            Wal::open(&d, StoreId([4; 16]), 1 << 16),
+            Wal::open(&d, 0, StoreId([4; 16]), 1 << 16),
             Err(StoreError::Corrupt(_))
         ));
         std::fs::remove_dir_all(&d).unwrap();

@@ -40,8 +40,8 @@ pub(super) fn write_new_store(
         meta.insert("epoch", u64::from(epoch.get()))
             .map_err(storage)?;
         meta.insert("counter", 0).map_err(storage)?;
-        // Every new store gets its log right after (see `Wal::create`).
-        meta.insert("log", 1).map_err(storage)?;
+        // Every new store gets its two logs right after (see `Logs::create`).
+        meta.insert("log", 2).map_err(storage)?;
         txn.open_table(LEASES).map_err(storage)?;
     }
     txn.commit().map_err(storage)
@@ -167,11 +167,14 @@ pub(super) fn copy_with_digests(
     Ok(())
 }
 
-pub(super) fn mark_log_used(db: &Database) -> Result<(), StoreError> {
+/// Records that the store has two logs (meta `log` 2; 1 was one log),
+/// with the format that says so: format 3 to 4.
+pub(super) fn mark_two_logs(db: &Database) -> Result<(), StoreError> {
     let txn = db.begin_write().map_err(storage)?;
     {
         let mut meta = txn.open_table(META).map_err(storage)?;
-        meta.insert("log", 1).map_err(storage)?;
+        meta.insert("log", 2).map_err(storage)?;
+        meta.insert("format", FORMAT).map_err(storage)?;
     }
     txn.commit().map_err(storage)
 }
@@ -202,11 +205,12 @@ pub(super) fn read_meta_in(txn: &redb::ReadTransaction) -> Result<Meta, StoreErr
     let counter = get("counter")?;
     FencingToken::new(epoch, counter).map_err(|e| StoreError::Corrupt(e.to_string()))?;
     let store_id = StoreId::from_halves(get("store_id_hi")?, get("store_id_lo")?);
-    let uses_log = meta.get("log").map_err(storage)?.is_some();
+    let logs = meta.get("log").map_err(storage)?.map_or(0, |v| v.value());
     Ok(Meta {
         store_id,
         epoch,
         counter,
-        uses_log,
+        uses_log: logs >= 1,
+        two_logs: logs >= 2,
     })
 }

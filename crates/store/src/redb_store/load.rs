@@ -4,16 +4,28 @@ use super::*;
 
 impl RedbStore {
     pub(super) fn load_inner(&self) -> Result<Stored, StoreError> {
-        let txn = self.db.begin_read().map_err(storage)?;
-        read(&txn, &self.pending.writes())
+        let (txn, overlay) = self.view()?;
+        read(&txn, &overlay)
     }
 
     /// redb's read transaction (a consistent view of its file) and the
-    /// log's pending writes as of now: no read of the table yet.
+    /// logs' writes not yet in redb as of now: no read of the table yet.
     pub(super) fn snapshot_inner(&self) -> Result<crate::SnapshotRead, StoreError> {
-        let txn = self.db.begin_read().map_err(storage)?;
-        let overlay = self.pending.writes();
+        let (txn, overlay) = self.view()?;
         Ok(Box::new(move || read(&txn, &overlay)))
+    }
+
+    /// redb's read transaction and, taken with it while no background fold
+    /// can take a key out, the frozen log's writes and then the active
+    /// log's: laid over redb in that order they give every key its last
+    /// committed value (see `fold.rs`).
+    fn view(&self) -> Result<(redb::ReadTransaction, Vec<Write>), StoreError> {
+        self.folder.with_frozen(|frozen| {
+            let txn = self.db.begin_read().map_err(storage)?;
+            let mut overlay = frozen.writes();
+            overlay.extend(self.pending.writes());
+            Ok((txn, overlay))
+        })
     }
 }
 

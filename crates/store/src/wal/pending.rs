@@ -38,6 +38,51 @@ impl Pending {
         self.leases.len() + self.sessions.len()
     }
 
+    /// Whether nothing is pending, the token position included.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.len() == 0 && self.tokens.is_none()
+    }
+
+    /// At most `n` pending keys as writes, and the token position, copied
+    /// and left pending: a background fold writes them into redb, then
+    /// [`Pending::forget`]s them.
+    pub(crate) fn peek(&self, n: usize) -> Vec<Write> {
+        let leases = self
+            .leases
+            .iter()
+            .take(n)
+            .map(|(resource, record)| lease_write(resource.clone(), record.clone()));
+        let sessions = self
+            .sessions
+            .iter()
+            .take(n.saturating_sub(self.leases.len()))
+            .map(|(digest, record)| session_write(*digest, record.clone()));
+        let tokens = self
+            .tokens
+            .map(|(epoch, counter)| Write::Tokens { epoch, counter });
+        leases.chain(sessions).chain(tokens).collect()
+    }
+
+    /// Drops the keys (and the token position) that `writes` from
+    /// [`Pending::peek`] name: they are in redb now. Nothing else may have
+    /// been absorbed since the peek (a frozen log's writes do not change).
+    pub(crate) fn forget(&mut self, writes: &[Write]) {
+        for w in writes {
+            match w {
+                Write::PutLease { resource, .. } | Write::DeleteLease { resource } => {
+                    self.leases.remove(resource);
+                }
+                Write::PutSession { record } => {
+                    self.sessions.remove(&record.digest);
+                }
+                Write::DeleteSession { digest } => {
+                    self.sessions.remove(digest);
+                }
+                Write::Tokens { .. } => self.tokens = None,
+            }
+        }
+    }
+
     /// At most `n` pending keys as writes, taken out (the token position
     /// stays pending until the full drain).
     pub(crate) fn take(&mut self, n: usize) -> Vec<Write> {
