@@ -376,10 +376,11 @@ pub struct BenchArgs {
     pub pages: usize,
     /// Stall run: the first --clients count cycles on sessions on distinct
     /// resources while this event happens (`backup`: three `admin backup`
-    /// in a row; `none`: --settle of nothing, the baseline); prints the
-    /// worst and p99.9 acquire and the worst `/readyz` before, during and
-    /// after it. Fill the server first (--fill-leases).
-    #[arg(long, value_parser = ["backup", "none"])]
+    /// in a row; `session-end`: a session holding 100,000 leases, set up
+    /// first, closes; `none`: --settle of nothing, the baseline); prints
+    /// the worst and p99.9 acquire and the worst `/readyz` before, during
+    /// and after it. Fill the server first (--fill-leases).
+    #[arg(long, value_parser = ["backup", "session-end", "none"])]
     pub event: Option<String>,
     /// With --event: the server's HTTP address, probed at /readyz every 10 ms.
     #[arg(long, value_name = "HTTP_ADDR")]

@@ -10,6 +10,10 @@ use crate::error::{CliError, Exit};
 
 /// Backups in a row for `--event backup`.
 const BACKUPS: usize = 3;
+/// Leases of the session that `--event session-end` closes.
+const SESSION_LEASES: usize = 100_000;
+/// Resources per acquire while that session fills (the server's limit).
+const SESSION_LEASES_PER_REQUEST: usize = 64;
 
 /// One window in `--json`.
 #[derive(Serialize)]
@@ -88,6 +92,14 @@ pub async fn stalls(a: &BenchArgs, event: &str) -> Result<Exit, CliError> {
             let label = format!("{BACKUPS} backups in a row");
             run.around(&label, backups, &run_id).await
         }
+        "session-end" => {
+            // Set up before the clients start: one session holding
+            // SESSION_LEASES leases, closed as the event.
+            let session = big_session(a).await?;
+            let close = async move { session.close().await.map(|_| ()) };
+            let label = format!("a session of {SESSION_LEASES} leases closes");
+            run.around(&label, close, &run_id).await
+        }
         // The baseline: the same windows with nothing in the middle.
         "none" => {
             let quiet = async {
@@ -151,4 +163,34 @@ fn backup_file(run_id: &str) -> std::path::PathBuf {
         std::env::temp_dir()
     };
     dir.join(format!("baton-bench-backup-{run_id}.json"))
+}
+
+/// A session on the server that holds [`SESSION_LEASES`] leases, on
+/// resources of its own: the setup of `--event session-end`.
+async fn big_session(a: &BenchArgs) -> Result<baton_client::Session, CliError> {
+    let client = crate::lease::connect(&a.client).await?;
+    let session = client
+        .open_session(std::time::Duration::from_secs(60))
+        .await
+        .map_err(bench_error)?;
+    let prefix = format!("bench:{}:session", std::process::id());
+    let names: Vec<String> = (0..SESSION_LEASES)
+        .map(|i| format!("{prefix}:{i:06}"))
+        .collect();
+    for chunk in names.chunks(SESSION_LEASES_PER_REQUEST) {
+        let refs: Vec<&str> = chunk.iter().map(String::as_str).collect();
+        match session
+            .acquire_all(&refs, std::time::Duration::ZERO)
+            .await
+            .map_err(bench_error)?
+        {
+            baton_client::AcquiredAll::Granted { .. } => {}
+            other => {
+                return Err(bench_error(format!(
+                    "the session's leases: not granted: {other:?}"
+                )))
+            }
+        }
+    }
+    Ok(session)
 }
