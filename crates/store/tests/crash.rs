@@ -1,5 +1,5 @@
 //! `kill -9` of a process committing to the embedded store, at random
-//! moments, many times over: with logs of 64 KiB, the kills land in the
+//! moments, 40 times over: with logs of 64 KiB, the kills land in the
 //! middle of background folds, log rotations and epoch checkpoints. After
 //! each kill the store must hold exactly the commits up to some point at
 //! or after the last one acknowledged: none lost, none torn, no key back
@@ -21,7 +21,7 @@ use baton_testkit::process::Proc;
 const CHILD: &str = "BATON_STORE_CRASH_CHILD";
 const LOG_LEN_BYTES: u64 = 64 << 10;
 const KEYS: u64 = 3_000;
-const KILLS: usize = 25;
+const KILLS: usize = 40;
 
 /// The epoch of commit `i`: a new one every 2,500 commits (a checkpoint).
 fn epoch_of(i: u64) -> Epoch {
@@ -93,13 +93,7 @@ fn kill_9_mid_fold_loses_no_acknowledged_commit_and_brings_back_no_key() {
     }
     let dir = std::env::temp_dir().join(format!("baton-store-crash-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let seed = std::env::var("CRASH_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
-            now.map_or(1, |d| d.as_nanos() as u64 | 1)
-        });
+    let seed = baton_testkit::seed_from_env("CRASH_SEED");
     println!("seed {seed} (rerun with CRASH_SEED={seed})");
     let mut rng = seed;
     let mut next = move || {

@@ -31,16 +31,7 @@ struct Grant {
 use baton_client::rng::Rng;
 
 fn seed() -> u64 {
-    std::env::var("BATON_CRASH_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-                | 1
-        })
+    baton_testkit::seed_from_env("BATON_CRASH_SEED")
 }
 
 async fn worker(

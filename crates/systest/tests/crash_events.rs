@@ -165,13 +165,7 @@ async fn backups(url: String, stop: Arc<AtomicBool>, counts: Arc<Counts>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokens_stay_ordered_across_sigkill_during_session_ends_and_backups() {
-    let seed = std::env::var("BATON_CRASH_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
-            now.map_or(1, |d| d.as_nanos() as u64 | 1)
-        });
+    let seed = baton_testkit::seed_from_env("BATON_CRASH_SEED");
     println!("crash-events seed {seed} (rerun with BATON_CRASH_SEED={seed}), kills {KILLS}");
     let dir = TempDir::new("crash-events");
     let server = common::serve(dir.path(), &[]);

@@ -29,6 +29,18 @@ pub fn unique(tag: &str) -> String {
     )
 }
 
+/// A fault test's seed: `var` from the environment if it is set (to
+/// rerun a run), else one drawn from the clock. Print it.
+pub fn seed_from_env(var: &str) -> u64 {
+    std::env::var(var)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+            now.map_or(1, |d| d.as_nanos() as u64 | 1)
+        })
+}
+
 /// The administrative connection string: `BATON_TEST_PG` if set (for
 /// example `host=127.0.0.1 user=postgres dbname=postgres` for the machine's
 /// own server); otherwise the test run's private cluster, started on first
