@@ -34,3 +34,22 @@ pub fn cli(args: &[&str]) -> Output {
         .output()
         .expect("run baton")
 }
+
+/// The client in `slot`, connected first if there is none (with calls
+/// bounded at 2 s): for tests whose server is killed and restarted under
+/// them. `None`, after a 5 ms pause, while the server is down.
+pub async fn reconnect<'a>(
+    slot: &'a mut Option<baton_client::Client>,
+    url: &str,
+) -> Option<&'a mut baton_client::Client> {
+    if slot.is_none() {
+        match baton_client::Client::connect(url).await {
+            Ok(c) => *slot = Some(c.with_rpc_timeout(std::time::Duration::from_secs(2))),
+            Err(_) => {
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                return None;
+            }
+        }
+    }
+    slot.as_mut()
+}

@@ -44,16 +44,8 @@ async fn worker(
     let mut rng = Rng::new(seed ^ (id + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
     let mut client: Option<Client> = None;
     while !stop.load(Ordering::Relaxed) {
-        let c = match &mut client {
-            Some(c) => c,
-            None => match Client::connect(&url).await {
-                Ok(c) => client.insert(c.with_rpc_timeout(Duration::from_secs(2))),
-                Err(_) => {
-                    // The server is down: back off briefly before reconnecting.
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                    continue;
-                }
-            },
+        let Some(c) = common::reconnect(&mut client, &url).await else {
+            continue;
         };
         let resource = rng.below(RESOURCES as u64) as usize;
         let name = format!("crash:{resource}");

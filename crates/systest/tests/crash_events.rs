@@ -117,15 +117,8 @@ async fn taker(
     let mut rng = Rng::new(seed);
     let mut client: Option<Client> = None;
     while !stop.load(Ordering::Relaxed) {
-        let c = match &mut client {
-            Some(c) => c,
-            None => match Client::connect(&url).await {
-                Ok(c) => client.insert(c.with_rpc_timeout(Duration::from_secs(2))),
-                Err(_) => {
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                    continue;
-                }
-            },
+        let Some(c) = common::reconnect(&mut client, &url).await else {
+            continue;
         };
         let name = big(rng.below(BIG as u64) as usize);
         let sent = Instant::now();

@@ -55,14 +55,20 @@ impl LeaseTable {
     /// Whether `lease` belongs to an ended session: gone, though still in
     /// the table until its batch comes.
     pub(super) fn is_gone(&self, lease: &Lease) -> bool {
-        lease
-            .session
-            .is_some_and(|digest| self.draining.contains_key(&digest))
+        !self.draining.is_empty()
+            && lease
+                .session
+                .is_some_and(|digest| self.draining.contains_key(&digest))
     }
 
     /// Drops `resource`'s lease if it belongs to an ended session (without
     /// handing the resource on: the caller does). `true` if it did.
     pub(super) fn settle(&mut self, resource: &ResourceName) -> bool {
+        // The common case, on every acquire, renew and release: nothing is
+        // draining, and no lookup is needed.
+        if self.draining.is_empty() {
+            return false;
+        }
         let Some(digest) = self
             .resources
             .get(resource)

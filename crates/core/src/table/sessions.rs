@@ -239,9 +239,7 @@ impl LeaseTable {
         session.expires_at = now;
         let waiters = std::mem::take(&mut session.waiters);
         for waiter in waiters {
-            let Some(deadline) = self.waiters.get(&waiter).map(|w| w.deadline) else {
-                continue; // granted since (`settle_claims_of`)
-            };
+            let deadline = self.waiters[&waiter].deadline;
             self.timers.remove(&(deadline, Timer::WaitDeadline(waiter)));
             self.remove_waiter(now, waiter);
             self.effects.woken.push((waiter, WaitResult::SessionEnded));

@@ -17,6 +17,7 @@
 //! every key either in redb or in the copy (or both, which is harmless:
 //! the copy holds the same value).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -43,6 +44,9 @@ pub(super) struct Folder {
 struct Shared {
     state: Mutex<State>,
     changed: Condvar,
+    /// A fold failed (`State::failed` says why): read on every commit
+    /// without the lock, which the thread holds while it copies a batch.
+    failed: AtomicBool,
 }
 
 #[derive(Default)]
@@ -82,9 +86,7 @@ impl Folder {
         let mut state = self.shared.lock();
         loop {
             if let Some(why) = &state.failed {
-                return Err(StoreError::Storage(format!(
-                    "a background fold failed: {why}"
-                )));
+                return Err(fold_failed(why));
             }
             if state.frozen.is_empty() {
                 return Ok(started.elapsed());
@@ -117,11 +119,11 @@ impl Folder {
 
     /// Why a fold failed, if one did.
     pub(super) fn failure(&self) -> Option<StoreError> {
+        if !self.shared.failed.load(Ordering::Acquire) {
+            return None;
+        }
         let state = self.shared.lock();
-        state
-            .failed
-            .as_ref()
-            .map(|why| StoreError::Storage(format!("a background fold failed: {why}")))
+        state.failed.as_ref().map(|why| fold_failed(why))
     }
 
     /// Transactions folded so far.
@@ -129,6 +131,11 @@ impl Folder {
     pub(super) fn folds(&self) -> u64 {
         self.shared.lock().folds
     }
+}
+
+/// The error every later commit answers after a fold failed.
+fn fold_failed(why: &str) -> StoreError {
+    StoreError::Storage(format!("a background fold failed: {why}"))
 }
 
 impl Drop for Folder {
@@ -175,6 +182,7 @@ fn run(db: &Database, shared: &Shared) {
             }
             Err(e) => {
                 state.failed = Some(e.to_string());
+                shared.failed.store(true, Ordering::Release);
                 shared.changed.notify_all();
                 return;
             }

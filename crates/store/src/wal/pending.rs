@@ -106,18 +106,7 @@ impl Pending {
     /// The pending state as writes, left pending: what a load lays over
     /// redb (order does not matter: one per key).
     pub(crate) fn writes(&self) -> Vec<Write> {
-        let leases = self
-            .leases
-            .iter()
-            .map(|(resource, record)| lease_write(resource.clone(), record.clone()));
-        let sessions = self
-            .sessions
-            .iter()
-            .map(|(digest, record)| session_write(*digest, record.clone()));
-        let tokens = self
-            .tokens
-            .map(|(epoch, counter)| Write::Tokens { epoch, counter });
-        leases.chain(sessions).chain(tokens).collect()
+        self.peek(usize::MAX)
     }
 
     /// The pending state as writes (order does not matter: one per key).
