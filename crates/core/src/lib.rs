@@ -19,6 +19,7 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod bad;
 mod holder;
 mod ids;
 mod name;

@@ -246,7 +246,12 @@ pub fn restore_epoch(floors: &RestoreFloors) -> Result<Epoch, TokenError> {
     .into_iter()
     .flatten()
     {
-        epoch = epoch.max(above.next()?.get());
+        let next = if crate::bad::on(crate::bad::Variant::RestoreSameEpoch) {
+            above
+        } else {
+            above.next()?
+        };
+        epoch = epoch.max(next.get());
     }
     if let Some(min) = floors.min_epoch {
         epoch = epoch.max(min.get());

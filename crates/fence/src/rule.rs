@@ -135,7 +135,14 @@ fn refusal(state: &ResourceState, presented: FencingToken) -> Option<Outcome> {
             floor: state.generation,
         });
     }
-    if let Some(cancelled_at) = state.cancelled_at.filter(|c| presented <= *c) {
+    let cancels = |c: &FencingToken| {
+        if baton_core::bad::on(baton_core::bad::Variant::CancelBelowOnly) {
+            presented < *c
+        } else {
+            presented <= *c
+        }
+    };
+    if let Some(cancelled_at) = state.cancelled_at.filter(cancels) {
         return Some(Outcome::Cancelled {
             presented,
             cancelled_at,

@@ -38,6 +38,12 @@ impl Timing {
     pub fn deadline_ms(self, sent_ms: u64) -> u64 {
         sent_ms + self.ttl_ms - self.margin_ms()
     }
+
+    /// Whether a leader whose deadline is `deadline_ms` may still answer
+    /// at `now_ms` (both on its own clock): only before the deadline.
+    pub fn answers(now_ms: u64, deadline_ms: u64) -> bool {
+        now_ms < deadline_ms || baton_core::bad::on(baton_core::bad::Variant::LeaderPastDeadline)
+    }
 }
 
 /// What a follower decides after reading the row.

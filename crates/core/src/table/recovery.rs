@@ -61,8 +61,13 @@ impl LeaseTable {
                     MonoMs::NEVER
                 }
                 None => {
+                    let ttl_ms = if crate::bad::on(crate::bad::Variant::RecoveryWithoutTtl) {
+                        0
+                    } else {
+                        record.ttl_ms
+                    };
                     let at = now
-                        .end_of(record.ttl_ms)
+                        .end_of(ttl_ms)
                         .plus(recovery_delay_ms(record.ttl_ms, i, n));
                     table.timers.insert((at, Timer::Expiry(resource.clone())));
                     at

@@ -287,7 +287,7 @@ impl Election {
                 return false;
             }
         };
-        if self.seat.now_ms() >= deadline_ms {
+        if !Timing::answers(self.seat.now_ms(), deadline_ms) {
             warn!(
                 term,
                 "loading outlasted the leadership deadline; giving up the term"
@@ -387,7 +387,7 @@ impl Election {
                 }
                 Err(e) => self.trouble("cannot renew leadership", &e),
             }
-            if self.seat.now_ms() >= deadline_ms {
+            if !Timing::answers(self.seat.now_ms(), deadline_ms) {
                 warn!(
                     term,
                     "leadership deadline passed without a renewal; stepping down"

@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Instant;
 
+use baton_store_pg::election::Timing;
 use tonic::Status;
 
 use crate::engine::EngineHandle;
@@ -157,7 +158,11 @@ impl Seat {
     /// The term to send a request to, or the answer a follower gives.
     pub fn term(&self) -> Result<Term, Status> {
         match self.role() {
-            Role::Leader(t) if self.now_ms() < t.deadline_ms.load(Ordering::Acquire) => Ok(t),
+            Role::Leader(t)
+                if Timing::answers(self.now_ms(), t.deadline_ms.load(Ordering::Acquire)) =>
+            {
+                Ok(t)
+            }
             Role::Leader(_) => Err(not_leader(None, None)),
             Role::Follower { leader, trouble } => Err(not_leader(leader, trouble)),
         }
@@ -170,7 +175,7 @@ impl Seat {
     pub fn confirm(&self, term: &Term) -> Result<(), Status> {
         // No clone on this per-answer path: compare under the read lock.
         let seated = matches!(&*self.read(), Role::Leader(t) if t.number == term.number);
-        if seated && self.now_ms() < term.deadline_ms.load(Ordering::Acquire) {
+        if seated && Timing::answers(self.now_ms(), term.deadline_ms.load(Ordering::Acquire)) {
             Ok(())
         } else {
             Err(Status::unavailable(
