@@ -22,6 +22,7 @@
 #![warn(missing_docs)]
 
 mod answers;
+pub mod deadline;
 mod election;
 mod error;
 pub mod flags;

@@ -31,6 +31,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use crate::deadline::Deadline;
 use crate::{Acquired, Client, ClientError, Lease, Renewal, Session};
 
 /// What the keeper knows about its lease.
@@ -341,6 +342,7 @@ async fn run<R: Renewer>(mut renewer: R, lease: Lease, config: KeeperConfig, sha
         .valid_until
         .checked_sub(lease.ttl)
         .unwrap_or_else(Instant::now);
+    let mut deadline = Deadline::opened_with_margin(started, lease.ttl, margin);
     let mut next = started + interval;
     let mut retry = Backoff::new(interval / 8, interval / 2);
     let (resource, token) = (lease.resource.as_str(), lease.token);
@@ -363,8 +365,8 @@ async fn run<R: Renewer>(mut renewer: R, lease: Lease, config: KeeperConfig, sha
             .await
         {
             Ok(Ok(Renewal::Renewed { remaining, .. })) => {
-                *shared.safe_until.lock().expect("keeper mutex") =
-                    sent + remaining.saturating_sub(margin);
+                deadline.acknowledged(sent, Instant::now(), remaining);
+                *shared.safe_until.lock().expect("keeper mutex") = deadline.safe_until();
                 shared
                     .state
                     .send_if_modified(|s| std::mem::replace(s, Ownership::Held) != Ownership::Held);

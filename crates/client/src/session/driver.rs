@@ -139,7 +139,7 @@ impl Driver {
     fn acknowledge(&mut self, sent: Instant, ttl_ms: u64, revoked: Vec<v1::RevokedLease>) {
         let moved = self
             .deadline
-            .acknowledged(sent, Duration::from_millis(ttl_ms));
+            .acknowledged(sent, Instant::now(), Duration::from_millis(ttl_ms));
         let deadline = self.deadline;
         let released = std::mem::take(&mut *self.released.lock().expect("session mutex"));
         self.state.send_modify(|s| {

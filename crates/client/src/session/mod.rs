@@ -28,10 +28,9 @@ use tokio_util::sync::CancellationToken;
 use tonic::Streaming;
 
 mod calls;
-mod deadline;
 mod driver;
 
-pub use deadline::Deadline;
+pub use crate::deadline::Deadline;
 use driver::Driver;
 
 use crate::{from_status, Client, ClientError};
