@@ -10,9 +10,22 @@ mod identity;
 mod quiet;
 mod record;
 mod redb_store;
-mod wal;
+pub(crate) mod wal;
 
 pub use identity::{Identity, StoreId};
+
+/// The write-ahead log's records as pure functions on bytes: the code the
+/// log writes and replays with, for a disk that is not a file (the
+/// simulator's, which loses unsynced writes and tears the last one).
+pub mod image {
+    pub use crate::redb_store::apply;
+    pub use crate::wal::{frame, replay, Undecodable};
+
+    /// The payload of one commit of `writes`.
+    pub fn encode(writes: &[baton_core::Write]) -> Vec<u8> {
+        crate::wal::encode(writes)
+    }
+}
 pub use redb_store::RedbStore;
 
 use baton_core::{Epoch, LeaseRecord, ResourceName, SessionRecord, Write};

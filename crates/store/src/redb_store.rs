@@ -477,6 +477,7 @@ impl LeaseStore for RedbStore {
 mod fold;
 mod format;
 mod load;
+pub use load::apply;
 mod logs;
 use format::*;
 

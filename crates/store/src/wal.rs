@@ -178,12 +178,8 @@ impl Wal {
             )));
         }
         let generation = u64::from_le_bytes(bytes[32..40].try_into().expect("8 bytes"));
-        let mut writes = Vec::new();
-        let mut at = HEADER_LEN_BYTES as usize;
-        while let Some(payload) = record_at(&bytes, at, generation) {
-            decode(payload, &mut writes).map_err(|e| corrupt(&e.to_string()))?;
-            at += RECORD_HEADER_LEN_BYTES + payload.len();
-        }
+        let (writes, at) = replay(&bytes, HEADER_LEN_BYTES as usize, generation)
+            .map_err(|e| corrupt(&e.to_string()))?;
         let len_bytes = (bytes.len() as u64).max(len_bytes);
         let tail_start = at / BLOCK_LEN_BYTES * BLOCK_LEN_BYTES;
         let direct = Direct::open(&path, len_bytes, &bytes[tail_start..at]);
@@ -271,11 +267,7 @@ impl Wal {
     /// write, or one write and one fdatasync).
     pub(crate) fn append(&mut self, payload: &[u8]) -> Result<(), StoreError> {
         debug_assert!(self.fits(payload.len()));
-        let mut record = Vec::with_capacity(RECORD_HEADER_LEN_BYTES + payload.len());
-        record.extend_from_slice(&self.generation.to_le_bytes());
-        record.extend_from_slice(&(payload.len() as u32).to_le_bytes());
-        record.extend_from_slice(&checksum(self.generation, payload).to_le_bytes());
-        record.extend_from_slice(payload);
+        let record = frame(self.generation, payload);
         self.write_durably(self.end, &record)?;
         self.end += record.len() as u64;
         Ok(())
@@ -325,6 +317,32 @@ fn header(store_id: StoreId, generation: u64) -> [u8; HEADER_LEN_BYTES as usize]
     h
 }
 
+/// One record of `generation` holding `payload`, as it is written.
+pub fn frame(generation: u64, payload: &[u8]) -> Vec<u8> {
+    let mut record = Vec::with_capacity(RECORD_HEADER_LEN_BYTES + payload.len());
+    record.extend_from_slice(&generation.to_le_bytes());
+    record.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    record.extend_from_slice(&checksum(generation, payload).to_le_bytes());
+    record.extend_from_slice(payload);
+    record
+}
+
+/// The writes of every whole, valid record of `generation` from `at` on,
+/// in order, and where the first that is not one starts (a torn tail, the
+/// zeros beyond the end, an older generation).
+pub fn replay(
+    bytes: &[u8],
+    mut at: usize,
+    generation: u64,
+) -> Result<(Vec<Write>, usize), Undecodable> {
+    let mut writes = Vec::new();
+    while let Some(payload) = record_at(bytes, at, generation) {
+        decode(payload, &mut writes)?;
+        at += RECORD_HEADER_LEN_BYTES + payload.len();
+    }
+    Ok((writes, at))
+}
+
 /// The payload of the record at `at`, if a whole valid one of
 /// `generation` is there.
 fn record_at(bytes: &[u8], at: usize, generation: u64) -> Option<&[u8]> {
@@ -345,6 +363,7 @@ mod pending;
 
 use codec::decode;
 pub(crate) use codec::encode;
+pub use codec::Undecodable;
 pub(crate) use pending::Pending;
 
 #[cfg(test)]

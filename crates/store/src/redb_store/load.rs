@@ -84,7 +84,7 @@ fn read(txn: &redb::ReadTransaction, overlay: &[Write]) -> Result<Stored, StoreE
 }
 
 /// Applies `writes` in order to a loaded state (the log over redb).
-pub(super) fn apply(stored: &mut Stored, writes: &[Write]) {
+pub fn apply(stored: &mut Stored, writes: &[Write]) {
     if writes.is_empty() {
         return;
     }

@@ -60,11 +60,10 @@ pub(crate) fn encode(writes: &[Write]) -> Vec<u8> {
     out
 }
 
-/// A cursor over a payload; every read names what was cut short.
 /// Why a record that passed its checksum did not decode: corruption, not
 /// a torn tail.
 #[derive(Debug)]
-pub(super) struct Undecodable(String);
+pub struct Undecodable(String);
 
 impl std::fmt::Display for Undecodable {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -78,6 +77,7 @@ impl<E: std::error::Error> From<E> for Undecodable {
     }
 }
 
+/// A cursor over a payload; every read names what was cut short.
 struct Cursor<'a>(&'a [u8]);
 
 impl<'a> Cursor<'a> {
