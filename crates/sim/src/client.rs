@@ -1,0 +1,291 @@
+//! A worker: acquires a resource, keeps its lease with the client
+//! library's own deadline rule (`baton_client::deadline::Deadline`,
+//! counted from each request's send time on the worker's clock), writes
+//! to the fenced resource only while that deadline says it holds the
+//! lease, and releases it when done. Every call has a timeout; a call
+//! that times out is reported indeterminate.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use baton_client::deadline::Deadline;
+use baton_client::rng::Rng;
+use baton_core::{AcquisitionId, FencingToken};
+
+use crate::world::{Addr, Answer, Clock, Msg, Request};
+use crate::{Ctx, SimMs};
+
+/// How long a worker waits for an answer.
+const RPC_TIMEOUT_MS: u64 = 400;
+
+struct Hold {
+    resource: u8,
+    id: AcquisitionId,
+    token: FencingToken,
+    grant: usize,
+    ttl_ms: u64,
+    deadline: Deadline<SimMs>,
+    next_renew_ms: u64,
+    renewing: bool,
+    writes_left: u32,
+    next_write_ms: u64,
+}
+
+enum State {
+    Idle { until_ms: u64 },
+    Acquiring { op: u64 },
+    Holding(Hold),
+}
+
+struct Call {
+    request: Request,
+    sent_ms: u64,
+    sent_true: u64,
+    timeout_ms: u64,
+}
+
+pub struct Client {
+    pub id: usize,
+    pub clock: Clock,
+    pub gen: u64,
+    rng: Rng,
+    target: usize,
+    state: State,
+    calls: BTreeMap<u64, Call>,
+    next_op: u64,
+}
+
+impl Client {
+    pub fn new(id: usize, clock: Clock, seed: u64) -> Self {
+        Self {
+            id,
+            clock,
+            gen: 0,
+            rng: Rng::new(seed),
+            target: 0,
+            state: State::Idle { until_ms: 0 },
+            calls: BTreeMap::new(),
+            next_op: 0,
+        }
+    }
+
+    fn me(&self) -> Addr {
+        Addr::Client(self.id)
+    }
+
+    fn call(&mut self, ctx: &mut Ctx, request: Request, timeout_ms: u64) -> u64 {
+        self.next_op += 1;
+        let op = (self.id as u64) << 32 | self.next_op;
+        let now = self.clock.local(ctx.now);
+        let to = Addr::Node(self.target);
+        ctx.send(
+            self.me(),
+            to,
+            Msg::Call {
+                op,
+                request: request.clone(),
+            },
+        );
+        ctx.check.ops_started += 1;
+        self.calls.insert(
+            op,
+            Call {
+                request,
+                sent_ms: now,
+                sent_true: ctx.now,
+                timeout_ms: now + timeout_ms,
+            },
+        );
+        op
+    }
+
+    pub fn on_wake(&mut self, ctx: &mut Ctx, gen: u64) {
+        if gen != self.gen {
+            return;
+        }
+        let now = self.clock.local(ctx.now);
+        self.time_out_calls(ctx, now);
+        match &mut self.state {
+            State::Idle { until_ms } if now >= *until_ms => self.acquire(ctx),
+            State::Holding(_) => self.keep(ctx, now),
+            _ => {}
+        }
+        self.schedule(ctx);
+    }
+
+    fn time_out_calls(&mut self, ctx: &mut Ctx, now: u64) {
+        let due: Vec<u64> = self
+            .calls
+            .iter()
+            .filter(|(_, c)| now >= c.timeout_ms)
+            .map(|(op, _)| *op)
+            .collect();
+        for op in due {
+            let call = self.calls.remove(&op).expect("listed");
+            ctx.check.ops_indeterminate += 1;
+            self.target = ctx.rng.below(ctx.n_nodes as u64) as usize;
+            match (&mut self.state, call.request) {
+                (State::Acquiring { op: o }, _) if *o == op => self.idle(ctx, now, 50),
+                (State::Holding(h), Request::Renew { .. }) => h.renewing = false,
+                _ => {}
+            }
+        }
+    }
+
+    fn idle(&mut self, ctx: &mut Ctx, now: u64, max_ms: u64) {
+        let _ = ctx;
+        self.state = State::Idle {
+            until_ms: now + self.rng.between(1, max_ms),
+        };
+    }
+
+    fn acquire(&mut self, ctx: &mut Ctx) {
+        let resource = self.rng.below(ctx.names.len() as u64) as u8;
+        let mut bytes = [0u8; 16];
+        bytes[..8].copy_from_slice(&self.rng.next_u64().to_le_bytes());
+        bytes[8..].copy_from_slice(&(self.id as u64).to_le_bytes());
+        let ttl_ms = self.rng.between(1_000, 8_000);
+        let wait_ms = if self.rng.below(2) == 0 {
+            0
+        } else {
+            self.rng.between(100, 1_000)
+        };
+        let request = Request::Acquire {
+            resource,
+            id: AcquisitionId::from_bytes(bytes),
+            ttl_ms,
+            wait_ms,
+        };
+        let op = self.call(ctx, request, RPC_TIMEOUT_MS + wait_ms);
+        self.state = State::Acquiring { op };
+    }
+
+    /// The keeper and the work: lose the lease at the safe deadline,
+    /// renew every third of the TTL, write while held, release when done.
+    fn keep(&mut self, ctx: &mut Ctx, now: u64) {
+        let State::Holding(h) = &mut self.state else {
+            return;
+        };
+        if SimMs(now) >= h.deadline.safe_until() {
+            ctx.trace
+                .record(ctx.now, &(self.id, h.token.get(), 2u8), || {
+                    format!("c{} lost {} at its deadline", self.id, h.token)
+                });
+            self.idle(ctx, now, 200);
+            return;
+        }
+        if now >= h.next_write_ms && h.writes_left > 0 {
+            h.writes_left -= 1;
+            h.next_write_ms = now + h.ttl_ms / 8;
+            self.next_op += 1;
+            let op = (self.id as u64) << 32 | self.next_op;
+            ctx.check.claimed(ctx.now, h.grant);
+            let msg = Msg::Write {
+                op,
+                resource: h.resource,
+                token: h.token,
+            };
+            ctx.send(Addr::Client(self.id), Addr::Resources, msg);
+        }
+        if h.writes_left == 0 {
+            let (resource, id, grant) = (h.resource, h.id, h.grant);
+            ctx.check.released(ctx.now, grant);
+            self.call(ctx, Request::Release { resource, id }, RPC_TIMEOUT_MS);
+            self.idle(ctx, now, 300);
+            return;
+        }
+        if now >= h.next_renew_ms && !h.renewing {
+            h.renewing = true;
+            let left = h.deadline.safe_until().0 - now;
+            let request = Request::Renew {
+                resource: h.resource,
+                id: h.id,
+            };
+            self.call(ctx, request, left.min(RPC_TIMEOUT_MS));
+        }
+    }
+
+    pub fn on_reply(&mut self, ctx: &mut Ctx, op: u64, answer: Answer) {
+        let Some(call) = self.calls.remove(&op) else {
+            return; // late, duplicated, or after its timeout
+        };
+        let now = self.clock.local(ctx.now);
+        match answer {
+            Answer::NotLeader { hint } => {
+                self.target = hint.unwrap_or_else(|| ctx.rng.below(ctx.n_nodes as u64) as usize);
+            }
+            Answer::Indeterminate => ctx.check.ops_indeterminate += 1,
+            _ => {}
+        }
+        match (&mut self.state, call.request, answer) {
+            (
+                State::Acquiring { op: o },
+                Request::Acquire { resource, id, .. },
+                Answer::Granted { token, ttl_ms },
+            ) if *o == op => {
+                let grant =
+                    ctx.check
+                        .granted(resource, token, self.id, call.sent_true, ctx.now, ttl_ms);
+                let ttl = Duration::from_millis(ttl_ms);
+                self.state = State::Holding(Hold {
+                    resource,
+                    id,
+                    token,
+                    grant,
+                    ttl_ms,
+                    deadline: Deadline::opened(SimMs(call.sent_ms), ttl),
+                    next_renew_ms: call.sent_ms + ttl_ms / 3,
+                    renewing: false,
+                    writes_left: self.rng.between(2, 12) as u32,
+                    next_write_ms: now,
+                });
+            }
+            (State::Acquiring { op: o }, _, _) if *o == op => self.idle(ctx, now, 300),
+            (State::Holding(h), Request::Renew { id, .. }, answer) if id == h.id => {
+                h.renewing = false;
+                match answer {
+                    Answer::Renewed { remaining_ms } => {
+                        let remaining = Duration::from_millis(remaining_ms);
+                        h.deadline
+                            .acknowledged(SimMs(call.sent_ms), SimMs(now), remaining);
+                        ctx.check.extended(h.grant, call.sent_true);
+                        h.next_renew_ms = call.sent_ms + h.ttl_ms / 3;
+                    }
+                    Answer::NotOwner => self.idle(ctx, now, 200),
+                    _ => h.next_renew_ms = now + 20,
+                }
+            }
+            _ => {}
+        }
+        self.schedule(ctx);
+    }
+
+    pub fn schedule(&mut self, ctx: &mut Ctx) {
+        let mut at = self.calls.values().map(|c| c.timeout_ms).min();
+        let mut consider = |t: u64| at = Some(at.map_or(t, |a| a.min(t)));
+        match &self.state {
+            State::Idle { until_ms } => consider(*until_ms),
+            State::Acquiring { .. } => {}
+            State::Holding(h) => {
+                consider(h.deadline.safe_until().0);
+                if h.writes_left > 0 {
+                    consider(h.next_write_ms);
+                }
+                if !h.renewing {
+                    consider(h.next_renew_ms);
+                }
+            }
+        }
+        if let Some(local) = at {
+            self.gen += 1;
+            let t = self.clock.true_at(local).max(ctx.now);
+            ctx.queue.push(
+                t,
+                crate::world::Ev::Wake {
+                    who: self.me(),
+                    gen: self.gen,
+                },
+            );
+        }
+    }
+}
