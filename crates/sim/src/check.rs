@@ -15,7 +15,7 @@
 //! - a keeper never claims a lease past the moment the server ended it
 //!   by expiry (a fence or a restore may end it sooner, by design).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use baton_core::{Epoch, Event, FencingToken, ResourceName};
@@ -75,7 +75,6 @@ impl Checker {
         &mut self,
         resource: u8,
         token: FencingToken,
-        _client: usize,
         invoked: Ms,
         answered: Ms,
         ttl_ms: u64,
@@ -306,7 +305,6 @@ impl Checker {
         if !verdict.is_safe() {
             self.violations.push(format!("grant checker: {verdict:?}"));
         }
-        let _: BTreeSet<u8> = BTreeSet::new();
     }
 }
 
@@ -336,7 +334,7 @@ mod tests {
     fn a_claim_after_the_server_ended_the_lease_is_a_violation_and_one_before_is_not() {
         let mut c = Checker::default();
         c.server_event(10, &granted_event(0, t(1, 1)));
-        let g = c.granted(0, t(1, 1), 0, 5, 12, 1_000);
+        let g = c.granted(0, t(1, 1), 5, 12, 1_000);
         c.claimed(500, g);
         assert!(c.violations.is_empty());
         c.server_event(
@@ -366,11 +364,11 @@ mod tests {
                 holder: None,
             },
         );
-        let g = c.granted(0, t(1, 1), 0, 5, 20, 1_000);
+        let g = c.granted(0, t(1, 1), 5, 20, 1_000);
         c.server_event(12, &granted_event(0, t(1, 3)));
         c.claimed(30, g);
         c.fenced(0, t(1, 2), Some(t(1, 1)), 9, 21);
-        c.granted(0, t(1, 3), 1, 11, 22, 1_000);
+        c.granted(0, t(1, 3), 11, 22, 1_000);
         c.finish();
         assert!(c.violations.is_empty(), "{:?}", c.violations);
     }
@@ -382,8 +380,8 @@ mod tests {
         let mut c = Checker::default();
         c.restored(100, Epoch::new(2).unwrap());
         c.restored(200, Epoch::new(3).unwrap());
-        c.granted(0, t(1, 9), 0, 50, 300, 5_000);
-        c.granted(0, t(2, 1), 1, 150, 160, 5_000);
+        c.granted(0, t(1, 9), 50, 300, 5_000);
+        c.granted(0, t(2, 1), 150, 160, 5_000);
         c.finish();
         assert!(c.violations.is_empty(), "{:?}", c.violations);
     }
@@ -410,7 +408,7 @@ mod tests {
         };
         c.recovered(1_000, &stored);
         c.server_event(1_010, &granted_event(0, t(1, 5)));
-        let g = c.granted(0, t(1, 5), 2, 1_005, 1_012, 2_000);
+        let g = c.granted(0, t(1, 5), 1_005, 1_012, 2_000);
         c.claimed(1_500, g);
         assert!(c.violations.is_empty(), "{:?}", c.violations);
     }

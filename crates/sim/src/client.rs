@@ -125,15 +125,14 @@ impl Client {
             ctx.check.ops_indeterminate += 1;
             self.target = ctx.rng.below(ctx.n_nodes as u64) as usize;
             match (&mut self.state, call.request) {
-                (State::Acquiring { op: o }, _) if *o == op => self.idle(ctx, now, 50),
+                (State::Acquiring { op: o }, _) if *o == op => self.idle(now, 50),
                 (State::Holding(h), Request::Renew { .. }) => h.renewing = false,
                 _ => {}
             }
         }
     }
 
-    fn idle(&mut self, ctx: &mut Ctx, now: u64, max_ms: u64) {
-        let _ = ctx;
+    fn idle(&mut self, now: u64, max_ms: u64) {
         self.state = State::Idle {
             until_ms: now + self.rng.between(1, max_ms),
         };
@@ -171,7 +170,7 @@ impl Client {
                 .record(ctx.now, &(self.id, h.token.get(), 2u8), || {
                     format!("c{} lost {} at its deadline", self.id, h.token)
                 });
-            self.idle(ctx, now, 200);
+            self.idle(now, 200);
             return;
         }
         if now >= h.next_write_ms && h.writes_left > 0 {
@@ -191,7 +190,7 @@ impl Client {
             let (resource, id, grant) = (h.resource, h.id, h.grant);
             ctx.check.released(ctx.now, grant);
             self.call(ctx, Request::Release { resource, id }, RPC_TIMEOUT_MS);
-            self.idle(ctx, now, 300);
+            self.idle(now, 300);
             return;
         }
         if now >= h.next_renew_ms && !h.renewing {
@@ -223,9 +222,9 @@ impl Client {
                 Request::Acquire { resource, id, .. },
                 Answer::Granted { token, ttl_ms },
             ) if *o == op => {
-                let grant =
-                    ctx.check
-                        .granted(resource, token, self.id, call.sent_true, ctx.now, ttl_ms);
+                let grant = ctx
+                    .check
+                    .granted(resource, token, call.sent_true, ctx.now, ttl_ms);
                 let ttl = Duration::from_millis(ttl_ms);
                 self.state = State::Holding(Hold {
                     resource,
@@ -240,7 +239,7 @@ impl Client {
                     next_write_ms: now,
                 });
             }
-            (State::Acquiring { op: o }, _, _) if *o == op => self.idle(ctx, now, 300),
+            (State::Acquiring { op: o }, _, _) if *o == op => self.idle(now, 300),
             (State::Holding(h), Request::Renew { id, .. }, answer) if id == h.id => {
                 h.renewing = false;
                 match answer {
@@ -251,7 +250,7 @@ impl Client {
                         ctx.check.extended(h.grant, call.sent_true);
                         h.next_renew_ms = call.sent_ms + h.ttl_ms / 3;
                     }
-                    Answer::NotOwner => self.idle(ctx, now, 200),
+                    Answer::NotOwner => self.idle(now, 200),
                     _ => h.next_renew_ms = now + 20,
                 }
             }

@@ -89,21 +89,24 @@ impl Disk {
     /// What a restart reads: the base, then every whole record, in order.
     /// A torn tail is cut off, as the real log's open does.
     pub fn load(&mut self) -> Stored {
-        let (writes, end) = image::replay(&self.durable, 0, GENERATION)
-            .expect("a record that passed its checksum decodes");
+        let (stored, end) = self.read();
         self.durable.truncate(end);
-        let mut stored = self.base.clone();
-        image::apply(&mut stored, &writes);
         stored
     }
 
     /// What a backup reads now: every durable commit.
     pub fn backup(&self) -> Stored {
-        let (writes, _) = image::replay(&self.durable, 0, GENERATION)
+        self.read().0
+    }
+
+    /// The base with every whole durable record applied, and where the
+    /// last whole record ends.
+    fn read(&self) -> (Stored, usize) {
+        let (writes, end) = image::replay(&self.durable, 0, GENERATION)
             .expect("a record that passed its checksum decodes");
         let mut stored = self.base.clone();
         image::apply(&mut stored, &writes);
-        stored
+        (stored, end)
     }
 
     /// A restore: the directory now holds `image` and an empty log.

@@ -132,12 +132,11 @@ impl Node {
             return;
         }
         let now = MonoMs(self.local(ctx));
-        let names = ctx.names.clone();
         let step = self
             .engine
             .as_mut()
             .expect("checked")
-            .call(now, from, op, request, &names);
+            .call(now, from, op, request, &ctx.names);
         self.run_step(ctx, step);
     }
 

@@ -10,7 +10,7 @@ mod identity;
 mod quiet;
 mod record;
 mod redb_store;
-pub(crate) mod wal;
+mod wal;
 
 pub use identity::{Identity, StoreId};
 
