@@ -14,9 +14,8 @@ pub enum Variant {
     /// instead of the request's send time (`baton-client`).
     KeeperReceiveTime,
     /// Answers go out when their commit starts instead of when it is
-    /// durable. The committer thread does not run in the simulator, so
-    /// this line is in the simulator's engine shell (`crates/sim/src/engine.rs`),
-    /// which mirrors `crates/server/src/engine/committer.rs`.
+    /// durable (`pipeline::batch`, which the server's committer and the
+    /// simulator both run).
     AnswerBeforeDurable,
     /// The leader keeps answering past its leadership deadline
     /// (`election::Timing::answers`, `baton-store-pg`).

@@ -23,6 +23,7 @@ pub mod bad;
 mod holder;
 mod ids;
 mod name;
+pub mod pipeline;
 mod table;
 mod token;
 

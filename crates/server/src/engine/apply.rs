@@ -55,7 +55,7 @@ impl Engine {
             Command::Snapshot { reply } => {
                 // Flush the lazy writes in this step: the view then holds
                 // every change so far.
-                self.flush_at = now;
+                self.pipeline.flush_next_step(now);
                 self.snapshots.push(reply);
             }
             Command::CopyTable { reply } => defer(replies, reply, self.copy_table()),
@@ -86,7 +86,7 @@ impl Engine {
             }
             Command::Shutdown => {}
             Command::CancelWait { waiter } => {
-                if self.waiting.remove(&waiter).is_some() {
+                if self.pipeline.cancel(waiter).is_some() {
                     self.table.cancel_wait(now, waiter);
                 }
             }
@@ -113,7 +113,7 @@ impl Engine {
                 Ok(AcquireReply::NotAcquired(n))
             }
             Ok(AcquireOutcome::Queued { .. }) => {
-                self.waiting.insert(waiter, reply);
+                self.pipeline.wait(waiter, reply);
                 return;
             }
             Err(e) => Err(e),

@@ -1,12 +1,13 @@
 //! The thread that owns the store: it commits the steps queued while its
 //! last commit was in flight together, and only then releases their
-//! replies, in order.
+//! replies, in order (the rule is `baton_core::pipeline::batch`).
 
 use std::sync::mpsc;
 use std::sync::{Arc, Weak};
 use std::time::Instant;
 
-use baton_core::{AcquireError, Write};
+use baton_core::pipeline;
+use baton_core::AcquireError;
 use baton_store::{LeaseStore, StoreError};
 use tokio::sync::oneshot;
 use tracing::error;
@@ -14,11 +15,10 @@ use tracing::error;
 use super::{AcquireReply, Command, Deferred, Reply, Shared, SnapshotReply, Wake};
 use crate::metrics::Metrics;
 
-/// One batch's share of durable work, handed to the committer in order.
-pub(super) struct Job {
-    pub(super) writes: Vec<Write>,
-    /// A token was issued: commit before any reply of this job goes out.
-    pub(super) sync: bool,
+/// What answers one step's callers, released once the step's commit
+/// (per `baton_core::pipeline::batch`) is durable.
+#[derive(Default)]
+pub(super) struct Replies {
     pub(super) replies: Vec<Deferred>,
     /// Waiters granted or timed out; a grant whose caller left is handed back.
     pub(super) woken: Vec<(Reply<Result<AcquireReply, AcquireError>>, AcquireReply)>,
@@ -28,7 +28,7 @@ pub(super) struct Job {
 }
 
 pub(super) enum ToCommitter {
-    Job(Job),
+    Job(pipeline::Job<Replies>),
     /// Commit whatever is pending, then stop.
     Flush,
 }
@@ -48,7 +48,6 @@ pub(super) struct Committer {
 
 impl Committer {
     pub(super) fn run(mut self) -> Result<(), StoreError> {
-        let mut pending: Vec<Write> = Vec::new();
         loop {
             let Ok(first) = self.rx.recv() else {
                 break;
@@ -61,13 +60,13 @@ impl Committer {
                     ToCommitter::Flush => stop = true,
                 }
             }
-            let sync = stop || jobs.iter().any(|j| j.sync || !j.writes.is_empty());
-            for job in &mut jobs {
-                pending.append(&mut job.writes);
+            let batch = pipeline::batch(jobs);
+            for replies in batch.before {
+                self.release(replies);
             }
-            if sync && !pending.is_empty() {
+            if !batch.commit.is_empty() {
                 let started = Instant::now();
-                if let Err(e) = self.store.commit(&pending) {
+                if let Err(e) = self.store.commit(&batch.commit) {
                     // Dropping the replies tells every caller the outcome is unknown.
                     self.metrics.store_errors.inc();
                     error!(error = %e, "lease store commit failed; stopping");
@@ -78,42 +77,40 @@ impl Committer {
                 self.metrics
                     .observe_commit_latency_us(started.elapsed().as_micros() as u64);
                 self.metrics.commits.inc();
-                pending.clear();
             }
-            // Invariant: a job that issued a token is answered only after a
-            // commit that holds its writes and every earlier job's.
-            assert!(
-                pending.is_empty() || !jobs.iter().any(|j| j.sync),
-                "a batch that issued a token must commit before replying"
-            );
-            for job in jobs {
-                for reply in job.replies {
-                    reply();
-                }
-                for reply in job.snapshots {
-                    let _ = reply.send(self.store.snapshot());
-                }
-                for (reply, answer) in job.woken {
-                    if let Err(Ok(AcquireReply::Granted { grants, .. })) = reply.send(Ok(answer)) {
-                        // The caller left just as its turn came: give the leases back.
-                        let Some(engine) = self.engine.upgrade() else {
-                            continue;
-                        };
-                        for g in grants {
-                            let (tx, _) = oneshot::channel();
-                            engine.submit(Command::Release {
-                                resource: g.resource,
-                                id: g.acquisition_id,
-                                reply: tx,
-                            });
-                        }
-                    }
-                }
+            for replies in batch.after {
+                self.release(replies);
             }
             if stop {
                 break;
             }
         }
         Ok(())
+    }
+
+    /// Answers one job's callers, in order.
+    fn release(&mut self, job: Replies) {
+        for reply in job.replies {
+            reply();
+        }
+        for reply in job.snapshots {
+            let _ = reply.send(self.store.snapshot());
+        }
+        for (reply, answer) in job.woken {
+            if let Err(Ok(AcquireReply::Granted { grants, .. })) = reply.send(Ok(answer)) {
+                // The caller left just as its turn came: give the leases back.
+                let Some(engine) = self.engine.upgrade() else {
+                    continue;
+                };
+                for g in grants {
+                    let (tx, _) = oneshot::channel();
+                    engine.submit(Command::Release {
+                        resource: g.resource,
+                        id: g.acquisition_id,
+                        reply: tx,
+                    });
+                }
+            }
+        }
     }
 }

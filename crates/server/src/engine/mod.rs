@@ -1,6 +1,9 @@
 //! The engine: the lease table behind a lock, applied to by the callers
 //! themselves, a timer thread for deadlines, and a committer thread that
-//! owns the store.
+//! owns the store. The rules of the pipeline between them (which writes
+//! a step hands over, what a commit holds, when a reply may go) are pure,
+//! in `baton_core::pipeline`, which the simulator runs too; this module
+//! and `committer.rs` are the threads and channels around them.
 //!
 //! A caller (a gRPC task) takes the lock, applies its command to the table
 //! and hands the step's writes and replies, in order, to the committer,
@@ -16,15 +19,15 @@
 //! earlier step that did is). Releases and expiries are written lazily:
 //! losing them in a crash only keeps a lease held for one more TTL.
 
-use std::collections::HashMap;
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
+use baton_core::pipeline::{Job, Pipeline};
 use baton_core::{
     AcquireError, AcquireRequest, AcquisitionId, FenceOutcome, Grant, LeaseStatus, LeaseTable,
     MonoMs, NotAcquired, ReleaseOutcome, RenewOutcome, ResourceName, Resumed, SessionDigest,
-    SessionError, WaitResult, WaiterId, Write,
+    SessionError, WaitResult, WaiterId,
 };
 use baton_store::{LeaseStore, SnapshotRead, StoreError, Stored};
 use tokio::sync::oneshot;
@@ -37,13 +40,9 @@ mod timer;
 pub(crate) mod watch;
 
 use crate::metrics::Metrics;
-use committer::{Committer, Job, ToCommitter};
+use committer::{Committer, Replies, ToCommitter};
 use timer::run_timer;
 use watch::{holder_changes, Hub, WatchStart};
-
-/// Lazy writes are flushed at least this often, or when this many are pending.
-const LAZY_FLUSH_INTERVAL_MS: u64 = 100;
-const LAZY_WRITES_MAX: usize = 8_192;
 
 #[derive(Debug)]
 pub enum AcquireReply {
@@ -248,10 +247,8 @@ type Deferred = Box<dyn FnOnce() + Send>;
 pub struct Engine {
     table: LeaseTable,
     origin: Instant,
-    /// Lazy writes not yet handed over.
-    lazy: Vec<Write>,
-    flush_at: MonoMs,
-    waiting: HashMap<WaiterId, Reply<Result<AcquireReply, AcquireError>>>,
+    /// Lazy writes not yet handed over, and the waiting callers.
+    pipeline: Pipeline<Reply<Result<AcquireReply, AcquireError>>>,
     metrics: Arc<Metrics>,
     committer: mpsc::Sender<ToCommitter>,
     /// The deadline the timer thread sleeps towards.
@@ -305,9 +302,7 @@ impl Engine {
             engine: Mutex::new(Engine {
                 table,
                 origin,
-                lazy: Vec::new(),
-                flush_at: MonoMs(LAZY_FLUSH_INTERVAL_MS),
-                waiting: HashMap::new(),
+                pipeline: Pipeline::new(MonoMs(0)),
                 metrics: metrics.clone(),
                 committer: to_committer,
                 armed: MonoMs(u64::MAX),
@@ -334,21 +329,14 @@ impl Engine {
     /// When the table next needs a step without a command: its next
     /// deadline, or the lazy flush.
     fn next_wake(&self) -> Option<MonoMs> {
-        [
-            self.table.next_deadline(),
-            (!self.lazy.is_empty()).then_some(self.flush_at),
-        ]
-        .into_iter()
-        .flatten()
-        .min()
+        self.pipeline.next_wake(&self.table)
     }
 
     /// Ticks the table to `now` and hands the step's writes and replies to
     /// the committer. `false` if the committer has stopped (a commit failed).
     fn step(&mut self, now: MonoMs, mut replies: Vec<Deferred>) -> bool {
-        self.table.tick(now);
-        let fx = self.table.take_effects();
-        let changes = holder_changes(&fx.events);
+        let step = self.pipeline.step(&mut self.table, now);
+        let changes = holder_changes(&step.events);
         if !changes.is_empty() {
             // Recorded and published by the committer after this step's
             // commit: neither the page nor a watcher sees a grant that is
@@ -362,21 +350,9 @@ impl Engine {
                 }
             }));
         }
-        self.lazy.extend(fx.writes);
-        let flush = !self.lazy.is_empty()
-            && (fx.sync || now >= self.flush_at || self.lazy.len() >= LAZY_WRITES_MAX);
-        let writes = if flush {
-            self.flush_at = MonoMs(now.0 + LAZY_FLUSH_INTERVAL_MS);
-            std::mem::take(&mut self.lazy)
-        } else {
-            Vec::new()
-        };
-        self.record(&fx.events);
-        let mut woken = Vec::with_capacity(fx.woken.len());
-        for (waiter, result) in fx.woken {
-            let Some(reply) = self.waiting.remove(&waiter) else {
-                continue;
-            };
+        self.record(&step.events);
+        let mut woken = Vec::with_capacity(step.woken.len());
+        for (reply, result) in step.woken {
             let answer = match result {
                 WaitResult::Granted(grants) => {
                     self.metrics.grants_after_wait.inc();
@@ -394,15 +370,18 @@ impl Engine {
         self.metrics.waiters.set(self.table.n_waiters() as i64);
         self.metrics.sessions.set(self.table.n_sessions() as i64);
         let snapshots = std::mem::take(&mut self.snapshots);
-        if replies.is_empty() && woken.is_empty() && writes.is_empty() && snapshots.is_empty() {
+        if replies.is_empty() && woken.is_empty() && step.writes.is_empty() && snapshots.is_empty()
+        {
             return true;
         }
         let job = Job {
-            writes,
-            sync: fx.sync,
-            replies,
-            woken,
-            snapshots,
+            writes: step.writes,
+            sync: step.sync,
+            replies: Replies {
+                replies,
+                woken,
+                snapshots,
+            },
         };
         self.committer.send(ToCommitter::Job(job)).is_ok()
     }

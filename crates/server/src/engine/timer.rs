@@ -9,7 +9,9 @@ use baton_core::MonoMs;
 use baton_store::StoreError;
 use tracing::info;
 
-use super::committer::{Job, ToCommitter};
+use baton_core::pipeline::Job;
+
+use super::committer::{Replies, ToCommitter};
 use super::{Shared, Wake};
 
 /// The timer thread: steps the table at its deadlines; on [`Wake::Stop`]
@@ -45,13 +47,11 @@ pub(super) fn run_timer(
     {
         let mut engine = shared.lock();
         engine.stopped = true;
-        let lazy = std::mem::take(&mut engine.lazy);
+        let lazy = engine.pipeline.take_lazy();
         let _ = engine.committer.send(ToCommitter::Job(Job {
             writes: lazy,
             sync: false,
-            replies: Vec::new(),
-            woken: Vec::new(),
-            snapshots: Vec::new(),
+            replies: Replies::default(),
         }));
         let _ = engine.committer.send(ToCommitter::Flush);
     }
