@@ -68,6 +68,11 @@ pub struct Checker {
     pub stale_refused: u64,
     pub claims: u64,
     pub recoveries: u64,
+    pub sessions_opened: u64,
+    /// Acknowledged session heartbeats.
+    pub heartbeats: u64,
+    /// Claims of leases held by a session.
+    pub session_claims: u64,
 }
 
 impl Checker {

@@ -4,13 +4,20 @@
 //! to the fenced resource only while that deadline says it holds the
 //! lease, and releases it when done. Every call has a timeout; a call
 //! that times out is reported indeterminate.
+//!
+//! Odd-numbered workers hold their leases in a session, as the session
+//! driver does (`crates/client/src/session/driver.rs`): one heartbeat
+//! every third of the session's TTL keeps every lease of the session,
+//! the same `Deadline` is counted from each acknowledged heartbeat's send
+//! time, a lease the heartbeat reports revoked is given up, and the
+//! session is closed after a few leases and a new one opened.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use baton_client::deadline::Deadline;
 use baton_client::rng::Rng;
-use baton_core::{AcquisitionId, FencingToken};
+use baton_core::{AcquisitionId, FencingToken, SessionDigest};
 
 use crate::world::{Addr, Answer, Clock, Msg, Request};
 use crate::{Ctx, SimMs};
@@ -24,7 +31,8 @@ struct Hold {
     token: FencingToken,
     grant: usize,
     ttl_ms: u64,
-    deadline: Deadline<SimMs>,
+    /// The lease's own deadline; `None`: it lives with the session.
+    deadline: Option<Deadline<SimMs>>,
     next_renew_ms: u64,
     renewing: bool,
     writes_left: u32,
@@ -35,6 +43,17 @@ enum State {
     Idle { until_ms: u64 },
     Acquiring { op: u64 },
     Holding(Hold),
+}
+
+/// An open session: its heartbeat and the deadline it keeps.
+struct Session {
+    digest: SessionDigest,
+    ttl_ms: u64,
+    deadline: Deadline<SimMs>,
+    next_beat_ms: u64,
+    beating: bool,
+    /// Leases to take under it before closing it.
+    leases_left: u32,
 }
 
 struct Call {
@@ -53,6 +72,11 @@ pub struct Client {
     state: State,
     calls: BTreeMap<u64, Call>,
     next_op: u64,
+    /// Holds its leases in a session.
+    sessioned: bool,
+    session: Option<Session>,
+    /// The open request in flight.
+    opening: Option<u64>,
 }
 
 impl Client {
@@ -66,6 +90,9 @@ impl Client {
             state: State::Idle { until_ms: 0 },
             calls: BTreeMap::new(),
             next_op: 0,
+            sessioned: id % 2 == 1,
+            session: None,
+            opening: None,
         }
     }
 
@@ -105,12 +132,70 @@ impl Client {
         }
         let now = self.clock.local(ctx.now);
         self.time_out_calls(ctx, now);
+        self.keep_session(ctx, now);
         match &mut self.state {
-            State::Idle { until_ms } if now >= *until_ms => self.acquire(ctx),
+            State::Idle { until_ms } if now >= *until_ms => {
+                if !self.sessioned {
+                    self.acquire(ctx, None);
+                } else if let Some(digest) = self.session.as_ref().map(|s| s.digest) {
+                    self.acquire(ctx, Some(digest));
+                } else if self.opening.is_none() {
+                    self.open_session(ctx);
+                }
+            }
             State::Holding(_) => self.keep(ctx, now),
             _ => {}
         }
         self.schedule(ctx);
+    }
+
+    /// The session driver's loop: give the session up at its safe
+    /// deadline, beat every third of its TTL.
+    fn keep_session(&mut self, ctx: &mut Ctx, now: u64) {
+        let Some(session) = &mut self.session else {
+            return;
+        };
+        let safe_until = session.deadline.safe_until().0;
+        if now >= safe_until {
+            let id = self.id;
+            ctx.trace.record(ctx.now, &(id, 3u8), || {
+                format!("c{id} lost its session at its deadline")
+            });
+            self.lose_session(now);
+            return;
+        }
+        if now >= session.next_beat_ms && !session.beating {
+            session.beating = true;
+            let digest = session.digest;
+            self.call(
+                ctx,
+                Request::KeepAlive { digest },
+                (safe_until - now).min(RPC_TIMEOUT_MS),
+            );
+        }
+    }
+
+    /// The session ended (or may have): every lease of it is gone.
+    fn lose_session(&mut self, now: u64) {
+        self.session = None;
+        if matches!(&self.state, State::Holding(h) if h.deadline.is_none()) {
+            self.idle(now, 200);
+        }
+    }
+
+    fn open_session(&mut self, ctx: &mut Ctx) {
+        let ttl_ms = self.rng.between(2_000, 6_000);
+        let digest = SessionDigest::from_bytes(self.fresh_id());
+        let op = self.call(ctx, Request::OpenSession { digest, ttl_ms }, RPC_TIMEOUT_MS);
+        self.opening = Some(op);
+    }
+
+    /// Sixteen bytes no other worker draws.
+    fn fresh_id(&mut self) -> [u8; 16] {
+        let mut bytes = [0u8; 16];
+        bytes[..8].copy_from_slice(&self.rng.next_u64().to_le_bytes());
+        bytes[8..].copy_from_slice(&(self.id as u64).to_le_bytes());
+        bytes
     }
 
     fn time_out_calls(&mut self, ctx: &mut Ctx, now: u64) {
@@ -127,6 +212,12 @@ impl Client {
             match (&mut self.state, call.request) {
                 (State::Acquiring { op: o }, _) if *o == op => self.idle(now, 50),
                 (State::Holding(h), Request::Renew { .. }) => h.renewing = false,
+                (_, Request::KeepAlive { digest }) => {
+                    if let Some(s) = self.session.as_mut().filter(|s| s.digest == digest) {
+                        s.beating = false;
+                    }
+                }
+                (_, Request::OpenSession { .. }) => self.opening = None,
                 _ => {}
             }
         }
@@ -138,11 +229,9 @@ impl Client {
         };
     }
 
-    fn acquire(&mut self, ctx: &mut Ctx) {
+    fn acquire(&mut self, ctx: &mut Ctx, session: Option<SessionDigest>) {
         let resource = self.rng.below(ctx.names.len() as u64) as u8;
-        let mut bytes = [0u8; 16];
-        bytes[..8].copy_from_slice(&self.rng.next_u64().to_le_bytes());
-        bytes[8..].copy_from_slice(&(self.id as u64).to_le_bytes());
+        let bytes = self.fresh_id();
         let ttl_ms = self.rng.between(1_000, 8_000);
         let wait_ms = if self.rng.below(2) == 0 {
             0
@@ -154,6 +243,7 @@ impl Client {
             id: AcquisitionId::from_bytes(bytes),
             ttl_ms,
             wait_ms,
+            session,
         };
         let op = self.call(ctx, request, RPC_TIMEOUT_MS + wait_ms);
         self.state = State::Acquiring { op };
@@ -165,7 +255,13 @@ impl Client {
         let State::Holding(h) = &mut self.state else {
             return;
         };
-        if SimMs(now) >= h.deadline.safe_until() {
+        let session = self.session.as_ref().map(|s| s.deadline);
+        let Some(safe_until) = h.deadline.or(session).map(|d| d.safe_until()) else {
+            // Granted under a session given up meanwhile: never held.
+            self.idle(now, 200);
+            return;
+        };
+        if SimMs(now) >= safe_until {
             ctx.trace
                 .record(ctx.now, &(self.id, h.token.get(), 2u8), || {
                     format!("c{} lost {} at its deadline", self.id, h.token)
@@ -179,6 +275,9 @@ impl Client {
             self.next_op += 1;
             let op = (self.id as u64) << 32 | self.next_op;
             ctx.check.claimed(ctx.now, h.grant);
+            if h.deadline.is_none() {
+                ctx.check.session_claims += 1;
+            }
             let msg = Msg::Write {
                 op,
                 resource: h.resource,
@@ -191,16 +290,87 @@ impl Client {
             ctx.check.released(ctx.now, grant);
             self.call(ctx, Request::Release { resource, id }, RPC_TIMEOUT_MS);
             self.idle(now, 300);
+            self.lease_done(ctx);
             return;
         }
-        if now >= h.next_renew_ms && !h.renewing {
+        if now >= h.next_renew_ms && !h.renewing && h.deadline.is_some() {
             h.renewing = true;
-            let left = h.deadline.safe_until().0 - now;
+            let left = safe_until.0 - now;
             let request = Request::Renew {
                 resource: h.resource,
                 id: h.id,
             };
             self.call(ctx, request, left.min(RPC_TIMEOUT_MS));
+        }
+    }
+
+    /// A lease of the session is done with: after a few, the session is
+    /// closed (and a new one opened for the next).
+    fn lease_done(&mut self, ctx: &mut Ctx) {
+        let Some(session) = &mut self.session else {
+            return;
+        };
+        session.leases_left = session.leases_left.saturating_sub(1);
+        if session.leases_left == 0 {
+            let digest = session.digest;
+            self.session = None;
+            self.call(ctx, Request::CloseSession { digest }, RPC_TIMEOUT_MS);
+        }
+    }
+
+    /// An answer about the session: open, kept, or gone.
+    fn on_session_reply(&mut self, ctx: &mut Ctx, op: u64, call: &Call, answer: &Answer) {
+        let now = self.clock.local(ctx.now);
+        match (&call.request, answer) {
+            (Request::OpenSession { digest, ttl_ms }, Answer::Opened)
+                if self.opening == Some(op) =>
+            {
+                self.opening = None;
+                ctx.check.sessions_opened += 1;
+                self.session = Some(Session {
+                    digest: *digest,
+                    ttl_ms: *ttl_ms,
+                    deadline: Deadline::opened(SimMs(call.sent_ms), ms(*ttl_ms)),
+                    next_beat_ms: call.sent_ms + ttl_ms / 3,
+                    beating: false,
+                    leases_left: self.rng.between(1, 5) as u32,
+                });
+            }
+            (Request::OpenSession { .. }, _) if self.opening == Some(op) => {
+                self.opening = None;
+                self.idle(now, 300);
+            }
+            (Request::KeepAlive { digest }, answer) => {
+                let Some(session) = self.session.as_mut().filter(|s| s.digest == *digest) else {
+                    return;
+                };
+                session.beating = false;
+                match answer {
+                    Answer::Kept { ttl_ms, revoked } => {
+                        ctx.check.heartbeats += 1;
+                        session
+                            .deadline
+                            .acknowledged(SimMs(call.sent_ms), SimMs(now), ms(*ttl_ms));
+                        session.next_beat_ms = call.sent_ms + session.ttl_ms / 3;
+                        // The heartbeat keeps the session's lease, unless
+                        // it reports it revoked.
+                        match &self.state {
+                            State::Holding(h) if h.deadline.is_none() => {
+                                if revoked.contains(&(h.resource, h.token)) {
+                                    self.idle(now, 200);
+                                } else {
+                                    ctx.check.extended(h.grant, call.sent_true);
+                                }
+                            }
+                            _ => {}
+                        }
+                    }
+                    Answer::NotOpen => self.lose_session(now),
+                    _ => session.next_beat_ms = now + 20,
+                }
+            }
+            (Request::Acquire { .. }, Answer::NotOpen) => self.lose_session(now),
+            _ => {}
         }
     }
 
@@ -216,6 +386,7 @@ impl Client {
             Answer::Indeterminate => ctx.check.ops_indeterminate += 1,
             _ => {}
         }
+        self.on_session_reply(ctx, op, &call, &answer);
         match (&mut self.state, call.request, answer) {
             (
                 State::Acquiring { op: o },
@@ -225,14 +396,15 @@ impl Client {
                 let grant = ctx
                     .check
                     .granted(resource, token, call.sent_true, ctx.now, ttl_ms);
-                let ttl = Duration::from_millis(ttl_ms);
+                let own =
+                    (!self.sessioned).then(|| Deadline::opened(SimMs(call.sent_ms), ms(ttl_ms)));
                 self.state = State::Holding(Hold {
                     resource,
                     id,
                     token,
                     grant,
                     ttl_ms,
-                    deadline: Deadline::opened(SimMs(call.sent_ms), ttl),
+                    deadline: own,
                     next_renew_ms: call.sent_ms + ttl_ms / 3,
                     renewing: false,
                     writes_left: self.rng.between(2, 12) as u32,
@@ -244,9 +416,9 @@ impl Client {
                 h.renewing = false;
                 match answer {
                     Answer::Renewed { remaining_ms } => {
-                        let remaining = Duration::from_millis(remaining_ms);
-                        h.deadline
-                            .acknowledged(SimMs(call.sent_ms), SimMs(now), remaining);
+                        if let Some(d) = h.deadline.as_mut() {
+                            d.acknowledged(SimMs(call.sent_ms), SimMs(now), ms(remaining_ms));
+                        }
                         ctx.check.extended(h.grant, call.sent_true);
                         h.next_renew_ms = call.sent_ms + h.ttl_ms / 3;
                     }
@@ -262,15 +434,26 @@ impl Client {
     pub fn schedule(&mut self, ctx: &mut Ctx) {
         let mut at = self.calls.values().map(|c| c.timeout_ms).min();
         let mut consider = |t: u64| at = Some(at.map_or(t, |a| a.min(t)));
+        if let Some(s) = &self.session {
+            consider(s.deadline.safe_until().0);
+            if !s.beating {
+                consider(s.next_beat_ms);
+            }
+        }
         match &self.state {
-            State::Idle { until_ms } => consider(*until_ms),
+            // Not while its session's open is in flight: its answer or
+            // timeout wakes it.
+            State::Idle { until_ms } if self.opening.is_none() => consider(*until_ms),
+            State::Idle { .. } => {}
             State::Acquiring { .. } => {}
             State::Holding(h) => {
-                consider(h.deadline.safe_until().0);
+                if let Some(d) = h.deadline {
+                    consider(d.safe_until().0);
+                }
                 if h.writes_left > 0 {
                     consider(h.next_write_ms);
                 }
-                if !h.renewing {
+                if !h.renewing && h.deadline.is_some() {
                     consider(h.next_renew_ms);
                 }
             }
@@ -287,4 +470,8 @@ impl Client {
             );
         }
     }
+}
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
 }

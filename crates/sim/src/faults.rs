@@ -1,7 +1,7 @@
 //! The faults of one run, drawn from its seed before it starts: network
 //! partitions, delay spikes, loss, paused processes, crashes with torn
-//! writes, operator fences and cancellations, backups and restores, and
-//! wall-clock jumps.
+//! writes, operator fences and cancellations, backups and restores,
+//! wall-clock jumps, and monotonic clocks whose rate changes.
 
 use baton_client::rng::Rng;
 
@@ -58,6 +58,12 @@ pub enum Fault {
     WallJump {
         by_s: i64,
     },
+    /// `who`'s monotonic clock runs at `ppm` from now on (within the
+    /// drift bound: a host's crystal warming up, or NTP slewing).
+    ClockRate {
+        who: Addr,
+        ppm: i64,
+    },
 }
 
 /// The schedule: about one fault every `mean_gap_ms`, over `run_ms`.
@@ -79,7 +85,11 @@ pub fn schedule(
         } else {
             Addr::Client(rng.below(n_clients as u64) as usize)
         };
-        let fault = match rng.below(11) {
+        let fault = match rng.below(12) {
+            10 => Fault::ClockRate {
+                who: anyone,
+                ppm: crate::run::drift_ppm(rng),
+            },
             9 => Fault::Brownout {
                 client: rng.below(n_clients as u64) as usize,
                 extra_ms: rng.between(50, 400),

@@ -155,10 +155,10 @@ fn replay(seed: u64, config: &Config) -> ExitCode {
 
 fn summary(r: &Report) {
     println!(
-        "seed {} ({}): {} events, {} operations ({} indeterminate), {} claims, {} writes accepted, {} stale refused, {} recoveries, {} messages lost, {} duplicated, faults {:?}, trace hash {:016x}",
+        "seed {} ({}): {} events, {} operations ({} indeterminate), {} claims, {} writes accepted, {} stale refused, {} recoveries, {} sessions ({} heartbeats, {} claims under them), {} messages lost, {} duplicated, faults {:?}, trace hash {:016x}",
         r.seed,
         if r.cluster { "cluster of 3" } else { "single server" },
-        r.n_events, r.n_ops, r.n_indeterminate, r.n_claims, r.n_writes_accepted, r.n_stale_refused, r.n_recoveries, r.n_dropped, r.n_duplicated, r.faults, r.trace_hash
+        r.n_events, r.n_ops, r.n_indeterminate, r.n_claims, r.n_writes_accepted, r.n_stale_refused, r.n_recoveries, r.n_sessions_opened, r.n_heartbeats, r.n_session_claims, r.n_dropped, r.n_duplicated, r.faults, r.trace_hash
     );
     for v in &r.violations {
         println!("  VIOLATION: {v}");

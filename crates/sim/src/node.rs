@@ -84,7 +84,7 @@ impl Node {
         if solo {
             let stored = self.disk.load();
             ctx.check.recovered(ctx.now, &stored);
-            self.engine = Some(Engine::new(recover(now, stored)));
+            self.engine = Some(Engine::new(recover(now, stored), MonoMs(now)));
             self.role = Role::Solo;
         } else {
             self.watch = Watch::new(TIMING, &self.id.to_string());
@@ -266,7 +266,7 @@ impl Node {
             return;
         }
         ctx.check.recovered(ctx.now, &stored);
-        self.engine = Some(Engine::new(recover(now, stored)));
+        self.engine = Some(Engine::new(recover(now, stored), MonoMs(now)));
         self.role = Role::Leader { term, deadline_ms };
         self.leader_hint = Some(self.id);
         self.next_beat_ms = now + TIMING.renew_interval_ms();
@@ -362,7 +362,7 @@ impl Node {
         let mut at: Option<u64> = self
             .engine
             .as_ref()
-            .and_then(|e| e.table.next_deadline())
+            .and_then(|e| e.next_wake())
             .map(|m| m.0);
         let mut consider = |t: u64| at = Some(at.map_or(t, |a| a.min(t)));
         let unblocked = self.asking.map_or(0, |asked| asked + TIMING.ttl_ms / 4);

@@ -55,6 +55,9 @@ pub struct Report {
     pub n_writes_accepted: u64,
     pub n_stale_refused: u64,
     pub n_recoveries: u64,
+    pub n_sessions_opened: u64,
+    pub n_heartbeats: u64,
+    pub n_session_claims: u64,
     pub n_dropped: u64,
     pub n_duplicated: u64,
     pub violations: Vec<String>,
@@ -76,6 +79,9 @@ struct World {
 }
 
 /// Runs `seed` under `config`.
+/// More events than this at one instant of true time is a livelock.
+const EVENTS_AT_ONE_INSTANT_MAX: u32 = 100_000;
+
 pub fn run(seed: u64, config: &Config) -> Report {
     #[cfg(feature = "known-bad")]
     baton_core::bad::set(config.variant);
@@ -88,8 +94,18 @@ pub fn run(seed: u64, config: &Config) -> Report {
     // A panic in the code under test (an assertion of the table, say) is
     // a finding like any other: the seed replays it.
     let stepped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        // Events at one instant: a part that keeps waking itself without
+        // the clock moving is a livelock, and a finding.
+        let mut at_once = 0u32;
         while let Some((t, ev)) = w.ctx.queue.pop() {
             if t > config.run_ms {
+                break;
+            }
+            at_once = if t == w.ctx.now { at_once + 1 } else { 0 };
+            if at_once > EVENTS_AT_ONE_INSTANT_MAX {
+                w.ctx.check.violations.push(format!(
+                    "livelock at {t}: more than {EVENTS_AT_ONE_INSTANT_MAX} events without the clock moving"
+                ));
                 break;
             }
             w.ctx.now = t;
@@ -123,6 +139,9 @@ pub fn run(seed: u64, config: &Config) -> Report {
         n_writes_accepted: c.writes_accepted,
         n_stale_refused: c.stale_refused,
         n_recoveries: c.recoveries,
+        n_sessions_opened: c.sessions_opened,
+        n_heartbeats: c.heartbeats,
+        n_session_claims: c.session_claims,
         n_dropped: w.ctx.dropped,
         n_duplicated: w.ctx.duplicated,
         violations: std::mem::take(&mut w.ctx.check.violations),
@@ -131,10 +150,12 @@ pub fn run(seed: u64, config: &Config) -> Report {
 }
 
 fn clock(rng: &mut Rng) -> Clock {
-    Clock {
-        offset_ms: rng.below(1_000_000),
-        ppm: rng.between(0, 2 * DRIFT_PPM_MAX as u64) as i64 - DRIFT_PPM_MAX,
-    }
+    Clock::new(rng.below(1_000_000), drift_ppm(rng))
+}
+
+/// A rate within the drift bound.
+pub fn drift_ppm(rng: &mut Rng) -> i64 {
+    rng.between(0, 2 * DRIFT_PPM_MAX as u64) as i64 - DRIFT_PPM_MAX
 }
 
 impl World {
@@ -350,6 +371,15 @@ impl World {
             Fault::WallJump { by_s } => {
                 self.ctx.wall_offset_s += by_s;
                 "wall-jump"
+            }
+            Fault::ClockRate { who, ppm } => {
+                let clock = match *who {
+                    Addr::Node(n) => &mut self.nodes[n].clock,
+                    Addr::Client(c) => &mut self.clients[c].clock,
+                    _ => return,
+                };
+                clock.rerate(now, *ppm);
+                "clock-rate"
             }
         };
         *self.faults.entry(name).or_default() += 1;

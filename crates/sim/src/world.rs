@@ -10,7 +10,7 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::hash::{Hash, Hasher};
 
-use baton_core::{AcquisitionId, FencingToken};
+use baton_core::{AcquisitionId, FencingToken, SessionDigest};
 
 /// True simulated milliseconds.
 pub type Ms = u64;
@@ -20,31 +20,57 @@ pub type Ms = u64;
 /// both above twice this, as they must be.
 pub const DRIFT_PPM_MAX: i64 = 10_000;
 
-/// A monotonic clock that runs fast or slow by `ppm`, from `offset_ms`.
+/// A monotonic clock that runs fast or slow by `ppm` since true time
+/// `since`, when it read `reading_then`. Its rate may change within a
+/// run ([`Clock::rerate`]); it never goes back.
 #[derive(Clone, Copy, Debug)]
 pub struct Clock {
-    pub offset_ms: u64,
-    pub ppm: i64,
+    since: Ms,
+    reading_then: u64,
+    ppm: i64,
 }
 
 impl Clock {
-    /// The reading at true time `t`.
-    pub fn local(self, t: Ms) -> u64 {
-        let skew = (i128::from(t) * i128::from(self.ppm)) / 1_000_000;
-        (i128::from(self.offset_ms) + i128::from(t) + skew) as u64
+    /// A clock reading `offset_ms` at true time 0.
+    pub fn new(offset_ms: u64, ppm: i64) -> Self {
+        assert!(ppm.abs() <= DRIFT_PPM_MAX, "a clock within the drift bound");
+        Self {
+            since: 0,
+            reading_then: offset_ms,
+            ppm,
+        }
     }
 
-    /// The earliest true time at which the clock reads `reading` or more.
+    /// From true time `t` on, the clock runs at `ppm` (it reads on from
+    /// where it was: no jump).
+    pub fn rerate(&mut self, t: Ms, ppm: i64) {
+        *self = Self {
+            since: t,
+            reading_then: self.local(t),
+            ppm,
+        };
+        assert!(ppm.abs() <= DRIFT_PPM_MAX, "a clock within the drift bound");
+    }
+
+    /// The reading at true time `t` (not before the last rate change).
+    pub fn local(self, t: Ms) -> u64 {
+        let t = i128::from(t.max(self.since) - self.since);
+        let skew = (t * i128::from(self.ppm)) / 1_000_000;
+        (i128::from(self.reading_then) + t + skew) as u64
+    }
+
+    /// The earliest true time at which the clock reads `reading` or more
+    /// (at its present rate).
     pub fn true_at(self, reading: u64) -> Ms {
-        if reading <= self.offset_ms {
-            return 0;
+        if reading <= self.reading_then {
+            return self.since;
         }
-        let span = i128::from(reading - self.offset_ms);
-        let mut t = (span * 1_000_000 / (1_000_000 + i128::from(self.ppm))) as u64;
+        let span = i128::from(reading - self.reading_then);
+        let mut t = self.since + (span * 1_000_000 / (1_000_000 + i128::from(self.ppm))) as u64;
         while self.local(t) < reading {
             t += 1;
         }
-        while t > 0 && self.local(t - 1) >= reading {
+        while t > self.since && self.local(t - 1) >= reading {
             t -= 1;
         }
         t
@@ -72,6 +98,8 @@ pub enum Request {
         id: AcquisitionId,
         ttl_ms: u64,
         wait_ms: u64,
+        /// The lease lives as long as this session (`ttl_ms` is ignored).
+        session: Option<SessionDigest>,
     },
     Renew {
         resource: u8,
@@ -83,6 +111,17 @@ pub enum Request {
     },
     Fence {
         resource: u8,
+    },
+    OpenSession {
+        digest: SessionDigest,
+        ttl_ms: u64,
+    },
+    /// A session's heartbeat.
+    KeepAlive {
+        digest: SessionDigest,
+    },
+    CloseSession {
+        digest: SessionDigest,
     },
 }
 
@@ -103,6 +142,17 @@ pub enum Answer {
         token: FencingToken,
         revoked: Option<FencingToken>,
     },
+    /// The session is open and durable.
+    Opened,
+    /// The session's heartbeat: its TTL counted again, and the leases
+    /// fenced since the last one.
+    Kept {
+        ttl_ms: u64,
+        revoked: Vec<(u8, FencingToken)>,
+    },
+    /// The session is not open (it expired, or was never opened here).
+    NotOpen,
+    Closed,
     /// Not the leader; `hint` names the leader if known.
     NotLeader {
         hint: Option<usize>,
@@ -255,5 +305,24 @@ impl Hasher for Fnv {
         for b in bytes {
             self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_clock_rerated_reads_on_without_a_jump_and_finds_its_readings() {
+        let mut c = Clock::new(500, 10_000);
+        assert_eq!(c.local(1_000), 500 + 1_010);
+        c.rerate(1_000, -10_000);
+        assert_eq!(c.local(1_000), 1_510, "no jump at the change");
+        assert_eq!(c.local(2_000), 1_510 + 990, "the new rate from then on");
+        for reading in [1_510, 1_700, 2_500, 9_999] {
+            let t = c.true_at(reading);
+            assert!(c.local(t) >= reading && (t == 1_000 || c.local(t - 1) < reading));
+        }
+        assert_eq!(c.true_at(3), 1_000, "a reading already passed is due now");
     }
 }

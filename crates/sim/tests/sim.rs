@@ -72,6 +72,11 @@ fn a_seed_simulates_a_minute_with_thousands_of_operations_and_dozens_of_faults()
             r.n_claims > 100 && r.n_writes_accepted > 100,
             "seed {seed}: {r:?}"
         );
+        // Half the workers hold their leases in sessions.
+        assert!(
+            r.n_sessions_opened >= 10 && r.n_heartbeats >= 50 && r.n_session_claims >= 30,
+            "seed {seed}: {r:?}"
+        );
         assert!(r.violations.is_empty(), "seed {seed}: {:?}", r.violations);
     }
     // Both shapes run: even seeds are a single server, odd ones a cluster.
