@@ -38,6 +38,13 @@ pub enum Fault {
         who: Addr,
         for_ms: u64,
     },
+    /// `node` is stopped for `for_ms` right after its next call to the
+    /// shared store: a pause in the middle of a call, so the store acts
+    /// on it and the answer waits (a beat, a commit, or a takeover).
+    PauseMidCall {
+        node: usize,
+        for_ms: u64,
+    },
     /// A node is killed and starts again `down_ms` later.
     Crash {
         node: usize,
@@ -106,6 +113,11 @@ pub fn schedule(
             2 => Fault::Lossy {
                 per_mille: rng.between(50, 500),
                 for_ms: rng.between(200, 3_000),
+            },
+            // Past the leadership TTL (2 s), so that another node takes over.
+            3 if !solo && rng.below(2) == 0 => Fault::PauseMidCall {
+                node,
+                for_ms: rng.between(2_000, 6_000),
             },
             3 => Fault::Pause {
                 who: anyone,

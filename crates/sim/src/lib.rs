@@ -67,6 +67,10 @@ pub(crate) struct Ctx {
     /// The wall clock's jump from true time, in seconds.
     pub wall_offset_s: i64,
     isolated: BTreeMap<Addr, Ms>,
+    /// Stopped processes (SIGSTOP), until then: what reaches them waits.
+    pub paused: BTreeMap<Addr, Ms>,
+    /// Nodes to stop right after their next call to the store, for so long.
+    pub pause_after_store_call: BTreeMap<usize, u64>,
     slow: (Ms, u64),
     /// Messages to an address delayed by up to this much more, until then.
     slow_to: BTreeMap<Addr, (Ms, u64)>,
@@ -81,6 +85,11 @@ impl Ctx {
     /// Sends `msg`: lost, delayed, duplicated or cut off as the network
     /// is at this moment.
     pub fn send(&mut self, from: Addr, to: Addr, msg: Msg) {
+        if let (Addr::Node(n), Addr::Store) = (from, to) {
+            if let Some(for_ms) = self.pause_after_store_call.remove(&n) {
+                self.paused.insert(from, self.now + for_ms);
+            }
+        }
         let starts = |a: &Addr| match self.cut_from {
             Some((who, from)) if who == *a => from,
             _ => 0,

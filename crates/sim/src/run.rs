@@ -71,7 +71,6 @@ struct World {
     shared: Shared,
     resources: Resources,
     solo: bool,
-    paused: BTreeMap<Addr, Ms>,
     backup: Option<Stored>,
     operator: BTreeMap<u64, (u8, Ms)>,
     next_op: u64,
@@ -177,6 +176,8 @@ impl World {
             store_term: 0,
             wall_offset_s: 0,
             isolated: BTreeMap::new(),
+            paused: BTreeMap::new(),
+            pause_after_store_call: BTreeMap::new(),
             slow: (0, 0),
             slow_to: BTreeMap::new(),
             cut_from: None,
@@ -214,7 +215,6 @@ impl World {
             shared: Shared::new(),
             resources: Resources::default(),
             solo,
-            paused: BTreeMap::new(),
             backup: None,
             operator: BTreeMap::new(),
             next_op: 0,
@@ -233,7 +233,10 @@ impl World {
     }
 
     fn dispatch(&mut self, ev: Ev) {
-        if let Some(until) = Self::owner(&ev).and_then(|a| self.paused.get(&a)).copied() {
+        if let Some(until) = Self::owner(&ev)
+            .and_then(|a| self.ctx.paused.get(&a))
+            .copied()
+        {
             if self.ctx.now < until {
                 self.ctx.queue.push(until, ev);
                 return;
@@ -345,8 +348,12 @@ impl World {
                 "lossy"
             }
             Fault::Pause { who, for_ms } => {
-                self.paused.insert(*who, now + for_ms);
+                self.ctx.paused.insert(*who, now + for_ms);
                 "pause"
+            }
+            Fault::PauseMidCall { node, for_ms } => {
+                self.ctx.pause_after_store_call.insert(*node, *for_ms);
+                "pause-mid-call"
             }
             Fault::Crash { node, down_ms } => {
                 if self.nodes[*node].role == Role::Down {
