@@ -100,11 +100,13 @@ pub struct KeeperConfig {
 }
 
 impl KeeperConfig {
-    fn interval(&self, ttl: Duration) -> Duration {
+    /// The time between renewals of a lease of `ttl`.
+    pub fn interval(&self, ttl: Duration) -> Duration {
         self.renew_interval.unwrap_or(ttl / 3)
     }
 
-    fn margin(&self, ttl: Duration) -> Duration {
+    /// The margin kept below a granted `ttl`.
+    pub fn margin(&self, ttl: Duration) -> Duration {
         self.safety_margin
             .unwrap_or((ttl / 20).max(Duration::from_millis(10)))
     }

@@ -1,6 +1,8 @@
 //! A worker: acquires a resource, keeps its lease with the client
 //! library's own deadline rule (`baton_client::deadline::Deadline`,
-//! counted from each request's send time on the worker's clock), writes
+//! counted from each request's send time on the worker's clock) on the
+//! keeper's own schedule (`KeeperConfig`'s interval and margin, its
+//! `Backoff` after a failed renewal), writes
 //! to the fenced resource only while that deadline says it holds the
 //! lease, and releases it when done. Every call has a timeout; a call
 //! that times out is reported indeterminate.
@@ -17,6 +19,7 @@ use std::time::Duration;
 
 use baton_client::deadline::Deadline;
 use baton_client::rng::Rng;
+use baton_client::worker::{Backoff, KeeperConfig};
 use baton_core::{AcquisitionId, FencingToken, SessionDigest};
 
 use crate::world::{Addr, Answer, Clock, Msg, Request};
@@ -34,6 +37,10 @@ struct Hold {
     /// The lease's own deadline; `None`: it lives with the session.
     deadline: Option<Deadline<SimMs>>,
     next_renew_ms: u64,
+    /// The keeper's renew interval (`KeeperConfig::interval`).
+    interval_ms: u64,
+    /// The keeper's backoff between failed renewals.
+    retry: Backoff,
     renewing: bool,
     writes_left: u32,
     next_write_ms: u64,
@@ -211,7 +218,10 @@ impl Client {
             self.target = ctx.rng.below(ctx.n_nodes as u64) as usize;
             match (&mut self.state, call.request) {
                 (State::Acquiring { op: o }, _) if *o == op => self.idle(now, 50),
-                (State::Holding(h), Request::Renew { .. }) => h.renewing = false,
+                (State::Holding(h), Request::Renew { .. }) => {
+                    h.renewing = false;
+                    h.next_renew_ms = now + h.retry.next_delay().as_millis() as u64;
+                }
                 (_, Request::KeepAlive { digest }) => {
                     if let Some(s) = self.session.as_mut().filter(|s| s.digest == digest) {
                         s.beating = false;
@@ -396,8 +406,13 @@ impl Client {
                 let grant = ctx
                     .check
                     .granted(resource, token, call.sent_true, ctx.now, ttl_ms);
-                let own =
-                    (!self.sessioned).then(|| Deadline::opened(SimMs(call.sent_ms), ms(ttl_ms)));
+                // The keeper's own schedule and margin (`worker.rs`).
+                let keeper = KeeperConfig::default();
+                let (ttl, sent) = (ms(ttl_ms), SimMs(call.sent_ms));
+                let interval = keeper.interval(ttl);
+                let own = (!self.sessioned)
+                    .then(|| Deadline::opened_with_margin(sent, ttl, keeper.margin(ttl)));
+                let interval_ms = interval.as_millis() as u64;
                 self.state = State::Holding(Hold {
                     resource,
                     id,
@@ -405,7 +420,9 @@ impl Client {
                     grant,
                     ttl_ms,
                     deadline: own,
-                    next_renew_ms: call.sent_ms + ttl_ms / 3,
+                    next_renew_ms: call.sent_ms + interval_ms,
+                    interval_ms,
+                    retry: Backoff::with_seed(interval / 8, interval / 2, self.rng.next_u64()),
                     renewing: false,
                     writes_left: self.rng.between(2, 12) as u32,
                     next_write_ms: now,
@@ -420,10 +437,11 @@ impl Client {
                             d.acknowledged(SimMs(call.sent_ms), SimMs(now), ms(remaining_ms));
                         }
                         ctx.check.extended(h.grant, call.sent_true);
-                        h.next_renew_ms = call.sent_ms + h.ttl_ms / 3;
+                        h.retry.reset();
+                        h.next_renew_ms = call.sent_ms + h.interval_ms;
                     }
                     Answer::NotOwner => self.idle(now, 200),
-                    _ => h.next_renew_ms = now + 20,
+                    _ => h.next_renew_ms = now + h.retry.next_delay().as_millis() as u64,
                 }
             }
             _ => {}

@@ -74,7 +74,7 @@ fn a_seed_simulates_a_minute_with_thousands_of_operations_and_dozens_of_faults()
         );
         // Half the workers hold their leases in sessions.
         assert!(
-            r.n_sessions_opened >= 10 && r.n_heartbeats >= 50 && r.n_session_claims >= 30,
+            r.n_sessions_opened >= 4 && r.n_heartbeats >= 50 && r.n_session_claims >= 30,
             "seed {seed}: {r:?}"
         );
         assert!(r.violations.is_empty(), "seed {seed}: {:?}", r.violations);
