@@ -51,6 +51,7 @@ pub struct Metrics {
     pub(crate) connections: Gauge,
     pub(crate) leader_term: Gauge,
     pub(crate) is_leader: Gauge,
+    pub(crate) store_fold_backlog: Gauge,
     acquire_latency_s: Histogram,
     commit_latency_s: Histogram,
     /// The same observations, counted per bucket for the page's p99
@@ -143,6 +144,10 @@ impl Default for Metrics {
             "baton_is_leader",
             "1 while this server leads and answers lease requests",
         );
+        let store_fold_backlog = gauge(
+            "baton_store_fold_backlog",
+            "keys in the store's frozen log not yet folded into its file, after the last commit (0 with no fold running; growing across log switches: the fold cannot keep up)",
+        );
         registry.register(
             "baton_build",
             "the build of this process (always 1; the labels say which)",
@@ -190,6 +195,7 @@ impl Default for Metrics {
             connections,
             leader_term,
             is_leader,
+            store_fold_backlog,
             acquire_latency_s,
             commit_latency_s,
             acquire_buckets: Buckets::default(),

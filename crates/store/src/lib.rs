@@ -65,6 +65,12 @@ pub trait LeaseStore: Send {
     fn snapshot(&mut self) -> Option<Result<SnapshotRead, StoreError>> {
         None
     }
+    /// Keys committed to the store's log but not yet folded into its main
+    /// file, for a gauge read after every commit: it must not wait for
+    /// the fold. `None`, the default: the store folds nothing behind.
+    fn fold_backlog(&self) -> Option<usize> {
+        None
+    }
 }
 
 /// A view of the store taken by [`LeaseStore::snapshot`]: reading it

@@ -196,12 +196,6 @@ impl RedbStore {
         })
     }
 
-    /// Keys of the frozen log not yet folded into redb: zero unless a
-    /// background fold is under way.
-    pub fn fold_backlog(&self) -> usize {
-        self.folder.with_frozen(|frozen| frozen.len())
-    }
-
     /// Replaces whatever is in `data_dir` with an empty store whose tokens
     /// start in `epoch`, under a new store id. Leases are not carried over:
     /// after a restore every holder must acquire again. The new file is
@@ -441,6 +435,12 @@ fn open_sessions<'a, 't>(
 impl LeaseStore for RedbStore {
     fn load(&self) -> Result<Stored, StoreError> {
         contain_panics(&Self::path_in(&self.data_dir), || self.load_inner())
+    }
+
+    /// Keys of the frozen log not yet folded into redb: zero unless a
+    /// background fold is under way. Read without the fold's lock.
+    fn fold_backlog(&self) -> Option<usize> {
+        Some(self.folder.backlog())
     }
 
     fn snapshot(&mut self) -> Option<Result<crate::SnapshotRead, StoreError>> {

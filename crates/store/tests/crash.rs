@@ -80,7 +80,10 @@ fn write_until_killed(dir: &Path) {
     let mut i = store.load().expect("load").counter + 1;
     loop {
         store.commit(&commit(i)).expect("commit");
-        println!("{i} {}", store.fold_backlog());
+        println!(
+            "{i} {}",
+            store.fold_backlog().expect("a log-structured store")
+        );
         i += 1;
     }
 }

@@ -77,6 +77,9 @@ impl Committer {
                 self.metrics
                     .observe_commit_latency_us(started.elapsed().as_micros() as u64);
                 self.metrics.commits.inc();
+                if let Some(keys) = self.store.fold_backlog() {
+                    self.metrics.store_fold_backlog.set(keys as i64);
+                }
             }
             for replies in batch.after {
                 self.release(replies);

@@ -17,7 +17,7 @@
 //! every key either in redb or in the copy (or both, which is harmless:
 //! the copy holds the same value).
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -47,6 +47,9 @@ struct Shared {
     /// A fold failed (`State::failed` says why): read on every commit
     /// without the lock, which the thread holds while it copies a batch.
     failed: AtomicBool,
+    /// `State::frozen`'s length, set under the lock whenever it changes,
+    /// read without it (a gauge after every commit).
+    backlog: AtomicUsize,
 }
 
 #[derive(Default)]
@@ -65,7 +68,11 @@ impl Folder {
     /// at open) to fold first.
     pub(super) fn start(db: Arc<Database>, frozen: Pending) -> Result<Self, StoreError> {
         let shared = Arc::new(Shared::default());
-        shared.lock().frozen = frozen;
+        {
+            let mut state = shared.lock();
+            state.frozen = frozen;
+            shared.counted(&state);
+        }
         let for_thread = shared.clone();
         let thread = std::thread::Builder::new()
             .name("baton-fold".into())
@@ -108,7 +115,13 @@ impl Folder {
             "the last frozen log is folded first"
         );
         state.frozen = frozen;
+        self.shared.counted(&state);
         self.shared.changed.notify_all();
+    }
+
+    /// Keys of the frozen log not yet folded, read without the lock.
+    pub(super) fn backlog(&self) -> usize {
+        self.shared.backlog.load(Ordering::Relaxed)
     }
 
     /// Runs `read` with the frozen writes, while no fold can take any of
@@ -153,6 +166,11 @@ impl Shared {
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
+
+    /// Publishes the frozen set's length (called with the lock held).
+    fn counted(&self, state: &State) {
+        self.backlog.store(state.frozen.len(), Ordering::Relaxed);
+    }
 }
 
 /// The thread: folds a batch at a time until the frozen set is empty, then
@@ -179,6 +197,7 @@ fn run(db: &Database, shared: &Shared) {
             Ok(()) => {
                 state.frozen.forget(&batch);
                 state.folds += 1;
+                shared.counted(&state);
             }
             Err(e) => {
                 state.failed = Some(e.to_string());

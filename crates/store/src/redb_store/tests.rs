@@ -476,6 +476,7 @@ fn background_folds_never_hide_or_bring_back_a_key() {
     };
     let mut s = RedbStore::open_with_log(&d, log_len).unwrap();
     let mut folds = 0;
+    let mut busy = 0;
     for i in 1..=4_000u64 {
         let key = format!("bg:{:04}", (i * 7_919) % 1_500);
         let resource = ResourceName::parse(&key).unwrap();
@@ -500,6 +501,10 @@ fn background_folds_never_hide_or_bring_back_a_key() {
             counter: i,
         };
         s.commit(&[write, tokens]).unwrap();
+        // The gauge's count is the frozen set's, read without its lock.
+        let (frozen, counted) = s.folder.with_frozen(|f| (f.len(), s.folder.backlog()));
+        assert_eq!(frozen, counted, "the backlog after commit {i}");
+        busy += usize::from(s.fold_backlog() > Some(0));
         if i.is_multiple_of(89) {
             let stored = s.load().unwrap();
             assert_eq!(stored.counter, i);
@@ -521,6 +526,7 @@ fn background_folds_never_hide_or_bring_back_a_key() {
         folds > 20,
         "the background thread folded ({folds} transactions)"
     );
+    assert!(busy > 0, "a commit returned while a fold was under way");
     drop(s);
     let s = RedbStore::open(&d).unwrap();
     let stored = s.load().unwrap();
