@@ -494,6 +494,22 @@ mod tests {
     }
 
     #[test]
+    fn the_log_size_is_in_mib_within_its_range() {
+        assert_eq!(
+            serve_config(&["--log-size-mib", "64"]).log_len_bytes,
+            64 << 20
+        );
+        for bad in ["0", "4097", "16MiB"] {
+            let args: Vec<std::ffi::OsString> = ["baton", "serve", "--log-size-mib", bad]
+                .iter()
+                .map(Into::into)
+                .collect();
+            let e = parse_from(&args).err().expect("refused").to_string();
+            assert!(e.contains("--log-size-mib"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
     fn a_flag_still_overrides_its_default() {
         let c = serve_config(&["--default-ttl", "5s", "--max-connections", "7"]);
         assert_eq!((c.default_ttl_ms, c.connections_max), (5_000, 7));

@@ -51,6 +51,7 @@ pub fn config(args: ServeArgs) -> baton_server::ServerConfig {
         listen: args.listen,
         http_listen: Some(args.http_listen),
         data_dir: args.data_dir,
+        log_len_bytes: args.log_size_mib << 20,
         limits: Limits {
             ttl_ms_min: ms(args.ttl_min),
             ttl_ms_max: ms(args.ttl_max),

@@ -19,6 +19,9 @@ pub struct ServerConfig {
     pub http_listen: Option<SocketAddr>,
     /// Where [`start`] opens the embedded store (unused by [`start_with_store`]).
     pub data_dir: PathBuf,
+    /// The least size of each of the embedded store's two logs (a log
+    /// already bigger keeps its size).
+    pub log_len_bytes: u64,
     /// Bounds on names, TTLs, waits and waiters.
     pub limits: Limits,
     /// The TTL of an acquire that names none.
@@ -52,6 +55,7 @@ impl Default for ServerConfig {
             listen: "127.0.0.1:7700".parse().expect("literal"),
             http_listen: Some("127.0.0.1:7701".parse().expect("literal")),
             data_dir: PathBuf::from("baton-data"),
+            log_len_bytes: baton_store::LOG_LEN_BYTES_DEFAULT,
             limits: Limits::default(),
             default_ttl_ms: 30_000,
             connections_max: 1_024,

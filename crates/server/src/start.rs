@@ -87,8 +87,8 @@ fn recovery_hint(data_dir: &std::path::Path, e: &StoreError) -> String {
     }
 }
 
-fn open_store(data_dir: &std::path::Path) -> Result<RedbStore, ServerError> {
-    RedbStore::open(data_dir).map_err(|source| ServerError::StoreOpen {
+fn open_store(data_dir: &std::path::Path, log_len_bytes: u64) -> Result<RedbStore, ServerError> {
+    RedbStore::open_with_log(data_dir, log_len_bytes).map_err(|source| ServerError::StoreOpen {
         data_dir: data_dir.display().to_string(),
         hint: recovery_hint(data_dir, &source),
         source: Box::new(source),
@@ -98,7 +98,7 @@ fn open_store(data_dir: &std::path::Path) -> Result<RedbStore, ServerError> {
 /// Opens the embedded store under `config.data_dir` and starts serving.
 pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
     validate(&config)?;
-    let store = open_store(&config.data_dir)?;
+    let store = open_store(&config.data_dir, config.log_len_bytes)?;
     start_with_store(config, Box::new(store)).await
 }
 

@@ -27,6 +27,8 @@ pub mod image {
     }
 }
 pub use redb_store::RedbStore;
+/// The size of each of the embedded store's two logs, unless set.
+pub use wal::LEN_BYTES_DEFAULT as LOG_LEN_BYTES_DEFAULT;
 
 use baton_core::{Epoch, LeaseRecord, ResourceName, SessionRecord, Write};
 

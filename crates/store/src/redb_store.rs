@@ -105,8 +105,10 @@ impl RedbStore {
     }
 
     /// [`RedbStore::open`] with write-ahead logs of `log_len_bytes` each
-    /// (new logs; existing ones keep their size). Crash tests use small
-    /// logs, so that folds and rotations come every few commits.
+    /// (new logs; existing ones keep their size). Bigger logs absorb a
+    /// bigger burst of writes (a mass expiry) before a rotation must wait
+    /// for the last fold; crash tests use small ones, so that folds and
+    /// rotations come every few commits.
     pub fn open_with_log(data_dir: &Path, log_len_bytes: u64) -> Result<Self, StoreError> {
         std::fs::create_dir_all(data_dir).map_err(|source| StoreError::Io {
             path: data_dir.display().to_string(),

@@ -45,8 +45,9 @@ const MAGIC: &[u8; 8] = b"BATONWAL";
 const FORMAT: u32 = 1;
 const HEADER_LEN_BYTES: u64 = 64;
 const RECORD_HEADER_LEN_BYTES: usize = 20;
-/// The preallocated size: a checkpoint folds the log into redb when full.
-pub(crate) const LEN_BYTES_DEFAULT: u64 = 16 << 20;
+/// The preallocated size of each of the two logs: when one is full the
+/// other takes the commits while it is folded into redb.
+pub const LEN_BYTES_DEFAULT: u64 = 16 << 20;
 /// Direct writes are whole, aligned blocks of this size (a multiple of
 /// every logical block size in use).
 const BLOCK_LEN_BYTES: usize = 4096;

@@ -46,6 +46,18 @@ async fn exclusion_and_canonical_names() {
 }
 
 #[tokio::test]
+async fn the_logs_take_the_size_asked_for() {
+    let dir = TempDir::new("log-size");
+    let s = common::serve(dir.path(), &["--log-size-mib", "2"]);
+    let mut c = client(&s).await;
+    granted(c.acquire("sized", TTL, NO_WAIT).await.unwrap());
+    for log in ["baton.wal", "baton.wal2"] {
+        let len = std::fs::metadata(dir.path().join(log)).unwrap().len();
+        assert_eq!(len, 2 << 20, "{log}");
+    }
+}
+
+#[tokio::test]
 async fn waiters_are_served_in_arrival_order_with_higher_tokens() {
     let dir = TempDir::new("fifo");
     let s = common::serve(dir.path(), &[]);
