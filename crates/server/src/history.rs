@@ -2,12 +2,15 @@
 //! page's history carry ([`Change`]), and the history itself: recent
 //! changes per resource, for the operator page: kept in
 //! memory only (a restart or a new leader starts with none, and the page
-//! says so), bounded per resource and in all, recorded by the committer
+//! says so), bounded per resource and in all, queued by the committer
 //! after each step's commit (so it never shows a grant that is not
-//! durable), in the order the engine made the changes.
+//! durable), in the order the engine made the changes, and recorded on a
+//! thread of its own: a million expiries are a million records, and the
+//! committer's next commit must not wait for them. A reader first records
+//! whatever is queued, so it sees every change queued before it asked.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::Mutex;
+use std::sync::{Condvar, Mutex};
 use std::time::Instant;
 
 use baton_core::{Event, FencingToken, Holder, HolderChange};
@@ -67,15 +70,99 @@ struct Book {
 #[derive(Default)]
 pub struct History {
     book: Mutex<Book>,
+    /// Changes queued, not yet in the book. Lock order: `book`, then this.
+    queued: Mutex<Queued>,
+    arrived: Condvar,
+}
+
+#[derive(Default)]
+struct Queued {
+    batches: Vec<(Vec<Change>, Instant)>,
+    /// The engine stopped: the recorder ends once the queue is empty.
+    closed: bool,
 }
 
 impl History {
-    /// Records a step's holder changes, in order, all at `at`.
-    pub fn record(&self, changes: &[Change], at: Instant) {
+    /// Queues a step's holder changes, in order, all at `at`, for the
+    /// recorder thread (cheap: the committer calls it after each commit).
+    pub fn queue(&self, changes: Vec<Change>, at: Instant) {
         if changes.is_empty() {
             return;
         }
+        self.queue_lock().batches.push((changes, at));
+        self.arrived.notify_one();
+    }
+
+    /// The recorder thread: records queued changes until [`History::close`].
+    pub fn run_recorder(&self) {
+        loop {
+            {
+                let mut queued = self.queue_lock();
+                while queued.batches.is_empty() && !queued.closed {
+                    queued = self.arrived.wait(queued).unwrap_or_else(|p| p.into_inner());
+                }
+                if queued.batches.is_empty() {
+                    return;
+                }
+            }
+            drop(self.catch_up());
+        }
+    }
+
+    /// Ends the recorder thread once the queue is empty.
+    pub fn close(&self) {
+        self.queue_lock().closed = true;
+        self.arrived.notify_all();
+    }
+
+    /// Records every queued change, under the book's lock (so a reader
+    /// never misses a batch the recorder took but has not written yet).
+    fn catch_up(&self) -> std::sync::MutexGuard<'_, Book> {
         let mut book = self.lock();
+        let batches = std::mem::take(&mut self.queue_lock().batches);
+        for (changes, at) in batches {
+            book.record(&changes, at);
+        }
+        book
+    }
+
+    /// Records a step's holder changes, in order, all at `at`, now.
+    #[cfg(test)]
+    pub fn record(&self, changes: &[Change], at: Instant) {
+        self.catch_up().record(changes, at);
+    }
+
+    /// A resource's recorded changes, newest first.
+    pub fn of(&self, resource: &str) -> Vec<Entry> {
+        self.catch_up()
+            .by_resource
+            .get(resource)
+            .map(|e| e.iter().rev().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// Changes held in all.
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.catch_up()
+            .by_resource
+            .values()
+            .map(VecDeque::len)
+            .sum()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Book> {
+        self.book.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn queue_lock(&self) -> std::sync::MutexGuard<'_, Queued> {
+        self.queued.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl Book {
+    fn record(&mut self, changes: &[Change], at: Instant) {
+        let book = self;
         for change in changes {
             book.next_seq += 1;
             let seq = book.next_seq;
@@ -98,27 +185,6 @@ impl History {
         }
     }
 
-    /// A resource's recorded changes, newest first.
-    pub fn of(&self, resource: &str) -> Vec<Entry> {
-        self.lock()
-            .by_resource
-            .get(resource)
-            .map(|e| e.iter().rev().cloned().collect())
-            .unwrap_or_default()
-    }
-
-    /// Changes held in all.
-    #[cfg(test)]
-    pub fn len(&self) -> usize {
-        self.lock().by_resource.values().map(VecDeque::len).sum()
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Book> {
-        self.book.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
-
-impl Book {
     /// Drops entry `seq` of `resource` if the per-resource bound has not
     /// already dropped it (then it is that resource's oldest).
     fn evict(&mut self, seq: u64, resource: &str) {
@@ -163,6 +229,25 @@ mod tests {
         assert_eq!(r[31].change.token.get() & 0xff, 9, "the 8 oldest went");
         assert_eq!(h.of("s").len(), 1);
         assert!(h.of("t").is_empty());
+    }
+
+    #[test]
+    fn queued_changes_are_seen_by_a_reader_and_recorded_by_the_recorder() {
+        let h = std::sync::Arc::new(History::default());
+        let now = Instant::now();
+        h.queue(vec![change("r", 1), change("r", 2)], now);
+        let seen = h.of("r");
+        assert_eq!(seen.len(), 2, "a reader records what is queued first");
+        assert_eq!(seen[0].change.token.get() & 0xff, 2);
+        let recorder = {
+            let h = h.clone();
+            std::thread::spawn(move || h.run_recorder())
+        };
+        h.queue(vec![change("s", 3)], now);
+        h.close();
+        recorder.join().expect("the recorder ends once closed");
+        assert!(h.queue_lock().batches.is_empty(), "it drained the queue");
+        assert_eq!(h.of("s").len(), 1);
     }
 
     #[test]

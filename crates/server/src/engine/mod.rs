@@ -344,10 +344,10 @@ impl Engine {
             let hub = self.hub.clone();
             let metrics = self.metrics.clone();
             replies.push(Box::new(move || {
-                metrics.history.record(&changes, Instant::now());
                 if hub.is_watched() {
-                    hub.publish(changes);
+                    hub.publish(changes.clone());
                 }
+                metrics.history.queue(changes, Instant::now());
             }));
         }
         self.record(&step.events);
@@ -425,6 +425,7 @@ fn spawn_threads(
     EngineHandle,
     std::thread::JoinHandle<Result<(), StoreError>>,
 ) {
+    let recorder = metrics.clone();
     let committer = Committer {
         store,
         rx: committer_rx,
@@ -432,6 +433,10 @@ fn spawn_threads(
         timer: timer.clone(),
         metrics,
     };
+    std::thread::Builder::new()
+        .name("baton-history".into())
+        .spawn(move || recorder.history.run_recorder())
+        .expect("spawn history thread");
     let committer_thread = std::thread::Builder::new()
         .name("baton-commit".into())
         .spawn(move || committer.run())

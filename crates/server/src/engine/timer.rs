@@ -60,7 +60,11 @@ pub(super) fn run_timer(
         Err(_) => Err(StoreError::Storage("the committer thread panicked".into())),
     };
     // Every watch ends with the engine.
-    shared.lock().hub.close();
+    {
+        let engine = shared.lock();
+        engine.hub.close();
+        engine.metrics.history.close();
+    }
     assert!(
         !shared.engine.is_poisoned(),
         "a step panicked while it held the lease table; the engine stopped"
