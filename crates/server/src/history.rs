@@ -78,8 +78,9 @@ pub struct History {
 #[derive(Default)]
 struct Queued {
     batches: Vec<(Vec<Change>, Instant)>,
-    /// The engine stopped: the recorder ends once the queue is empty.
-    closed: bool,
+    /// The recorder that runs (each engine starts one: a cluster member
+    /// starts a new engine every term it leads); any other one ends.
+    recorder: u64,
 }
 
 impl History {
@@ -93,15 +94,26 @@ impl History {
         self.arrived.notify_one();
     }
 
-    /// The recorder thread: records queued changes until [`History::close`].
-    pub fn run_recorder(&self) {
+    /// A new recorder's number: the one before it, if any, ends. Run it
+    /// with [`History::run_recorder`] and end it with [`History::retire`].
+    pub fn new_recorder(&self) -> u64 {
+        let mut queued = self.queue_lock();
+        queued.recorder += 1;
+        self.arrived.notify_all();
+        queued.recorder
+    }
+
+    /// Recorder `me`'s thread: records queued changes until it is retired
+    /// or a newer recorder starts (what is left queued then, the next
+    /// reader or recorder records).
+    pub fn run_recorder(&self, me: u64) {
         loop {
             {
                 let mut queued = self.queue_lock();
-                while queued.batches.is_empty() && !queued.closed {
+                while queued.batches.is_empty() && queued.recorder == me {
                     queued = self.arrived.wait(queued).unwrap_or_else(|p| p.into_inner());
                 }
-                if queued.batches.is_empty() {
+                if queued.recorder != me {
                     return;
                 }
             }
@@ -109,9 +121,12 @@ impl History {
         }
     }
 
-    /// Ends the recorder thread once the queue is empty.
-    pub fn close(&self) {
-        self.queue_lock().closed = true;
+    /// Ends recorder `me` (its engine stopped), unless a newer one runs.
+    pub fn retire(&self, me: u64) {
+        let mut queued = self.queue_lock();
+        if queued.recorder == me {
+            queued.recorder += 1;
+        }
         self.arrived.notify_all();
     }
 
@@ -239,14 +254,40 @@ mod tests {
         let seen = h.of("r");
         assert_eq!(seen.len(), 2, "a reader records what is queued first");
         assert_eq!(seen[0].change.token.get() & 0xff, 2);
-        let recorder = {
+        let spawn = |me: u64| {
             let h = h.clone();
-            std::thread::spawn(move || h.run_recorder())
+            std::thread::spawn(move || h.run_recorder(me))
         };
+        // Whether a recorder took the queue within 10 s.
+        let drained = || {
+            let until = Instant::now() + std::time::Duration::from_secs(10);
+            while !h.queue_lock().batches.is_empty() && Instant::now() < until {
+                std::thread::yield_now();
+            }
+            h.queue_lock().batches.is_empty()
+        };
+        // A cluster member's first term: its recorder records, then its
+        // engine stops.
+        let first = h.new_recorder();
+        let first_thread = spawn(first);
         h.queue(vec![change("s", 3)], now);
-        h.close();
-        recorder.join().expect("the recorder ends once closed");
-        assert!(h.queue_lock().batches.is_empty(), "it drained the queue");
+        assert!(drained(), "the first recorder records");
+        h.retire(first);
+        first_thread.join().expect("a retired recorder ends");
+        // Its next term: a new recorder records again, and the old one's
+        // late retirement does not stop it.
+        let second = h.new_recorder();
+        let second_thread = spawn(second);
+        h.retire(first);
+        h.queue(vec![change("t", 4)], now);
+        assert!(drained(), "the next term's recorder records");
+        assert_eq!(h.lock().by_resource["t"].len(), 1, "recorded by the thread");
+        // A third engine's recorder ends the second.
+        let third = h.new_recorder();
+        second_thread
+            .join()
+            .expect("a newer recorder ends the older");
+        h.retire(third);
         assert_eq!(h.of("s").len(), 1);
     }
 

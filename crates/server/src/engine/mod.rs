@@ -259,6 +259,8 @@ pub struct Engine {
     hub: Arc<Hub>,
     /// Backups waiting for this step's writes to be durable.
     snapshots: Vec<SnapshotReply>,
+    /// This engine's recorder of the page's history (retired when it stops).
+    recorder: u64,
 }
 
 impl Engine {
@@ -309,6 +311,7 @@ impl Engine {
                 stopped: false,
                 hub: Arc::default(),
                 snapshots: Vec::new(),
+                recorder: metrics.history.new_recorder(),
             }),
             timer: timer.clone(),
         });
@@ -425,7 +428,8 @@ fn spawn_threads(
     EngineHandle,
     std::thread::JoinHandle<Result<(), StoreError>>,
 ) {
-    let recorder = metrics.clone();
+    let history = metrics.clone();
+    let recorder = shared.lock().recorder;
     let committer = Committer {
         store,
         rx: committer_rx,
@@ -435,7 +439,7 @@ fn spawn_threads(
     };
     std::thread::Builder::new()
         .name("baton-history".into())
-        .spawn(move || recorder.history.run_recorder())
+        .spawn(move || history.history.run_recorder(recorder))
         .expect("spawn history thread");
     let committer_thread = std::thread::Builder::new()
         .name("baton-commit".into())
