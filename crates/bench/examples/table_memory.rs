@@ -1,0 +1,116 @@
+//! What the lease table alone costs per lease, in this process, with the
+//! server's allocator: a table filled by acquires (in name order, as
+//! `baton bench --fill-leases` fills a server) and one rebuilt by
+//! `LeaseTable::recover` from the same leases, as a restart does.
+//!
+//! ```sh
+//! cargo run --release -p baton-bench --example table_memory -- 10000000
+//! ```
+
+use std::time::Instant;
+
+use baton_core::{
+    AcquireRequest, AcquisitionId, Epoch, FencingToken, LeaseRecord, LeaseTable, Limits, MonoMs,
+    ResourceName, WaiterId,
+};
+
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+const TTL_MS: u64 = 3_600_000;
+
+fn resident_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .expect("VmRSS in /proc/self/status")
+}
+
+fn name(k: usize) -> ResourceName {
+    ResourceName::parse(&format!("fill:a1b2c3d4e5f6:{k:08}")).expect("a valid name")
+}
+
+fn id(k: usize) -> AcquisitionId {
+    let mut bytes = [0u8; 16];
+    bytes[..8].copy_from_slice(&(k as u64).to_le_bytes());
+    AcquisitionId::from_bytes(bytes)
+}
+
+fn limits() -> Limits {
+    Limits {
+        ttl_ms_max: TTL_MS,
+        ..Limits::default()
+    }
+}
+
+fn report(what: &str, n: usize, before_kib: u64, started: Instant) {
+    let grown_kib = resident_kib().saturating_sub(before_kib);
+    println!(
+        "{what}: {n} leases in {:.1} s, {} MiB, {:.0} bytes a lease",
+        started.elapsed().as_secs_f64(),
+        grown_kib / 1024,
+        grown_kib as f64 * 1024.0 / n.max(1) as f64
+    );
+}
+
+/// Grants `n` leases, 64 to an acquire, in name order.
+fn filled(n: usize) {
+    let mut table = LeaseTable::new(limits(), Epoch::FIRST, 0);
+    let (before_kib, started) = (resident_kib(), Instant::now());
+    for first in (0..n).step_by(64) {
+        let claims = (first..(first + 64).min(n))
+            .map(|k| (name(k), id(k)))
+            .collect();
+        let request = AcquireRequest {
+            claims,
+            ttl_ms: TTL_MS,
+            wait_ms: 0,
+            waiter: WaiterId(first as u64),
+            session: None,
+            holder: None,
+        };
+        table.acquire(MonoMs(1), request).expect("granted");
+        drop(table.take_effects());
+    }
+    report("filled by acquires", table.n_leases(), before_kib, started);
+}
+
+/// Rebuilds a table of `n` stored leases (the records' own memory is
+/// counted before the clock starts).
+fn recovered(n: usize) {
+    let records: Vec<_> = (0..n)
+        .map(|k| {
+            let record = LeaseRecord {
+                acquisition_digest: id(k).digest(),
+                token: FencingToken::new(Epoch::FIRST, k as u64 + 1).expect("in range"),
+                ttl_ms: TTL_MS,
+                session: None,
+                holder: None,
+            };
+            (name(k), record)
+        })
+        .collect();
+    let (before_kib, started) = (resident_kib(), Instant::now());
+    let table = LeaseTable::recover(limits(), MonoMs(1), Epoch::FIRST, n as u64, records, []);
+    report("recovered", table.n_leases(), before_kib, started);
+}
+
+fn main() {
+    let n: usize = std::env::args()
+        .nth(1)
+        .map(|a| {
+            a.parse()
+                .expect("usage: table_memory N_LEASES [fill|recover]")
+        })
+        .unwrap_or(1_000_000);
+    match std::env::args().nth(2).as_deref() {
+        Some("fill") => filled(n),
+        Some("recover") => recovered(n),
+        _ => {
+            filled(n);
+            recovered(n);
+        }
+    }
+}
