@@ -62,38 +62,8 @@ impl LeaseTable {
                     "stored lease token {} above last issued {last}",
                     record.token
                 );
-                let session = record.session.filter(|d| table.sessions.contains_key(d));
-                let expires_at = match session {
-                    Some(digest) => {
-                        let s = table.sessions.get_mut(&digest).expect("checked");
-                        s.leases.insert(resource.clone());
-                        MonoMs::NEVER
-                    }
-                    None => {
-                        let ttl_ms = if crate::bad::on(crate::bad::Variant::RecoveryWithoutTtl) {
-                            0
-                        } else {
-                            record.ttl_ms
-                        };
-                        let at = now
-                            .end_of(ttl_ms)
-                            .plus(recovery_delay_ms(record.ttl_ms, i, n));
-                        expiries.push((at, Timer::Expiry(resource.clone())));
-                        at
-                    }
-                };
-                let lease = Lease {
-                    acquisition_digest: record.acquisition_digest,
-                    token: record.token,
-                    ttl_ms: record.ttl_ms,
-                    expires_at,
-                    session,
-                    holder: record.holder,
-                };
-                let state = ResourceState {
-                    lease: Some(lease),
-                    queue: Queue::default(),
-                };
+                let expiry = recovery_delay_ms(record.ttl_ms, i, n);
+                let state = table.recovered_lease(now, &resource, record, expiry, &mut expiries);
                 (resource, state)
             })
             .collect();
@@ -102,5 +72,48 @@ impl LeaseTable {
         let sessions_ends = std::mem::take(&mut table.timers);
         table.timers = sessions_ends.into_iter().chain(expiries).collect();
         table
+    }
+
+    /// One stored lease as the table holds it after a restart: tied to its
+    /// session if that was recovered, else held for its full TTL from
+    /// `now` plus `delay_ms`, its expiry pushed onto `expiries`.
+    fn recovered_lease(
+        &mut self,
+        now: MonoMs,
+        resource: &ResourceName,
+        record: LeaseRecord,
+        delay_ms: u64,
+        expiries: &mut Vec<(MonoMs, Timer)>,
+    ) -> ResourceState {
+        let session = record.session.filter(|d| self.sessions.contains_key(d));
+        let expires_at = match session {
+            Some(digest) => {
+                let s = self.sessions.get_mut(&digest).expect("checked");
+                s.leases.insert(resource.clone());
+                MonoMs::NEVER
+            }
+            None => {
+                let ttl_ms = if crate::bad::on(crate::bad::Variant::RecoveryWithoutTtl) {
+                    0
+                } else {
+                    record.ttl_ms
+                };
+                let at = now.end_of(ttl_ms).plus(delay_ms);
+                expiries.push((at, Timer::Expiry(resource.clone())));
+                at
+            }
+        };
+        let lease = Lease {
+            acquisition_digest: record.acquisition_digest,
+            token: record.token,
+            ttl_ms: record.ttl_ms,
+            expires_at,
+            session,
+            holder: record.holder,
+        };
+        ResourceState {
+            lease: Some(lease),
+            queue: Queue::default(),
+        }
     }
 }
