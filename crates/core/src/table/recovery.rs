@@ -53,7 +53,7 @@ impl LeaseTable {
         let n = leases.len();
         let last = FencingToken::new(epoch, counter).expect("stored counter in range");
         let mut expiries = Vec::with_capacity(n);
-        let resources: Vec<(ResourceName, ResourceState)> = leases
+        table.resources = leases
             .into_iter()
             .enumerate()
             .map(|(i, (resource, record))| {
@@ -62,12 +62,11 @@ impl LeaseTable {
                     "stored lease token {} above last issued {last}",
                     record.token
                 );
-                let expiry = recovery_delay_ms(record.ttl_ms, i, n);
-                let state = table.recovered_lease(now, &resource, record, expiry, &mut expiries);
+                let delay_ms = recovery_delay_ms(record.ttl_ms, i, n);
+                let state = table.recovered_lease(now, &resource, record, delay_ms, &mut expiries);
                 (resource, state)
             })
             .collect();
-        table.resources = resources.into_iter().collect();
         table.n_leases = table.resources.len();
         let sessions_ends = std::mem::take(&mut table.timers);
         table.timers = sessions_ends.into_iter().chain(expiries).collect();
