@@ -37,7 +37,7 @@ pub use table::{
     AcquireError, AcquireOutcome, AcquireRequest, ChangeOf, Effects, Event, FenceOutcome, Grant,
     HolderChange, KeptAlive, LeaseRecord, LeaseStatus, LeaseTable, Limits, MonoMs, NotAcquired,
     ReleaseOutcome, RenewOutcome, Resumed, SessionCheck, SessionError, SessionRecord, WaitResult,
-    Write, RECOVERED_ENDS_PER_MS, SESSION_ENDS_PER_STEP,
+    Write, ENDS_PER_STEP, RECOVERED_ENDS_PER_MS,
 };
 pub use token::{
     restore_epoch, Epoch, FencingToken, RestoreFloors, TokenError, COUNTER_BITS, COUNTER_MAX,

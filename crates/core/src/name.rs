@@ -35,6 +35,12 @@ pub enum NameError {
 }
 
 impl ResourceName {
+    /// The empty name, below every valid one: a bound for ranges and
+    /// splits inside the table, never a resource.
+    pub(crate) fn below_all() -> Self {
+        Self(Arc::from(""))
+    }
+
     /// Validates `raw` and returns its canonical (NFC) form.
     pub fn parse(raw: &str) -> Result<Self, NameError> {
         if raw.is_empty() {

@@ -6,6 +6,8 @@
 //! [`LeaseTable::take_effects`].
 
 mod drain;
+mod expiry;
+mod gone;
 mod query;
 mod recovery;
 mod sessions;
@@ -13,7 +15,7 @@ mod state;
 mod types;
 mod waiters;
 
-pub use drain::SESSION_ENDS_PER_STEP;
+pub use drain::ENDS_PER_STEP;
 pub use recovery::{recovery_delay_ms, RECOVERED_ENDS_PER_MS};
 
 pub use sessions::SessionCheck;
@@ -25,7 +27,7 @@ pub use types::{
     RenewOutcome, Resumed, SessionError, SessionRecord, WaitResult, Write,
 };
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
 use crate::{
     AcquisitionId, Epoch, FencingToken, Holder, ResourceName, SessionDigest, WaiterId, COUNTER_MAX,
@@ -45,9 +47,22 @@ pub struct LeaseTable {
     sessions: HashMap<SessionDigest, Session>,
     /// Ended sessions whose leases are dropped in bounded steps.
     draining: HashMap<SessionDigest, Draining>,
-    /// At most this many of an ended session's leases are dropped per step.
+    /// At most this many of an ended session's leases, or of the expired
+    /// ones, are dropped per step.
     ends_per_step: usize,
+    /// Wait deadlines, session ends and drains.
     timers: BTreeSet<(MonoMs, Timer)>,
+    /// The deadlines of the leases of their own (not a session's).
+    expiries: BTreeSet<(MonoMs, ResourceName)>,
+    /// Leases whose deadline a step reached, still to be dropped
+    /// (`expiry.rs`): one set per step that reached some, oldest first.
+    /// Already gone and uncounted.
+    overdue: VecDeque<BTreeSet<(MonoMs, ResourceName)>>,
+    /// Entries in `overdue`.
+    n_overdue: usize,
+    /// Every lease of its own (not a session's) whose deadline is at or
+    /// before this is gone: the last timer a step reached.
+    expired_through: MonoMs,
     effects: Effects,
 }
 
@@ -65,8 +80,12 @@ impl LeaseTable {
             waiters: HashMap::new(),
             sessions: HashMap::new(),
             draining: HashMap::new(),
-            ends_per_step: SESSION_ENDS_PER_STEP,
+            ends_per_step: ENDS_PER_STEP,
             timers: BTreeSet::new(),
+            expiries: BTreeSet::new(),
+            overdue: VecDeque::new(),
+            n_overdue: 0,
+            expired_through: MonoMs(0),
             effects: Effects::default(),
         }
     }
@@ -86,9 +105,15 @@ impl LeaseTable {
         self.waiters.len()
     }
 
-    /// The earliest instant at which [`LeaseTable::tick`] has work to do.
+    /// The earliest instant at which [`LeaseTable::tick`] has work to do:
+    /// a millisecond after the last step while expired leases are still to
+    /// be dropped (as for an ended session's, so that other callers take
+    /// the lock in between).
     pub fn next_deadline(&self) -> Option<MonoMs> {
-        self.timers.first().map(|(at, _)| *at)
+        let overdue = (self.n_overdue > 0).then(|| self.expired_through.plus(1));
+        let timer = self.timers.first().map(|(at, _)| *at);
+        let expiry = self.expiries.first().map(|(at, _)| *at);
+        [timer, expiry, overdue].into_iter().flatten().min()
     }
 
     /// Returns the effects accumulated since the last call.
@@ -102,19 +127,27 @@ impl LeaseTable {
         std::mem::take(&mut self.effects)
     }
 
-    /// Runs every timer due at `now`: expiries, then the hand-offs they allow.
+    /// Runs every timer due at `now`: leases whose deadline came are gone
+    /// from here on, at most [`ENDS_PER_STEP`] of them are dropped from the
+    /// table now and the rest in later steps (`expiry.rs`); wait deadlines,
+    /// session ends and the hand-offs they allow run in deadline order.
     pub fn tick(&mut self, now: MonoMs) {
+        let carried = self.n_overdue;
+        self.reach_expiries(now);
         while let Some((at, _)) = self.timers.first() {
             if *at > now {
                 break;
             }
-            let (_, timer) = self.timers.pop_first().expect("checked non-empty");
+            let (at, timer) = self.timers.pop_first().expect("checked non-empty");
+            // Every lease ending at or before `at` was reached above, and
+            // is gone from here on; one ending later (but by `now`) is not
+            // yet, for this timer.
+            self.expired_through = at;
             match timer {
-                Timer::Expiry(resource) => self.expire(now, resource),
                 Timer::WaitDeadline(waiter) => {
                     if self.settle_claims_of(now, waiter) {
-                        // Granted: an ended session's lease it waited for was
-                        // gone before its wait ran out.
+                        // Granted: a lease it waited for was gone (an ended
+                        // session's, or expired) before its wait ran out.
                         continue;
                     }
                     self.remove_waiter(now, waiter);
@@ -125,25 +158,8 @@ impl LeaseTable {
                 Timer::SessionDrain(digest) => self.drain_session(now, digest),
             }
         }
-    }
-
-    fn expire(&mut self, now: MonoMs, resource: ResourceName) {
-        let state = self
-            .resources
-            .get_mut(&resource)
-            .expect("expiry timer for unknown resource");
-        let lease = state.lease.take().expect("expiry timer without a lease");
-        assert!(lease.expires_at <= now, "expired early");
-        self.n_leases -= 1;
-        self.effects.writes.push(Write::DeleteLease {
-            resource: resource.clone(),
-        });
-        self.effects.events.push(Event::Expired {
-            resource: resource.clone(),
-            token: lease.token,
-            holder: lease.holder,
-        });
-        self.pump(now, &resource);
+        self.expired_through = self.expired_through.max(now);
+        self.expire_step(now, carried);
     }
 
     /// Acquires every claimed resource, or none: granted now, refused (try-once), or queued until `wait_ms` runs out. A grant sets `sync` in the effects.
@@ -269,7 +285,7 @@ impl LeaseTable {
             }
             None => {
                 let at = now.end_of(ttl_ms);
-                self.timers.insert((at, Timer::Expiry(resource.clone())));
+                self.expiries.insert((at, resource.clone()));
                 (ttl_ms, at)
             }
         };
@@ -349,9 +365,8 @@ impl LeaseTable {
             return RenewOutcome::Renewed { token, ttl_ms };
         }
         let expires_at = now.end_of(ttl_ms);
-        self.timers.remove(&(old, Timer::Expiry(resource.clone())));
-        self.timers
-            .insert((expires_at, Timer::Expiry(resource.clone())));
+        self.expiries.remove(&(old, resource.clone()));
+        self.expiries.insert((expires_at, resource.clone()));
         let lease = self
             .resources
             .get_mut(resource)
@@ -401,8 +416,7 @@ impl LeaseTable {
                 session.leases.remove(resource);
             }
             None => {
-                self.timers
-                    .remove(&(lease.expires_at, Timer::Expiry(resource.clone())));
+                self.expiries.remove(&(lease.expires_at, resource.clone()));
             }
         }
         self.effects.writes.push(Write::DeleteLease {
@@ -415,7 +429,9 @@ impl LeaseTable {
     /// every earlier grant, so the next holder's token is higher still.
     pub fn fence(&mut self, now: MonoMs, resource: &ResourceName) -> FenceOutcome {
         self.tick(now);
-        self.settle_and_pump(now, resource);
+        // An ended lease on it is dropped, but the resource is not handed on
+        // before the fence: its next waiter gets it after, above the fence.
+        self.settle(resource);
         let session = self
             .resources
             .get(resource)

@@ -34,6 +34,7 @@ pub struct Metrics {
     pub(crate) renewals_failed: Counter,
     pub(crate) releases: Counter,
     pub(crate) expiries: Counter,
+    pub(crate) expiries_deferred: Counter,
     pub(crate) ownership_transfers: Counter,
     pub(crate) fences: Counter,
     pub(crate) commits: Counter,
@@ -93,6 +94,10 @@ impl Default for Metrics {
         let renewals_failed = counter("baton_renewals_failed", "renewals refused as not owner");
         let releases = counter("baton_releases", "leases released by their holder");
         let expiries = counter("baton_expiries", "leases that expired");
+        let expiries_deferred = counter(
+            "baton_expiries_deferred",
+            "expired leases a step left to later bounded steps (gone already; dropped from the table after)",
+        );
         let ownership_transfers = counter(
             "baton_ownership_transfers",
             "hand-offs of a resource to a waiter",
@@ -179,6 +184,7 @@ impl Default for Metrics {
             renewals_failed,
             releases,
             expiries,
+            expiries_deferred,
             ownership_transfers,
             fences,
             commits,

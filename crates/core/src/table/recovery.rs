@@ -68,8 +68,7 @@ impl LeaseTable {
             })
             .collect();
         table.n_leases = table.resources.len();
-        let sessions_ends = std::mem::take(&mut table.timers);
-        table.timers = sessions_ends.into_iter().chain(expiries).collect();
+        table.expiries = expiries.into_iter().collect();
         table
     }
 
@@ -82,7 +81,7 @@ impl LeaseTable {
         resource: &ResourceName,
         record: LeaseRecord,
         delay_ms: u64,
-        expiries: &mut Vec<(MonoMs, Timer)>,
+        expiries: &mut Vec<(MonoMs, ResourceName)>,
     ) -> ResourceState {
         let session = record.session.filter(|d| self.sessions.contains_key(d));
         let expires_at = match session {
@@ -98,7 +97,7 @@ impl LeaseTable {
                     record.ttl_ms
                 };
                 let at = now.end_of(ttl_ms).plus(delay_ms);
-                expiries.push((at, Timer::Expiry(resource.clone())));
+                expiries.push((at, resource.clone()));
                 at
             }
         };

@@ -106,7 +106,6 @@ pub(super) struct Waiter {
 
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(super) enum Timer {
-    Expiry(ResourceName),
     WaitDeadline(WaiterId),
     SessionExpiry(SessionDigest),
     /// The next bounded step of an ended session's leases (see `drain.rs`).

@@ -471,6 +471,11 @@ pub enum Event {
         expired: bool,
         n_leases: usize,
     },
+    /// A step reached more expired leases than it drops: `n_leases` of
+    /// them, gone already, are left to later steps (`expiry.rs`).
+    ExpiriesDeferred {
+        n_leases: usize,
+    },
 }
 
 /// Everything the shell must do after a batch of operations.

@@ -23,9 +23,7 @@ impl Engine {
                     }
                     debug!(%resource, %token, acquisition = %acquisition_id.prefix(), after_wait, holder = holder.as_ref().map(|h| h.as_str()), "granted");
                 }
-                Event::Renewed { .. } => {
-                    m.renewals.inc();
-                }
+                Event::Renewed { .. } => _ = m.renewals.inc(),
                 Event::RenewRefused { resource } => {
                     m.renewals_failed.inc();
                     debug!(%resource, "renewal refused: not owner");
@@ -55,9 +53,7 @@ impl Engine {
                     m.fences.inc();
                     fenced(resource, *token, *revoked, holder.as_ref());
                 }
-                Event::WaitTimedOut { .. } => {
-                    m.wait_timeouts.inc();
-                }
+                Event::WaitTimedOut { .. } => _ = m.wait_timeouts.inc(),
                 Event::SessionOpened { .. } => {}
                 Event::SessionEnded {
                     expired, n_leases, ..
@@ -66,6 +62,13 @@ impl Engine {
                         m.session_expiries.inc();
                     }
                     session_ended(*expired, *n_leases);
+                }
+                Event::ExpiriesDeferred { n_leases } => {
+                    m.expiries_deferred.inc_by(*n_leases as u64);
+                    debug!(
+                        n_leases,
+                        "more leases expired than a step drops; the rest follow in bounded steps"
+                    );
                 }
             }
         }

@@ -1,0 +1,108 @@
+//! Expiry in bounded steps.
+//!
+//! Many leases can reach their deadline in one step: leases granted in the
+//! same millisecond, or every lease whose deadline passed while the server
+//! was paused. Dropping them all in that step would hold the table (and
+//! the engine's lock) for as long as that takes, write every deletion in
+//! one batch, and stall every other caller. So a step only *reaches* the
+//! leases whose deadline came: it splits them off the deadline set in one
+//! piece (a B-tree split, not a pop per lease), uncounts them and queues the
+//! piece in `overdue`; then at most [`ENDS_PER_STEP`](crate::ENDS_PER_STEP)
+//! of the queue are dropped (written, reported, their resource handed on)
+//! per step, and the table asks to be stepped again a millisecond later
+//! while any are left (as `drain.rs` does, so that other callers take the
+//! engine's lock in between).
+//!
+//! From the step that reached it, such a lease is gone for every caller
+//! (`gone.rs`): the caller that touches its resource drops it first.
+
+use super::{Event, LeaseTable, MonoMs, Write};
+use crate::ResourceName;
+
+impl LeaseTable {
+    /// Every lease whose deadline is at or before `now` is reached: split
+    /// off the deadline set, uncounted, and queued to be dropped; gone for
+    /// every caller once `expired_through` passes its deadline.
+    pub(super) fn reach_expiries(&mut self, now: MonoMs) {
+        if self.expiries.first().is_none_or(|(at, _)| *at > now) {
+            return;
+        }
+        let later = self
+            .expiries
+            .split_off(&(now.plus(1), ResourceName::below_all()));
+        let due = std::mem::replace(&mut self.expiries, later);
+        self.n_leases -= due.len();
+        self.n_overdue += due.len();
+        self.overdue.push_back(due);
+    }
+
+    /// Drops at most [`ENDS_PER_STEP`](crate::ENDS_PER_STEP) of the leases
+    /// reached, oldest first, handing each resource to its next waiter. An
+    /// entry whose lease a caller already dropped (`settle`) is passed over
+    /// and not counted. `carried` is how many were queued before this step
+    /// (reported as deferred already): the others left are reported.
+    pub(super) fn expire_step(&mut self, now: MonoMs, carried: usize) {
+        let mut budget = self.ends_per_step;
+        let mut popped = 0;
+        while budget > 0 {
+            let Some(piece) = self.overdue.front_mut() else {
+                break;
+            };
+            let Some((at, resource)) = piece.pop_first() else {
+                self.overdue.pop_front();
+                continue;
+            };
+            self.n_overdue -= 1;
+            popped += 1;
+            // A lease granted since on the same resource ends later than
+            // `at`: only the lease that was reached ends exactly then.
+            let still_there = self
+                .resources
+                .get(&resource)
+                .and_then(|s| s.lease.as_ref())
+                .is_some_and(|l| l.session.is_none() && l.expires_at == at);
+            if still_there {
+                self.drop_expired(&resource);
+                self.pump(now, &resource);
+                budget -= 1;
+            }
+        }
+        if self.overdue.front().is_some_and(|p| p.is_empty()) {
+            self.overdue.pop_front();
+        }
+        let n_leases = self.n_overdue - carried.saturating_sub(popped);
+        if n_leases > 0 {
+            self.effects
+                .events
+                .push(Event::ExpiriesDeferred { n_leases });
+        }
+    }
+
+    /// Takes out `resource`'s lease, reached by a step (already uncounted),
+    /// and reports it expired.
+    pub(super) fn drop_expired(&mut self, resource: &ResourceName) {
+        let lease = self
+            .resources
+            .get_mut(resource)
+            .and_then(|s| s.lease.take())
+            .expect("an expired lease is still held");
+        assert!(
+            lease.session.is_none() && lease.expires_at <= self.expired_through,
+            "expired early"
+        );
+        self.effects.writes.push(Write::DeleteLease {
+            resource: resource.clone(),
+        });
+        self.effects.events.push(Event::Expired {
+            resource: resource.clone(),
+            token: lease.token,
+            holder: lease.holder,
+        });
+    }
+
+    /// Leases whose deadline a step reached, still to be dropped (O(1); may
+    /// count some a caller has dropped since).
+    pub fn n_overdue(&self) -> usize {
+        self.n_overdue
+    }
+}

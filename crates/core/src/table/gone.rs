@@ -1,0 +1,84 @@
+//! The rule that keeps bounded steps invisible: a lease that has ended is
+//! gone for every caller from the step in which it ended, although it may
+//! stay in the table until a later step drops it.
+//!
+//! Two kinds of lease end that way: an ended session's (`drain.rs`) and a
+//! lease of its own whose deadline a step has reached (`expiry.rs`). Such a
+//! lease is not counted in [`LeaseTable::n_leases`], listed, reported by
+//! [`LeaseTable::status`], saved in a snapshot, renewable or releasable, and
+//! every per-resource call drops the lease it touches first (`settle`),
+//! handing the resource to its next waiter before the call is judged,
+//! exactly as if every ended lease had been dropped at once.
+
+use super::state::Lease;
+use super::{LeaseTable, MonoMs};
+use crate::{ResourceName, WaiterId};
+
+impl LeaseTable {
+    /// Whether `lease` has ended (its session ended, or a step reached its
+    /// deadline), though it is still in the table until its batch comes.
+    pub(super) fn is_gone(&self, lease: &Lease) -> bool {
+        match lease.session {
+            Some(digest) => !self.draining.is_empty() && self.draining.contains_key(&digest),
+            // Every lease a step reached is in `overdue` until dropped.
+            None => self.n_overdue > 0 && lease.expires_at <= self.expired_through,
+        }
+    }
+
+    /// Drops `resource`'s lease if it has ended (without handing the
+    /// resource on: the caller does). `true` if it did.
+    pub(super) fn settle(&mut self, resource: &ResourceName) -> bool {
+        // The common case, on every acquire, renew and release: nothing
+        // ended is waiting for its step, and no lookup is needed.
+        if self.draining.is_empty() && self.n_overdue == 0 {
+            return false;
+        }
+        let Some(lease) = self
+            .resources
+            .get(resource)
+            .and_then(|s| s.lease.as_ref())
+            .filter(|l| self.is_gone(l))
+        else {
+            return false;
+        };
+        match lease.session {
+            Some(digest) => {
+                let draining = self.draining.get_mut(&digest).expect("checked by is_gone");
+                draining.leases.remove(resource);
+                let expired = draining.expired;
+                if draining.leases.is_empty() {
+                    // Its drain timer, when it comes, finds nothing left.
+                    self.draining.remove(&digest);
+                }
+                self.drop_drained(resource, digest, expired);
+            }
+            // Its entry in `overdue` finds nothing when its step comes.
+            None => self.drop_expired(resource),
+        }
+        true
+    }
+
+    /// [`LeaseTable::settle`], then the resource goes to its next waiter.
+    pub(super) fn settle_and_pump(&mut self, now: MonoMs, resource: &ResourceName) {
+        if self.settle(resource) {
+            self.pump(now, resource);
+        }
+    }
+
+    /// Before `waiter`'s wait ends, drops the ended leases on what it
+    /// claims and lets it be granted: it would have had them when they
+    /// ended. `true` if it was granted.
+    pub(super) fn settle_claims_of(&mut self, now: MonoMs, waiter: WaiterId) -> bool {
+        if self.draining.is_empty() && self.n_overdue == 0 {
+            return false;
+        }
+        let Some(w) = self.waiters.get(&waiter) else {
+            return false;
+        };
+        let claims: Vec<ResourceName> = w.claims.iter().map(|(r, _)| r.clone()).collect();
+        for resource in &claims {
+            self.settle_and_pump(now, resource);
+        }
+        !self.waiters.contains_key(&waiter)
+    }
+}

@@ -1,0 +1,146 @@
+//! Expiry in bounded steps (`expiry.rs`): many leases ending in one tick
+//! are gone at once and dropped a bounded number per step.
+
+use super::*;
+
+/// Enough that the calls in between (each a step) leave some for later.
+const N: usize = 8 * ENDS_PER_STEP + 10;
+
+fn m(i: usize) -> String {
+    format!("m:{i:05}")
+}
+
+fn deletes(fx: &Effects) -> Vec<ResourceName> {
+    fx.writes
+        .iter()
+        .filter_map(|w| match w {
+            Write::DeleteLease { resource } => Some(resource.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn deferred(fx: &Effects) -> usize {
+    fx.events
+        .iter()
+        .map(|e| match e {
+            Event::ExpiriesDeferred { n_leases } => *n_leases,
+            _ => 0,
+        })
+        .sum()
+}
+
+#[test]
+fn a_mass_expiry_is_gone_at_once_and_dropped_in_bounded_steps() {
+    let mut t = table();
+    for i in 0..N {
+        let out = t.acquire(MonoMs(0), req(&[&m(i)], 1, 1_000, 0, 0)).unwrap();
+        assert!(matches!(out, AcquireOutcome::Granted(_)));
+    }
+    let queued = t.acquire(MonoMs(0), req(&[&m(N - 1)], 2, 1_000, 5_000, 77));
+    assert!(matches!(queued, Ok(AcquireOutcome::Queued { .. })));
+    let last = t.issued_through();
+    t.take_effects();
+    t.tick(MonoMs(1_000));
+    assert_eq!(t.n_leases(), N, "nothing ends before its full TTL");
+    assert!(deletes(&t.take_effects()).is_empty());
+
+    // Every lease is reached in one tick, a step's worth is dropped.
+    t.tick(MonoMs(1_001));
+    let fx = t.take_effects();
+    let mut dropped = deletes(&fx);
+    assert_eq!(dropped.len(), ENDS_PER_STEP);
+    assert_eq!(deferred(&fx), N - ENDS_PER_STEP);
+    assert_eq!(t.n_leases(), 0, "gone at once");
+    assert_eq!(
+        t.next_deadline(),
+        Some(MonoMs(1_002)),
+        "stepped again a millisecond later"
+    );
+
+    // Every caller finds the rest gone: the waiter gets its resource as
+    // soon as anyone looks, a new acquire is granted above every token,
+    // and the old holder can neither renew nor release.
+    let status = t.status(MonoMs(1_001), &name(&m(N - 1)));
+    let fx = t.take_effects();
+    assert!(matches!(
+        fx.woken[..],
+        [(WaiterId(77), WaitResult::Granted(_))]
+    ));
+    assert!(status.holder_token.unwrap() > last);
+    dropped.extend(deletes(&fx));
+    let out = t.acquire(MonoMs(1_001), req(&[&m(N - 2)], 3, 1_000, 0, 0));
+    assert!(matches!(out, Ok(AcquireOutcome::Granted(ref g)) if g[0].token > last));
+    assert_eq!(
+        t.renew(MonoMs(1_001), &name(&m(N - 3)), &id(1)),
+        RenewOutcome::NotOwner
+    );
+    assert_eq!(
+        t.release(MonoMs(1_001), &name(&m(N - 4)), &id(1)),
+        ReleaseOutcome::NotHeld
+    );
+    let listed = t.list(MonoMs(1_001), "m:", None, N);
+    assert_eq!(
+        listed.iter().filter(|s| s.holder_token.is_some()).count(),
+        2,
+        "only the two granted since are held"
+    );
+    assert_eq!(t.n_leases(), 2);
+    dropped.extend(deletes(&t.take_effects()));
+
+    // The table asks to be stepped a millisecond later until every one is
+    // dropped, each step dropping at most its share; each lease is dropped
+    // once.
+    let (mut steps, mut now) = (0, 1_001);
+    while t.n_overdue() > 0 {
+        now += 1;
+        assert_eq!(t.next_deadline(), Some(MonoMs(now)));
+        t.tick(MonoMs(now));
+        let step = deletes(&t.take_effects());
+        assert!(step.len() <= ENDS_PER_STEP, "{} in one step", step.len());
+        dropped.extend(step);
+        steps += 1;
+    }
+    assert!(steps >= 2, "{steps} steps");
+    dropped.sort();
+    dropped.dedup();
+    assert_eq!(dropped.len(), N, "every old lease dropped exactly once");
+    assert_eq!(
+        t.next_deadline(),
+        Some(MonoMs(2_002)),
+        "the new leases' expiry"
+    );
+}
+
+/// A wait runs out by the order of deadlines, not of steps: a waiter whose
+/// resource expired before its deadline is granted although the step that
+/// drops that lease has not come, and one whose deadline came first is not.
+#[test]
+fn a_wait_ends_by_the_deadlines_order_not_the_steps() {
+    let mut t = table();
+    t.set_ends_per_step(1);
+    for (r, ttl_ms) in [("a", 1_000), ("b", 1_000), ("c", 1_000), ("d", 3_000)] {
+        t.acquire(MonoMs(0), req(&[r], 1, ttl_ms, 0, 0)).unwrap();
+    }
+    // Until 2000, after "c" expires at 1001; until 2500, before "d" does.
+    t.acquire(MonoMs(0), req(&["c"], 10, 1_000, 2_000, 1))
+        .unwrap();
+    t.acquire(MonoMs(0), req(&["d"], 11, 1_000, 2_500, 2))
+        .unwrap();
+    t.take_effects();
+    t.tick(MonoMs(4_000));
+    let fx = t.take_effects();
+    let woken: Vec<_> = fx
+        .woken
+        .iter()
+        .map(|(w, r)| (w.0, matches!(r, WaitResult::Granted(_))))
+        .collect();
+    assert_eq!(woken, vec![(1, true), (2, false)]);
+    assert_eq!(
+        deletes(&fx).len(),
+        2,
+        "c settled for the waiter, a in the step"
+    );
+    assert_eq!(t.n_leases(), 1, "only the waiter's grant is held");
+    assert_eq!(t.status(MonoMs(4_000), &name("d")).holder_token, None);
+}
