@@ -53,3 +53,46 @@ pub async fn reconnect<'a>(
     }
     slot.as_mut()
 }
+
+/// Takes `name` try-once for `ttl` with `slot`'s client; if granted,
+/// records the grant in `history` and releases it, or, one time in three,
+/// abandons it as a crashed worker would (its lease then ends no earlier
+/// than one TTL after the send, which the record claims). `true` if
+/// granted. A failed call drops the client, for [`reconnect`] to replace.
+pub async fn take_once(
+    slot: &mut Option<baton_client::Client>,
+    name: &str,
+    ttl: std::time::Duration,
+    rng: &mut baton_client::rng::Rng,
+    history: &std::sync::Mutex<Vec<baton_faults::grants::Grant>>,
+) -> bool {
+    use std::time::{Duration, Instant};
+    let Some(c) = slot.as_mut() else {
+        return false;
+    };
+    let sent = Instant::now();
+    match c.acquire(name, ttl, Duration::ZERO).await {
+        Ok(baton_client::Acquired::Granted(lease)) => {
+            let abandoned = rng.below(3) == 0;
+            history.lock().unwrap().push(baton_faults::grants::Grant {
+                resource: name.to_string(),
+                token: lease.token.get(),
+                invoked: sent,
+                answered: Instant::now(),
+                earliest_end: abandoned.then(|| sent + ttl),
+            });
+            if !abandoned {
+                let _ = c.release(name, &lease.acquisition_id).await;
+            }
+            true
+        }
+        Ok(baton_client::Acquired::NotAcquired(_)) => {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            false
+        }
+        Err(_) => {
+            *slot = None;
+            false
+        }
+    }
+}

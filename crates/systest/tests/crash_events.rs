@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use baton_client::rng::Rng;
-use baton_client::{Acquired, AcquiredAll, Client};
+use baton_client::{AcquiredAll, Client};
 use baton_faults::grants::Grant;
 use baton_systest as common;
 use common::TempDir;
@@ -117,28 +117,12 @@ async fn taker(
     let mut rng = Rng::new(seed);
     let mut client: Option<Client> = None;
     while !stop.load(Ordering::Relaxed) {
-        let Some(c) = common::reconnect(&mut client, &url).await else {
+        if common::reconnect(&mut client, &url).await.is_none() {
             continue;
-        };
+        }
         let name = big(rng.below(BIG as u64) as usize);
-        let sent = Instant::now();
-        match c.acquire(&name, TTL, Duration::ZERO).await {
-            Ok(Acquired::Granted(lease)) => {
-                let abandoned = rng.below(3) == 0;
-                history.lock().unwrap().push(Grant {
-                    resource: name.clone(),
-                    token: lease.token.get(),
-                    invoked: sent,
-                    answered: Instant::now(),
-                    earliest_end: abandoned.then(|| sent + TTL),
-                });
-                counts.taken.fetch_add(1, Ordering::Relaxed);
-                if !abandoned {
-                    let _ = c.release(&name, &lease.acquisition_id).await;
-                }
-            }
-            Ok(Acquired::NotAcquired(_)) => tokio::time::sleep(Duration::from_millis(1)).await,
-            Err(_) => client = None,
+        if common::take_once(&mut client, &name, TTL, &mut rng, &history).await {
+            counts.taken.fetch_add(1, Ordering::Relaxed);
         }
     }
 }
