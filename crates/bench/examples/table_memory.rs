@@ -3,8 +3,13 @@
 //! `baton bench --fill-leases` fills a server) and one rebuilt by
 //! `LeaseTable::recover` from the same leases, as a restart does.
 //!
+//! With `expire`, the leases (granted in the same millisecond) then all
+//! expire: how long the step that reaches them holds the table, and the
+//! steps after it that drop them.
+//!
 //! ```sh
 //! cargo run --release -p baton-bench --example table_memory -- 10000000
+//! cargo run --release -p baton-bench --example table_memory -- 1000000 expire
 //! ```
 
 use std::time::Instant;
@@ -56,7 +61,7 @@ fn report(what: &str, n: usize, before_kib: u64, started: Instant) {
 }
 
 /// Grants `n` leases, 64 to an acquire, in name order.
-fn filled(n: usize) {
+fn filled(n: usize) -> LeaseTable {
     let mut table = LeaseTable::new(limits(), Epoch::FIRST, 0);
     let (before_kib, started) = (resident_kib(), Instant::now());
     for first in (0..n).step_by(64) {
@@ -75,6 +80,35 @@ fn filled(n: usize) {
         drop(table.take_effects());
     }
     report("filled by acquires", table.n_leases(), before_kib, started);
+    table
+}
+
+/// Fills a table with `n` leases granted in one millisecond, then steps
+/// it at their deadline until every one is dropped, timing each step.
+fn expired(n: usize) {
+    let mut table = filled(n);
+    let mut now = MonoMs(1 + TTL_MS + 1);
+    let mut steps_ms = Vec::new();
+    let mut dropped = 0;
+    while table.n_overdue() > 0 || steps_ms.is_empty() {
+        let started = Instant::now();
+        table.tick(now);
+        let fx = table.take_effects();
+        steps_ms.push(started.elapsed().as_secs_f64() * 1e3);
+        dropped += fx.writes.len();
+        drop(fx);
+        now = table.next_deadline().unwrap_or(now);
+    }
+    let first_ms = steps_ms[0];
+    let rest_max_ms = steps_ms[1..].iter().copied().fold(0.0, f64::max);
+    println!(
+        "expired: {n} leases ending in one millisecond: {} steps, the first {first_ms:.1} ms, \
+         the longest after it {rest_max_ms:.2} ms, {:.0} ms in all; {dropped} deletions written, \
+         {} leases left",
+        steps_ms.len(),
+        steps_ms.iter().sum::<f64>(),
+        table.n_leases()
+    );
 }
 
 /// Rebuilds a table of `n` stored leases (the records' own memory is
@@ -102,14 +136,15 @@ fn main() {
         .nth(1)
         .map(|a| {
             a.parse()
-                .expect("usage: table_memory N_LEASES [fill|recover]")
+                .expect("usage: table_memory N_LEASES [fill|recover|expire]")
         })
         .unwrap_or(1_000_000);
     match std::env::args().nth(2).as_deref() {
-        Some("fill") => filled(n),
+        Some("fill") => drop(filled(n)),
         Some("recover") => recovered(n),
+        Some("expire") => expired(n),
         _ => {
-            filled(n);
+            drop(filled(n));
             recovered(n);
         }
     }
