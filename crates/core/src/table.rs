@@ -60,6 +60,10 @@ pub struct LeaseTable {
     overdue: VecDeque<BTreeSet<(MonoMs, ResourceName)>>,
     /// Entries in `overdue`.
     n_overdue: usize,
+    /// At most this many expired leases are dropped per millisecond.
+    drops_per_ms: usize,
+    /// The millisecond of the last expiry step, and its drops so far.
+    drops: (MonoMs, usize),
     /// Every lease of its own (not a session's) whose deadline is at or
     /// before this is gone: the last timer a step reached.
     expired_through: MonoMs,
@@ -85,6 +89,8 @@ impl LeaseTable {
             expiries: BTreeSet::new(),
             overdue: VecDeque::new(),
             n_overdue: 0,
+            drops_per_ms: ENDS_PER_STEP,
+            drops: (MonoMs(0), 0),
             expired_through: MonoMs(0),
             effects: Effects::default(),
         }

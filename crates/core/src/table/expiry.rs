@@ -37,12 +37,19 @@ impl LeaseTable {
     }
 
     /// Drops at most [`ENDS_PER_STEP`](crate::ENDS_PER_STEP) of the leases
-    /// reached, oldest first, handing each resource to its next waiter. An
-    /// entry whose lease a caller already dropped (`settle`) is passed over
-    /// and not counted. `carried` is how many were queued before this step
-    /// (reported as deferred already): the others left are reported.
+    /// reached, oldest first, and no more in this millisecond than the
+    /// pace allows ([`LeaseTable::set_expiry_drops_per_ms`]), handing each
+    /// resource to its next waiter. An entry whose lease a caller already
+    /// dropped (`settle`) is passed over and not counted. `carried` is how
+    /// many were queued before this step (reported as deferred already):
+    /// the others left are reported.
     pub(super) fn expire_step(&mut self, now: MonoMs, carried: usize) {
-        let mut budget = self.ends_per_step;
+        if now > self.drops.0 {
+            self.drops = (now, 0);
+        }
+        let left_this_ms = self.drops_per_ms.saturating_sub(self.drops.1);
+        let mut budget = self.ends_per_step.min(left_this_ms);
+        self.drops.1 += budget;
         let mut popped = 0;
         while budget > 0 {
             let Some(piece) = self.overdue.front_mut() else {
@@ -67,6 +74,8 @@ impl LeaseTable {
                 budget -= 1;
             }
         }
+        // What this step did not use stays for the next in the same ms.
+        self.drops.1 -= budget;
         if self.overdue.front().is_some_and(|p| p.is_empty()) {
             self.overdue.pop_front();
         }
@@ -98,6 +107,14 @@ impl LeaseTable {
             token: lease.token,
             holder: lease.holder,
         });
+    }
+
+    /// Drops at most `n` expired leases per millisecond (at least one; by
+    /// default [`ENDS_PER_STEP`](crate::ENDS_PER_STEP)). A shell lowers it
+    /// while its store is behind: a reached lease is gone for every caller
+    /// whenever its drop comes, so only the drop's write and event wait.
+    pub fn set_expiry_drops_per_ms(&mut self, n: usize) {
+        self.drops_per_ms = n.max(1);
     }
 
     /// Leases whose deadline a step reached, still to be dropped (O(1); may

@@ -339,6 +339,8 @@ impl Engine {
     /// the committer. `false` if the committer has stopped (a commit failed).
     fn step(&mut self, now: MonoMs, mut replies: Vec<Deferred>) -> bool {
         let step = self.pipeline.step(&mut self.table, now);
+        let pace = committer::expiry_drops_per_ms(&self.metrics);
+        self.table.set_expiry_drops_per_ms(pace);
         let changes = holder_changes(&step.events);
         if !changes.is_empty() {
             // Recorded and published by the committer after this step's

@@ -144,3 +144,28 @@ fn a_wait_ends_by_the_deadlines_order_not_the_steps() {
     assert_eq!(t.n_leases(), 1, "only the waiter's grant is held");
     assert_eq!(t.status(MonoMs(4_000), &name("d")).holder_token, None);
 }
+
+/// Paced, the drops of a mass expiry keep to their rate per millisecond
+/// however many calls tick the table in between; the leases are gone for
+/// every caller all the same.
+#[test]
+fn paced_drops_keep_to_their_rate_per_millisecond() {
+    let mut t = table();
+    t.set_expiry_drops_per_ms(10);
+    for i in 0..100 {
+        t.acquire(MonoMs(0), req(&[&m(i)], 1, 1_000, 0, 0)).unwrap();
+    }
+    t.take_effects();
+    let mut per_ms = Vec::new();
+    for now in 1_001..1_011 {
+        let mut dropped = 0;
+        for _ in 0..5 {
+            t.tick(MonoMs(now));
+            dropped += deletes(&t.take_effects()).len();
+            assert_eq!(t.n_leases(), 0, "gone at once");
+        }
+        per_ms.push(dropped);
+    }
+    assert_eq!(per_ms, vec![10; 10]);
+    assert_eq!(t.n_overdue(), 0);
+}
