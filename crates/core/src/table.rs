@@ -138,8 +138,7 @@ impl LeaseTable {
     /// table now and the rest in later steps (`expiry.rs`); wait deadlines,
     /// session ends and the hand-offs they allow run in deadline order.
     pub fn tick(&mut self, now: MonoMs) {
-        let carried = self.n_overdue;
-        self.reach_expiries(now);
+        let reached = self.reach_expiries(now);
         while let Some((at, _)) = self.timers.first() {
             if *at > now {
                 break;
@@ -165,7 +164,7 @@ impl LeaseTable {
             }
         }
         self.expired_through = self.expired_through.max(now);
-        self.expire_step(now, carried);
+        self.expire_step(now, reached);
     }
 
     /// Acquires every claimed resource, or none: granted now, refused (try-once), or queued until `wait_ms` runs out. A grant sets `sync` in the effects.

@@ -130,8 +130,10 @@ async fn came_back(url: &str, round: u64, history: &History) -> usize {
             .expect("list");
         n += page
             .iter()
-            .filter(|s| s.holder_token.map(|t| t.get()) == theirs.get(&s.resource).copied())
-            .filter(|s| s.holder_token.is_some())
+            .filter(|s| {
+                s.holder_token
+                    .is_some_and(|t| theirs.get(&s.resource) == Some(&t.get()))
+            })
             .count();
         match page.last() {
             Some(last) if page.len() == LIST_LIMIT_MAX as usize => {

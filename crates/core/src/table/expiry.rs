@@ -22,36 +22,39 @@ use crate::ResourceName;
 impl LeaseTable {
     /// Every lease whose deadline is at or before `now` is reached: split
     /// off the deadline set, uncounted, and queued to be dropped; gone for
-    /// every caller once `expired_through` passes its deadline.
-    pub(super) fn reach_expiries(&mut self, now: MonoMs) {
+    /// every caller once `expired_through` passes its deadline. Returns how
+    /// many were reached.
+    pub(super) fn reach_expiries(&mut self, now: MonoMs) -> usize {
         if self.expiries.first().is_none_or(|(at, _)| *at > now) {
-            return;
+            return 0;
         }
         let later = self
             .expiries
             .split_off(&(now.plus(1), ResourceName::below_all()));
         let due = std::mem::replace(&mut self.expiries, later);
-        self.n_leases -= due.len();
-        self.n_overdue += due.len();
+        let reached = due.len();
+        self.n_leases -= reached;
+        self.n_overdue += reached;
         self.overdue.push_back(due);
+        reached
     }
 
     /// Drops at most [`ENDS_PER_STEP`](crate::ENDS_PER_STEP) of the leases
     /// reached, oldest first, and no more in this millisecond than the
     /// pace allows ([`LeaseTable::set_expiry_drops_per_ms`]), handing each
     /// resource to its next waiter. An entry whose lease a caller already
-    /// dropped (`settle`) is passed over and not counted. `carried` is how
-    /// many were queued before this step (reported as deferred already):
-    /// the others left are reported.
-    pub(super) fn expire_step(&mut self, now: MonoMs, carried: usize) {
+    /// dropped (`settle`) is passed over and not counted. Of the `reached`
+    /// leases this step reached, those still queued (the queue's newest)
+    /// are reported as deferred.
+    pub(super) fn expire_step(&mut self, now: MonoMs, reached: usize) {
         if now > self.drops.0 {
             self.drops = (now, 0);
         }
-        let left_this_ms = self.drops_per_ms.saturating_sub(self.drops.1);
-        let mut budget = self.ends_per_step.min(left_this_ms);
-        self.drops.1 += budget;
-        let mut popped = 0;
-        while budget > 0 {
+        let budget = self
+            .ends_per_step
+            .min(self.drops_per_ms.saturating_sub(self.drops.1));
+        let mut dropped = 0;
+        while dropped < budget {
             let Some(piece) = self.overdue.front_mut() else {
                 break;
             };
@@ -60,7 +63,6 @@ impl LeaseTable {
                 continue;
             };
             self.n_overdue -= 1;
-            popped += 1;
             // A lease granted since on the same resource ends later than
             // `at`: only the lease that was reached ends exactly then.
             let still_there = self
@@ -71,15 +73,11 @@ impl LeaseTable {
             if still_there {
                 self.drop_expired(&resource);
                 self.pump(now, &resource);
-                budget -= 1;
+                dropped += 1;
             }
         }
-        // What this step did not use stays for the next in the same ms.
-        self.drops.1 -= budget;
-        if self.overdue.front().is_some_and(|p| p.is_empty()) {
-            self.overdue.pop_front();
-        }
-        let n_leases = self.n_overdue - carried.saturating_sub(popped);
+        self.drops.1 += dropped;
+        let n_leases = reached.min(self.n_overdue);
         if n_leases > 0 {
             self.effects
                 .events
