@@ -16,6 +16,7 @@
 //! whole session had been dropped at once (`gone.rs` holds the rule, for
 //! expired leases as well).
 
+use super::state::Lease;
 use super::{Event, LeaseTable, MonoMs, Timer, Write};
 use crate::{ResourceName, SessionDigest};
 
@@ -38,8 +39,13 @@ impl LeaseTable {
             else {
                 break;
             };
-            self.drop_drained(&resource, digest, expired);
-            self.pump(now, &resource);
+            let (lease, queued) = self
+                .take_ended(resource.clone(), |l| l.session == Some(digest))
+                .expect("a draining session's lease is held");
+            self.report_drained(&resource, lease, expired);
+            if queued {
+                self.pump(now, &resource);
+            }
         }
         match self.draining.get(&digest) {
             Some(d) if d.leases.is_empty() => {
@@ -67,6 +73,12 @@ impl LeaseTable {
             .and_then(|s| s.lease.take())
             .expect("a draining session's lease is held");
         assert_eq!(lease.session, Some(digest), "drained by its own session");
+        self.report_drained(resource, lease, expired);
+    }
+
+    /// Writes the deletion of an ended session's lease on `resource`,
+    /// taken out of the table, and reports it released or expired.
+    fn report_drained(&mut self, resource: &ResourceName, lease: Lease, expired: bool) {
         let (token, holder) = (lease.token, lease.holder);
         self.effects.writes.push(Write::DeleteLease {
             resource: resource.clone(),

@@ -16,6 +16,7 @@
 //! From the step that reached it, such a lease is gone for every caller
 //! (`gone.rs`): the caller that touches its resource drops it first.
 
+use super::state::Lease;
 use super::{Event, LeaseTable, MonoMs, Write};
 use crate::ResourceName;
 
@@ -65,14 +66,12 @@ impl LeaseTable {
             self.n_overdue -= 1;
             // A lease granted since on the same resource ends later than
             // `at`: only the lease that was reached ends exactly then.
-            let still_there = self
-                .resources
-                .get(&resource)
-                .and_then(|s| s.lease.as_ref())
-                .is_some_and(|l| l.session.is_none() && l.expires_at == at);
-            if still_there {
-                self.drop_expired(&resource);
-                self.pump(now, &resource);
+            let reached = |l: &Lease| l.session.is_none() && l.expires_at == at;
+            if let Some((lease, queued)) = self.take_ended(resource.clone(), reached) {
+                self.report_expired(&resource, lease);
+                if queued {
+                    self.pump(now, &resource);
+                }
                 dropped += 1;
             }
         }
@@ -93,6 +92,12 @@ impl LeaseTable {
             .get_mut(resource)
             .and_then(|s| s.lease.take())
             .expect("an expired lease is still held");
+        self.report_expired(resource, lease);
+    }
+
+    /// Writes the deletion of `resource`'s expired lease, taken out of the
+    /// table, and reports it.
+    fn report_expired(&mut self, resource: &ResourceName, lease: Lease) {
         assert!(
             lease.session.is_none() && lease.expires_at <= self.expired_through,
             "expired early"
