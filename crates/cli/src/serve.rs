@@ -82,6 +82,7 @@ pub fn config(args: ServeArgs) -> baton_server::ServerConfig {
 /// `baton serve`. Prints one "baton listening" line once it serves.
 pub async fn serve(args: ServeArgs) -> Result<Exit, CliError> {
     let _telemetry = init_telemetry(&args)?;
+    no_transparent_huge_pages();
     let cluster = cluster_config(&args)?;
     let started = match cluster {
         Some(cluster) => {
@@ -113,4 +114,18 @@ pub async fn serve(args: ServeArgs) -> Result<Exit, CliError> {
     };
     result.map_err(|e| CliError::failure(e.to_string()))?;
     Ok(Exit::Ok)
+}
+
+/// Turns transparent huge pages off for this process. The allocator asks
+/// the kernel for them, and the first touch of one zeroes 2 MiB inside the
+/// page fault: a thread that faults while it holds the lease table (or
+/// answers a caller) waits for that, and for its turn on a busy core
+/// after it. With a million leases expiring after a restart, threads
+/// waited 20-50 ms in such faults (`perf sched timehist`, in
+/// docs/performance.md); with 4 KiB pages the same zeroing comes in
+/// small pieces. Redis and most databases advise the same.
+fn no_transparent_huge_pages() {
+    if let Err(e) = rustix::thread::disable_transparent_huge_pages(true) {
+        tracing::warn!(error = %e, "cannot turn transparent huge pages off; page faults may stall callers");
+    }
 }

@@ -57,6 +57,20 @@ async fn the_logs_take_the_size_asked_for() {
     }
 }
 
+/// A fault on a transparent huge page zeroes 2 MiB while the faulting
+/// thread waits (docs/performance.md): `baton serve` turns them off.
+#[tokio::test]
+async fn the_server_runs_without_transparent_huge_pages() {
+    let dir = TempDir::new("no-thp");
+    let s = common::serve(dir.path(), &[]);
+    let status = std::fs::read_to_string(format!("/proc/{}/status", s.proc.pid())).unwrap();
+    let thp = status
+        .lines()
+        .find_map(|l| l.strip_prefix("THP_enabled:"))
+        .expect("Linux 5.0 or later reports THP_enabled in /proc/PID/status");
+    assert_eq!(thp.trim(), "0", "transparent huge pages are on in the server");
+}
+
 #[tokio::test]
 async fn waiters_are_served_in_arrival_order_with_higher_tokens() {
     let dir = TempDir::new("fifo");
