@@ -53,6 +53,7 @@ pub struct Metrics {
     pub(crate) leader_term: Gauge,
     pub(crate) is_leader: Gauge,
     pub(crate) store_fold_backlog: Gauge,
+    pub(crate) commit_queue_writes: Gauge,
     acquire_latency_s: Histogram,
     commit_latency_s: Histogram,
     /// The same observations, counted per bucket for the page's p99
@@ -153,6 +154,10 @@ impl Default for Metrics {
             "baton_store_fold_backlog",
             "keys in the store's frozen log not yet folded into its file, after the last commit (0 with no fold running; growing across log switches: the fold cannot keep up)",
         );
+        let commit_queue_writes = gauge(
+            "baton_commit_queue_writes",
+            "writes handed to the store's committer and not yet committed (above a few thousand: commits are behind, and expired leases are dropped more slowly until they catch up)",
+        );
         registry.register(
             "baton_build",
             "the build of this process (always 1; the labels say which)",
@@ -202,6 +207,7 @@ impl Default for Metrics {
             leader_term,
             is_leader,
             store_fold_backlog,
+            commit_queue_writes,
             acquire_latency_s,
             commit_latency_s,
             acquire_buckets: Buckets::default(),

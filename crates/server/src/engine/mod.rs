@@ -379,6 +379,9 @@ impl Engine {
         {
             return true;
         }
+        self.metrics
+            .commit_queue_writes
+            .inc_by(step.writes.len() as i64);
         let job = Job {
             writes: step.writes,
             sync: step.sync,

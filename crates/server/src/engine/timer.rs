@@ -48,6 +48,7 @@ pub(super) fn run_timer(
         let mut engine = shared.lock();
         engine.stopped = true;
         let lazy = engine.pipeline.take_lazy();
+        engine.metrics.commit_queue_writes.inc_by(lazy.len() as i64);
         let _ = engine.committer.send(ToCommitter::Job(Job {
             writes: lazy,
             sync: false,
