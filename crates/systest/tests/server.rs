@@ -68,7 +68,11 @@ async fn the_server_runs_without_transparent_huge_pages() {
         .lines()
         .find_map(|l| l.strip_prefix("THP_enabled:"))
         .expect("Linux 5.0 or later reports THP_enabled in /proc/PID/status");
-    assert_eq!(thp.trim(), "0", "transparent huge pages are on in the server");
+    assert_eq!(
+        thp.trim(),
+        "0",
+        "transparent huge pages are on in the server"
+    );
 }
 
 #[tokio::test]
