@@ -193,19 +193,10 @@ async fn probe_readyz(
     origin: Instant,
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
 ) -> Vec<Timed> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut probes = Vec::new();
     while !stop.load(std::sync::atomic::Ordering::Relaxed) {
         let from = origin.elapsed();
-        let _answer: std::io::Result<()> = async {
-            let mut s = tokio::net::TcpStream::connect(addr).await?;
-            s.write_all(b"GET /readyz HTTP/1.0\r\nhost: bench\r\n\r\n")
-                .await?;
-            let mut out = Vec::new();
-            s.read_to_end(&mut out).await?;
-            Ok(())
-        }
-        .await;
+        let _answer = http_get(addr, "/readyz").await;
         probes.push(Timed {
             from,
             to: origin.elapsed(),
@@ -213,4 +204,35 @@ async fn probe_readyz(
         tokio::time::sleep(PROBE_EVERY).await;
     }
     probes
+}
+
+/// `GET path` over HTTP/1.0 on a new connection: the whole answer, head
+/// and body. (The bench needs two plain GETs on loopback; an HTTP client
+/// crate would add a dependency for them.)
+async fn http_get(addr: std::net::SocketAddr, path: &str) -> std::io::Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await?;
+    s.write_all(format!("GET {path} HTTP/1.0\r\nhost: bench\r\n\r\n").as_bytes())
+        .await?;
+    let mut out = Vec::new();
+    s.read_to_end(&mut out).await?;
+    Ok(String::from_utf8_lossy(&out).into_owned())
+}
+
+/// Waits until the server's `baton_leases_ending` gauge (ended leases
+/// not yet dropped from its table) is 0, asking `/metrics` every
+/// millisecond: the end of an event whose work the server finishes after
+/// answering (a big session's close).
+pub async fn until_no_leases_ending(addr: std::net::SocketAddr) -> std::io::Result<()> {
+    loop {
+        let text = http_get(addr, "/metrics").await?;
+        let value = text
+            .lines()
+            .find_map(|l| l.strip_prefix("baton_leases_ending "))
+            .ok_or_else(|| std::io::Error::other("/metrics has no baton_leases_ending"))?;
+        if value.trim() == "0" {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
 }

@@ -377,7 +377,9 @@ pub struct BenchArgs {
     /// Stall run: the first --clients count cycles on sessions on distinct
     /// resources while this event happens (`backup`: three `admin backup`
     /// in a row; `session-end`: a session holding 100,000 leases, set up
-    /// first, closes; `none`: --settle of nothing, the baseline); prints
+    /// first, closes, until the server has dropped them all, as its
+    /// `baton_leases_ending` gauge says with --http; `none`: --settle of
+    /// nothing, the baseline); prints
     /// the worst and p99.9 acquire and the worst `/readyz` before, during
     /// and after it. Fill the server first (--fill-leases).
     #[arg(long, value_parser = ["backup", "session-end", "none"])]

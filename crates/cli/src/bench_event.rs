@@ -96,7 +96,18 @@ pub async fn stalls(a: &BenchArgs, event: &str) -> Result<Exit, CliError> {
             // Set up before the clients start: one session holding
             // SESSION_LEASES leases, closed as the event.
             let session = big_session(a).await?;
-            let close = async move { session.close().await.map(|_| ()) };
+            let http = a.http;
+            // The event lasts until the server has dropped the last of the
+            // session's leases (it answers the close after the first batch).
+            let close = async move {
+                session.close().await.map_err(|e| e.to_string())?;
+                match http {
+                    Some(addr) => baton_bench::until_no_leases_ending(addr)
+                        .await
+                        .map_err(|e| e.to_string()),
+                    None => Ok(()),
+                }
+            };
             let label = format!("a session of {SESSION_LEASES} leases closes");
             run.around(&label, close, &run_id).await
         }

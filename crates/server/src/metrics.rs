@@ -54,6 +54,7 @@ pub struct Metrics {
     pub(crate) is_leader: Gauge,
     pub(crate) store_fold_backlog: Gauge,
     pub(crate) commit_queue_writes: Gauge,
+    pub(crate) leases_ending: Gauge,
     acquire_latency_s: Histogram,
     commit_latency_s: Histogram,
     /// The same observations, counted per bucket for the page's p99
@@ -154,6 +155,10 @@ impl Default for Metrics {
             "baton_store_fold_backlog",
             "keys in the store's frozen log not yet folded into its file, after the last commit (0 with no fold running; growing across log switches: the fold cannot keep up)",
         );
+        let leases_ending = gauge(
+            "baton_leases_ending",
+            "leases that ended (their deadline came, or their session ended) and are gone for every caller, not yet dropped from the table with their deletion and event (0 but for a mass expiry or a big session's end)",
+        );
         let commit_queue_writes = gauge(
             "baton_commit_queue_writes",
             "writes handed to the store's committer and not yet committed (above a few thousand: commits are behind, and expired leases are dropped more slowly until they catch up)",
@@ -208,6 +213,7 @@ impl Default for Metrics {
             is_leader,
             store_fold_backlog,
             commit_queue_writes,
+            leases_ending,
             acquire_latency_s,
             commit_latency_s,
             acquire_buckets: Buckets::default(),

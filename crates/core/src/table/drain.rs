@@ -28,8 +28,13 @@ pub const ENDS_PER_STEP: usize = 1_024;
 impl LeaseTable {
     /// Drops the next batch of the draining session's leases, handing each
     /// resource on, and sets a timer for the batch after it, if any.
+    /// The batch shares the expiry's pace (`drop_budget`): it may be empty
+    /// while the store is behind, and the timer comes back a millisecond
+    /// later.
     pub(super) fn drain_session(&mut self, now: MonoMs, digest: SessionDigest) {
-        for _ in 0..self.ends_per_step {
+        let budget = self.drop_budget(now);
+        let mut dropped = 0;
+        while dropped < budget {
             // Refetched each time: a hand-off below may settle (and so take
             // out) another lease of this session.
             let Some((resource, expired)) = self
@@ -46,7 +51,9 @@ impl LeaseTable {
             if queued {
                 self.pump(now, &resource);
             }
+            dropped += 1;
         }
+        self.drops.1 += dropped;
         match self.draining.get(&digest) {
             Some(d) if d.leases.is_empty() => {
                 self.draining.remove(&digest);

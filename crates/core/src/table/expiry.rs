@@ -48,12 +48,7 @@ impl LeaseTable {
     /// leases this step reached, those still queued (the queue's newest)
     /// are reported as deferred.
     pub(super) fn expire_step(&mut self, now: MonoMs, reached: usize) {
-        if now > self.drops.0 {
-            self.drops = (now, 0);
-        }
-        let budget = self
-            .ends_per_step
-            .min(self.drops_per_ms.saturating_sub(self.drops.1));
+        let budget = self.drop_budget(now);
         let mut dropped = 0;
         while dropped < budget {
             let Some(piece) = self.overdue.front_mut() else {
@@ -84,6 +79,18 @@ impl LeaseTable {
         }
     }
 
+    /// How many ended leases (expired, or of an ended session) this step
+    /// may drop: at most [`ENDS_PER_STEP`](crate::ENDS_PER_STEP), and what
+    /// is left of this millisecond's pace. The caller adds what it dropped
+    /// to `drops.1`.
+    pub(super) fn drop_budget(&mut self, now: MonoMs) -> usize {
+        if now > self.drops.0 {
+            self.drops = (now, 0);
+        }
+        self.ends_per_step
+            .min(self.drops_per_ms.saturating_sub(self.drops.1))
+    }
+
     /// Takes out `resource`'s lease, reached by a step (already uncounted),
     /// and reports it expired.
     pub(super) fn drop_expired(&mut self, resource: &ResourceName) {
@@ -112,10 +119,12 @@ impl LeaseTable {
         });
     }
 
-    /// Drops at most `n` expired leases per millisecond (at least one; by
-    /// default [`ENDS_PER_STEP`](crate::ENDS_PER_STEP)). A shell lowers it
-    /// while its store is behind: a reached lease is gone for every caller
-    /// whenever its drop comes, so only the drop's write and event wait.
+    /// Drops at most `n` ended leases (expired, or of ended sessions) per
+    /// millisecond (at least one; by default
+    /// [`ENDS_PER_STEP`](crate::ENDS_PER_STEP)). A shell lowers it while
+    /// its store is behind: a reached lease, or a draining session's, is
+    /// gone for every caller whenever its drop comes, so only the drop's
+    /// write and event wait.
     pub fn set_expiry_drops_per_ms(&mut self, n: usize) {
         self.drops_per_ms = n.max(1);
     }

@@ -177,6 +177,88 @@ mod tests {
         );
     }
 
+    /// A big session's end drains at the expiry's pace: slowly while
+    /// commits are behind, and `baton_leases_ending` counts what is left.
+    #[test]
+    fn a_closed_session_drains_at_the_pace_and_the_gauge_counts_down() {
+        const LEASES: usize = 10_000;
+        let metrics = Arc::new(Metrics::default());
+        let (handle, thread) = Engine::start(
+            Box::new(MemStore::default()),
+            baton_core::Limits::default(),
+            metrics.clone(),
+        )
+        .unwrap();
+        let digest = AcquisitionId::from_bytes([7; 16]).digest();
+        let (reply, rx) = oneshot::channel();
+        assert!(handle.send(Command::OpenSession {
+            digest,
+            ttl_ms: 60_000,
+            opener: None,
+            reply,
+        }));
+        rx.blocking_recv().unwrap().unwrap();
+        for chunk in 0..LEASES.div_ceil(64) {
+            let claims = (chunk * 64..((chunk + 1) * 64).min(LEASES))
+                .map(|i| {
+                    let resource = ResourceName::parse(&format!("drain-{i:05}")).unwrap();
+                    let mut id = [1; 16];
+                    id[..8].copy_from_slice(&(i as u64).to_be_bytes());
+                    (resource, AcquisitionId::from_bytes(id))
+                })
+                .collect();
+            let request = AcquireRequest {
+                claims,
+                session: Some(digest),
+                ..AcquireRequest::single(
+                    ResourceName::parse("unused").unwrap(),
+                    AcquisitionId::from_bytes([0; 16]),
+                    60_000,
+                )
+            };
+            let (reply, rx) = oneshot::channel();
+            assert!(handle.send(Command::Acquire { request, reply }));
+            assert!(matches!(
+                rx.blocking_recv().unwrap(),
+                Ok(AcquireReply::Granted { .. })
+            ));
+        }
+        // As if commits were far behind: 32 drops a millisecond.
+        metrics.commit_queue_writes.set(1_000_000);
+        let (reply, rx) = oneshot::channel();
+        let sent = std::time::Instant::now();
+        assert!(handle.send(Command::CloseSession {
+            digest,
+            check: baton_core::SessionCheck::anyone(),
+            reply,
+        }));
+        assert_eq!(rx.blocking_recv().unwrap(), Some(true));
+        assert_eq!(metrics.leases.get(), 0, "gone for every caller at once");
+        let left = metrics.leases_ending.get();
+        assert!(
+            left > (LEASES / 2) as i64,
+            "{left} of {LEASES} left to drop after the close, at 32 a millisecond"
+        );
+        let started = std::time::Instant::now();
+        while metrics.leases_ending.get() > 0 {
+            assert!(
+                started.elapsed() < std::time::Duration::from_secs(30),
+                "the drain stalled at {}",
+                metrics.leases_ending.get()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        // A bound, not a speed: at most 32 a millisecond, 10,000 drops
+        // span at least 312 milliseconds of the engine's clock.
+        let took = sent.elapsed();
+        assert!(
+            took >= std::time::Duration::from_millis(300),
+            "drained in {took:?}: faster than the pace allows"
+        );
+        assert!(handle.send(Command::Shutdown));
+        thread.join().unwrap().unwrap();
+    }
+
     #[test]
     fn the_commit_queue_gauge_is_back_to_zero_once_every_write_is_committed() {
         let metrics = Arc::new(Metrics::default());

@@ -374,6 +374,9 @@ impl Engine {
         self.metrics.leases.set(self.table.n_leases() as i64);
         self.metrics.waiters.set(self.table.n_waiters() as i64);
         self.metrics.sessions.set(self.table.n_sessions() as i64);
+        self.metrics
+            .leases_ending
+            .set((self.table.n_overdue() + self.table.n_draining()) as i64);
         let snapshots = std::mem::take(&mut self.snapshots);
         if replies.is_empty() && woken.is_empty() && step.writes.is_empty() && snapshots.is_empty()
         {

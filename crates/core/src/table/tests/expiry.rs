@@ -169,3 +169,44 @@ fn paced_drops_keep_to_their_rate_per_millisecond() {
     assert_eq!(per_ms, vec![10; 10]);
     assert_eq!(t.n_overdue(), 0);
 }
+
+/// Paced, an ended session's drain keeps to the expiry's rate and shares
+/// it: together they drop no more a millisecond than the pace, however
+/// many calls tick the table, and the session's leases are gone at once.
+#[test]
+fn a_paced_drain_shares_the_rate_with_the_expiry() {
+    let mut t = table();
+    t.set_expiry_drops_per_ms(10);
+    let s = id(90).digest();
+    t.open_session(MonoMs(0), s, 60_000, None).unwrap();
+    for i in 0..30 {
+        let bound = AcquireRequest {
+            session: Some(s),
+            ..req(&[&m(i)], 1, 1, 0, 0)
+        };
+        let out = t.acquire(MonoMs(0), bound).unwrap();
+        assert!(matches!(out, AcquireOutcome::Granted(_)));
+    }
+    for i in 30..45 {
+        t.acquire(MonoMs(0), req(&[&m(i)], 1, 1_000, 0, 0)).unwrap();
+    }
+    t.take_effects();
+    t.tick(MonoMs(1_001));
+    assert!(t.close_session(MonoMs(1_001), s));
+    assert_eq!(
+        t.n_leases(),
+        0,
+        "expired and drained leases are gone at once"
+    );
+    let mut per_ms = vec![deletes(&t.take_effects()).len()];
+    for now in 1_002..1_007 {
+        let mut dropped = 0;
+        for _ in 0..3 {
+            t.tick(MonoMs(now));
+            dropped += deletes(&t.take_effects()).len();
+        }
+        per_ms.push(dropped);
+    }
+    assert_eq!(per_ms, vec![10, 10, 10, 10, 5, 0]);
+    assert_eq!((t.n_overdue(), t.n_draining()), (0, 0));
+}
