@@ -96,18 +96,7 @@ pub async fn stalls(a: &BenchArgs, event: &str) -> Result<Exit, CliError> {
             // Set up before the clients start: one session holding
             // SESSION_LEASES leases, closed as the event.
             let session = big_session(a).await?;
-            let http = a.http;
-            // The event lasts until the server has dropped the last of the
-            // session's leases (it answers the close after the first batch).
-            let close = async move {
-                session.close().await.map_err(|e| e.to_string())?;
-                match http {
-                    Some(addr) => baton_bench::until_no_leases_ending(addr)
-                        .await
-                        .map_err(|e| e.to_string()),
-                    None => Ok(()),
-                }
-            };
+            let close = close_and_drain(session, a.http);
             let label = format!("a session of {SESSION_LEASES} leases closes");
             run.around(&label, close, &run_id).await
         }
@@ -174,6 +163,23 @@ fn backup_file(run_id: &str) -> std::path::PathBuf {
         std::env::temp_dir()
     };
     dir.join(format!("baton-bench-backup-{run_id}.json"))
+}
+
+/// Closes the big session; with the server's HTTP address, lasts until
+/// the server has dropped the last of its leases (it answers the close
+/// after the first batch).
+async fn close_and_drain(
+    session: baton_client::Session,
+    http: Option<std::net::SocketAddr>,
+) -> std::io::Result<()> {
+    session
+        .close()
+        .await
+        .map_err(|e| std::io::Error::other(format!("close: {e}")))?;
+    match http {
+        Some(addr) => baton_bench::until_no_leases_ending(addr).await,
+        None => Ok(()),
+    }
 }
 
 /// A session on the server that holds [`SESSION_LEASES`] leases, on
