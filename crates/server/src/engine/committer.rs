@@ -158,6 +158,22 @@ mod tests {
     use baton_core::{AcquireRequest, AcquisitionId, ResourceName};
     use baton_testkit::store::MemStore;
 
+    /// An engine on an in-memory store, and its metrics.
+    fn start() -> (
+        Arc<Metrics>,
+        crate::engine::EngineHandle,
+        std::thread::JoinHandle<Result<(), baton_store::StoreError>>,
+    ) {
+        let metrics = Arc::new(Metrics::default());
+        let (handle, thread) = Engine::start(
+            Box::new(MemStore::default()),
+            baton_core::Limits::default(),
+            metrics.clone(),
+        )
+        .unwrap();
+        (metrics, handle, thread)
+    }
+
     #[test]
     fn expired_leases_drop_slower_while_the_committer_or_the_fold_is_behind() {
         let m = Metrics::default();
@@ -182,13 +198,7 @@ mod tests {
     #[test]
     fn a_closed_session_drains_at_the_pace_and_the_gauge_counts_down() {
         const LEASES: usize = 10_000;
-        let metrics = Arc::new(Metrics::default());
-        let (handle, thread) = Engine::start(
-            Box::new(MemStore::default()),
-            baton_core::Limits::default(),
-            metrics.clone(),
-        )
-        .unwrap();
+        let (metrics, handle, thread) = start();
         let digest = AcquisitionId::from_bytes([7; 16]).digest();
         let (reply, rx) = oneshot::channel();
         assert!(handle.send(Command::OpenSession {
@@ -239,10 +249,9 @@ mod tests {
             left > (LEASES / 2) as i64,
             "{left} of {LEASES} left to drop after the close, at 32 a millisecond"
         );
-        let started = std::time::Instant::now();
         while metrics.leases_ending.get() > 0 {
             assert!(
-                started.elapsed() < std::time::Duration::from_secs(30),
+                sent.elapsed() < std::time::Duration::from_secs(30),
                 "the drain stalled at {}",
                 metrics.leases_ending.get()
             );
@@ -261,13 +270,7 @@ mod tests {
 
     #[test]
     fn the_commit_queue_gauge_is_back_to_zero_once_every_write_is_committed() {
-        let metrics = Arc::new(Metrics::default());
-        let (handle, thread) = Engine::start(
-            Box::new(MemStore::default()),
-            baton_core::Limits::default(),
-            metrics.clone(),
-        )
-        .unwrap();
+        let (metrics, handle, thread) = start();
         for i in 0..20u8 {
             let resource = ResourceName::parse(&format!("queue-{i}")).unwrap();
             let request =
