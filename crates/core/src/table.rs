@@ -19,7 +19,7 @@ pub use drain::ENDS_PER_STEP;
 pub use recovery::{recovery_delay_ms, RECOVERED_ENDS_PER_MS};
 
 pub use sessions::SessionCheck;
-use state::{Draining, Lease, Queue, ResourceState, Session, Timer, Waiter};
+use state::{Draining, Lease, ResourceState, Session, Timer, Waiter};
 
 pub use types::{
     AcquireError, AcquireOutcome, AcquireRequest, ChangeOf, Effects, Event, FenceOutcome, Grant,
@@ -42,7 +42,10 @@ pub struct LeaseTable {
     counter: u64,
     tokens_dirty: bool,
     n_leases: usize,
-    resources: BTreeMap<ResourceName, ResourceState>,
+    resources: BTreeMap<ResourceName, Box<ResourceState>>,
+    /// The waiters of each resource that has some, FIFO (most never do:
+    /// kept apart so a held resource's state stays small).
+    queues: HashMap<ResourceName, VecDeque<WaiterId>>,
     waiters: HashMap<WaiterId, Waiter>,
     sessions: HashMap<SessionDigest, Session>,
     /// Ended sessions whose leases are dropped in bounded steps.
@@ -81,6 +84,7 @@ impl LeaseTable {
             tokens_dirty: false,
             n_leases: 0,
             resources: BTreeMap::new(),
+            queues: HashMap::new(),
             waiters: HashMap::new(),
             sessions: HashMap::new(),
             draining: HashMap::new(),
@@ -189,7 +193,8 @@ impl LeaseTable {
         };
         let blocker = request.claims.iter().find_map(|(resource, _)| {
             let state = self.resources.get(resource)?;
-            (!state.is_idle()).then(|| NotAcquired {
+            let idle = state.lease.is_none() && self.queue(resource).is_none();
+            (!idle).then(|| NotAcquired {
                 resource: resource.clone(),
                 holder_token: state.lease.as_ref().map(|l| l.token),
             })
@@ -301,14 +306,14 @@ impl LeaseTable {
         );
         self.n_leases += 1;
         let acquisition_digest = id.digest();
-        state.lease = Some(Lease {
+        state.lease = Some(Lease::new(
             acquisition_digest,
             token,
             ttl_ms,
             expires_at,
             session,
-            holder: holder.clone(),
-        });
+            holder.clone(),
+        ));
         let record = LeaseRecord {
             acquisition_digest,
             token,
@@ -361,7 +366,7 @@ impl LeaseTable {
             return RenewOutcome::NotOwner;
         };
         let (old, ttl_ms, token) = (lease.expires_at, lease.ttl_ms, lease.token);
-        if let Some(digest) = lease.session {
+        if let Some(digest) = lease.session() {
             let ttl_ms = self.refresh_session(now, digest);
             self.effects.events.push(Event::Renewed {
                 resource: resource.clone(),
@@ -412,7 +417,7 @@ impl LeaseTable {
     fn drop_lease(&mut self, resource: &ResourceName) -> Option<(FencingToken, Option<Holder>)> {
         let lease = self.resources.get_mut(resource)?.lease.take()?;
         self.n_leases -= 1;
-        match lease.session {
+        match lease.session() {
             Some(digest) => {
                 let session = self
                     .sessions
@@ -427,7 +432,7 @@ impl LeaseTable {
         self.effects.writes.push(Write::DeleteLease {
             resource: resource.clone(),
         });
-        Some((lease.token, lease.holder))
+        Some(lease.into_token_and_holder())
     }
 
     /// Operator fence: revokes the lease, if any, and issues a token above
@@ -441,7 +446,7 @@ impl LeaseTable {
             .resources
             .get(resource)
             .and_then(|s| s.lease.as_ref())
-            .and_then(|l| l.session);
+            .and_then(Lease::session);
         let (revoked, holder) = self.drop_lease(resource).unzip();
         let holder = holder.flatten();
         if let (Some(digest), Some(token)) = (session, revoked) {

@@ -1,4 +1,4 @@
-use std::fmt;
+use std::{fmt, num::NonZeroU64};
 
 /// Bits of a token that count grants within one epoch.
 pub const COUNTER_BITS: u32 = 40;
@@ -46,21 +46,24 @@ impl Epoch {
 /// Compare tokens as plain integers. Every token the service issues is above
 /// every token it issued before, on every resource, so per resource they
 /// strictly increase.
+///
+/// Never 0 (every epoch is at least 1): an absent token (`Option`) costs
+/// no space beside one, which the lease table counts on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct FencingToken(u64);
+pub struct FencingToken(NonZeroU64);
 
 impl FencingToken {
     /// The largest token (2^63-1): cancelling "at" it blocks every token.
-    pub const MAX: FencingToken = FencingToken(i64::MAX as u64);
+    pub const MAX: FencingToken = FencingToken(NonZeroU64::new(i64::MAX as u64).expect("not 0"));
 
     /// Any token from 1 to 2^63-1: Baton's, or another issuer's (an etcd
     /// revision, a sequence) where the fence kit enforces it. Its
     /// [`FencingToken::epoch`] means something only for Baton's tokens.
     pub fn of(token: u64) -> Result<Self, TokenError> {
-        if token == 0 || token > Self::MAX.0 {
-            return Err(TokenError::OutOfRange { token });
+        match NonZeroU64::new(token) {
+            Some(value) if value <= Self::MAX.0 => Ok(Self(value)),
+            _ => Err(TokenError::OutOfRange { token }),
         }
-        Ok(Self(token))
     }
 
     /// A token as a resource stored it (a `BIGINT` column).
@@ -73,7 +76,7 @@ impl FencingToken {
     /// The token as a `BIGINT` (SQL parameters and columns): lossless,
     /// since a token is at most 2^63-1.
     pub fn bigint(self) -> i64 {
-        i64::try_from(self.0).expect("a token is at most i64::MAX")
+        i64::try_from(self.get()).expect("a token is at most i64::MAX")
     }
 
     /// The token `epoch << 40 | counter`.
@@ -81,7 +84,10 @@ impl FencingToken {
         if counter > COUNTER_MAX {
             return Err(TokenError::CounterOutOfRange { counter });
         }
-        Ok(Self((u64::from(epoch.0) << COUNTER_BITS) | counter))
+        let value = (u64::from(epoch.0) << COUNTER_BITS) | counter;
+        Ok(Self(
+            NonZeroU64::new(value).expect("an epoch is at least 1"),
+        ))
     }
 
     /// Accepts any value that fits a `BIGINT` and names a valid epoch.
@@ -89,18 +95,17 @@ impl FencingToken {
         if value > i64::MAX as u64 {
             return Err(TokenError::AboveBigint { token: value });
         }
-        let token = Self(value);
-        Epoch::new(token.epoch_value())?;
-        Ok(token)
+        let epoch = Epoch::new((value >> COUNTER_BITS) as u32)?;
+        Self::new(epoch, value & COUNTER_MAX)
     }
 
     /// The token as an integer: compare tokens as plain integers.
     pub fn get(self) -> u64 {
-        self.0
+        self.0.get()
     }
 
     fn epoch_value(self) -> u32 {
-        (self.0 >> COUNTER_BITS) as u32
+        (self.get() >> COUNTER_BITS) as u32
     }
 
     /// The epoch part.
@@ -110,7 +115,7 @@ impl FencingToken {
 
     /// The counter part.
     pub fn counter(self) -> u64 {
-        self.0 & COUNTER_MAX
+        self.get() & COUNTER_MAX
     }
 }
 

@@ -45,7 +45,7 @@ impl LeaseTable {
                 break;
             };
             let (lease, queued) = self
-                .take_ended(resource.clone(), |l| l.session == Some(digest))
+                .take_ended(resource.clone(), |l| l.session() == Some(digest))
                 .expect("a draining session's lease is held");
             self.report_drained(&resource, lease, expired);
             if queued {
@@ -79,14 +79,14 @@ impl LeaseTable {
             .get_mut(resource)
             .and_then(|s| s.lease.take())
             .expect("a draining session's lease is held");
-        assert_eq!(lease.session, Some(digest), "drained by its own session");
+        assert_eq!(lease.session(), Some(digest), "drained by its own session");
         self.report_drained(resource, lease, expired);
     }
 
     /// Writes the deletion of an ended session's lease on `resource`,
     /// taken out of the table, and reports it released or expired.
     fn report_drained(&mut self, resource: &ResourceName, lease: Lease, expired: bool) {
-        let (token, holder) = (lease.token, lease.holder);
+        let (token, holder) = lease.into_token_and_holder();
         self.effects.writes.push(Write::DeleteLease {
             resource: resource.clone(),
         });

@@ -61,7 +61,7 @@ impl LeaseTable {
             self.n_overdue -= 1;
             // A lease granted since on the same resource ends later than
             // `at`: only the lease that was reached ends exactly then.
-            let reached = |l: &Lease| l.session.is_none() && l.expires_at == at;
+            let reached = |l: &Lease| l.session().is_none() && l.expires_at == at;
             if let Some((lease, queued)) = self.take_ended(resource.clone(), reached) {
                 self.report_expired(&resource, lease);
                 if queued {
@@ -106,16 +106,17 @@ impl LeaseTable {
     /// table, and reports it.
     fn report_expired(&mut self, resource: &ResourceName, lease: Lease) {
         assert!(
-            lease.session.is_none() && lease.expires_at <= self.expired_through,
+            lease.session().is_none() && lease.expires_at <= self.expired_through,
             "expired early"
         );
         self.effects.writes.push(Write::DeleteLease {
             resource: resource.clone(),
         });
+        let (token, holder) = lease.into_token_and_holder();
         self.effects.events.push(Event::Expired {
             resource: resource.clone(),
-            token: lease.token,
-            holder: lease.holder,
+            token,
+            holder,
         });
     }
 

@@ -20,7 +20,7 @@ impl LeaseTable {
     /// Whether `lease` has ended (its session ended, or a step reached its
     /// deadline), though it is still in the table until its batch comes.
     pub(super) fn is_gone(&self, lease: &Lease) -> bool {
-        match lease.session {
+        match lease.session() {
             Some(digest) => !self.draining.is_empty() && self.draining.contains_key(&digest),
             // Every lease a step reached is in `overdue` until dropped.
             None => self.n_overdue > 0 && lease.expires_at <= self.expired_through,
@@ -43,7 +43,7 @@ impl LeaseTable {
         else {
             return false;
         };
-        match lease.session {
+        match lease.session() {
             Some(digest) => {
                 let draining = self.draining.get_mut(&digest).expect("checked by is_gone");
                 draining.leases.remove(resource);
@@ -71,12 +71,12 @@ impl LeaseTable {
         resource: ResourceName,
         ended: impl FnOnce(&Lease) -> bool,
     ) -> Option<(Lease, bool)> {
+        let queued = self.queue(&resource).is_some();
         let Entry::Occupied(mut entry) = self.resources.entry(resource) else {
             return None;
         };
         let state = entry.get_mut();
         let lease = state.lease.take_if(|l| ended(l))?;
-        let queued = !state.queue.is_empty();
         if !queued {
             entry.remove();
         }

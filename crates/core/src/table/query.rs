@@ -1,7 +1,7 @@
 //! Read-only questions to the table: status, listing, and the leases in
 //! durable form. Each is O(log n) plus what it returns.
 
-use std::ops::Bound;
+use std::{collections::VecDeque, ops::Bound};
 
 use super::state::{Lease, ResourceState};
 use super::SessionRecord;
@@ -13,7 +13,7 @@ impl LeaseTable {
     pub fn status(&mut self, now: MonoMs, resource: &ResourceName) -> LeaseStatus {
         self.tick(now);
         self.settle_and_pump(now, resource);
-        self.status_of(now, resource, self.resources.get(resource))
+        self.status_of(now, resource, self.resources.get(resource).map(|s| &**s))
     }
 
     fn status_of(
@@ -31,8 +31,8 @@ impl LeaseTable {
             holder_token: lease.map(|l| l.token),
             remaining_ms: lease.map_or(0, |l| self.expiry_of(l).left_at(now)),
             ttl_ms: lease.map_or(0, |l| l.ttl_ms),
-            n_waiters: state.map_or(0, |s| s.queue.len()),
-            holder: lease.and_then(|l| l.holder.clone()),
+            n_waiters: self.queue(resource).map_or(0, VecDeque::len),
+            holder: lease.and_then(|l| l.holder().cloned()),
             issued_through: self.issued_through(),
         }
     }
@@ -72,8 +72,8 @@ impl LeaseTable {
                     acquisition_digest: l.acquisition_digest,
                     token: l.token,
                     ttl_ms: l.ttl_ms,
-                    session: l.session,
-                    holder: l.holder.clone(),
+                    session: l.session(),
+                    holder: l.holder().cloned(),
                 },
             ))
         })
@@ -90,7 +90,7 @@ impl LeaseTable {
 
     /// When `lease` expires: its own deadline, or its session's.
     fn expiry_of(&self, lease: &Lease) -> MonoMs {
-        match lease.session {
+        match lease.session() {
             Some(digest) => self.sessions[&digest].expires_at,
             None => lease.expires_at,
         }

@@ -82,7 +82,7 @@ impl LeaseTable {
         record: LeaseRecord,
         delay_ms: u64,
         expiries: &mut Vec<(MonoMs, ResourceName)>,
-    ) -> ResourceState {
+    ) -> Box<ResourceState> {
         let session = record.session.filter(|d| self.sessions.contains_key(d));
         let expires_at = match session {
             Some(digest) => {
@@ -101,17 +101,14 @@ impl LeaseTable {
                 at
             }
         };
-        let lease = Lease {
-            acquisition_digest: record.acquisition_digest,
-            token: record.token,
-            ttl_ms: record.ttl_ms,
+        let lease = Lease::new(
+            record.acquisition_digest,
+            record.token,
+            record.ttl_ms,
             expires_at,
             session,
-            holder: record.holder,
-        };
-        ResourceState {
-            lease: Some(lease),
-            queue: Queue::default(),
-        }
+            record.holder,
+        );
+        Box::new(ResourceState { lease: Some(lease) })
     }
 }

@@ -19,7 +19,7 @@ impl LeaseTable {
             return Err(AcquireError::DuplicateWaiter(request.waiter));
         }
         for (resource, _) in &request.claims {
-            let n_waiters = self.resources.get(resource).map_or(0, |s| s.queue.len());
+            let n_waiters = self.queue(resource).map_or(0, VecDeque::len);
             if n_waiters >= self.limits.n_waiters_per_resource_max {
                 return Err(AcquireError::TooManyWaitersOnResource {
                     resource: resource.clone(),
@@ -30,10 +30,10 @@ impl LeaseTable {
         // Joining every queue at once, in arrival order, keeps all queues
         // consistently ordered, so waiters for overlapping sets cannot deadlock.
         for (resource, _) in &request.claims {
-            self.resources
+            self.resources.entry(resource.clone()).or_default();
+            self.queues
                 .entry(resource.clone())
                 .or_default()
-                .queue
                 .push_back(request.waiter);
         }
         let deadline = now.plus(request.wait_ms);
@@ -74,11 +74,14 @@ impl LeaseTable {
             .expect("removing an unknown waiter");
         self.unbind_waiter(waiter, w.session);
         for (resource, _) in &w.claims {
-            let state = self
-                .resources
+            let queue = self
+                .queues
                 .get_mut(resource)
-                .expect("waiter on unknown resource");
-            state.queue.retain(|q| *q != waiter);
+                .expect("waiter on a resource without waiters");
+            queue.retain(|q| *q != waiter);
+            if queue.is_empty() {
+                self.queues.remove(resource);
+            }
         }
         for (resource, _) in &w.claims {
             self.pump(now, resource);
@@ -93,16 +96,12 @@ impl LeaseTable {
         if state.lease.as_ref().is_some_and(|l| !self.is_gone(l)) {
             return;
         }
-        if state.queue.is_empty() {
+        let Some(&head) = self.queue(resource).and_then(VecDeque::front) else {
             // Free, or held only by an ended session's lease (`drain.rs`).
             self.settle(resource);
             self.resources.remove(resource);
             return;
-        }
-        let head = *state
-            .queue
-            .front()
-            .expect("not idle and not held means queued");
+        };
         let waiter = &self.waiters[&head];
         // A session whose end is due is ended within this tick, its waiters
         // first: never grant to it in the meantime.
@@ -114,7 +113,8 @@ impl LeaseTable {
         // An ended session's lease is free for the hand-off (`drain.rs`).
         let ready = waiter.claims.iter().all(|(r, _)| {
             let s = &self.resources[r];
-            s.lease.as_ref().is_none_or(|l| self.is_gone(l)) && s.queue.front() == Some(&head)
+            s.lease.as_ref().is_none_or(|l| self.is_gone(l))
+                && self.queue(r).and_then(VecDeque::front) == Some(&head)
         });
         if !ready {
             return;
@@ -130,13 +130,11 @@ impl LeaseTable {
             .claims
             .into_iter()
             .map(|(r, id)| {
-                let popped = self
-                    .resources
-                    .get_mut(&r)
-                    .expect("claimed")
-                    .queue
-                    .pop_front();
-                assert_eq!(popped, Some(head));
+                let queue = self.queues.get_mut(&r).expect("claimed");
+                assert_eq!(queue.pop_front(), Some(head));
+                if queue.is_empty() {
+                    self.queues.remove(&r);
+                }
                 self.grant(
                     now,
                     r,
@@ -149,5 +147,13 @@ impl LeaseTable {
             })
             .collect();
         self.effects.woken.push((head, WaitResult::Granted(grants)));
+    }
+
+    /// `resource`'s waiters, if it has any (never an empty queue).
+    pub(super) fn queue(&self, resource: &ResourceName) -> Option<&VecDeque<WaiterId>> {
+        if self.queues.is_empty() {
+            return None;
+        }
+        self.queues.get(resource)
     }
 }
