@@ -34,8 +34,9 @@ const FILE_NAME: &str = "baton.redb";
 /// redb's page cache. Its default (1 GiB) would hold most of the file in
 /// memory next to the lease table, which already holds every lease: a grant
 /// only needs the pages on its path, and the kernel's page cache serves the
-/// rest. At 10M live leases the file is about 1.4 GB.
-const CACHE_LEN_BYTES: usize = 64 << 20;
+/// rest. At 10M live leases the file is about 1.4 GB, of which the branch
+/// pages (every path's upper levels) are about 15 MB: 32 MiB holds them.
+const CACHE_LEN_BYTES: usize = 32 << 20;
 /// The embedded backend: one redb file under the data directory, guarded by
 /// the directory's identity file, with two write-ahead logs in front (see
 /// the `wal` module): a commit is one record appended to the active log and
