@@ -74,14 +74,7 @@ impl LeaseTable {
             .expect("removing an unknown waiter");
         self.unbind_waiter(waiter, w.session);
         for (resource, _) in &w.claims {
-            let queue = self
-                .queues
-                .get_mut(resource)
-                .expect("waiter on a resource without waiters");
-            queue.retain(|q| *q != waiter);
-            if queue.is_empty() {
-                self.queues.remove(resource);
-            }
+            self.change_queue(resource, |queue| queue.retain(|q| *q != waiter));
         }
         for (resource, _) in &w.claims {
             self.pump(now, resource);
@@ -130,11 +123,7 @@ impl LeaseTable {
             .claims
             .into_iter()
             .map(|(r, id)| {
-                let queue = self.queues.get_mut(&r).expect("claimed");
-                assert_eq!(queue.pop_front(), Some(head));
-                if queue.is_empty() {
-                    self.queues.remove(&r);
-                }
+                self.change_queue(&r, |queue| assert_eq!(queue.pop_front(), Some(head)));
                 self.grant(
                     now,
                     r,
@@ -149,11 +138,26 @@ impl LeaseTable {
         self.effects.woken.push((head, WaitResult::Granted(grants)));
     }
 
-    /// `resource`'s waiters, if it has any (never an empty queue).
+    /// `resource`'s waiters, if it has any (never an empty queue). With no
+    /// waiters anywhere, the map answers without hashing the name.
     pub(super) fn queue(&self, resource: &ResourceName) -> Option<&VecDeque<WaiterId>> {
-        if self.queues.is_empty() {
-            return None;
-        }
         self.queues.get(resource)
+    }
+
+    /// Applies `change` to `resource`'s waiters, and forgets the queue once
+    /// it is empty.
+    fn change_queue(
+        &mut self,
+        resource: &ResourceName,
+        change: impl FnOnce(&mut VecDeque<WaiterId>),
+    ) {
+        let queue = self
+            .queues
+            .get_mut(resource)
+            .expect("a queued waiter's resource has a queue");
+        change(queue);
+        if queue.is_empty() {
+            self.queues.remove(resource);
+        }
     }
 }
