@@ -47,7 +47,7 @@ pub struct Stored {
 
 /// Where the engine makes lease state durable.
 ///
-/// The engine calls [`LeaseStore::load`] once at start and
+/// The engine calls [`LeaseStore::load_with`] once at start and
 /// [`LeaseStore::commit`] with every batch that must be durable before its
 /// replies go out (see docs/design.md, "The engine and the I/O ordering"). An implementation
 /// must make a commit's writes durable, all of them or none, before it
@@ -56,6 +56,21 @@ pub struct Stored {
 pub trait LeaseStore: Send {
     /// Reads the durable state.
     fn load(&self) -> Result<Stored, StoreError>;
+    /// Reads the durable state and hands it to `take`, which reads the
+    /// leases from [`Loading::leases`] as the store reads them: a restart
+    /// builds its table without holding every stored lease a second time.
+    /// The default reads them all with [`LeaseStore::load`] first.
+    fn load_with(&self, take: &mut dyn FnMut(Loading<'_>)) -> Result<(), StoreError> {
+        let stored = self.load()?;
+        let mut leases = stored.leases.into_iter().map(Ok);
+        take(Loading {
+            epoch: stored.epoch,
+            counter: stored.counter,
+            sessions: stored.sessions,
+            leases: &mut leases,
+        });
+        Ok(())
+    }
     /// Applies `writes` in order in one transaction and makes them durable
     /// before returning. After an error the store must not be used again.
     fn commit(&mut self, writes: &[Write]) -> Result<(), StoreError>;
@@ -72,6 +87,39 @@ pub trait LeaseStore: Send {
     /// the fold. `None`, the default: the store folds nothing behind.
     fn fold_backlog(&self) -> Option<usize> {
         None
+    }
+}
+
+/// The durable state as [`LeaseStore::load_with`] hands it over, its
+/// leases still to be read.
+pub struct Loading<'a> {
+    /// Epoch of the last issued token.
+    pub epoch: Epoch,
+    /// Counter of the last issued token in `epoch`.
+    pub counter: u64,
+    /// Every open session.
+    pub sessions: Vec<SessionRecord>,
+    /// Every held lease, in name order, read as it is taken. Its
+    /// `size_hint` has an upper bound: how many there are at most (a
+    /// store's count, plus the writes of its log not yet counted). A read
+    /// that fails yields its error, and the state must not be used.
+    pub leases: &'a mut dyn Iterator<Item = Result<(ResourceName, LeaseRecord), StoreError>>,
+}
+
+impl Loading<'_> {
+    /// Reads every lease, as [`LeaseStore::load`] gives them.
+    pub fn read_all(self) -> Result<Stored, StoreError> {
+        let n_max = self.leases.size_hint().1.unwrap_or(0);
+        let mut leases = Vec::with_capacity(n_max);
+        for lease in self.leases {
+            leases.push(lease?);
+        }
+        Ok(Stored {
+            epoch: self.epoch,
+            counter: self.counter,
+            leases,
+            sessions: self.sessions,
+        })
     }
 }
 

@@ -437,7 +437,13 @@ fn open_sessions<'a, 't>(
 
 impl LeaseStore for RedbStore {
     fn load(&self) -> Result<Stored, StoreError> {
-        contain_panics(&Self::path_in(&self.data_dir), || self.load_inner())
+        let mut stored = None;
+        self.load_with(&mut |loading| stored = Some(loading.read_all()))?;
+        stored.expect("load_with hands the state over")
+    }
+
+    fn load_with(&self, take: &mut dyn FnMut(crate::Loading<'_>)) -> Result<(), StoreError> {
+        self.load_with_inner(take)
     }
 
     /// Keys of the frozen log not yet folded into redb: zero unless a

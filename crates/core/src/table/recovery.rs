@@ -48,30 +48,47 @@ impl LeaseTable {
         // sorts, then fills every node), not by one insert per lease: an
         // insert in name order leaves each node a little over half full,
         // and at ten million leases that is about a gigabyte more, paid in
-        // page faults before the first grant.
-        let leases: Vec<_> = leases.into_iter().collect();
-        let n = leases.len();
-        let last = FencingToken::new(epoch, counter).expect("stored counter in range");
-        let mut expiries = Vec::with_capacity(n);
-        table.resources = leases
-            .into_iter()
-            .enumerate()
-            .map(|(i, (resource, record))| {
-                assert!(
-                    record.token <= last,
-                    "stored lease token {} above last issued {last}",
-                    record.token
-                );
-                let delay_ms = recovery_delay_ms(record.ttl_ms, i, n);
-                let state = table.recovered_lease(now, &resource, record, delay_ms, &mut expiries);
-                (resource, state)
-            })
-            .collect();
-        table.n_leases = table.resources.len();
-        table.expiries = expiries.into_iter().collect();
+        // page faults before the first grant. The leases are taken as the
+        // store reads them when it says how many there are at most (the
+        // spread needs a count): ten million stored records are then never
+        // held beside the table they become.
+        let leases = leases.into_iter();
+        match leases.size_hint() {
+            (_, Some(n_max)) => table.recover_leases(now, leases, n_max),
+            (_, None) => {
+                let leases: Vec<_> = leases.collect();
+                let n = leases.len();
+                table.recover_leases(now, leases, n);
+            }
+        }
         table
     }
 
+    /// Builds the resources and expiries from `leases` (in any order, at
+    /// most `n_max` of them; their ends are spread over `n_max`).
+    fn recover_leases(
+        &mut self,
+        now: MonoMs,
+        leases: impl IntoIterator<Item = (ResourceName, LeaseRecord)>,
+        n_max: usize,
+    ) {
+        let last = self.issued_through();
+        let mut expiries = Vec::with_capacity(n_max);
+        let mut resources = Vec::with_capacity(n_max);
+        for (i, (resource, record)) in leases.into_iter().enumerate() {
+            assert!(
+                record.token <= last,
+                "stored lease token {} above last issued {last}",
+                record.token
+            );
+            let delay_ms = recovery_delay_ms(record.ttl_ms, i.min(n_max), n_max);
+            let state = self.recovered_lease(now, &resource, record, delay_ms, &mut expiries);
+            resources.push((resource, state));
+        }
+        self.resources = resources.into_iter().collect();
+        self.n_leases = self.resources.len();
+        self.expiries = expiries.into_iter().collect();
+    }
     /// One stored lease as the table holds it after a restart: tied to its
     /// session if that was recovered, else held for its full TTL from
     /// `now` plus `delay_ms`, its expiry pushed onto `expiries`.

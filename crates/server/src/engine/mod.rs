@@ -279,22 +279,15 @@ impl Engine {
         ),
         StoreError,
     > {
-        let stored = store.load()?;
         let origin = Instant::now();
-        let (n_leases, n_sessions) = (stored.leases.len(), stored.sessions.len());
-        let table = LeaseTable::recover(
-            limits,
-            MonoMs(0),
-            stored.epoch,
-            stored.counter,
-            stored.leases,
-            stored.sessions,
-        );
+        let table = recover(&*store, limits)?;
+        let (epoch, counter) = table.last_token();
+        let n_leases = table.n_leases();
         info!(
-            epoch = stored.epoch.get(),
-            counter = stored.counter,
+            epoch = epoch.get(),
+            counter,
             n_leases,
-            n_sessions,
+            n_sessions = table.n_sessions(),
             "recovered lease state; stored leases and sessions are held for a full TTL from now"
         );
         metrics.leases.set(n_leases as i64);
@@ -421,6 +414,33 @@ impl Engine {
             let _ = reply.send(hub.register(prefix, holders));
         }));
     }
+}
+
+/// The table as `store` holds it, built as the store reads its leases (at
+/// ten million, the stored records are never all held beside the table),
+/// every lease held for a full TTL from `MonoMs(0)`.
+fn recover(store: &dyn LeaseStore, limits: baton_core::Limits) -> Result<LeaseTable, StoreError> {
+    let mut limits = Some(limits);
+    let mut recovered = None;
+    store.load_with(&mut |loading| {
+        let mut failed = None;
+        let leases = loading
+            .leases
+            .map_while(|lease| lease.map_err(|e| failed = Some(e)).ok());
+        let table = LeaseTable::recover(
+            limits.take().expect("one state handed over"),
+            MonoMs(0),
+            loading.epoch,
+            loading.counter,
+            leases,
+            loading.sessions,
+        );
+        recovered = Some(match failed {
+            None => Ok(table),
+            Some(e) => Err(e),
+        });
+    })?;
+    recovered.expect("load_with hands the state over")
 }
 
 /// Starts the committer thread, which owns `store`, and the timer thread,

@@ -3,11 +3,34 @@
 use std::collections::BTreeMap;
 
 use super::*;
+use crate::Loading;
 
 impl RedbStore {
-    pub(super) fn load_inner(&self) -> Result<Stored, StoreError> {
-        let (txn, overlay) = self.view()?;
-        read(&txn, &overlay)
+    /// The state as of now, its leases read as `take` iterates them. A
+    /// panic in redb (a damaged file) becomes an error, both while the
+    /// state is opened and while each lease is read; one in `take` is not
+    /// the store's and is not caught.
+    pub(super) fn load_with_inner(
+        &self,
+        take: &mut dyn FnMut(Loading<'_>),
+    ) -> Result<(), StoreError> {
+        let path = Self::path_in(&self.data_dir);
+        let (txn, overlay) = contain_panics(&path, || self.view())?;
+        let table = contain_panics(&path, || txn.open_table(LEASES).map_err(storage))?;
+        let mut opened = contain_panics(&path, || open(&txn, &table, &overlay))?;
+        let mut leases = AtMost {
+            n_max: opened.n_max,
+            leases: std::iter::from_fn(|| {
+                contain_panics(&path, || Ok(opened.leases.next())).unwrap_or_else(|e| Some(Err(e)))
+            }),
+        };
+        take(Loading {
+            epoch: opened.stored.epoch,
+            counter: opened.stored.counter,
+            sessions: std::mem::take(&mut opened.stored.sessions),
+            leases: &mut leases,
+        });
+        Ok(())
     }
 
     /// redb's read transaction (a consistent view of its file) and the
@@ -31,9 +54,51 @@ impl RedbStore {
     }
 }
 
+/// The leases of a state being read, with an upper bound on their count.
+struct AtMost<I> {
+    leases: I,
+    n_max: usize,
+}
+
+impl<I: Iterator> Iterator for AtMost<I> {
+    type Item = I::Item;
+
+    fn next(&mut self) -> Option<I::Item> {
+        self.leases.next()
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (0, Some(self.n_max))
+    }
+}
+
+type LeaseItem = Result<(ResourceName, LeaseRecord), StoreError>;
+
+/// A state opened for reading: everything but the leases read, and the
+/// leases to come.
+struct Opened<'t> {
+    stored: Stored,
+    leases: Box<dyn Iterator<Item = LeaseItem> + 't>,
+    n_max: usize,
+}
+
 /// The state in `txn` with `overlay` (the log's writes not yet folded)
-/// laid over it.
+/// laid over it, read whole.
 fn read(txn: &redb::ReadTransaction, overlay: &[Write]) -> Result<Stored, StoreError> {
+    let table = txn.open_table(LEASES).map_err(storage)?;
+    let opened = open(txn, &table, overlay)?;
+    let mut stored = opened.stored;
+    stored.leases = opened.leases.collect::<Result<_, _>>()?;
+    Ok(stored)
+}
+
+/// The state in `txn` with `overlay` laid over it: the meta and sessions
+/// read, the leases of `table` merged with the overlay's as they are read.
+fn open<'t>(
+    txn: &redb::ReadTransaction,
+    table: &'t redb::ReadOnlyTable<&'static str, &'static [u8]>,
+    overlay: &'t [Write],
+) -> Result<Opened<'t>, StoreError> {
     let meta = read_meta_in(txn)?;
     let mut openers = std::collections::HashMap::new();
     match txn.open_table(SESSION_OPENERS) {
@@ -76,16 +141,18 @@ fn read(txn: &redb::ReadTransaction, overlay: &[Write]) -> Result<Stored, StoreE
     // The log's writes not yet folded, replayed at open or committed
     // since: a load sees every commit, before or after a reopen. The
     // leases are merged with them as redb gives them, in name order, so
-    // that ten million leases are read into one vector, not two.
+    // that ten million leases are read once, into whatever takes them.
     let changed = apply_except_leases(&mut stored, overlay);
-    let table = txn.open_table(LEASES).map_err(storage)?;
-    let n_leases = table.len().map_err(storage)? as usize;
+    let n_max = table.len().map_err(storage)? as usize + changed.len();
     let leases = table.iter().map_err(storage)?.map(|entry| {
         let (k, v) = entry.map_err(storage)?;
         decode(k.value(), v.value())
     });
-    stored.leases = merge(leases, n_leases, changed)?;
-    Ok(stored)
+    Ok(Opened {
+        stored,
+        leases: Box::new(merge(leases, changed)),
+        n_max,
+    })
 }
 
 /// Applies `writes` in order to a loaded state (the log over redb). The
@@ -111,9 +178,10 @@ pub fn apply(stored: &mut Stored, writes: &[Write]) {
             .into_iter()
             .collect();
     }
-    let n_base = base.len();
-    let merged = merge(base.into_iter().map(Ok), n_base, changed);
-    stored.leases = merged.unwrap_or_else(|never: std::convert::Infallible| match never {});
+    let merged = merge(base.into_iter().map(Ok), changed);
+    stored.leases = merged
+        .map(|lease| lease.unwrap_or_else(|never: std::convert::Infallible| match never {}))
+        .collect();
 }
 
 /// The lease writes of `writes`, the last of each name (`None`: deleted).
@@ -159,34 +227,36 @@ fn sessions_by_digest(stored: &mut Stored) -> BTreeMap<AcquisitionDigest, Sessio
         .collect()
 }
 
-/// `base` (in strictly rising name order, about `n_base` of them) with
-/// each changed name put or deleted, in name order.
-fn merge<E>(
-    base: impl Iterator<Item = Result<(ResourceName, LeaseRecord), E>>,
-    n_base: usize,
-    changed: Changed<'_>,
-) -> Result<Vec<(ResourceName, LeaseRecord)>, E> {
-    let mut out = Vec::with_capacity(n_base + changed.len());
+/// `base` (in strictly rising name order) with each changed name put or
+/// deleted, in name order, as `base` is read.
+fn merge<'c, E>(
+    base: impl Iterator<Item = Result<(ResourceName, LeaseRecord), E>> + 'c,
+    changed: Changed<'c>,
+) -> impl Iterator<Item = Result<(ResourceName, LeaseRecord), E>> + 'c {
+    let mut base = base.peekable();
     let mut changes = changed.into_iter().peekable();
-    let put = |out: &mut Vec<_>, name: &ResourceName, record: Option<&LeaseRecord>| {
+    std::iter::from_fn(move || loop {
+        use std::cmp::Ordering;
+        // Which comes first: the next stored lease or the next change
+        // (`Less`: the change); a change of the same name replaces it.
+        let first = match (base.peek(), changes.peek()) {
+            (Some(Err(_)), _) => return base.next(),
+            (None, None) => return None,
+            (Some(Ok(_)), None) => Ordering::Greater,
+            (None, Some(_)) => Ordering::Less,
+            (Some(Ok((name, _))), Some((c, _))) => (*c).cmp(name),
+        };
+        if first == Ordering::Greater {
+            return base.next();
+        }
+        if first == Ordering::Equal {
+            base.next();
+        }
+        let (name, record) = changes.next().expect("peeked");
         if let Some(record) = record {
-            out.push((name.clone(), record.clone()));
+            return Some(Ok((name.clone(), record.clone())));
         }
-    };
-    for item in base {
-        let (name, record) = item?;
-        while let Some((c, v)) = changes.next_if(|(c, _)| **c < name) {
-            put(&mut out, c, v);
-        }
-        match changes.next_if(|(c, _)| **c == name) {
-            Some((c, v)) => put(&mut out, c, v),
-            None => out.push((name, record)),
-        }
-    }
-    for (c, v) in changes {
-        put(&mut out, c, v);
-    }
-    Ok(out)
+    })
 }
 
 #[cfg(test)]

@@ -461,6 +461,24 @@ fn a_snapshot_reads_its_moment_across_checkpoints_and_folds() {
 /// (batches of 64 keys in tests) while commits go on, the logs rotate, and
 /// the store is reopened now and then. Every load, mid-fold or after a
 /// reopen, holds exactly what was committed.
+/// Loads as a restart does, the leases read as they are taken, and checks
+/// that they stay within the count the stream gave before the first read.
+fn load_streamed(s: &RedbStore) -> Stored {
+    let mut loaded = None;
+    s.load_with(&mut |loading| {
+        let n_max = loading.leases.size_hint().1.expect("an upper bound");
+        let stored = loading.read_all().unwrap();
+        assert!(
+            stored.leases.len() <= n_max,
+            "{} leases read, {n_max} at most said",
+            stored.leases.len()
+        );
+        loaded = Some(stored);
+    })
+    .unwrap();
+    loaded.expect("handed over")
+}
+
 #[test]
 fn background_folds_never_hide_or_bring_back_a_key() {
     use std::collections::BTreeMap;
@@ -506,7 +524,7 @@ fn background_folds_never_hide_or_bring_back_a_key() {
         assert_eq!(frozen, counted, "the backlog after commit {i}");
         busy += usize::from(s.fold_backlog() > Some(0));
         if i.is_multiple_of(89) {
-            let stored = s.load().unwrap();
+            let stored = load_streamed(&s);
             assert_eq!(stored.counter, i);
             assert_eq!(as_map(stored), model, "a load after commit {i}");
         }
