@@ -87,9 +87,17 @@ struct Opened<'t> {
 fn read(txn: &redb::ReadTransaction, overlay: &[Write]) -> Result<Stored, StoreError> {
     let table = txn.open_table(LEASES).map_err(storage)?;
     let opened = open(txn, &table, overlay)?;
-    let mut stored = opened.stored;
-    stored.leases = opened.leases.collect::<Result<_, _>>()?;
-    Ok(stored)
+    let mut leases = AtMost {
+        leases: opened.leases,
+        n_max: opened.n_max,
+    };
+    Loading {
+        epoch: opened.stored.epoch,
+        counter: opened.stored.counter,
+        sessions: opened.stored.sessions,
+        leases: &mut leases,
+    }
+    .read_all()
 }
 
 /// The state in `txn` with `overlay` laid over it: the meta and sessions
