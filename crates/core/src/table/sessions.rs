@@ -254,10 +254,12 @@ impl LeaseTable {
             n_leases,
         });
         if n_leases > 0 {
+            let waited = self.waited_among(&session.leases);
             self.draining.insert(
                 digest,
                 Draining {
                     leases: session.leases,
+                    waited,
                     expired,
                 },
             );
