@@ -168,6 +168,9 @@ impl LeaseTable {
             }
         }
         self.expired_through = self.expired_through.max(now);
+        if reached > 0 {
+            self.hand_over_reached(now);
+        }
         self.expire_step(now, reached);
     }
 

@@ -45,30 +45,31 @@ fn a_mass_expiry_is_gone_at_once_and_dropped_in_bounded_steps() {
     assert_eq!(t.n_leases(), N, "nothing ends before its full TTL");
     assert!(deletes(&t.take_effects()).is_empty());
 
-    // Every lease is reached in one tick, a step's worth is dropped.
+    // Every lease is reached in one tick, a step's worth is dropped, and
+    // the waiter's resource (the last in the queue's order) goes to it in
+    // that step.
     t.tick(MonoMs(1_001));
     let fx = t.take_effects();
     let mut dropped = deletes(&fx);
-    assert_eq!(dropped.len(), ENDS_PER_STEP);
+    assert_eq!(dropped.len(), ENDS_PER_STEP + 1);
+    assert!(dropped.contains(&name(&m(N - 1))));
+    assert!(matches!(
+        fx.woken[..],
+        [(WaiterId(77), WaitResult::Granted(_))]
+    ));
     assert_eq!(deferred(&fx), N - ENDS_PER_STEP);
-    assert_eq!(t.n_leases(), 0, "gone at once");
+    assert_eq!(t.n_leases(), 1, "gone at once, but for the waiter's grant");
     assert_eq!(
         t.next_deadline(),
         Some(MonoMs(1_002)),
         "stepped again a millisecond later"
     );
 
-    // Every caller finds the rest gone: the waiter gets its resource as
-    // soon as anyone looks, a new acquire is granted above every token,
-    // and the old holder can neither renew nor release.
+    // Every caller finds the rest gone: the waiter holds its resource, a
+    // new acquire is granted above every token, and the old holder can
+    // neither renew nor release.
     let status = t.status(MonoMs(1_001), &name(&m(N - 1)));
-    let fx = t.take_effects();
-    assert!(matches!(
-        fx.woken[..],
-        [(WaiterId(77), WaitResult::Granted(_))]
-    ));
     assert!(status.holder_token.unwrap() > last);
-    dropped.extend(deletes(&fx));
     let out = t.acquire(MonoMs(1_001), req(&[&m(N - 2)], 3, 1_000, 0, 0));
     assert!(matches!(out, Ok(AcquireOutcome::Granted(ref g)) if g[0].token > last));
     assert_eq!(
@@ -209,4 +210,51 @@ fn a_paced_drain_shares_the_rate_with_the_expiry() {
     }
     assert_eq!(per_ms, vec![10, 10, 10, 10, 5, 0]);
     assert_eq!((t.n_overdue(), t.n_draining()), (0, 0));
+}
+
+/// Behind a backlog of reached leases, the resources with waiters that a
+/// step reaches go to their waiters in that step, whichever side (the
+/// reached piece or the wait queues) is the smaller one to search.
+#[test]
+fn reached_leases_with_waiters_are_handed_over_ahead_of_the_backlog() {
+    let mut t = table();
+    t.set_expiry_drops_per_ms(10);
+    // A backlog: 40 leases ending at 1,001, dropped 10 a millisecond.
+    for i in 0..40 {
+        t.acquire(MonoMs(0), req(&[&m(i)], 1, 1_000, 0, 0)).unwrap();
+    }
+    // Three ending at 1,003 with a waiter each, and five held for long
+    // with a waiter each: more queues than the piece that 1,003 reaches.
+    for i in 100..103 {
+        t.acquire(MonoMs(2), req(&[&m(i)], 2, 1_000, 0, 0)).unwrap();
+    }
+    for i in 200..205 {
+        t.acquire(MonoMs(2), req(&[&m(i)], 3, 60_000, 0, 0))
+            .unwrap();
+    }
+    for (k, i) in (100..103).chain(200..205).enumerate() {
+        let out = t.acquire(MonoMs(2), req(&[&m(i)], 4, 1_000, 30_000, 500 + k as u64));
+        assert!(matches!(out, Ok(AcquireOutcome::Queued { .. })));
+    }
+    t.take_effects();
+    t.tick(MonoMs(1_001));
+    assert_eq!(deletes(&t.take_effects()).len(), 10);
+    t.tick(MonoMs(1_002));
+    assert_eq!(deletes(&t.take_effects()).len(), 10);
+    t.tick(MonoMs(1_003));
+    let fx = t.take_effects();
+    let mut woken: Vec<u64> = fx
+        .woken
+        .iter()
+        .filter(|(_, r)| matches!(r, WaitResult::Granted(_)))
+        .map(|(w, _)| w.0)
+        .collect();
+    woken.sort();
+    assert_eq!(
+        woken,
+        vec![500, 501, 502],
+        "handed over in the step that reached them"
+    );
+    assert_eq!(deletes(&fx).len(), 10 + 3);
+    assert!(t.n_overdue() > 0, "the backlog is still there");
 }
