@@ -89,6 +89,7 @@ impl LeaseTable {
         self.n_leases = self.resources.len();
         self.expiries = expiries.into_iter().collect();
     }
+
     /// One stored lease as the table holds it after a restart: tied to its
     /// session if that was recovered, else held for its full TTL from
     /// `now` plus `delay_ms`, its expiry pushed onto `expiries`.

@@ -279,6 +279,10 @@ impl Engine {
         ),
         StoreError,
     > {
+        // The clock starts before the load, as the leases are read while
+        // the table is built: every stored lease was granted (and every
+        // session heartbeat sent) before the crash that this start follows,
+        // so a TTL counted from any moment after the crash is a full one.
         let origin = Instant::now();
         let table = recover(&*store, limits)?;
         let (epoch, counter) = table.last_token();
