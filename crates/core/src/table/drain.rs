@@ -18,8 +18,6 @@
 
 use super::state::Lease;
 use super::{Event, LeaseTable, MonoMs, Timer, Write};
-use std::collections::BTreeSet;
-
 use crate::{ResourceName, SessionDigest};
 
 /// At most this many of an ended session's leases, or of the leases whose
@@ -39,14 +37,11 @@ impl LeaseTable {
         while dropped < budget {
             // Refetched each time: a hand-off below may settle (and so take
             // out) another lease of this session.
-            let Some((resource, expired)) = self.draining.get_mut(&digest).and_then(|d| {
-                while let Some(resource) = d.waited.pop() {
-                    if d.leases.remove(&resource) {
-                        return Some((resource, d.expired));
-                    }
-                }
-                Some((d.leases.pop_first()?, d.expired))
-            }) else {
+            let Some((resource, expired)) = self
+                .draining
+                .get_mut(&digest)
+                .and_then(|d| Some((d.leases.pop_first()?, d.expired)))
+            else {
                 break;
             };
             let (lease, queued) = self
@@ -69,26 +64,6 @@ impl LeaseTable {
             }
             None => {}
         }
-    }
-
-    /// Those of an ended session's `leases` whose resources have waiters,
-    /// for its drain to hand over first. Found from the smaller side: the
-    /// resources with waiters are usually few, and a session that holds
-    /// fewer is dropped in its first step anyway (then none are needed).
-    pub(super) fn waited_among(&self, leases: &BTreeSet<ResourceName>) -> Vec<ResourceName> {
-        if leases.len() <= self.drops_per_ms.min(self.ends_per_step) {
-            return Vec::new();
-        }
-        let mut waited: Vec<_> = self
-            .queues
-            .keys()
-            .filter(|r| leases.contains(*r))
-            .cloned()
-            .collect();
-        // Popped from the back: in name order, whatever the map's order
-        // (a replayed run drops them in the same order).
-        waited.sort_unstable_by(|a, b| b.cmp(a));
-        waited
     }
 
     /// Takes out the lease of an ended session on `resource` (already

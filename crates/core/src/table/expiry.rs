@@ -42,44 +42,12 @@ impl LeaseTable {
 
     /// The resources with waiters among the leases a step has just reached
     /// go to their waiters now, not when the overdue queue comes to them
-    /// (a mass expiry is dropped over seconds at the pace). Found from the
-    /// smaller side, the newest piece or the wait queues' map (which holds
-    /// only resources with waiters), and skipped when both hold more than
-    /// [`ENDS_PER_STEP`](crate::ENDS_PER_STEP), so the step stays bounded;
-    /// not needed when this step drops every overdue lease anyway. Like a
-    /// caller's `settle`, these hand-offs do not count against the pace.
+    /// (a mass expiry is dropped over seconds at the pace).
     pub(super) fn hand_over_reached(&mut self, now: MonoMs) {
-        let bound = self.ends_per_step;
         let Some(piece) = self.overdue.back() else {
             return;
         };
-        if self.queues.is_empty()
-            || self.n_overdue <= self.drops_per_ms.min(bound)
-            || self.queues.len().min(piece.len()) > bound
-        {
-            return;
-        }
-        let waited: Vec<ResourceName> = if self.queues.len() <= piece.len() {
-            let mut waited: Vec<_> = self
-                .queues
-                .keys()
-                .filter(|r| {
-                    let lease = self.resources.get(*r).and_then(|s| s.lease.as_ref());
-                    lease.is_some_and(|l| l.session().is_none() && self.is_gone(l))
-                })
-                .cloned()
-                .collect();
-            // In name order, whatever the map's order: a replay hands over
-            // in the same order.
-            waited.sort_unstable();
-            waited
-        } else {
-            piece
-                .iter()
-                .filter(|(_, r)| self.queues.contains_key(r))
-                .map(|(_, r)| r.clone())
-                .collect()
-        };
+        let waited = self.waiting_on_ended(piece.iter().map(|(_, r)| r), self.n_overdue);
         for resource in &waited {
             self.settle_and_pump(now, resource);
         }

@@ -83,6 +83,47 @@ impl LeaseTable {
         Some((lease, queued))
     }
 
+    /// The resources with waiters among `ended` (leases that just ended: a
+    /// step's reached piece, or an ended session's leases), for the caller
+    /// to hand over now (`settle_and_pump`) rather than when their bounded
+    /// drop comes; like a caller's `settle`, those hand-offs do not count
+    /// against the pace. None when the `pending` drops fit this step
+    /// anyway. Found from the smaller side, `ended` or the wait queues' map
+    /// (which holds only resources with waiters), and none when both hold
+    /// more than [`ENDS_PER_STEP`](crate::ENDS_PER_STEP): the step stays
+    /// bounded. In name order or `ended`'s, whatever the map's order, so a
+    /// replay hands over in the same order.
+    pub(super) fn waiting_on_ended<'a>(
+        &self,
+        ended: impl ExactSizeIterator<Item = &'a ResourceName>,
+        pending: usize,
+    ) -> Vec<ResourceName> {
+        let bound = self.ends_per_step;
+        if self.queues.is_empty()
+            || pending <= self.drops_per_ms.min(bound)
+            || self.queues.len().min(ended.len()) > bound
+        {
+            return Vec::new();
+        }
+        if self.queues.len() > ended.len() {
+            return ended
+                .filter(|r| self.queues.contains_key(*r))
+                .cloned()
+                .collect();
+        }
+        let mut waited: Vec<_> = self
+            .queues
+            .keys()
+            .filter(|r| {
+                let lease = self.resources.get(*r).and_then(|s| s.lease.as_ref());
+                lease.is_some_and(|l| self.is_gone(l))
+            })
+            .cloned()
+            .collect();
+        waited.sort_unstable();
+        waited
+    }
+
     /// [`LeaseTable::settle`], then the resource goes to its next waiter.
     pub(super) fn settle_and_pump(&mut self, now: MonoMs, resource: &ResourceName) {
         if self.settle(resource) {

@@ -254,15 +254,18 @@ impl LeaseTable {
             n_leases,
         });
         if n_leases > 0 {
-            let waited = self.waited_among(&session.leases);
             self.draining.insert(
                 digest,
                 Draining {
                     leases: session.leases,
-                    waited,
                     expired,
                 },
             );
+            // Gone for every caller from here: those with waiters go now.
+            let waited = self.waiting_on_ended(self.draining[&digest].leases.iter(), n_leases);
+            for resource in &waited {
+                self.settle_and_pump(now, resource);
+            }
             self.drain_session(now, digest);
         }
     }

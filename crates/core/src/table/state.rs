@@ -111,10 +111,6 @@ pub(super) enum Timer {
 #[derive(Clone, Debug)]
 pub(super) struct Draining {
     pub(super) leases: BTreeSet<ResourceName>,
-    /// Those of `leases` that had waiters when the session ended, dropped
-    /// first so that their waiters are not kept behind the rest (a name
-    /// may have left `leases` since).
-    pub(super) waited: Vec<ResourceName>,
     /// The session ran out (its leases expired) rather than being closed.
     pub(super) expired: bool,
 }

@@ -424,7 +424,6 @@ impl Engine {
 /// ten million, the stored records are never all held beside the table),
 /// every lease held for a full TTL from `MonoMs(0)`.
 fn recover(store: &dyn LeaseStore, limits: baton_core::Limits) -> Result<LeaseTable, StoreError> {
-    let mut limits = Some(limits);
     let mut recovered = None;
     store.load_with(&mut |loading| {
         let mut failed = None;
@@ -432,7 +431,7 @@ fn recover(store: &dyn LeaseStore, limits: baton_core::Limits) -> Result<LeaseTa
             .leases
             .map_while(|lease| lease.map_err(|e| failed = Some(e)).ok());
         let table = LeaseTable::recover(
-            limits.take().expect("one state handed over"),
+            limits.clone(),
             MonoMs(0),
             loading.epoch,
             loading.counter,
