@@ -31,9 +31,10 @@ pub struct Cli {
 
 #[derive(Args, Clone)]
 pub struct ClientOpts {
-    /// Server address, like 127.0.0.1:7700 (http://, or https:// with
-    /// --tls-ca) or a full URL; for a cluster, several separated by commas
-    /// (the client finds the leader).
+    /// Server address: HOST (port 7700), HOST:PORT, [IPv6]:PORT, a bare
+    /// PORT (on 127.0.0.1), or a URL (http://, or https:// with --tls-ca);
+    /// for a cluster, several separated by commas (all are dialed at once
+    /// and the client finds the leader).
     #[arg(
         long,
         env = "BATON_SERVER",
@@ -61,6 +62,11 @@ pub struct ClientOpts {
     /// outcome is unknown (exit 1).
     #[arg(long, env = "BATON_TIMEOUT", default_value = "10s", value_parser = parse_positive_duration, global = true)]
     pub timeout: Duration,
+    /// How long a server has to answer a new connection before it is
+    /// passed over for another (nothing was sent to it); also how long an
+    /// open connection may leave a ping unanswered.
+    #[arg(long, env = "BATON_DIAL_TIMEOUT", default_value = "1s", value_parser = parse_positive_duration, global = true)]
+    pub dial_timeout: Duration,
 }
 
 /// Who holds the leases a command acquires, as status, list, watch and

@@ -36,7 +36,8 @@ pub fn connect_options(opts: &ClientOpts) -> Result<baton_client::ConnectOptions
         opts.tls_cert.as_deref(),
         opts.tls_key.as_deref(),
         opts.token_file.as_deref(),
-    )?)
+    )?
+    .dial_timeout(opts.dial_timeout)?)
 }
 
 fn parse_id(hex: &str) -> Result<AcquisitionId, CliError> {

@@ -126,7 +126,7 @@ fn json_of(out: &Output) -> Value {
 
 /// A client pointed at the HTTP port, or at a port that never answers:
 /// one sentence with the likely cause and the address once, not the
-/// transport's text.
+/// transport's text; both definite (nothing was sent).
 #[tokio::test]
 async fn errors_name_the_likely_cause_and_the_address_once() {
     let dir = TempDir::new("cli-errors");
@@ -148,11 +148,12 @@ async fn errors_name_the_likely_cause_and_the_address_once() {
     // Accepts connections, never answers.
     let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = silent.local_addr().unwrap().to_string();
-    let out = cli(&["status", "x", "--server", &addr, "--timeout", "300ms"]);
+    let out = cli(&["status", "x", "--server", &addr, "--dial-timeout", "300ms"]);
     let err = stderr(&out);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(
-        err.contains("no answer from") && err.contains("within 300 ms"),
+        err.contains("no answer within the dial timeout of 300 ms")
+            && err.contains("nothing was sent"),
         "{err}"
     );
     assert_eq!(err.matches(&addr).count(), 1, "the address once: {err}");

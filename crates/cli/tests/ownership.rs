@@ -42,6 +42,10 @@ async fn serve_behind_proxy(dir: &TempDir) -> (Server, Proxy) {
 /// arrives, another client has been granted the resource. `acquire` says
 /// "expired on arrival" (exit 6, `"acquired": false`), not a fresh lease.
 /// A reply held 300 ms is a grant whose `valid_for_ms` counts from the send.
+/// The proxy holds everything the server sends, PING answers too, so the
+/// client is given a dial timeout above the delay: with the default (1 s)
+/// it would close the silent connection after 2 s and report the outcome
+/// unknown, as for a stopped server.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_grant_that_arrives_after_its_ttl_is_reported_expired_on_arrival() {
     let dir = TempDir::new("own-late-grant");
@@ -50,7 +54,15 @@ async fn a_grant_that_arrives_after_its_ttl_is_reported_expired_on_arrival() {
     proxy.delay_response_to(b"late:1", Duration::from_millis(2_500));
     let sent = Instant::now();
     let mut cli = baton(&[
-        "acquire", "late:1", "--ttl", "1s", "--json", "--server", &via,
+        "acquire",
+        "late:1",
+        "--ttl",
+        "1s",
+        "--json",
+        "--server",
+        &via,
+        "--dial-timeout",
+        "5s",
     ]);
     // The CLI's grant is made (its reply now waits in the proxy) before the
     // other client asks.
@@ -79,7 +91,15 @@ async fn a_grant_that_arrives_after_its_ttl_is_reported_expired_on_arrival() {
     // counted from the send time.
     proxy.delay_response_to(b"late:2", Duration::from_millis(300));
     let mut cli = baton(&[
-        "acquire", "late:2", "--ttl", "1s", "--json", "--server", &via,
+        "acquire",
+        "late:2",
+        "--ttl",
+        "1s",
+        "--json",
+        "--server",
+        &via,
+        "--dial-timeout",
+        "5s",
     ]);
     let (_, line) = cli.next_line();
     let (code, rest) = cli.exit();

@@ -66,6 +66,13 @@ pub(crate) fn never_connected(status: &tonic::Status) -> bool {
     };
     let mut source = std::error::Error::source(status);
     while let Some(e) = source {
+        // The connection was never made (our dialer's verdicts among them):
+        // no request was written.
+        if e.downcast_ref::<tonic::ConnectError>().is_some()
+            || e.downcast_ref::<crate::NotDialed>().is_some()
+        {
+            return true;
+        }
         // The TLS handshake failed: the server took no request.
         if e.downcast_ref::<rustls::Error>().is_some() {
             return true;
@@ -172,13 +179,28 @@ pub(crate) fn connect_cause(e: &tonic::transport::Error) -> String {
     }
     let mut source = std::error::Error::source(e);
     while let Some(s) = source {
+        if let Some(not_dialed) = s.downcast_ref::<crate::NotDialed>() {
+            // The caller names the address.
+            return match not_dialed {
+                crate::NotDialed::Unreachable { source, .. }
+                    if source.kind() == std::io::ErrorKind::ConnectionRefused =>
+                {
+                    "connection refused: nothing listens there (is `baton serve` running, on this address and port?)".into()
+                }
+                crate::NotDialed::Unreachable { source, .. } => source.to_string(),
+                crate::NotDialed::NoAnswer { dial_timeout_ms, .. } => format!(
+                    "no answer within the dial timeout of {dial_timeout_ms} ms: the server is stopped or hung, or this is not Baton's gRPC port (clients use --listen, 7700 by default; Baton's HTTP port, --http-listen, and a TLS port, which needs https:// and --tls-ca, wait for the client to speak first)"
+                ),
+                other => other.to_string(),
+            };
+        }
         if let Some(io) = s.downcast_ref::<std::io::Error>() {
             return match io.kind() {
                 std::io::ErrorKind::ConnectionRefused => {
                     "connection refused: nothing listens there (is `baton serve` running, on this address and port?)".into()
                 }
                 std::io::ErrorKind::TimedOut => {
-                    "no answer to the connection within 5 s (the wrong host, or a firewall?)".into()
+                    "the server sent nothing within the dial timeout (a stopped or hung server, or not Baton's gRPC port)".into()
                 }
                 _ => io.to_string(),
             };

@@ -23,6 +23,7 @@
 
 mod answers;
 pub mod deadline;
+mod dial;
 mod election;
 mod error;
 pub mod flags;
@@ -37,7 +38,7 @@ use std::time::Duration;
 
 use baton_core::{AcquisitionId, Holder};
 use baton_proto::v1::{self, leases_client::LeasesClient};
-use servers::{endpoint, normalize, redirect, Servers, ServersState};
+use servers::{normalize, redirect, Servers, Unreachable};
 use tokio::time::Instant;
 use tonic::transport::Channel;
 use tonic::{Code, Request};
@@ -51,10 +52,11 @@ use answers::{
 pub use answers::{Acquired, AcquiredAll, Fenced, Lease, NotAcquired, Release, Renewal, Status};
 pub use baton_core;
 pub use baton_proto::v1::Snapshot;
+pub use dial::NotDialed;
 pub use election::{Election, Leader, LeaderChange, Leadership, Observer};
 pub use error::ClientError;
-use error::{connect_cause, error_chain, failed_at, from_status, never_connected};
-pub use security::ConnectOptions;
+use error::{error_chain, failed_at, from_status, never_connected};
+pub use security::{ConnectOptions, DIAL_TIMEOUT_DEFAULT};
 pub use session::{Health, Session, SessionState};
 pub use watch::{Watch, WatchEvent, WatchHolder, WatchKind};
 
@@ -72,6 +74,22 @@ async fn gather(mut parts: tonic::Streaming<Snapshot>) -> Result<Snapshot, tonic
         }
     }
     whole.ok_or_else(|| tonic::Status::internal("the backup ended before its first part"))
+}
+
+/// Whether a call may be sent again after its request may have reached a
+/// server: a read may, an effect never (its outcome is then unknown).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Read,
+    Effect,
+}
+
+/// A failure that says the server may be gone, not that it refused.
+fn server_trouble(status: &tonic::Status) -> bool {
+    matches!(
+        status.code(),
+        Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Unknown
+    )
 }
 
 /// Time allowed for a request beyond any server-side wait it asks for.
@@ -97,13 +115,17 @@ pub struct Client {
 }
 
 impl Client {
-    /// Connects to `url` (for example `http://127.0.0.1:7700`), or to the
-    /// first reachable of several separated by commas (the servers of one
-    /// cluster). Calls go to the leader: a follower's answer names it and
-    /// the call is sent there, which is safe because a follower does
-    /// nothing. A server that refuses connections is skipped. A call that
-    /// may have taken effect is never repeated: it is reported as
-    /// [`ClientError::Indeterminate`].
+    /// Connects to `url` (for example `127.0.0.1:7700`), or to the first
+    /// to answer of several separated by commas (the servers of one
+    /// cluster), all dialed at once. An address is `HOST` (port 7700),
+    /// `HOST:PORT`, `[IPv6]:PORT`, a bare `PORT` (on 127.0.0.1) or a URL.
+    /// Calls go to the leader: a follower's answer names it and the call
+    /// is sent there, which is safe because a follower does nothing. A
+    /// server that refuses connections, does not resolve, or does not
+    /// answer a new connection within the dial timeout is passed over for
+    /// a while (nothing was sent to it). A call that may have taken effect
+    /// is never repeated: it is reported as [`ClientError::Indeterminate`];
+    /// reads (status, list, watch) are repeated on another server instead.
     pub async fn connect(url: &str) -> Result<Self, ClientError> {
         Self::connect_with(url, ConnectOptions::default()).await
     }
@@ -113,11 +135,11 @@ impl Client {
     /// and an `http://` URL is refused.
     pub async fn connect_with(url: &str, options: ConnectOptions) -> Result<Self, ClientError> {
         let tls = options.tls.is_some();
-        let urls: Vec<String> = url
+        let urls = url
             .split(',')
             .filter(|u| !u.trim().is_empty())
             .map(|u| normalize(u, tls))
-            .collect();
+            .collect::<Result<Vec<String>, ClientError>>()?;
         for u in &urls {
             options.check_scheme(u)?;
         }
@@ -126,30 +148,10 @@ impl Client {
                 "server url {url:?}: no address given"
             )));
         }
-        let mut channels = std::collections::HashMap::new();
-        let mut errors = Vec::new();
-        for u in &urls {
-            match endpoint(u, options.tls.as_ref())?.connect().await {
-                Ok(channel) => {
-                    channels.insert(u.clone(), LeasesClient::new(channel));
-                    break;
-                }
-                Err(e) if urls.len() > 1 => errors.push(format!("{u}: {}", connect_cause(&e))),
-                Err(e) => errors.push(connect_cause(&e)),
-            }
-        }
-        let Some(current) = urls.iter().find(|u| channels.contains_key(*u)).cloned() else {
-            return Err(ClientError::Connect {
-                url: urls.join(","),
-                message: errors.join("; "),
-            });
-        };
+        let servers = Servers::new(urls, options.tls, options.dial_timeout);
+        servers.find(&mut Unreachable::new()).await?;
         Ok(Self {
-            servers: std::sync::Arc::new(Servers {
-                urls,
-                tls: options.tls,
-                state: std::sync::Mutex::new(ServersState { current, channels }),
-            }),
+            servers: std::sync::Arc::new(servers),
             authorization: options.authorization,
             rpc_timeout: RPC_TIMEOUT_DEFAULT,
             sessions: Default::default(),
@@ -169,15 +171,14 @@ impl Client {
     }
 
     fn fresh_connections(&self) -> Client {
+        let servers = Servers::new(
+            self.servers.urls.clone(),
+            self.servers.tls.clone(),
+            self.servers.dial_timeout,
+        );
+        servers.switch_to(&self.current_server());
         Client {
-            servers: std::sync::Arc::new(Servers {
-                urls: self.servers.urls.clone(),
-                tls: self.servers.tls.clone(),
-                state: std::sync::Mutex::new(ServersState {
-                    current: self.current_server(),
-                    channels: Default::default(),
-                }),
-            }),
+            servers: std::sync::Arc::new(servers),
             authorization: self.authorization.clone(),
             rpc_timeout: self.rpc_timeout,
             sessions: Default::default(),
@@ -240,11 +241,20 @@ impl Client {
         request
     }
 
-    /// Sends `message` to the leader. Followers' answers and refused
-    /// connections are definite, so the call moves on (to the named leader,
-    /// or the next server, pausing briefly once every server was tried)
-    /// until `rpc_timeout`; any other failure is returned as it is.
-    async fn call<M, R, F, Fut>(&self, message: M, extra: Duration, f: F) -> Result<R, ClientError>
+    /// Sends `message` to the leader. Followers' answers and failed dials
+    /// are definite, so the call moves on (to the named leader, or to the
+    /// first other member that answers, pausing briefly while no member
+    /// knows a leader) until `rpc_timeout`; once every member failed to
+    /// dial, it ends at once. A `Read` whose connection broke or timed out
+    /// is sent again to another member; any other failure is returned as
+    /// it is.
+    async fn call<M, R, F, Fut>(
+        &self,
+        message: M,
+        extra: Duration,
+        kind: Kind,
+        f: F,
+    ) -> Result<R, ClientError>
     where
         M: Clone,
         F: Fn(LeasesClient<Channel>, Request<M>) -> Fut,
@@ -253,14 +263,13 @@ impl Client {
         let started = std::time::Instant::now();
         let mut pause = Duration::from_millis(20);
         let mut misses = 0usize;
+        let mut unreachable = Unreachable::new();
         loop {
-            let (url, channel) = self.servers.current()?;
+            let (url, channel) = self.servers.current(&mut unreachable).await?;
             let status = match f(channel, self.request(message.clone(), extra)).await {
                 Ok(r) => return Ok(r.into_inner()),
                 Err(status) => status,
             };
-            let several = self.servers.urls.len() > 1;
-            misses += 1;
             let hint = redirect(&status);
             let last = if let Some(leader) = hint.as_ref().filter(|l| !l.is_empty() && **l != url) {
                 self.servers.switch_to(leader);
@@ -268,27 +277,33 @@ impl Client {
                     url,
                     message: format!("not the leader; the leader is {leader}"),
                 }
-            } else if hint.is_some() || never_connected(&status) {
-                // Definite: a follower that knows no leader, or no connection.
+            } else if hint.is_some() {
+                // A follower that knows no leader: definite.
                 let e = ClientError::Connect {
                     url: url.clone(),
                     message: status.message().to_string(),
                 };
-                if !several {
-                    // One server and it cannot serve: nothing else to try.
+                if self.servers.urls.len() == 1 {
                     return Err(e);
                 }
+                misses += 1;
                 self.servers.rotate(&url);
                 e
+            } else if never_connected(&status) {
+                // Definite: nothing was sent. The next turn dials the others.
+                let why = from_status(status).to_string();
+                self.servers.pass_over(&url, &why);
+                unreachable.push((url, why));
+                continue;
+            } else if kind == Kind::Read && server_trouble(&status) {
+                let e = failed_at(status, &url, self.rpc_timeout + extra);
+                self.servers.pass_over(&url, &e.to_string());
+                e
             } else {
-                // Possibly applied: never repeated. The next call tries
-                // another server first if this one may be gone.
-                let server_trouble = matches!(
-                    status.code(),
-                    Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Unknown
-                );
-                if several && server_trouble {
-                    self.servers.rotate(&url);
+                // Possibly applied: never repeated. The next call dials the
+                // others first if this one may be gone.
+                if self.servers.urls.len() > 1 && server_trouble(&status) {
+                    self.servers.pass_over(&url, status.message());
                 }
                 return Err(failed_at(status, &url, self.rpc_timeout + extra));
             };
@@ -331,7 +346,9 @@ impl Client {
         let span = observe::span("acquire", resources);
         let sent = Instant::now();
         let answer = self
-            .call(message, wait, |mut c, r| async move { c.acquire(r).await })
+            .call(message, wait, Kind::Effect, |mut c, r| async move {
+                c.acquire(r).await
+            })
             .instrument(span.clone())
             .await
             .and_then(|response| acquired_all(response, resources.len(), sent));
@@ -351,9 +368,12 @@ impl Client {
         };
         let sent = Instant::now();
         let r = self
-            .call(message, Duration::ZERO, |mut c, r| async move {
-                c.renew(r).await
-            })
+            .call(
+                message,
+                Duration::ZERO,
+                Kind::Effect,
+                |mut c, r| async move { c.renew(r).await },
+            )
             .instrument(observe::span("renew", &[resource]))
             .await?;
         renewal(r, sent)
@@ -370,9 +390,12 @@ impl Client {
             acquisition_id: id.as_bytes().to_vec(),
         };
         let r = self
-            .call(message, Duration::ZERO, |mut c, r| async move {
-                c.release(r).await
-            })
+            .call(
+                message,
+                Duration::ZERO,
+                Kind::Effect,
+                |mut c, r| async move { c.release(r).await },
+            )
             .instrument(observe::span("release", &[resource]))
             .await?;
         release(r)
@@ -384,7 +407,7 @@ impl Client {
             resource: resource.to_string(),
         };
         status(
-            self.call(message, Duration::ZERO, |mut c, r| async move {
+            self.call(message, Duration::ZERO, Kind::Read, |mut c, r| async move {
                 c.status(r).await
             })
             .await?,
@@ -404,7 +427,7 @@ impl Client {
             limit,
         };
         let r = self
-            .call(message, Duration::ZERO, |mut c, r| async move {
+            .call(message, Duration::ZERO, Kind::Read, |mut c, r| async move {
                 c.list(r).await
             })
             .await?;
@@ -417,9 +440,12 @@ impl Client {
             resource: resource.to_string(),
         };
         let r = self
-            .call(message, Duration::ZERO, |mut c, r| async move {
-                c.fence(r).await
-            })
+            .call(
+                message,
+                Duration::ZERO,
+                Kind::Effect,
+                |mut c, r| async move { c.fence(r).await },
+            )
             .await?;
         Ok(Fenced {
             token: token(r.token)?,
@@ -437,6 +463,7 @@ impl Client {
         self.call(
             v1::BackupRequest {},
             Duration::from_secs(60),
+            Kind::Read,
             |c, r| async move {
                 // A whole snapshot is about 52 bytes per lease: far past
                 // tonic's default 4 MiB limit at 100k leases.
@@ -457,7 +484,7 @@ impl Client {
     /// The cluster as the server this client talks to sees it (any server
     /// answers, leader or follower; nothing is redirected).
     pub async fn cluster_status(&mut self) -> Result<v1::ClusterStatusResponse, ClientError> {
-        let (_, mut c) = self.servers.current()?;
+        let (_, mut c) = self.servers.current(&mut Unreachable::new()).await?;
         Ok(
             c.cluster_status(self.request(v1::ClusterStatusRequest {}, Duration::ZERO))
                 .await

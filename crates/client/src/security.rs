@@ -2,6 +2,7 @@
 //! who it is (a bearer token, or a client certificate).
 
 use std::path::Path;
+use std::time::Duration;
 
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::transport::{Certificate, ClientTlsConfig, Identity};
@@ -10,10 +11,25 @@ use crate::ClientError;
 
 /// TLS and credentials for [`crate::Client::connect_with`]. The default is
 /// plain HTTP/2 with no credentials. `Debug` never shows the token.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct ConnectOptions {
     pub(crate) tls: Option<ClientTlsConfig>,
     pub(crate) authorization: Option<MetadataValue<Ascii>>,
+    pub(crate) dial_timeout: Duration,
+}
+
+/// How long a server has to answer a new connection before it is passed
+/// over (see [`ConnectOptions::dial_timeout`]).
+pub const DIAL_TIMEOUT_DEFAULT: Duration = Duration::from_secs(1);
+
+impl Default for ConnectOptions {
+    fn default() -> Self {
+        Self {
+            tls: None,
+            authorization: None,
+            dial_timeout: DIAL_TIMEOUT_DEFAULT,
+        }
+    }
 }
 
 impl std::fmt::Debug for ConnectOptions {
@@ -21,6 +37,7 @@ impl std::fmt::Debug for ConnectOptions {
         f.debug_struct("ConnectOptions")
             .field("tls", &self.tls.is_some())
             .field("token", &self.authorization.as_ref().map(|_| "<redacted>"))
+            .field("dial_timeout", &self.dial_timeout)
             .finish()
     }
 }
@@ -30,6 +47,20 @@ fn read(path: &Path, flag: &str) -> Result<Vec<u8>, ClientError> {
 }
 
 impl ConnectOptions {
+    /// How long a server has to answer a new connection (its HTTP/2
+    /// SETTINGS, or its TLS handshake) before the client passes it over
+    /// and tries another; also how long an open connection may leave a
+    /// PING unanswered before it is closed. Default 1 s; at least 1 ms.
+    pub fn dial_timeout(mut self, timeout: Duration) -> Result<Self, ClientError> {
+        if timeout.is_zero() {
+            return Err(ClientError::Invalid(
+                "the dial timeout is zero; it must be at least 1ms".into(),
+            ));
+        }
+        self.dial_timeout = timeout;
+        Ok(self)
+    }
+
     /// Verify the server's certificate against this CA (PEM): TLS on.
     pub fn ca_pem(mut self, pem: &[u8]) -> Self {
         let tls = self.tls.take().unwrap_or_default();

@@ -167,18 +167,23 @@ impl Client {
         // hold up, or bring down, the lease calls of this client.
         let connection = self.with_own_connection();
         let mut stream = connection
-            .call(message, Duration::ZERO, |mut c, request| async move {
-                // The stream lives on: no deadline on it, only on its start.
-                let (mut metadata, extensions, message) = request.into_parts();
-                metadata.remove("grpc-timeout");
-                let request = tonic::Request::from_parts(metadata, extensions, message);
-                match tokio::time::timeout(timeout, c.watch(request)).await {
-                    Ok(answer) => answer,
-                    Err(_) => Err(tonic::Status::deadline_exceeded(
-                        "no answer to the watch in time",
-                    )),
-                }
-            })
+            .call(
+                message,
+                Duration::ZERO,
+                crate::Kind::Read,
+                |mut c, request| async move {
+                    // The stream lives on: no deadline on it, only on its start.
+                    let (mut metadata, extensions, message) = request.into_parts();
+                    metadata.remove("grpc-timeout");
+                    let request = tonic::Request::from_parts(metadata, extensions, message);
+                    match tokio::time::timeout(timeout, c.watch(request)).await {
+                        Ok(answer) => answer,
+                        Err(_) => Err(tonic::Status::deadline_exceeded(
+                            "no answer to the watch in time",
+                        )),
+                    }
+                },
+            )
             .await?;
         let mut holders = Vec::new();
         loop {

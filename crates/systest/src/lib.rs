@@ -96,3 +96,85 @@ pub async fn take_once(
         }
     }
 }
+
+/// Servers of one cluster on PostgreSQL, as real processes.
+pub mod cluster {
+    use std::time::Duration;
+
+    use baton_testkit::pg_cluster::free_port;
+    use baton_testkit::{eventually, TempDir};
+
+    use super::{Server, BIN};
+
+    /// Leadership TTL of the test clusters: failover in about a second.
+    pub const LEADER_TTL: &str = "1s";
+
+    /// Servers of one cluster, on fixed loopback ports so a killed one comes
+    /// back on its address.
+    pub struct Cluster {
+        /// The servers, in the order they were started.
+        pub nodes: Vec<Server>,
+        _dir: TempDir,
+    }
+
+    impl Cluster {
+        /// `n` servers on one store.
+        pub fn start(store_url: &str, n: usize) -> Self {
+            Self::start_each(&vec![store_url.to_string(); n])
+        }
+
+        /// One server per store address (each may go through its own proxy).
+        pub fn start_each(store_urls: &[String]) -> Self {
+            let dir = TempDir::new("cluster");
+            let nodes = store_urls
+                .iter()
+                .map(|store_url| {
+                    let listen = format!("127.0.0.1:{}", free_port());
+                    let extra = vec![
+                        "--store".to_string(),
+                        store_url.to_string(),
+                        "--leader-ttl".to_string(),
+                        LEADER_TTL.to_string(),
+                    ];
+                    Server::spawn(&BIN, &listen, dir.path(), extra)
+                        .unwrap_or_else(|e| panic!("{e}"))
+                })
+                .collect();
+            Self { nodes, _dir: dir }
+        }
+
+        /// Every server's address, in order, separated by commas.
+        pub fn endpoints(&self) -> String {
+            self.nodes
+                .iter()
+                .map(|n| n.url())
+                .collect::<Vec<_>>()
+                .join(",")
+        }
+
+        /// The node whose `/healthz` says it leads (skipping `except`, which
+        /// may be stopped and must not be asked).
+        pub fn leader(&self, except: Option<usize>) -> Option<usize> {
+            (0..self.nodes.len())
+                .filter(|i| Some(*i) != except)
+                .find(|i| self.nodes[*i].http_get("/healthz").contains("ok leader"))
+        }
+
+        /// The leader, once one says it leads (within 30 s).
+        pub async fn wait_leader(&self, except: Option<usize>) -> usize {
+            let mut found = None;
+            eventually(Duration::from_secs(30), async || {
+                found = self.leader(except);
+                found.is_some()
+            })
+            .await;
+            found.expect("a leader")
+        }
+
+        /// The process id of server `i`.
+        pub fn pid(&self, i: usize) -> u32 {
+            self.nodes[i].proc.pid()
+        }
+    }
+}
+pub use cluster::Cluster;

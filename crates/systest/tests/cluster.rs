@@ -8,74 +8,9 @@ use std::time::{Duration, Instant};
 use baton_client::{Acquired, AcquiredAll, Client, ClientError, Release, Renewal};
 use baton_faults::grants::Grant;
 use baton_systest as common;
-use baton_testkit::pg_cluster::{free_port, PgCluster};
+use baton_testkit::pg_cluster::PgCluster;
 use baton_testkit::{eventually, PgDb, TempDir};
-use common::{Server, BIN};
-
-/// Leadership TTL of the test clusters: failover in about a second.
-const LEADER_TTL: &str = "1s";
-
-/// Servers of one cluster, on fixed loopback ports so a killed one comes
-/// back on its address.
-struct Cluster {
-    nodes: Vec<Server>,
-    _dir: TempDir,
-}
-
-impl Cluster {
-    fn start(store_url: &str, n: usize) -> Self {
-        Self::start_each(&vec![store_url.to_string(); n])
-    }
-
-    /// One server per store address (each may go through its own proxy).
-    fn start_each(store_urls: &[String]) -> Self {
-        let dir = TempDir::new("cluster");
-        let nodes = store_urls
-            .iter()
-            .map(|store_url| {
-                let listen = format!("127.0.0.1:{}", free_port());
-                let extra = vec![
-                    "--store".to_string(),
-                    store_url.to_string(),
-                    "--leader-ttl".to_string(),
-                    LEADER_TTL.to_string(),
-                ];
-                Server::spawn(&BIN, &listen, dir.path(), extra).unwrap_or_else(|e| panic!("{e}"))
-            })
-            .collect();
-        Self { nodes, _dir: dir }
-    }
-
-    fn endpoints(&self) -> String {
-        self.nodes
-            .iter()
-            .map(|n| n.url())
-            .collect::<Vec<_>>()
-            .join(",")
-    }
-
-    /// The node whose `/healthz` says it leads (skipping `except`, which
-    /// may be stopped and must not be asked).
-    fn leader(&self, except: Option<usize>) -> Option<usize> {
-        (0..self.nodes.len())
-            .filter(|i| Some(*i) != except)
-            .find(|i| self.nodes[*i].http_get("/healthz").contains("ok leader"))
-    }
-
-    async fn wait_leader(&self, except: Option<usize>) -> usize {
-        let mut found = None;
-        eventually(Duration::from_secs(30), async || {
-            found = self.leader(except);
-            found.is_some()
-        })
-        .await;
-        found.expect("a leader")
-    }
-
-    fn pid(&self, i: usize) -> u32 {
-        self.nodes[i].proc.pid()
-    }
-}
+use common::Cluster;
 
 async fn client(endpoints: &str) -> Client {
     Client::connect(endpoints)

@@ -688,7 +688,10 @@ async fn addresses_env_default_ttl_and_bad_values_as_a_newcomer_meets_them() {
             vec!["acquire", "x", "--ttl", "30", "--server", &bare],
             "no unit",
         ),
-        (vec!["status", "x", "--server", "ht tp://x"], "server url"),
+        (
+            vec!["status", "x", "--server", "ht tp://x"],
+            "server address",
+        ),
     ] {
         let out = cli(&args);
         let err = String::from_utf8_lossy(&out.stderr).to_string();

@@ -126,27 +126,35 @@ struct Conn {
 async fn connect(client: &Client, open: v1::OpenSession) -> Result<(Conn, Body), ClientError> {
     let timeout = client.rpc_timeout;
     let (tx, rx) = client
-        .call(open, Duration::ZERO, |mut channel, request| async move {
-            let (tx, rx) = mpsc::channel(OUTBOX_LEN);
-            let first = v1::SessionRequest {
-                id: 0,
-                op: Some(Op::Open(request.get_ref().clone())),
-                traceparent: String::new(),
-            };
-            tx.send(first).await.expect("the receiver is here");
-            // The call's metadata (the token) goes with the stream, but no
-            // deadline: the stream lives on; only its opening is timed.
-            let (mut metadata, _, _) = request.into_parts();
-            metadata.remove("grpc-timeout");
-            let stream =
-                tonic::Request::from_parts(metadata, Default::default(), ReceiverStream::new(rx));
-            match tokio::time::timeout(timeout, channel.session(stream)).await {
-                Ok(answer) => answer.map(|r| r.map(|stream| (tx, stream))),
-                Err(_) => Err(tonic::Status::deadline_exceeded(
-                    "no answer to opening the session in time",
-                )),
-            }
-        })
+        .call(
+            open,
+            Duration::ZERO,
+            crate::Kind::Effect,
+            |mut channel, request| async move {
+                let (tx, rx) = mpsc::channel(OUTBOX_LEN);
+                let first = v1::SessionRequest {
+                    id: 0,
+                    op: Some(Op::Open(request.get_ref().clone())),
+                    traceparent: String::new(),
+                };
+                tx.send(first).await.expect("the receiver is here");
+                // The call's metadata (the token) goes with the stream, but no
+                // deadline: the stream lives on; only its opening is timed.
+                let (mut metadata, _, _) = request.into_parts();
+                metadata.remove("grpc-timeout");
+                let stream = tonic::Request::from_parts(
+                    metadata,
+                    Default::default(),
+                    ReceiverStream::new(rx),
+                );
+                match tokio::time::timeout(timeout, channel.session(stream)).await {
+                    Ok(answer) => answer.map(|r| r.map(|stream| (tx, stream))),
+                    Err(_) => Err(tonic::Status::deadline_exceeded(
+                        "no answer to opening the session in time",
+                    )),
+                }
+            },
+        )
         .await?;
     let mut conn = Conn { tx, rx };
     let first = match conn.rx.message().await {
