@@ -216,3 +216,46 @@ def test_input_rules_name_the_rule() -> None:
     with pytest.raises(ValueError, match="a year"):
         millis(10**9, "wait", zero_ok=True)
     assert parse_duration("5m", "x") == 300.0
+
+
+@pytest.mark.parametrize(
+    ("raw", "address"),
+    [
+        ("127.0.0.1:7700", "127.0.0.1:7700"),
+        ("localhost", "localhost:7700"),
+        ("http://localhost", "localhost:7700"),
+        ("https://db1:9000/", "db1:9000"),
+        ("7800", "127.0.0.1:7800"),
+        ("[::1]", "[::1]:7700"),
+        ("[::1]:7701", "[::1]:7701"),
+    ],
+)
+def test_addresses_take_the_forms_users_write(raw: str, address: str) -> None:
+    assert Client(raw).current_server() == address
+
+
+@pytest.mark.parametrize(
+    ("raw", "rule"),
+    [
+        ("127.0.0.1:99999", "port 99999 is out of range; a port is 1 to 65535"),
+        ("0", "port 0 is out of range"),
+        ("host:http", "is not a number"),
+        ("::1", "in brackets, like [::1]:7700"),
+        ("[::1", "closing ']'"),
+        ("ftp://host:1", "is not http or https"),
+        ("http://host:1/path", "not an address"),
+        (":7700", "no host"),
+    ],
+)
+def test_bad_addresses_are_refused_before_anything_is_sent(raw: str, rule: str) -> None:
+    with pytest.raises(ValueError, match=rule.replace("[", r"\[").replace("(", r"\(")):
+        Client(raw)
+
+
+def test_the_dial_timeout_is_positive(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert Client("a:1", dial_timeout_s=0.25).dial_timeout_s == 0.25
+    monkeypatch.setenv("BATON_DIAL_TIMEOUT", "300ms")
+    assert Client("a:1").dial_timeout_s == pytest.approx(0.3)
+    for bad in (0, -1):
+        with pytest.raises(ValueError, match="must be positive"):
+            Client("a:1", dial_timeout_s=bad)

@@ -12,7 +12,7 @@ from typing import Any
 
 import grpc
 
-from baton import errors
+from baton import _dial, errors
 from baton._proto import baton_pb2 as pb
 from baton.rules import check_holder, check_resource, check_ttl, millis, parse_duration
 
@@ -67,12 +67,9 @@ class Fenced:
 
 
 def _address(url: str) -> str:
-    """``host:port`` from ``host:port``, ``http://host:port`` or ``https://...``."""
-    url = url.strip()
-    for scheme in ("http://", "https://"):
-        if url.startswith(scheme):
-            url = url[len(scheme) :]
-    return url.rstrip("/")
+    """``host:port`` from an address as users write it (see
+    :func:`baton._dial.address`); ``ValueError`` naming the rule."""
+    return _dial.address(url)
 
 
 def _read(path: str | None) -> bytes | None:
@@ -146,6 +143,7 @@ class Config:
         token_file: str | None,
         timeout_s: float | None,
         holder: str | None,
+        dial_timeout_s: float | None = None,
     ) -> None:
         env = os.environ
         servers = servers if servers is not None else env.get("BATON_SERVER", "127.0.0.1:7700")
@@ -176,6 +174,16 @@ class Config:
         if timeout_s <= 0:
             raise ValueError(f"timeout {timeout_s} s: it must be positive")
         self.timeout_s = timeout_s
+        if dial_timeout_s is None:
+            raw = env.get("BATON_DIAL_TIMEOUT")
+            dial_timeout_s = (
+                parse_duration(raw, "BATON_DIAL_TIMEOUT") if raw else _dial.DIAL_TIMEOUT_DEFAULT_S
+            )
+        if isinstance(dial_timeout_s, bool) or not isinstance(dial_timeout_s, (int, float)):
+            raise ValueError(f"dial_timeout_s {dial_timeout_s!r}: it must be a number of seconds")
+        if not dial_timeout_s > 0:
+            raise ValueError(f"dial timeout {dial_timeout_s} s: it must be positive")
+        self.dial_timeout_s = float(dial_timeout_s)
         holder = holder if holder is not None else env.get("BATON_HOLDER")
         self.holder = check_holder(holder) if holder else None
 
@@ -194,9 +202,13 @@ class Settings:
         token_file: str | None = None,
         timeout_s: float | None = None,
         holder: str | None = None,
+        dial_timeout_s: float | None = None,
     ) -> None:
-        config = Config(servers, ca_file, cert_file, key_file, token_file, timeout_s, holder)
+        config = Config(
+            servers, ca_file, cert_file, key_file, token_file, timeout_s, holder, dial_timeout_s
+        )
         self.timeout_s = config.timeout_s
+        self.dial_timeout_s = config.dial_timeout_s
         self.holder = config.holder
         self._metadata = tuple(config.metadata)
         self._servers = Servers(config.addresses)
@@ -227,17 +239,70 @@ CHANNEL_OPTIONS = [
 ]
 
 
+def channel_options(dial_timeout_s: float) -> list[tuple[str, int]]:
+    """:data:`CHANNEL_OPTIONS`, and a PING after a dial timeout of silence
+    that must be answered within another: an open connection to a server
+    that stopped answering is closed, and the next call dials again."""
+    ms = max(1, int(dial_timeout_s * 1000))
+    return [
+        *CHANNEL_OPTIONS,
+        ("grpc.keepalive_time_ms", ms),
+        ("grpc.keepalive_timeout_ms", ms),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),
+    ]
+
+
+#: How long a member that failed a dial is passed over.
+PASS_OVER_FOR_S = 5.0
+
+
 class Servers:
-    """The servers of one client and the one its next call goes to."""
+    """The servers of one client, the one its next call goes to, those
+    that answered a dial, and those passed over for a while."""
 
     def __init__(self, addresses: list[str]) -> None:
         self._lock = threading.Lock()
         self.addresses = list(addresses)
         self._current = 0
+        self._answered: set[str] = set()
+        self._passed_over: dict[str, float] = {}
 
     def current(self) -> str:
         with self._lock:
             return self.addresses[self._current]
+
+    def current_if_answered(self) -> str | None:
+        """The current server if it answered a dial and was not passed
+        over since; None when the next call must dial."""
+        with self._lock:
+            address = self.addresses[self._current]
+            return address if address in self._answered else None
+
+    def answered(self, address: str) -> None:
+        """``address`` answered a dial: calls go there."""
+        with self._lock:
+            self._answered.add(address)
+            self._passed_over.pop(address, None)
+            if address not in self.addresses:
+                self.addresses.append(address)
+            self._current = self.addresses.index(address)
+
+    def pass_over(self, address: str) -> None:
+        """``address`` failed: dial again before using it, others first."""
+        with self._lock:
+            self._answered.discard(address)
+            self._passed_over[address] = time.monotonic() + PASS_OVER_FOR_S
+
+    def candidates(self, unreachable: list[tuple[str, str]]) -> list[str]:
+        """Members not found unreachable by this call: those not passed
+        over first, the passed-over ones only when nothing else is left."""
+        now = time.monotonic()
+        failed = {a for a, _ in unreachable}
+        with self._lock:
+            untried = [a for a in self.addresses if a not in failed]
+            fresh = [a for a in untried if self._passed_over.get(a, 0.0) <= now]
+        return fresh or untried
 
     def switch_to(self, leader: str) -> None:
         leader = _address(leader)
@@ -273,6 +338,40 @@ class Servers:
             raise unavailable(e, tried)
         rounds, rest = divmod(len(tried), len(self.addresses))
         return 0.0 if rest else min(0.02 * 2**rounds, 0.5)
+
+
+def passed_over(
+    servers: Servers,
+    e: grpc.RpcError,
+    address: str,
+    unreachable: list[tuple[str, str]],
+    read: bool,
+    deadline: float,
+) -> bool:
+    """After a call at ``address`` failed with ``e``: True if the call
+    goes on with another member at once. So it does when nothing was sent
+    (the connection was never made), and for a read whose connection broke
+    or timed out (a read may be sent again) until ``deadline``."""
+    if _leader_hint(e) is not None:
+        return False
+    if _never_connected(e):
+        servers.pass_over(address)
+        unreachable.append((address, e.details() or e.code().name))
+        return True
+    trouble = e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+    if read and trouble and time.monotonic() < deadline:
+        servers.pass_over(address)
+        return True
+    return False
+
+
+def none_reachable(unreachable: list[tuple[str, str]]) -> errors.Unavailable:
+    """Every member failed to dial: definite, naming each and why."""
+    if len(unreachable) == 1:
+        address, why = unreachable[0]
+        return errors.Unavailable(f"cannot connect to {address}: {why}; nothing was sent")
+    reasons = "; ".join(f"{a}: {why}" for a, why in unreachable)
+    return errors.Unavailable(f"cannot connect to any server ({reasons}); nothing was sent")
 
 
 def unavailable(e: grpc.RpcError, tried: list[str]) -> errors.Unavailable:

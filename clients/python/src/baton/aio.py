@@ -26,7 +26,7 @@ from typing import Any, Callable
 import grpc
 import grpc.aio
 
-from baton import _wire, errors, keeper
+from baton import _dial, _wire, errors, keeper
 from baton._proto import baton_pb2 as pb
 from baton._proto import baton_pb2_grpc as pb_grpc
 from baton._wire import Fenced, Lease, Status, granted, map_error
@@ -67,7 +67,7 @@ class Client(_wire.Settings):
         generated stubs type the synchronous ones, hence ``Any``)."""
         stub = self._stubs.get((address, own))
         if stub is None:
-            options = _wire.CHANNEL_OPTIONS
+            options = _wire.channel_options(self.dial_timeout_s)
             if self._credentials is not None:
                 channel = grpc.aio.secure_channel(address, self._credentials, options)
             else:
@@ -76,6 +76,47 @@ class Client(_wire.Settings):
             stub = pb_grpc.LeasesStub(channel)
             self._stubs[(address, own)] = stub
         return stub
+
+    async def _ready_server(self, unreachable: list[tuple[str, str]], own: bool = False) -> str:
+        """See :meth:`baton.Client._ready_server`: every member not yet
+        found unreachable dialed at once, the first to answer current."""
+        while True:
+            address = self._servers.current_if_answered()
+            if address is not None:
+                return address
+            candidates = self._servers.candidates(unreachable)
+            if not candidates:
+                raise _wire.none_reachable(unreachable)
+            checks = [_dial.tcp_check_async(a, self.dial_timeout_s) for a in candidates]
+            alive = []
+            for a, why in zip(candidates, await asyncio.gather(*checks)):
+                if why is None:
+                    alive.append(a)
+                else:
+                    self._servers.pass_over(a)
+                    unreachable.append((a, why))
+            winner = await self._first_ready(alive, own) if alive else None
+            if winner is not None:
+                self._servers.answered(winner)
+                return winner
+            for a in alive:
+                self._servers.pass_over(a)
+                unreachable.append((a, _dial.no_answer(self.dial_timeout_s)))
+
+    async def _first_ready(self, addresses: list[str], own: bool) -> str | None:
+        """The first of ``addresses`` whose channel is READY within the
+        dial timeout."""
+        tasks: dict[asyncio.Future[None], str] = {}
+        for a in addresses:
+            self._stub(a, own)
+            tasks[asyncio.ensure_future(self._channels[(a, own)].channel_ready())] = a
+        done, pending = await asyncio.wait(
+            tasks, timeout=self.dial_timeout_s, return_when=asyncio.FIRST_COMPLETED
+        )
+        for task in pending:
+            task.cancel()
+        ready = [tasks[t] for t in done if not t.cancelled() and t.exception() is None]
+        return ready[0] if ready else None
 
     async def __aenter__(self) -> Client:
         return self
@@ -96,18 +137,26 @@ class Client(_wire.Settings):
             await channel.close(None)
 
     async def _call(
-        self, method: str, request: Any, extra_s: float = 0.0, timeout_s: float | None = None
+        self,
+        method: str,
+        request: Any,
+        extra_s: float = 0.0,
+        timeout_s: float | None = None,
+        read: bool = False,
     ) -> Any:
         timeout_s = self.timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + timeout_s
         tried: list[str] = []
+        unreachable: list[tuple[str, str]] = []
         while True:
-            address = self.current_server()
+            address = await self._ready_server(unreachable)
             rpc: Callable[..., Any] = getattr(self._stub(address), method)
             try:
                 return await rpc(request, timeout=timeout_s + extra_s, metadata=self._metadata)
             except grpc.RpcError as e:
                 tried.append(address)
+                if _wire.passed_over(self._servers, e, address, unreachable, read, deadline):
+                    continue
                 pause = self._servers.next_try(e, address, deadline, tried)
                 if pause is None:
                     raise map_error(e, address, timeout_s + extra_s) from None
@@ -140,11 +189,11 @@ class Client(_wire.Settings):
 
     async def status(self, resource: str) -> Status:
         request = pb.StatusRequest(resource=check_resource(resource))
-        return _wire.status(await self._call("Status", request))
+        return _wire.status(await self._call("Status", request, read=True))
 
     async def list(self, prefix: str = "", start_after: str = "", limit: int = 100) -> list[Status]:
         request = _wire.list_request(prefix, start_after, limit)
-        return [_wire.status(e) for e in (await self._call("List", request)).entries]
+        return [_wire.status(e) for e in (await self._call("List", request, read=True)).entries]
 
     async def list_all(self, prefix: str = "", page: int = 1000) -> AsyncIterator[Status]:
         after = ""
@@ -213,8 +262,9 @@ class Client(_wire.Settings):
         read before this returns; ``async for change in watch``."""
         deadline = time.monotonic() + self.timeout_s
         tried: list[str] = []
+        unreachable: list[tuple[str, str]] = []
         while True:
-            address = self.current_server()
+            address = await self._ready_server(unreachable, own=True)
             call = self._stub(address, own=True).Watch(
                 pb.WatchRequest(prefix=prefix), metadata=self._metadata
             )
@@ -222,6 +272,8 @@ class Client(_wire.Settings):
                 return await Watch.start(call)
             except grpc.RpcError as e:
                 tried.append(address)
+                if _wire.passed_over(self._servers, e, address, unreachable, True, deadline):
+                    continue
                 pause = self._servers.next_try(e, address, deadline, tried)
                 if pause is None:
                     raise _ended(e, address, self.timeout_s) from None
@@ -404,14 +456,17 @@ class Session:
         client = self._client
         deadline = time.monotonic() + client.timeout_s
         tried: list[str] = []
+        unreachable: list[tuple[str, str]] = []
         while True:
-            address = client.current_server()
+            address = await client._ready_server(unreachable)
             call = client._stub(address).Session(metadata=client._metadata)
             try:
                 await call.write(pb.SessionRequest(id=0, open=request))
                 first = await asyncio.wait_for(call.read(), client.timeout_s)
             except grpc.RpcError as e:
                 tried.append(address)
+                if _wire.passed_over(client._servers, e, address, unreachable, False, deadline):
+                    continue
                 pause = client._servers.next_try(e, address, deadline, tried)
                 if pause is None:
                     raise map_error(e, address, client.timeout_s) from None

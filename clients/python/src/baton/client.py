@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import grpc
 
-from baton import _wire, errors
+from baton import _dial, _wire, errors
 from baton._proto import baton_pb2 as pb
 from baton._proto import baton_pb2_grpc as pb_grpc
 from baton._wire import (
@@ -61,6 +61,7 @@ class Client(_wire.Settings):
         self._channels: dict[str, pb_grpc.LeasesStub] = {}
         self._watch_channels: dict[str, pb_grpc.LeasesStub] = {}
         self._open_channels: list[grpc.Channel] = []
+        self._channel_of: dict[tuple[str, bool], grpc.Channel] = {}
         self._sessions: dict[float | None, Any] = {}
         self._twin: Any = None
 
@@ -73,7 +74,7 @@ class Client(_wire.Settings):
         with self._lock:
             stub = channels.get(address)
             if stub is None:
-                options = _wire.CHANNEL_OPTIONS
+                options = _wire.channel_options(self.dial_timeout_s)
                 if self._credentials is not None:
                     channel = grpc.secure_channel(address, self._credentials, options)
                 else:
@@ -82,7 +83,58 @@ class Client(_wire.Settings):
                 stub = pb_grpc.LeasesStub(channel)
                 channels[address] = stub
                 self._open_channels.append(channel)
+                self._channel_of[(address, own)] = channel
         return stub
+
+    def _ready_server(self, unreachable: list[tuple[str, str]], own: bool = False) -> str:
+        """The server for the next call: the current one once it answered
+        a dial; else every member not yet found unreachable is dialed at
+        once and the first to answer becomes current. Raises a definite
+        :class:`errors.Unavailable` naming each once none is left."""
+        while True:
+            address = self._servers.current_if_answered()
+            if address is not None:
+                return address
+            candidates = self._servers.candidates(unreachable)
+            if not candidates:
+                raise _wire.none_reachable(unreachable)
+            alive = []
+            for a in candidates:
+                why = _dial.tcp_check(a, self.dial_timeout_s)
+                if why is None:
+                    alive.append(a)
+                else:
+                    self._servers.pass_over(a)
+                    unreachable.append((a, why))
+            winner = self._first_ready(alive, own) if alive else None
+            if winner is not None:
+                self._servers.answered(winner)
+                return winner
+            for a in alive:
+                self._servers.pass_over(a)
+                unreachable.append((a, _dial.no_answer(self.dial_timeout_s)))
+
+    def _first_ready(self, addresses: list[str], own: bool) -> str | None:
+        """The first of ``addresses`` whose channel is READY (the server
+        sent its SETTINGS) within the dial timeout."""
+        won: list[str] = []
+        event = threading.Event()
+        futures = []
+        for a in addresses:
+            self._stub(a, own)
+            future = grpc.channel_ready_future(self._channel_of[(a, own)])
+
+            def done(f: Any, a: str = a) -> None:
+                if not f.cancelled():
+                    won.append(a)
+                event.set()
+
+            future.add_done_callback(done)
+            futures.append(future)
+        event.wait(self.dial_timeout_s)
+        for future in futures:
+            future.cancel()
+        return won[0] if won else None
 
     def __enter__(self) -> Client:
         return self
@@ -91,21 +143,30 @@ class Client(_wire.Settings):
         self.close()
 
     def _call(
-        self, method: str, request: Any, extra_s: float = 0.0, timeout_s: float | None = None
+        self,
+        method: str,
+        request: Any,
+        extra_s: float = 0.0,
+        timeout_s: float | None = None,
+        read: bool = False,
     ) -> Any:
         """Sends ``request`` to the leader, moving on from followers and
-        from servers that refuse connections (both definite) until the
-        timeout; any other failure is raised as it is, never repeated."""
+        from members that fail to dial (both definite) until the timeout;
+        a ``read`` whose connection broke goes to another member; any
+        other failure is raised as it is, never repeated."""
         timeout_s = self.timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + timeout_s
         tried: list[str] = []
+        unreachable: list[tuple[str, str]] = []
         while True:
-            address = self.current_server()
+            address = self._ready_server(unreachable)
             rpc: Callable[..., Any] = getattr(self._stub(address), method)
             try:
                 return rpc(request, timeout=timeout_s + extra_s, metadata=self._metadata)
             except grpc.RpcError as e:
                 tried.append(address)
+                if _wire.passed_over(self._servers, e, address, unreachable, read, deadline):
+                    continue
                 if not self._follow(e, address, deadline, tried):
                     raise self._error(e, address, timeout_s + extra_s) from None
 
@@ -165,12 +226,12 @@ class Client(_wire.Settings):
     def status(self, resource: str) -> Status:
         """The holder token, remaining TTL, waiters and holder of a resource."""
         request = pb.StatusRequest(resource=check_resource(resource))
-        return _wire.status(self._call("Status", request))
+        return _wire.status(self._call("Status", request, read=True))
 
     def list(self, prefix: str = "", start_after: str = "", limit: int = 100) -> list[Status]:
         """One page of resources with a lease or waiters, in name order."""
         request = _wire.list_request(prefix, start_after, limit)
-        return [_wire.status(e) for e in self._call("List", request).entries]
+        return [_wire.status(e) for e in self._call("List", request, read=True).entries]
 
     def list_all(self, prefix: str = "", page: int = 1000) -> Iterator[Status]:
         """Every resource under ``prefix``, a page at a time."""
@@ -199,7 +260,14 @@ class Client(_wire.Settings):
             twin = self._twin
             if twin is None or twin.holder != self.holder:
                 twin = aio.Client.__new__(aio.Client)
-                for field in ("timeout_s", "holder", "_metadata", "_servers", "_credentials"):
+                for field in (
+                    "timeout_s",
+                    "dial_timeout_s",
+                    "holder",
+                    "_metadata",
+                    "_servers",
+                    "_credentials",
+                ):
                     setattr(twin, field, getattr(self, field))
                 twin._setup()
                 self._twin = twin

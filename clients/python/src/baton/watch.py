@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from baton import errors
+from baton import _wire, errors
 from baton._proto import baton_pb2 as pb
 from baton.rules import check_holder, check_resource
 
@@ -91,14 +91,17 @@ class Watch:
     def __init__(self, client: Client, prefix: str) -> None:
         self._call: Any = None
         deadline = time.monotonic() + client.timeout_s
+        unreachable: list[tuple[str, str]] = []
         while True:
-            address = client.current_server()
+            address = client._ready_server(unreachable, own=True)
             # A channel of its own: a slow watcher must not hold up leases.
             stub = client._stub(address, own=True)
             call = stub.Watch(pb.WatchRequest(prefix=prefix), metadata=tuple(client._metadata))
             try:
                 first = next(iter(call))
             except grpc.RpcError as e:
+                if _wire.passed_over(client._servers, e, address, unreachable, True, deadline):
+                    continue
                 if client._follow(e, address, deadline):
                     continue
                 raise _ended(e, client, address) from None
