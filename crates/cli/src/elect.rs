@@ -15,7 +15,7 @@ use tokio::time::Instant;
 
 use crate::args::{ClientOpts, ElectArgs, HolderOpt};
 use crate::error::{CliError, Exit};
-use crate::hold::{close_bounded, first_lost, loss_message};
+use crate::hold::{close_after_loss, close_bounded, first_lost, loss_message};
 use crate::lease::{connect, holder_text};
 use crate::output::{emit, Rendered};
 
@@ -183,7 +183,7 @@ async fn lead(session: &Session, keepers: &[Keeper], json: bool) -> Result<u8, C
                 message: format!("no longer leading: {}", loss_message(keeper, session)),
             }
             .report(json);
-            close_bounded(session).await;
+            close_after_loss(session).await;
             return Ok(code as u8);
         }
     }

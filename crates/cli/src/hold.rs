@@ -17,7 +17,8 @@ use crate::lease::{connect, AcquireOut, GIVE_BACK_TIMEOUT};
 /// then closes the session (releasing them). Ownership ends, on this
 /// process's monotonic clock, at the keeper's safe-until whether or not the
 /// server can be reached, or at once when a heartbeat reports a fence or the
-/// session's end: `hold` says so at that moment and exits 4.
+/// session's end: `hold` says so at that moment and exits 4 at once (the
+/// session's close is sent, its answer not waited for).
 pub async fn hold(
     opts: &ClientOpts,
     holder: &HolderOpt,
@@ -49,13 +50,15 @@ pub async fn hold(
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
         keeper = lost => {
-            // Said the moment it is known; the clean-up after is bounded.
+            // Said the moment it is known, and the exit follows at once: a
+            // script may take it as the end of ownership. The close is sent,
+            // its answer never waited for.
             let code = CliError {
                 code: Exit::NotOwner,
                 message: loss_message(keeper, &session),
             }
             .report(opts.json);
-            close_bounded(&session).await;
+            close_after_loss(&session).await;
             return Ok(code);
         }
     }
@@ -98,8 +101,16 @@ pub(crate) fn loss_message(keeper: &Keeper, session: &baton_client::Session) -> 
     )
 }
 
-/// Closes the session, best effort and bounded: after a loss the server
-/// may be out of reach, and the leases end with the session anyway.
+/// After a loss: the session's close is handed to its task (which gets one
+/// turn to send it) and never waited for; the leases end with the session
+/// anyway.
+pub(crate) async fn close_after_loss(session: &baton_client::Session) {
+    session.close_without_waiting();
+    tokio::task::yield_now().await;
+}
+
+/// Closes the session, best effort and bounded: the server may be out of
+/// reach, and the leases end with the session anyway.
 pub(crate) async fn close_bounded(session: &baton_client::Session) {
     if tokio::time::timeout(GIVE_BACK_TIMEOUT, session.close())
         .await

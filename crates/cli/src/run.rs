@@ -22,7 +22,7 @@ use tokio::time::Instant;
 
 use crate::args::RunArgs;
 use crate::error::{CliError, Exit};
-use crate::hold::{close_bounded, first_lost, loss_message};
+use crate::hold::{close_after_loss, close_bounded, first_lost, loss_message};
 use crate::lease::{connect, AcquireOut};
 use crate::output::Rendered;
 
@@ -110,7 +110,12 @@ pub(crate) async fn run_held(
     };
     let grace = grace(who, kill_after, session.ttl());
     let code = supervise(who, child, keepers, session, grace).await;
-    close_bounded(session).await;
+    if matches!(code, Ok(LOST)) {
+        // The loss was said; exit now, never waiting on the session.
+        close_after_loss(session).await;
+    } else {
+        close_bounded(session).await;
+    }
     code
 }
 

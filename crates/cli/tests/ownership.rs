@@ -119,7 +119,8 @@ async fn a_grant_that_arrives_after_its_ttl_is_reported_expired_on_arrival() {
 
 /// `hold` cut off from the server (both directions held for longer than
 /// the TTL) says it lost the lease at its own safe-until, before the
-/// server could give the resource to anyone else, and exits 4.
+/// server could give the resource to anyone else, and exits 4 at once:
+/// its exit, too, comes before the other grant.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hold_cut_off_from_the_server_gives_up_before_anyone_else_is_granted() {
     let dir = TempDir::new("own-partition");
@@ -134,11 +135,22 @@ async fn a_hold_cut_off_from_the_server_gives_up_before_anyone_else_is_granted()
     proxy.hold(Direction::ClientToServer);
     proxy.hold(Direction::ServerToClient);
     let cut_at = Instant::now();
+    // The loss line and the exit, timed while the other client waits.
+    let watcher = tokio::task::spawn_blocking(move || {
+        let (lost_at, lost) = cli.next_line();
+        let status = cli.wait();
+        (
+            lost_at,
+            lost,
+            Instant::now(),
+            status.code(),
+            cli.lines().join("\n"),
+        )
+    });
     let (granted_other_at, other_token) = take_over(&s.url(), "cut:1").await;
-    let (lost_at, lost) = cli.next_line();
+    let (lost_at, lost, exited_by, code, rest) = watcher.await.unwrap();
     proxy.release(Direction::ClientToServer);
     proxy.release(Direction::ServerToClient);
-    let (code, rest) = cli.exit();
     let held = proxy.counts().held_chunks;
     assert!(
         held >= 1,
@@ -148,6 +160,12 @@ async fn a_hold_cut_off_from_the_server_gives_up_before_anyone_else_is_granted()
         lost_at < granted_other_at,
         "hold claimed cut:1 until {} ms after the cut, but another client was granted it at {} ms",
         lost_at.duration_since(cut_at).as_millis(),
+        granted_other_at.duration_since(cut_at).as_millis()
+    );
+    assert!(
+        exited_by < granted_other_at,
+        "hold exited no earlier than {} ms after the cut, after another client was granted at {} ms",
+        exited_by.duration_since(cut_at).as_millis(),
         granted_other_at.duration_since(cut_at).as_millis()
     );
     assert!(other_token > token);
@@ -165,7 +183,8 @@ async fn a_hold_cut_off_from_the_server_gives_up_before_anyone_else_is_granted()
         Some(other_token)
     );
     eprintln!(
-        "partition: {held} chunks held; hold gave up {} ms after the cut, {} ms before another client was granted",
+        "partition: {held} chunks held; hold exited {} ms after announcing the loss; it gave up {} ms after the cut, {} ms before another client was granted",
+        exited_by.duration_since(lost_at).as_millis(),
         lost_at.duration_since(cut_at).as_millis(),
         granted_other_at.duration_since(lost_at).as_millis()
     );

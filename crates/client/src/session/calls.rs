@@ -254,6 +254,22 @@ impl Session {
         }
     }
 
+    /// Asks the server to end the session without waiting for its answer,
+    /// for a caller that must stop at once (after a loss, when the server
+    /// may be out of reach): the request goes out if the stream is up when
+    /// the session's task next runs, and is never repeated. The leases end
+    /// with the session either way, at the latest one TTL after its last
+    /// heartbeat.
+    pub fn close_without_waiting(&self) {
+        let id = self.inner.next_id.fetch_add(1, Relaxed);
+        let _ = self.inner.calls.send(Call {
+            id,
+            op: Op::Close(v1::CloseSession {}),
+            traceparent: String::new(),
+            reply: None,
+        });
+    }
+
     /// Stops heartbeats and drops the stream without closing the session,
     /// as a crashed process would: the server ends the session and its
     /// leases one TTL after the last heartbeat it received. For drills and
