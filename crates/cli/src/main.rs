@@ -41,6 +41,19 @@ impl From<Exit> for ExitCode {
     }
 }
 
+/// `baton run ...`, or `baton elect ... -- COMMAND`: a command line whose
+/// usage errors exit 125, as GNU `timeout` does for its own failures.
+fn runs_a_command(args: &[std::ffi::OsString]) -> bool {
+    match args.get(1).and_then(|a| a.to_str()) {
+        Some("run") => true,
+        Some("elect") => args
+            .iter()
+            .position(|a| a == "--")
+            .is_some_and(|i| i + 1 < args.len()),
+        _ => false,
+    }
+}
+
 fn main() -> ExitCode {
     // `args_os`: an argument that is not UTF-8 is a usage error that clap
     // reports (exit 2), not a panic in `std::env::args`.
@@ -53,8 +66,9 @@ fn main() -> ExitCode {
     }
     let cli = match args::parse_from(&args) {
         Ok(cli) => cli,
-        // `run` keeps 124-127 for its own outcomes: a bad flag is 125.
-        Err(e) if args.get(1).is_some_and(|a| a == "run") => {
+        // `run` and `elect -- COMMAND` keep 124-127 for their own
+        // outcomes: a bad flag is 125 (`elect` without a command keeps 2).
+        Err(e) if runs_a_command(&args) => {
             return usage_error(e, json_asked, Exit::RunNotStarted).into()
         }
         Err(e) => return usage_error(e, json_asked, Exit::Usage).into(),

@@ -148,6 +148,33 @@ async fn a_command_that_cannot_start_exits_126_or_127_and_releases() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("not started"));
 }
 
+/// One rule for usage errors: a bad flag exits 125 from `run` and from
+/// `elect -- COMMAND` alike (their own 124-127), and 2 from `elect`
+/// without a command; nothing is started.
+#[test]
+fn a_bad_flag_exits_125_from_run_and_elect_with_a_command() {
+    for (args, code) in [
+        (vec!["run", "u:1", "--ttl", "0s", "--", "true"], 125),
+        (vec!["run", "u:1", "--bogus", "--", "true"], 125),
+        (vec!["elect", "u:1", "--ttl", "0s", "--", "true"], 125),
+        (vec!["elect", "u:1", "--bogus", "--", "true"], 125),
+        (vec!["elect", "u:1", "--ttl", "0s"], 2),
+        (
+            vec!["run", "u:1", "--server", "127.0.0.1:99999", "--", "true"],
+            125,
+        ),
+        (
+            vec!["elect", "u:1", "--server", "127.0.0.1:99999", "--", "true"],
+            125,
+        ),
+    ] {
+        let out = common::cli(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(code), "{args:?}: {err}");
+        assert!(!err.is_empty(), "{args:?}: names the rule");
+    }
+}
+
 /// `baton fence` while the command runs: `run` stops it (SIGTERM, the
 /// command obeys) and exits 124, long before the lease's TTL.
 #[tokio::test]
