@@ -47,9 +47,12 @@ fn cluster_config(args: &ServeArgs) -> Result<Option<baton_server::ClusterConfig
 /// The server configuration the flags describe.
 pub fn config(args: ServeArgs) -> baton_server::ServerConfig {
     let ms = |d: Duration| d.as_millis() as u64;
+    let mut http_allowed_hosts = args.http_allow_host;
+    http_allowed_hosts.extend(args.advertise.as_deref().and_then(advertised_host));
     baton_server::ServerConfig {
         listen: args.listen,
         http_listen: Some(args.http_listen),
+        http_allowed_hosts,
         data_dir: args.data_dir,
         log_len_bytes: args.log_size_mib << 20,
         limits: Limits {
@@ -77,6 +80,18 @@ pub fn config(args: ServeArgs) -> baton_server::ServerConfig {
         require_auth: args.require_auth,
         audit_log: args.audit_log,
     }
+}
+
+/// The host of an `--advertise` address (`http://HOST:PORT`, `HOST:PORT`,
+/// `[V6]:PORT`), as the page compares names; `None` if it has none.
+fn advertised_host(advertise: &str) -> Option<String> {
+    let rest = advertise.split_once("://").map_or(advertise, |(_, r)| r);
+    let authority = rest.split('/').next()?;
+    let host = match authority.strip_prefix('[') {
+        Some(v6) => format!("[{}]", v6.split(']').next()?),
+        None => authority.split(':').next()?.to_string(),
+    };
+    baton_server::check_allowed_name(&host).ok()
 }
 
 /// `baton serve`. Prints one "baton listening" line once it serves.

@@ -17,6 +17,10 @@ pub struct ServerConfig {
     pub listen: SocketAddr,
     /// `/healthz`, `/readyz` and `/metrics`; `None` disables the HTTP port.
     pub http_listen: Option<SocketAddr>,
+    /// Names the operator page answers to besides its listen address (and
+    /// the loopback names on loopback): the `--advertise` host and
+    /// `--http-allow-host`, checked with [`crate::http::check_allowed_name`].
+    pub http_allowed_hosts: Vec<String>,
     /// Where [`start`] opens the embedded store (unused by [`start_with_store`]).
     pub data_dir: PathBuf,
     /// The least size of each of the embedded store's two logs (a log
@@ -54,6 +58,7 @@ impl Default for ServerConfig {
         Self {
             listen: "127.0.0.1:7700".parse().expect("literal"),
             http_listen: Some("127.0.0.1:7701".parse().expect("literal")),
+            http_allowed_hosts: Vec::new(),
             data_dir: PathBuf::from("baton-data"),
             log_len_bytes: baton_store::LOG_LEN_BYTES_DEFAULT,
             limits: Limits::default(),

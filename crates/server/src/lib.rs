@@ -37,6 +37,7 @@ pub use cluster::{ClusterConfig, LEADER_TTL_MS_DEFAULT, LEADER_TTL_MS_MIN};
 pub use config::{
     EngineFailure, ServerConfig, ServerError, HANDSHAKE_TIMEOUT_MS_DEFAULT, IDLE_TIMEOUT_MS_DEFAULT,
 };
+pub use http::{check_allowed_name, BadHostName};
 pub use metrics::Metrics;
 pub use net::tls::TlsFiles;
 pub use start::{start, start_cluster, start_with_store, RunningServer};

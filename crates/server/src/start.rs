@@ -288,6 +288,7 @@ async fn serve_http(
         guards.http_tls.clone(),
         gate,
         service,
+        http::AllowedHosts::new(bound, &config.http_allowed_hosts),
     ));
     Ok(Some(bound))
 }

@@ -66,9 +66,15 @@ pub struct ServeArgs {
     /// gRPC address.
     #[arg(long, env = "BATON_LISTEN")]
     pub listen: SocketAddr,
-    /// HTTP address for /healthz, /readyz and /metrics.
+    /// HTTP address for /healthz, /readyz, /metrics and the operator page.
     #[arg(long, env = "BATON_HTTP_LISTEN")]
     pub http_listen: SocketAddr,
+    /// Another name the operator page and its API answer to (the Host a
+    /// browser sends), besides the --http-listen address, the loopback
+    /// names on loopback and the --advertise host; repeat it, or separate
+    /// names with commas. Probes and /metrics answer any name.
+    #[arg(long, env = "BATON_HTTP_ALLOW_HOST", value_delimiter = ',', value_parser = parse_allowed_host, value_name = "NAME")]
+    pub http_allow_host: Vec<String>,
     /// Export OpenTelemetry traces (spans for acquire, grant, renew and
     /// release, joined to the client's trace) to this OTLP/HTTP collector,
     /// like http://127.0.0.1:4318. Off when not given.
@@ -161,4 +167,8 @@ pub struct ServeArgs {
     /// file, one JSON object per line.
     #[arg(long, env = "BATON_AUDIT_LOG")]
     pub audit_log: Option<PathBuf>,
+}
+
+fn parse_allowed_host(raw: &str) -> Result<String, baton_server::BadHostName> {
+    baton_server::check_allowed_name(raw)
 }

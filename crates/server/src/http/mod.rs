@@ -29,7 +29,11 @@ use crate::cluster::seat::Seat;
 use crate::metrics::Metrics;
 use crate::service::LeaseService;
 
+mod guard;
 mod page;
+mod query;
+
+pub use guard::{check_allowed_name, AllowedHosts, BadHostName};
 
 #[derive(Clone)]
 struct HttpState {
@@ -52,13 +56,22 @@ const REQUEST_HEAD_LEN_BYTES_MAX: usize = 8 * 1024;
 /// How often the page's headline series takes a point.
 const FIGURES_INTERVAL: Duration = Duration::from_secs(1);
 
-fn router(state: HttpState) -> Router {
-    Router::new()
+/// The page and its API behind the Host/Origin rule and the page's
+/// headers; the probes and `/metrics` answer any `Host`.
+fn router(state: HttpState, allowed: AllowedHosts) -> Router {
+    let page = Router::new()
         .route("/", get(page::page))
         .route("/api/overview", get(page::overview))
         .route("/api/leases", get(page::leases))
         .route("/api/history", get(page::history))
         .route("/api/fence", post(page::fence))
+        .layer(axum::middleware::from_fn(guard::security_headers))
+        .layer(axum::middleware::from_fn_with_state(
+            allowed,
+            guard::only_our_names,
+        ));
+    Router::new()
+        .merge(page)
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(render_metrics))
@@ -132,7 +145,8 @@ async fn render_metrics(
 }
 
 /// Serves the port until the process ends; over TLS with `tls`. The
-/// page's calls go through `service`, guarded by `gate`.
+/// page's calls go through `service`, guarded by `gate`; the page answers
+/// only the names in `allowed`.
 pub async fn serve(
     listener: TcpListener,
     metrics: Arc<Metrics>,
@@ -140,14 +154,18 @@ pub async fn serve(
     tls: Option<crate::net::tls::Tls>,
     gate: Gate,
     service: LeaseService,
+    allowed: AllowedHosts,
 ) {
     tokio::spawn(take_figures(metrics.clone()));
-    let app = router(HttpState {
-        metrics,
-        seat,
-        gate,
-        service,
-    });
+    let app = router(
+        HttpState {
+            metrics,
+            seat,
+            gate,
+            service,
+        },
+        allowed,
+    );
     loop {
         let Ok((mut stream, peer)) = listener.accept().await else {
             continue;

@@ -9,8 +9,12 @@
 //!   changes, newest first (see `history.rs`);
 //! - `POST /api/fence?resource=NAME` with `x-baton-confirm: fence`: an
 //!   operator fence through the same path, permission and audit line as
-//!   `baton fence` (the header cannot be sent by a cross-site form, so a
-//!   page elsewhere cannot fence through a browser).
+//!   `baton fence` (the header cannot be sent by a cross-site form; a page
+//!   elsewhere whose name resolves here, DNS rebinding, is refused by its
+//!   `Host` and `Origin`, see `guard.rs`).
+//!
+//! Query parameters are decoded strictly (`query.rs`) and follow gRPC's
+//! rules for the same fields; every refusal of the caller is one answer.
 //!
 //! Every data call goes through the server's one gate. With an auth file
 //! the caller's bearer token (typed once into the page and kept for the
@@ -20,13 +24,13 @@
 
 use std::time::Instant;
 
-use axum::extract::{Query, State};
+use axum::extract::{RawQuery, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use baton_core::{LeaseStatus, RESOURCE_NAME_LEN_BYTES_MAX};
 use baton_proto::LIST_LIMIT_MAX;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use serde_json::json;
 use tonic::{Code, Status};
 
@@ -36,7 +40,7 @@ use crate::access::{Admitted, Caller};
 use crate::history::{HISTORY_PER_RESOURCE_MAX, HISTORY_TOTAL_MAX};
 use crate::service::parse_resource;
 
-const PAGE_HTML: &str = include_str!("page.html");
+pub(super) const PAGE_HTML: &str = include_str!("page.html");
 
 /// Rows per page when the caller names no limit.
 const PAGE_ROWS_DEFAULT: usize = 50;
@@ -59,23 +63,35 @@ pub(super) async fn page() -> Response {
         .into_response()
 }
 
+/// The one answer to a refused caller, whatever the reason: an unknown
+/// token and a known one without the permission look the same from the
+/// port (as on `/metrics`), so it cannot tell which tokens are valid; the
+/// audit line says which it was.
+const REFUSED: &str = "unauthenticated or not permitted: the page and its API need `authorization: Bearer TOKEN` of a principal with the permission for what is asked (read on the names shown, fence to fence)";
+
 /// A refusal or failure as the page's data calls answer it: the gRPC
-/// code's HTTP status and the message, as `{"error": ...}`.
+/// code's HTTP status and the message, as `{"error": ...}`; every
+/// refusal of the caller is one 401 with one message.
 fn error(status: Status) -> Response {
+    if matches!(
+        status.code(),
+        Code::Unauthenticated | Code::PermissionDenied
+    ) {
+        return (
+            StatusCode::UNAUTHORIZED,
+            [(header::WWW_AUTHENTICATE, "Bearer")],
+            Json(json!({ "error": REFUSED })),
+        )
+            .into_response();
+    }
     let code = match status.code() {
         Code::InvalidArgument | Code::OutOfRange => StatusCode::BAD_REQUEST,
-        Code::Unauthenticated => StatusCode::UNAUTHORIZED,
-        Code::PermissionDenied => StatusCode::FORBIDDEN,
         Code::NotFound => StatusCode::NOT_FOUND,
         Code::ResourceExhausted => StatusCode::TOO_MANY_REQUESTS,
         Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
         _ => StatusCode::INTERNAL_SERVER_ERROR,
     };
-    let body = Json(json!({ "error": status.message() }));
-    if code == StatusCode::UNAUTHORIZED {
-        return (code, [(header::WWW_AUTHENTICATE, "Bearer")], body).into_response();
-    }
-    (code, body).into_response()
+    (code, Json(json!({ "error": status.message() }))).into_response()
 }
 
 /// The caller of a data call: its bearer token at most.
@@ -185,12 +201,46 @@ pub(super) async fn overview(
     .into_response())
 }
 
-#[derive(Deserialize)]
-pub(super) struct LeasesQuery {
-    #[serde(default)]
+/// `/api/leases`'s parameters, by gRPC `List`'s rules.
+struct LeasesQuery {
     prefix: String,
     after: Option<String>,
-    limit: Option<usize>,
+    limit: usize,
+}
+
+impl LeasesQuery {
+    fn parse(raw: Option<&str>) -> Result<Self, Status> {
+        let mut p = super::query::params(raw, &["prefix", "after", "limit"])?;
+        let prefix = p.remove("prefix").unwrap_or_default();
+        if prefix.len() > RESOURCE_NAME_LEN_BYTES_MAX {
+            return Err(Status::invalid_argument(format!(
+                "prefix is {} bytes; the limit is {RESOURCE_NAME_LEN_BYTES_MAX} bytes",
+                prefix.len()
+            )));
+        }
+        let limit = match p.remove("limit") {
+            None => PAGE_ROWS_DEFAULT,
+            Some(text) => text.parse::<usize>().map_err(|_| {
+                Status::invalid_argument(format!("limit {text:?} is not a whole number"))
+            })?,
+        };
+        if limit == 0 || limit > LIST_LIMIT_MAX as usize {
+            return Err(Status::invalid_argument(format!(
+                "limit {limit} is outside 1 to {LIST_LIMIT_MAX}"
+            )));
+        }
+        Ok(Self {
+            prefix,
+            after: p.remove("after").filter(|a| !a.is_empty()),
+            limit,
+        })
+    }
+}
+
+/// `resource=NAME`, by the name rule.
+fn resource_param(raw: Option<&str>) -> Result<baton_core::ResourceName, Status> {
+    let mut p = super::query::params(raw, &["resource"])?;
+    parse_resource("resource", &p.remove("resource").unwrap_or_default())
 }
 
 #[derive(Serialize)]
@@ -221,7 +271,7 @@ pub(super) async fn leases(
     State(s): State<HttpState>,
     axum::Extension(peer): axum::Extension<Peer>,
     headers: HeaderMap,
-    Query(q): Query<LeasesQuery>,
+    RawQuery(raw): RawQuery,
 ) -> Result<Response, Response> {
     let caller = caller(&s, peer, &headers);
     let who = s
@@ -229,18 +279,8 @@ pub(super) async fn leases(
         .let_in(&caller, "list on the operator page")
         .await
         .map_err(error)?;
-    if q.prefix.len() > RESOURCE_NAME_LEN_BYTES_MAX {
-        return Err(error(Status::invalid_argument(format!(
-            "prefix is {} bytes; the limit is {RESOURCE_NAME_LEN_BYTES_MAX} bytes",
-            q.prefix.len()
-        ))));
-    }
-    let limit = q.limit.unwrap_or(PAGE_ROWS_DEFAULT);
-    if limit == 0 || limit > LIST_LIMIT_MAX as usize {
-        return Err(error(Status::invalid_argument(format!(
-            "limit {limit} is outside 1 to {LIST_LIMIT_MAX}"
-        ))));
-    }
+    let q = LeasesQuery::parse(raw.as_deref()).map_err(error)?;
+    let limit = q.limit;
     let readable = readable(&who);
     let ranges = ranges(&q.prefix, readable.as_deref());
     if ranges.is_empty() {
@@ -263,16 +303,11 @@ pub(super) async fn leases(
     Ok(Json(json!({ "rows": rows, "next": next, "readable": readable })).into_response())
 }
 
-#[derive(Deserialize)]
-pub(super) struct ResourceQuery {
-    resource: String,
-}
-
 pub(super) async fn history(
     State(s): State<HttpState>,
     axum::Extension(peer): axum::Extension<Peer>,
     headers: HeaderMap,
-    Query(q): Query<ResourceQuery>,
+    RawQuery(raw): RawQuery,
 ) -> Result<Response, Response> {
     let caller = caller(&s, peer, &headers);
     let who = s
@@ -280,7 +315,7 @@ pub(super) async fn history(
         .let_in(&caller, "read history on the operator page")
         .await
         .map_err(error)?;
-    let resource = parse_resource("resource", &q.resource).map_err(error)?;
+    let resource = resource_param(raw.as_deref()).map_err(error)?;
     who.may(Permission::Read, resource.as_str())
         .map_err(error)?;
     let now = Instant::now();
@@ -315,7 +350,7 @@ pub(super) async fn fence(
     State(s): State<HttpState>,
     axum::Extension(peer): axum::Extension<Peer>,
     headers: HeaderMap,
-    Query(q): Query<ResourceQuery>,
+    RawQuery(raw): RawQuery,
 ) -> Result<Response, Response> {
     let caller = caller(&s, peer, &headers);
     let who = s.gate.let_in(&caller, "fence").await.map_err(error)?;
@@ -324,7 +359,7 @@ pub(super) async fn fence(
             "a fence from the page needs the header `{CONFIRM_HEADER}: fence` (the page sends it once the operator confirms)"
         ))));
     }
-    let resource = parse_resource("resource", &q.resource).map_err(error)?;
+    let resource = resource_param(raw.as_deref()).map_err(error)?;
     let out = s.service.fence_as(&who, resource).await.map_err(error)?;
     Ok(Json(json!({
         "token": out.token.get().to_string(),

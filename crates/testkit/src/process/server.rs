@@ -175,7 +175,7 @@ impl Server {
     pub fn http_get(&self, path: &str) -> String {
         use std::io::{Read, Write};
         let mut s = std::net::TcpStream::connect(self.http).unwrap();
-        write!(s, "GET {path} HTTP/1.1\r\nhost: x\r\n\r\n").unwrap();
+        write!(s, "GET {path} HTTP/1.1\r\nhost: {}\r\n\r\n", self.http).unwrap();
         let mut out = String::new();
         s.read_to_string(&mut out).unwrap();
         out
