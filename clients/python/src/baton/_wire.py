@@ -14,7 +14,14 @@ import grpc
 
 from baton import _dial, errors
 from baton._proto import baton_pb2 as pb
-from baton.rules import check_holder, check_resource, check_ttl, millis, parse_duration
+from baton.rules import (
+    check_holder,
+    check_prefix,
+    check_resource,
+    check_ttl,
+    millis,
+    parse_duration,
+)
 
 LEADER_METADATA = "baton-leader"
 TIMEOUT_DEFAULT_S = 10.0
@@ -417,15 +424,29 @@ def acquire_request(
     return request, len(names)
 
 
+def check_lease(lease: object) -> Lease:
+    """``lease`` as a :class:`Lease`, or :class:`ValueError`."""
+    if not isinstance(lease, Lease):
+        raise ValueError(f"lease must be a baton.Lease, not {type(lease).__name__}")
+    return lease
+
+
 def renew_request(lease: Lease) -> Any:
+    check_lease(lease)
     return pb.RenewRequest(resource=lease.resource, acquisition_id=lease.acquisition_id)
 
 
 def release_request(lease: Lease) -> Any:
+    check_lease(lease)
     return pb.ReleaseRequest(resource=lease.resource, acquisition_id=lease.acquisition_id)
 
 
 def list_request(prefix: str, start_after: str, limit: int) -> Any:
+    check_prefix(prefix)
+    if not isinstance(start_after, str):
+        raise ValueError(f"start_after must be a str, not {type(start_after).__name__}")
+    if isinstance(limit, bool) or not isinstance(limit, int):
+        raise ValueError(f"limit {limit!r}: it must be a whole number")
     if not 1 <= limit <= 1000:
         raise ValueError(f"limit {limit}: it must be between 1 and 1000")
     return pb.ListRequest(prefix=prefix, start_after=start_after, limit=limit)

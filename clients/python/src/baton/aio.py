@@ -31,7 +31,14 @@ from baton._proto import baton_pb2 as pb
 from baton._proto import baton_pb2_grpc as pb_grpc
 from baton._wire import Fenced, Lease, Status, granted, map_error
 from baton.keeper import Kept, margin_s
-from baton.rules import check_holder, check_resource, millis
+from baton.rules import (
+    check_holder,
+    check_lease_args,
+    check_prefix,
+    check_resource,
+    check_session_ttl,
+    millis,
+)
 from baton.session import ENDED, Ledger, SessionEnded, _request_error
 from baton.watch import Change, Holder, Leader, WatchEnded, change_of, holder_of
 
@@ -223,6 +230,7 @@ class Client(_wire.Settings):
         shared session for ``ttl_s`` by default (:class:`SessionKeeper`),
         or renewed on its own by a task with ``session=False``
         (:class:`Keeper`)."""
+        check_lease_args(resource, ttl_s, wait_s)
         if not session:
             return Keeper(self, resource, ttl_s, wait_s, **keeper_options)
         if keeper_options:
@@ -235,6 +243,7 @@ class Client(_wire.Settings):
     async def session(self, ttl_s: float | None = None) -> Session:
         """The session this client shares for ``ttl_s``, opened on first
         use and again after one ended."""
+        check_session_ttl(ttl_s)
         s = self._sessions.get(ttl_s)
         if s is None or s.ended.is_set():
             s = await self.open_session(ttl_s)
@@ -255,11 +264,13 @@ class Client(_wire.Settings):
 
     async def open_session(self, ttl_s: float | None = None) -> Session:
         """Opens a :class:`Session` on the leader."""
+        check_session_ttl(ttl_s)
         return await Session.open(self, ttl_s)
 
     async def watch(self, prefix: str = "") -> Watch:
         """Watches every change of holder under ``prefix``: the snapshot is
         read before this returns; ``async for change in watch``."""
+        check_prefix(prefix)
         deadline = time.monotonic() + self.timeout_s
         tried: list[str] = []
         unreachable: list[tuple[str, str]] = []

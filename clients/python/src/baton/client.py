@@ -24,7 +24,13 @@ from baton._wire import (
     granted,
     map_error,
 )
-from baton.rules import check_holder, check_resource
+from baton.rules import (
+    check_holder,
+    check_lease_args,
+    check_prefix,
+    check_resource,
+    check_session_ttl,
+)
 
 __all__ = [
     "LEADER_METADATA",
@@ -279,6 +285,7 @@ class Client(_wire.Settings):
         None: the server's default TTL."""
         from baton.session import Session
 
+        check_session_ttl(ttl_s)
         return Session(self, ttl_s)
 
     def with_holder(self, holder: str) -> Client:
@@ -295,7 +302,7 @@ class Client(_wire.Settings):
         :class:`baton.watch.Watch`); needs ``read`` on the prefix."""
         from baton.watch import Watch
 
-        return Watch(self, prefix)
+        return Watch(self, check_prefix(prefix))
 
     def election(self, name: str) -> Any:
         """The fenced election named ``name`` (see :class:`baton.watch.Election`)."""
@@ -306,6 +313,7 @@ class Client(_wire.Settings):
     def session(self, ttl_s: float | None = None) -> Any:
         """The session this client shares among its users for ``ttl_s``,
         opened on first use and again after one ended."""
+        check_session_ttl(ttl_s)
         with self._lock:
             s = self._sessions.get(ttl_s)
         if s is not None and not s.ended.is_set():
@@ -331,6 +339,7 @@ class Client(_wire.Settings):
         renews it on its own (:class:`baton.keeper.Keeper`)."""
         from baton.keeper import Keeper, SessionKeeper
 
+        check_lease_args(resource, ttl_s, wait_s)
         if not session:
             return Keeper.acquire(self, resource, ttl_s, wait_s, **keeper_options)
         if keeper_options:

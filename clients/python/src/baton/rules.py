@@ -87,9 +87,18 @@ def check_holder(raw: str) -> str:
     return raw
 
 
+def _seconds(value: object, what: str) -> float:
+    """``value`` as seconds, or :class:`ValueError` if it is not a number
+    (a bool or a string is refused, not converted)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{what} {value!r}: it must be a number of seconds")
+    return float(value)
+
+
 def check_ttl(ttl_s: float) -> float:
     """A TTL in seconds: positive and at most a year (the server then
     applies its own bounds, and names them if it refuses)."""
+    ttl_s = _seconds(ttl_s, "ttl")
     if not ttl_s > 0:
         raise ValueError(f"ttl {ttl_s} s: it must be positive")
     if ttl_s > DURATION_MAX_S:
@@ -100,6 +109,7 @@ def check_ttl(ttl_s: float) -> float:
 def millis(seconds: float, what: str, zero_ok: bool = False) -> int:
     """Whole milliseconds of ``seconds`` (rounded up, so a TTL is never
     shortened), or :class:`ValueError`."""
+    seconds = _seconds(seconds, what)
     if seconds != seconds or seconds < 0 or (seconds == 0 and not zero_ok):
         raise ValueError(f"{what} {seconds} s: it must be {'0 or more' if zero_ok else 'positive'}")
     if seconds > DURATION_MAX_S:
@@ -122,3 +132,38 @@ def parse_duration(raw: str, what: str) -> float:
     if not 0 < seconds <= DURATION_MAX_S:
         raise ValueError(f"{what} {raw!r}: it must be positive and at most a year")
     return seconds
+
+
+def check_prefix(prefix: object) -> str:
+    """A watch's or a list's prefix: text no longer than a name, with no
+    control character (no name has one, so it could match nothing)."""
+    if not isinstance(prefix, str):
+        raise ValueError(f"prefix must be a str, not {type(prefix).__name__}")
+    n = len(prefix.encode())
+    if n > RESOURCE_NAME_LEN_BYTES_MAX:
+        raise ValueError(
+            f"prefix is {n} bytes long; the limit is {RESOURCE_NAME_LEN_BYTES_MAX} bytes"
+        )
+    control = _control(prefix)
+    if control is not None:
+        raise ValueError(
+            f"prefix contains control character U+{control[0]:04X} at byte {control[1]}; "
+            "names never do"
+        )
+    return prefix
+
+
+def check_lease_args(resource: object, ttl_s: object, wait_s: object) -> str:
+    """The checks of a ``lease(...)`` call, before a session is opened:
+    the canonical name."""
+    name = check_resource(resource)  # type: ignore[arg-type]
+    if ttl_s is not None:
+        check_ttl(ttl_s)  # type: ignore[arg-type]
+    millis(wait_s, "wait", zero_ok=True)  # type: ignore[arg-type]
+    return name
+
+
+def check_session_ttl(ttl_s: object) -> None:
+    """A session TTL: None (the server's default) or a positive duration."""
+    if ttl_s is not None:
+        millis(ttl_s, "session ttl")  # type: ignore[arg-type]
