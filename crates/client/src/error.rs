@@ -94,6 +94,14 @@ pub(crate) fn never_connected(status: &tonic::Status) -> bool {
     false
 }
 
+/// A failure that says the server may be gone, not that it refused.
+pub(crate) fn server_trouble(status: &tonic::Status) -> bool {
+    matches!(
+        status.code(),
+        Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Unknown
+    )
+}
+
 pub(crate) fn from_status(status: tonic::Status) -> ClientError {
     // A transport failure's status says only "transport error": the cause
     // (a refused certificate, a reset) is in its sources.

@@ -55,7 +55,7 @@ pub use baton_proto::v1::Snapshot;
 pub use dial::NotDialed;
 pub use election::{Election, Leader, LeaderChange, Leadership, Observer};
 pub use error::ClientError;
-use error::{error_chain, failed_at, from_status, never_connected};
+use error::{error_chain, failed_at, from_status, never_connected, server_trouble};
 pub use security::{ConnectOptions, DIAL_TIMEOUT_DEFAULT};
 pub use session::{Health, Session, SessionState};
 pub use watch::{Watch, WatchEvent, WatchHolder, WatchKind};
@@ -82,14 +82,6 @@ async fn gather(mut parts: tonic::Streaming<Snapshot>) -> Result<Snapshot, tonic
 enum Kind {
     Read,
     Effect,
-}
-
-/// A failure that says the server may be gone, not that it refused.
-fn server_trouble(status: &tonic::Status) -> bool {
-    matches!(
-        status.code(),
-        Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Unknown
-    )
 }
 
 /// Time allowed for a request beyond any server-side wait it asks for.
