@@ -134,9 +134,14 @@ def pg_db() -> Iterator[str]:
     with psycopg.connect(base, autocommit=True) as admin:
         admin.execute(f'CREATE DATABASE "{name}"')
     conninfo = f"{base} dbname={name}"
-    with psycopg.connect(conninfo, autocommit=True) as conn:
-        for sql in sorted((ROOT / "crates" / "fence" / "sql").glob("*.sql")):
-            conn.execute(sql.read_text().encode())
+    # The documented install: one psql command.
+    install = ROOT / "crates" / "fence" / "sql" / "install.sql"
+    psql = shutil.which("psql") or "psql"
+    subprocess.run(
+        [psql, "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", conninfo, "-f", str(install)],
+        check=True,
+        capture_output=True,
+    )
     yield conninfo
     with psycopg.connect(base, autocommit=True) as admin:
         admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

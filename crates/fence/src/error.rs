@@ -17,6 +17,10 @@ pub enum FenceError {
     },
     #[error("stored fence state is invalid: {0}")]
     Corrupt(String),
+    /// The database's fence kit is newer than this build's: never
+    /// downgraded, never overwritten.
+    #[error("the fence kit in this database is at version {installed}, newer than this install (version {supported}): install that release or a later one, never an older one over it")]
+    NewerSchema { installed: i32, supported: i32 },
     #[cfg(feature = "sqlite")]
     #[error("sqlite: {0}")]
     Sqlite(#[from] rusqlite::Error),

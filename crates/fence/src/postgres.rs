@@ -54,6 +54,13 @@ impl PgFence {
                 done.push(row.try_get(0)?);
             }
         }
+        let supported = MIGRATIONS.len() as i32;
+        if let Some(installed) = done.iter().copied().max().filter(|v| *v > supported) {
+            return Err(FenceError::NewerSchema {
+                installed,
+                supported,
+            });
+        }
         for (version, sql) in MIGRATIONS {
             if !done.contains(&version) {
                 tx.batch_execute(sql).await?;

@@ -2,9 +2,9 @@
 kit's SQL functions (``baton.fence``, ``baton.publish``, ``baton.delete``,
 ``baton.cancel``) and the authoritative generation, in the caller's
 connection and transaction. Install with ``pip install
-'baton-client[fence]'``; create the schema with the migrations in
-``crates/fence/sql`` (``baton_fence::postgres::migrate`` does it from
-Rust).
+'baton-client[fence]'``; create or upgrade the schema with
+``psql -v ON_ERROR_STOP=1 -d app -f crates/fence/sql/install.sql`` (safe to
+run again; ``baton_fence::postgres::migrate`` does the same from Rust).
 
 The check and the effect must commit together: call :func:`fence` inside
 the transaction that writes the effect, and commit only on ``APPLIED``.

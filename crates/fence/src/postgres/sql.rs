@@ -3,7 +3,8 @@
 
 /// The migrations that install and upgrade the `baton` schema, tables and
 /// functions, by version. Each runs once, in order, recorded in
-/// `baton.schema_migrations`; run them by hand with psql in the same order.
+/// `baton.schema_migrations`. From psql, `sql/install.sql` runs those a
+/// database lacks and then the function files, in one transaction.
 pub const MIGRATIONS: [(i32, &str); 8] = [
     (1, include_str!("../../sql/001_baton_fence.sql")),
     (2, include_str!("../../sql/002_names_and_races.sql")),
@@ -18,8 +19,8 @@ pub const MIGRATIONS: [(i32, &str); 8] = [
 /// The definition in force of every `baton.*` function, one file per
 /// function (`sql/functions/NAME.sql`), as the migrations leave them:
 /// read these to know the rule. `PgFence::migrate` re-applies them after
-/// the migrations on every install and upgrade; with psql, run them after
-/// the migrations. A test checks they are exactly what the migrations
+/// the migrations on every install and upgrade, and so does
+/// `sql/install.sql`. A test checks they are exactly what the migrations
 /// leave in force.
 pub const FUNCTIONS: [(&str, &str); 29] = [
     ("cancel.sql", include_str!("../../sql/functions/cancel.sql")),
