@@ -159,8 +159,14 @@ pub enum Command {
     },
     /// Run a command while holding leases: acquire on a session, start the
     /// command with its tokens in the environment, keep the leases, and
-    /// stop the command (SIGTERM, then SIGKILL by the lease's safe-until)
-    /// if ownership is lost; then release. See "Exit codes of run".
+    /// stop the command's whole process tree (every process it started, at
+    /// any depth, setsid or not: SIGTERM, then SIGKILL by the lease's
+    /// safe-until) if ownership is lost. When the command's main process
+    /// exits, the rest of its tree has --kill-after to end before it is
+    /// stopped the same way; the leases are released, and run exits with
+    /// the command's code, only once no process of the tree is left. If
+    /// run itself is killed, its guard process SIGKILLs the tree at once.
+    /// See "Exit codes of run".
     #[command(after_help = RUN_EXIT_CODES)]
     Run(RunArgs),
     /// Campaign in a fenced leader election: wait in line until this
@@ -192,11 +198,15 @@ pub enum Command {
         #[arg(long, default_value = ".")]
         dir: std::path::PathBuf,
     },
-    /// (internal) The child side of `run`: dies with its parent, then execs.
+    /// (internal) The guard of `run`'s command: the subreaper of its
+    /// process tree, which it kills when `run` dies (see `tree.rs`).
     #[command(hide = true, name = "exec-child")]
     ExecChild {
         /// The `baton run` process that must still be the parent.
         parent: u32,
+        /// The write end of `run`'s control pipe.
+        #[arg(long)]
+        control_fd: i32,
         /// The command and its arguments.
         #[arg(last = true, required = true, value_parser = clap::value_parser!(std::ffi::OsString))]
         command: Vec<std::ffi::OsString>,
@@ -299,6 +309,9 @@ pub struct ElectArgs {
     /// The command to run while leading, after `--`.
     #[arg(last = true, value_parser = clap::value_parser!(std::ffi::OsString))]
     pub command: Vec<std::ffi::OsString>,
+    /// Say on stderr, at start, how the command's process tree is kept.
+    #[arg(long)]
+    pub verbose: bool,
     #[command(flatten)]
     pub client: ClientOpts,
 }
@@ -316,9 +329,14 @@ pub struct RunArgs {
     #[arg(long, default_value = "0s", value_parser = parse_duration)]
     pub wait: Duration,
     /// Grace between SIGTERM and SIGKILL when ownership is lost (at most
-    /// half the TTL; SIGKILL never lands after the lease's safe-until).
+    /// half the TTL; SIGKILL never lands after the lease's safe-until);
+    /// also how long the command's other processes may outlive its main
+    /// process before they are stopped.
     #[arg(long, default_value = "10s", value_parser = parse_positive_duration)]
     pub kill_after: Duration,
+    /// Say on stderr, at start, how the command's process tree is kept.
+    #[arg(long)]
+    pub verbose: bool,
     #[command(flatten)]
     pub holder: HolderOpt,
     /// The command and its arguments, after `--`.

@@ -144,6 +144,7 @@ pub async fn elect(a: &ElectArgs) -> Result<u8, CliError> {
             &keepers,
             &a.command,
             a.kill_after,
+            a.verbose,
         )
         .await;
     }

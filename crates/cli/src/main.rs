@@ -20,6 +20,7 @@ mod restore;
 mod run;
 mod serve;
 mod stdout;
+mod tree;
 mod watch;
 
 use std::process::ExitCode;
@@ -73,9 +74,14 @@ fn main() -> ExitCode {
         }
         Err(e) => return usage_error(e, json_asked, Exit::Usage).into(),
     };
-    if let Command::ExecChild { parent, command } = &cli.command {
-        // Before any runtime or thread: this process becomes the command.
-        return ExitCode::from(run::exec_child(*parent, command));
+    if let Command::ExecChild {
+        parent,
+        control_fd,
+        command,
+    } = &cli.command
+    {
+        // Before any runtime or thread: this process guards the command.
+        return ExitCode::from(tree::guard(*parent, *control_fd, command));
     }
     let json = wants_json(&cli.command);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -149,9 +155,11 @@ async fn dispatch(command: Command) -> Result<ExitCode, CliError> {
         Command::Run(args) => return Ok(ExitCode::from(run::run(&args).await?)),
         Command::Elect(args) => return Ok(ExitCode::from(elect::elect(&args).await?)),
         Command::Observe { name, client } => elect::observe(&client, &name).await?,
-        Command::ExecChild { parent, command } => {
-            return Ok(ExitCode::from(run::exec_child(parent, &command)))
-        }
+        Command::ExecChild {
+            parent,
+            control_fd,
+            command,
+        } => return Ok(ExitCode::from(tree::guard(parent, control_fd, &command))),
         Command::Serve(args) => serve::serve(args).await?,
         Command::Completions { shell } => {
             docs::completions(shell);

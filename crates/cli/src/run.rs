@@ -1,20 +1,22 @@
 //! `baton run NAME... -- COMMAND`: a command under leases, for scripts and
 //! cron. The leases are taken on a session and followed by one keeper
-//! each (as `hold` does); the command runs in a process group of its own,
-//! started through `baton exec-child`, which asks the kernel to kill it if
-//! `baton run` dies (`PR_SET_PDEATHSIG`) and then execs it, so no unsafe
-//! `pre_exec` is needed. When ownership is lost or about to be, the group
-//! gets SIGTERM, then SIGKILL no later than the earliest keeper's
-//! safe-until. `run` stops the command; it cannot recall a write the
-//! command already sent: the token must still be checked where the data
-//! is written.
+//! each (as `hold` does). The command runs under a guard, `baton
+//! exec-child` (see `tree.rs`): the subreaper of the command's whole
+//! process tree, which SIGKILLs the tree if `baton run` dies. When
+//! ownership is lost or about to be, every process of the tree gets
+//! SIGTERM, then SIGKILL no later than the earliest keeper's safe-until;
+//! when the command's main process exits, the rest of the tree has
+//! `--kill-after` to end before it is stopped the same way. `run` exits,
+//! and releases the leases, only once no process of the tree is left. It
+//! cannot recall a write the command already sent: the token must still
+//! be checked where the data is written.
 
 use std::ffi::OsString;
 use std::time::Duration;
 
 use baton_client::worker::{Keeper, KeeperConfig};
 use baton_client::AcquiredAll;
-use nix::sys::signal::{killpg, Signal};
+use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 use tokio::process::Child;
 use tokio::signal::unix::{signal, SignalKind};
@@ -82,6 +84,7 @@ pub async fn run(a: &RunArgs) -> Result<u8, CliError> {
         &keepers,
         &a.command,
         a.kill_after,
+        a.verbose,
     )
     .await
 }
@@ -96,10 +99,14 @@ pub(crate) async fn run_held(
     keepers: &[Keeper],
     command: &[OsString],
     kill_after: Duration,
+    verbose: bool,
 ) -> Result<u8, CliError> {
     let env = environment(keepers, server);
+    if verbose {
+        eprintln!("{who}: {}", crate::tree::MECHANISM);
+    }
     let child = match spawn(command, &env) {
-        Ok(child) => child,
+        Ok(guarded) => guarded,
         Err(e) => {
             close_bounded(session).await;
             return Err(CliError {
@@ -109,7 +116,7 @@ pub(crate) async fn run_held(
         }
     };
     let grace = grace(who, kill_after, session.ttl());
-    let code = supervise(who, child, keepers, session, grace).await;
+    let code = supervise(who, child, keepers, session, grace, kill_after).await;
     if matches!(code, Ok(LOST)) {
         // The loss was said; exit now, never waiting on the session.
         close_after_loss(session).await;
@@ -139,22 +146,44 @@ fn environment(keepers: &[Keeper], server: &str) -> Vec<(&'static str, String)> 
     env
 }
 
-/// Starts `baton exec-child PID -- COMMAND` in a new process group.
-fn spawn(command: &[OsString], env: &[(&'static str, String)]) -> Result<Child, CliError> {
-    let me = std::env::current_exe().map_err(|e| {
-        CliError::failure(format!(
-            "cannot find the baton binary to start {command:?}: {e}"
-        ))
-    })?;
+/// The guard (`baton exec-child PID --control-fd FD -- COMMAND`) in a
+/// process group of its own, and the read end of its control pipe.
+struct Guarded {
+    guard: Child,
+    pid: Pid,
+    control: tokio::io::Lines<tokio::io::BufReader<tokio::net::unix::pipe::Receiver>>,
+}
+
+fn spawn(command: &[OsString], env: &[(&'static str, String)]) -> Result<Guarded, CliError> {
+    use nix::fcntl::{fcntl, FcntlArg, FdFlag, OFlag};
+    use std::os::fd::AsRawFd;
+    use tokio::io::AsyncBufReadExt;
+    let failed = |e: &dyn std::fmt::Display| {
+        CliError::failure(format!("cannot start {:?}: {e}", command[0]))
+    };
+    let me = std::env::current_exe().map_err(|e| failed(&e))?;
+    let (read, write) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| failed(&e))?;
+    // The guard inherits the write end (only it: this process spawns no
+    // other child), and closes it on exec of the command.
+    fcntl(&write, FcntlArg::F_SETFD(FdFlag::empty())).map_err(|e| failed(&e))?;
     let mut cmd = tokio::process::Command::new(me);
     cmd.arg("exec-child")
         .arg(std::process::id().to_string())
+        .arg("--control-fd")
+        .arg(write.as_raw_fd().to_string())
         .arg("--")
         .args(command)
         .envs(env.iter().map(|(k, v)| (k, v)))
         .process_group(0);
-    cmd.spawn()
-        .map_err(|e| CliError::failure(format!("cannot start {:?}: {e}", command[0])))
+    let guard = cmd.spawn().map_err(|e| failed(&e))?;
+    drop(write);
+    let pid = Pid::from_raw(guard.id().expect("a running child") as i32);
+    let control = tokio::net::unix::pipe::Receiver::from_owned_fd(read).map_err(|e| failed(&e))?;
+    Ok(Guarded {
+        guard,
+        pid,
+        control: tokio::io::BufReader::new(control).lines(),
+    })
 }
 
 /// The grace between SIGTERM and SIGKILL: `--kill-after`, but at most half
@@ -181,29 +210,50 @@ fn safe_until(session: &baton_client::Session) -> Instant {
     session.state().safe_until
 }
 
-/// Waits for the command; stops it when ownership is lost or the earliest
-/// safe-until comes within `grace`; forwards SIGINT, SIGTERM and SIGHUP.
+/// Waits for the command's tree; stops it when ownership is lost or the
+/// earliest safe-until comes within `grace`, or when the main process
+/// exited and the rest outlived `kill_after`; forwards SIGINT, SIGTERM
+/// and SIGHUP (through the guard).
 async fn supervise(
     who: &str,
-    mut child: Child,
+    mut g: Guarded,
     keepers: &[Keeper],
     session: &baton_client::Session,
     grace: Duration,
+    kill_after: Duration,
 ) -> Result<u8, CliError> {
-    let group = Pid::from_raw(child.id().expect("a running child") as i32);
     let mut signals = Forwarded::install()?;
+    let mut main_code: Option<u8> = None;
+    let mut leftovers_until: Option<Instant> = None;
+    let mut control_open = true;
     loop {
         let stop_at = safe_until(session)
             .checked_sub(grace)
             .unwrap_or_else(Instant::now);
         tokio::select! {
-            status = child.wait() => return Ok(exit_code(status)),
+            status = g.guard.wait() => return Ok(main_code.unwrap_or(exit_code(status))),
+            line = g.control.next_line(), if control_open => match line {
+                Ok(Some(line)) => {
+                    if let Some(code) = line.strip_prefix(crate::tree::EXITED).and_then(|c| c.trim().parse().ok()) {
+                        main_code = Some(code);
+                        leftovers_until = Some(Instant::now() + kill_after);
+                    }
+                }
+                // The guard is exiting: its exit is the next event.
+                _ => control_open = false,
+            },
             sig = signals.recv() => {
-                let _ = killpg(group, sig);
+                let _ = nix::sys::signal::kill(g.pid, sig);
+            }
+            _ = tokio::time::sleep_until(leftovers_until.unwrap_or(stop_at)), if leftovers_until.is_some() => {
+                let why = format!("the command exited ({}) but its other processes outlived --kill-after {}ms", main_code.unwrap_or(0), kill_after.as_millis());
+                stop(who, &mut g, session, grace, &why).await;
+                return Ok(main_code.unwrap_or(0));
             }
             keeper = first_lost(keepers) => {
                 let why = loss_message(keeper, session);
-                return Ok(stop(who, &mut child, group, session, grace, &why).await);
+                stop(who, &mut g, session, grace, &why).await;
+                return Ok(LOST);
             }
             _ = tokio::time::sleep_until(stop_at) => {
                 if safe_until(session).checked_sub(grace).is_some_and(|at| at > Instant::now()) {
@@ -213,38 +263,38 @@ async fn supervise(
                     "no heartbeat was acknowledged in time: the leases' safe-until is {}ms away",
                     safe_until(session).saturating_duration_since(Instant::now()).as_millis()
                 );
-                return Ok(stop(who, &mut child, group, session, grace, &why).await);
+                stop(who, &mut g, session, grace, &why).await;
+                return Ok(LOST);
             }
         }
     }
 }
 
-/// SIGTERM to the group, then SIGKILL after `grace` or at the earliest
-/// safe-until, whichever comes first; exits 124.
+/// SIGTERM to every process of the tree, then SIGKILL to every one after
+/// `grace` or at the earliest safe-until, whichever comes first; returns
+/// once no process of the tree is left (the guard has exited).
 async fn stop(
     who: &str,
-    child: &mut Child,
-    group: Pid,
+    g: &mut Guarded,
     session: &baton_client::Session,
     grace: Duration,
     why: &str,
-) -> u8 {
+) {
     let kill_at = (Instant::now() + grace).min(safe_until(session));
     eprintln!(
-        "{who}: {why}; stopping the command: SIGTERM now, SIGKILL in {}ms at the latest",
+        "{who}: {why}; stopping the command's processes: SIGTERM now, SIGKILL in {}ms at the latest",
         kill_at
             .saturating_duration_since(Instant::now())
             .as_millis()
     );
-    let _ = killpg(group, Signal::SIGTERM);
+    let _ = nix::sys::signal::kill(g.pid, Signal::SIGTERM);
     tokio::select! {
-        _ = child.wait() => {}
+        _ = g.guard.wait() => {}
         _ = tokio::time::sleep_until(kill_at) => {
-            let _ = killpg(group, Signal::SIGKILL);
-            let _ = child.wait().await;
+            let _ = nix::sys::signal::kill(g.pid, Signal::SIGUSR2);
+            let _ = g.guard.wait().await;
         }
     }
-    LOST
 }
 
 /// The command's exit code; 128 + the signal that ended it (as shells say).
@@ -286,44 +336,5 @@ impl Forwarded {
             _ = self.term.recv() => Signal::SIGTERM,
             _ = self.hup.recv() => Signal::SIGHUP,
         }
-    }
-}
-
-/// `baton exec-child PARENT -- COMMAND`: dies with `PARENT` (SIGKILL from
-/// the kernel when it exits, SIGKILL included), then becomes COMMAND.
-/// Exits 127 naming the command if it is not found, 126 if it cannot be
-/// started.
-pub fn exec_child(parent: u32, command: &[OsString]) -> u8 {
-    use std::os::unix::ffi::OsStrExt;
-    if let Err(e) = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL) {
-        eprintln!("baton run: cannot tie the command to baton run: {e}");
-        return NOT_STARTED;
-    }
-    // The parent may have died before the line above: then nobody holds
-    // the lease and the command must not start.
-    if nix::unistd::getppid().as_raw() as u32 != parent {
-        eprintln!("baton run: exited before the command started");
-        return NOT_STARTED;
-    }
-    let args: Result<Vec<std::ffi::CString>, _> = command
-        .iter()
-        .map(|a| std::ffi::CString::new(a.as_bytes()))
-        .collect();
-    let Ok(args) = args else {
-        eprintln!(
-            "baton run: cannot start {:?}: an argument holds a NUL byte",
-            command[0]
-        );
-        return CANNOT_INVOKE;
-    };
-    let err = match nix::unistd::execvp(&args[0], &args) {
-        Err(e) => e,
-        Ok(never) => match never {},
-    };
-    eprintln!("baton run: cannot start {:?}: {}", command[0], err.desc());
-    if err == nix::errno::Errno::ENOENT {
-        NOT_FOUND
-    } else {
-        CANNOT_INVOKE
     }
 }
