@@ -147,5 +147,25 @@ def pg_db() -> Iterator[str]:
         admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+@pytest.fixture
+def cluster(tmp_dir: str, pg_db: str) -> Iterator[list[Server]]:
+    """Three servers on one PostgreSQL database, leader TTL 1 s; each is
+    resumed (if a test stopped it) and stopped at the end."""
+    nodes = [
+        Server(
+            os.path.join(tmp_dir, f"n{i}"),
+            ["--store", pg_db, "--leader-ttl", "1s"],
+            listen=f"127.0.0.1:{free_port()}",
+        )
+        for i in range(3)
+    ]
+    try:
+        yield nodes
+    finally:
+        for n in nodes:
+            n.signal(signal.SIGCONT)
+            n.stop()
+
+
 def dump(obj: Any) -> str:
     return repr(obj)

@@ -11,7 +11,6 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -24,22 +23,13 @@ from .test_cluster import leader
 TIMEOUT_S = 20.0
 
 
-@pytest.fixture
-def cluster(tmp_dir: str, pg_db: str) -> Iterator[list[Server]]:
-    nodes = [
-        Server(
-            os.path.join(tmp_dir, f"n{i}"),
-            ["--store", pg_db, "--leader-ttl", "1s"],
-            listen=f"127.0.0.1:{free_port()}",
-        )
-        for i in range(3)
-    ]
-    try:
-        yield nodes
-    finally:
-        for n in nodes:
-            n.signal(signal.SIGCONT)
-            n.stop()
+def stop(server: Server) -> None:
+    """SIGSTOP, then wait (waitid, WSTOPPED) until the kernel has stopped
+    it: a signal takes effect only when the target next runs, and a server
+    still running would answer the dial the test expects to fail."""
+    assert server.proc is not None
+    server.signal(signal.SIGSTOP)
+    os.waitid(os.P_PID, server.proc.pid, os.WSTOPPED | os.WNOWAIT)
 
 
 def listed_first(nodes: list[Server], first: int) -> str:
@@ -74,7 +64,7 @@ def test_a_stopped_member_listed_first_never_holds_up_a_call(
     stopped = first if role == "leader" else (first + 1) % 3
     servers = listed_first(cluster, stopped)
     report: list[str] = []
-    cluster[stopped].signal(signal.SIGSTOP)
+    stop(cluster[stopped])
     try:
         c = baton.Client(servers, timeout_s=TIMEOUT_S)
         timed(report, "sync status", lambda: c.status(f"py:reach:{role}"))

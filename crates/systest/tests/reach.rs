@@ -19,9 +19,15 @@ const TIMEOUT: Duration = Duration::from_secs(20);
 struct Stopped(Pid);
 
 impl Stopped {
+    /// SIGSTOP, then wait (`waitid`, `WSTOPPED`) until the kernel has
+    /// stopped it: a signal takes effect only when the target next runs,
+    /// and a server still running would answer the dial meant to fail.
     fn stop(pid: u32) -> Self {
+        use nix::sys::wait::{waitid, Id, WaitPidFlag};
         let pid = Pid::from_raw(pid as i32);
         kill(pid, Signal::SIGSTOP).expect("SIGSTOP");
+        waitid(Id::Pid(pid), WaitPidFlag::WSTOPPED | WaitPidFlag::WNOWAIT)
+            .expect("wait for the stop");
         Self(pid)
     }
 }

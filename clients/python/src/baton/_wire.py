@@ -247,12 +247,17 @@ CHANNEL_OPTIONS = [
 
 
 def channel_options(dial_timeout_s: float) -> list[tuple[str, int]]:
-    """:data:`CHANNEL_OPTIONS`, and a PING after a dial timeout of silence
-    that must be answered within another: an open connection to a server
-    that stopped answering is closed, and the next call dials again."""
+    """:data:`CHANNEL_OPTIONS`, connections of the channel's own, and a
+    PING after a dial timeout of silence that must be answered within
+    another: an open connection to a server that stopped answering is
+    closed, and the next call dials again."""
     ms = max(1, int(dial_timeout_s * 1000))
     return [
         *CHANNEL_OPTIONS,
+        # A channel's own connections: gRPC otherwise shares a READY
+        # connection to the same address across channels, and READY would
+        # then say nothing of whether the server answers a dial now.
+        ("grpc.use_local_subchannel_pool", 1),
         ("grpc.keepalive_time_ms", ms),
         ("grpc.keepalive_timeout_ms", ms),
         ("grpc.keepalive_permit_without_calls", 1),

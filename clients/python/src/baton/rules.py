@@ -68,23 +68,29 @@ def check_resource(raw: str) -> str:
     return name
 
 
+def _bounded_text(text: str, what: str, len_bytes_max: int, no_control: str) -> str:
+    """``text`` if it is at most ``len_bytes_max`` bytes and holds no
+    control character, else :class:`ValueError` naming the rule."""
+    n = len(text.encode())
+    if n > len_bytes_max:
+        raise ValueError(f"{what} is {n} bytes long; the limit is {len_bytes_max} bytes")
+    control = _control(text)
+    if control is not None:
+        raise ValueError(
+            f"{what} contains control character U+{control[0]:04X} at byte {control[1]}; "
+            f"{no_control}"
+        )
+    return text
+
+
 def check_holder(raw: str) -> str:
     """A holder description (also an election's campaign value), or
     :class:`ValueError` naming the rule."""
     if not raw:
         raise ValueError("holder description is empty; omit it instead")
-    n = len(raw.encode())
-    if n > HOLDER_LEN_BYTES_MAX:
-        raise ValueError(
-            f"holder description is {n} bytes long; the limit is {HOLDER_LEN_BYTES_MAX} bytes"
-        )
-    control = _control(raw)
-    if control is not None:
-        raise ValueError(
-            f"holder description contains control character U+{control[0]:04X} at byte "
-            f"{control[1]}; control characters are not allowed"
-        )
-    return raw
+    return _bounded_text(
+        raw, "holder description", HOLDER_LEN_BYTES_MAX, "control characters are not allowed"
+    )
 
 
 def _seconds(value: object, what: str) -> float:
@@ -139,18 +145,7 @@ def check_prefix(prefix: object) -> str:
     control character (no name has one, so it could match nothing)."""
     if not isinstance(prefix, str):
         raise ValueError(f"prefix must be a str, not {type(prefix).__name__}")
-    n = len(prefix.encode())
-    if n > RESOURCE_NAME_LEN_BYTES_MAX:
-        raise ValueError(
-            f"prefix is {n} bytes long; the limit is {RESOURCE_NAME_LEN_BYTES_MAX} bytes"
-        )
-    control = _control(prefix)
-    if control is not None:
-        raise ValueError(
-            f"prefix contains control character U+{control[0]:04X} at byte {control[1]}; "
-            "names never do"
-        )
-    return prefix
+    return _bounded_text(prefix, "prefix", RESOURCE_NAME_LEN_BYTES_MAX, "names never do")
 
 
 def check_lease_args(resource: object, ttl_s: object, wait_s: object) -> str:
