@@ -13,8 +13,8 @@
 //! SIGKILL or the OOM killer), and it SIGKILLs the whole tree at once, as
 //! nobody holds the lease any more.
 //!
-//! It speaks to `run` over a pipe (`--control-fd`): `started PID` once the
-//! command runs, `exited CODE` when the command's main process ended. It
+//! It speaks to `run` over a pipe (`--control-fd`): `exited CODE` when the
+//! command's main process ended. It
 //! takes orders as signals: SIGTERM stops the tree gracefully (SIGTERM to
 //! every process of it), SIGUSR2 kills it (SIGKILL to every process, again
 //! until none is left), SIGINT and SIGHUP go to the command's process group
@@ -43,9 +43,8 @@ use crate::run::{CANNOT_INVOKE, NOT_FOUND, NOT_STARTED};
 /// What `run --verbose` says of how the tree is kept.
 pub const MECHANISM: &str = "the command's process tree is kept by a guard process (baton exec-child) that is its child subreaper: every process of the tree, setsid or not, stays under it and is stopped with it; no cgroup is used";
 
-/// What `run` is told on the control pipe.
-pub const STARTED: &str = "started";
-/// See [`STARTED`].
+/// What `run` is told on the control pipe: `exited CODE` when the
+/// command's main process ended.
 pub const EXITED: &str = "exited";
 
 /// `baton exec-child PARENT --control-fd FD -- COMMAND`: the guard. Its
@@ -132,6 +131,13 @@ fn start(command: &[OsString]) -> Result<Pid, u8> {
     }
 }
 
+/// What one `waitpid` found.
+enum Reaped {
+    StillAlive,
+    One,
+    TreeGone(u8),
+}
+
 struct Guard {
     control: std::fs::File,
     main: Pid,
@@ -146,7 +152,6 @@ impl Guard {
 
     /// Takes the handled signals one at a time until the tree is gone.
     fn watch(mut self, handled: &SigSet) -> u8 {
-        self.say(&format!("{STARTED} {}", self.main));
         loop {
             let Ok(signal) = handled.wait() else {
                 continue;
@@ -171,17 +176,30 @@ impl Guard {
     /// gone (no child left), `None` while some process lives.
     fn reap(&mut self) -> Option<u8> {
         loop {
-            match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
-                Ok(WaitStatus::StillAlive) => return None,
-                Ok(WaitStatus::Exited(pid, code)) if pid == self.main => {
-                    self.main_ended(code as u8)
-                }
-                Ok(WaitStatus::Signaled(pid, sig, _)) if pid == self.main => {
-                    self.main_ended(128u8.saturating_add(sig as u8))
-                }
-                Ok(_) | Err(Errno::EINTR) => {}
-                Err(_) => return Some(self.main_code.unwrap_or(NOT_STARTED)),
+            match self.wait_one(Some(WaitPidFlag::WNOHANG)) {
+                Reaped::StillAlive => return None,
+                Reaped::One => {}
+                Reaped::TreeGone(code) => return Some(code),
             }
+        }
+    }
+
+    /// Waits for one child (`flags` as `waitpid`'s), noting the command's
+    /// main process when it is the one.
+    fn wait_one(&mut self, flags: Option<WaitPidFlag>) -> Reaped {
+        match waitpid(None, flags) {
+            Ok(WaitStatus::StillAlive) => Reaped::StillAlive,
+            Ok(WaitStatus::Exited(pid, code)) if pid == self.main => {
+                self.main_ended(code as u8);
+                Reaped::One
+            }
+            Ok(WaitStatus::Signaled(pid, sig, _)) if pid == self.main => {
+                self.main_ended(128u8.saturating_add(sig as u8));
+                Reaped::One
+            }
+            Ok(_) | Err(Errno::EINTR) => Reaped::One,
+            // ECHILD: no child left.
+            Err(_) => Reaped::TreeGone(self.main_code.unwrap_or(NOT_STARTED)),
         }
     }
 
@@ -202,15 +220,8 @@ impl Guard {
     fn kill_tree(&mut self) -> u8 {
         loop {
             self.signal_tree(Signal::SIGKILL);
-            match waitpid(None, None) {
-                Ok(WaitStatus::Exited(pid, code)) if pid == self.main => {
-                    self.main_ended(code as u8)
-                }
-                Ok(WaitStatus::Signaled(pid, sig, _)) if pid == self.main => {
-                    self.main_ended(128u8.saturating_add(sig as u8))
-                }
-                Ok(_) | Err(Errno::EINTR) => {}
-                Err(_) => return self.main_code.unwrap_or(NOT_STARTED),
+            if let Reaped::TreeGone(code) = self.wait_one(None) {
+                return code;
             }
         }
     }

@@ -284,18 +284,17 @@ impl Client {
             } else if never_connected(&status) {
                 // Definite: nothing was sent. The next turn dials the others.
                 let why = from_status(status).to_string();
-                self.servers.pass_over(&url, &why);
+                self.servers.pass_over(&url);
                 unreachable.push((url, why));
                 continue;
             } else if kind == Kind::Read && server_trouble(&status) {
-                let e = failed_at(status, &url, self.rpc_timeout + extra);
-                self.servers.pass_over(&url, &e.to_string());
-                e
+                self.servers.pass_over(&url);
+                failed_at(status, &url, self.rpc_timeout + extra)
             } else {
                 // Possibly applied: never repeated. The next call dials the
                 // others first if this one may be gone.
                 if self.servers.urls.len() > 1 && server_trouble(&status) {
-                    self.servers.pass_over(&url, status.message());
+                    self.servers.pass_over(&url);
                 }
                 return Err(failed_at(status, &url, self.rpc_timeout + extra));
             };

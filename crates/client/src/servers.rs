@@ -150,8 +150,8 @@ pub(crate) struct ServersState {
     /// call dials every member at once).
     pub(crate) current: String,
     pub(crate) channels: HashMap<String, LeasesClient<Channel>>,
-    /// Members that failed a dial, with why, passed over until then.
-    passed_over: HashMap<String, (Instant, String)>,
+    /// Members that failed a dial, passed over until then.
+    passed_over: HashMap<String, Instant>,
 }
 
 /// The members a call found unreachable, with why: the call ends, at once
@@ -250,7 +250,7 @@ impl Servers {
                         return Ok((url, c));
                     }
                     Err(why) => {
-                        self.pass_over(&url, &why);
+                        self.pass_over(&url);
                         unreachable.push((url, why));
                     }
                 }
@@ -270,11 +270,7 @@ impl Servers {
             .collect();
         let fresh: Vec<String> = untried
             .iter()
-            .filter(|u| {
-                st.passed_over
-                    .get(**u)
-                    .is_none_or(|(until, _)| *until <= now)
-            })
+            .filter(|u| st.passed_over.get(**u).is_none_or(|until| *until <= now))
             .map(|u| (*u).clone())
             .collect();
         if fresh.is_empty() {
@@ -302,12 +298,10 @@ impl Servers {
 
     /// Passes `url` over for a while; if it was current, the next call
     /// dials every member again.
-    pub(crate) fn pass_over(&self, url: &str, why: &str) {
+    pub(crate) fn pass_over(&self, url: &str) {
         let mut st = self.lock();
-        st.passed_over.insert(
-            url.to_string(),
-            (Instant::now() + PASS_OVER_FOR, why.to_string()),
-        );
+        st.passed_over
+            .insert(url.to_string(), Instant::now() + PASS_OVER_FOR);
         if st.current == url {
             st.current.clear();
         }
@@ -322,7 +316,7 @@ impl Servers {
     /// server that stopped answering an open stream).
     pub(crate) fn rotate(&self, from: &str) {
         if self.urls.len() > 1 {
-            self.pass_over(from, "moved on");
+            self.pass_over(from);
         }
     }
 }
