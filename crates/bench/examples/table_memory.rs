@@ -75,6 +75,7 @@ fn filled(n: usize) -> LeaseTable {
             waiter: WaiterId(first as u64),
             session: None,
             holder: None,
+            attempt: None,
         };
         table.acquire(MonoMs(1), request).expect("granted");
         drop(table.take_effects());

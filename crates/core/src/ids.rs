@@ -118,6 +118,59 @@ pub type SessionId = AcquisitionId;
 /// The digest under which a session is kept and stored (never its id).
 pub type SessionDigest = AcquisitionDigest;
 
+/// A client's 128-bit id for one acquire request: the same on every
+/// attempt of that request, so that the leader can tell a repeat from a new
+/// request. Secret like an acquisition id, since the acquisition ids of the
+/// leases granted to the request derive from it
+/// ([`RequestId::acquisition_id`]).
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RequestId([u8; 16]);
+
+impl RequestId {
+    /// Length of a request id in bytes.
+    pub const LEN_BYTES: usize = 16;
+
+    /// An id from its 16 bytes (the client draws them at random).
+    pub const fn from_bytes(bytes: [u8; 16]) -> Self {
+        Self(bytes)
+    }
+
+    /// Accepts exactly 16 bytes.
+    pub fn from_slice(bytes: &[u8]) -> Option<Self> {
+        <[u8; 16]>::try_from(bytes).ok().map(Self)
+    }
+
+    /// The 16 bytes, for the wire.
+    pub fn as_bytes(&self) -> &[u8; 16] {
+        &self.0
+    }
+
+    /// The acquisition id of `resource`'s lease when this request is
+    /// granted: the first 16 bytes of SHA-256 over a label, the request id
+    /// and the canonical name. Every attempt of one request derives the
+    /// same ids, so the lease a repeat finds proves it was this request's;
+    /// SHA-256 is one-way, so neither the id nor its stored digest reveals
+    /// the request id.
+    pub fn acquisition_id(&self, resource: &crate::ResourceName) -> AcquisitionId {
+        use sha2::{Digest, Sha256};
+        let mut hasher = Sha256::new();
+        hasher.update(b"baton.v1 acquisition of request\0");
+        hasher.update(self.0);
+        hasher.update(resource.as_str().as_bytes());
+        let full = hasher.finalize();
+        let mut out = [0u8; AcquisitionId::LEN_BYTES];
+        out.copy_from_slice(&full[..AcquisitionId::LEN_BYTES]);
+        AcquisitionId(out)
+    }
+}
+
+impl fmt::Debug for RequestId {
+    // A secret: only a prefix, as for acquisition ids.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "RequestId({}…)", &hex(&self.0)[..8])
+    }
+}
+
 /// Identifies one waiting acquire request inside the table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct WaiterId(pub u64);
@@ -146,5 +199,20 @@ mod tests {
         assert_ne!(digest.as_bytes(), id.as_bytes());
         // SHA-256 of 16 bytes of 0xab, first 16 bytes (checked with `sha256sum`).
         assert_eq!(id.digest(), AcquisitionId::from_bytes([0xab; 16]).digest());
+    }
+
+    #[test]
+    fn a_request_derives_one_id_per_name_and_other_requests_others() {
+        let a = crate::ResourceName::parse("a").unwrap();
+        let b = crate::ResourceName::parse("b").unwrap();
+        let request = RequestId::from_bytes([7; 16]);
+        let again = RequestId::from_slice(&[7; 16]).unwrap();
+        assert_eq!(request.acquisition_id(&a), again.acquisition_id(&a));
+        assert_ne!(request.acquisition_id(&a), request.acquisition_id(&b));
+        let other = RequestId::from_bytes([8; 16]);
+        assert_ne!(request.acquisition_id(&a), other.acquisition_id(&a));
+        assert_ne!(request.acquisition_id(&a).as_bytes(), request.as_bytes());
+        assert_eq!(RequestId::from_slice(&[7; 15]), None);
+        assert!(!format!("{request:?}").contains(&hex(&[7; 16])));
     }
 }

@@ -29,15 +29,17 @@ mod token;
 
 pub use holder::{Holder, HolderError, HOLDER_LEN_BYTES_MAX};
 pub use ids::{
-    hex, parse_hex16, AcquisitionDigest, AcquisitionId, SessionDigest, SessionId, WaiterId,
+    hex, parse_hex16, AcquisitionDigest, AcquisitionId, RequestId, SessionDigest, SessionId,
+    WaiterId,
 };
 pub use name::{NameError, ResourceName, RESOURCE_NAME_LEN_BYTES_MAX};
 pub use table::recovery_delay_ms;
 pub use table::{
-    AcquireError, AcquireOutcome, AcquireRequest, ChangeOf, Effects, Event, FenceOutcome, Grant,
-    HolderChange, KeptAlive, LeaseRecord, LeaseStatus, LeaseTable, Limits, MonoMs, NotAcquired,
-    ReleaseOutcome, RenewOutcome, Resumed, SessionCheck, SessionError, SessionRecord, WaitResult,
-    Write, ENDS_PER_STEP, RECOVERED_ENDS_PER_MS,
+    AcquireError, AcquireOutcome, AcquireRequest, Attempt, ChangeOf, Effects, Event, FenceOutcome,
+    Grant, HolderChange, KeptAlive, LeaseRecord, LeaseStatus, LeaseTable, Limits, MonoMs,
+    NotAcquired, ReleaseOutcome, RenewOutcome, Resumed, SessionCheck, SessionError, SessionRecord,
+    WaitResult, Write, ENDS_PER_STEP, RECOVERED_ENDS_PER_MS, REPEATS_REMEMBERED_MAX,
+    REPEAT_MEMORY_MS,
 };
 pub use token::{
     restore_epoch, Epoch, FencingToken, RestoreFloors, TokenError, COUNTER_BITS, COUNTER_MAX,

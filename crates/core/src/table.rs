@@ -10,6 +10,7 @@ mod expiry;
 mod gone;
 mod query;
 mod recovery;
+mod repeats;
 mod sessions;
 mod state;
 mod types;
@@ -17,14 +18,16 @@ mod waiters;
 
 pub use drain::ENDS_PER_STEP;
 pub use recovery::{recovery_delay_ms, RECOVERED_ENDS_PER_MS};
+use repeats::{Repeats, Seen};
+pub use repeats::{REPEATS_REMEMBERED_MAX, REPEAT_MEMORY_MS};
 
 pub use sessions::SessionCheck;
 use state::{Draining, Lease, ResourceState, Session, Timer, Waiter};
 
 pub use types::{
-    AcquireError, AcquireOutcome, AcquireRequest, ChangeOf, Effects, Event, FenceOutcome, Grant,
-    HolderChange, KeptAlive, LeaseRecord, LeaseStatus, Limits, MonoMs, NotAcquired, ReleaseOutcome,
-    RenewOutcome, Resumed, SessionError, SessionRecord, WaitResult, Write,
+    AcquireError, AcquireOutcome, AcquireRequest, Attempt, ChangeOf, Effects, Event, FenceOutcome,
+    Grant, HolderChange, KeptAlive, LeaseRecord, LeaseStatus, Limits, MonoMs, NotAcquired,
+    ReleaseOutcome, RenewOutcome, Resumed, SessionError, SessionRecord, WaitResult, Write,
 };
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
@@ -70,6 +73,8 @@ pub struct LeaseTable {
     /// Every lease of its own (not a session's) whose deadline is at or
     /// before this is gone: the last timer a step reached.
     expired_through: MonoMs,
+    /// Requests carrying a request id: what a repeat is answered.
+    repeats: Repeats,
     effects: Effects,
 }
 
@@ -96,6 +101,7 @@ impl LeaseTable {
             drops_per_ms: ENDS_PER_STEP,
             drops: (MonoMs(0), 0),
             expired_through: MonoMs(0),
+            repeats: Repeats::default(),
             effects: Effects::default(),
         }
     }
@@ -194,6 +200,13 @@ impl LeaseTable {
             Some(_) => return Err(AcquireError::SessionNotOpen),
             None => request.ttl_ms,
         };
+        let key = match request.attempt {
+            None => None,
+            Some(attempt) => match self.seen(now, &request, attempt) {
+                Seen::New(key) => Some(key),
+                Seen::Answered(outcome) => return Ok(outcome),
+            },
+        };
         let blocker = request.claims.iter().find_map(|(resource, _)| {
             let state = self.resources.get(resource)?;
             let idle = state.lease.is_none() && self.queue(resource).is_none();
@@ -211,12 +224,15 @@ impl LeaseTable {
                     self.grant(now, resource, id, ttl_ms, None, request.session, holder)
                 })
                 .collect();
+            if let Some(key) = key {
+                self.repeats.granted(now, key);
+            }
             return Ok(AcquireOutcome::Granted(grants));
         };
         if request.wait_ms == 0 {
             return Ok(AcquireOutcome::NotAcquired(blocker));
         }
-        self.enqueue(now, request)
+        self.enqueue(now, request, key)
     }
 
     fn validate(&self, request: &AcquireRequest) -> Result<(), AcquireError> {

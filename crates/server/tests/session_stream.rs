@@ -192,6 +192,8 @@ async fn a_broken_session_protocol_gets_errors_that_name_the_rule() {
         ttl_ms: None,
         wait_ms: 0,
         holder: None,
+        request_id: Vec::new(),
+        first_sent_ms_ago: None,
     });
     let out = raw(
         &url,
@@ -254,6 +256,8 @@ async fn a_reused_request_id_and_the_session_limit_are_refused_by_rule() {
         ttl_ms: None,
         wait_ms: 10_000,
         holder: None,
+        request_id: Vec::new(),
+        first_sent_ms_ago: None,
     });
     let again = Op::Heartbeat(v1::Heartbeat {});
     let (tx, mut stream) =
@@ -315,6 +319,8 @@ async fn a_half_close_withdraws_the_wait_and_the_session_lives_on() {
         ttl_ms: None,
         wait_ms: 10_000,
         holder: None,
+        request_id: Vec::new(),
+        first_sent_ms_ago: None,
     });
     let (tx, mut stream) = stream_with(&url, vec![req(1, open(5_000)), req(2, wait)]).await;
     let Some(Body::Opened(opened)) = stream.message().await.unwrap().unwrap().body else {

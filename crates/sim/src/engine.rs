@@ -97,6 +97,7 @@ impl Engine {
                         self.pipeline.wait(waiter, (from, op));
                         Queued
                     }
+                    Ok(other) => unreachable!("no request ids are sent: {other:?}"),
                     Err(AcquireError::SessionNotOpen) => Deferred(Answer::NotOpen),
                     Err(e) => panic!("the simulator asked for something invalid: {e}"),
                 }

@@ -95,6 +95,8 @@ pub(super) struct Waiter {
     pub(super) queued_at: MonoMs,
     pub(super) session: Option<SessionDigest>,
     pub(super) holder: Option<Holder>,
+    /// Set when the request carries a request id (`repeats.rs`).
+    pub(super) key: Option<super::repeats::RequestKey>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]

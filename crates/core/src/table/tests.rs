@@ -30,6 +30,7 @@ fn req(resources: &[&str], first_id: u8, ttl_ms: u64, wait_ms: u64, waiter: u64)
         waiter: WaiterId(waiter),
         session: None,
         holder: None,
+        attempt: None,
     }
 }
 
@@ -815,6 +816,7 @@ impl Harness {
                         waiter,
                         session,
                         holder: None,
+                        attempt: None,
                     },
                 );
                 if let Some(d) = session.filter(|d| !self.session_live(d)) {
@@ -846,6 +848,9 @@ impl Harness {
                             let model = self.model_holder(n.resource.as_str());
                             assert_eq!(Some(token), model, "refused: {n:?}");
                         }
+                    }
+                    other @ (AcquireOutcome::Repeated(_) | AcquireOutcome::Ended) => {
+                        panic!("a request without an id answered as a repeat: {other:?}")
                     }
                 }
             }
@@ -1371,3 +1376,4 @@ fn status_says_the_last_token_issued_to_any_resource() {
 }
 
 mod expiry;
+mod repeats;

@@ -84,6 +84,24 @@ pub struct AcquireRequest {
     /// Who asks, as the holder describes itself; stored with every lease
     /// granted (see [`Holder`]).
     pub holder: Option<Holder>,
+    /// Set when the request carries a client's request id (its claims'
+    /// ids are then [`crate::RequestId::acquisition_id`]s): the table
+    /// answers a repeat with what it granted, never with a second grant.
+    /// `None`: an older client's request, served as a new one every time.
+    pub attempt: Option<Attempt>,
+}
+
+/// Which attempt of a request carrying a request id this is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Attempt {
+    /// Its first attempt.
+    First,
+    /// A repeat after a lost answer: the first attempt was sent this many
+    /// milliseconds ago, on the client's monotonic clock.
+    Repeat {
+        /// Time since the first attempt was sent.
+        first_sent_ms_ago: u64,
+    },
 }
 
 impl AcquireRequest {
@@ -96,6 +114,7 @@ impl AcquireRequest {
             waiter: WaiterId(0),
             session: None,
             holder: None,
+            attempt: None,
         }
     }
 }
@@ -127,6 +146,13 @@ pub enum AcquireOutcome {
     Queued { waiter: WaiterId },
     /// Refused without waiting: the first held resource, or waiters ahead.
     NotAcquired(NotAcquired),
+    /// A repeat of a request already granted: the same leases, tokens and
+    /// acquisition ids, each grant's `ttl_ms` the time it has left.
+    Repeated(Vec<Grant>),
+    /// A repeat of a request whose leases have ended (or that this table
+    /// cannot tell from one: see `repeats.rs`). Nothing is held under the
+    /// request id, and nothing was granted.
+    Ended,
 }
 
 /// Why a try-once acquire was refused.

@@ -2,6 +2,7 @@
 //! order, granted as resources free (all of a request's resources at
 //! once), withdrawn when cancelled or when their wait runs out.
 
+use super::repeats::RequestKey;
 use super::*;
 
 impl LeaseTable {
@@ -9,6 +10,7 @@ impl LeaseTable {
         &mut self,
         now: MonoMs,
         request: AcquireRequest,
+        key: Option<RequestKey>,
     ) -> Result<AcquireOutcome, AcquireError> {
         if self.waiters.len() >= self.limits.n_waiters_max {
             return Err(AcquireError::TooManyWaiters {
@@ -50,7 +52,11 @@ impl LeaseTable {
             queued_at: now,
             session: request.session,
             holder: request.holder,
+            key,
         };
+        if let Some(key) = key {
+            self.repeats.waiting.insert(key, request.waiter);
+        }
         self.waiters.insert(request.waiter, waiter);
         Ok(AcquireOutcome::Queued {
             waiter: request.waiter,
@@ -72,6 +78,9 @@ impl LeaseTable {
             .waiters
             .remove(&waiter)
             .expect("removing an unknown waiter");
+        if let Some(key) = w.key {
+            self.repeats.waiting.remove(&key);
+        }
         self.unbind_waiter(waiter, w.session);
         for (resource, _) in &w.claims {
             self.change_queue(resource, |queue| queue.retain(|q| *q != waiter));
@@ -135,6 +144,9 @@ impl LeaseTable {
                 )
             })
             .collect();
+        if let Some(key) = waiter.key {
+            self.repeats.granted(now, key);
+        }
         self.effects.woken.push((head, WaitResult::Granted(grants)));
     }
 

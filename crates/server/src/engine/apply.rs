@@ -112,6 +112,11 @@ impl Engine {
                 self.metrics.not_acquired.inc();
                 Ok(AcquireReply::NotAcquired(n))
             }
+            Ok(AcquireOutcome::Repeated(grants)) => Ok(AcquireReply::Repeated(grants)),
+            Ok(AcquireOutcome::Ended) => {
+                self.metrics.not_acquired.inc();
+                Ok(AcquireReply::Ended)
+            }
             Ok(AcquireOutcome::Queued { .. }) => {
                 self.pipeline.wait(waiter, reply);
                 return;

@@ -51,6 +51,10 @@ pub enum AcquireReply {
         after_wait: bool,
     },
     NotAcquired(NotAcquired),
+    /// A repeat of a granted request: its leases, with the time they have left.
+    Repeated(Vec<Grant>),
+    /// A repeat of a request whose leases ended: nothing held, nothing granted.
+    Ended,
     TimedOut,
     /// The request's session ended while it waited.
     SessionEnded,

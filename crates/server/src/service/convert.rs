@@ -1,7 +1,9 @@
 //! Between the wire and the engine: requests' fields parsed with the rule
 //! that refused them named, and the engine's answers as messages.
 
-use baton_core::{AcquireError, AcquisitionId, Holder, LeaseStatus, ResourceName};
+use baton_core::{
+    AcquireError, AcquisitionId, Attempt, Grant, Holder, LeaseStatus, RequestId, ResourceName,
+};
 use baton_proto::v1;
 use baton_proto::SNAPSHOT_FORMAT;
 use baton_store::Stored;
@@ -58,6 +60,48 @@ pub(super) fn random_id() -> AcquisitionId {
     AcquisitionId::from_bytes(bytes)
 }
 
+/// Each resource of an acquire with the acquisition id its lease will carry.
+pub(super) type Claims = Vec<(ResourceName, AcquisitionId)>;
+
+/// An acquire's claims, each resource with the acquisition id its lease
+/// will carry, and which attempt of its request it is: ids drawn at random
+/// for a request without a request id, derived from it otherwise (so a
+/// repeat finds what the first attempt was granted).
+pub(super) fn parse_claims(
+    resources: &[String],
+    request_id: &[u8],
+    first_sent_ms_ago: Option<u64>,
+) -> Result<(Claims, Option<Attempt>), Status> {
+    let request = match request_id.len() {
+        0 => None,
+        _ => Some(RequestId::from_slice(request_id).ok_or_else(|| {
+            Status::invalid_argument(format!(
+                "request_id is {} bytes; it must be exactly {} bytes, or empty",
+                request_id.len(),
+                RequestId::LEN_BYTES
+            ))
+        })?),
+    };
+    let attempt = match (request, first_sent_ms_ago) {
+        (None, None) => None,
+        (None, Some(_)) => {
+            return Err(Status::invalid_argument(
+                "first_sent_ms_ago is set without a request_id: only a repeat of a request \
+                 carrying an id says when its first attempt was sent",
+            ))
+        }
+        (Some(_), None) => Some(Attempt::First),
+        (Some(_), Some(first_sent_ms_ago)) => Some(Attempt::Repeat { first_sent_ms_ago }),
+    };
+    let mut claims = Vec::with_capacity(resources.len());
+    for (i, raw) in resources.iter().enumerate() {
+        let resource = parse_resource(ResourcesField(i), raw)?;
+        let id = request.map_or_else(random_id, |r| r.acquisition_id(&resource));
+        claims.push((resource, id));
+    }
+    Ok((claims, attempt))
+}
+
 pub(super) fn acquire_error(e: AcquireError) -> Status {
     match e {
         AcquireError::TooManyWaiters { .. } | AcquireError::TooManyWaitersOnResource { .. } => {
@@ -71,19 +115,18 @@ pub(super) fn acquire_error(e: AcquireError) -> Status {
 pub(super) fn acquire_outcome(reply: AcquireReply, bound: bool) -> v1::acquire_response::Outcome {
     match reply {
         AcquireReply::Granted { grants, after_wait } => {
-            let leases = grants
-                .into_iter()
-                .map(|g| v1::Lease {
-                    resource: g.resource.to_string(),
-                    acquisition_id: g.acquisition_id.as_bytes().to_vec(),
-                    token: g.token.get(),
-                    ttl_ms: g.ttl_ms,
-                    session_bound: bound,
-                    waited_ms: g.waited_ms,
-                })
-                .collect();
-            v1::acquire_response::Outcome::Granted(v1::Granted { leases, after_wait })
+            v1::acquire_response::Outcome::Granted(v1::Granted {
+                leases: leases(grants, bound),
+                after_wait,
+                repeat: false,
+            })
         }
+        AcquireReply::Repeated(grants) => v1::acquire_response::Outcome::Granted(v1::Granted {
+            leases: leases(grants, bound),
+            after_wait: false,
+            repeat: true,
+        }),
+        AcquireReply::Ended => not_acquired(v1::not_acquired::Reason::Ended),
         AcquireReply::NotAcquired(n) => {
             v1::acquire_response::Outcome::NotAcquired(v1::NotAcquired {
                 reason: v1::not_acquired::Reason::Held.into(),
@@ -94,6 +137,20 @@ pub(super) fn acquire_outcome(reply: AcquireReply, bound: bool) -> v1::acquire_r
         AcquireReply::TimedOut => not_acquired(v1::not_acquired::Reason::TimedOut),
         AcquireReply::SessionEnded => not_acquired(v1::not_acquired::Reason::SessionEnded),
     }
+}
+
+fn leases(grants: Vec<Grant>, bound: bool) -> Vec<v1::Lease> {
+    grants
+        .into_iter()
+        .map(|g| v1::Lease {
+            resource: g.resource.to_string(),
+            acquisition_id: g.acquisition_id.as_bytes().to_vec(),
+            token: g.token.get(),
+            ttl_ms: g.ttl_ms,
+            session_bound: bound,
+            waited_ms: g.waited_ms,
+        })
+        .collect()
 }
 
 pub(super) fn not_acquired(reason: v1::not_acquired::Reason) -> v1::acquire_response::Outcome {

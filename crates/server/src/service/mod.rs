@@ -23,8 +23,8 @@ mod trace;
 mod watch;
 
 use convert::{
-    acquire_error, acquire_outcome, not_acquired, parse_acquisition_id, random_id, release_message,
-    renew_message, status_message, ResourcesField,
+    acquire_error, acquire_outcome, not_acquired, parse_acquisition_id, parse_claims, random_id,
+    release_message, renew_message, status_message,
 };
 pub use convert::{parse_holder, parse_resource};
 
@@ -153,10 +153,8 @@ impl LeaseService {
         let caller = Caller::of(&request, self.gate.is_on());
         let who = self.gate.let_in(&caller, "acquire").await?;
         let req = request.into_inner();
-        let mut claims = Vec::with_capacity(req.resources.len());
-        for (i, raw) in req.resources.iter().enumerate() {
-            claims.push((parse_resource(ResourcesField(i), raw)?, random_id()));
-        }
+        let (claims, attempt) =
+            parse_claims(&req.resources, &req.request_id, req.first_sent_ms_ago)?;
         for (name, _) in &claims {
             who.may(Permission::Lease, name.as_str())?;
         }
@@ -170,6 +168,7 @@ impl LeaseService {
             waiter,
             session: None,
             holder,
+            attempt,
         };
         let term = self.seat.term()?;
         let mut guard = WaitGuard {
@@ -551,6 +550,8 @@ mod fuzz {
                             // Arbitrary text as a holder, now and then.
                             holder: (limit % 3 == 0)
                                 .then(|| String::from_utf8_lossy(&id).repeat(limit as usize % 40)),
+                            request_id: Vec::new(),
+                            first_sent_ms_ago: None,
                         }))
                         .await;
                     prop_assert!(acquire.as_ref().err().is_none_or(allowed), "{acquire:?}");

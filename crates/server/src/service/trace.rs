@@ -55,8 +55,17 @@ pub(super) fn acquired(span: &Span, reply: &AcquireReply) {
                     .in_scope(|| {});
             }
         }
+        AcquireReply::Repeated(grants) => {
+            span.record("outcome", "repeated");
+            for g in grants {
+                span.record("token", g.token.get());
+            }
+        }
         AcquireReply::NotAcquired(_) => {
             span.record("outcome", "not_acquired");
+        }
+        AcquireReply::Ended => {
+            span.record("outcome", "ended");
         }
         AcquireReply::TimedOut => {
             span.record("outcome", "timed_out");

@@ -15,8 +15,8 @@ use crate::access::auth::Permission;
 use crate::access::gate::SessionRefusal;
 use crate::engine::Command;
 use crate::service::{
-    acquire_error, acquire_outcome, answer, parse_acquisition_id, parse_holder, parse_resource,
-    random_id, release_message, renew_message, send, trace, ResourcesField,
+    acquire_error, acquire_outcome, answer, parse_acquisition_id, parse_claims, parse_holder,
+    parse_resource, release_message, renew_message, send, trace,
 };
 
 impl SessionTask {
@@ -186,10 +186,7 @@ impl SessionTask {
     ) -> Result<InFlight, Status> {
         let span = trace::request_span("acquire", &a.resources, traceparent);
         self.service.metrics.acquire_requests.inc();
-        let mut claims = Vec::with_capacity(a.resources.len());
-        for (i, raw) in a.resources.iter().enumerate() {
-            claims.push((parse_resource(ResourcesField(i), raw)?, random_id()));
-        }
+        let (claims, attempt) = parse_claims(&a.resources, &a.request_id, a.first_sent_ms_ago)?;
         let who = self.service.gate.admit(&self.caller, "session.acquire")?;
         for (name, _) in &claims {
             who.may(Permission::Lease, name.as_str())?;
@@ -204,6 +201,7 @@ impl SessionTask {
             waiter,
             session: bound.then_some(self.digest),
             holder: parse_holder("acquire.holder", a.holder.as_deref())?,
+            attempt,
         };
         let (reply, rx) = oneshot::channel();
         send(&self.term, Command::Acquire { request, reply })?;

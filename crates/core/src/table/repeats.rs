@@ -1,0 +1,205 @@
+//! Repeats of an acquire. A client that lost an acquire's answer sends the
+//! request again with the same request id, and so the same acquisition ids
+//! ([`crate::RequestId::acquisition_id`]). The table answers a repeat with
+//! what the request got, never with a second grant:
+//!
+//! - its leases, when all of them are still held under those ids (the
+//!   store keeps their digests, so this holds across restarts and
+//!   failovers), each with the time it has left;
+//! - its place in line, when it still waits: the repeat takes it over;
+//! - "ended", when one of its leases is held and another is not (a lease
+//!   of a multi-resource grant was released), or when it was granted in
+//!   the last [`REPEAT_MEMORY_MS`] (remembered here, in memory: at most
+//!   [`REPEATS_REMEMBERED_MAX`] requests, one word and a queue entry each);
+//! - "ended" as well when the table cannot prove it never granted the
+//!   request: the first attempt was sent before the table remembers
+//!   (before a restart, before this leader's term, or before the oldest
+//!   request it still remembers). Nothing is held under the id then
+//!   either, since a lease granted before would have been found.
+//!
+//! Otherwise the request was never granted, and is served as a new one.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+
+use super::*;
+
+/// How long a granted request is remembered after its grant: a repeat
+/// sent later than this after its first attempt is answered "ended" unless
+/// its leases are still held. Clients stop repeating well before.
+pub const REPEAT_MEMORY_MS: u64 = 60_000;
+
+/// The most granted requests remembered; past it the oldest are forgotten
+/// early (and repeats of requests first sent before them are answered
+/// "ended").
+pub const REPEATS_REMEMBERED_MAX: usize = 1_000_000;
+
+/// How much earlier than the client says a first attempt may have been
+/// sent, as the server's clock counts: the repeat's own time in flight and
+/// the clocks' difference in rate.
+const SENT_SLACK_MS: u64 = 2_000;
+
+/// What the table remembers of requests carrying a request id.
+#[derive(Debug, Default)]
+pub(super) struct Repeats {
+    /// Requests granted recently, oldest first, with their grant times.
+    order: VecDeque<(MonoMs, RequestKey)>,
+    granted: HashSet<RequestKey>,
+    /// Every request granted since this instant is in `granted` or held:
+    /// set at the first request carrying an id that the table sees.
+    known_since: Option<MonoMs>,
+    /// The grant time of the last request forgotten.
+    forgotten_through: Option<MonoMs>,
+    /// Requests waiting in line.
+    pub(super) waiting: HashMap<RequestKey, WaiterId>,
+}
+
+/// A request as the table knows it: 8 bytes of the digest of its first
+/// claim's acquisition id (never the id itself).
+pub(super) type RequestKey = u64;
+
+pub(super) fn key_of(id: &AcquisitionId) -> RequestKey {
+    let digest = id.digest();
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&digest.as_bytes()[..8]);
+    u64::from_le_bytes(first)
+}
+
+impl Repeats {
+    /// Remembers a request granted at `now`.
+    pub(super) fn granted(&mut self, now: MonoMs, key: RequestKey) {
+        self.known_since.get_or_insert(now);
+        self.waiting.remove(&key);
+        if self.granted.insert(key) {
+            self.order.push_back((now, key));
+        }
+        self.forget_old(now);
+    }
+
+    fn forget_old(&mut self, now: MonoMs) {
+        while let Some(&(at, key)) = self.order.front() {
+            let old = at.plus(REPEAT_MEMORY_MS) < now;
+            if !old && self.order.len() <= REPEATS_REMEMBERED_MAX {
+                break;
+            }
+            self.order.pop_front();
+            self.granted.remove(&key);
+            self.forgotten_through = Some(at);
+        }
+    }
+
+    /// Whether a request first sent `first_sent_ms_ago` would be here if
+    /// this table had granted it.
+    fn covers(&self, now: MonoMs, first_sent_ms_ago: u64) -> bool {
+        let slack_ms = SENT_SLACK_MS + first_sent_ms_ago / 100;
+        let Some(sent) = now
+            .0
+            .checked_sub(first_sent_ms_ago.saturating_add(slack_ms))
+        else {
+            return false;
+        };
+        let since = self.known_since.unwrap_or(now);
+        sent >= since.0 && self.forgotten_through.is_none_or(|f| sent > f.0)
+    }
+}
+
+/// What a request carrying an id is to the table.
+pub(super) enum Seen {
+    /// New: serve it, remembering it under this key.
+    New(RequestKey),
+    /// A repeat, answered.
+    Answered(AcquireOutcome),
+}
+
+impl LeaseTable {
+    /// Judges a request carrying an id before anything else is done with
+    /// it; `ttl_ms` is what its leases get (the session's for a bound one).
+    pub(super) fn seen(&mut self, now: MonoMs, request: &AcquireRequest, attempt: Attempt) -> Seen {
+        let key = key_of(&request.claims[0].1);
+        self.repeats.known_since.get_or_insert(now);
+        self.repeats.forget_old(now);
+        let held: Vec<Grant> = request
+            .claims
+            .iter()
+            .filter_map(|(resource, id)| {
+                let lease = self.held_by(resource, id).filter(|l| !self.is_gone(l))?;
+                let ttl_ms = match lease.session() {
+                    Some(digest) => self.sessions.get(&digest).map_or(0, |s| s.ttl_ms),
+                    None => lease.expires_at.left_at(now),
+                };
+                Some(Grant {
+                    resource: resource.clone(),
+                    acquisition_id: *id,
+                    token: lease.token,
+                    ttl_ms,
+                    waited_ms: 0,
+                })
+            })
+            .collect();
+        if held.len() == request.claims.len() {
+            return Seen::Answered(AcquireOutcome::Repeated(held));
+        }
+        if !held.is_empty() || self.repeats.granted.contains(&key) {
+            return Seen::Answered(AcquireOutcome::Ended);
+        }
+        if let Some(&waiter) = self.repeats.waiting.get(&key) {
+            // The repeat replaces the attempt it repeats, in its place.
+            if let Some(queued) = self.take_over(now, waiter, request) {
+                return Seen::Answered(queued);
+            }
+            return Seen::New(key);
+        }
+        match attempt {
+            Attempt::Repeat { first_sent_ms_ago }
+                if !self.repeats.covers(now, first_sent_ms_ago) =>
+            {
+                Seen::Answered(AcquireOutcome::Ended)
+            }
+            _ => Seen::New(key),
+        }
+    }
+
+    /// Moves a waiting request to the repeat's waiter id, keeping its
+    /// place in every line; its wait now ends when the repeat's does. The
+    /// earlier attempt's caller, if still there, hears "timed out". A
+    /// repeat that does not wait withdraws the earlier attempt instead
+    /// (`None`: serve the repeat as a new try-once request).
+    fn take_over(
+        &mut self,
+        now: MonoMs,
+        old: WaiterId,
+        request: &AcquireRequest,
+    ) -> Option<AcquireOutcome> {
+        self.effects.woken.push((old, WaitResult::TimedOut));
+        let new = request.waiter;
+        if request.wait_ms == 0 || self.waiters.contains_key(&new) {
+            let deadline = self.waiters[&old].deadline;
+            self.timers.remove(&(deadline, Timer::WaitDeadline(old)));
+            self.remove_waiter(now, old);
+            return None;
+        }
+        let mut w = self
+            .waiters
+            .remove(&old)
+            .expect("a waiting request's waiter is in the table");
+        self.timers.remove(&(w.deadline, Timer::WaitDeadline(old)));
+        for (resource, _) in &w.claims {
+            if let Some(queue) = self.queues.get_mut(resource) {
+                queue
+                    .iter_mut()
+                    .filter(|q| **q == old)
+                    .for_each(|q| *q = new);
+            }
+        }
+        if let Some(session) = w.session.and_then(|d| self.sessions.get_mut(&d)) {
+            session.waiters.remove(&old);
+            session.waiters.insert(new);
+        }
+        w.deadline = now.plus(request.wait_ms);
+        self.timers.insert((w.deadline, Timer::WaitDeadline(new)));
+        if let Some(key) = w.key {
+            self.repeats.waiting.insert(key, new);
+        }
+        self.waiters.insert(new, w);
+        Some(AcquireOutcome::Queued { waiter: new })
+    }
+}
