@@ -83,6 +83,10 @@ pub enum NotAcquiredReason {
     /// Granted, but the reply arrived after the TTL counted from the send
     /// time: another client may hold the resource already.
     ExpiredOnArrival,
+    /// The answer to the first attempt was lost, and the request sent
+    /// again found its lease already ended (or the leader could not tell
+    /// it from ended): nothing is held, nothing was granted again.
+    Ended,
 }
 
 /// What blocked a refused acquire, when the server said.
@@ -118,6 +122,7 @@ impl Rendered for AcquireOut {
             Some(NotAcquiredReason::TimedOut) => {
                 format!("not acquired: the wait of {}ms ran out", self.wait_ms)
             }
+            Some(NotAcquiredReason::Ended) => "not acquired: the answer to the first attempt was lost, and the request sent again found its lease already ended (nothing is held; acquire again)".to_string(),
             Some(NotAcquiredReason::Held) => {
                 let (resource, holder) = match &self.blocked_by {
                     Some(b) => (b.resource.clone().unwrap_or_default(), b.holder_token),
@@ -177,6 +182,8 @@ impl AcquireOut {
                 acquired: false,
                 reason: Some(if n.timed_out {
                     NotAcquiredReason::TimedOut
+                } else if n.ended {
+                    NotAcquiredReason::Ended
                 } else {
                     NotAcquiredReason::Held
                 }),

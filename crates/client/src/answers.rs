@@ -66,6 +66,11 @@ pub struct NotAcquired {
     pub resource: Option<String>,
     /// The holder's token, if the resource was held.
     pub holder_token: Option<FencingToken>,
+    /// True when the client sent the request again after losing an answer
+    /// and the leader found that the request's leases had already ended
+    /// (or could not tell them from ended: it took over since). Nothing is
+    /// held under the request and nothing was granted again.
+    pub ended: bool,
 }
 
 /// The answer to a single-resource acquire.
@@ -244,6 +249,7 @@ pub(crate) fn acquired_all(
         Some(v1::acquire_response::Outcome::NotAcquired(n)) => {
             Ok(AcquiredAll::NotAcquired(NotAcquired {
                 timed_out: n.reason() == Reason::TimedOut,
+                ended: n.reason() == Reason::Ended,
                 resource: (!n.resource.is_empty()).then_some(n.resource),
                 holder_token: optional_token(n.holder_token)?,
             }))

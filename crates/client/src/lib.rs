@@ -77,11 +77,41 @@ async fn gather(mut parts: tonic::Streaming<Snapshot>) -> Result<Snapshot, tonic
 }
 
 /// Whether a call may be sent again after its request may have reached a
-/// server: a read may, an effect never (its outcome is then unknown).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Kind {
+/// server: a read may, an effect never (its outcome is then unknown), and
+/// an acquire carrying a request id may once marked as a repeat (the
+/// function marks it, given the time since its first attempt was sent).
+enum Kind<M> {
     Read,
     Effect,
+    Repeatable(fn(&mut M, Duration)),
+}
+
+// By hand: derived, they would ask `M` to be `Copy` too.
+impl<M> Clone for Kind<M> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<M> Copy for Kind<M> {}
+
+/// Marks an acquire as a repeat of the one first sent `since` ago: the
+/// same request id, the time since its first attempt, and what is left of
+/// its wait.
+fn repeat_acquire(message: &mut v1::AcquireRequest, since: Duration) {
+    let since_ms = u64::try_from(since.as_millis()).unwrap_or(u64::MAX);
+    message.first_sent_ms_ago = Some(since_ms.max(1));
+    message.wait_ms = message.wait_ms.saturating_sub(since_ms);
+}
+
+/// A fresh request id: 16 bytes of the thread's cryptographic generator
+/// (ChaCha12 seeded from the operating system, `rand::rng`), as the
+/// server draws acquisition ids: a request id is as secret as they are.
+pub(crate) fn request_id() -> Vec<u8> {
+    use rand::Rng;
+    let mut bytes = [0u8; 16];
+    rand::rng().fill_bytes(&mut bytes);
+    bytes.to_vec()
 }
 
 /// Time allowed for a request beyond any server-side wait it asks for.
@@ -242,9 +272,9 @@ impl Client {
     /// it is.
     async fn call<M, R, F, Fut>(
         &self,
-        message: M,
+        mut message: M,
         extra: Duration,
-        kind: Kind,
+        kind: Kind<M>,
         f: F,
     ) -> Result<R, ClientError>
     where
@@ -270,33 +300,28 @@ impl Client {
                     message: format!("not the leader; the leader is {leader}"),
                 }
             } else if hint.is_some() {
-                // A follower that knows no leader: definite.
-                let e = ClientError::Connect {
-                    url: url.clone(),
-                    message: status.message().to_string(),
-                };
-                if self.servers.urls.len() == 1 {
-                    return Err(e);
-                }
                 misses += 1;
-                self.servers.rotate(&url);
-                e
+                self.no_leader_at(&url, &status)?
             } else if never_connected(&status) {
                 // Definite: nothing was sent. The next turn dials the others.
                 let why = from_status(status).to_string();
                 self.servers.pass_over(&url);
                 unreachable.push((url, why));
                 continue;
-            } else if kind == Kind::Read && server_trouble(&status) {
+            } else if !matches!(kind, Kind::Effect) && server_trouble(&status) {
+                // A read, or an acquire whose answer was lost: sent again
+                // (the acquire marked as a repeat) until its time is up.
                 self.servers.pass_over(&url);
-                failed_at(status, &url, self.rpc_timeout + extra)
-            } else {
-                // Possibly applied: never repeated. The next call dials the
-                // others first if this one may be gone.
-                if self.servers.urls.len() > 1 && server_trouble(&status) {
-                    self.servers.pass_over(&url);
+                let budget = self.rpc_timeout + extra;
+                match kind {
+                    Kind::Repeatable(mark) if started.elapsed() < budget => {
+                        mark(&mut message, started.elapsed());
+                        continue;
+                    }
+                    _ => failed_at(status, &url, budget),
                 }
-                return Err(failed_at(status, &url, self.rpc_timeout + extra));
+            } else {
+                return Err(self.possibly_applied(status, &url, self.rpc_timeout + extra));
             };
             if started.elapsed() >= self.rpc_timeout {
                 return Err(last);
@@ -307,6 +332,29 @@ impl Client {
                 pause = (pause * 2).min(Duration::from_millis(500));
             }
         }
+    }
+
+    /// A follower that knows no leader answered: definite. The error to
+    /// report if the call ends here; `Err` (at once) with a single server.
+    fn no_leader_at(&self, url: &str, status: &tonic::Status) -> Result<ClientError, ClientError> {
+        let e = ClientError::Connect {
+            url: url.to_string(),
+            message: status.message().to_string(),
+        };
+        if self.servers.urls.len() == 1 {
+            return Err(e);
+        }
+        self.servers.rotate(url);
+        Ok(e)
+    }
+
+    /// A call that may have been applied failed: never repeated. The next
+    /// call dials the others first if this one may be gone.
+    fn possibly_applied(&self, status: tonic::Status, url: &str, budget: Duration) -> ClientError {
+        if self.servers.urls.len() > 1 && server_trouble(&status) {
+            self.servers.pass_over(url);
+        }
+        failed_at(status, url, budget)
     }
 
     /// Acquires one resource. `wait` of zero tries once; otherwise the
@@ -333,13 +381,21 @@ impl Client {
             ttl_ms: optional_millis(ttl, "ttl")?,
             wait_ms: millis(wait, "wait")?,
             holder: self.holder.as_ref().map(|h| h.to_string()),
+            request_id: request_id(),
+            first_sent_ms_ago: None,
         };
         let span = observe::span("acquire", resources);
+        // A lease answered to a repeat counts from here, the first
+        // attempt's send time, too.
         let sent = Instant::now();
+        let kind = Kind::Repeatable(repeat_acquire);
         let answer = self
-            .call(message, wait, Kind::Effect, |mut c, r| async move {
-                c.acquire(r).await
-            })
+            .call(
+                message,
+                wait,
+                kind,
+                |mut c, r| async move { c.acquire(r).await },
+            )
             .instrument(span.clone())
             .await
             .and_then(|response| acquired_all(response, resources.len(), sent));

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -357,13 +358,16 @@ def passed_over(
     e: grpc.RpcError,
     address: str,
     unreachable: list[tuple[str, str]],
-    read: bool,
+    read: bool | Callable[[], None],
     deadline: float,
 ) -> bool:
     """After a call at ``address`` failed with ``e``: True if the call
     goes on with another member at once. So it does when nothing was sent
     (the connection was never made), and for a read whose connection broke
-    or timed out (a read may be sent again) until ``deadline``."""
+    or timed out (a read may be sent again) until ``deadline``. ``read``
+    may instead be a function that marks the request as a repeat (an
+    acquire carrying a request id): it is called before the request goes
+    again."""
     if _leader_hint(e) is not None:
         return False
     if _never_connected(e):
@@ -373,8 +377,24 @@ def passed_over(
     trouble = e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
     if read and trouble and time.monotonic() < deadline:
         servers.pass_over(address)
+        if callable(read):
+            read()
         return True
     return False
+
+
+def repeater(request: Any, sent: float) -> Callable[[], None]:
+    """Marks ``request`` (an acquire first sent at ``sent``, carrying a
+    request id) as a repeat: the time since its first attempt, and what is
+    left of its wait."""
+    wait_ms = request.wait_ms
+
+    def mark() -> None:
+        since_ms = max(1, int((time.monotonic() - sent) * 1000))
+        request.first_sent_ms_ago = since_ms
+        request.wait_ms = max(0, wait_ms - since_ms)
+
+    return mark
 
 
 def none_reachable(unreachable: list[tuple[str, str]]) -> errors.Unavailable:
@@ -410,7 +430,11 @@ def resource_names(resources: Any) -> list[str]:
 def session_acquire(resources: Any, wait_s: float, holder: str | None) -> tuple[Any, int]:
     """The ``acquire`` of a session request, and how many leases it asks for."""
     names = resource_names(resources)
-    acquire = pb.SessionAcquire(resources=names, wait_ms=millis(wait_s, "wait", zero_ok=True))
+    acquire = pb.SessionAcquire(
+        resources=names,
+        wait_ms=millis(wait_s, "wait", zero_ok=True),
+        request_id=os.urandom(16),
+    )
     if holder is not None:
         acquire.holder = holder
     return acquire, len(names)
@@ -421,7 +445,13 @@ def acquire_request(
 ) -> tuple[Any, int]:
     """The request of an acquire and how many leases it asks for."""
     names = resource_names(resources)
-    request = pb.AcquireRequest(resources=names, wait_ms=millis(wait_s, "wait", zero_ok=True))
+    # A request id, the same on every attempt: the leader answers a repeat
+    # (after a lost answer) with what it granted, never a second lease.
+    request = pb.AcquireRequest(
+        resources=names,
+        wait_ms=millis(wait_s, "wait", zero_ok=True),
+        request_id=os.urandom(16),
+    )
     if ttl_s is not None:
         request.ttl_ms = millis(check_ttl(ttl_s), "ttl")
     if holder is not None:

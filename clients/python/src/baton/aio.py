@@ -149,10 +149,10 @@ class Client(_wire.Settings):
         request: Any,
         extra_s: float = 0.0,
         timeout_s: float | None = None,
-        read: bool = False,
+        read: bool | Callable[[], None] = False,
     ) -> Any:
         timeout_s = self.timeout_s if timeout_s is None else timeout_s
-        deadline = time.monotonic() + timeout_s
+        deadline = time.monotonic() + timeout_s + (extra_s if callable(read) else 0.0)
         tried: list[str] = []
         unreachable: list[tuple[str, str]] = []
         while True:
@@ -176,8 +176,10 @@ class Client(_wire.Settings):
         self, resources: Sequence[str], ttl_s: float | None = None, wait_s: float = 0
     ) -> list[Lease]:
         request, n = _wire.acquire_request(resources, ttl_s, wait_s, self.holder)
+        # A lease answered to a repeat counts from the first send too.
         sent = time.monotonic()
-        leases = granted(await self._call("Acquire", request, extra_s=wait_s), sent, n)
+        repeat = _wire.repeater(request, sent)
+        leases = granted(await self._call("Acquire", request, extra_s=wait_s, read=repeat), sent, n)
         late = _wire.expired_on_arrival(leases)
         if late is not None:
             for lease in leases:
@@ -636,11 +638,35 @@ class Session:
 
     async def acquire_all(self, resources: Sequence[str], wait_s: float = 0) -> list[Lease]:
         acquire, n = _wire.session_acquire(resources, wait_s, self._client.holder)
+        # A lease answered to a repeat counts from the first send too.
         sent = time.monotonic()
-        body = await self._request(
-            {"acquire": acquire}, self._client.timeout_s + wait_s, waits=wait_s > 0
-        )
-        return granted(body, sent, n)
+        budget = sent + self._client.timeout_s + wait_s
+        repeat = _wire.repeater(acquire, sent)
+        while True:
+            resumes = self.resumes
+            try:
+                body = await self._request(
+                    {"acquire": acquire},
+                    max(budget - time.monotonic(), 0.001),
+                    waits=acquire.wait_ms > 0,
+                )
+                return granted(body, sent, n)
+            except errors.Indeterminate:
+                # The stream broke with the answer in flight: the same
+                # request again once the session is resumed, marked as a
+                # repeat (same request id), until the call's time is up.
+                if not await self._resumed_since(resumes, budget):
+                    raise
+                repeat()
+
+    async def _resumed_since(self, resumes: int, until: float) -> bool:
+        """Whether the session was resumed after ``resumes`` resumptions,
+        waiting for it until ``until``; False once it ended."""
+        while not self.ended.is_set() and time.monotonic() < until:
+            if self.resumes > resumes:
+                return True
+            await asyncio.sleep(0.01)
+        return False
 
     async def release(self, lease: Lease) -> bool:
         body = await self._request(

@@ -154,14 +154,15 @@ class Client(_wire.Settings):
         request: Any,
         extra_s: float = 0.0,
         timeout_s: float | None = None,
-        read: bool = False,
+        read: bool | Callable[[], None] = False,
     ) -> Any:
         """Sends ``request`` to the leader, moving on from followers and
         from members that fail to dial (both definite) until the timeout;
-        a ``read`` whose connection broke goes to another member; any
-        other failure is raised as it is, never repeated."""
+        a ``read`` whose connection broke goes to another member (as does
+        an acquire, marked as a repeat by ``read`` then, until its wait is
+        over too); any other failure is raised as it is, never repeated."""
         timeout_s = self.timeout_s if timeout_s is None else timeout_s
-        deadline = time.monotonic() + timeout_s
+        deadline = time.monotonic() + timeout_s + (extra_s if callable(read) else 0.0)
         tried: list[str] = []
         unreachable: list[tuple[str, str]] = []
         while True:
@@ -205,8 +206,10 @@ class Client(_wire.Settings):
     ) -> list[Lease]:
         """Acquires every resource or none, in one request."""
         request, n = _wire.acquire_request(resources, ttl_s, wait_s, self.holder)
+        # A lease answered to a repeat counts from the first send too.
         sent = time.monotonic()
-        leases = granted(self._call("Acquire", request, extra_s=wait_s), sent, n)
+        repeat = _wire.repeater(request, sent)
+        leases = granted(self._call("Acquire", request, extra_s=wait_s, read=repeat), sent, n)
         late = _wire.expired_on_arrival(leases)
         if late is not None:
             # Nobody may act on it: give it back, best effort.

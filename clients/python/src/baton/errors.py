@@ -57,7 +57,9 @@ class NotAcquired(BatonError):
         super().__init__(message)
         self.resource = resource
         self.holder_token = holder_token
-        #: ``held``, ``timed_out``, ``cancelled`` or ``expired_on_arrival``.
+        #: ``held``, ``timed_out``, ``cancelled``, ``expired_on_arrival`` or
+        #: ``ended`` (the answer to the first attempt was lost, and the
+        #: request sent again found its lease already ended: nothing is held).
         self.reason = reason
 
 

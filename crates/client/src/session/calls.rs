@@ -142,19 +142,39 @@ impl Session {
             Some(t) => Some(crate::millis(t, "ttl")?.max(1)),
             None => None,
         };
-        let op = Op::Acquire(v1::SessionAcquire {
+        let mut acquire = v1::SessionAcquire {
             resources: resources.iter().map(|r| r.to_string()).collect(),
             ttl_ms,
             wait_ms: crate::millis(wait, "wait")?,
             holder: self.inner.holder.clone(),
-        });
-        let id = self.inner.next_id.fetch_add(1, Relaxed);
+            request_id: crate::request_id(),
+            first_sent_ms_ago: None,
+        };
         let mut guard = CancelOnDrop {
             session: self,
-            acquire_id: (!wait.is_zero()).then_some(id),
+            acquire_id: None,
         };
+        // A lease answered to a repeat counts from the first send too.
         let sent = Instant::now();
-        let body = self.request(id, op, wait).await;
+        let budget = self.inner.rpc_timeout + wait;
+        let body = loop {
+            let id = self.inner.next_id.fetch_add(1, Relaxed);
+            guard.acquire_id = (acquire.wait_ms > 0).then_some(id);
+            let left = budget.saturating_sub(sent.elapsed());
+            let extra = left.saturating_sub(self.inner.rpc_timeout);
+            let body = self.request(id, Op::Acquire(acquire.clone()), extra).await;
+            match body {
+                // The stream broke with the answer in flight: the same
+                // request again once the session is resumed, marked as a
+                // repeat, until the call's time is up.
+                Err(ClientError::Indeterminate(_)) if sent.elapsed() < budget => {
+                    let since_ms = crate::millis(sent.elapsed(), "elapsed")?.max(1);
+                    acquire.first_sent_ms_ago = Some(since_ms);
+                    acquire.wait_ms = crate::millis(wait, "wait")?.saturating_sub(since_ms);
+                }
+                body => break body,
+            }
+        };
         if !matches!(body, Err(ClientError::Indeterminate(_))) {
             guard.acquire_id = None;
         }

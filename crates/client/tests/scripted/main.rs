@@ -111,6 +111,7 @@ fn granted(resource: &str, n: u64) -> Body {
                 waited_ms: 0,
             }],
             after_wait: false,
+            repeat: false,
         })),
     })
 }

@@ -185,6 +185,8 @@ class SessionAcquire(google.protobuf.message.Message):
     TTL_MS_FIELD_NUMBER: builtins.int
     WAIT_MS_FIELD_NUMBER: builtins.int
     HOLDER_FIELD_NUMBER: builtins.int
+    REQUEST_ID_FIELD_NUMBER: builtins.int
+    FIRST_SENT_MS_AGO_FIELD_NUMBER: builtins.int
     ttl_ms: builtins.int
     """Absent: tie every lease to the session (it lives while the session
     does). Present: each lease has this TTL of its own and must be renewed.
@@ -202,6 +204,10 @@ class SessionAcquire(google.protobuf.message.Message):
     watch and written in logs, never used to decide anything. At most 256
     UTF-8 bytes, no control characters; absent or empty: no description.
     """
+    request_id: builtins.bytes
+    """As in AcquireRequest."""
+    first_sent_ms_ago: builtins.int
+    """As in AcquireRequest."""
     @property
     def resources(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]:
         """As in AcquireRequest."""
@@ -213,9 +219,13 @@ class SessionAcquire(google.protobuf.message.Message):
         ttl_ms: builtins.int | None = ...,
         wait_ms: builtins.int = ...,
         holder: builtins.str | None = ...,
+        request_id: builtins.bytes = ...,
+        first_sent_ms_ago: builtins.int | None = ...,
     ) -> None: ...
-    def HasField(self, field_name: typing.Literal["_holder", b"_holder", "_ttl_ms", b"_ttl_ms", "holder", b"holder", "ttl_ms", b"ttl_ms"]) -> builtins.bool: ...
-    def ClearField(self, field_name: typing.Literal["_holder", b"_holder", "_ttl_ms", b"_ttl_ms", "holder", b"holder", "resources", b"resources", "ttl_ms", b"ttl_ms", "wait_ms", b"wait_ms"]) -> None: ...
+    def HasField(self, field_name: typing.Literal["_first_sent_ms_ago", b"_first_sent_ms_ago", "_holder", b"_holder", "_ttl_ms", b"_ttl_ms", "first_sent_ms_ago", b"first_sent_ms_ago", "holder", b"holder", "ttl_ms", b"ttl_ms"]) -> builtins.bool: ...
+    def ClearField(self, field_name: typing.Literal["_first_sent_ms_ago", b"_first_sent_ms_ago", "_holder", b"_holder", "_ttl_ms", b"_ttl_ms", "first_sent_ms_ago", b"first_sent_ms_ago", "holder", b"holder", "request_id", b"request_id", "resources", b"resources", "ttl_ms", b"ttl_ms", "wait_ms", b"wait_ms"]) -> None: ...
+    @typing.overload
+    def WhichOneof(self, oneof_group: typing.Literal["_first_sent_ms_ago", b"_first_sent_ms_ago"]) -> typing.Literal["first_sent_ms_ago"] | None: ...
     @typing.overload
     def WhichOneof(self, oneof_group: typing.Literal["_holder", b"_holder"]) -> typing.Literal["holder"] | None: ...
     @typing.overload
@@ -562,6 +572,8 @@ class AcquireRequest(google.protobuf.message.Message):
     TTL_MS_FIELD_NUMBER: builtins.int
     WAIT_MS_FIELD_NUMBER: builtins.int
     HOLDER_FIELD_NUMBER: builtins.int
+    REQUEST_ID_FIELD_NUMBER: builtins.int
+    FIRST_SENT_MS_AGO_FIELD_NUMBER: builtins.int
     ttl_ms: builtins.int
     """Lease duration; absent means the server's default. (Before this field
     was `optional`, 0 meant the default; a 0 is not sent on the wire, so
@@ -574,6 +586,26 @@ class AcquireRequest(google.protobuf.message.Message):
     4242"): stored with each lease granted, shown by status, list and
     watch and written in logs, never used to decide anything. At most 256
     UTF-8 bytes, no control characters; absent or empty: no description.
+    """
+    request_id: builtins.bytes
+    """16 random bytes the client draws once per acquire and sends again,
+    unchanged, on every repeat of it (after an answer was lost). Secret
+    like an acquisition id: each lease's acquisition id derives from it
+    (the first 16 bytes of SHA-256 of "baton.v1 acquisition of request",
+    a zero byte, the request id and the canonical name). The leader
+    answers a repeat with the leases it granted (same tokens and ids,
+    ttl_ms the time left, Granted.repeat set), takes over the first
+    attempt's place in line if it still waits, or answers NotAcquired
+    ENDED once its leases ended: never a second grant. A granted request
+    is remembered 60 s after its grant (its live leases as long as they
+    live, across restarts and failovers). Empty: no id (an older client),
+    served as a new request every time. Any other length is refused.
+    """
+    first_sent_ms_ago: builtins.int
+    """Absent on a first attempt. On a repeat: how long ago, in ms on the
+    client's monotonic clock, the first attempt was sent. A leader that
+    cannot prove it never granted a request sent that long ago (it took
+    over, or restarted, since) answers ENDED unless the leases are held.
     """
     @property
     def resources(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]:
@@ -589,9 +621,13 @@ class AcquireRequest(google.protobuf.message.Message):
         ttl_ms: builtins.int | None = ...,
         wait_ms: builtins.int = ...,
         holder: builtins.str | None = ...,
+        request_id: builtins.bytes = ...,
+        first_sent_ms_ago: builtins.int | None = ...,
     ) -> None: ...
-    def HasField(self, field_name: typing.Literal["_holder", b"_holder", "_ttl_ms", b"_ttl_ms", "holder", b"holder", "ttl_ms", b"ttl_ms"]) -> builtins.bool: ...
-    def ClearField(self, field_name: typing.Literal["_holder", b"_holder", "_ttl_ms", b"_ttl_ms", "holder", b"holder", "resources", b"resources", "ttl_ms", b"ttl_ms", "wait_ms", b"wait_ms"]) -> None: ...
+    def HasField(self, field_name: typing.Literal["_first_sent_ms_ago", b"_first_sent_ms_ago", "_holder", b"_holder", "_ttl_ms", b"_ttl_ms", "first_sent_ms_ago", b"first_sent_ms_ago", "holder", b"holder", "ttl_ms", b"ttl_ms"]) -> builtins.bool: ...
+    def ClearField(self, field_name: typing.Literal["_first_sent_ms_ago", b"_first_sent_ms_ago", "_holder", b"_holder", "_ttl_ms", b"_ttl_ms", "first_sent_ms_ago", b"first_sent_ms_ago", "holder", b"holder", "request_id", b"request_id", "resources", b"resources", "ttl_ms", b"ttl_ms", "wait_ms", b"wait_ms"]) -> None: ...
+    @typing.overload
+    def WhichOneof(self, oneof_group: typing.Literal["_first_sent_ms_ago", b"_first_sent_ms_ago"]) -> typing.Literal["first_sent_ms_ago"] | None: ...
     @typing.overload
     def WhichOneof(self, oneof_group: typing.Literal["_holder", b"_holder"]) -> typing.Literal["holder"] | None: ...
     @typing.overload
@@ -880,8 +916,14 @@ class Granted(google.protobuf.message.Message):
 
     LEASES_FIELD_NUMBER: builtins.int
     AFTER_WAIT_FIELD_NUMBER: builtins.int
+    REPEAT_FIELD_NUMBER: builtins.int
     after_wait: builtins.bool
     """True when the request had to wait in line."""
+    repeat: builtins.bool
+    """True when this answers a repeat (same request_id) of a request
+    granted before: the leases are those granted then, each ttl_ms the time
+    it has left, and waited_ms 0.
+    """
     @property
     def leases(self) -> google.protobuf.internal.containers.RepeatedCompositeFieldContainer[global___Lease]:
         """One lease per requested resource, in request order."""
@@ -891,8 +933,9 @@ class Granted(google.protobuf.message.Message):
         *,
         leases: collections.abc.Iterable[global___Lease] | None = ...,
         after_wait: builtins.bool = ...,
+        repeat: builtins.bool = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["after_wait", b"after_wait", "leases", b"leases"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["after_wait", b"after_wait", "leases", b"leases", "repeat", b"repeat"]) -> None: ...
 
 global___Granted = Granted
 
@@ -915,6 +958,11 @@ class NotAcquired(google.protobuf.message.Message):
         """Sessions only: the wait was cancelled by a CancelWait."""
         SESSION_ENDED: NotAcquired._Reason.ValueType  # 4
         """Sessions only: the session ended while the request waited."""
+        ENDED: NotAcquired._Reason.ValueType  # 5
+        """A repeat (same request_id) of a request whose leases have ended, or
+        that this leader cannot tell from one (see first_sent_ms_ago).
+        Nothing is held under the request id and nothing was granted now.
+        """
 
     class Reason(_Reason, metaclass=_ReasonEnumTypeWrapper): ...
     REASON_UNSPECIFIED: NotAcquired.Reason.ValueType  # 0
@@ -926,6 +974,11 @@ class NotAcquired(google.protobuf.message.Message):
     """Sessions only: the wait was cancelled by a CancelWait."""
     SESSION_ENDED: NotAcquired.Reason.ValueType  # 4
     """Sessions only: the session ended while the request waited."""
+    ENDED: NotAcquired.Reason.ValueType  # 5
+    """A repeat (same request_id) of a request whose leases have ended, or
+    that this leader cannot tell from one (see first_sent_ms_ago).
+    Nothing is held under the request id and nothing was granted now.
+    """
 
     REASON_FIELD_NUMBER: builtins.int
     RESOURCE_FIELD_NUMBER: builtins.int

@@ -96,7 +96,9 @@ class LeasesServicer(object):
 
     def Acquire(self, request, context):
         """Acquire one or more resources, all or nothing. With wait_ms > 0 the
-        request queues (first come, first served) for at most that long.
+        request queues (first come, first served) for at most that long. With
+        a request_id, safe to repeat: a repeat is answered with the leases the
+        request was granted, or as ENDED, never with a second grant.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -104,13 +106,15 @@ class LeasesServicer(object):
 
     def Renew(self, request, context):
         """Extend a lease by its TTL from now. Only the acquisition id is needed.
+        Safe to repeat: a repeat extends it again from its own arrival.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Release(self, request, context):
-        """Give a lease up. Releasing twice, or with an old id, changes nothing.
+        """Give a lease up. Releasing twice, or with an old id, changes nothing:
+        a repeat answers released = false.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -132,7 +136,8 @@ class LeasesServicer(object):
 
     def Fence(self, request, context):
         """Operator fence: revoke the current lease and issue a token above every
-        token issued before, so the next holder's token is higher still.
+        token issued before, so the next holder's token is higher still. A
+        repeat fences again, with a higher token (nothing held is lost twice).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

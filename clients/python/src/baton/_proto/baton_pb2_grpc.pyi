@@ -58,20 +58,26 @@ class LeasesStub:
         baton._proto.baton_pb2.AcquireResponse,
     ]
     """Acquire one or more resources, all or nothing. With wait_ms > 0 the
-    request queues (first come, first served) for at most that long.
+    request queues (first come, first served) for at most that long. With
+    a request_id, safe to repeat: a repeat is answered with the leases the
+    request was granted, or as ENDED, never with a second grant.
     """
 
     Renew: grpc.UnaryUnaryMultiCallable[
         baton._proto.baton_pb2.RenewRequest,
         baton._proto.baton_pb2.RenewResponse,
     ]
-    """Extend a lease by its TTL from now. Only the acquisition id is needed."""
+    """Extend a lease by its TTL from now. Only the acquisition id is needed.
+    Safe to repeat: a repeat extends it again from its own arrival.
+    """
 
     Release: grpc.UnaryUnaryMultiCallable[
         baton._proto.baton_pb2.ReleaseRequest,
         baton._proto.baton_pb2.ReleaseResponse,
     ]
-    """Give a lease up. Releasing twice, or with an old id, changes nothing."""
+    """Give a lease up. Releasing twice, or with an old id, changes nothing:
+    a repeat answers released = false.
+    """
 
     Status: grpc.UnaryUnaryMultiCallable[
         baton._proto.baton_pb2.StatusRequest,
@@ -90,7 +96,8 @@ class LeasesStub:
         baton._proto.baton_pb2.FenceResponse,
     ]
     """Operator fence: revoke the current lease and issue a token above every
-    token issued before, so the next holder's token is higher still.
+    token issued before, so the next holder's token is higher still. A
+    repeat fences again, with a higher token (nothing held is lost twice).
     """
 
     Backup: grpc.UnaryUnaryMultiCallable[
@@ -179,20 +186,26 @@ class LeasesAsyncStub:
         baton._proto.baton_pb2.AcquireResponse,
     ]
     """Acquire one or more resources, all or nothing. With wait_ms > 0 the
-    request queues (first come, first served) for at most that long.
+    request queues (first come, first served) for at most that long. With
+    a request_id, safe to repeat: a repeat is answered with the leases the
+    request was granted, or as ENDED, never with a second grant.
     """
 
     Renew: grpc.aio.UnaryUnaryMultiCallable[
         baton._proto.baton_pb2.RenewRequest,
         baton._proto.baton_pb2.RenewResponse,
     ]
-    """Extend a lease by its TTL from now. Only the acquisition id is needed."""
+    """Extend a lease by its TTL from now. Only the acquisition id is needed.
+    Safe to repeat: a repeat extends it again from its own arrival.
+    """
 
     Release: grpc.aio.UnaryUnaryMultiCallable[
         baton._proto.baton_pb2.ReleaseRequest,
         baton._proto.baton_pb2.ReleaseResponse,
     ]
-    """Give a lease up. Releasing twice, or with an old id, changes nothing."""
+    """Give a lease up. Releasing twice, or with an old id, changes nothing:
+    a repeat answers released = false.
+    """
 
     Status: grpc.aio.UnaryUnaryMultiCallable[
         baton._proto.baton_pb2.StatusRequest,
@@ -211,7 +224,8 @@ class LeasesAsyncStub:
         baton._proto.baton_pb2.FenceResponse,
     ]
     """Operator fence: revoke the current lease and issue a token above every
-    token issued before, so the next holder's token is higher still.
+    token issued before, so the next holder's token is higher still. A
+    repeat fences again, with a higher token (nothing held is lost twice).
     """
 
     Backup: grpc.aio.UnaryUnaryMultiCallable[
@@ -302,7 +316,9 @@ class LeasesServicer(metaclass=abc.ABCMeta):
         context: _ServicerContext,
     ) -> typing.Union[baton._proto.baton_pb2.AcquireResponse, collections.abc.Awaitable[baton._proto.baton_pb2.AcquireResponse]]:
         """Acquire one or more resources, all or nothing. With wait_ms > 0 the
-        request queues (first come, first served) for at most that long.
+        request queues (first come, first served) for at most that long. With
+        a request_id, safe to repeat: a repeat is answered with the leases the
+        request was granted, or as ENDED, never with a second grant.
         """
 
     @abc.abstractmethod
@@ -311,7 +327,9 @@ class LeasesServicer(metaclass=abc.ABCMeta):
         request: baton._proto.baton_pb2.RenewRequest,
         context: _ServicerContext,
     ) -> typing.Union[baton._proto.baton_pb2.RenewResponse, collections.abc.Awaitable[baton._proto.baton_pb2.RenewResponse]]:
-        """Extend a lease by its TTL from now. Only the acquisition id is needed."""
+        """Extend a lease by its TTL from now. Only the acquisition id is needed.
+        Safe to repeat: a repeat extends it again from its own arrival.
+        """
 
     @abc.abstractmethod
     def Release(
@@ -319,7 +337,9 @@ class LeasesServicer(metaclass=abc.ABCMeta):
         request: baton._proto.baton_pb2.ReleaseRequest,
         context: _ServicerContext,
     ) -> typing.Union[baton._proto.baton_pb2.ReleaseResponse, collections.abc.Awaitable[baton._proto.baton_pb2.ReleaseResponse]]:
-        """Give a lease up. Releasing twice, or with an old id, changes nothing."""
+        """Give a lease up. Releasing twice, or with an old id, changes nothing:
+        a repeat answers released = false.
+        """
 
     @abc.abstractmethod
     def Status(
@@ -344,7 +364,8 @@ class LeasesServicer(metaclass=abc.ABCMeta):
         context: _ServicerContext,
     ) -> typing.Union[baton._proto.baton_pb2.FenceResponse, collections.abc.Awaitable[baton._proto.baton_pb2.FenceResponse]]:
         """Operator fence: revoke the current lease and issue a token above every
-        token issued before, so the next holder's token is higher still.
+        token issued before, so the next holder's token is higher still. A
+        repeat fences again, with a higher token (nothing held is lost twice).
         """
 
     @abc.abstractmethod
