@@ -200,6 +200,8 @@ async fn a_holder_that_breaks_the_rules_is_refused_naming_the_rule() {
                 ttl_ms: Some(5_000),
                 wait_ms: 0,
                 holder: Some(holder),
+                request_id: Vec::new(),
+                first_sent_ms_ago: None,
             })
             .await;
         let status = out.expect_err("refused");
@@ -214,6 +216,8 @@ async fn a_holder_that_breaks_the_rules_is_refused_naming_the_rule() {
             ttl_ms: Some(5_000),
             wait_ms: 0,
             holder: Some(String::new()),
+            request_id: Vec::new(),
+            first_sent_ms_ago: None,
         })
         .await
         .unwrap()

@@ -125,19 +125,53 @@ pub mod cluster {
 
         /// One server per store address (each may go through its own proxy).
         pub fn start_each(store_urls: &[String]) -> Self {
+            let listens = store_urls
+                .iter()
+                .map(|_| format!("127.0.0.1:{}", free_port()))
+                .collect::<Vec<_>>();
+            Self::spawn(store_urls, &listens, &[])
+        }
+
+        /// `n` servers on one store, each reached through a fault proxy
+        /// of its own and advertising it: every client call, redirects
+        /// followed, passes a proxy. The proxies are in the servers' order.
+        pub async fn start_behind_proxies(
+            store_url: &str,
+            n: usize,
+        ) -> (Self, Vec<baton_faults::Proxy>) {
+            let listens = (0..n)
+                .map(|_| format!("127.0.0.1:{}", free_port()))
+                .collect::<Vec<_>>();
+            let mut proxies = Vec::with_capacity(n);
+            for listen in &listens {
+                let upstream = listen.parse().expect("a socket address");
+                proxies.push(baton_faults::Proxy::start(upstream).await.expect("a proxy"));
+            }
+            let advertise = proxies
+                .iter()
+                .map(|p| format!("http://127.0.0.1:{}", p.addr().port()))
+                .collect::<Vec<_>>();
+            let cluster = Self::spawn(&vec![store_url.to_string(); n], &listens, &advertise);
+            (cluster, proxies)
+        }
+
+        fn spawn(store_urls: &[String], listens: &[String], advertise: &[String]) -> Self {
             let dir = TempDir::new("cluster");
             let nodes = store_urls
                 .iter()
-                .map(|store_url| {
-                    let listen = format!("127.0.0.1:{}", free_port());
-                    let extra = vec![
+                .zip(listens)
+                .enumerate()
+                .map(|(i, (store_url, listen))| {
+                    let mut extra = vec![
                         "--store".to_string(),
                         store_url.to_string(),
                         "--leader-ttl".to_string(),
                         LEADER_TTL.to_string(),
                     ];
-                    Server::spawn(&BIN, &listen, dir.path(), extra)
-                        .unwrap_or_else(|e| panic!("{e}"))
+                    if let Some(a) = advertise.get(i) {
+                        extra.extend(["--advertise".to_string(), a.clone()]);
+                    }
+                    Server::spawn(&BIN, listen, dir.path(), extra).unwrap_or_else(|e| panic!("{e}"))
                 })
                 .collect();
             Self { nodes, _dir: dir }
