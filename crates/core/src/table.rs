@@ -18,16 +18,16 @@ mod waiters;
 
 pub use drain::ENDS_PER_STEP;
 pub use recovery::{recovery_delay_ms, RECOVERED_ENDS_PER_MS};
+pub use repeats::{Attempt, REPEATS_REMEMBERED_MAX, REPEAT_MEMORY_MS};
 use repeats::{Repeats, Seen};
-pub use repeats::{REPEATS_REMEMBERED_MAX, REPEAT_MEMORY_MS};
 
-pub use sessions::SessionCheck;
+pub use sessions::{Resumed, SessionCheck};
 use state::{Draining, Lease, ResourceState, Session, Timer, Waiter};
 
 pub use types::{
-    AcquireError, AcquireOutcome, AcquireRequest, Attempt, ChangeOf, Effects, Event, FenceOutcome,
-    Grant, HolderChange, KeptAlive, LeaseRecord, LeaseStatus, Limits, MonoMs, NotAcquired,
-    ReleaseOutcome, RenewOutcome, Resumed, SessionError, SessionRecord, WaitResult, Write,
+    AcquireError, AcquireOutcome, AcquireRequest, ChangeOf, Effects, Event, FenceOutcome, Grant,
+    HolderChange, KeptAlive, LeaseRecord, LeaseStatus, Limits, MonoMs, NotAcquired, ReleaseOutcome,
+    RenewOutcome, SessionError, SessionRecord, WaitResult, Write,
 };
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};

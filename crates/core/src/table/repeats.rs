@@ -38,6 +38,19 @@ pub const REPEATS_REMEMBERED_MAX: usize = 1_000_000;
 /// the clocks' difference in rate.
 const SENT_SLACK_MS: u64 = 2_000;
 
+/// Which attempt of a request carrying a request id this is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Attempt {
+    /// Its first attempt.
+    First,
+    /// A repeat after a lost answer: the first attempt was sent this many
+    /// milliseconds ago, on the client's monotonic clock.
+    Repeat {
+        /// Time since the first attempt was sent.
+        first_sent_ms_ago: u64,
+    },
+}
+
 /// What the table remembers of requests carrying a request id.
 #[derive(Debug, Default)]
 pub(super) struct Repeats {

@@ -10,10 +10,22 @@
 
 use super::Write;
 use super::{
-    Draining, Event, KeptAlive, LeaseTable, MonoMs, Resumed, Session, SessionError, SessionRecord,
-    Timer, WaitResult,
+    Draining, Event, KeptAlive, LeaseTable, MonoMs, Session, SessionError, SessionRecord, Timer,
+    WaitResult,
 };
 use crate::{ResourceName, SessionDigest};
+
+/// What resuming a session did ([`crate::LeaseTable::resume`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Resumed {
+    /// Kept alive, as by a heartbeat.
+    Kept(KeptAlive),
+    /// The session is not open (it expired or was closed).
+    NotOpen,
+    /// The session holds (or has yet to report) a resource the resumer
+    /// may not hold; nothing changed.
+    Refused,
+}
 
 /// Given a session's opener (`None` if it was opened without
 /// authentication): whether the caller may act for it.

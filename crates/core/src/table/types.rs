@@ -2,8 +2,8 @@
 //! records, writes, events and effects.
 
 use crate::{
-    AcquisitionDigest, AcquisitionId, Epoch, FencingToken, Holder, ResourceName, SessionDigest,
-    WaiterId,
+    AcquisitionDigest, AcquisitionId, Attempt, Epoch, FencingToken, Holder, ResourceName,
+    SessionDigest, WaiterId,
 };
 
 /// Milliseconds on the server's monotonic clock, from an origin the shell picks.
@@ -89,19 +89,6 @@ pub struct AcquireRequest {
     /// answers a repeat with what it granted, never with a second grant.
     /// `None`: an older client's request, served as a new one every time.
     pub attempt: Option<Attempt>,
-}
-
-/// Which attempt of a request carrying a request id this is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Attempt {
-    /// Its first attempt.
-    First,
-    /// A repeat after a lost answer: the first attempt was sent this many
-    /// milliseconds ago, on the client's monotonic clock.
-    Repeat {
-        /// Time since the first attempt was sent.
-        first_sent_ms_ago: u64,
-    },
 }
 
 impl AcquireRequest {
@@ -309,18 +296,6 @@ pub struct KeptAlive {
     /// Leases of the session fenced since its previous heartbeat (their
     /// holders no longer own them), with the revoked tokens.
     pub revoked: Vec<(ResourceName, FencingToken)>,
-}
-
-/// What resuming a session did ([`crate::LeaseTable::resume`]).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Resumed {
-    /// Kept alive, as by a heartbeat.
-    Kept(KeptAlive),
-    /// The session is not open (it expired or was closed).
-    NotOpen,
-    /// The session holds (or has yet to report) a resource the resumer
-    /// may not hold; nothing changed.
-    Refused,
 }
 
 /// The durable form of a session. Like a lease's, its expiry is not stored:
