@@ -57,6 +57,8 @@ fn main() -> ExitCode {
             eprintln!("error: {e:#}");
             if e.downcast_ref::<NoSuchJob>().is_some() {
                 ExitCode::from(3)
+            } else if e.downcast_ref::<worker::LeftToOthers>().is_some() {
+                ExitCode::from(4)
             } else {
                 ExitCode::FAILURE
             }

@@ -182,7 +182,9 @@ async fn session(cfg: &WorkerConfig, backoff: &mut Backoff) -> Result<()> {
     let kit = ObjectKit::open(&cfg.objects).await?;
     let mut db = store::open(&cfg.target).await?;
     loop {
-        for (account, date) in db.open_jobs(&cfg.accounts).await? {
+        let jobs = db.open_jobs(&cfg.accounts).await?;
+        let mut left = Vec::new();
+        for (account, date) in &jobs {
             // One trace per job when traces are exported: the acquire, the
             // server's grant, the renewals and the fenced write under it.
             let span = tracing::debug_span!(
@@ -192,12 +194,19 @@ async fn session(cfg: &WorkerConfig, backoff: &mut Backoff) -> Result<()> {
                 account = %account,
                 date = %date,
             );
-            process(cfg, &client, &kit, &mut db, &account, &date)
+            let held = process(cfg, &client, &kit, &mut db, account, date)
                 .instrument(span)
                 .await?;
+            left.extend(held);
         }
         backoff.reset();
         if cfg.once {
+            if jobs.is_empty() {
+                eprintln!("worker {}: no open jobs; nothing to do", cfg.name);
+            }
+            if !left.is_empty() {
+                return Err(LeftToOthers(left).into());
+            }
             return Ok(());
         }
         tokio::time::sleep(cfg.poll).await;
@@ -241,6 +250,8 @@ fn chaos_pause(cfg: &WorkerConfig, resource: &str, token: FencingToken) -> bool 
     baton_client::rng::Rng::new(h ^ token.get()).below(100) < u64::from(d.pause_chance_pct)
 }
 
+/// Publishes one job under its lease; `Some(what)` when another worker
+/// holds the lease (the job is left to it).
 async fn process(
     cfg: &WorkerConfig,
     client: &Client,
@@ -248,13 +259,18 @@ async fn process(
     db: &mut Db,
     account: &str,
     date: &str,
-) -> Result<()> {
+) -> Result<Option<String>> {
     let resource = resource(account, date);
     // The lease is tied to the client's session: its heartbeat keeps it.
     let session = client.session(cfg.ttl).await?;
     let lease = match session.acquire(&resource, Duration::ZERO).await? {
         Acquired::Granted(lease) => lease,
-        Acquired::NotAcquired(_) => return Ok(()),
+        Acquired::NotAcquired(n) => {
+            let token = n
+                .holder_token
+                .map_or("waiters".into(), |t| format!("token {t}"));
+            return Ok(Some(format!("{resource} (held: {token})")));
+        }
     };
     let keeper = Keeper::start(session.clone(), lease.clone(), KeeperConfig::default());
     let token = lease.token;
@@ -277,5 +293,11 @@ async fn process(
     let _ = session
         .release(&lease.resource, &lease.acquisition_id)
         .await;
-    result
+    result.map(|()| None)
 }
+
+/// A `--once` pass that left jobs to other workers: their leases were held
+/// (exit code 4). Each entry names the job's resource and its holder.
+#[derive(Debug, thiserror::Error)]
+#[error("left {} job(s) to other workers, their leases held elsewhere: {}; this worker published none of them", .0.len(), .0.join(", "))]
+pub(crate) struct LeftToOthers(pub(crate) Vec<String>);

@@ -688,3 +688,47 @@ async fn a_worker_refuses_a_store_that_would_overwrite() {
     assert!(env.publication().is_none());
     assert!(env.objects_published().await.is_empty(), "nothing written");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_once_pass_that_leaves_a_held_job_says_so_and_exits_4() {
+    let env = Env::new("once_held").await;
+    env.seed();
+    // Another worker holds the job's lease.
+    let mut other = Client::connect(&env.url).await.unwrap();
+    let held = match other
+        .acquire(
+            RESOURCE,
+            std::time::Duration::from_secs(30),
+            std::time::Duration::ZERO,
+        )
+        .await
+        .unwrap()
+    {
+        baton_client::Acquired::Granted(l) => l,
+        refused => panic!("{refused:?}"),
+    };
+    let out = env
+        .worker("late", &[])
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(4), "{stderr}");
+    assert!(
+        stderr.contains(&format!("{RESOURCE} (held: token {})", held.token.get()))
+            && stderr.contains("left 1 job(s) to other workers"),
+        "{stderr}"
+    );
+    assert_eq!(env.job_state(), "pending", "nothing was published");
+    other.release(RESOURCE, &held.acquisition_id).await.unwrap();
+    // With the lease free it publishes (exit 0); then there is nothing left.
+    let (done, _) = env.run_worker("late", &[]);
+    assert!(done.status.success(), "{done:?}");
+    let out = env
+        .worker("idle", &[])
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no open jobs; nothing to do"));
+}
