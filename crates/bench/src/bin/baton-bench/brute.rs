@@ -69,6 +69,8 @@ async fn attack(url: &str, ca: &[u8], n: usize, round: usize) -> anyhow::Result<
                         ttl_ms: Some(30_000),
                         wait_ms: 0,
                         holder: None,
+                        request_id: Vec::new(),
+                        first_sent_ms_ago: None,
                     });
                     let guess = format!("Bearer guess-{round}-{k:08}");
                     r.metadata_mut()
