@@ -259,3 +259,19 @@ def test_the_dial_timeout_is_positive(monkeypatch: pytest.MonkeyPatch) -> None:
     for bad in (0, -1):
         with pytest.raises(ValueError, match="must be positive"):
             Client("a:1", dial_timeout_s=bad)
+
+
+@pytest.mark.parametrize(
+    ("name", "code_point"),
+    [("rtl:\u202egnp.exe", "202E"), ("zw:a\u200bb", "200B"), ("tag:\U000e0041", "E0041")],
+)
+def test_invisible_characters_are_refused_in_new_names_naming_the_rule(
+    name: str, code_point: str
+) -> None:
+    with pytest.raises(ValueError, match=f"invisible or formatting character U\\+{code_point}"):
+        check_resource(name)
+    # A lease stored under it by an earlier release can still be reached.
+    assert check_resource(name, existing=True) == name
+    with pytest.raises(ValueError, match="invisible or formatting character"):
+        check_holder(f"job{name}")
+    assert check_resource("zw:ab") == "zw:ab"

@@ -25,11 +25,28 @@ pub enum HolderError {
     },
     #[error("holder description contains control character U+{code_point:04X} at byte {at_byte}; control characters are not allowed")]
     ControlCharacter { code_point: u32, at_byte: usize },
+    #[error("holder description contains invisible or formatting character U+{code_point:04X} at byte {at_byte}; characters of Unicode category Cf and default-ignorable code points (bidi overrides, zero-width characters) are not allowed: they make one description look like another")]
+    InvisibleCharacter { code_point: u32, at_byte: usize },
 }
 
 impl Holder {
-    /// Checks `raw` against the rules above.
+    /// Checks `raw` against the rules above and refuses invisible or
+    /// formatting characters ([`crate::invisible`]): the rule of every new
+    /// description.
     pub fn parse(raw: &str) -> Result<Self, HolderError> {
+        let holder = Self::parse_existing(raw)?;
+        match crate::invisible::find_invisible(raw) {
+            Some((at_byte, c)) => Err(HolderError::InvisibleCharacter {
+                code_point: u32::from(c),
+                at_byte,
+            }),
+            None => Ok(holder),
+        }
+    }
+
+    /// The rule descriptions were stored under before invisible characters
+    /// were refused: for those read back from a store or a backup.
+    pub fn parse_existing(raw: &str) -> Result<Self, HolderError> {
         if raw.is_empty() {
             return Err(HolderError::Empty);
         }

@@ -22,6 +22,7 @@
 pub mod bad;
 mod holder;
 mod ids;
+pub mod invisible;
 mod name;
 pub mod pipeline;
 mod table;

@@ -33,6 +33,8 @@ pub enum NameError {
     },
     #[error("resource name contains control character U+{code_point:04X} at byte {at_byte}; control characters are not allowed")]
     ControlCharacter { code_point: u32, at_byte: usize },
+    #[error("resource name contains invisible or formatting character U+{code_point:04X} at byte {at_byte}; characters of Unicode category Cf and default-ignorable code points (bidi overrides, zero-width characters) are not allowed: they make one name look like another")]
+    InvisibleCharacter { code_point: u32, at_byte: usize },
     #[error("resource name has leading or trailing whitespace; trim it")]
     SurroundingWhitespace,
     #[error("resource name has an empty ':'-separated segment at byte {at_byte}; segments must be non-empty")]
@@ -46,8 +48,25 @@ impl ResourceName {
         Self::shared(String::new())
     }
 
-    /// Validates `raw` and returns its canonical (NFC) form.
+    /// Validates `raw` and returns its canonical (NFC) form: the rule of
+    /// every new name, which [`ResourceName::parse_existing`]'s rule and no
+    /// invisible or formatting character ([`crate::invisible`]).
     pub fn parse(raw: &str) -> Result<Self, NameError> {
+        let name = Self::parse_existing(raw)?;
+        match crate::invisible::find_invisible(name.as_str()) {
+            Some((at_byte, c)) => Err(NameError::InvisibleCharacter {
+                code_point: u32::from(c),
+                at_byte,
+            }),
+            None => Ok(name),
+        }
+    }
+
+    /// The rule names were stored under before invisible characters were
+    /// refused: for names read back from a store or a backup, and for
+    /// reaching a lease already held under such a name (status, renew,
+    /// release, fence), never for a new grant.
+    pub fn parse_existing(raw: &str) -> Result<Self, NameError> {
         if raw.is_empty() {
             return Err(NameError::Empty);
         }

@@ -31,11 +31,11 @@ BEGIN
 END
 $$;
 SELECT version AS baton_installed FROM baton_install_from \gset
-SELECT :baton_installed > 8 AS baton_newer \gset
+SELECT :baton_installed > 9 AS baton_newer \gset
 \if :baton_newer
 DO $$
 BEGIN
-    RAISE EXCEPTION 'the fence kit in this database is at version %, newer than this install (version 8): install that release or a later one, never an older one over it',
+    RAISE EXCEPTION 'the fence kit in this database is at version %, newer than this install (version 9): install that release or a later one, never an older one over it',
         (SELECT version FROM baton_install_from);
 END
 $$;
@@ -72,6 +72,10 @@ SELECT :baton_installed < 7 AS baton_need \gset
 SELECT :baton_installed < 8 AS baton_need \gset
 \if :baton_need
 \ir 008_outbox.sql
+\endif
+SELECT :baton_installed < 9 AS baton_need \gset
+\if :baton_need
+\ir 009_invisible_names.sql
 \endif
 
 -- The definitions in force, every time.

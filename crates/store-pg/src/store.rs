@@ -158,7 +158,7 @@ impl PgLeaseStore {
 fn lease_row(r: &tokio_postgres::Row) -> Result<(ResourceName, LeaseRecord), StoreError> {
     let name: String = r.get(0);
     let corrupt = |what: String| StoreError::Corrupt(format!("lease {name:?}: {what}"));
-    let resource = ResourceName::parse(&name).map_err(|e| corrupt(e.to_string()))?;
+    let resource = ResourceName::parse_existing(&name).map_err(|e| corrupt(e.to_string()))?;
     let digest: Vec<u8> = r.get(1);
     let digest: [u8; 16] = digest
         .try_into()
@@ -173,7 +173,7 @@ fn lease_row(r: &tokio_postgres::Row) -> Result<(ResourceName, LeaseRecord), Sto
         None => None,
     };
     let holder = match r.get::<_, Option<&str>>(5) {
-        Some(text) => Some(Holder::parse(text).map_err(|e| corrupt(e.to_string()))?),
+        Some(text) => Some(Holder::parse_existing(text).map_err(|e| corrupt(e.to_string()))?),
         None => None,
     };
     Ok((

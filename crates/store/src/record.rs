@@ -47,7 +47,7 @@ fn fixed(
     bytes: &[u8],
 ) -> Result<(ResourceName, AcquisitionDigest, FencingToken, u64), StoreError> {
     let corrupt = |what: String| StoreError::Corrupt(format!("lease {name:?}: {what}"));
-    let resource = ResourceName::parse(name).map_err(|e| corrupt(e.to_string()))?;
+    let resource = ResourceName::parse_existing(name).map_err(|e| corrupt(e.to_string()))?;
     let digest = AcquisitionDigest::from_bytes(bytes[..16].try_into().expect("16 bytes"));
     let token = u64::from_be_bytes(bytes[16..24].try_into().expect("8 bytes"));
     let token = FencingToken::from_u64(token).map_err(|e| corrupt(e.to_string()))?;
@@ -85,7 +85,7 @@ pub(crate) fn decode(name: &str, bytes: &[u8]) -> Result<(ResourceName, LeaseRec
     let holder = if flags & HAS_HOLDER != 0 {
         let text = std::str::from_utf8(rest)
             .map_err(|_| corrupt("the holder description is not UTF-8".into()))?;
-        Some(Holder::parse(text).map_err(|e| corrupt(e.to_string()))?)
+        Some(Holder::parse_existing(text).map_err(|e| corrupt(e.to_string()))?)
     } else if !rest.is_empty() {
         return Err(corrupt(format!("{} bytes after the record", rest.len())));
     } else {

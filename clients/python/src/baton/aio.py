@@ -197,7 +197,7 @@ class Client(_wire.Settings):
         return bool((await self._call("Release", _wire.release_request(lease))).released)
 
     async def status(self, resource: str) -> Status:
-        request = pb.StatusRequest(resource=check_resource(resource))
+        request = pb.StatusRequest(resource=check_resource(resource, existing=True))
         return _wire.status(await self._call("Status", request, read=True))
 
     async def list(self, prefix: str = "", start_after: str = "", limit: int = 100) -> list[Status]:
@@ -215,7 +215,7 @@ class Client(_wire.Settings):
             after = entries[-1].resource
 
     async def fence(self, resource: str) -> Fenced:
-        request = pb.FenceRequest(resource=check_resource(resource))
+        request = pb.FenceRequest(resource=check_resource(resource, existing=True))
         return _wire.fenced(await self._call("Fence", request))
 
     def lease(

@@ -234,7 +234,7 @@ class Client(_wire.Settings):
 
     def status(self, resource: str) -> Status:
         """The holder token, remaining TTL, waiters and holder of a resource."""
-        request = pb.StatusRequest(resource=check_resource(resource))
+        request = pb.StatusRequest(resource=check_resource(resource, existing=True))
         return _wire.status(self._call("Status", request, read=True))
 
     def list(self, prefix: str = "", start_after: str = "", limit: int = 100) -> list[Status]:
@@ -254,7 +254,7 @@ class Client(_wire.Settings):
 
     def fence(self, resource: str) -> Fenced:
         """Revokes the lease, if any, and issues a token above every earlier one."""
-        request = pb.FenceRequest(resource=check_resource(resource))
+        request = pb.FenceRequest(resource=check_resource(resource, existing=True))
         return _wire.fenced(self._call("Fence", request))
 
     # -- sessions, keepers, watches -------------------------------------------

@@ -22,12 +22,65 @@ def _control(text: str) -> tuple[int, int] | None:
     return None
 
 
+# Code points no new name or holder description may hold: Unicode general
+# category Cf and the other Default_Ignorable_Code_Point code points (bidi
+# overrides, zero-width characters, variation selectors, fillers, tags).
+# They make one name look like another. The server's own table
+# (baton_core::invisible), checked against this one by
+# crates/fence/tests/sql_names.rs.
+INVISIBLE_RANGES: tuple[tuple[int, int], ...] = (
+    (0x00AD, 0x00AD),
+    (0x034F, 0x034F),
+    (0x0600, 0x0605),
+    (0x061C, 0x061C),
+    (0x06DD, 0x06DD),
+    (0x070F, 0x070F),
+    (0x0890, 0x0891),
+    (0x08E2, 0x08E2),
+    (0x115F, 0x1160),
+    (0x17B4, 0x17B5),
+    (0x180B, 0x180F),
+    (0x200B, 0x200F),
+    (0x202A, 0x202E),
+    (0x2060, 0x206F),
+    (0x3164, 0x3164),
+    (0xFE00, 0xFE0F),
+    (0xFEFF, 0xFEFF),
+    (0xFFA0, 0xFFA0),
+    (0xFFF0, 0xFFFB),
+    (0x110BD, 0x110BD),
+    (0x110CD, 0x110CD),
+    (0x13430, 0x1343F),
+    (0x1BCA0, 0x1BCA3),
+    (0x1D173, 0x1D17A),
+    (0xE0000, 0xE0FFF),
+)
+INVISIBLE_RULE = (
+    "characters of Unicode category Cf and default-ignorable code points "
+    "(bidi overrides, zero-width characters) are not allowed: "
+    "they make one name look like another"
+)
+
+
+def _invisible(text: str) -> tuple[int, int] | None:
+    """The first invisible or formatting character and its byte offset."""
+    at = 0
+    for c in text:
+        cp = ord(c)
+        if cp > 0x7F and any(lo <= cp <= hi for lo, hi in INVISIBLE_RANGES):
+            return cp, at
+        at += len(c.encode())
+    return None
+
+
 _ASCII_OK = re.compile(r"[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?")
 
 
-def check_resource(raw: str) -> str:
+def check_resource(raw: str, existing: bool = False) -> str:
     """The canonical (NFC) form of a resource name, or :class:`ValueError`
-    naming the rule it breaks."""
+    naming the rule it breaks. ``existing``: a name that may already be held
+    (status, fence), where a name stored before invisible characters were
+    refused still passes."""
     if not isinstance(raw, str):
         raise ValueError(f"resource name must be a str, not {type(raw).__name__}")
     # The common case, checked at once: printable ASCII (already NFC), no
@@ -54,6 +107,12 @@ def check_resource(raw: str) -> str:
         raise ValueError(
             f"resource name contains control character U+{control[0]:04X} at byte {control[1]}; "
             "control characters are not allowed"
+        )
+    invisible = None if existing else _invisible(name)
+    if invisible is not None:
+        raise ValueError(
+            f"resource name contains invisible or formatting character U+{invisible[0]:04X} "
+            f"at byte {invisible[1]}; {INVISIBLE_RULE}"
         )
     if name != name.strip():
         raise ValueError("resource name has leading or trailing whitespace; trim it")
@@ -88,9 +147,16 @@ def check_holder(raw: str) -> str:
     :class:`ValueError` naming the rule."""
     if not raw:
         raise ValueError("holder description is empty; omit it instead")
-    return _bounded_text(
+    text = _bounded_text(
         raw, "holder description", HOLDER_LEN_BYTES_MAX, "control characters are not allowed"
     )
+    invisible = _invisible(text)
+    if invisible is not None:
+        raise ValueError(
+            f"holder description contains invisible or formatting character "
+            f"U+{invisible[0]:04X} at byte {invisible[1]}; {INVISIBLE_RULE}"
+        )
+    return text
 
 
 def _seconds(value: object, what: str) -> float:

@@ -5,7 +5,7 @@
 /// functions, by version. Each runs once, in order, recorded in
 /// `baton.schema_migrations`. From psql, `sql/install.sql` runs those a
 /// database lacks and then the function files, in one transaction.
-pub const MIGRATIONS: [(i32, &str); 8] = [
+pub const MIGRATIONS: [(i32, &str); 9] = [
     (1, include_str!("../../sql/001_baton_fence.sql")),
     (2, include_str!("../../sql/002_names_and_races.sql")),
     (3, include_str!("../../sql/003_documented_names.sql")),
@@ -14,6 +14,7 @@ pub const MIGRATIONS: [(i32, &str); 8] = [
     (6, include_str!("../../sql/006_plpgsql_wrappers.sql")),
     (7, include_str!("../../sql/007_plain_names.sql")),
     (8, include_str!("../../sql/008_outbox.sql")),
+    (9, include_str!("../../sql/009_invisible_names.sql")),
 ];
 
 /// The definition in force of every `baton.*` function, one file per

@@ -11,8 +11,15 @@ use tonic::Status;
 
 use crate::engine::AcquireReply;
 
-/// Parses a resource name, naming the field and the rule on failure.
+/// Parses the name of a resource that may already be held, naming the
+/// field and the rule on failure: names stored before invisible characters
+/// were refused still reach their leases (status, renew, release, fence).
 pub fn parse_resource(field: impl std::fmt::Display, raw: &str) -> Result<ResourceName, Status> {
+    ResourceName::parse_existing(raw).map_err(|e| Status::invalid_argument(format!("{field}: {e}")))
+}
+
+/// Parses the name of a resource to be granted: every rule of a new name.
+fn parse_new_resource(field: impl std::fmt::Display, raw: &str) -> Result<ResourceName, Status> {
     ResourceName::parse(raw).map_err(|e| Status::invalid_argument(format!("{field}: {e}")))
 }
 
@@ -95,7 +102,7 @@ pub(super) fn parse_claims(
     };
     let mut claims = Vec::with_capacity(resources.len());
     for (i, raw) in resources.iter().enumerate() {
-        let resource = parse_resource(ResourcesField(i), raw)?;
+        let resource = parse_new_resource(ResourcesField(i), raw)?;
         let id = request.map_or_else(random_id, |r| r.acquisition_id(&resource));
         claims.push((resource, id));
     }
