@@ -201,6 +201,27 @@ impl ObjectKit {
         })
     }
 
+    /// [`ObjectKit::from_url`], or a local directory, for reading only:
+    /// nothing is created, probed or written. A local directory that does
+    /// not exist yet holds no object (an empty store in memory stands for
+    /// it).
+    pub fn open_existing(location: &str) -> Result<Self, ObjectError> {
+        if location.contains("://") {
+            return Self::from_url(location);
+        }
+        let dir = std::path::Path::new(location);
+        if !dir.exists() {
+            return Ok(Self::new(
+                Arc::new(object_store::memory::InMemory::new()),
+                "",
+            ));
+        }
+        Ok(Self::new(
+            Arc::new(LocalFileSystem::new_with_prefix(dir)?),
+            "",
+        ))
+    }
+
     /// [`ObjectKit::from_url`], or a local directory for a path that is not
     /// a URL, then [`ObjectKit::check_create_only`]: a store that would
     /// overwrite is refused before anything is written.

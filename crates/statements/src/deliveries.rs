@@ -30,7 +30,7 @@ pub fn line(d: &Delivery) -> String {
 pub async fn run(command: DeliveriesCommand) -> anyhow::Result<ExitCode> {
     match command {
         DeliveriesCommand::List { paths, state, json } => {
-            let mut db = store::open(&paths.target()).await?;
+            let mut db = store::open_existing(&paths.target()).await?;
             let filter = Filter {
                 state,
                 ..Filter::default()
@@ -75,7 +75,7 @@ pub async fn run(command: DeliveriesCommand) -> anyhow::Result<ExitCode> {
 }
 
 async fn show(paths: &Paths, id: i64, json: bool) -> anyhow::Result<ExitCode> {
-    let mut db = store::open(&paths.target()).await?;
+    let mut db = store::open_existing(&paths.target()).await?;
     let Some(d) = db.outbox().get(id).await? else {
         return Err(crate::NoSuchJob(format!("no delivery {id}")).into());
     };

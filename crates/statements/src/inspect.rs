@@ -180,8 +180,8 @@ pub async fn gather(
     date: &str,
     server: Option<&str>,
 ) -> anyhow::Result<Inspection> {
-    let mut db = store::open(&paths.target()).await?;
-    let kit = ObjectKit::open(&paths.objects).await?;
+    let mut db = store::open_existing(&paths.target()).await?;
+    let kit = ObjectKit::open_existing(&paths.objects)?;
     let job = db
         .job(account, date)
         .await?

@@ -598,12 +598,25 @@ fn a_bad_date_is_usage_and_an_unknown_job_is_exit_3() {
         String::from_utf8_lossy(&out.stderr).contains("YYYY-MM-DD"),
         "{out:?}"
     );
+    // Nothing seeded yet: no database to read (and none is created).
+    let out = run(&["show", "--account", "nobody", "--date", "2026-01-01"]);
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("nothing to read"),
+        "{out:?}"
+    );
+    assert!(!db.exists(), "show created the database");
+    let out = run(&["seed", "--account", "someone", "--date", "2026-01-01"]);
+    assert!(out.status.success(), "{out:?}");
     let out = run(&["show", "--account", "nobody", "--date", "2026-01-01"]);
     assert_eq!(out.status.code(), Some(3), "{out:?}");
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("no job for nobody"),
         "{out:?}"
     );
+    // A job seeded and not yet worked on shows, with no objects folder.
+    let out = run(&["show", "--account", "someone", "--date", "2026-01-01"]);
+    assert!(out.status.success(), "{out:?}");
     let version = std::process::Command::new(BIN)
         .arg("--version")
         .output()
@@ -731,4 +744,40 @@ async fn a_once_pass_that_leaves_a_held_job_says_so_and_exits_4() {
         .unwrap();
     assert!(out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("no open jobs; nothing to do"));
+}
+
+/// The commands that only read (`show`, `inspect`, `deliveries list` and
+/// `deliveries show`) pointed at a directory with nothing in it: each says
+/// there is nothing to read, and the directory stays empty (no database,
+/// no objects folder, no probe object).
+#[test]
+fn read_only_commands_create_nothing() {
+    let dir = std::env::temp_dir().join(format!("statements-empty-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let db = dir.join("statements.sqlite").display().to_string();
+    let objects = dir.join("objects").display().to_string();
+    let paths = ["--db", db.as_str(), "--objects", objects.as_str()];
+    let job = ["--account", ACCOUNT, "--date", DATE];
+    let runs: [Vec<&str>; 4] = [
+        [&["show"][..], &paths, &job].concat(),
+        [
+            &["inspect"][..],
+            &paths,
+            &[ACCOUNT, DATE],
+            &["--server", "http://127.0.0.1:9"],
+        ]
+        .concat(),
+        [&["deliveries", "list"][..], &paths].concat(),
+        [&["deliveries", "show", "1"][..], &paths].concat(),
+    ];
+    for args in runs {
+        let out = Command::new(BIN).args(&args).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?}: {out:?}");
+        assert!(stderr.contains("nothing to read"), "{args:?}: {stderr}");
+        assert_eq!(out.status.code(), Some(3), "{args:?}: not found");
+        let left: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
+        assert!(left.is_empty(), "{args:?} created {left:?}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
 }

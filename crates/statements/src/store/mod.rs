@@ -126,6 +126,15 @@ pub async fn open(target: &Location) -> Result<Db> {
     }
 }
 
+/// Opens the store the target names for reading only: nothing is created
+/// or migrated, and a database that is not there is an error naming it.
+pub async fn open_existing(target: &Location) -> Result<Db> {
+    match &target.database_url {
+        Some(url) => Ok(Box::new(postgres::PgDb::open_existing(url).await?)),
+        None => Ok(Box::new(sqlite::SqliteDb::open_existing(&target.db)?)),
+    }
+}
+
 /// Everything the service keeps. Futures are not `Send`: a SQLite
 /// connection is not `Sync`, and each worker uses its store from one task.
 #[async_trait::async_trait(?Send)]

@@ -94,6 +94,27 @@ impl PgDb {
         let prepared = PgFence::prepare(&client).await.map_err(err)?;
         Ok(Self { client, prepared })
     }
+
+    /// A database that holds the service's schema already, for reading:
+    /// nothing is created or migrated.
+    pub async fn open_existing(url: &str) -> Result<Self> {
+        let shown = baton_fence::postgres::redact_url(url);
+        let client = baton_pgconn::connect(url)
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot connect to {shown}: {e}"))?;
+        let row = client
+            .query_one("SELECT to_regclass('statements.jobs') IS NOT NULL AND to_regclass('baton.resources') IS NOT NULL", &[])
+            .await
+            .map_err(err)?;
+        if !row.get::<_, bool>(0) {
+            return Err(crate::NoSuchJob(format!(
+                "{shown} has no statements schema: nothing to read (`statements seed` and the worker create it)"
+            ))
+            .into());
+        }
+        let prepared = PgFence::prepare(&client).await.map_err(err)?;
+        Ok(Self { client, prepared })
+    }
 }
 
 #[async_trait::async_trait(?Send)]

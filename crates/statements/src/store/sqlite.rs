@@ -94,6 +94,24 @@ impl SqliteDb {
         conn.execute_batch(SQLITE_LOG).map_err(err)?;
         Ok(Self(conn))
     }
+
+    /// A database that exists, for reading: not created, not migrated.
+    pub fn open_existing(path: &Path) -> Result<Self> {
+        if !path.is_file() {
+            return Err(crate::NoSuchJob(format!(
+                "no statements database at {}: nothing to read (`statements seed` and the worker create it; --db names another)",
+                path.display()
+            ))
+            .into());
+        }
+        let flags =
+            rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        let conn = Connection::open_with_flags(path, flags)
+            .with_context(|| format!("cannot open {}", path.display()))?;
+        conn.busy_timeout(std::time::Duration::from_secs(30))
+            .map_err(err)?;
+        Ok(Self(conn))
+    }
 }
 
 #[async_trait::async_trait(?Send)]
