@@ -413,35 +413,131 @@ async fn the_readme_run_and_election_scripts_run_as_written() {
     assert_eq!(out.status.code(), Some(1), "{out:?}");
     assert_eq!(String::from_utf8_lossy(&out.stdout), "publish: stale\n");
 
-    // lead.sh loops while leading: the current leader publishes (stop it
-    // after its first publication); the deposed one is refused at once.
+    // lead.sh loops while leading, writing again and again under its
+    // token: at least five writes by the first leader, then a hand-over to
+    // a newer token that writes five more, and the first, still looping,
+    // is refused at its next write (stale) and exits.
     let lead = readme_script("#!/bin/sh\n# lead.sh", &db.name);
     let path = dir.path().join("lead.sh");
     std::fs::write(&path, &lead).unwrap();
-    let leader = baton_testkit::process::Proc::spawn(
-        std::process::Command::new("sh")
-            .arg(&path)
-            .env("PGPORT", &port)
-            .env("BATON_FENCING_TOKEN", &t2)
-            // Its `sleep` outlives a kill of the shell: keep it off our output.
-            .stderr(std::process::Stdio::null()),
-        "lead.sh",
+    let leader = |token: &str| {
+        baton_testkit::process::Proc::spawn_merged(
+            std::process::Command::new("sh")
+                .arg(&path)
+                .env("PGPORT", &port)
+                .env("PLAN_EVERY_S", "0.05")
+                .env("BATON_FENCING_TOKEN", token),
+            "lead.sh",
+        )
+    };
+    let written = async |token: &str, n: i64| {
+        let token: i64 = token.parse().unwrap();
+        baton_testkit::eventually(std::time::Duration::from_secs(20), async || {
+            client
+                .query_opt(
+                    "SELECT 1 FROM baton.resources WHERE resource = 'scheduler:plan' AND generation = $1 AND seq >= $2",
+                    &[&token, &n],
+                )
+                .await
+                .unwrap()
+                .is_some()
+        })
+        .await;
+    };
+    let mut first = leader(&t1);
+    written(&t1, 5).await;
+    let second = leader(&t2);
+    written(&t2, 5).await;
+    first.wait_for("deposed: stale");
+    assert_eq!(first.wait().code(), Some(1), "the deposed leader stops");
+    drop(second);
+}
+
+/// The README's nightly job, as three hosts would run it from the same
+/// crontab line at the same minute: three `baton run --wait` processes.
+/// The job runs once; the two others, given the lease in turn, find the
+/// night recorded and skip.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_readme_nightly_job_runs_once_on_three_hosts() {
+    let db = baton_testkit::PgDb::create("readme_nightly").await;
+    let client = db.connect().await;
+    for (_, migration) in baton_fence::postgres::MIGRATIONS {
+        client.batch_execute(migration).await.unwrap();
+    }
+    let dir = TempDir::new("readme-nightly");
+    let s = common::serve(&dir.path().join("data"), &[]);
+    let port = db
+        .url
+        .split_whitespace()
+        .find_map(|kv| kv.strip_prefix("port="))
+        .unwrap_or("5432")
+        .to_string();
+    let once = dir.path().join("nightly-once");
+    std::fs::write(&once, readme_script("#!/bin/sh\n# nightly-once", &db.name)).unwrap();
+    let runs = dir.path().join("runs");
+    let report = dir.path().join("nightly-report");
+    std::fs::write(
+        &report,
+        format!("#!/bin/sh\necho ran >> {}\nsleep 0.3\n", runs.display()),
+    )
+    .unwrap();
+    for f in [&once, &report] {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(f, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let line = readme
+        .lines()
+        .find(|l| l.starts_with("0 2 * * * baton run "))
+        .expect("the crontab line is in the README");
+    let args: Vec<String> = line
+        .trim_start_matches("0 2 * * * baton ")
+        .split_whitespace()
+        .map(|a| match a {
+            "baton-1:7700,baton-2:7700" => s.url(),
+            "/usr/local/bin/nightly-once" => once.display().to_string(),
+            other => other.to_string(),
+        })
+        .collect();
+    let hosts: Vec<_> = (0..3)
+        .map(|_| {
+            std::process::Command::new(&*common::BIN)
+                .args(&args)
+                .env("PGPORT", &port)
+                .env("NIGHTLY_REPORT", &report)
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let outs: Vec<Output> = hosts
+        .into_iter()
+        .map(|h| h.wait_with_output().unwrap())
+        .collect();
+    for out in &outs {
+        assert!(out.status.success(), "{out:?}");
+    }
+    let said: Vec<String> = outs
+        .iter()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .collect();
+    let ran = std::fs::read_to_string(&runs).unwrap();
+    assert_eq!(ran.lines().count(), 1, "one run a night: {said:?}");
+    assert_eq!(
+        said.iter().filter(|l| l.ends_with(": done")).count(),
+        1,
+        "{said:?}"
     );
-    baton_testkit::eventually(std::time::Duration::from_secs(10), async || {
-        client
-            .query_opt(
-                "SELECT 1 FROM baton.resources WHERE resource = 'scheduler:plan'",
-                &[],
-            )
-            .await
-            .unwrap()
-            .is_some()
-    })
-    .await;
-    drop(leader);
-    let out = sh(&lead, &[("BATON_FENCING_TOKEN", &t1)]);
-    assert_eq!(out.status.code(), Some(1), "{out:?}");
-    assert_eq!(String::from_utf8_lossy(&out.stderr), "deposed: stale\n");
+    assert_eq!(
+        said.iter()
+            .filter(|l| l.ends_with(": already done"))
+            .count(),
+        2,
+        "{said:?}"
+    );
 }
 
 /// `baton completions SHELL` prints a script that bash loads and that
