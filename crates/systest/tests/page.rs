@@ -283,6 +283,67 @@ async fn the_page_shows_leases_history_live_changes_and_fences() {
     let _ = b.close().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_name_or_holder_never_spills_over_the_history_panel() {
+    let dir = TempDir::new("page_long");
+    let s = common::serve(dir.path(), &[]);
+    let name = format!("long:{}", "n".repeat(480));
+    let holder = format!("worker-{}", "h".repeat(240));
+    let mut c = Client::connect(&s.url())
+        .await
+        .unwrap()
+        .with_holder(Holder::parse(&holder).unwrap());
+    granted(
+        c.acquire(&name, Duration::from_secs(60), Duration::ZERO)
+            .await
+            .unwrap(),
+    );
+    let driver = driver();
+    let b = browser(&driver, &dir.path().join("profile")).await;
+    b.set_window_size(1280, 900).await.unwrap();
+    b.goto(&format!("http://{}/", s.http)).await.unwrap();
+    shown(
+        "the long lease",
+        async || rows(&b).await,
+        |r| r.iter().any(|row| row.starts_with("long:")),
+    )
+    .await;
+    b.find(Locator::Css("#leases tbody tr"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let v = eval(
+        &b,
+        "const r = (id) => document.getElementById(id).getBoundingClientRect();
+         const cells = document.querySelectorAll('#leases tbody tr td');
+         return { table: r('leases').right, panel: r('leases-panel').right,
+                  history: r('history').left, history_right: r('history').right,
+                  list: document.querySelector('#history ol').scrollWidth,
+                  list_box: document.querySelector('#history ol').clientWidth,
+                  name: cells[0].title, holder: cells[2].title };",
+    )
+    .await;
+    let f = |k: &str| v[k].as_f64().unwrap();
+    assert!(
+        f("table") <= f("panel") + 1.0,
+        "the table stays in its panel: {v}"
+    );
+    assert!(
+        f("table") <= f("history"),
+        "the table never reaches the history panel: {v}"
+    );
+    assert!(
+        f("list") <= f("list_box") + 1.0,
+        "the history's long holder wraps: {v}"
+    );
+    assert_eq!(v["name"], name.as_str(), "the whole name on hover");
+    assert_eq!(v["holder"], holder.as_str(), "the whole holder on hover");
+    save_screenshot(&b, "page-long-values").await;
+    let _ = b.close().await;
+}
+
 const OPS: &str = "ops-token-5d1e";
 const BILLING: &str = "billing-token-93aa";
 
