@@ -1,4 +1,5 @@
-"""The README's Python example runs as written against a real server."""
+"""The manual's Python example (docs/python.md) runs as written against a
+real server."""
 
 from __future__ import annotations
 
@@ -8,12 +9,11 @@ import sys
 
 from .conftest import Server
 
-README = pathlib.Path(__file__).resolve().parents[3] / "README.md"
+MANUAL = pathlib.Path(__file__).resolve().parents[3] / "docs" / "python.md"
 
 
 def test_the_readme_python_example_runs_as_written(server: Server) -> None:
-    text = README.read_text()
-    section = text[text.index("### From Python") :]
+    section = MANUAL.read_text()
     start = section.index("```python\n") + len("```python\n")
     code = section[start : section.index("```", start)]
     out = subprocess.run(

@@ -348,14 +348,29 @@ async fn the_fence_kit_chapter_and_the_restore_example_run_as_written() {
     );
 }
 
-/// The shell script of a README block that starts with `first_line`, with
-/// `-d app` pointed at the test's database.
-fn readme_script(first_line: &str, db: &str) -> String {
+/// The README and the manuals in docs/, one after the other.
+fn docs_text() -> String {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let mut text = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let mut manuals: Vec<_> = std::fs::read_dir(root.join("docs"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "md"))
+        .collect();
+    manuals.sort();
+    for m in manuals {
+        text.push_str(&std::fs::read_to_string(m).unwrap());
+    }
+    text
+}
+
+/// The shell script of a documented block that starts with `first_line`,
+/// with `-d app` pointed at the test's database.
+fn readme_script(first_line: &str, db: &str) -> String {
+    let readme = docs_text();
     let start = readme
         .find(first_line)
-        .expect("the script is in the README");
+        .expect("the script is in the docs");
     let end = start + readme[start..].find("```").unwrap();
     readme[start..end].replace("-d app", &format!("-d {db}"))
 }
@@ -485,8 +500,7 @@ async fn the_readme_nightly_job_runs_once_on_three_hosts() {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(f, std::fs::Permissions::from_mode(0o755)).unwrap();
     }
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let readme = docs_text();
     let line = readme
         .lines()
         .find(|l| l.starts_with("0 2 * * * baton run "))

@@ -396,3 +396,8 @@ impl Client {
 #[cfg(doctest)]
 #[doc = include_str!("../../../README.md")]
 pub struct ReadmeDoctests;
+
+/// The usage manual's Rust examples, compiled the same way.
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/usage.md")]
+pub struct UsageDoctests;

@@ -214,7 +214,7 @@ pub fn cancel(state: Option<&ResourceState>, policy: Policy, at: FencingToken) -
 
 /// Outcome of an explicit new incarnation.
 #[derive(Clone, Debug, PartialEq, Eq)]
-#[allow(missing_docs)] // variants are documented in the README's outcome table; fields name the tokens compared
+#[allow(missing_docs)] // variants are documented in docs/fence-kit.md's outcome table; fields name the tokens compared
 pub enum Recreate {
     /// A new incarnation whose floor is the presented token.
     Recreated {

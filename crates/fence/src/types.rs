@@ -259,7 +259,7 @@ impl FenceRequest {
 /// The answer to a fenced write. Refusals are outcomes, not errors: an
 /// `Err` means the write could not be judged at all.
 #[derive(Clone, Debug, PartialEq, Eq)]
-#[allow(missing_docs)] // variants are documented in the README's outcome table; fields name the tokens compared
+#[allow(missing_docs)] // variants are documented in docs/fence-kit.md's outcome table; fields name the tokens compared
 pub enum Outcome {
     /// The token passed; the caller's effect belongs to this transaction.
     Applied { token: FencingToken, created: bool },

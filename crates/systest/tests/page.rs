@@ -52,7 +52,7 @@ fn driver() -> Driver {
 }
 
 /// A headless Chromium session; the flags keep it off every network but
-/// loopback (see the machine notes in the README's test section).
+/// loopback (see scripts/test).
 async fn browser(driver: &Driver, profile: &Path) -> Browser {
     let mut caps = serde_json::Map::new();
     caps.insert(
