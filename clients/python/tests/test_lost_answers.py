@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import socket
 import threading
 
@@ -18,7 +19,8 @@ from baton import aio
 from baton._proto import baton_pb2 as pb
 from baton._proto import baton_pb2_grpc as pb_grpc
 
-from .conftest import Server
+from .conftest import Server, free_port
+from .test_cluster import leader
 
 
 class DropProxy:
@@ -170,3 +172,40 @@ def test_without_a_request_id_the_lost_answer_leaves_an_orphan(server: Server) -
         print(f"negative control: the orphan (token {orphan}) holds lost:bare for nobody")
     finally:
         proxy.close()
+
+
+def test_in_a_cluster_the_repeat_goes_to_another_member_and_grants_once(
+    tmp_dir: str, pg_db: str
+) -> None:
+    """Three servers, each behind a proxy it advertises; the leader's
+    proxy drops the answer. The client moves on to another member, which
+    sends it back to the leader: the same lease."""
+    listens = [f"127.0.0.1:{free_port()}" for _ in range(3)]
+    proxies = [DropProxy(a) for a in listens]
+    nodes = [
+        Server(
+            os.path.join(tmp_dir, f"n{i}"),
+            ["--store", pg_db, "--leader-ttl", "1s", "--advertise", f"http://{p.address}"],
+            listen=listens[i],
+        )
+        for i, p in enumerate(proxies)
+    ]
+    try:
+        first = leader(nodes)
+        servers = ",".join(
+            p.address for p in [proxies[first], *proxies[:first], *proxies[first + 1 :]]
+        )
+        with baton.Client(servers, timeout_s=20) as c:
+            c.status("warm")
+            proxies[first].arm(b"lost:cluster")
+            lease = c.acquire("lost:cluster", ttl_s=30)
+            assert proxies[first].dropped == 1, "the fault fired"
+            assert _held_token(nodes[first], "lost:cluster") == lease.token, "one lease"
+            assert c.release(lease)
+            assert _held_token(nodes[first], "lost:cluster") is None, "no orphan"
+        print(f"cluster: fault fired once; token {lease.token} held once")
+    finally:
+        for n in nodes:
+            n.stop()
+        for p in proxies:
+            p.close()
