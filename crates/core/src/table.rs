@@ -230,6 +230,9 @@ impl LeaseTable {
             return Ok(AcquireOutcome::Granted(grants));
         };
         if request.wait_ms == 0 {
+            if let Some(key) = key {
+                self.repeats.not_granted(now, key);
+            }
             return Ok(AcquireOutcome::NotAcquired(blocker));
         }
         self.enqueue(now, request, key)

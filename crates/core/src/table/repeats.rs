@@ -11,6 +11,8 @@
 //!   of a multi-resource grant was released), or when it was granted in
 //!   the last [`REPEAT_MEMORY_MS`] (remembered here, in memory: at most
 //!   [`REPEATS_REMEMBERED_MAX`] requests, one word and a queue entry each);
+//! - a new request again when its first attempt was seen and not granted
+//!   (refused, or withdrawn from the line when its connection broke);
 //! - "ended" as well when the table cannot prove it never granted the
 //!   request: the first attempt was sent before the table remembers
 //!   (before a restart, before this leader's term, or before the oldest
@@ -19,7 +21,7 @@
 //!
 //! Otherwise the request was never granted, and is served as a new one.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 
 use super::*;
 
@@ -35,8 +37,8 @@ pub const REPEATS_REMEMBERED_MAX: usize = 1_000_000;
 
 /// How much earlier than the client says a first attempt may have been
 /// sent, as the server's clock counts: the repeat's own time in flight and
-/// the clocks' difference in rate.
-const SENT_SLACK_MS: u64 = 2_000;
+/// the clocks' difference in rate (plus 1% of the time since the first).
+const SENT_SLACK_MS: u64 = 500;
 
 /// Which attempt of a request carrying a request id this is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -54,11 +56,12 @@ pub enum Attempt {
 /// What the table remembers of requests carrying a request id.
 #[derive(Debug, Default)]
 pub(super) struct Repeats {
-    /// Requests granted recently, oldest first, with their grant times.
+    /// Requests seen recently, oldest first, with when they were seen.
     order: VecDeque<(MonoMs, RequestKey)>,
-    granted: HashSet<RequestKey>,
-    /// Every request granted since this instant is in `granted` or held:
-    /// set at the first request carrying an id that the table sees.
+    /// Each of them, and whether it was granted.
+    seen: HashMap<RequestKey, bool>,
+    /// Every request granted since this instant is in `seen` or held: the
+    /// table's start (recovery), or its first use for a table made empty.
     known_since: Option<MonoMs>,
     /// The grant time of the last request forgotten.
     forgotten_through: Option<MonoMs>,
@@ -78,12 +81,34 @@ pub(super) fn key_of(id: &AcquisitionId) -> RequestKey {
 }
 
 impl Repeats {
+    /// The table starts at `now`: it knows nothing granted before.
+    pub(super) fn start(&mut self, now: MonoMs) {
+        self.known_since = Some(now);
+    }
+
     /// Remembers a request granted at `now`.
     pub(super) fn granted(&mut self, now: MonoMs, key: RequestKey) {
-        self.known_since.get_or_insert(now);
         self.waiting.remove(&key);
-        if self.granted.insert(key) {
-            self.order.push_back((now, key));
+        self.remember(now, key, true);
+    }
+
+    /// Remembers a request seen at `now` and not granted: refused, or
+    /// withdrawn from the line.
+    pub(super) fn not_granted(&mut self, now: MonoMs, key: RequestKey) {
+        self.remember(now, key, false);
+    }
+
+    fn remember(&mut self, now: MonoMs, key: RequestKey, granted: bool) {
+        self.known_since.get_or_insert(now);
+        match self.seen.get(&key).copied() {
+            None => {
+                self.seen.insert(key, granted);
+                self.order.push_back((now, key));
+            }
+            // Granted once stays granted.
+            Some(before) => {
+                self.seen.insert(key, before || granted);
+            }
         }
         self.forget_old(now);
     }
@@ -95,7 +120,7 @@ impl Repeats {
                 break;
             }
             self.order.pop_front();
-            self.granted.remove(&key);
+            self.seen.remove(&key);
             self.forgotten_through = Some(at);
         }
     }
@@ -151,7 +176,8 @@ impl LeaseTable {
         if held.len() == request.claims.len() {
             return Seen::Answered(AcquireOutcome::Repeated(held));
         }
-        if !held.is_empty() || self.repeats.granted.contains(&key) {
+        let seen = self.repeats.seen.get(&key).copied();
+        if !held.is_empty() || seen == Some(true) {
             return Seen::Answered(AcquireOutcome::Ended);
         }
         if let Some(&waiter) = self.repeats.waiting.get(&key) {
@@ -163,7 +189,7 @@ impl LeaseTable {
         }
         match attempt {
             Attempt::Repeat { first_sent_ms_ago }
-                if !self.repeats.covers(now, first_sent_ms_ago) =>
+                if seen.is_none() && !self.repeats.covers(now, first_sent_ms_ago) =>
             {
                 Seen::Answered(AcquireOutcome::Ended)
             }

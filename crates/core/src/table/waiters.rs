@@ -80,6 +80,7 @@ impl LeaseTable {
             .expect("removing an unknown waiter");
         if let Some(key) = w.key {
             self.repeats.waiting.remove(&key);
+            self.repeats.not_granted(now, key);
         }
         self.unbind_waiter(waiter, w.session);
         for (resource, _) in &w.claims {

@@ -165,3 +165,40 @@ fn requests_without_an_id_are_served_as_new_every_time() {
     t.release(MonoMs(1), &name("a"), &id(1));
     granted(t.acquire(MonoMs(2), req(&["a"], 1, 5_000, 0, 2)));
 }
+
+#[test]
+fn a_repeat_of_an_attempt_seen_and_not_granted_is_served_as_new() {
+    // Just started: a repeat it knows nothing of would be "ended"; one
+    // whose first attempt it saw withdrawn (its connection broke while it
+    // waited) or refused is new.
+    let mut t = LeaseTable::recover(Limits::default(), MonoMs(10_000), Epoch::FIRST, 0, [], []);
+    t.acquire(MonoMs(10_000), req(&["a"], 1, 5_000, 0, 1))
+        .unwrap();
+    let first = t.acquire(MonoMs(10_001), keyed(&["a"], Attempt::First, 60_000, 2));
+    assert_eq!(
+        first,
+        Ok(AcquireOutcome::Queued {
+            waiter: WaiterId(2)
+        })
+    );
+    t.cancel_wait(MonoMs(10_002), WaiterId(2));
+    let again = t.acquire(MonoMs(10_003), keyed(&["a"], repeat(2), 60_000, 3));
+    assert_eq!(
+        again,
+        Ok(AcquireOutcome::Queued {
+            waiter: WaiterId(3)
+        })
+    );
+    assert_eq!(t.n_waiters(), 1);
+    // Refused try-once, then repeated: refused again, not "ended".
+    let mut t = LeaseTable::recover(Limits::default(), MonoMs(10_000), Epoch::FIRST, 0, [], []);
+    t.acquire(MonoMs(10_000), req(&["b"], 1, 5_000, 0, 1))
+        .unwrap();
+    let refused = t.acquire(MonoMs(10_001), keyed(&["b"], Attempt::First, 0, 2));
+    assert!(matches!(refused, Ok(AcquireOutcome::NotAcquired(_))));
+    let again = t.acquire(MonoMs(10_002), keyed(&["b"], repeat(1), 0, 3));
+    assert!(
+        matches!(again, Ok(AcquireOutcome::NotAcquired(_))),
+        "{again:?}"
+    );
+}
