@@ -80,10 +80,39 @@ impl Client {
     /// it is.
     pub(crate) async fn call<M, R, F, Fut>(
         &self,
+        message: M,
+        extra: Duration,
+        kind: Kind<M>,
+        f: F,
+    ) -> Result<R, ClientError>
+    where
+        M: Clone,
+        F: Fn(LeasesClient<Channel>, Request<M>) -> Fut,
+        Fut: std::future::Future<Output = Result<tonic::Response<R>, tonic::Status>>,
+    {
+        let mut lost = None;
+        match self.attempts(message, extra, kind, f, &mut lost).await {
+            // An answer was lost, and no repeat got one: what the first
+            // attempt did is unknown, however the repeats failed.
+            Err(e) if e.is_definite() => match lost {
+                Some(first) => Err(ClientError::Indeterminate(format!(
+                    "{first}; sent again until the call's time was up, no repeat was answered: {e}"
+                ))),
+                None => Err(e),
+            },
+            out => out,
+        }
+    }
+
+    /// [`Client::call`]'s attempts; `lost` keeps the first lost answer of
+    /// a repeatable call.
+    async fn attempts<M, R, F, Fut>(
+        &self,
         mut message: M,
         extra: Duration,
         kind: Kind<M>,
         f: F,
+        lost: &mut Option<ClientError>,
     ) -> Result<R, ClientError>
     where
         M: Clone,
@@ -121,12 +150,14 @@ impl Client {
                 // (the acquire marked as a repeat) until its time is up.
                 self.servers.pass_over(&url);
                 let budget = self.rpc_timeout + extra;
+                let e = failed_at(status, &url, budget);
                 match kind {
                     Kind::Repeatable(mark) if started.elapsed() < budget => {
+                        lost.get_or_insert(e);
                         mark(&mut message, started.elapsed());
                         continue;
                     }
-                    _ => failed_at(status, &url, budget),
+                    _ => e,
                 }
             } else {
                 return Err(self.possibly_applied(status, &url, self.rpc_timeout + extra));

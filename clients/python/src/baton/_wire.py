@@ -383,6 +383,23 @@ def passed_over(
     return False
 
 
+def lost_answer(e: grpc.RpcError) -> bool:
+    """Whether ``e`` says the request may have reached a server whose
+    answer was then lost (not a follower's answer, not a failed dial)."""
+    trouble = e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+    return trouble and _leader_hint(e) is None and not _never_connected(e)
+
+
+def after_lost(first: errors.BatonError | None, e: errors.BatonError) -> errors.BatonError:
+    """The error of a call whose earlier attempt's answer (``first``) was
+    lost: what that attempt did is unknown, however the repeats failed."""
+    if first is None or isinstance(e, errors.Indeterminate):
+        return e
+    return errors.Indeterminate(
+        f"{first}; sent again until the call's time was up, no repeat was answered: {e}"
+    )
+
+
 def repeater(request: Any, sent: float) -> Callable[[], None]:
     """Marks ``request`` (an acquire first sent at ``sent``, carrying a
     request id) as a repeat: the time since its first attempt, and what is

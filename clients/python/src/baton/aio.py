@@ -155,18 +155,25 @@ class Client(_wire.Settings):
         deadline = time.monotonic() + timeout_s + (extra_s if callable(read) else 0.0)
         tried: list[str] = []
         unreachable: list[tuple[str, str]] = []
+        lost: errors.BatonError | None = None
         while True:
-            address = await self._ready_server(unreachable)
+            try:
+                address = await self._ready_server(unreachable)
+            except errors.BatonError as e:
+                raise _wire.after_lost(lost, e) from None
             rpc: Callable[..., Any] = getattr(self._stub(address), method)
             try:
                 return await rpc(request, timeout=timeout_s + extra_s, metadata=self._metadata)
             except grpc.RpcError as e:
                 tried.append(address)
+                if callable(read) and lost is None and _wire.lost_answer(e):
+                    lost = map_error(e, address, timeout_s + extra_s)
                 if _wire.passed_over(self._servers, e, address, unreachable, read, deadline):
                     continue
                 pause = self._servers.next_try(e, address, deadline, tried)
                 if pause is None:
-                    raise map_error(e, address, timeout_s + extra_s) from None
+                    error = map_error(e, address, timeout_s + extra_s)
+                    raise _wire.after_lost(lost, error) from None
                 await asyncio.sleep(pause)
 
     async def acquire(self, resource: str, ttl_s: float | None = None, wait_s: float = 0) -> Lease:

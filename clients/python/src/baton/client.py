@@ -165,17 +165,24 @@ class Client(_wire.Settings):
         deadline = time.monotonic() + timeout_s + (extra_s if callable(read) else 0.0)
         tried: list[str] = []
         unreachable: list[tuple[str, str]] = []
+        lost: errors.BatonError | None = None
         while True:
-            address = self._ready_server(unreachable)
+            try:
+                address = self._ready_server(unreachable)
+            except errors.BatonError as e:
+                raise _wire.after_lost(lost, e) from None
             rpc: Callable[..., Any] = getattr(self._stub(address), method)
             try:
                 return rpc(request, timeout=timeout_s + extra_s, metadata=self._metadata)
             except grpc.RpcError as e:
                 tried.append(address)
+                if callable(read) and lost is None and _wire.lost_answer(e):
+                    lost = self._error(e, address, timeout_s + extra_s)
                 if _wire.passed_over(self._servers, e, address, unreachable, read, deadline):
                     continue
                 if not self._follow(e, address, deadline, tried):
-                    raise self._error(e, address, timeout_s + extra_s) from None
+                    error = self._error(e, address, timeout_s + extra_s)
+                    raise _wire.after_lost(lost, error) from None
 
     def _follow(
         self, e: grpc.RpcError, address: str, deadline: float, tried: list[str] | None = None

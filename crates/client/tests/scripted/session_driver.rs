@@ -60,19 +60,15 @@ async fn answers_out_of_order_reach_their_own_callers() {
 /// (it may have taken effect), and the driver resumes the same session on
 /// a new stream, where the next call is answered.
 #[tokio::test]
-async fn a_broken_stream_makes_the_call_indeterminate_and_resumes() {
+async fn a_broken_stream_resumes_and_repeats_the_acquire_in_flight() {
     let (session, mut end, mut streams) = open(3_000).await;
     let s = session.clone();
     let call = tokio::spawn(async move { s.acquire("r:x", Duration::ZERO).await });
-    end.next_call(3_000).await;
+    let first = end.next_call(3_000).await;
     end.answers
         .send(Err(Status::unavailable("the server went away")))
         .await
         .unwrap();
-    match call.await.unwrap() {
-        Err(ClientError::Indeterminate(why)) => assert!(why.contains("broke"), "{why}"),
-        other => panic!("the call in flight is indeterminate, not {other:?}"),
-    }
     let mut resumed = next_stream(&mut streams).await;
     let open = resumed.open(3_000).await;
     assert_eq!(
@@ -80,12 +76,21 @@ async fn a_broken_stream_makes_the_call_indeterminate_and_resumes() {
         SESSION_ID.to_vec(),
         "the same session is resumed"
     );
-    health_becomes(&session, Health::Live).await;
-    let s = session.clone();
-    let call = tokio::spawn(async move { s.acquire("r:y", Duration::ZERO).await });
-    let request = resumed.next_call(3_000).await;
-    resumed.answer(request.id, granted("r:y", 30)).await;
+    // The acquire whose answer was lost goes again, as a repeat of itself.
+    let again = resumed.next_call(3_000).await;
+    let (Some(Op::Acquire(a)), Some(Op::Acquire(b))) = (&first.op, &again.op) else {
+        panic!("two acquires: {first:?} {again:?}");
+    };
+    assert_eq!(a.request_id.len(), 16, "a request id is sent");
+    assert_eq!(a.request_id, b.request_id, "the same request id");
+    assert_eq!(a.first_sent_ms_ago, None, "the first attempt says so");
+    assert!(
+        b.first_sent_ms_ago.is_some(),
+        "the repeat says when the first went"
+    );
+    resumed.answer(again.id, granted("r:x", 30)).await;
     assert!(matches!(call.await.unwrap(), Ok(Acquired::Granted(_))));
+    health_becomes(&session, Health::Live).await;
 }
 
 /// A heartbeat left unanswered for a sixth of the TTL: the connection
