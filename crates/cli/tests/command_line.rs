@@ -368,9 +368,7 @@ fn docs_text() -> String {
 /// with `-d app` pointed at the test's database.
 fn readme_script(first_line: &str, db: &str) -> String {
     let readme = docs_text();
-    let start = readme
-        .find(first_line)
-        .expect("the script is in the docs");
+    let start = readme.find(first_line).expect("the script is in the docs");
     let end = start + readme[start..].find("```").unwrap();
     readme[start..end].replace("-d app", &format!("-d {db}"))
 }
