@@ -142,14 +142,18 @@ impl Session {
             Some(t) => Some(crate::millis(t, "ttl")?.max(1)),
             None => None,
         };
-        let mut acquire = v1::SessionAcquire {
+        let wait_ms = crate::millis(wait, "wait")?;
+        let request_id = crate::request_id();
+        // Built again for a repeat (rare), not cloned for every first send.
+        let message = |first_sent_ms_ago: Option<u64>| v1::SessionAcquire {
             resources: resources.iter().map(|r| r.to_string()).collect(),
             ttl_ms,
-            wait_ms: crate::millis(wait, "wait")?,
+            wait_ms: wait_ms.saturating_sub(first_sent_ms_ago.unwrap_or(0)),
             holder: self.inner.holder.clone(),
-            request_id: crate::request_id(),
-            first_sent_ms_ago: None,
+            request_id: request_id.clone(),
+            first_sent_ms_ago,
         };
+        let mut first_sent_ms_ago = None;
         let mut guard = CancelOnDrop {
             session: self,
             acquire_id: None,
@@ -159,18 +163,17 @@ impl Session {
         let budget = self.inner.rpc_timeout + wait;
         let body = loop {
             let id = self.inner.next_id.fetch_add(1, Relaxed);
+            let acquire = message(first_sent_ms_ago);
             guard.acquire_id = (acquire.wait_ms > 0).then_some(id);
             let left = budget.saturating_sub(sent.elapsed());
             let extra = left.saturating_sub(self.inner.rpc_timeout);
-            let body = self.request(id, Op::Acquire(acquire.clone()), extra).await;
+            let body = self.request(id, Op::Acquire(acquire), extra).await;
             match body {
                 // The stream broke with the answer in flight: the same
                 // request again once the session is resumed, marked as a
                 // repeat, until the call's time is up.
                 Err(ClientError::Indeterminate(_)) if sent.elapsed() < budget => {
-                    let since_ms = crate::millis(sent.elapsed(), "elapsed")?.max(1);
-                    acquire.first_sent_ms_ago = Some(since_ms);
-                    acquire.wait_ms = crate::millis(wait, "wait")?.saturating_sub(since_ms);
+                    first_sent_ms_ago = Some(crate::millis(sent.elapsed(), "elapsed")?.max(1));
                 }
                 body => break body,
             }

@@ -22,6 +22,7 @@
 //! Otherwise the request was never granted, and is served as a new one.
 
 use std::collections::{HashMap, VecDeque};
+use std::hash::BuildHasherDefault;
 
 use super::*;
 
@@ -58,26 +59,48 @@ pub enum Attempt {
 pub(super) struct Repeats {
     /// Requests seen recently, oldest first, with when they were seen.
     order: VecDeque<(MonoMs, RequestKey)>,
-    /// Each of them, and whether it was granted.
-    seen: HashMap<RequestKey, bool>,
+    /// Each of them, and whether it was granted (keys are hashes already).
+    seen: HashMap<RequestKey, bool, BuildHasherDefault<KeyHasher>>,
     /// Every request granted since this instant is in `seen` or held: the
     /// table's start (recovery), or its first use for a table made empty.
     known_since: Option<MonoMs>,
     /// The grant time of the last request forgotten.
     forgotten_through: Option<MonoMs>,
     /// Requests waiting in line.
-    pub(super) waiting: HashMap<RequestKey, WaiterId>,
+    pub(super) waiting: HashMap<RequestKey, WaiterId, BuildHasherDefault<KeyHasher>>,
 }
 
-/// A request as the table knows it: 8 bytes of the digest of its first
-/// claim's acquisition id (never the id itself).
+/// Hashes a [`RequestKey`], a SipHash already, as itself.
+#[derive(Default)]
+pub(super) struct KeyHasher(u64);
+
+impl std::hash::Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `write_u64` is used (a u64 key); bytes fold in all the same.
+        for b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+/// A request as the table knows it: a 64-bit SipHash of its first
+/// claim's acquisition id (never the id itself). Not SHA-256: this is
+/// computed on the engine's thread for every acquire carrying an id.
 pub(super) type RequestKey = u64;
 
 pub(super) fn key_of(id: &AcquisitionId) -> RequestKey {
-    let digest = id.digest();
-    let mut first = [0u8; 8];
-    first.copy_from_slice(&digest.as_bytes()[..8]);
-    u64::from_le_bytes(first)
+    use std::hash::{DefaultHasher, Hasher};
+    let mut hasher = DefaultHasher::new();
+    hasher.write(id.as_bytes());
+    hasher.finish()
 }
 
 impl Repeats {
@@ -155,9 +178,13 @@ impl LeaseTable {
         let key = key_of(&request.claims[0].1);
         self.repeats.known_since.get_or_insert(now);
         self.repeats.forget_old(now);
+        // Only a repeat looks among the held leases (a digest per claim):
+        // a first attempt granted before, arriving late, is in `seen`.
+        let repeat = matches!(attempt, Attempt::Repeat { .. });
         let held: Vec<Grant> = request
             .claims
             .iter()
+            .filter(|_| repeat)
             .filter_map(|(resource, id)| {
                 let lease = self.held_by(resource, id).filter(|l| !self.is_gone(l))?;
                 let ttl_ms = match lease.session() {
