@@ -37,8 +37,11 @@ impl LeaseTable {
     ) -> Self {
         let mut table = Self::new(limits, epoch, counter);
         // A repeat of a request sent before now cannot be told from one
-        // granted by the table this replaces (`repeats.rs`).
-        table.repeats.start(now);
+        // granted by the table this replaces (`repeats.rs`), unless no
+        // token was ever issued: then nothing was ever granted.
+        if (epoch, counter) != (Epoch::FIRST, 0) {
+            table.repeats.start(now);
+        }
         let sessions: Vec<_> = sessions.into_iter().collect();
         let n_sessions = sessions.len();
         for (i, record) in sessions.into_iter().enumerate() {

@@ -16,8 +16,11 @@
 //! - "ended" as well when the table cannot prove it never granted the
 //!   request: the first attempt was sent before the table remembers
 //!   (before a restart, before this leader's term, or before the oldest
-//!   request it still remembers). Nothing is held under the id then
-//!   either, since a lease granted before would have been found.
+//!   request it still remembers), and the store had issued tokens before
+//!   the table started. Nothing is held under the id then either, since a
+//!   lease granted before would have been found. (So a repeat within about
+//!   half a second of a restart or takeover, of an attempt that never
+//!   arrived, is answered "ended"; the caller acquires again.)
 //!
 //! Otherwise the request was never granted, and is served as a new one.
 
@@ -62,7 +65,8 @@ pub(super) struct Repeats {
     /// Each of them, and whether it was granted (keys are hashes already).
     seen: HashMap<RequestKey, bool, BuildHasherDefault<KeyHasher>>,
     /// Every request granted since this instant is in `seen` or held: the
-    /// table's start (recovery), or its first use for a table made empty.
+    /// start of a table recovered from state in which tokens were issued.
+    /// `None`: nothing was ever granted before this table (a new store).
     known_since: Option<MonoMs>,
     /// The grant time of the last request forgotten.
     forgotten_through: Option<MonoMs>,
@@ -122,7 +126,6 @@ impl Repeats {
     }
 
     fn remember(&mut self, now: MonoMs, key: RequestKey, granted: bool) {
-        self.known_since.get_or_insert(now);
         match self.seen.get(&key).copied() {
             None => {
                 self.seen.insert(key, granted);
@@ -152,14 +155,18 @@ impl Repeats {
     /// this table had granted it.
     fn covers(&self, now: MonoMs, first_sent_ms_ago: u64) -> bool {
         let slack_ms = SENT_SLACK_MS + first_sent_ms_ago / 100;
-        let Some(sent) = now
+        let sent = now
             .0
-            .checked_sub(first_sent_ms_ago.saturating_add(slack_ms))
-        else {
-            return false;
+            .checked_sub(first_sent_ms_ago.saturating_add(slack_ms));
+        let after_start = match (self.known_since, sent) {
+            (None, _) => true,
+            (Some(since), Some(sent)) => sent >= since.0,
+            (Some(_), None) => false,
         };
-        let since = self.known_since.unwrap_or(now);
-        sent >= since.0 && self.forgotten_through.is_none_or(|f| sent > f.0)
+        after_start
+            && self
+                .forgotten_through
+                .is_none_or(|f| sent.is_some_and(|s| s > f.0))
     }
 }
 
@@ -176,7 +183,6 @@ impl LeaseTable {
     /// it; `ttl_ms` is what its leases get (the session's for a bound one).
     pub(super) fn seen(&mut self, now: MonoMs, request: &AcquireRequest, attempt: Attempt) -> Seen {
         let key = key_of(&request.claims[0].1);
-        self.repeats.known_since.get_or_insert(now);
         self.repeats.forget_old(now);
         // Only a repeat looks among the held leases (a digest per claim):
         // a first attempt granted before, arriving late, is in `seen`.

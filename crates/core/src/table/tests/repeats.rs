@@ -84,15 +84,18 @@ fn a_repeat_the_table_cannot_place_is_ended_unless_its_leases_are_held() {
     // A table that started (a restart, a new leader) after the first
     // attempt was sent cannot tell a lease that ended from none: "ended",
     // and nothing held. One whose lease is still held finds it.
-    let mut t = table();
-    t.tick(MonoMs(50_000));
+    let mut t = LeaseTable::recover(Limits::default(), MonoMs(50_000), Epoch::FIRST, 5, [], []);
     let out = t.acquire(MonoMs(50_000), keyed(&["a"], repeat(3_000), 0, 1));
     assert_eq!(out, Ok(AcquireOutcome::Ended));
     assert_eq!(t.n_leases(), 0);
     // Sent after the table started (by more than the slack): new.
     let out = t.acquire(MonoMs(60_000), keyed(&["a"], repeat(3_000), 0, 2));
     assert!(!granted(out).is_empty());
-    // A first attempt is always new.
+    // A first attempt is always new; and a table of a store that never
+    // issued a token (nothing was ever granted) places every repeat.
+    let mut fresh = LeaseTable::recover(Limits::default(), MonoMs(50_000), Epoch::FIRST, 0, [], []);
+    let out = fresh.acquire(MonoMs(50_000), keyed(&["a"], repeat(3_000), 0, 1));
+    assert!(!granted(out).is_empty());
     let mut t = table();
     let out = t.acquire(MonoMs(50_000), keyed(&["b"], Attempt::First, 0, 1));
     assert!(!granted(out).is_empty());
@@ -171,7 +174,7 @@ fn a_repeat_of_an_attempt_seen_and_not_granted_is_served_as_new() {
     // Just started: a repeat it knows nothing of would be "ended"; one
     // whose first attempt it saw withdrawn (its connection broke while it
     // waited) or refused is new.
-    let mut t = LeaseTable::recover(Limits::default(), MonoMs(10_000), Epoch::FIRST, 0, [], []);
+    let mut t = LeaseTable::recover(Limits::default(), MonoMs(10_000), Epoch::FIRST, 5, [], []);
     t.acquire(MonoMs(10_000), req(&["a"], 1, 5_000, 0, 1))
         .unwrap();
     let first = t.acquire(MonoMs(10_001), keyed(&["a"], Attempt::First, 60_000, 2));
@@ -191,7 +194,7 @@ fn a_repeat_of_an_attempt_seen_and_not_granted_is_served_as_new() {
     );
     assert_eq!(t.n_waiters(), 1);
     // Refused try-once, then repeated: refused again, not "ended".
-    let mut t = LeaseTable::recover(Limits::default(), MonoMs(10_000), Epoch::FIRST, 0, [], []);
+    let mut t = LeaseTable::recover(Limits::default(), MonoMs(10_000), Epoch::FIRST, 5, [], []);
     t.acquire(MonoMs(10_000), req(&["b"], 1, 5_000, 0, 1))
         .unwrap();
     let refused = t.acquire(MonoMs(10_001), keyed(&["b"], Attempt::First, 0, 2));
