@@ -373,25 +373,31 @@ fn readme_script(first_line: &str, db: &str) -> String {
     readme[start..end].replace("-d app", &format!("-d {db}"))
 }
 
-/// The README's scripts for `run` and for the election recipe, run with
-/// psql against the fence kit's schema: a current token publishes, a
-/// deposed leader's older token gets `stale` and the script fails.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_readme_run_and_election_scripts_run_as_written() {
-    let db = baton_testkit::PgDb::create("readme_scripts").await;
+/// A database with the fence kit's schema, a connection to it, and its
+/// port as psql reads it: the documented scripts name host and user, and
+/// the run's private cluster is not on 5432.
+async fn fence_kit_db(tag: &str) -> (baton_testkit::PgDb, tokio_postgres::Client, String) {
+    let db = baton_testkit::PgDb::create(tag).await;
     let client = db.connect().await;
     for (_, migration) in baton_fence::postgres::MIGRATIONS {
         client.batch_execute(migration).await.unwrap();
     }
-    let dir = TempDir::new("readme-scripts");
-    // The scripts name host and user; the port is the test server's (the
-    // run's private cluster is not on 5432), given the way psql reads it.
     let port = db
         .url
         .split_whitespace()
         .find_map(|kv| kv.strip_prefix("port="))
         .unwrap_or("5432")
         .to_string();
+    (db, client, port)
+}
+
+/// The README's scripts for `run` and for the election recipe, run with
+/// psql against the fence kit's schema: a current token publishes, a
+/// deposed leader's older token gets `stale` and the script fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_readme_run_and_election_scripts_run_as_written() {
+    let (db, client, port) = fence_kit_db("readme_scripts").await;
+    let dir = TempDir::new("readme-scripts");
     let sh = |script: &str, env: &[(&str, &str)]| {
         let path = dir.path().join("script.sh");
         std::fs::write(&path, script).unwrap();
@@ -472,19 +478,9 @@ async fn the_readme_run_and_election_scripts_run_as_written() {
 /// night recorded and skip.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_readme_nightly_job_runs_once_on_three_hosts() {
-    let db = baton_testkit::PgDb::create("readme_nightly").await;
-    let client = db.connect().await;
-    for (_, migration) in baton_fence::postgres::MIGRATIONS {
-        client.batch_execute(migration).await.unwrap();
-    }
+    let (db, _client, port) = fence_kit_db("readme_nightly").await;
     let dir = TempDir::new("readme-nightly");
     let s = common::serve(&dir.path().join("data"), &[]);
-    let port = db
-        .url
-        .split_whitespace()
-        .find_map(|kv| kv.strip_prefix("port="))
-        .unwrap_or("5432")
-        .to_string();
     let once = dir.path().join("nightly-once");
     std::fs::write(&once, readme_script("#!/bin/sh\n# nightly-once", &db.name)).unwrap();
     let runs = dir.path().join("runs");

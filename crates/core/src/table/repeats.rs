@@ -180,32 +180,16 @@ pub(super) enum Seen {
 
 impl LeaseTable {
     /// Judges a request carrying an id before anything else is done with
-    /// it; `ttl_ms` is what its leases get (the session's for a bound one).
+    /// it (after its session, if any, was refreshed).
     pub(super) fn seen(&mut self, now: MonoMs, request: &AcquireRequest, attempt: Attempt) -> Seen {
         let key = key_of(&request.claims[0].1);
         self.repeats.forget_old(now);
         // Only a repeat looks among the held leases (a digest per claim):
         // a first attempt granted before, arriving late, is in `seen`.
-        let repeat = matches!(attempt, Attempt::Repeat { .. });
-        let held: Vec<Grant> = request
-            .claims
-            .iter()
-            .filter(|_| repeat)
-            .filter_map(|(resource, id)| {
-                let lease = self.held_by(resource, id).filter(|l| !self.is_gone(l))?;
-                let ttl_ms = match lease.session() {
-                    Some(digest) => self.sessions.get(&digest).map_or(0, |s| s.ttl_ms),
-                    None => lease.expires_at.left_at(now),
-                };
-                Some(Grant {
-                    resource: resource.clone(),
-                    acquisition_id: *id,
-                    token: lease.token,
-                    ttl_ms,
-                    waited_ms: 0,
-                })
-            })
-            .collect();
+        let held = match attempt {
+            Attempt::Repeat { .. } => self.held_under(now, request),
+            Attempt::First => Vec::new(),
+        };
         if held.len() == request.claims.len() {
             return Seen::Answered(AcquireOutcome::Repeated(held));
         }
@@ -228,6 +212,26 @@ impl LeaseTable {
             }
             _ => Seen::New(key),
         }
+    }
+
+    /// The request's claims still held under its ids, as grants with the
+    /// time they have left (a lease tied to a session: the session's TTL).
+    fn held_under(&self, now: MonoMs, request: &AcquireRequest) -> Vec<Grant> {
+        let held = request.claims.iter().filter_map(|(resource, id)| {
+            let lease = self.held_by(resource, id).filter(|l| !self.is_gone(l))?;
+            let ttl_ms = match lease.session() {
+                Some(digest) => self.sessions.get(&digest).map_or(0, |s| s.ttl_ms),
+                None => lease.expires_at.left_at(now),
+            };
+            Some(Grant {
+                resource: resource.clone(),
+                acquisition_id: *id,
+                token: lease.token,
+                ttl_ms,
+                waited_ms: 0,
+            })
+        });
+        held.collect()
     }
 
     /// Moves a waiting request to the repeat's waiter id, keeping its
