@@ -68,9 +68,7 @@ class Block:
         ):
             if kind in self.clauses:
                 return kind
-        raise MarkerError(
-            f"{self.where}: the marker says neither how to run the block nor why not"
-        )
+        raise MarkerError(f"{self.where}: the marker says neither how to run the block nor why not")
 
 
 def parse_clauses(marker: str, where: str) -> dict[str, list[str]]:
@@ -95,9 +93,7 @@ def parse_clauses(marker: str, where: str) -> dict[str, list[str]]:
                 clauses.setdefault(head.rstrip(": "), []).append(value)
                 break
         else:
-            raise MarkerError(
-                f"{where}: unknown clause {clause!r} in the docs-test marker"
-            )
+            raise MarkerError(f"{where}: unknown clause {clause!r} in the docs-test marker")
     return clauses
 
 
@@ -129,9 +125,7 @@ def read_blocks(path: str, text: str) -> list[Block]:
                     "(say how to run it, or `not runnable: WHY`; see scripts/docs-test)"
                 )
             body = "\n".join(lines[i + 1 : end]) + "\n"
-            blocks.append(
-                Block(path, i + 1, fence.group(1), body, parse_clauses(spec, where))
-            )
+            blocks.append(Block(path, i + 1, fence.group(1), body, parse_clauses(spec, where)))
         elif language not in ("", "text", "toml", "json", "yaml", "proto", "promql"):
             raise MarkerError(f"{where}: unknown block language {language!r}")
         i = end + 1

@@ -85,9 +85,7 @@ def compare(bindings: Bindings, expected: list[str], actual: str) -> str | None:
     order, and nothing else was printed; otherwise what differs."""
     got = [line for line in actual.splitlines() if line.strip()]
     if len(got) != len(expected):
-        return f"expected {len(expected)} lines, got {len(got)}:\n" + _side_by_side(
-            expected, got
-        )
+        return f"expected {len(expected)} lines, got {len(got)}:\n" + _side_by_side(expected, got)
     for want, line in zip(expected, got):
         if not bindings.match_line(want, line):
             return f"a line differs:\n  docs: {want}\n  got:  {line}"

@@ -96,10 +96,7 @@ class Run:
                 raise Failure(f"{block.where}: unknown need {need!r}")
 
     def create_db(self, db: str) -> None:
-        if (
-            self.pg.query(f"SELECT count(*) FROM pg_database WHERE datname = '{db}'")
-            == "0"
-        ):
+        if self.pg.query(f"SELECT count(*) FROM pg_database WHERE datname = '{db}'") == "0":
             self.pg.query(f'CREATE DATABASE "{db}"')
 
     def fence_kit(self, db: str) -> None:
@@ -138,9 +135,7 @@ class Run:
     def run_block(self, block: Block) -> None:
         assert self.term is not None
         self.needs(block)
-        self.bindings = (
-            Bindings()
-        )  # a value in the docs names one thing within its block
+        self.bindings = Bindings()  # a value in the docs names one thing within its block
         env = dict(kv.split("=", 1) for kv in block.values("env"))
         if block.has("file"):
             path = os.path.join(self.term.work, block.value("file") or "")
@@ -219,9 +214,7 @@ def check_doctest(block: Block) -> None:
         source = f.read()
     name = os.path.basename(block.path)
     if not re.search(r"include_str!\([^)]*" + re.escape(name) + r"\"\)", source):
-        raise Failure(
-            f"{path} does not include {block.path}: its Rust blocks are not doc tests"
-        )
+        raise Failure(f"{path} does not include {block.path}: its Rust blocks are not doc tests")
 
 
 def ports_taken() -> list[int]:
@@ -271,15 +264,11 @@ def main(argv: list[str]) -> int:
     tally: collections.Counter[str] = collections.Counter()
     try:
         run.pg.start()
-        order = [b for b in chosen if b.has("first")] + [
-            b for b in chosen if not b.has("first")
-        ]
+        order = [b for b in chosen if b.has("first")] + [b for b in chosen if not b.has("first")]
         current = None
         for block in order:
             name = (
-                "first"
-                if block.has("first")
-                else os.path.splitext(os.path.basename(block.path))[0]
+                "first" if block.has("first") else os.path.splitext(os.path.basename(block.path))[0]
             )
             if name != current:
                 current = name
@@ -318,12 +307,7 @@ def run_one(run: Run, block: Block, tally: collections.Counter[str]) -> list[str
 
 
 def describe(block: Block) -> str:
-    return (
-        block.value("not runnable")
-        or block.value("record")
-        or block.value("doctest")
-        or ""
-    )
+    return block.value("not runnable") or block.value("record") or block.value("doctest") or ""
 
 
 def report(

@@ -110,10 +110,6 @@ class Cluster:
 
     def _pg(self, argv: list[str]) -> None:
         argv[0] = os.path.join(self.bin, argv[0])
-        out = subprocess.run(
-            as_postgres(argv), check=False, capture_output=True, text=True
-        )
+        out = subprocess.run(as_postgres(argv), check=False, capture_output=True, text=True)
         if out.returncode != 0:
-            raise Failure(
-                f"{' '.join(argv)}: {out.stderr.strip() or out.stdout.strip()}"
-            )
+            raise Failure(f"{' '.join(argv)}: {out.stderr.strip() or out.stdout.strip()}")

@@ -52,10 +52,7 @@ def cron(ctx: Run, block: Block) -> str:
     with open(report, "w") as f:
         f.write(f"#!/bin/sh\necho ran >> {runs}\nsleep 0.3\n")
     os.chmod(report, 0o755)
-    hosts = [
-        term.start(command, strict=False, env={"NIGHTLY_REPORT": report})
-        for _ in range(3)
-    ]
+    hosts = [term.start(command, strict=False, env={"NIGHTLY_REPORT": report}) for _ in range(3)]
     said = []
     for proc, log in hosts:
         if proc.wait(timeout=120) != 0:
@@ -83,9 +80,7 @@ def plan_write(ctx: Run) -> tuple[int, int]:
     return int(token), int(seq or 0)
 
 
-def wait_writes(
-    ctx: Run, after_token: int, n: int, timeout_s: float
-) -> tuple[int, int]:
+def wait_writes(ctx: Run, after_token: int, n: int, timeout_s: float) -> tuple[int, int]:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         token, seq = plan_write(ctx)
@@ -133,9 +128,9 @@ def publish(ctx: Run, block: Block) -> str:
     then with an older token: applied, then stale with exit 1."""
     term = ctx.term
     assert term is not None
-    command = next(
-        line for line in block.text.splitlines() if "# Run by: " in line
-    ).split("# Run by: ")[1]
+    command = next(line for line in block.text.splitlines() if "# Run by: " in line).split(
+        "# Run by: "
+    )[1]
     status, out = term.run(command, strict=False)
     if status != 0 or "publish: applied" not in out:
         raise Failure(f"{command}: exit {status}:\n{out}")
@@ -149,9 +144,7 @@ def publish(ctx: Run, block: Block) -> str:
     env = {"BATON_FENCING_TOKEN": str(token - 1), "BATON_RESOURCE": resource}
     status, stale = term.run("./publish-statement.sh", strict=False, env=env)
     if status != 1 or stale.strip() != "publish: stale":
-        raise Failure(
-            f"an older token: exit {status}, {stale!r} (the docs: `stale`, exit 1)"
-        )
+        raise Failure(f"an older token: exit {status}, {stale!r} (the docs: `stale`, exit 1)")
     return out + stale
 
 
@@ -171,9 +164,7 @@ def watch(ctx: Run, block: Block) -> str:
     held = f"$(python3 -c 'import json; print({field})')"
     term.must(f"baton release {day13} --acquisition {held}")
     term.must(f"baton acquire {day14} --ttl 60s")
-    waiter, _ = term.start(
-        f"baton acquire {day14} --ttl 60s --wait 30s", strict=False, env={}
-    )
+    waiter, _ = term.start(f"baton acquire {day14} --ttl 60s --wait 30s", strict=False, env={})
     term.must(
         f"until baton status {day14} | grep -q waiters=1; do sleep 0.1; done",
         timeout_s=30,

@@ -15,9 +15,7 @@ import urllib.request
 
 from expect import EXIT
 
-REPO = os.path.abspath(
-    os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
-)
+REPO = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 BASE = os.path.join(REPO, "target", "docs-test")
 # What a scratch directory links from the checkout (the blocks name them);
 # clients/ is copied, for pip builds in the source tree.
@@ -40,11 +38,7 @@ class Failure(Exception):
 
 
 def base_env() -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("BATON_", "PG", "CARGO_"))
-    }
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("BATON_", "PG", "CARGO_"))}
     env.update(
         PATH=os.path.join(BASE, "cargo", "bin") + os.pathsep + os.environ["PATH"],
         CARGO_TARGET_DIR=os.path.join(REPO, "target"),
@@ -70,13 +64,9 @@ class Terminal:
         for entry in LINKED:
             if os.path.exists(os.path.join(REPO, entry)):
                 os.symlink(os.path.join(REPO, entry), os.path.join(self.work, entry))
-        junk = shutil.ignore_patterns(
-            "build", "*.egg-info", "__pycache__", ".*cache", ".venv"
-        )
+        junk = shutil.ignore_patterns("build", "*.egg-info", "__pycache__", ".*cache", ".venv")
         for entry in COPIED:
-            shutil.copytree(
-                os.path.join(REPO, entry), os.path.join(self.work, entry), ignore=junk
-            )
+            shutil.copytree(os.path.join(REPO, entry), os.path.join(self.work, entry), ignore=junk)
         self.state = os.path.join(BASE, "state", name)
         subprocess.run(["rm", "-rf", self.state], check=True)
         os.makedirs(self.state)
@@ -130,9 +120,7 @@ class Terminal:
             status = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             self.kill_group(proc.pid)
-            raise Failure(
-                f"still running after {timeout_s:.0f} s:\n{tail(log)}"
-            ) from None
+            raise Failure(f"still running after {timeout_s:.0f} s:\n{tail(log)}") from None
         return status, read_text(log)
 
     def must(self, body: str, timeout_s: float = 60) -> str:
@@ -151,9 +139,7 @@ class Terminal:
             deadline = time.monotonic() + 5
             while time.monotonic() < deadline:
                 if pgid in self.groups:
-                    self.groups[
-                        pgid
-                    ].poll()  # a zombie leader still counts as the group
+                    self.groups[pgid].poll()  # a zombie leader still counts as the group
                 try:
                     os.killpg(pgid, 0)
                 except ProcessLookupError:
@@ -181,15 +167,11 @@ def checked_exit(line: str) -> str:
     )
 
 
-def wait_ready(
-    proc: subprocess.Popen[bytes], log: str, url: str, timeout_s: float = 900
-) -> None:
+def wait_ready(proc: subprocess.Popen[bytes], log: str, url: str, timeout_s: float = 900) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise Failure(
-                f"exited {proc.returncode} before {url} answered:\n{tail(log)}"
-            )
+            raise Failure(f"exited {proc.returncode} before {url} answered:\n{tail(log)}")
         if answers(url):
             return
         time.sleep(0.2)
@@ -239,6 +221,4 @@ def wait_for_line(
         if proc is not None and proc.poll() is not None:
             break
         time.sleep(0.1)
-    raise Failure(
-        f"no line matching {pattern!r} within {timeout_s:.0f} s:\n{tail(log)}"
-    )
+    raise Failure(f"no line matching {pattern!r} within {timeout_s:.0f} s:\n{tail(log)}")
