@@ -180,7 +180,7 @@ impl Default for Metrics {
         let acquire_latency_s = Histogram::new(LATENCY_BUCKETS_S);
         registry.register(
             "baton_acquire_latency_seconds",
-            "service time of acquire requests answered without waiting in line",
+            "service time of acquire requests answered without waiting in line, unary calls and session requests alike",
             acquire_latency_s.clone(),
         );
         Self {

@@ -545,7 +545,7 @@ async fn sighup_reload_applies_to_the_next_call_and_leaves_held_leases() {
     assert!(
         audit
             .lines()
-            .any(|l| l.contains("\"session.heartbeat\"") && l.contains("permission_denied")),
+            .any(|l| l.contains("\"session_heartbeat\"") && l.contains("permission_denied")),
         "the refused heartbeat is audited:\n{audit}"
     );
     drop(server);
@@ -639,7 +639,7 @@ async fn a_session_resumes_only_for_a_principal_that_may_hold_its_leases() {
     let audit = std::fs::read_to_string(dir.path().join("audit.jsonl")).unwrap();
     let refused = audit
         .lines()
-        .filter(|l| l.contains("\"session.open\"") && l.contains("denied"))
+        .filter(|l| l.contains("\"session_open\"") && l.contains("denied"))
         .count();
     assert_eq!(refused, 4, "one audit line per refused resume:\n{audit}");
     drop(server);

@@ -19,7 +19,7 @@ pub struct Record<'a> {
     /// The principal's name, `anonymous` with auth off, `unauthenticated`
     /// when no principal was proven.
     pub principal: &'a str,
-    /// The call: `acquire`, `fence`, `backup`, `session.acquire`, ...
+    /// The call, as `Action::as_str` names it: `acquire`, `fence`, ...
     pub action: &'a str,
     /// The resource (or prefix) the call named, if any.
     pub resource: &'a str,

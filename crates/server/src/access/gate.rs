@@ -10,6 +10,7 @@ use std::time::Instant;
 
 use tonic::{Request, Status};
 
+use crate::access::action::Action;
 use crate::access::audit::{Audit, Record};
 use crate::access::auth::{Auth, Credential, Permission, Principal, Refusal};
 use crate::access::penalty::Penalties;
@@ -94,7 +95,7 @@ impl Caller {
 pub struct Admitted<'a> {
     gate: &'a Gate,
     caller: &'a Caller,
-    action: &'static str,
+    action: Action,
     principal: Option<Arc<Principal>>,
 }
 
@@ -195,7 +196,7 @@ impl Admitted<'_> {
     pub(crate) fn audit(&self, resource: &str, token: Option<u64>, outcome: &str) {
         self.gate.audit.record(&Record {
             principal: self.name(),
-            action: self.action,
+            action: self.action.as_str(),
             resource,
             token,
             outcome,
@@ -213,7 +214,7 @@ pub(crate) struct SessionRefusal {
     gate: Gate,
     caller: Caller,
     principal: String,
-    action: &'static str,
+    action: Action,
 }
 
 impl SessionRefusal {
@@ -268,7 +269,7 @@ impl Gate {
     pub(crate) fn admit<'a>(
         &'a self,
         caller: &'a Caller,
-        action: &'static str,
+        action: Action,
     ) -> Result<Admitted<'a>, Status> {
         if let Some(why) = &caller.certificate_refused {
             let refusal = Refusal::Unauthenticated(why.clone());
@@ -296,7 +297,7 @@ impl Gate {
     pub(crate) async fn let_in<'a>(
         &'a self,
         caller: &'a Caller,
-        action: &'static str,
+        action: Action,
     ) -> Result<Admitted<'a>, Status> {
         let refusal = match self.admit(caller, action) {
             Ok(admitted) => return Ok(admitted),
@@ -321,7 +322,7 @@ impl Gate {
         &self,
         caller: &Caller,
         principal: &str,
-        action: &str,
+        action: Action,
         resource: &str,
         refusal: Refusal,
     ) -> Status {
@@ -332,7 +333,7 @@ impl Gate {
         self.metrics.auth_refused.inc();
         self.audit.record(&Record {
             principal,
-            action,
+            action: action.as_str(),
             resource,
             token: None,
             outcome,

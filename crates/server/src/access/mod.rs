@@ -4,6 +4,7 @@
 //! loading them with the TLS material at start and reloading them on
 //! SIGHUP.
 
+pub(crate) mod action;
 pub(crate) mod audit;
 pub(crate) mod auth;
 pub(crate) mod gate;
@@ -13,6 +14,7 @@ use std::sync::Arc;
 
 use tracing::{error, info};
 
+pub(crate) use action::Action;
 pub(crate) use gate::{Admitted, Caller, Gate};
 
 use crate::config::{ServerConfig, ServerError};

@@ -24,6 +24,7 @@ use tokio::net::TcpListener;
 use tracing::debug;
 
 use crate::access::auth::Permission;
+use crate::access::Action;
 use crate::access::{Caller, Gate};
 use crate::cluster::seat::Seat;
 use crate::metrics::Metrics;
@@ -122,7 +123,7 @@ async fn render_metrics(
 ) -> axum::response::Response {
     let authorization = headers.get(header::AUTHORIZATION).map(|v| v.as_bytes());
     let caller = Caller::http(authorization, Some(peer), s.gate.is_on());
-    let admitted = match s.gate.let_in(&caller, "scrape /metrics").await {
+    let admitted = match s.gate.let_in(&caller, Action::MetricsScrape).await {
         Ok(who) => who.may_everything(Permission::Read),
         Err(refused) => Err(refused),
     };

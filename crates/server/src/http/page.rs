@@ -36,6 +36,7 @@ use tonic::{Code, Status};
 
 use super::{HttpState, Peer};
 use crate::access::auth::Permission;
+use crate::access::Action;
 use crate::access::{Admitted, Caller};
 use crate::history::{HISTORY_PER_RESOURCE_MAX, HISTORY_TOTAL_MAX};
 use crate::service::parse_resource;
@@ -149,7 +150,7 @@ pub(super) async fn overview(
     let caller = caller(&s, peer, &headers);
     let who = s
         .gate
-        .let_in(&caller, "read the operator page")
+        .let_in(&caller, Action::PageRead)
         .await
         .map_err(error)?;
     let readable = readable(&who);
@@ -276,7 +277,7 @@ pub(super) async fn leases(
     let caller = caller(&s, peer, &headers);
     let who = s
         .gate
-        .let_in(&caller, "list on the operator page")
+        .let_in(&caller, Action::PageList)
         .await
         .map_err(error)?;
     let q = LeasesQuery::parse(raw.as_deref()).map_err(error)?;
@@ -312,7 +313,7 @@ pub(super) async fn history(
     let caller = caller(&s, peer, &headers);
     let who = s
         .gate
-        .let_in(&caller, "read history on the operator page")
+        .let_in(&caller, Action::PageHistory)
         .await
         .map_err(error)?;
     let resource = resource_param(raw.as_deref()).map_err(error)?;
@@ -353,7 +354,7 @@ pub(super) async fn fence(
     RawQuery(raw): RawQuery,
 ) -> Result<Response, Response> {
     let caller = caller(&s, peer, &headers);
-    let who = s.gate.let_in(&caller, "fence").await.map_err(error)?;
+    let who = s.gate.let_in(&caller, Action::Fence).await.map_err(error)?;
     if headers.get(CONFIRM_HEADER).map(|v| v.as_bytes()) != Some(b"fence") {
         return Err(error(Status::invalid_argument(format!(
             "a fence from the page needs the header `{CONFIRM_HEADER}: fence` (the page sends it once the operator confirms)"

@@ -1,10 +1,9 @@
 //! The gRPC service: decode and validate, hand to the engine, encode.
 
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
-use std::time::Instant;
 
-use baton_core::{AcquireRequest, LeaseStatus, ResourceName, WaiterId};
+use baton_core::{LeaseStatus, ResourceName, WaiterId};
 use baton_proto::v1::{self, leases_server::Leases};
 use baton_proto::{LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX};
 use tokio::sync::oneshot;
@@ -12,12 +11,14 @@ use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
 use crate::access::auth::Permission;
+use crate::access::Action;
 use crate::cluster::seat::{Seat, Term};
-use crate::engine::{AcquireReply, Command, EngineHandle};
+use crate::engine::{Command, EngineHandle};
 use crate::metrics::Metrics;
 
 mod backup;
 mod convert;
+mod ops;
 mod session;
 mod trace;
 mod watch;
@@ -27,6 +28,7 @@ use convert::{
     release_message, renew_message, status_message,
 };
 pub use convert::{parse_holder, parse_resource};
+use ops::AcquireAsk;
 
 use crate::access::{Admitted, Caller, Gate};
 
@@ -148,52 +150,35 @@ impl LeaseService {
         request: Request<v1::AcquireRequest>,
         span: &tracing::Span,
     ) -> Result<Response<v1::AcquireResponse>, Status> {
-        let started = Instant::now();
-        self.metrics.acquire_requests.inc();
         let caller = Caller::of(&request, self.gate.is_on());
-        let who = self.gate.let_in(&caller, "acquire").await?;
+        let who = self.gate.let_in(&caller, Action::Acquire).await?;
         let req = request.into_inner();
-        let (claims, attempt) =
-            parse_claims(&req.resources, &req.request_id, req.first_sent_ms_ago)?;
-        for (name, _) in &claims {
-            who.may(Permission::Lease, name.as_str())?;
-        }
-        let holder = parse_holder("holder", req.holder.as_deref())?;
-        let ttl_ms = req.ttl_ms.unwrap_or(self.default_ttl_ms);
-        let waiter = WaiterId(self.next_waiter.fetch_add(1, Relaxed));
-        let request = AcquireRequest {
-            claims,
-            ttl_ms,
-            wait_ms: req.wait_ms,
-            waiter,
-            session: None,
-            holder,
-            attempt,
-        };
         let term = self.seat.term()?;
+        let acquiring = self.acquire_op(
+            &who,
+            &term,
+            AcquireAsk {
+                resources: &req.resources,
+                request_id: &req.request_id,
+                first_sent_ms_ago: req.first_sent_ms_ago,
+                holder: req.holder.as_deref(),
+                ttl_ms: req.ttl_ms,
+                wait_ms: req.wait_ms,
+                session: None,
+            },
+        )?;
         let mut guard = WaitGuard {
             engine: &term.engine,
-            waiter: (req.wait_ms > 0).then_some(waiter),
+            waiter: acquiring.waiter,
         };
-        let reply = self
-            .call_on(&term, |reply| Command::Acquire { request, reply })
-            .await;
+        let reply = acquiring.answer().await;
         guard.waiter = None;
-        let reply = reply?.map_err(acquire_error)?;
-        if matches!(
-            reply,
-            AcquireReply::Granted {
-                after_wait: false,
-                ..
-            }
-        ) {
-            self.metrics
-                .observe_acquire_latency_us(started.elapsed().as_micros() as u64);
-        }
+        let reply = reply?;
+        self.seat.confirm(&term)?;
+        let reply = reply.map_err(acquire_error)?;
         trace::acquired(span, &reply);
-        let outcome = acquire_outcome(reply, false);
         Ok(Response::new(v1::AcquireResponse {
-            outcome: Some(outcome),
+            outcome: Some(acquire_outcome(reply, false)),
         }))
     }
 
@@ -203,19 +188,11 @@ impl LeaseService {
         span: &tracing::Span,
     ) -> Result<Response<v1::RenewResponse>, Status> {
         let caller = Caller::of(&request, self.gate.is_on());
-        let who = self.gate.let_in(&caller, "renew").await?;
+        let who = self.gate.let_in(&caller, Action::Renew).await?;
         let req = request.into_inner();
-        let resource = parse_resource("resource", &req.resource)?;
-        who.may(Permission::Lease, resource.as_str())?;
-        let id = parse_acquisition_id(&req.acquisition_id)?;
-        let out = self
-            .call(|reply| Command::Renew {
-                resource,
-                id,
-                reply,
-            })
-            .await?;
-        let message = renew_message(out);
+        let term = self.seat.term()?;
+        let rx = self.renew_op(&who, &term, &req.resource, &req.acquisition_id)?;
+        let message = renew_message(self.answer_on(&term, rx).await?);
         trace::renewed(span, &message);
         Ok(Response::new(message))
     }
@@ -226,19 +203,11 @@ impl LeaseService {
         span: &tracing::Span,
     ) -> Result<Response<v1::ReleaseResponse>, Status> {
         let caller = Caller::of(&request, self.gate.is_on());
-        let who = self.gate.let_in(&caller, "release").await?;
+        let who = self.gate.let_in(&caller, Action::Release).await?;
         let req = request.into_inner();
-        let resource = parse_resource("resource", &req.resource)?;
-        who.may(Permission::Lease, resource.as_str())?;
-        let id = parse_acquisition_id(&req.acquisition_id)?;
-        let out = self
-            .call(|reply| Command::Release {
-                resource,
-                id,
-                reply,
-            })
-            .await?;
-        let message = release_message(out);
+        let term = self.seat.term()?;
+        let rx = self.release_op(&who, &term, &req.resource, &req.acquisition_id)?;
+        let message = release_message(self.answer_on(&term, rx).await?);
         trace::released(span, &message);
         Ok(Response::new(message))
     }
@@ -327,7 +296,7 @@ impl Leases for LeaseService {
         request: Request<v1::StatusRequest>,
     ) -> Result<Response<v1::StatusResponse>, Status> {
         let caller = Caller::of(&request, self.gate.is_on());
-        let who = self.gate.let_in(&caller, "status").await?;
+        let who = self.gate.let_in(&caller, Action::Status).await?;
         let resource = parse_resource("resource", &request.into_inner().resource)?;
         who.may(Permission::Read, resource.as_str())?;
         let out = self
@@ -341,7 +310,7 @@ impl Leases for LeaseService {
         request: Request<v1::ListRequest>,
     ) -> Result<Response<v1::ListResponse>, Status> {
         let caller = Caller::of(&request, self.gate.is_on());
-        let who = self.gate.let_in(&caller, "list").await?;
+        let who = self.gate.let_in(&caller, Action::List).await?;
         let req = request.into_inner();
         if req.prefix.len() > baton_core::RESOURCE_NAME_LEN_BYTES_MAX {
             return Err(Status::invalid_argument(format!(
@@ -374,7 +343,7 @@ impl Leases for LeaseService {
         request: Request<v1::FenceRequest>,
     ) -> Result<Response<v1::FenceResponse>, Status> {
         let caller = Caller::of(&request, self.gate.is_on());
-        let who = self.gate.let_in(&caller, "fence").await?;
+        let who = self.gate.let_in(&caller, Action::Fence).await?;
         let resource = parse_resource("resource", &request.into_inner().resource)?;
         let out = self.fence_as(&who, resource).await?;
         Ok(Response::new(v1::FenceResponse {
@@ -389,7 +358,7 @@ impl Leases for LeaseService {
         request: Request<v1::BackupRequest>,
     ) -> Result<Response<v1::Snapshot>, Status> {
         let caller = Caller::of(&request, self.gate.is_on());
-        let who = self.gate.let_in(&caller, "backup").await?;
+        let who = self.gate.let_in(&caller, Action::Backup).await?;
         who.may_everything(Permission::Admin)?;
         let snapshot = backup::whole(self.backup_view().await?).await?;
         who.audit("", None, "ok");
@@ -403,7 +372,7 @@ impl Leases for LeaseService {
         request: Request<v1::BackupRequest>,
     ) -> Result<Response<Self::BackupPartsStream>, Status> {
         let caller = Caller::of(&request, self.gate.is_on());
-        let who = self.gate.let_in(&caller, "backup").await?;
+        let who = self.gate.let_in(&caller, Action::Backup).await?;
         who.may_everything(Permission::Admin)?;
         let parts = backup::in_parts(self.backup_view().await?)?;
         who.audit("", None, "ok");
@@ -432,7 +401,7 @@ impl Leases for LeaseService {
     ) -> Result<Response<v1::ClusterStatusResponse>, Status> {
         let caller = Caller::of(&request, self.gate.is_on());
         self.gate
-            .let_in(&caller, "cluster status")
+            .let_in(&caller, Action::ClusterStatus)
             .await?
             .may_everything(Permission::Admin)?;
         let role = if self.seat.is_leader() {

@@ -13,6 +13,7 @@ use tonic::{Request, Response, Status};
 
 use super::{Caller, LeaseService};
 use crate::access::auth::Permission;
+use crate::access::Action;
 use crate::cluster::seat::Seat;
 use crate::engine::watch::{WatchEvent, WatchStart, WATCH_QUEUE_LEN};
 use crate::engine::Command;
@@ -34,7 +35,7 @@ impl LeaseService {
         request: Request<v1::WatchRequest>,
     ) -> Result<Response<WatchStream>, Status> {
         let caller = Caller::of(&request, self.gate.is_on());
-        let who = self.gate.let_in(&caller, "watch").await?;
+        let who = self.gate.let_in(&caller, Action::Watch).await?;
         let prefix = request.into_inner().prefix;
         check_prefix(&prefix)?;
         who.may(Permission::Read, &prefix)?;

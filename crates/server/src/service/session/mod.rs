@@ -23,6 +23,7 @@ mod requests;
 use super::{random_id, Caller, LeaseService};
 use crate::access::auth::Principal;
 use crate::access::gate::Admitted;
+use crate::access::Action;
 use crate::cluster::seat::Term;
 use crate::engine::Command;
 
@@ -58,7 +59,7 @@ impl LeaseService {
         // Authenticated once here; each request is checked again against
         // the auth table in force when it arrives.
         let caller = Caller::of(&request, self.gate.is_on());
-        let admitted = self.gate.let_in(&caller, "session.open").await?;
+        let admitted = self.gate.let_in(&caller, Action::SessionOpen).await?;
         let term = self.seat.term()?;
         let mut inbound = request.into_inner();
         let first = inbound.message().await?.ok_or_else(|| {

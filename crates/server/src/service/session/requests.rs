@@ -1,22 +1,24 @@
 //! Each request on a session stream: admitted by the gate, handed to the
 //! engine, its answer the future kept in flight.
 
-use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
-use baton_core::{AcquireRequest, AcquisitionId, ResourceName, Resumed, WaiterId};
+use baton_core::Resumed;
 use baton_proto::v1::{self, session_response::Body};
 use tokio::sync::oneshot;
 use tonic::Status;
 use tracing::Instrument;
 
 use super::{request_error, revoked, InFlight, SessionTask};
-use crate::access::auth::Permission;
 use crate::access::gate::SessionRefusal;
+use crate::access::Action;
+use crate::access::Admitted;
+use crate::cluster::seat::Term;
 use crate::engine::Command;
+use crate::service::ops::AcquireAsk;
 use crate::service::{
-    acquire_error, acquire_outcome, answer, parse_acquisition_id, parse_claims, parse_holder,
-    parse_resource, release_message, renew_message, send, trace,
+    acquire_error, acquire_outcome, answer, release_message, renew_message, send, trace,
+    LeaseService,
 };
 
 impl SessionTask {
@@ -25,7 +27,10 @@ impl SessionTask {
     /// the session holds cannot keep it alive, and the refusal ends the
     /// stream (see `finish`).
     pub(super) fn heartbeat(&mut self, id: u64) -> Result<InFlight, Status> {
-        let who = self.service.gate.admit(&self.caller, "session.heartbeat")?;
+        let who = self
+            .service
+            .gate
+            .admit(&self.caller, Action::SessionHeartbeat)?;
         let reloaded = who
             .principal()
             .filter(|p| !self.kept_by.as_ref().is_some_and(|k| Arc::ptr_eq(k, p)))
@@ -65,7 +70,10 @@ impl SessionTask {
     /// Closing releases the session's leases: only a principal that may
     /// hold all of them can (as for a resume).
     pub(super) fn close(&mut self, id: u64) -> Result<InFlight, Status> {
-        let who = self.service.gate.admit(&self.caller, "session.close")?;
+        let who = self
+            .service
+            .gate
+            .admit(&self.caller, Action::SessionClose)?;
         let (check, refusal) = (who.session_check(), who.session_refusal());
         let (reply, rx) = oneshot::channel();
         let digest = self.digest;
@@ -86,27 +94,26 @@ impl SessionTask {
         }))
     }
 
-    /// A renew or a release: its span, the resource parsed and admitted
-    /// for `lease`, the acquisition id parsed, the command handed to the
-    /// engine (`command`), and its answer as a message (`body`).
+    /// A renew or a release: its span, the caller let in, the operation
+    /// started (`start`), and its answer as a message (`body`).
     fn holder_call<T: Send + 'static>(
         &mut self,
         id: u64,
-        (op, action, field): (&'static str, &'static str, &'static str),
+        (op, action): (&'static str, Action),
         (raw_resource, raw_id): (&String, &[u8]),
         traceparent: &str,
-        command: impl FnOnce(ResourceName, AcquisitionId, oneshot::Sender<T>) -> Command,
+        start: impl FnOnce(
+            &LeaseService,
+            &Admitted<'_>,
+            &Term,
+            &str,
+            &[u8],
+        ) -> Result<oneshot::Receiver<T>, Status>,
         body: impl FnOnce(T) -> Body + Send + 'static,
     ) -> Result<InFlight, Status> {
         let span = trace::request_span(op, std::slice::from_ref(raw_resource), traceparent);
-        let resource = parse_resource(field, raw_resource)?;
-        self.service
-            .gate
-            .admit(&self.caller, action)?
-            .may(Permission::Lease, resource.as_str())?;
-        let acquisition = parse_acquisition_id(raw_id)?;
-        let (reply, rx) = oneshot::channel();
-        send(&self.term, command(resource, acquisition, reply))?;
+        let who = self.service.gate.admit(&self.caller, action)?;
+        let rx = start(&self.service, &who, &self.term, raw_resource, raw_id)?;
         Ok(Box::pin(
             async move { (id, answer(rx).await.map(body)) }.instrument(span),
         ))
@@ -120,14 +127,10 @@ impl SessionTask {
     ) -> Result<InFlight, Status> {
         self.holder_call(
             id,
-            ("renew", "session.renew", "renew.resource"),
+            ("renew", Action::Renew),
             (&r.resource, &r.acquisition_id),
             traceparent,
-            |resource, id, reply| Command::Renew {
-                resource,
-                id,
-                reply,
-            },
+            LeaseService::renew_op,
             |o| {
                 let message = renew_message(o);
                 trace::renewed(&tracing::Span::current(), &message);
@@ -144,14 +147,10 @@ impl SessionTask {
     ) -> Result<InFlight, Status> {
         self.holder_call(
             id,
-            ("release", "session.release", "release.resource"),
+            ("release", Action::Release),
             (&r.resource, &r.acquisition_id),
             traceparent,
-            |resource, id, reply| Command::Release {
-                resource,
-                id,
-                reply,
-            },
+            LeaseService::release_op,
             |o| {
                 let message = release_message(o);
                 trace::released(&tracing::Span::current(), &message);
@@ -162,7 +161,9 @@ impl SessionTask {
 
     /// Withdraws a waiting acquire of this stream, if it still waits.
     pub(super) fn cancel(&mut self, id: u64, c: v1::CancelWait) -> Result<InFlight, Status> {
-        self.service.gate.admit(&self.caller, "session.cancel")?;
+        self.service
+            .gate
+            .admit(&self.caller, Action::SessionCancel)?;
         let withdrawn = match self.waits.get(&c.acquire_id) {
             Some(waiter) => {
                 self.cancelled.insert(c.acquire_id);
@@ -185,34 +186,30 @@ impl SessionTask {
         traceparent: &str,
     ) -> Result<InFlight, Status> {
         let span = trace::request_span("acquire", &a.resources, traceparent);
-        self.service.metrics.acquire_requests.inc();
-        let (claims, attempt) = parse_claims(&a.resources, &a.request_id, a.first_sent_ms_ago)?;
-        let who = self.service.gate.admit(&self.caller, "session.acquire")?;
-        for (name, _) in &claims {
-            who.may(Permission::Lease, name.as_str())?;
-        }
+        let who = self.service.gate.admit(&self.caller, Action::Acquire)?;
+        let acquiring = self.service.acquire_op(
+            &who,
+            &self.term,
+            AcquireAsk {
+                resources: &a.resources,
+                request_id: &a.request_id,
+                first_sent_ms_ago: a.first_sent_ms_ago,
+                holder: a.holder.as_deref(),
+                ttl_ms: a.ttl_ms,
+                wait_ms: a.wait_ms,
+                session: Some(self.digest),
+            },
+        )?;
         // No TTL of its own: the lease is tied to the session.
         let bound = a.ttl_ms.is_none();
-        let waiter = WaiterId(self.service.next_waiter.fetch_add(1, Relaxed));
-        let request = AcquireRequest {
-            claims,
-            ttl_ms: a.ttl_ms.unwrap_or(0),
-            wait_ms: a.wait_ms,
-            waiter,
-            session: bound.then_some(self.digest),
-            holder: parse_holder("acquire.holder", a.holder.as_deref())?,
-            attempt,
-        };
-        let (reply, rx) = oneshot::channel();
-        send(&self.term, Command::Acquire { request, reply })?;
-        if a.wait_ms > 0 {
+        if let Some(waiter) = acquiring.waiter {
             self.waits.insert(id, waiter);
         }
         Ok(Box::pin(
             async move {
                 // A cancelled wait ends here too: the engine drops its
                 // reply (see `finish`).
-                let body = answer(rx).await.map(|out| match out {
+                let body = acquiring.answer().await.map(|out| match out {
                     Ok(reply) => {
                         trace::acquired(&tracing::Span::current(), &reply);
                         Body::Acquire(v1::AcquireResponse {
