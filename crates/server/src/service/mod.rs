@@ -3,9 +3,8 @@
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
-use baton_core::{LeaseStatus, ResourceName, WaiterId};
+use baton_core::WaiterId;
 use baton_proto::v1::{self, leases_server::Leases};
-use baton_proto::{LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX};
 use tokio::sync::oneshot;
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
@@ -30,7 +29,7 @@ use convert::{
 pub use convert::{parse_holder, parse_resource};
 use ops::AcquireAsk;
 
-use crate::access::{Admitted, Caller, Gate};
+use crate::access::{Caller, Gate};
 
 #[derive(Clone)]
 pub struct LeaseService {
@@ -98,41 +97,6 @@ impl LeaseService {
         let (tx, rx) = oneshot::channel();
         send(term, make(tx))?;
         self.answer_on(term, rx).await
-    }
-
-    /// Up to `limit` resources under `prefix` after `start_after`, in
-    /// name order: the caller has checked `read` on `prefix`.
-    pub(crate) async fn list_entries(
-        &self,
-        prefix: String,
-        start_after: Option<String>,
-        limit: usize,
-    ) -> Result<Vec<LeaseStatus>, Status> {
-        self.call(|reply| Command::List {
-            prefix,
-            start_after,
-            limit,
-            reply,
-        })
-        .await
-    }
-
-    /// An operator fence by `who`, wherever it was asked for (`baton
-    /// fence`, the operator page): checked for `fence` on the resource and
-    /// audited, whatever the outcome.
-    pub(crate) async fn fence_as(
-        &self,
-        who: &Admitted<'_>,
-        resource: ResourceName,
-    ) -> Result<baton_core::FenceOutcome, Status> {
-        who.may(Permission::Fence, resource.as_str())?;
-        let name = resource.to_string();
-        let out = self.call(|reply| Command::Fence { resource, reply }).await;
-        match &out {
-            Ok(o) => who.audit(&name, Some(o.token.get()), "ok"),
-            Err(_) => who.audit(&name, None, "indeterminate"),
-        }
-        out
     }
 
     /// The engine's answer, if `term` still leads.
@@ -297,11 +261,7 @@ impl Leases for LeaseService {
     ) -> Result<Response<v1::StatusResponse>, Status> {
         let caller = Caller::of(&request, self.gate.is_on());
         let who = self.gate.let_in(&caller, Action::Status).await?;
-        let resource = parse_resource("resource", &request.into_inner().resource)?;
-        who.may(Permission::Read, resource.as_str())?;
-        let out = self
-            .call(|reply| Command::Status { resource, reply })
-            .await?;
+        let out = self.status_op(&who, &request.into_inner().resource).await?;
         Ok(Response::new(status_message(out)))
     }
 
@@ -312,27 +272,9 @@ impl Leases for LeaseService {
         let caller = Caller::of(&request, self.gate.is_on());
         let who = self.gate.let_in(&caller, Action::List).await?;
         let req = request.into_inner();
-        if req.prefix.len() > baton_core::RESOURCE_NAME_LEN_BYTES_MAX {
-            return Err(Status::invalid_argument(format!(
-                "prefix is {} bytes; the limit is {} bytes",
-                req.prefix.len(),
-                baton_core::RESOURCE_NAME_LEN_BYTES_MAX
-            )));
-        }
-        if req.limit > LIST_LIMIT_MAX {
-            return Err(Status::invalid_argument(format!(
-                "limit {} is above the maximum {LIST_LIMIT_MAX}",
-                req.limit
-            )));
-        }
-        let limit = if req.limit == 0 {
-            LIST_LIMIT_DEFAULT
-        } else {
-            req.limit
-        } as usize;
-        who.may(Permission::Read, &req.prefix)?;
-        let start_after = (!req.start_after.is_empty()).then_some(req.start_after);
-        let out = self.list_entries(req.prefix, start_after, limit).await?;
+        let out = self
+            .list_op(&who, req.prefix, req.start_after, req.limit)
+            .await?;
         Ok(Response::new(v1::ListResponse {
             entries: out.into_iter().map(status_message).collect(),
         }))

@@ -11,9 +11,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use baton_core::{
-    AcquireError, AcquireRequest, AcquisitionId, ReleaseOutcome, RenewOutcome, ResourceName,
-    SessionDigest, WaiterId,
+    AcquireError, AcquireRequest, AcquisitionId, LeaseStatus, ReleaseOutcome, RenewOutcome,
+    ResourceName, SessionDigest, WaiterId,
 };
+use baton_proto::{LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX};
 use tokio::sync::oneshot;
 use tonic::Status;
 
@@ -140,6 +141,85 @@ impl LeaseService {
                 reply,
             },
         )
+    }
+}
+
+impl LeaseService {
+    /// Status, for a caller the gate let in: `read` on the resource.
+    pub(super) async fn status_op(
+        &self,
+        who: &Admitted<'_>,
+        resource: &str,
+    ) -> Result<LeaseStatus, Status> {
+        let resource = parse_resource("resource", resource)?;
+        who.may(Permission::Read, resource.as_str())?;
+        self.call(|reply| Command::Status { resource, reply }).await
+    }
+
+    /// List, for a caller the gate let in: the request's bounds checked,
+    /// then `read` on the prefix.
+    pub(super) async fn list_op(
+        &self,
+        who: &Admitted<'_>,
+        prefix: String,
+        start_after: String,
+        limit: u32,
+    ) -> Result<Vec<LeaseStatus>, Status> {
+        if prefix.len() > baton_core::RESOURCE_NAME_LEN_BYTES_MAX {
+            return Err(Status::invalid_argument(format!(
+                "prefix is {} bytes; the limit is {} bytes",
+                prefix.len(),
+                baton_core::RESOURCE_NAME_LEN_BYTES_MAX
+            )));
+        }
+        if limit > LIST_LIMIT_MAX {
+            return Err(Status::invalid_argument(format!(
+                "limit {limit} is above the maximum {LIST_LIMIT_MAX}"
+            )));
+        }
+        let limit = if limit == 0 {
+            LIST_LIMIT_DEFAULT
+        } else {
+            limit
+        } as usize;
+        who.may(Permission::Read, &prefix)?;
+        let start_after = (!start_after.is_empty()).then_some(start_after);
+        self.list_entries(prefix, start_after, limit).await
+    }
+
+    /// Up to `limit` resources under `prefix` after `start_after`, in
+    /// name order: the caller has checked `read` on `prefix`.
+    pub(crate) async fn list_entries(
+        &self,
+        prefix: String,
+        start_after: Option<String>,
+        limit: usize,
+    ) -> Result<Vec<LeaseStatus>, Status> {
+        self.call(|reply| Command::List {
+            prefix,
+            start_after,
+            limit,
+            reply,
+        })
+        .await
+    }
+
+    /// An operator fence by `who`, wherever it was asked for (`baton
+    /// fence`, the operator page): checked for `fence` on the resource and
+    /// audited, whatever the outcome.
+    pub(crate) async fn fence_as(
+        &self,
+        who: &Admitted<'_>,
+        resource: ResourceName,
+    ) -> Result<baton_core::FenceOutcome, Status> {
+        who.may(Permission::Fence, resource.as_str())?;
+        let name = resource.to_string();
+        let out = self.call(|reply| Command::Fence { resource, reply }).await;
+        match &out {
+            Ok(o) => who.audit(&name, Some(o.token.get()), "ok"),
+            Err(_) => who.audit(&name, None, "indeterminate"),
+        }
+        out
     }
 }
 
