@@ -8,7 +8,7 @@ use std::path::Path;
 
 fn main() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let mut files = vec!["README.md".to_string()];
+    let mut files = vec!["README.md".to_string(), "CONTRIBUTING.md".to_string()];
     let mut manuals: Vec<String> = std::fs::read_dir(root.join("docs"))
         .expect("docs/")
         .filter_map(|e| e.ok()?.file_name().into_string().ok())

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 
+import architecture
 import scenarios
 from blocks import Block, MarkerError, read_blocks
 from expect import Bindings, compare, split_expected
@@ -41,7 +42,7 @@ def doc_files() -> list[str]:
     manuals = sorted(
         os.path.relpath(p, REPO) for p in glob.glob(os.path.join(REPO, "docs", "*.md"))
     )
-    return ["README.md", *manuals]
+    return ["README.md", "CONTRIBUTING.md", *manuals]
 
 
 def all_blocks(files: list[str]) -> list[Block]:
@@ -260,7 +261,10 @@ def main(argv: list[str]) -> int:
         )
         return 1
     run = Run(blocks)
-    failures: list[str] = []
+    checked, failures = architecture.check()
+    print(checked + ("" if not failures else f": {len(failures)} wrong"), flush=True)
+    for problem in failures:
+        print(f"FAIL {problem}", flush=True)
     tally: collections.Counter[str] = collections.Counter()
     try:
         run.pg.start()
