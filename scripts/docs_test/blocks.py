@@ -21,6 +21,7 @@ VALUED = (
     "scenario ",
     "needs ",
     "ready ",
+    "timeout ",
 )
 FLAGS = ("run", "transcript", "background", "python", "rust", "first")
 

@@ -169,7 +169,8 @@ class Run:
             body = f"cargo run -q -p baton-docs-blocks -- {block.where}"
         else:
             body = block.text
-        status, output = self.term.run(body, strict=kind == "run", env=env)
+        timeout_s = float(block.value("timeout") or 900)
+        status, output = self.term.run(body, strict=kind == "run", env=env, timeout_s=timeout_s)
         if status != 0:
             raise Failure(f"exited {status}:\n{output[-3000:]}")
         return output
