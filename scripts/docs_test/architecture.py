@@ -1,6 +1,7 @@
 """ARCHITECTURE.md checked against the code: every path it names exists,
-every test it names is defined in the file it names, and its list of
-crate arrows is exactly what `cargo metadata` says."""
+every test it names is defined in the file it names, its list of crate
+arrows is exactly what `cargo metadata` says, and the shipped binaries
+link no test tooling."""
 
 from __future__ import annotations
 
@@ -15,6 +16,9 @@ PATH = re.compile(r"^(crates|clients|scripts|docs|\.ci)/[\w./-]+$")
 # A test's name: snake_case with at least three words.
 TEST = re.compile(r"^[a-z][a-z0-9]*(_[a-z0-9]+){2,}$")
 ARROW = re.compile(r"^([a-z][a-z-]*)\s+->\s*(.*)$")
+# What the packaged binaries must not link (cargo tree -e normal).
+SHIPPED = ("baton", "statements")
+TEST_TOOLING = ("baton-testkit", "baton-chaos", "baton-faults", "baton-systest")
 
 
 def check() -> tuple[str, list[str]]:
@@ -24,7 +28,28 @@ def check() -> tuple[str, list[str]]:
     problems: list[str] = []
     paths, tests = cited(text, problems)
     arrows = check_arrows(text, problems)
-    return f"ARCHITECTURE.md: {paths} paths, {tests} tests, {arrows} crate arrows", problems
+    shipped = check_shipped(problems)
+    return (
+        f"ARCHITECTURE.md: {paths} paths, {tests} tests, {arrows} crate arrows; "
+        f"{shipped} shipped binaries free of test tooling",
+        problems,
+    )
+
+
+def check_shipped(problems: list[str]) -> int:
+    for package in SHIPPED:
+        out = subprocess.run(
+            ["cargo", "tree", "-p", package, "-e", "normal", "--prefix", "none", "--offline"],
+            cwd=REPO,
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        linked = {line.split()[0] for line in out.stdout.splitlines() if line.strip()}
+        for tool in TEST_TOOLING:
+            if tool in linked:
+                problems.append(f"the shipped {package} links {tool} (cargo tree -e normal)")
+    return len(SHIPPED)
 
 
 def cited(text: str, problems: list[str]) -> tuple[int, int]:
@@ -68,7 +93,7 @@ def check_arrows(text: str, problems: list[str]) -> int:
 
 def workspace_arrows() -> dict[str, set[str]]:
     """Each workspace crate (by its folder under crates/) and the
-    workspace crates it depends on for its normal build."""
+    workspace crates it depends on for its normal build, features off."""
     out = subprocess.run(
         ["cargo", "metadata", "--format-version", "1", "--no-deps", "--offline"],
         cwd=REPO,
@@ -82,7 +107,7 @@ def workspace_arrows() -> dict[str, set[str]]:
         folder[p["name"]]: {
             folder[d["name"]]
             for d in p["dependencies"]
-            if d["name"] in folder and d["kind"] is None
+            if d["name"] in folder and d["kind"] is None and not d["optional"]
         }
         for p in packages
     }

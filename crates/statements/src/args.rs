@@ -109,7 +109,9 @@ pub enum Command {
     /// workers and of the Baton server, held, dropped and reset traffic),
     /// then check the histories against the resource's durable state.
     /// Exits 0 only when the verdict is clean.
+    #[cfg(feature = "chaos")]
     Chaos(ChaosArgs),
+    #[cfg(feature = "chaos")]
     /// Check publish histories (written by workers with `--history`) against
     /// the publication log and pointers in the database. Exits 0 only when
     /// clean: no stale overwrite, no doubled operation, no lost publication,
@@ -207,6 +209,7 @@ pub enum Command {
     },
     /// A stand-in third-party webhook for tests and chaos runs (idempotency
     /// keys and status queries, backed by PostgreSQL).
+    #[cfg(feature = "chaos")]
     #[command(hide = true)]
     WebhookReceiver(baton_testkit::webhook::ReceiverArgs),
     /// The paused-worker story with an embedded Baton server: Alice pauses,
@@ -267,10 +270,6 @@ pub struct WorkerArgs {
     /// Only jobs of accounts whose name starts with this.
     #[arg(long, default_value = "")]
     pub accounts: String,
-    /// Append every publish attempt (invoked, then ok, failed or unknown)
-    /// to this file, for the fault suite's checker.
-    #[arg(long)]
-    pub history: Option<PathBuf>,
     /// Serve the worker's metrics (fenced-write outcomes, renewal
     /// failures, ownership losses, acquire times) for Prometheus at
     /// http://ADDR/metrics, like 127.0.0.1:9101.
@@ -290,6 +289,20 @@ pub struct WorkerArgs {
     /// `statements dispatch` over SMTP.
     #[arg(long, value_name = "ADDRESS")]
     pub notify_email: Option<String>,
+    #[cfg(feature = "chaos")]
+    #[command(flatten)]
+    pub chaos: ChaosWorkerArgs,
+}
+
+/// The worker's flags for the fault suite (feature `chaos`), absent from
+/// the shipped binary.
+#[cfg(feature = "chaos")]
+#[derive(clap::Args)]
+pub struct ChaosWorkerArgs {
+    /// Append every publish attempt (invoked, then ok, failed or unknown)
+    /// to this file, for the fault suite's checker.
+    #[arg(long)]
+    pub history: Option<PathBuf>,
     /// NEGATIVE CONTROL ONLY: move the publication pointer with a blind
     /// write, no fence. Exists to prove the fault suite can see a stale write.
     #[arg(long, hide = true)]
@@ -302,6 +315,7 @@ pub struct WorkerArgs {
 }
 
 /// `statements chaos`.
+#[cfg(feature = "chaos")]
 #[derive(clap::Args)]
 pub struct ChaosArgs {
     /// Worker processes (1 to 64).
@@ -347,8 +361,24 @@ pub struct ChaosArgs {
     pub objects: Option<String>,
 }
 
+impl WorkerArgs {
+    /// The chaos drills: none in the shipped binary.
+    fn chaos_drills(&self) -> (bool, u32, u64) {
+        #[cfg(feature = "chaos")]
+        {
+            let c = &self.chaos;
+            (c.unfenced, c.pause_chance_pct, c.chaos_seed)
+        }
+        #[cfg(not(feature = "chaos"))]
+        {
+            (false, 0, 0)
+        }
+    }
+}
+
 impl From<WorkerArgs> for crate::worker::WorkerConfig {
     fn from(a: WorkerArgs) -> Self {
+        let (unfenced, pause_chance_pct, chaos_seed) = a.chaos_drills();
         Self {
             target: a.paths.target(),
             objects: a.paths.objects,
@@ -358,7 +388,8 @@ impl From<WorkerArgs> for crate::worker::WorkerConfig {
             once: a.once,
             poll: a.poll,
             accounts: a.accounts,
-            history: a.history,
+            #[cfg(feature = "chaos")]
+            history: a.chaos.history.clone(),
             notify: crate::worker::Notify {
                 webhook: a.notify_webhook,
                 email: a.notify_email,
@@ -367,14 +398,15 @@ impl From<WorkerArgs> for crate::worker::WorkerConfig {
                 pause_before_publish: a.pause_before_publish,
                 pause_after_read: a.pause_after_read,
                 crash_after: a.crash_after,
-                unfenced: a.unfenced,
-                pause_chance_pct: a.pause_chance_pct,
-                chaos_seed: a.chaos_seed,
+                unfenced,
+                pause_chance_pct,
+                chaos_seed,
             },
         }
     }
 }
 
+#[cfg(feature = "chaos")]
 impl From<ChaosArgs> for baton_chaos::ChaosConfig {
     /// A run without `--seed` takes one from the clock (and prints it).
     fn from(a: ChaosArgs) -> Self {

@@ -188,10 +188,7 @@ async fn play(
     let (mut alice, mut alice_out) = spawn_worker(paths, url, "alice", true)?;
     let mut alice_lines = read_until(&mut alice_out, timeline, Some("paused")).await?;
     let pid = alice.id().ok_or_else(|| anyhow::anyhow!("alice exited"))?;
-    until("alice to be stopped", async || {
-        baton_faults::signal::is_stopped(pid)
-    })
-    .await?;
+    until("alice to be stopped", async || is_stopped(pid)).await?;
     timeline.note("alice", "stopped", "SIGSTOP");
     // While Alice sleeps the account data changes, as in the seed.
     let version = db.seed(ACCOUNT, DATE, 99_000).await?;
@@ -208,7 +205,8 @@ async fn play(
     let (mut bob, mut bob_out) = spawn_worker(paths, url, "bob", false)?;
     let bob_lines = read_until(&mut bob_out, timeline, None).await?;
     bob.wait().await?;
-    baton_faults::signal::send(pid, baton_faults::signal::Signal::SIGCONT)?;
+    let alice_pid = nix::unistd::Pid::from_raw(i32::try_from(pid)?);
+    nix::sys::signal::kill(alice_pid, nix::sys::signal::Signal::SIGCONT)?;
     timeline.note("alice", "resumed", "SIGCONT");
     alice_lines.extend(read_until(&mut alice_out, timeline, None).await?);
     alice.wait().await?;
@@ -306,4 +304,13 @@ async fn print_story(
         );
     }
     Ok(())
+}
+
+/// Whether process `pid` is stopped (state `T` in `/proc/PID/stat`; Linux).
+fn is_stopped(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        s.rsplit(')')
+            .next()
+            .is_some_and(|r| r.trim_start().starts_with('T'))
+    })
 }

@@ -2,7 +2,9 @@
 //! on Baton's public APIs. See `statements demo`.
 
 mod args;
+#[cfg(feature = "chaos")]
 mod chaos_effects;
+#[cfg(feature = "chaos")]
 mod chaos_service;
 mod console;
 mod deliveries;
@@ -87,11 +89,13 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
             worker::run(args.into()).await?;
             Ok(ExitCode::SUCCESS)
         }
+        #[cfg(feature = "chaos")]
         Command::Chaos(args) => {
             let service =
                 std::sync::Arc::new(chaos_service::StatementsService::new(args.objects.clone())?);
             baton_chaos::run(args.into(), service).await
         }
+        #[cfg(feature = "chaos")]
         Command::Check {
             paths,
             history,
@@ -153,6 +157,7 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Deliveries { command } => deliveries::run(command).await,
+        #[cfg(feature = "chaos")]
         Command::WebhookReceiver(args) => {
             baton_testkit::webhook::run(args)
                 .await
@@ -184,6 +189,7 @@ async fn serve_baton(
 
 /// `statements check`: a chaos run's history against the resources; the
 /// exit code says whether the verdict is clean.
+#[cfg(feature = "chaos")]
 async fn check(
     paths: &Paths,
     history: &std::path::Path,

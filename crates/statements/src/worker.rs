@@ -8,12 +8,10 @@
 //! result, reuse or regenerate the candidate, publish fenced, settle the
 //! outcome. Every step that has an effect asks the keeper first.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use baton_client::worker::{Backoff, Keeper, KeeperConfig};
 use baton_client::{Acquired, Client};
-use baton_faults::history::Step;
 use baton_fence::objects::ObjectKit;
 use baton_fence::outbox::{Intent, ReceiverKind};
 use baton_fence::FencingToken;
@@ -68,9 +66,10 @@ pub struct WorkerConfig {
     pub poll: Duration,
     /// Only jobs of accounts starting with this ("" for all).
     pub accounts: String,
+    #[cfg(feature = "chaos")]
     /// Append every publish attempt here: invoked, then ok, failed or
     /// unknown (the history the fault suite's checker reads).
-    pub history: Option<PathBuf>,
+    pub history: Option<std::path::PathBuf>,
     /// Who hears of each publication: delivery intents recorded with it.
     pub notify: Notify,
     pub drills: Drills,
@@ -164,7 +163,7 @@ fn hex_bytes(hex: &str) -> Vec<u8> {
 
 pub(crate) fn stop_self() {
     // A real SIGSTOP, delivered by the kernel like any other pause.
-    let _ = baton_faults::signal::send(std::process::id(), baton_faults::signal::Signal::SIGSTOP);
+    let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGSTOP);
 }
 
 /// Runs the worker. With `once`, the first error ends it; otherwise a
@@ -213,9 +212,24 @@ async fn session(cfg: &WorkerConfig, backoff: &mut Backoff) -> Result<()> {
     }
 }
 
+/// A step of a publish attempt, as the fault suite's history records it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Step {
+    /// About to send the publish.
+    Invoke,
+    /// Acknowledged: applied or replayed.
+    Ok,
+    /// Refused (the outcome says why).
+    Failed,
+    /// Sent, no answer: it may or may not have happened.
+    Unknown,
+}
+
 /// Appends one line to the publish history (`baton_faults::history`). A line
 /// reaches the kernel before the call returns, so it survives a SIGKILL of
-/// this process.
+/// this process. Only a build with the fault suite (feature `chaos`) has a
+/// history to write.
+#[cfg(feature = "chaos")]
 fn record(
     cfg: &WorkerConfig,
     resource: &str,
@@ -225,6 +239,13 @@ fn record(
     outcome: &str,
 ) {
     let Some(path) = &cfg.history else { return };
+    use baton_faults::history::Step as Written;
+    let status = match status {
+        Step::Invoke => Written::Invoke,
+        Step::Ok => Written::Ok,
+        Step::Failed => Written::Failed,
+        Step::Unknown => Written::Unknown,
+    };
     let line = baton_faults::history::Line {
         resource: resource.into(),
         operation: operation.into(),
@@ -238,6 +259,9 @@ fn record(
         std::process::abort();
     }
 }
+
+#[cfg(not(feature = "chaos"))]
+fn record(_: &WorkerConfig, _: &str, _: &str, _: FencingToken, _: Step, _: &str) {}
 
 /// Whether a chaos run pauses this attempt: a pure function of the seed,
 /// the worker, the resource and the token.

@@ -31,6 +31,7 @@ pub(crate) fn err(e: impl std::error::Error + 'static) -> anyhow::Error {
     }
 }
 
+#[cfg(feature = "chaos")]
 /// One accepted publication, from the publication log.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LoggedPublication {
@@ -88,6 +89,7 @@ impl JobState {
         matches!(self, JobState::Published | JobState::Cancelled)
     }
 
+    #[cfg(feature = "chaos")]
     /// A worker may pick the job up (a generating job's worker may have died).
     pub fn is_open(self) -> bool {
         matches!(self, JobState::Pending | JobState::Generating)
@@ -147,10 +149,13 @@ pub trait Store {
 
     async fn open_jobs(&self, prefix: &str) -> Result<Vec<(String, String)>>;
 
+    #[cfg(feature = "chaos")]
     async fn job_states(&self, prefix: &str) -> Result<Vec<(String, i64)>>;
 
+    #[cfg(feature = "chaos")]
     async fn publication_log(&self, prefix: &str) -> Result<Vec<LoggedPublication>>;
 
+    #[cfg(feature = "chaos")]
     async fn pointers(&self, prefix: &str) -> Result<Vec<(String, i64)>>;
 
     /// The negative control's blind pointer write, and its intents written

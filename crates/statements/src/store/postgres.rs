@@ -7,7 +7,9 @@ use baton_fence::outbox::Intent;
 use baton_fence::postgres::{PgFence, Prepared};
 use baton_fence::{FenceRequest, FencingToken, Outcome, Policy, Publication, ResourceName};
 
-use super::{check_enqueued, err, Input, Job, JobState, LoggedPublication, Outbox, Result, Store};
+#[cfg(feature = "chaos")]
+use super::LoggedPublication;
+use super::{check_enqueued, err, Input, Job, JobState, Outbox, Result, Store};
 
 const POSTGRES_SCHEMA: &str = "
 CREATE SCHEMA IF NOT EXISTS statements;
@@ -174,6 +176,7 @@ impl Store for PgDb {
                 .collect())
     }
 
+    #[cfg(feature = "chaos")]
     async fn job_states(&self, prefix: &str) -> Result<Vec<(String, i64)>> {
         let client = &self.client;
         Ok(client
@@ -185,6 +188,7 @@ impl Store for PgDb {
                 .collect())
     }
 
+    #[cfg(feature = "chaos")]
     async fn publication_log(&self, prefix: &str) -> Result<Vec<LoggedPublication>> {
         let client = &self.client;
         let row = |resource, token, operation| LoggedPublication {
@@ -201,6 +205,7 @@ impl Store for PgDb {
                 .collect())
     }
 
+    #[cfg(feature = "chaos")]
     async fn pointers(&self, prefix: &str) -> Result<Vec<(String, i64)>> {
         let client = &self.client;
         Ok(client

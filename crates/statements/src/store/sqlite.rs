@@ -10,7 +10,9 @@ use baton_fence::sqlite::SqliteFence;
 use baton_fence::{FenceRequest, FencingToken, Outcome, Policy, Publication, ResourceName};
 use rusqlite::{params, Connection, OptionalExtension};
 
-use super::{check_enqueued, err, Input, Job, JobState, LoggedPublication, Outbox, Result, Store};
+#[cfg(feature = "chaos")]
+use super::LoggedPublication;
+use super::{check_enqueued, err, Input, Job, JobState, Outbox, Result, Store};
 
 const SQLITE_SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS accounts (
@@ -186,6 +188,7 @@ impl Store for SqliteDb {
         }
     }
 
+    #[cfg(feature = "chaos")]
     async fn job_states(&self, prefix: &str) -> Result<Vec<(String, i64)>> {
         let c = &self.0;
         {
@@ -193,6 +196,7 @@ impl Store for SqliteDb {
         }
     }
 
+    #[cfg(feature = "chaos")]
     async fn publication_log(&self, prefix: &str) -> Result<Vec<LoggedPublication>> {
         let c = &self.0;
         let row = |resource, token, operation| LoggedPublication {
@@ -205,6 +209,7 @@ impl Store for SqliteDb {
         }
     }
 
+    #[cfg(feature = "chaos")]
     async fn pointers(&self, prefix: &str) -> Result<Vec<(String, i64)>> {
         let c = &self.0;
         {

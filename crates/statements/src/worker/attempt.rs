@@ -1,7 +1,7 @@
 //! One owner's attempt at one statement: the seed's steps, in order.
 
+use super::Step;
 use baton_client::worker::Guard;
-use baton_faults::history::Step;
 use baton_fence::objects::{Manifest, ObjectKit, Provenance};
 use baton_fence::{resource_name, FenceRequest, FencingToken, Outcome};
 use serde_json::json;
