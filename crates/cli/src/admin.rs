@@ -8,7 +8,7 @@ use crate::args::{ClientOpts, RestoreArgs};
 use crate::error::CliError;
 use crate::lease::connect;
 use crate::output::Rendered;
-use crate::restore;
+use baton_restore as restore;
 
 /// What `admin backup` prints.
 #[derive(Serialize)]
@@ -85,12 +85,12 @@ impl Rendered for RestoreOut {
 /// `baton admin restore`: reads the floors, then restores.
 pub async fn restore(a: &RestoreArgs) -> Result<RestoreOut, CliError> {
     let to_cli = |e: restore::RestoreError| CliError {
-        code: if e.usage {
+        code: if e.is_usage() {
             crate::error::Exit::Usage
         } else {
             crate::error::Exit::Failure
         },
-        message: e.message,
+        message: e.to_string(),
     };
     let mut resources_floor = None;
     for url in &a.floor_from {
@@ -126,6 +126,9 @@ pub async fn restore(a: &RestoreArgs) -> Result<RestoreOut, CliError> {
     };
     audit_restore(a, &target, r.as_ref().ok().map(|r| r.first_token.get()))?;
     let r = r?;
+    if let Some(e) = &r.unread_directory {
+        eprintln!("warning: {e}; restoring above --min-epoch / --floor-from instead");
+    }
     Ok(RestoreOut {
         backup_epoch: r.backup_epoch.map_or(0, |e| e.get()),
         resources_floor: r.resources_floor.map_or(0, |t| t.get()),

@@ -16,7 +16,6 @@ mod error;
 mod hold;
 mod lease;
 mod output;
-mod restore;
 mod run;
 mod serve;
 mod stdout;
