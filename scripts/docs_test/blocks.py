@@ -15,6 +15,7 @@ VALUED = (
     "record:",
     "doctest:",
     "expect ",
+    "reject ",
     "env ",
     "file ",
     "sql ",

@@ -208,6 +208,9 @@ def check_expect(block: Block, output: str) -> None:
     for pattern in block.values("expect"):
         if not re.search(pattern, output, re.MULTILINE):
             raise Failure(f"the output does not match {pattern!r}:\n{output[-3000:]}")
+    for pattern in block.values("reject"):
+        if re.search(pattern, output, re.MULTILINE):
+            raise Failure(f"the output matches {pattern!r}, which it must not:\n{output[-3000:]}")
 
 
 def check_doctest(block: Block) -> None:
