@@ -15,8 +15,8 @@
 use std::time::Instant;
 
 use baton_core::{
-    AcquireRequest, AcquisitionId, Epoch, FencingToken, LeaseRecord, LeaseTable, Limits, MonoMs,
-    ResourceName, WaiterId,
+    AcquireRequest, AcquisitionId, Epoch, FencingToken, LeaseRecord, LeaseTable, LeaseTerm, Limits,
+    MonoMs, ResourceName, WaiterId,
 };
 
 #[global_allocator]
@@ -70,10 +70,9 @@ fn filled(n: usize) -> LeaseTable {
             .collect();
         let request = AcquireRequest {
             claims,
-            ttl_ms: TTL_MS,
+            term: LeaseTerm::Own { ttl_ms: TTL_MS },
             wait_ms: 0,
             waiter: WaiterId(first as u64),
-            session: None,
             holder: None,
             attempt: None,
         };

@@ -37,9 +37,9 @@ pub use name::{NameError, ResourceName, RESOURCE_NAME_LEN_BYTES_MAX};
 pub use table::recovery_delay_ms;
 pub use table::{
     AcquireError, AcquireOutcome, AcquireRequest, Attempt, ChangeOf, Effects, Event, FenceOutcome,
-    Grant, HolderChange, KeptAlive, LeaseRecord, LeaseStatus, LeaseTable, Limits, MonoMs,
-    NotAcquired, ReleaseOutcome, RenewOutcome, Resumed, SessionCheck, SessionError, SessionRecord,
-    WaitResult, Write, ENDS_PER_STEP, RECOVERED_ENDS_PER_MS, REPEATS_REMEMBERED_MAX,
+    Grant, HolderChange, KeptAlive, LeaseRecord, LeaseStatus, LeaseTable, LeaseTerm, Limits,
+    MonoMs, NotAcquired, ReleaseOutcome, RenewOutcome, Resumed, SessionCheck, SessionError,
+    SessionRecord, WaitResult, Write, ENDS_PER_STEP, RECOVERED_ENDS_PER_MS, REPEATS_REMEMBERED_MAX,
     REPEAT_MEMORY_MS,
 };
 pub use token::{

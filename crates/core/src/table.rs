@@ -26,8 +26,8 @@ use state::{Draining, Lease, ResourceState, Session, Timer, Waiter};
 
 pub use types::{
     AcquireError, AcquireOutcome, AcquireRequest, ChangeOf, Effects, Event, FenceOutcome, Grant,
-    HolderChange, KeptAlive, LeaseRecord, LeaseStatus, Limits, MonoMs, NotAcquired, ReleaseOutcome,
-    RenewOutcome, SessionError, SessionRecord, WaitResult, Write,
+    HolderChange, KeptAlive, LeaseRecord, LeaseStatus, LeaseTerm, Limits, MonoMs, NotAcquired,
+    ReleaseOutcome, RenewOutcome, SessionError, SessionRecord, WaitResult, Write,
 };
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
@@ -193,13 +193,12 @@ impl LeaseTable {
         }
         // An acquire on a session counts as its heartbeat, so a lease tied
         // to it is held a full session TTL from the request at least.
-        let ttl_ms = match request.session {
-            Some(digest) if self.sessions.contains_key(&digest) => {
-                self.refresh_session(now, digest)
+        if let LeaseTerm::Session(digest) = request.term {
+            if !self.sessions.contains_key(&digest) {
+                return Err(AcquireError::SessionNotOpen);
             }
-            Some(_) => return Err(AcquireError::SessionNotOpen),
-            None => request.ttl_ms,
-        };
+            self.refresh_session(now, digest);
+        }
         let key = match request.attempt {
             None => None,
             Some(attempt) => match self.seen(now, &request, attempt) {
@@ -221,7 +220,7 @@ impl LeaseTable {
                 .into_iter()
                 .map(|(resource, id)| {
                     let holder = request.holder.clone();
-                    self.grant(now, resource, id, ttl_ms, None, request.session, holder)
+                    self.grant(now, resource, id, request.term, None, holder)
                 })
                 .collect();
             if let Some(key) = key {
@@ -240,13 +239,14 @@ impl LeaseTable {
 
     fn validate(&self, request: &AcquireRequest) -> Result<(), AcquireError> {
         let l = &self.limits;
-        let own_ttl = request.session.is_none();
-        if own_ttl && (request.ttl_ms < l.ttl_ms_min || request.ttl_ms > l.ttl_ms_max) {
-            return Err(AcquireError::TtlOutOfRange {
-                ttl_ms: request.ttl_ms,
-                ttl_ms_min: l.ttl_ms_min,
-                ttl_ms_max: l.ttl_ms_max,
-            });
+        if let LeaseTerm::Own { ttl_ms } = request.term {
+            if ttl_ms < l.ttl_ms_min || ttl_ms > l.ttl_ms_max {
+                return Err(AcquireError::TtlOutOfRange {
+                    ttl_ms,
+                    ttl_ms_min: l.ttl_ms_min,
+                    ttl_ms_max: l.ttl_ms_max,
+                });
+            }
         }
         if request.wait_ms > l.wait_ms_max {
             return Err(AcquireError::WaitTooLong {
@@ -292,22 +292,21 @@ impl LeaseTable {
         FencingToken::new(self.epoch, self.counter).expect("counter in range")
     }
 
-    #[allow(clippy::too_many_arguments)] // one grant's facts, each named
     fn grant(
         &mut self,
         now: MonoMs,
         resource: ResourceName,
         id: AcquisitionId,
-        ttl_ms: u64,
+        term: LeaseTerm,
         queued_at: Option<MonoMs>,
-        session: Option<SessionDigest>,
         holder: Option<Holder>,
     ) -> Grant {
+        let session = term.session();
         let after_wait = queued_at.is_some();
         let waited_ms = queued_at.map_or(0, |at| now.0.saturating_sub(at.0));
         let token = self.issue_token();
-        let (ttl_ms, expires_at) = match session {
-            Some(digest) => {
+        let (ttl_ms, expires_at) = match term {
+            LeaseTerm::Session(digest) => {
                 let s = self
                     .sessions
                     .get_mut(&digest)
@@ -315,7 +314,7 @@ impl LeaseTable {
                 s.leases.insert(resource.clone());
                 (s.ttl_ms, MonoMs::NEVER)
             }
-            None => {
+            LeaseTerm::Own { ttl_ms } => {
                 let at = now.end_of(ttl_ms);
                 self.expiries.insert((at, resource.clone()));
                 (ttl_ms, at)

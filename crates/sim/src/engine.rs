@@ -12,8 +12,8 @@
 
 use baton_core::pipeline::{self, Job, Pipeline};
 use baton_core::{
-    AcquireError, AcquireOutcome, AcquireRequest, Event, LeaseTable, MonoMs, ReleaseOutcome,
-    RenewOutcome, ResourceName, SessionError, WaitResult, WaiterId, Write,
+    AcquireError, AcquireOutcome, AcquireRequest, Event, LeaseTable, LeaseTerm, MonoMs,
+    ReleaseOutcome, RenewOutcome, ResourceName, SessionError, WaitResult, WaiterId, Write,
 };
 
 use crate::world::{Addr, Answer, Request};
@@ -89,7 +89,9 @@ impl Engine {
                 let mut req = AcquireRequest::single(name(resource), id, ttl_ms);
                 req.wait_ms = wait_ms;
                 req.waiter = waiter;
-                req.session = session;
+                if let Some(session) = session {
+                    req.term = LeaseTerm::Session(session);
+                }
                 match self.table.acquire(now, req) {
                     Ok(AcquireOutcome::Granted(g)) => Deferred(granted(&g)),
                     Ok(AcquireOutcome::NotAcquired(_)) => Deferred(Answer::NotAcquired),

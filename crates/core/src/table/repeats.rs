@@ -266,7 +266,7 @@ impl LeaseTable {
                     .for_each(|q| *q = new);
             }
         }
-        if let Some(session) = w.session.and_then(|d| self.sessions.get_mut(&d)) {
+        if let Some(session) = w.term.session().and_then(|d| self.sessions.get_mut(&d)) {
             session.waiters.remove(&old);
             session.waiters.insert(new);
         }

@@ -89,11 +89,10 @@ pub(super) struct ResourceState {
 #[derive(Clone, Debug)]
 pub(super) struct Waiter {
     pub(super) claims: Vec<(ResourceName, AcquisitionId)>,
-    pub(super) ttl_ms: u64,
+    pub(super) term: super::LeaseTerm,
     pub(super) deadline: MonoMs,
     /// When the request joined the line.
     pub(super) queued_at: MonoMs,
-    pub(super) session: Option<SessionDigest>,
     pub(super) holder: Option<Holder>,
     /// Set when the request carries a request id (`repeats.rs`).
     pub(super) key: Option<super::repeats::RequestKey>,

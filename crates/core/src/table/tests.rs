@@ -25,10 +25,9 @@ fn req(resources: &[&str], first_id: u8, ttl_ms: u64, wait_ms: u64, waiter: u64)
             .enumerate()
             .map(|(i, r)| (name(r), id(first_id + i as u8)))
             .collect(),
-        ttl_ms,
+        term: LeaseTerm::Own { ttl_ms },
         wait_ms,
         waiter: WaiterId(waiter),
-        session: None,
         holder: None,
         attempt: None,
     }
@@ -811,10 +810,9 @@ impl Harness {
                     now,
                     AcquireRequest {
                         claims,
-                        ttl_ms,
+                        term: session.map_or(LeaseTerm::Own { ttl_ms }, LeaseTerm::Session),
                         wait_ms,
                         waiter,
-                        session,
                         holder: None,
                         attempt: None,
                     },
@@ -1095,7 +1093,7 @@ fn session_leases_live_by_heartbeat_and_end_together() {
     let s = id(90).digest();
     t.open_session(MonoMs(0), s, 3_000, None).unwrap();
     let bound = |names: &[&str], first: u8, wait_ms: u64, waiter: u64| AcquireRequest {
-        session: Some(s),
+        term: LeaseTerm::Session(s),
         ..req(names, first, 1, wait_ms, waiter)
     };
     let AcquireOutcome::Granted(g) = t.acquire(MonoMs(0), bound(&["a", "b"], 1, 0, 0)).unwrap()
@@ -1160,7 +1158,7 @@ fn a_big_session_ends_at_once_for_callers_and_in_bounded_steps_for_the_table() {
     for (i, chunk) in names.chunks(5).enumerate() {
         let refs: Vec<&str> = chunk.iter().map(String::as_str).collect();
         let bound = AcquireRequest {
-            session: Some(s),
+            term: LeaseTerm::Session(s),
             ..req(&refs, 10 * i as u8 + 1, 1, 0, 0)
         };
         assert!(matches!(
@@ -1228,7 +1226,7 @@ fn a_session_resumes_and_closes_only_for_who_may_hold_all_it_holds() {
     let s = id(91).digest();
     t.open_session(MonoMs(0), s, 3_000, None).unwrap();
     let bound = AcquireRequest {
-        session: Some(s),
+        term: LeaseTerm::Session(s),
         ..req(&["x:1", "y:1"], 1, 1, 0, 0)
     };
     assert!(matches!(

@@ -71,16 +71,12 @@ impl Default for Limits {
 pub struct AcquireRequest {
     /// Each resource with the acquisition id its lease will carry.
     pub claims: Vec<(ResourceName, AcquisitionId)>,
-    /// Lease duration of every claimed resource.
-    pub ttl_ms: u64,
+    /// How long every granted lease lives: its own TTL, or its session's life.
+    pub term: LeaseTerm,
     /// 0 means try once. Otherwise the request queues, FIFO, for at most this long.
     pub wait_ms: u64,
     /// Identifies the request if it has to wait; the shell picks a unique one.
     pub waiter: WaiterId,
-    /// Ties every granted lease to this session: the leases live as long as
-    /// the session (`ttl_ms` is then ignored) and a waiter is withdrawn when
-    /// the session ends. `None`: each lease has its own TTL.
-    pub session: Option<SessionDigest>,
     /// Who asks, as the holder describes itself; stored with every lease
     /// granted (see [`Holder`]).
     pub holder: Option<Holder>,
@@ -91,15 +87,37 @@ pub struct AcquireRequest {
     pub attempt: Option<Attempt>,
 }
 
+/// How long a lease lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LeaseTerm {
+    /// Its own TTL: it ends `ttl_ms` after the grant or the last renewal.
+    Own {
+        /// Checked against the table's TTL limits.
+        ttl_ms: u64,
+    },
+    /// Tied to this session: held while the session lives, ended with it
+    /// (a waiter on it is withdrawn when it ends).
+    Session(SessionDigest),
+}
+
+impl LeaseTerm {
+    /// The session a lease on this term is tied to.
+    pub fn session(self) -> Option<SessionDigest> {
+        match self {
+            LeaseTerm::Own { .. } => None,
+            LeaseTerm::Session(digest) => Some(digest),
+        }
+    }
+}
+
 impl AcquireRequest {
     /// A request for one resource, try-once.
     pub fn single(resource: ResourceName, acquisition_id: AcquisitionId, ttl_ms: u64) -> Self {
         Self {
             claims: vec![(resource, acquisition_id)],
-            ttl_ms,
+            term: LeaseTerm::Own { ttl_ms },
             wait_ms: 0,
             waiter: WaiterId(0),
-            session: None,
             holder: None,
             attempt: None,
         }

@@ -41,16 +41,15 @@ impl LeaseTable {
         let deadline = now.plus(request.wait_ms);
         self.timers
             .insert((deadline, Timer::WaitDeadline(request.waiter)));
-        if let Some(digest) = request.session {
+        if let Some(digest) = request.term.session() {
             let session = self.sessions.get_mut(&digest).expect("checked by acquire");
             session.waiters.insert(request.waiter);
         }
         let waiter = Waiter {
             claims: request.claims,
-            ttl_ms: request.ttl_ms,
+            term: request.term,
             deadline,
             queued_at: now,
-            session: request.session,
             holder: request.holder,
             key,
         };
@@ -82,7 +81,7 @@ impl LeaseTable {
             self.repeats.waiting.remove(&key);
             self.repeats.not_granted(now, key);
         }
-        self.unbind_waiter(waiter, w.session);
+        self.unbind_waiter(waiter, w.term.session());
         for (resource, _) in &w.claims {
             self.change_queue(resource, |queue| queue.retain(|q| *q != waiter));
         }
@@ -108,7 +107,7 @@ impl LeaseTable {
         let waiter = &self.waiters[&head];
         // A session whose end is due is ended within this tick, its waiters
         // first: never grant to it in the meantime.
-        if let Some(session) = waiter.session.map(|d| &self.sessions[&d]) {
+        if let Some(session) = waiter.term.session().map(|d| &self.sessions[&d]) {
             if session.expires_at <= now {
                 return;
             }
@@ -128,7 +127,7 @@ impl LeaseTable {
         }
         self.timers
             .remove(&(waiter.deadline, Timer::WaitDeadline(head)));
-        self.unbind_waiter(head, waiter.session);
+        self.unbind_waiter(head, waiter.term.session());
         let grants = waiter
             .claims
             .into_iter()
@@ -138,9 +137,8 @@ impl LeaseTable {
                     now,
                     r,
                     id,
-                    waiter.ttl_ms,
+                    waiter.term,
                     Some(waiter.queued_at),
-                    waiter.session,
                     waiter.holder.clone(),
                 )
             })

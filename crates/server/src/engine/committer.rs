@@ -220,7 +220,7 @@ mod tests {
                 .collect();
             let request = AcquireRequest {
                 claims,
-                session: Some(digest),
+                term: baton_core::LeaseTerm::Session(digest),
                 ..AcquireRequest::single(
                     ResourceName::parse("unused").unwrap(),
                     AcquisitionId::from_bytes([0; 16]),

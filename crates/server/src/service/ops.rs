@@ -11,8 +11,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use baton_core::{
-    AcquireError, AcquireRequest, AcquisitionId, LeaseStatus, ReleaseOutcome, RenewOutcome,
-    ResourceName, SessionDigest, WaiterId,
+    AcquireError, AcquireRequest, AcquisitionId, LeaseStatus, LeaseTerm, ReleaseOutcome,
+    RenewOutcome, ResourceName, SessionDigest, WaiterId,
 };
 use baton_proto::{LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX};
 use tokio::sync::oneshot;
@@ -79,17 +79,18 @@ impl LeaseService {
             who.may(Permission::Lease, name.as_str())?;
         }
         let holder = parse_holder("holder", ask.holder)?;
-        let (ttl_ms, session) = match (ask.ttl_ms, ask.session) {
-            (None, Some(session)) => (0, Some(session)),
-            (ttl_ms, _) => (ttl_ms.unwrap_or(self.default_ttl_ms), None),
+        let lease_term = match (ask.ttl_ms, ask.session) {
+            (None, Some(session)) => LeaseTerm::Session(session),
+            (ttl_ms, _) => LeaseTerm::Own {
+                ttl_ms: ttl_ms.unwrap_or(self.default_ttl_ms),
+            },
         };
         let waiter = WaiterId(self.next_waiter.fetch_add(1, Relaxed));
         let request = AcquireRequest {
             claims,
-            ttl_ms,
+            term: lease_term,
             wait_ms: ask.wait_ms,
             waiter,
-            session,
             holder,
             attempt,
         };

@@ -182,7 +182,7 @@ fn a_paced_drain_shares_the_rate_with_the_expiry() {
     t.open_session(MonoMs(0), s, 60_000, None).unwrap();
     for i in 0..30 {
         let bound = AcquireRequest {
-            session: Some(s),
+            term: LeaseTerm::Session(s),
             ..req(&[&m(i)], 1, 1, 0, 0)
         };
         let out = t.acquire(MonoMs(0), bound).unwrap();

@@ -13,10 +13,9 @@ fn keyed(resources: &[&str], attempt: Attempt, wait_ms: u64, waiter: u64) -> Acq
             .iter()
             .map(|r| (name(r), REQUEST.acquisition_id(&name(r))))
             .collect(),
-        ttl_ms: 5_000,
+        term: LeaseTerm::Own { ttl_ms: 5_000 },
         wait_ms,
         waiter: WaiterId(waiter),
-        session: None,
         holder: None,
         attempt: Some(attempt),
     }
