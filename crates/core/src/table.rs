@@ -13,6 +13,7 @@ mod recovery;
 mod repeats;
 mod sessions;
 mod state;
+mod term;
 mod types;
 mod waiters;
 
@@ -24,10 +25,11 @@ use repeats::{Repeats, Seen};
 pub use sessions::{Resumed, SessionCheck};
 use state::{Draining, Lease, ResourceState, Session, Timer, Waiter};
 
+pub use term::LeaseTerm;
 pub use types::{
     AcquireError, AcquireOutcome, AcquireRequest, ChangeOf, Effects, Event, FenceOutcome, Grant,
-    HolderChange, KeptAlive, LeaseRecord, LeaseStatus, LeaseTerm, Limits, MonoMs, NotAcquired,
-    ReleaseOutcome, RenewOutcome, SessionError, SessionRecord, WaitResult, Write,
+    HolderChange, KeptAlive, LeaseRecord, LeaseStatus, Limits, MonoMs, NotAcquired, ReleaseOutcome,
+    RenewOutcome, SessionError, SessionRecord, WaitResult, Write,
 };
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};

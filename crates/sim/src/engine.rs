@@ -89,9 +89,7 @@ impl Engine {
                 let mut req = AcquireRequest::single(name(resource), id, ttl_ms);
                 req.wait_ms = wait_ms;
                 req.waiter = waiter;
-                if let Some(session) = session {
-                    req.term = LeaseTerm::Session(session);
-                }
+                req.term = session.map_or(req.term, LeaseTerm::Session);
                 match self.table.acquire(now, req) {
                     Ok(AcquireOutcome::Granted(g)) => Deferred(granted(&g)),
                     Ok(AcquireOutcome::NotAcquired(_)) => Deferred(Answer::NotAcquired),

@@ -1,6 +1,7 @@
 //! What goes in and out of the lease table: requests, outcomes, durable
 //! records, writes, events and effects.
 
+use super::term::LeaseTerm;
 use crate::{
     AcquisitionDigest, AcquisitionId, Attempt, Epoch, FencingToken, Holder, ResourceName,
     SessionDigest, WaiterId,
@@ -85,29 +86,6 @@ pub struct AcquireRequest {
     /// answers a repeat with what it granted, never with a second grant.
     /// `None`: an older client's request, served as a new one every time.
     pub attempt: Option<Attempt>,
-}
-
-/// How long a lease lives.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LeaseTerm {
-    /// Its own TTL: it ends `ttl_ms` after the grant or the last renewal.
-    Own {
-        /// Checked against the table's TTL limits.
-        ttl_ms: u64,
-    },
-    /// Tied to this session: held while the session lives, ended with it
-    /// (a waiter on it is withdrawn when it ends).
-    Session(SessionDigest),
-}
-
-impl LeaseTerm {
-    /// The session a lease on this term is tied to.
-    pub fn session(self) -> Option<SessionDigest> {
-        match self {
-            LeaseTerm::Own { .. } => None,
-            LeaseTerm::Session(digest) => Some(digest),
-        }
-    }
 }
 
 impl AcquireRequest {
