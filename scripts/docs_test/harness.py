@@ -9,7 +9,6 @@ import os
 import re
 import shutil
 import socket
-import subprocess
 import sys
 import time
 
@@ -102,27 +101,7 @@ class Run:
 
     def fence_kit(self, db: str) -> None:
         install = os.path.join(REPO, "crates", "fence", "sql", "install.sql")
-        out = subprocess.run(
-            [
-                "psql",
-                "-h",
-                "127.0.0.1",
-                "-U",
-                "postgres",
-                "-d",
-                db,
-                "-qX",
-                "-v",
-                "ON_ERROR_STOP=1",
-                "-f",
-                install,
-            ],
-            check=False,
-            capture_output=True,
-            text=True,
-        )
-        if out.returncode != 0:
-            raise Failure(f"installing the fence kit into {db}: {out.stderr.strip()}")
+        self.pg.psql(["-q", "-f", install], db)
 
     def background(self, block: Block) -> int:
         """Starts the block and waits until it is ready; its process group."""

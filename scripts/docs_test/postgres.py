@@ -83,29 +83,15 @@ class Cluster:
             self.query(f'DROP DATABASE "{name}" WITH (FORCE)')
 
     def query(self, sql: str, db: str = "postgres") -> str:
-        out = subprocess.run(
-            [
-                "psql",
-                "-h",
-                "127.0.0.1",
-                "-p",
-                str(PORT),
-                "-U",
-                "postgres",
-                "-d",
-                db,
-                "-qAt",
-                "-v",
-                "ON_ERROR_STOP=1",
-                "-c",
-                sql,
-            ],
-            check=False,
-            capture_output=True,
-            text=True,
-        )
+        return self.psql(["-qAt", "-c", sql], db)
+
+    def psql(self, args: list[str], db: str) -> str:
+        """psql on `db` with `args`, stopping at the first error."""
+        argv = ["psql", "-h", "127.0.0.1", "-p", str(PORT), "-U", "postgres", "-d", db, "-X"]
+        argv += ["-v", "ON_ERROR_STOP=1", *args]
+        out = subprocess.run(argv, check=False, capture_output=True, text=True)
         if out.returncode != 0:
-            raise Failure(f"psql -c {sql!r}: {out.stderr.strip()}")
+            raise Failure(f"psql {' '.join(args)}: {out.stderr.strip()}")
         return out.stdout.strip()
 
     def _pg(self, argv: list[str]) -> None:
