@@ -223,12 +223,13 @@ mod tests {
         table.release(MonoMs(1), &name("a"), &AcquisitionId::from_bytes([1; 16]));
         assert!(p.step(&mut table, MonoMs(1)).writes.is_empty());
         assert!(p.step(&mut table, MonoMs(99)).writes.is_empty());
-        assert_eq!(p.step(&mut table, MonoMs(100)).writes.len(), 1);
+        // The deletion and the ended lease's digest.
+        assert_eq!(p.step(&mut table, MonoMs(100)).writes.len(), 2);
         acquire(&mut table, 101, "c", 3);
         p.step(&mut table, MonoMs(101));
         table.release(MonoMs(102), &name("c"), &AcquisitionId::from_bytes([3; 16]));
         p.flush_next_step(MonoMs(102));
-        assert_eq!(p.step(&mut table, MonoMs(102)).writes.len(), 1);
+        assert_eq!(p.step(&mut table, MonoMs(102)).writes.len(), 2);
     }
 
     #[test]

@@ -452,9 +452,7 @@ impl LeaseTable {
                 self.expiries.remove(&(lease.expires_at, resource.clone()));
             }
         }
-        self.effects.writes.push(Write::DeleteLease {
-            resource: resource.clone(),
-        });
+        self.write_end(resource, &lease);
         Some(lease.into_token_and_holder())
     }
 

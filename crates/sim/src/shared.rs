@@ -50,6 +50,7 @@ impl std::hash::Hash for WriteKey {
             Write::Tokens { epoch, counter } => (2u8, epoch.get(), *counter).hash(h),
             Write::PutSession { record } => (3u8, record.ttl_ms).hash(h),
             Write::DeleteSession { .. } => 4u8.hash(h),
+            Write::LeaseEnded { .. } => 5u8.hash(h),
         }
     }
 }

@@ -5,13 +5,14 @@ use tokio_postgres::Client;
 use crate::PgError;
 
 /// The schema version this build writes and reads.
-pub const SCHEMA_VERSION: i32 = 3;
+pub const SCHEMA_VERSION: i32 = 4;
 
 /// Migrations in order; file `N` brings the schema to version `N`.
-const MIGRATIONS: [&str; 3] = [
+const MIGRATIONS: [&str; 4] = [
     include_str!("../sql/001_cluster.sql"),
     include_str!("../sql/002_sessions.sql"),
     include_str!("../sql/003_holders.sql"),
+    include_str!("../sql/004_ended.sql"),
 ];
 
 /// What the schema says about itself.

@@ -41,7 +41,7 @@ impl PgLeaseStore {
     ) -> Result<Self, PgError> {
         let client = crate::connect(config).await?;
         let commit = client
-            .prepare("SELECT baton_server.commit_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)")
+            .prepare("SELECT baton_server.commit_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)")
             .await?;
         Ok(Self {
             client,
@@ -112,11 +112,31 @@ impl PgLeaseStore {
         })
     }
 
+    /// The leases that ended in the last two minutes, by the database's
+    /// clock (`sql/004_ended.sql`).
+    async fn ended_async(&self) -> Result<Vec<AcquisitionDigest>, StoreError> {
+        let rows = self
+            .client
+            .query(
+                "SELECT digest FROM baton_server.ended \
+                 WHERE ended_at >= now() - interval '120 seconds'",
+                &[],
+            )
+            .await
+            .map_err(|e| StoreError::Storage(db_message(&e)))?;
+        rows.into_iter()
+            .map(|r| {
+                digest16(r.get(0))
+                    .ok_or_else(|| StoreError::Corrupt("an ended digest is not 16 bytes".into()))
+            })
+            .collect()
+    }
+
     async fn commit_async(&self, writes: &[Write]) -> Result<(), StoreError> {
         let b = Batch::of(writes);
         let term = self.term as i64;
         let (epoch, counter) = (b.position.map(|p| p.0), b.position.map(|p| p.1));
-        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 14] = [
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 15] = [
             &term,
             &epoch,
             &counter,
@@ -131,6 +151,7 @@ impl PgLeaseStore {
             &b.session_ttls,
             &b.session_openers,
             &b.session_deletes,
+            &b.ended,
         ];
         let call = self.client.execute(&self.commit, &params);
         match tokio::time::timeout(self.commit_timeout, call).await {
@@ -204,6 +225,7 @@ struct Batch<'a> {
     session_ttls: Vec<i64>,
     session_openers: Vec<Option<&'a str>>,
     session_deletes: Vec<&'a [u8]>,
+    ended: Vec<&'a [u8]>,
 }
 
 impl<'a> Batch<'a> {
@@ -228,6 +250,7 @@ impl<'a> Batch<'a> {
                 Write::Tokens { epoch, counter } => {
                     b.position = Some((i64::from(epoch.get()), *counter as i64));
                 }
+                Write::LeaseEnded { digest } => b.ended.push(&digest.as_bytes()[..]),
             }
         }
         for (resource, record) in last {
@@ -261,6 +284,10 @@ impl<'a> Batch<'a> {
 impl LeaseStore for PgLeaseStore {
     fn load(&self) -> Result<Stored, StoreError> {
         self.runtime.block_on(self.load_async())
+    }
+
+    fn ended(&self) -> Result<Vec<AcquisitionDigest>, StoreError> {
+        self.runtime.block_on(self.ended_async())
     }
 
     fn commit(&mut self, writes: &[Write]) -> Result<(), StoreError> {

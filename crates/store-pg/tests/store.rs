@@ -506,3 +506,69 @@ async fn the_postgres_store_keeps_the_store_contract() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_3_schema_gains_ended_leases_and_its_leader_keeps_committing() {
+    let db = PgDb::create("pgstore_upgrade3").await;
+    let pg = baton_store_pg::parse_url(&db.url).unwrap();
+    let mut client = baton_store_pg::connect(&pg).await.unwrap();
+    schema::prepare_version(&mut client, "main", 3)
+        .await
+        .unwrap();
+    let old_term = take(&mut client, "old").await as i64;
+    schema::prepare(&mut client, "main").await.unwrap();
+    // A leader of the previous release, mid-upgrade: version 3's function
+    // still commits (a lease, then its deletion), and records no end.
+    let old_commit = "SELECT baton_server.commit_batch($1, 1, 1,
+        ARRAY['job:a'], ARRAY['\\x07070707070707070707070707070707'::bytea],
+        ARRAY[1099511627777]::bigint[], ARRAY[5000]::bigint[], ARRAY[NULL]::bytea[],
+        ARRAY[NULL]::text[], ARRAY[]::text[],
+        ARRAY[]::bytea[], ARRAY[]::bigint[], ARRAY[]::text[], ARRAY[]::bytea[])";
+    client.execute(old_commit, &[&old_term]).await.unwrap();
+    let term = take(&mut client, "new").await;
+    let mut store = PgLeaseStore::open(&pg, term, Duration::from_secs(5))
+        .await
+        .unwrap();
+    let ended = AcquisitionId::from_bytes([7; 16]).digest();
+    let (before, after, leases) = on_thread(move || {
+        let before = store.ended().unwrap();
+        store
+            .commit(&[
+                Write::DeleteLease {
+                    resource: ResourceName::parse("job:a").unwrap(),
+                },
+                Write::LeaseEnded { digest: ended },
+            ])
+            .unwrap();
+        (before, store.ended().unwrap(), store.load().unwrap().leases)
+    })
+    .await;
+    assert_eq!((before, after, leases), (vec![], vec![ended], vec![]));
+    // Kept two minutes by the database's clock, then dropped by the
+    // next commit that ends a lease.
+    client
+        .execute(
+            "UPDATE baton_server.ended SET ended_at = now() - interval '121 seconds'",
+            &[],
+        )
+        .await
+        .unwrap();
+    let mut store = PgLeaseStore::open(&pg, term, Duration::from_secs(5))
+        .await
+        .unwrap();
+    let other = AcquisitionId::from_bytes([8; 16]).digest();
+    let kept = on_thread(move || {
+        store
+            .commit(&[Write::LeaseEnded { digest: other }])
+            .unwrap();
+        store.ended().unwrap()
+    })
+    .await;
+    assert_eq!(kept, vec![other]);
+    let rows: i64 = client
+        .query_one("SELECT count(*) FROM baton_server.ended", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(rows, 1, "the old row was dropped, not only skipped");
+}

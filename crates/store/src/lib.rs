@@ -30,7 +30,7 @@ pub use redb_store::RedbStore;
 /// The size of each of the embedded store's two logs, unless set.
 pub use wal::LEN_BYTES_DEFAULT as LOG_LEN_BYTES_DEFAULT;
 
-use baton_core::{Epoch, LeaseRecord, ResourceName, SessionRecord, Write};
+use baton_core::{AcquisitionDigest, Epoch, LeaseRecord, ResourceName, SessionRecord, Write};
 
 /// Everything a restart needs.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -81,6 +81,14 @@ pub trait LeaseStore: Send {
     /// view, and the engine copies its table instead.
     fn snapshot(&mut self) -> Option<Result<SnapshotRead, StoreError>> {
         None
+    }
+    /// The acquisition digests of the leases that ended lately
+    /// ([`Write::LeaseEnded`]): every one that ended in the last
+    /// [`baton_core::REPEAT_MEMORY_MS`] at least, read once at start with
+    /// the state. The default: none (a store that keeps none; a table
+    /// recovered from it answers a late attempt as its own memory allows).
+    fn ended(&self) -> Result<Vec<AcquisitionDigest>, StoreError> {
+        Ok(Vec::new())
     }
     /// Keys committed to the store's log but not yet folded into its main
     /// file, for a gauge read after every commit: it must not wait for

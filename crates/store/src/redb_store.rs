@@ -26,8 +26,10 @@ const SESSION_OPENERS: TableDefinition<&[u8], &str> = TableDefinition::new("sess
 /// Format 1 stored acquisition ids; format 2 stores their digests and a
 /// store id; format 3 adds holder descriptions to lease records (see
 /// `record`) and session openers; format 4 has two logs (a build that
-/// knows one would not replay the second).
-const FORMAT: u64 = 4;
+/// knows one would not replay the second); format 5 keeps ended leases
+/// (`ended.rs`; a build without them would take their log records for
+/// corruption).
+const FORMAT: u64 = 5;
 const FORMAT_DIGESTS: u64 = 2;
 const FORMAT_WITH_IDS: u64 = 1;
 const FILE_NAME: &str = "baton.redb";
@@ -89,6 +91,8 @@ struct Meta {
     uses_log: bool,
     /// Whether it has two (meta key `log` at 2): then the second is needed too.
     two_logs: bool,
+    /// Its format (from format 2 on; older ones are upgraded first).
+    format: u64,
 }
 
 impl RedbStore {
@@ -143,10 +147,11 @@ impl RedbStore {
             }
         }
         let opened = Logs::open(data_dir, meta.store_id, log_len_bytes)?;
-        if !meta.two_logs {
-            // A store from before the logs, or before the second: from now
-            // on it has two, and a build that knows one refuses it.
-            contain_panics(&path, || mark_two_logs(&db))?;
+        if !meta.two_logs || meta.format < FORMAT {
+            // A store from before the logs, or before the second, or
+            // before ended leases: from now on it has two logs and may log
+            // ended leases, and a build that knows neither refuses it.
+            contain_panics(&path, || mark_current(&db))?;
         }
         let replayed = [&opened.older[..], &opened.newer[..]].concat();
         let found = checked_position(&path, identity.as_ref(), &meta, &replayed)?;
@@ -372,69 +377,6 @@ impl RedbStore {
     }
 }
 
-/// Applies `writes` in order to redb in one durable transaction.
-fn write_to_redb(db: &Database, writes: &[Write]) -> Result<(), StoreError> {
-    let txn = db.begin_write().map_err(storage)?;
-    {
-        let mut leases = txn.open_table(LEASES).map_err(storage)?;
-        let mut meta = txn.open_table(META).map_err(storage)?;
-        let mut sessions = None;
-        for write in writes {
-            match write {
-                Write::PutLease { resource, record } => {
-                    leases
-                        .insert(resource.as_str(), encode(record).as_slice())
-                        .map_err(storage)?;
-                }
-                Write::PutSession { record } => {
-                    let (table, openers) = open_sessions(&txn, &mut sessions)?;
-                    let key = &record.digest.as_bytes()[..];
-                    table.insert(key, record.ttl_ms).map_err(storage)?;
-                    match &record.opener {
-                        Some(opener) => openers.insert(key, opener.as_str()),
-                        None => openers.remove(key),
-                    }
-                    .map_err(storage)?;
-                }
-                Write::DeleteSession { digest } => {
-                    let (table, openers) = open_sessions(&txn, &mut sessions)?;
-                    table.remove(&digest.as_bytes()[..]).map_err(storage)?;
-                    openers.remove(&digest.as_bytes()[..]).map_err(storage)?;
-                }
-                Write::DeleteLease { resource } => {
-                    leases.remove(resource.as_str()).map_err(storage)?;
-                }
-                Write::Tokens { epoch, counter } => {
-                    meta.insert("epoch", u64::from(epoch.get()))
-                        .map_err(storage)?;
-                    meta.insert("counter", *counter).map_err(storage)?;
-                }
-            }
-        }
-    }
-    txn.commit().map_err(storage)
-}
-
-type SessionTables<'t> = (
-    redb::Table<'t, &'static [u8], u64>,
-    redb::Table<'t, &'static [u8], &'static str>,
-);
-
-/// The session tables of a commit, opened (or created) on first use:
-/// most commits touch no session.
-fn open_sessions<'a, 't>(
-    txn: &'t redb::WriteTransaction,
-    tables: &'a mut Option<SessionTables<'t>>,
-) -> Result<&'a mut SessionTables<'t>, StoreError> {
-    if tables.is_none() {
-        *tables = Some((
-            txn.open_table(SESSIONS).map_err(storage)?,
-            txn.open_table(SESSION_OPENERS).map_err(storage)?,
-        ));
-    }
-    Ok(tables.as_mut().expect("opened"))
-}
-
 impl LeaseStore for RedbStore {
     fn load(&self) -> Result<Stored, StoreError> {
         let mut stored = None;
@@ -444,6 +386,10 @@ impl LeaseStore for RedbStore {
 
     fn load_with(&self, take: &mut dyn FnMut(crate::Loading<'_>)) -> Result<(), StoreError> {
         self.load_with_inner(take)
+    }
+
+    fn ended(&self) -> Result<Vec<AcquisitionDigest>, StoreError> {
+        contain_panics(&Self::path_in(&self.data_dir), || self.ended_inner())
     }
 
     /// Keys of the frozen log not yet folded into redb: zero unless a
@@ -483,12 +429,15 @@ impl LeaseStore for RedbStore {
     }
 }
 
+mod ended;
 mod fold;
 mod format;
 mod load;
 pub use load::apply;
 mod logs;
+mod write;
 use format::*;
+use write::write_to_redb;
 
 #[cfg(test)]
 mod tests;

@@ -307,3 +307,81 @@ async fn a_malformed_request_id_is_refused_naming_the_rule() {
         "nothing granted"
     );
 }
+
+/// Sends `request_id`'s acquire of `name` as a first attempt, and expects
+/// it answered "ended", with the resource left free.
+async fn late_first_attempt_is_ended(url: &str, name: &str, request_id: &[u8]) {
+    let mut c = LeasesClient::connect(url.to_string()).await.unwrap();
+    for first_sent_ms_ago in [None, Some(1_000)] {
+        let late = c
+            .acquire(acquire(name, request_id, first_sent_ms_ago))
+            .await
+            .unwrap()
+            .into_inner();
+        let Some(v1::acquire_response::Outcome::NotAcquired(n)) = late.outcome else {
+            panic!("granted twice ({first_sent_ms_ago:?} ms): {late:?}");
+        };
+        assert_eq!(n.reason(), v1::not_acquired::Reason::Ended);
+    }
+    assert!(!status(url, name).await.held, "nothing granted");
+    // Not a blanket refusal: a request never granted is served.
+    granted(
+        c.acquire(acquire(name, &[0x77; 16], None))
+            .await
+            .unwrap()
+            .into_inner(),
+    );
+}
+
+/// Acquires `name` under `request_id` and releases it, then grants
+/// another resource (a grant commits the lazy release with it).
+async fn acquire_and_release(url: &str, name: &str, request_id: &[u8]) {
+    let mut c = LeasesClient::connect(url.to_string()).await.unwrap();
+    let g = granted(
+        c.acquire(acquire(name, request_id, None))
+            .await
+            .unwrap()
+            .into_inner(),
+    );
+    let released = c
+        .release(v1::ReleaseRequest {
+            resource: name.into(),
+            acquisition_id: g.leases[0].acquisition_id.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(released.released);
+    granted(
+        c.acquire(acquire("lost:other", &[], None))
+            .await
+            .unwrap()
+            .into_inner(),
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_attempt_after_a_restart_is_ended_never_granted_again() {
+    // The embedded store keeps the ended lease across a SIGKILL: the same
+    // request, arriving late after the restart, is not a new one.
+    let dir = baton_systest::TempDir::new("late-after-restart");
+    let mut server = baton_systest::serve(dir.path(), &[]);
+    let request_id = [0x6b; 16];
+    acquire_and_release(&server.url(), "lost:restart", &request_id).await;
+    server.restart();
+    late_first_attempt_is_ended(&server.url(), "lost:restart", &request_id).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_attempt_after_a_failover_is_ended_never_granted_again() {
+    // The cluster's store keeps it across the leader's SIGKILL: the new
+    // leader answers the request the old one granted and saw released.
+    let mut s = Setup::start("lost_late_failover").await;
+    let request_id = [0x6c; 16];
+    acquire_and_release(&s.url(s.leader), "lost:late", &request_id).await;
+    let old = s.leader;
+    s.cluster.nodes[old].kill9();
+    let new = s.cluster.wait_leader(Some(old)).await;
+    late_first_attempt_is_ended(&s.url(new), "lost:late", &request_id).await;
+    println!("leader {old} killed after the release; {new} answered the late attempt ended");
+}

@@ -8,13 +8,14 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use baton_core::{Epoch, Write};
+use baton_core::{AcquisitionDigest, Epoch, Write};
 use baton_store::{LeaseStore, StoreError, Stored};
 
 /// An in-memory store: what it holds is what a crash would leave.
 #[derive(Clone)]
 pub struct MemStore {
     durable: Arc<Mutex<Stored>>,
+    ended: Arc<Mutex<Vec<AcquisitionDigest>>>,
 }
 
 impl Default for MemStore {
@@ -26,6 +27,7 @@ impl Default for MemStore {
                 leases: Vec::new(),
                 sessions: Vec::new(),
             })),
+            ended: Arc::default(),
         }
     }
 }
@@ -40,6 +42,10 @@ impl MemStore {
 impl LeaseStore for MemStore {
     fn load(&self) -> Result<Stored, StoreError> {
         Ok(self.durable())
+    }
+
+    fn ended(&self) -> Result<Vec<AcquisitionDigest>, StoreError> {
+        Ok(self.ended.lock().expect("mem store lock").clone())
     }
 
     fn commit(&mut self, writes: &[Write]) -> Result<(), StoreError> {
@@ -59,6 +65,10 @@ impl LeaseStore for MemStore {
                 Write::Tokens { epoch, counter } => {
                     d.epoch = *epoch;
                     d.counter = *counter;
+                }
+                // Kept for ever: no test lives as long as the memory.
+                Write::LeaseEnded { digest } => {
+                    self.ended.lock().expect("mem store lock").push(*digest);
                 }
             }
         }
@@ -112,6 +122,10 @@ impl<S: LeaseStore> FailingStore<S> {
 impl<S: LeaseStore> LeaseStore for FailingStore<S> {
     fn load(&self) -> Result<Stored, StoreError> {
         self.inner.load()
+    }
+
+    fn ended(&self) -> Result<Vec<AcquisitionDigest>, StoreError> {
+        self.inner.ended()
     }
 
     fn commit(&mut self, writes: &[Write]) -> Result<(), StoreError> {

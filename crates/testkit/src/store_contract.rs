@@ -10,7 +10,8 @@
 //!   (token, TTL, session, holder; a session's TTL and opener);
 //! - the writes of one commit apply in order (a put then a delete leaves
 //!   nothing, a delete then a put leaves the put, the last put wins);
-//! - a delete in a later commit survives a reopen;
+//! - a delete in a later commit survives a reopen, and so does the ended
+//!   lease written with it ([`LeaseStore::ended`]);
 //! - the token position is the last one written, and survives a reopen;
 //! - an empty commit changes nothing;
 //! - a snapshot ([`LeaseStore::snapshot`], where the store has one) reads
@@ -41,6 +42,10 @@ pub fn check<S: LeaseStore>(mut open: impl FnMut() -> S) {
     drop(store);
     let mut store = open();
     after_the_delete(&store.load().expect("load"));
+    assert!(
+        store.ended().expect("ended").contains(&ended_digest()),
+        "an ended lease is kept across a reopen"
+    );
     the_token_position_is_the_last_written(&mut store, position);
     drop(store);
     let store = open();
@@ -210,9 +215,17 @@ fn a_later_delete_survives_a_reopen(store: &mut impl LeaseStore) {
             Write::DeleteLease {
                 resource: name("a"),
             },
+            Write::LeaseEnded {
+                digest: ended_digest(),
+            },
             Write::DeleteSession { digest: digest(9) },
         ])
         .expect("commit");
+}
+
+/// The acquisition digest of the lease on "a" that the later delete ends.
+fn ended_digest() -> baton_core::AcquisitionDigest {
+    AcquisitionId::from_bytes([0xe0; 16]).digest()
 }
 
 fn after_the_delete(s: &Stored) {

@@ -17,7 +17,7 @@
 //! expired leases as well).
 
 use super::state::Lease;
-use super::{Event, LeaseTable, MonoMs, Timer, Write};
+use super::{Event, LeaseTable, MonoMs, Timer};
 use crate::{ResourceName, SessionDigest};
 
 /// At most this many of an ended session's leases, or of the leases whose
@@ -86,10 +86,8 @@ impl LeaseTable {
     /// Writes the deletion of an ended session's lease on `resource`,
     /// taken out of the table, and reports it released or expired.
     fn report_drained(&mut self, resource: &ResourceName, lease: Lease, expired: bool) {
+        self.write_end(resource, &lease);
         let (token, holder) = lease.into_token_and_holder();
-        self.effects.writes.push(Write::DeleteLease {
-            resource: resource.clone(),
-        });
         self.effects.events.push(if expired {
             Event::Expired {
                 resource: resource.clone(),

@@ -17,7 +17,7 @@
 //! (`gone.rs`): the caller that touches its resource drops it first.
 
 use super::state::Lease;
-use super::{Event, LeaseTable, MonoMs, Write};
+use super::{Event, LeaseTable, MonoMs};
 use crate::ResourceName;
 
 impl LeaseTable {
@@ -122,9 +122,7 @@ impl LeaseTable {
             lease.session().is_none() && lease.expires_at <= self.expired_through,
             "expired early"
         );
-        self.effects.writes.push(Write::DeleteLease {
-            resource: resource.clone(),
-        });
+        self.write_end(resource, &lease);
         let (token, holder) = lease.into_token_and_holder();
         self.effects.events.push(Event::Expired {
             resource: resource.clone(),

@@ -17,6 +17,18 @@ use super::{LeaseTable, MonoMs};
 use crate::{ResourceName, WaiterId};
 
 impl LeaseTable {
+    /// Writes the end of `lease` on `resource`, however it ended: its
+    /// deletion, and its acquisition digest for the store to keep a while
+    /// (`repeats.rs`).
+    pub(super) fn write_end(&mut self, resource: &ResourceName, lease: &Lease) {
+        self.effects.writes.push(super::Write::DeleteLease {
+            resource: resource.clone(),
+        });
+        self.effects.writes.push(super::Write::LeaseEnded {
+            digest: lease.acquisition_digest,
+        });
+    }
+
     /// Whether `lease` has ended (its session ended, or a step reached its
     /// deadline), though it is still in the table until its batch comes.
     pub(super) fn is_gone(&self, lease: &Lease) -> bool {

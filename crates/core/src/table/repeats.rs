@@ -23,11 +23,21 @@
 //!   arrived, is answered "ended"; the caller acquires again.)
 //!
 //! Otherwise the request was never granted, and is served as a new one.
+//!
+//! What a restart or a takeover keeps: the store keeps every held lease
+//! (so a repeat finds its leases) and the acquisition digest of every
+//! lease that ended in the last [`REPEAT_MEMORY_MS`] or more
+//! ([`Write::LeaseEnded`]), which a recovered table is given
+//! ([`LeaseTable::remember_ended`]). For [`REPEAT_MEMORY_MS`] after it
+//! starts, the table answers "ended" to any attempt, first or repeat, of a
+//! request whose lease is held or ended: a late duplicate of a request
+//! granted before the restart is never granted a second time.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::BuildHasherDefault;
 
 use super::*;
+use crate::AcquisitionDigest;
 
 /// How long a granted request is remembered after its grant: a repeat
 /// sent later than this after its first attempt is answered "ended" unless
@@ -72,6 +82,12 @@ pub(super) struct Repeats {
     forgotten_through: Option<MonoMs>,
     /// Requests waiting in line.
     pub(super) waiting: HashMap<RequestKey, WaiterId, BuildHasherDefault<KeyHasher>>,
+    /// Until when the table looks for late attempts of requests granted
+    /// before it started: [`REPEAT_MEMORY_MS`] from its start.
+    recovered_until: Option<MonoMs>,
+    /// The leases that ended before the table started, as the store kept
+    /// them (at most [`REPEATS_REMEMBERED_MAX`]); dropped at `recovered_until`.
+    ended_before: HashSet<AcquisitionDigest>,
 }
 
 /// Hashes a [`RequestKey`], a SipHash already, as itself.
@@ -111,6 +127,21 @@ impl Repeats {
     /// The table starts at `now`: it knows nothing granted before.
     pub(super) fn start(&mut self, now: MonoMs) {
         self.known_since = Some(now);
+        self.recovered_until = Some(now.plus(REPEAT_MEMORY_MS));
+    }
+
+    /// Whether the table still looks for late attempts of requests
+    /// granted before it started (and forgets them once it no longer does).
+    fn recovering(&mut self, now: MonoMs) -> bool {
+        match self.recovered_until {
+            Some(until) if now <= until => true,
+            Some(_) => {
+                self.recovered_until = None;
+                self.ended_before = HashSet::new();
+                false
+            }
+            None => false,
+        }
     }
 
     /// Remembers a request granted at `now`.
@@ -184,6 +215,9 @@ impl LeaseTable {
     pub(super) fn seen(&mut self, now: MonoMs, request: &AcquireRequest, attempt: Attempt) -> Seen {
         let key = key_of(&request.claims[0].1);
         self.repeats.forget_old(now);
+        if self.repeats.recovering(now) && self.granted_before_start(now, request, attempt) {
+            return Seen::Answered(AcquireOutcome::Ended);
+        }
         // Only a repeat looks among the held leases (a digest per claim):
         // a first attempt granted before, arriving late, is in `seen`.
         let held = match attempt {
@@ -211,6 +245,35 @@ impl LeaseTable {
                 Seen::Answered(AcquireOutcome::Ended)
             }
             _ => Seen::New(key),
+        }
+    }
+
+    /// Whether an attempt, soon after the table started, is a late one of
+    /// a request granted before: a first attempt whose lease is held (a
+    /// repeat finds its leases itself), or any whose lease ended then.
+    fn granted_before_start(
+        &self,
+        now: MonoMs,
+        request: &AcquireRequest,
+        attempt: Attempt,
+    ) -> bool {
+        let ended = &self.repeats.ended_before;
+        let ended_before = !ended.is_empty()
+            && request
+                .claims
+                .iter()
+                .any(|(_, id)| ended.contains(&id.digest()));
+        ended_before || (attempt == Attempt::First && !self.held_under(now, request).is_empty())
+    }
+
+    /// Gives a table recovered at a restart or a takeover the leases that
+    /// ended before, as its store kept them ([`Write::LeaseEnded`]): for
+    /// [`REPEAT_MEMORY_MS`] after the start, any attempt of their requests
+    /// is answered "ended". At most [`REPEATS_REMEMBERED_MAX`] are kept.
+    pub fn remember_ended(&mut self, ended: impl IntoIterator<Item = AcquisitionDigest>) {
+        if self.repeats.recovered_until.is_some() {
+            let ended = ended.into_iter().take(REPEATS_REMEMBERED_MAX);
+            self.repeats.ended_before.extend(ended);
         }
     }
 

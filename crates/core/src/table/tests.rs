@@ -130,9 +130,14 @@ fn release_and_expiry_do_not_demand_sync() {
     assert!(!fx.sync);
     assert_eq!(
         fx.writes,
-        vec![Write::DeleteLease {
-            resource: name("a")
-        }]
+        vec![
+            Write::DeleteLease {
+                resource: name("a")
+            },
+            Write::LeaseEnded {
+                digest: id(1).digest()
+            }
+        ]
     );
     assert_eq!(
         t.release(MonoMs(2), &name("a"), &id(1)),
@@ -763,6 +768,8 @@ impl Harness {
                     Write::DeleteSession { digest } => {
                         self.disk_sessions.remove(&digest);
                     }
+                    // This model sends no request ids.
+                    Write::LeaseEnded { .. } => {}
                 }
             }
         }

@@ -330,6 +330,14 @@ pub enum Write {
         epoch: Epoch,
         counter: u64,
     },
+    /// The lease granted under this acquisition digest ended (beside its
+    /// `DeleteLease`, in the same commit). A store keeps it for at least
+    /// [`crate::REPEAT_MEMORY_MS`] by its own clock and gives it back at
+    /// load, so that a table recovered after a restart or a takeover
+    /// still answers a late repeat of the request "ended" (`repeats.rs`).
+    LeaseEnded {
+        digest: AcquisitionDigest,
+    },
 }
 
 /// A change of a resource's holder, as watchers see it.

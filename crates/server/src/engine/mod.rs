@@ -426,8 +426,9 @@ impl Engine {
 
 /// The table as `store` holds it, built as the store reads its leases (at
 /// ten million, the stored records are never all held beside the table),
-/// every lease held for a full TTL from `MonoMs(0)`.
+/// every lease held a full TTL from `MonoMs(0)`; with the ended leases.
 fn recover(store: &dyn LeaseStore, limits: baton_core::Limits) -> Result<LeaseTable, StoreError> {
+    let ended = store.ended()?;
     let mut recovered = None;
     store.load_with(&mut |loading| {
         let mut failed = None;
@@ -447,7 +448,9 @@ fn recover(store: &dyn LeaseStore, limits: baton_core::Limits) -> Result<LeaseTa
             Some(e) => Err(e),
         });
     })?;
-    recovered.expect("load_with hands the state over")
+    let mut table = recovered.expect("load_with hands the state over")?;
+    table.remember_ended(ended);
+    Ok(table)
 }
 
 /// Starts the committer thread, which owns `store`, and the timer thread,

@@ -167,9 +167,9 @@ pub(super) fn copy_with_digests(
     Ok(())
 }
 
-/// Records that the store has two logs (meta `log` 2; 1 was one log),
-/// with the format that says so: format 3 to 4.
-pub(super) fn mark_two_logs(db: &Database) -> Result<(), StoreError> {
+/// Records that the store has two logs (meta `log` 2; 1 was one log) and
+/// may log ended leases, with the format that says so: format 3 or 4 to 5.
+pub(super) fn mark_current(db: &Database) -> Result<(), StoreError> {
     let txn = db.begin_write().map_err(storage)?;
     {
         let mut meta = txn.open_table(META).map_err(storage)?;
@@ -212,5 +212,6 @@ pub(super) fn read_meta_in(txn: &redb::ReadTransaction) -> Result<Meta, StoreErr
         counter,
         uses_log: logs >= 1,
         two_logs: logs >= 2,
+        format,
     })
 }

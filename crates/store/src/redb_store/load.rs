@@ -44,7 +44,7 @@ impl RedbStore {
     /// can take a key out, the frozen log's writes and then the active
     /// log's: laid over redb in that order they give every key its last
     /// committed value (see `fold.rs`).
-    fn view(&self) -> Result<(redb::ReadTransaction, Vec<Write>), StoreError> {
+    pub(super) fn view(&self) -> Result<(redb::ReadTransaction, Vec<Write>), StoreError> {
         self.folder.with_frozen(|frozen| {
             let txn = self.db.begin_read().map_err(storage)?;
             let mut overlay = frozen.writes();
@@ -220,6 +220,8 @@ fn apply_except_leases<'w>(stored: &mut Stored, writes: &'w [Write]) -> Changed<
                 let sessions = sessions.get_or_insert_with(|| sessions_by_digest(stored));
                 sessions.remove(digest);
             }
+            // Not part of the state a load gives (see `ended.rs`).
+            Write::LeaseEnded { .. } => {}
         }
     }
     if let Some(sessions) = sessions {

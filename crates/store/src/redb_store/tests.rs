@@ -553,3 +553,60 @@ fn background_folds_never_hide_or_bring_back_a_key() {
     drop(s);
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+#[test]
+fn ended_leases_are_kept_across_a_reopen_and_a_fold_then_dropped_by_time() {
+    let d = dir("ended");
+    let digest = |n: u8| AcquisitionId::from_bytes([n; 16]).digest();
+    {
+        let mut s = RedbStore::open(&d).unwrap();
+        assert_eq!(s.ended().unwrap(), vec![]);
+        s.commit(&[Write::LeaseEnded { digest: digest(1) }])
+            .unwrap();
+        assert_eq!(s.ended().unwrap(), vec![digest(1)], "from the log");
+    }
+    {
+        // Replayed from the log; then an epoch change folds it into redb.
+        let mut s = RedbStore::open(&d).unwrap();
+        assert_eq!(s.ended().unwrap(), vec![digest(1)]);
+        s.commit(&[
+            Write::LeaseEnded { digest: digest(2) },
+            Write::Tokens {
+                epoch: Epoch::new(2).unwrap(),
+                counter: 0,
+            },
+        ])
+        .unwrap();
+        let mut ended = s.ended().unwrap();
+        ended.sort();
+        let mut both = vec![digest(1), digest(2)];
+        both.sort();
+        assert_eq!(ended, both, "from redb");
+    }
+    // Kept for KEPT_MS by the wall clock, then dropped by the next write.
+    let db = Database::open(RedbStore::path_in(&d)).unwrap();
+    let now_ms = ended::wall_ms();
+    let txn = db.begin_read().unwrap();
+    assert_eq!(
+        ended::read(&txn, &[], now_ms + ended::KEPT_MS - 5_000)
+            .unwrap()
+            .len(),
+        2
+    );
+    assert_eq!(
+        ended::read(&txn, &[], now_ms + ended::KEPT_MS + 60_000).unwrap(),
+        vec![]
+    );
+    drop(txn);
+    let txn = db.begin_write().unwrap();
+    ended::keep(&txn, &[digest(3)], now_ms + ended::KEPT_MS + 60_000).unwrap();
+    txn.commit().unwrap();
+    let txn = db.begin_read().unwrap();
+    assert_eq!(
+        ended::read(&txn, &[], 0).unwrap(),
+        vec![digest(3)],
+        "the old two dropped"
+    );
+    drop((txn, db));
+    std::fs::remove_dir_all(&d).unwrap();
+}

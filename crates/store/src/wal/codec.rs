@@ -15,6 +15,8 @@ const DELETE_SESSION: u8 = 5;
 const PUT_LEASE: u8 = 6;
 /// A session with its opener (a u16 length, 0 for none, then UTF-8).
 const PUT_SESSION: u8 = 7;
+/// An ended lease's acquisition digest (format 5).
+const LEASE_ENDED: u8 = 8;
 
 fn put_name(out: &mut Vec<u8>, resource: &ResourceName) {
     let name = resource.as_str().as_bytes();
@@ -53,6 +55,10 @@ pub(crate) fn encode(writes: &[Write]) -> Vec<u8> {
             }
             Write::DeleteSession { digest } => {
                 out.push(DELETE_SESSION);
+                out.extend_from_slice(digest.as_bytes());
+            }
+            Write::LeaseEnded { digest } => {
+                out.push(LEASE_ENDED);
                 out.extend_from_slice(digest.as_bytes());
             }
         }
@@ -171,6 +177,9 @@ pub(super) fn decode(payload: &[u8], out: &mut Vec<Write>) -> Result<(), Undecod
                 }
             }
             DELETE_SESSION => Write::DeleteSession {
+                digest: c.digest()?,
+            },
+            LEASE_ENDED => Write::LeaseEnded {
                 digest: c.digest()?,
             },
             other => return Err(Undecodable(format!("unknown write tag {other}"))),

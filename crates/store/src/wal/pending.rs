@@ -16,6 +16,8 @@ pub(crate) struct Pending {
     leases: std::collections::BTreeMap<ResourceName, Option<LeaseRecord>>,
     sessions: std::collections::BTreeMap<AcquisitionDigest, Option<SessionRecord>>,
     tokens: Option<(Epoch, u64)>,
+    /// Leases that ended (their digests are keys of their own).
+    ended: std::collections::BTreeSet<AcquisitionDigest>,
 }
 
 impl Pending {
@@ -35,13 +37,16 @@ impl Pending {
                 Write::DeleteSession { digest } => {
                     self.sessions.insert(*digest, None);
                 }
+                Write::LeaseEnded { digest } => {
+                    self.ended.insert(*digest);
+                }
             }
         }
     }
 
-    /// Keys pending (leases and sessions).
+    /// Keys pending (leases, sessions and ended leases).
     pub(crate) fn len(&self) -> usize {
-        self.leases.len() + self.sessions.len()
+        self.leases.len() + self.sessions.len() + self.ended.len()
     }
 
     /// Whether nothing is pending, the token position included.
@@ -63,10 +68,15 @@ impl Pending {
             .iter()
             .take(n.saturating_sub(self.leases.len()))
             .map(|(digest, record)| session_write(*digest, record.clone()));
+        let ended = self
+            .ended
+            .iter()
+            .take(n.saturating_sub(self.leases.len() + self.sessions.len()))
+            .map(|&digest| Write::LeaseEnded { digest });
         let tokens = self
             .tokens
             .map(|(epoch, counter)| Write::Tokens { epoch, counter });
-        leases.chain(sessions).chain(tokens).collect()
+        leases.chain(sessions).chain(ended).chain(tokens).collect()
     }
 
     /// Drops the keys (and the token position) that `writes` from
@@ -85,6 +95,9 @@ impl Pending {
                     self.sessions.remove(digest);
                 }
                 Write::Tokens { .. } => self.tokens = None,
+                Write::LeaseEnded { digest } => {
+                    self.ended.remove(digest);
+                }
             }
         }
     }
@@ -104,6 +117,12 @@ impl Pending {
                 break;
             };
             out.push(session_write(digest, record));
+        }
+        while out.len() < n {
+            let Some(digest) = self.ended.pop_first() else {
+                break;
+            };
+            out.push(Write::LeaseEnded { digest });
         }
         out
     }

@@ -597,8 +597,10 @@ class AcquireRequest(google.protobuf.message.Message):
     ttl_ms the time left, Granted.repeat set), takes over the first
     attempt's place in line if it still waits, or answers NotAcquired
     ENDED once its leases ended: never a second grant. A granted request
-    is remembered 60 s after its grant (its live leases as long as they
-    live, across restarts and failovers). Empty: no id (an older client),
+    is remembered 60 s after its grant, its live leases as long as they
+    live, and its ended leases for two minutes in the store: across
+    restarts and failovers, where any attempt of it is answered ENDED for
+    the new leader's first 60 s. Empty: no id (an older client),
     served as a new request every time. Any other length is refused.
     """
     first_sent_ms_ago: builtins.int

@@ -204,3 +204,70 @@ fn a_repeat_of_an_attempt_seen_and_not_granted_is_served_as_new() {
         "{again:?}"
     );
 }
+
+#[test]
+fn every_lease_that_ends_is_written_with_its_digest() {
+    let mut t = table();
+    let g = granted(t.acquire(MonoMs(10_000), keyed(&["a", "b"], Attempt::First, 0, 1)));
+    t.take_effects();
+    t.release(MonoMs(10_001), &name("a"), &g[0].acquisition_id);
+    let ended = |t: &mut LeaseTable| {
+        let writes = t.take_effects().writes;
+        writes
+            .into_iter()
+            .filter_map(|w| match w {
+                Write::LeaseEnded { digest } => Some(digest),
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(ended(&mut t), [g[0].acquisition_id.digest()], "released");
+    t.tick(MonoMs(20_000));
+    assert_eq!(ended(&mut t), [g[1].acquisition_id.digest()], "expired");
+}
+
+#[test]
+fn a_table_given_the_ended_leases_answers_their_late_attempts_ended() {
+    // Granted and released before a restart; the store kept the digest.
+    let mut t = LeaseTable::recover(Limits::default(), MonoMs(50_000), Epoch::FIRST, 5, [], []);
+    t.remember_ended([REQUEST.acquisition_id(&name("a")).digest()]);
+    for (at, attempt) in [(50_000, Attempt::First), (50_010, repeat(1_000))] {
+        let out = t.acquire(MonoMs(at), keyed(&["a"], attempt, 0, at));
+        assert_eq!(out, Ok(AcquireOutcome::Ended), "{attempt:?}");
+    }
+    assert_eq!((t.n_leases(), t.last_token()), (0, (Epoch::FIRST, 5)));
+    // Another request is new; and once the memory ran out, so is this one.
+    granted(t.acquire(MonoMs(50_020), req(&["b"], 7, 5_000, 0, 9)));
+    let later = MonoMs(50_000 + REPEAT_MEMORY_MS + 1);
+    granted(t.acquire(later, keyed(&["a"], Attempt::First, 0, 10)));
+}
+
+#[test]
+fn a_late_first_attempt_of_a_lease_held_across_a_restart_is_ended() {
+    let id = REQUEST.acquisition_id(&name("a"));
+    let record = LeaseRecord {
+        acquisition_digest: id.digest(),
+        token: FencingToken::new(Epoch::FIRST, 5).unwrap(),
+        ttl_ms: 5_000,
+        session: None,
+        holder: None,
+    };
+    let leases = [(name("a"), record)];
+    let mut t = LeaseTable::recover(
+        Limits::default(),
+        MonoMs(50_000),
+        Epoch::FIRST,
+        5,
+        leases,
+        [],
+    );
+    let out = t.acquire(MonoMs(50_001), keyed(&["a"], Attempt::First, 60_000, 1));
+    assert_eq!(out, Ok(AcquireOutcome::Ended));
+    assert_eq!(
+        (t.n_leases(), t.n_waiters()),
+        (1, 0),
+        "not in line behind itself"
+    );
+    let again = granted(t.acquire(MonoMs(50_002), keyed(&["a"], repeat(2), 0, 2)));
+    assert_eq!(again[0].acquisition_id, id, "a repeat finds its lease");
+}
