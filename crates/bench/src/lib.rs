@@ -24,6 +24,28 @@ pub enum Mode {
     Shared,
 }
 
+/// Which modes a run measures, as `--modes` names them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Modes {
+    /// Each client on its own resource.
+    Distinct,
+    /// All clients on one resource.
+    Shared,
+    /// Distinct, then shared.
+    Both,
+}
+
+impl Modes {
+    /// The modes to run, in order.
+    pub fn to_vec(self) -> Vec<Mode> {
+        match self {
+            Modes::Distinct => vec![Mode::Distinct],
+            Modes::Shared => vec![Mode::Shared],
+            Modes::Both => vec![Mode::Distinct, Mode::Shared],
+        }
+    }
+}
+
 impl Mode {
     /// The name printed in reports.
     pub fn label(self) -> &'static str {
@@ -443,3 +465,16 @@ pub use scale::{fill, fill_counting, parse_counts, rss_bytes, scale, Scale, Scal
 
 mod events;
 pub use events::{until_no_leases_ending, EventReport, EventRun, Window};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::ValueEnum;
+
+    #[test]
+    fn a_mode_is_one_of_three_names_and_a_typo_is_refused() {
+        assert_eq!(Modes::from_str("shared", false), Ok(Modes::Shared));
+        assert!(Modes::from_str("distinc", false).is_err());
+        assert_eq!(Modes::Both.to_vec(), vec![Mode::Distinct, Mode::Shared]);
+    }
+}

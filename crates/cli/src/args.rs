@@ -359,8 +359,8 @@ pub struct BenchArgs {
     #[arg(long, default_value = "30s", value_parser = parse_positive_duration)]
     pub ttl: Duration,
     /// distinct (each client its own resource), shared (all on one), or both.
-    #[arg(long, default_value = "both", value_parser = ["distinct", "shared", "both"])]
-    pub modes: String,
+    #[arg(long, value_enum, default_value_t = baton_bench::Modes::Both)]
+    pub modes: baton_bench::Modes,
     /// Cycle on sessions (one stream per client, leases tied to it, all on
     /// one connection) instead of a unary call per acquire and release.
     #[arg(long)]

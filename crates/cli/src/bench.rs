@@ -1,7 +1,7 @@
 //! `baton bench`: cycles, filling, and the live-lease scaling run. Text rows
 //! are printed as each measurement ends; `--json` prints one object at the end.
 
-use baton_bench::{Baton, Mode, Report, ScaleRow, Transport};
+use baton_bench::{Baton, Report, ScaleRow, Transport};
 use serde::Serialize;
 
 use crate::args::BenchArgs;
@@ -117,11 +117,7 @@ async fn cycles(a: &BenchArgs) -> Result<Exit, CliError> {
     let json = a.client.json;
     let counts = baton_bench::parse_clients(&a.clients)
         .map_err(|e| CliError::usage(format!("--clients: {e}")))?;
-    let modes = match a.modes.as_str() {
-        "distinct" => vec![Mode::Distinct],
-        "shared" => vec![Mode::Shared],
-        _ => vec![Mode::Distinct, Mode::Shared],
-    };
+    let modes = a.modes.to_vec();
     let label = if a.session { "baton session" } else { "baton" };
     let transport = if a.session {
         Transport::SessionSharedConnection

@@ -10,7 +10,7 @@ mod redis;
 
 use std::time::Duration;
 
-use baton_bench::{parse_clients, run, Baton, Mode, Report, Target, Transport};
+use baton_bench::{parse_clients, run, Baton, Mode, Modes, Report, Target, Transport};
 use clap::Parser;
 
 #[derive(Parser)]
@@ -65,9 +65,10 @@ struct Args {
     /// Lease TTL in seconds (1 to 86400).
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=86_400))]
     ttl_s: u64,
-    /// Modes: distinct, shared or both.
-    #[arg(long, default_value = "both")]
-    modes: String,
+    /// Modes: distinct (each client its own resource), shared (all on one),
+    /// or both.
+    #[arg(long, value_enum, default_value_t = Modes::Both)]
+    modes: Modes,
     /// Rounds: every target is measured once per round, rounds one after
     /// the other, so noise falls on all targets alike; with several, a table
     /// of medians and the median per-round ratio of each Baton target to
@@ -128,11 +129,7 @@ async fn main() {
             std::process::exit(2);
         }
     };
-    let modes = match args.modes.as_str() {
-        "distinct" => vec![Mode::Distinct],
-        "shared" => vec![Mode::Shared],
-        _ => vec![Mode::Distinct, Mode::Shared],
-    };
+    let modes = args.modes.to_vec();
     let secure = secure_options(&args);
     if let Some(n) = args.brute_force {
         brute_force(&args, n, secure).await;
