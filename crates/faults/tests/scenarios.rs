@@ -8,7 +8,7 @@ use baton_client::worker::{Keeper, KeeperConfig, Ownership};
 use baton_client::{Acquired, Client};
 use baton_faults::{Direction, Proxy};
 use baton_fence::postgres::PgFence;
-use baton_fence::{FenceRequest, Outcome};
+use baton_fence::{FenceRequest, FencingToken, Outcome};
 use baton_testkit::{until, TempDir};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -89,9 +89,10 @@ async fn a_lost_publication_response_is_retried_to_the_saved_result_then_a_chang
         (client, prepared)
     };
     let key = "statements/account-42/2026-09-13/generation-108.txt";
+    let bob = FencingToken::of(108).unwrap();
     let req = FenceRequest::new(
         "statement:account-42:2026-09-13",
-        108,
+        bob,
         "publish-108",
         b"sha256:bob",
         key.as_bytes(),
@@ -108,7 +109,7 @@ async fn a_lost_publication_response_is_retried_to_the_saved_result_then_a_chang
     assert_eq!(
         retry,
         Outcome::Replayed {
-            token: baton_fence::FencingToken::of(108).unwrap(),
+            token: bob,
             result: key.as_bytes().to_vec()
         }
     );
@@ -120,7 +121,7 @@ async fn a_lost_publication_response_is_retried_to_the_saved_result_then_a_chang
     assert_eq!(n, 1, "one publication, not two");
     let changed = FenceRequest::new(
         "statement:account-42:2026-09-13",
-        108,
+        bob,
         "publish-108",
         b"sha256:other",
         key.as_bytes(),
@@ -163,7 +164,14 @@ async fn a_request_delayed_across_deletion_and_recreation_is_refused() {
         other => panic!("{other:?}"),
     };
     let req = |token: u64, op: &str| {
-        FenceRequest::new(resource, token, op, op.as_bytes(), op.as_bytes()).unwrap()
+        FenceRequest::new(
+            resource,
+            FencingToken::of(token).unwrap(),
+            op,
+            op.as_bytes(),
+            op.as_bytes(),
+        )
+        .unwrap()
     };
     let prepared = PgFence::prepare(&setup).await.unwrap();
 

@@ -16,7 +16,7 @@
 use std::time::{Duration, Instant};
 
 use baton_fence::postgres::PgFence;
-use baton_fence::{FenceError, FenceRequest};
+use baton_fence::{FenceError, FenceRequest, FencingToken};
 use tokio_postgres::{Client, NoTls};
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -64,7 +64,7 @@ async fn run(url: &str, kind: Kind, clients: usize, seconds: f64, round: usize) 
                         let key = format!("statements/{resource}/generation-{token}.pdf");
                         let req = FenceRequest::new(
                             &resource,
-                            token,
+                            FencingToken::of(token).unwrap(),
                             &format!("op-{n}"),
                             b"fingerprint",
                             key.as_bytes(),
@@ -78,7 +78,7 @@ async fn run(url: &str, kind: Kind, clients: usize, seconds: f64, round: usize) 
                     Kind::Generic => {
                         let req = FenceRequest::new(
                             &resource,
-                            token,
+                            FencingToken::of(token).unwrap(),
                             &format!("op-{n}"),
                             b"fingerprint",
                             b"r",
@@ -96,7 +96,7 @@ async fn run(url: &str, kind: Kind, clients: usize, seconds: f64, round: usize) 
                     Kind::Pipelined => {
                         let req = FenceRequest::new(
                             &resource,
-                            token,
+                            FencingToken::of(token).unwrap(),
                             &format!("op-{n}"),
                             b"fingerprint",
                             b"r",

@@ -29,6 +29,14 @@ pub enum FenceError {
     Postgres(#[from] tokio_postgres::Error),
 }
 
+/// A token built from an integer out of range is bad input, as from
+/// [`crate::FenceRequest::new`]'s other arguments.
+impl From<baton_core::TokenError> for FenceError {
+    fn from(e: baton_core::TokenError) -> Self {
+        Self::Input(InputError::Token(e))
+    }
+}
+
 /// Operation records younger than this are kept by every prune: a retry may
 /// still be on its way.
 pub const PRUNE_MIN_AGE_S_FLOOR: u64 = 3_600;

@@ -9,12 +9,13 @@
 //! integers, from Baton or anywhere else.
 //!
 //! ```
-//! use baton_fence::{decide, Decision, FenceRequest, Outcome};
+//! use baton_fence::{decide, Decision, FenceRequest, FencingToken, Outcome};
 //!
 //! // Bob (token 108) published; Alice (token 107) resumes after a pause.
-//! let bob = FenceRequest::new("statement:account-42:2026-09-13", 108, "publish-108", b"sha256:bob", b"gen-108.pdf").unwrap();
+//! let (t108, t107) = (FencingToken::of(108).unwrap(), FencingToken::of(107).unwrap());
+//! let bob = FenceRequest::new("statement:account-42:2026-09-13", t108, "publish-108", b"sha256:bob", b"gen-108.pdf").unwrap();
 //! let Decision::Apply { next, .. } = decide(None, None, &bob).unwrap() else { panic!() };
-//! let alice = FenceRequest::new("statement:account-42:2026-09-13", 107, "publish-107", b"sha256:alice", b"gen-107.pdf").unwrap();
+//! let alice = FenceRequest::new("statement:account-42:2026-09-13", t107, "publish-107", b"sha256:alice", b"gen-107.pdf").unwrap();
 //! let Decision::Refuse(outcome) = decide(Some(&next), None, &alice).unwrap() else { panic!() };
 //! assert_eq!(outcome.label(), "stale");
 //! ```

@@ -270,11 +270,17 @@ mod tests {
     use std::collections::HashMap;
 
     fn req(token: u64, op: &str, fp: u8, policy: Policy, seq: u64) -> FenceRequest {
-        FenceRequest::new("r", token, op, &[fp], op.as_bytes())
-            .unwrap()
-            .with_policy(policy)
-            .with_seq(seq)
-            .unwrap()
+        FenceRequest::new(
+            "r",
+            FencingToken::of(token).unwrap(),
+            op,
+            &[fp],
+            op.as_bytes(),
+        )
+        .unwrap()
+        .with_policy(policy)
+        .with_seq(seq)
+        .unwrap()
     }
 
     fn t(n: u64) -> FencingToken {

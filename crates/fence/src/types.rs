@@ -28,8 +28,9 @@ pub enum InputError {
     },
     #[error("{field} contains a control character at byte {at_byte}")]
     ControlCharacter { field: &'static str, at_byte: usize },
-    #[error("token {token} is out of range: tokens are 1 to 9223372036854775807 (a BIGINT)")]
-    TokenOutOfRange { token: u64 },
+    /// A token the caller built from an integer ([`FencingToken::of`]).
+    #[error(transparent)]
+    Token(#[from] baton_core::TokenError),
     #[error("sequence {seq} is out of range: sequences are 0 to 9223372036854775807 (a BIGINT)")]
     SequenceOutOfRange { seq: u64 },
     /// The lease service's name rules (one copy: `baton_core::ResourceName`).
@@ -211,9 +212,11 @@ pub struct FenceRequest {
 
 impl FenceRequest {
     /// A request with the default policy, creating the resource if needed.
+    /// `token` is the writer's: a Baton lease's (`Acquired::token`), or
+    /// another issuer's integer checked by [`FencingToken::of`].
     pub fn new(
         resource: &str,
-        token: u64,
+        token: FencingToken,
         operation: &str,
         fingerprint: &[u8],
         result: &[u8],
@@ -227,7 +230,7 @@ impl FenceRequest {
         }
         Ok(Self {
             resource: resource_name(resource)?,
-            token: FencingToken::of(token).map_err(|_| InputError::TokenOutOfRange { token })?,
+            token,
             operation: OperationId::new(operation)?,
             fingerprint: Fingerprint::new(fingerprint)?,
             seq: Sequence::default(),

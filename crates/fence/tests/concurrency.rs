@@ -5,7 +5,7 @@
 
 use baton_fence::postgres::PgFence;
 use baton_fence::sqlite::SqliteFence;
-use baton_fence::{resource_name, FenceError, FenceRequest, Outcome};
+use baton_fence::{resource_name, FenceError, FenceRequest, FencingToken, Outcome};
 
 const WRITERS: u64 = 8;
 const WRITES_EACH: u64 = 40;
@@ -19,7 +19,14 @@ fn tokens(seed: u64) -> Vec<u64> {
 }
 
 fn request(writer: u64, i: u64, token: u64) -> FenceRequest {
-    FenceRequest::new("hot", token, &format!("w{writer}-{i}"), b"payload", b"r").unwrap()
+    FenceRequest::new(
+        "hot",
+        FencingToken::of(token).unwrap(),
+        &format!("w{writer}-{i}"),
+        b"payload",
+        b"r",
+    )
+    .unwrap()
 }
 
 fn check(applied: &[(i64, i64)], generation: i64, n_stale: usize) {
@@ -231,7 +238,7 @@ async fn postgres_racing_publishes_and_their_replays_apply_once() {
                 let key = format!("obj/{}-{i}-{token}", w / 2);
                 let req = FenceRequest::new(
                     "pub-hot",
-                    token,
+                    FencingToken::of(token).unwrap(),
                     &format!("p{}-{i}", w / 2),
                     b"fp",
                     key.as_bytes(),

@@ -185,7 +185,14 @@ async fn publish_a_validated_candidate_through_the_fenced_pointer() {
         .unwrap()
         .unwrap();
     let publish = |token: u64, op: &str, key: &str, fingerprint: &str| {
-        FenceRequest::new(resource, token, op, fingerprint.as_bytes(), key.as_bytes()).unwrap()
+        FenceRequest::new(
+            resource,
+            FencingToken::of(token).unwrap(),
+            op,
+            fingerprint.as_bytes(),
+            key.as_bytes(),
+        )
+        .unwrap()
     };
     assert!(
         SqliteFence::publish(&mut conn, &publish(108, "op-108", &bob.key, &m.sha256_hex))
@@ -275,6 +282,7 @@ fn outcomes_reach_the_installed_metrics_recorder() {
     SqliteFence::migrate(&conn).unwrap();
     metrics::with_local_recorder(&*recorder, || {
         for (token, op) in [(108, "bob"), (107, "alice")] {
+            let token = FencingToken::of(token).unwrap();
             let req = FenceRequest::new("doc", token, op, op.as_bytes(), b"").unwrap();
             SqliteFence::write(&mut conn, &req, |_| Ok::<(), baton_fence::FenceError>(())).unwrap();
         }

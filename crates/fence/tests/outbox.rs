@@ -40,7 +40,7 @@ trait Backend {
 fn publish_req(resource: &str, token: u64) -> FenceRequest {
     FenceRequest::new(
         resource,
-        token,
+        FencingToken::of(token).unwrap(),
         &format!("publish-{token}"),
         b"digest",
         b"key",

@@ -157,7 +157,7 @@ async fn publication_reuse_regeneration_and_a_stale_late_upload_on_s3() {
     let publish = |token: u64, key: &str, sha: &str| {
         FenceRequest::new(
             RESOURCE,
-            token,
+            FencingToken::of(token).unwrap(),
             &format!("publish-{token}"),
             sha.as_bytes(),
             key.as_bytes(),

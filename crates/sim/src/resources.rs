@@ -21,7 +21,7 @@ impl Resources {
     pub fn write(&mut self, ctx: &mut Ctx, op: u64, resource: u8, token: FencingToken) {
         let name = ctx.names[usize::from(resource)].as_str().to_string();
         let op_name = format!("op-{op:x}");
-        let req = FenceRequest::new(&name, token.get(), &op_name, &op.to_le_bytes(), b"ok")
+        let req = FenceRequest::new(&name, token, &op_name, &op.to_le_bytes(), b"ok")
             .expect("a valid request")
             .with_policy(Policy::Session);
         let decision =

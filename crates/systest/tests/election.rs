@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use baton_client::{Client, WatchKind};
 use baton_fence::sqlite::SqliteFence;
-use baton_fence::{FenceRequest, Outcome};
+use baton_fence::{FenceRequest, FencingToken, Outcome};
 use baton_systest as common;
 use common::{json_str, json_u64, Proc, TempDir, BIN};
 
@@ -170,7 +170,14 @@ async fn three_candidates_hand_over_in_order_and_a_deposed_leader_is_fenced() {
     SqliteFence::migrate(&db).unwrap();
     let publish = |token: u64, key: &str| {
         let op = format!("op-{token}");
-        FenceRequest::new("e:sched:report", token, &op, key.as_bytes(), key.as_bytes()).unwrap()
+        FenceRequest::new(
+            "e:sched:report",
+            FencingToken::of(token).unwrap(),
+            &op,
+            key.as_bytes(),
+            key.as_bytes(),
+        )
+        .unwrap()
     };
     let applied = SqliteFence::publish(&mut db, &publish(leaders[1], "report-by-c2")).unwrap();
     assert!(matches!(applied, Outcome::Applied { .. }), "{applied:?}");

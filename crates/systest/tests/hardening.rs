@@ -417,7 +417,8 @@ async fn restore_starts_above_every_token_the_resources_recorded() {
     let db = files.path().join("fence.db");
     let mut conn = rusqlite::Connection::open(&db).unwrap();
     SqliteFence::migrate(&conn).unwrap();
-    let req = FenceRequest::new("doc", recorded, "op-1", b"f", b"r").unwrap();
+    let token = baton_fence::FencingToken::of(recorded).unwrap();
+    let req = FenceRequest::new("doc", token, "op-1", b"f", b"r").unwrap();
     SqliteFence::write(&mut conn, &req, |_| Ok::<(), baton_fence::FenceError>(())).unwrap();
     drop(conn);
     let pg = baton_testkit::PgDb::create("baton_restore_floor").await;

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use baton_client::{Acquired, Client};
 use baton_fence::sqlite::SqliteFence;
-use baton_fence::{resource_name, FenceRequest, Outcome};
+use baton_fence::{resource_name, FenceRequest, FencingToken, Outcome};
 use baton_systest as common;
 use common::{cli, json_u64, TempDir};
 
@@ -180,7 +180,14 @@ async fn owned_write(url: &str, conn: &mut rusqlite::Connection, op: &str) -> (u
 }
 
 fn publish(conn: &mut rusqlite::Connection, token: u64, op: &str) -> Outcome {
-    let req = FenceRequest::new("doc", token, op, op.as_bytes(), op.as_bytes()).unwrap();
+    let req = FenceRequest::new(
+        "doc",
+        FencingToken::of(token).unwrap(),
+        op,
+        op.as_bytes(),
+        op.as_bytes(),
+    )
+    .unwrap();
     SqliteFence::publish(conn, &req).unwrap()
 }
 

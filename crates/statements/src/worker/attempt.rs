@@ -287,7 +287,7 @@ impl Attempt<'_> {
         let fingerprint = hex_bytes(&manifest.sha256_hex);
         let req = FenceRequest::new(
             &self.resource,
-            self.token.get(),
+            self.token,
             &op,
             &fingerprint,
             object_key.as_bytes(),
