@@ -424,7 +424,7 @@ impl Conn for BatonConn {
         };
         let acquired = match &self.session {
             Some(s) => s.acquire(resource, wait).await,
-            None => self.client.acquire(resource, self.ttl, wait).await,
+            None => self.client.acquire(resource, Some(self.ttl), wait).await,
         };
         match acquired? {
             Acquired::Granted(lease) => Ok(lease),

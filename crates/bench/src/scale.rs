@@ -38,7 +38,7 @@ pub async fn fill_counting(
                     .map(|k| format!("fill:{run_id}:{k:08}"))
                     .collect();
                 let refs: Vec<&str> = names.iter().map(String::as_str).collect();
-                match client.acquire_all(&refs, ttl, Duration::ZERO).await? {
+                match client.acquire_all(&refs, Some(ttl), Duration::ZERO).await? {
                     baton_client::AcquiredAll::Granted { leases, .. } => {
                         done.fetch_add(leases.len(), std::sync::atomic::Ordering::Relaxed);
                     }

@@ -207,7 +207,7 @@ pub async fn acquire(
     opts: &ClientOpts,
     holder: &HolderOpt,
     names: &[String],
-    ttl: Duration,
+    ttl: Option<Duration>,
     wait: Duration,
 ) -> Result<AcquireOut, CliError> {
     let mut client = connect(opts).await?.with_holder(holder.resolve());

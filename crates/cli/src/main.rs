@@ -176,7 +176,7 @@ async fn dispatch(command: Command) -> Result<ExitCode, CliError> {
             client,
         } => emit(
             client.json,
-            &lease::acquire(&client, &holder, &names, ttl.unwrap_or_default(), wait).await?,
+            &lease::acquire(&client, &holder, &names, ttl, wait).await?,
         ),
         Command::Hold {
             names,

@@ -84,7 +84,7 @@ async fn a_holder_is_shown_by_status_list_and_watch_and_survives_a_restart() {
         .unwrap()
         .with_holder(Holder::parse("rust ✓ worker").unwrap());
     let Acquired::Granted(lease) = client
-        .acquire("h:rust", Duration::from_secs(60), Duration::ZERO)
+        .acquire("h:rust", Some(Duration::from_secs(60)), Duration::ZERO)
         .await
         .unwrap()
     else {

@@ -23,7 +23,7 @@ fn baton(args: &[&str]) -> Proc {
 async fn take_over(url: &str, name: &str) -> (Instant, u64) {
     let mut c = Client::connect(url).await.unwrap();
     match c
-        .acquire(name, Duration::from_secs(30), Duration::from_secs(30))
+        .acquire(name, Some(Duration::from_secs(30)), Duration::from_secs(30))
         .await
         .unwrap()
     {
@@ -227,7 +227,7 @@ async fn a_grant_after_a_wait_longer_than_its_ttl_is_valid_from_the_grant() {
     let url = s.url();
     let mut c = Client::connect(&url).await.unwrap();
     let Acquired::Granted(first) = c
-        .acquire("wait:1", Duration::from_secs(30), Duration::ZERO)
+        .acquire("wait:1", Some(Duration::from_secs(30)), Duration::ZERO)
         .await
         .unwrap()
     else {

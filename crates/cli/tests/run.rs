@@ -140,7 +140,7 @@ async fn a_command_that_cannot_start_exits_126_or_127_and_releases() {
     let out = run_cmd(&url, &["start:1"]).output().unwrap();
     assert_eq!(out.status.code(), Some(125));
     let mut c = Client::connect(&url).await.unwrap();
-    c.acquire("start:2", Duration::from_secs(30), Duration::ZERO)
+    c.acquire("start:2", Some(Duration::from_secs(30)), Duration::ZERO)
         .await
         .unwrap();
     let out = run_cmd(&url, &["start:2", "--", "true"]).output().unwrap();

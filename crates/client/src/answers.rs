@@ -165,8 +165,22 @@ pub struct Fenced {
 
 /// A TTL as the wire's optional milliseconds: zero is absent (the server's
 /// default), anything else as [`millis`].
+/// A session's TTL as the wire's milliseconds, zero asking the server's
+/// default.
 pub(crate) fn optional_millis(d: Duration, what: &str) -> Result<Option<u64>, ClientError> {
     (!d.is_zero()).then(|| millis(d, what)).transpose()
+}
+
+/// A lease's TTL as the wire's milliseconds: `None` asks the server's
+/// default; a TTL of zero is refused (there is no such lease).
+pub(crate) fn ttl_millis(ttl: Option<Duration>) -> Result<Option<u64>, ClientError> {
+    match ttl {
+        Some(d) if d.is_zero() => Err(ClientError::Invalid(
+            "ttl is 0 ms: a lease's TTL is above 0 (None asks the server's default)".into(),
+        )),
+        Some(d) => millis(d, "ttl").map(Some),
+        None => Ok(None),
+    }
 }
 
 /// A duration as the wire's milliseconds: whole, and refused rather than

@@ -6,7 +6,7 @@
 //! use baton_client::{Client, Acquired};
 //!
 //! let mut client = Client::connect("http://127.0.0.1:7700").await?;
-//! match client.acquire("statement:account-42:2026-09-13", Duration::from_secs(30), Duration::ZERO).await? {
+//! match client.acquire("statement:account-42:2026-09-13", Some(Duration::from_secs(30)), Duration::ZERO).await? {
 //!     Acquired::Granted(lease) => {
 //!         // Carry lease.token to every protected write.
 //!         client.release(&lease.resource, &lease.acquisition_id).await?;
@@ -50,6 +50,7 @@ pub mod worker;
 
 use answers::{
     acquired_all, millis, optional_millis, optional_token, release, renewal, status, token,
+    ttl_millis,
 };
 pub use answers::{Acquired, AcquiredAll, Fenced, Lease, NotAcquired, Release, Renewal, Status};
 pub use baton_core;
@@ -207,12 +208,13 @@ impl Client {
         self.holder.as_ref()
     }
 
-    /// Acquires one resource. `wait` of zero tries once; otherwise the
-    /// request waits in line (first come, first served) up to `wait`.
+    /// Acquires one resource for `ttl` (`None`: the server's default TTL).
+    /// `wait` of zero tries once; otherwise the request waits in line
+    /// (first come, first served) up to `wait`.
     pub async fn acquire(
         &mut self,
         resource: &str,
-        ttl: Duration,
+        ttl: Option<Duration>,
         wait: Duration,
     ) -> Result<Acquired, ClientError> {
         Acquired::from_all(self.acquire_all(&[resource], ttl, wait).await?)
@@ -223,12 +225,12 @@ impl Client {
     pub async fn acquire_all(
         &mut self,
         resources: &[&str],
-        ttl: Duration,
+        ttl: Option<Duration>,
         wait: Duration,
     ) -> Result<AcquiredAll, ClientError> {
         let message = v1::AcquireRequest {
             resources: resources.iter().map(|r| r.to_string()).collect(),
-            ttl_ms: optional_millis(ttl, "ttl")?,
+            ttl_ms: ttl_millis(ttl)?,
             wait_ms: millis(wait, "wait")?,
             holder: self.holder.as_ref().map(|h| h.to_string()),
             request_id: request_id(),

@@ -49,7 +49,7 @@ async fn a_held_request_takes_effect_only_when_released() {
     let mut via = s.proxied().await;
     let mut direct = s.direct().await;
     s.proxy.hold(Direction::ClientToServer);
-    let pending = tokio::spawn(async move { via.acquire("held", TTL, Duration::ZERO).await });
+    let pending = tokio::spawn(async move { via.acquire("held", Some(TTL), Duration::ZERO).await });
     until(async || s.proxy.counts().held_chunks >= 1).await;
     assert_eq!(
         direct.status("held").await.unwrap().holder_token,
@@ -76,7 +76,10 @@ async fn a_dropped_response_took_effect_and_the_repeat_gets_that_lease() {
     // the next bytes the client writes are the acquire itself.
     via.status("dropped").await.unwrap();
     s.proxy.drop_next_response();
-    let Acquired::Granted(lease) = via.acquire("dropped", TTL, Duration::ZERO).await.unwrap()
+    let Acquired::Granted(lease) = via
+        .acquire("dropped", Some(TTL), Duration::ZERO)
+        .await
+        .unwrap()
     else {
         panic!("the repeat gets the lease the lost answer carried");
     };
@@ -90,7 +93,10 @@ async fn a_dropped_response_took_effect_and_the_repeat_gets_that_lease() {
     // Another request (a new id) finds the resource held by that lease.
     let mut other = s.proxied().await;
     assert!(matches!(
-        other.acquire("dropped", TTL, Duration::ZERO).await.unwrap(),
+        other
+            .acquire("dropped", Some(TTL), Duration::ZERO)
+            .await
+            .unwrap(),
         Acquired::NotAcquired(_)
     ));
 }
@@ -99,12 +105,18 @@ async fn a_dropped_response_took_effect_and_the_repeat_gets_that_lease() {
 async fn a_reset_while_waiting_rejoins_the_line_in_its_place_once() {
     let s = setup("reset").await;
     let mut direct = s.direct().await;
-    let Acquired::Granted(held) = direct.acquire("busy", TTL, Duration::ZERO).await.unwrap() else {
+    let Acquired::Granted(held) = direct
+        .acquire("busy", Some(TTL), Duration::ZERO)
+        .await
+        .unwrap()
+    else {
         panic!()
     };
     let mut via = s.proxied().await;
-    let waiting =
-        tokio::spawn(async move { via.acquire("busy", TTL, Duration::from_secs(30)).await });
+    let waiting = tokio::spawn(async move {
+        via.acquire("busy", Some(TTL), Duration::from_secs(30))
+            .await
+    });
     until(async || direct.status("busy").await.unwrap().n_waiters == 1).await;
     s.proxy.reset_all();
     assert!(s.proxy.counts().resets >= 1, "the fault fired");
@@ -133,13 +145,15 @@ async fn a_targeted_drop_hits_only_the_request_that_carries_its_pattern() {
     // Other requests on the same connection pass untouched.
     for name in ["other:1", "other:2"] {
         assert!(matches!(
-            via.acquire(name, TTL, Duration::ZERO).await.unwrap(),
+            via.acquire(name, Some(TTL), Duration::ZERO).await.unwrap(),
             Acquired::Granted(_)
         ));
     }
     assert_eq!(s.proxy.counts().dropped_responses, 0);
     // The answer is dropped; the repeat (same request id) gets the lease.
-    let lost = via.acquire("target:resource", TTL, Duration::ZERO).await;
+    let lost = via
+        .acquire("target:resource", Some(TTL), Duration::ZERO)
+        .await;
     assert!(matches!(lost, Ok(Acquired::Granted(_))), "{lost:?}");
     assert_eq!(
         s.proxy.counts().dropped_responses,

@@ -28,7 +28,7 @@ async fn a_renewal_held_past_expiry_fails_and_the_worker_stops_before_its_next_e
         .unwrap();
     let ttl = Duration::from_millis(600);
     let Acquired::Granted(lease) = via
-        .acquire("renew:held", ttl, Duration::ZERO)
+        .acquire("renew:held", Some(ttl), Duration::ZERO)
         .await
         .unwrap()
     else {
@@ -53,7 +53,7 @@ async fn a_renewal_held_past_expiry_fails_and_the_worker_stops_before_its_next_e
     })
     .await;
     let Acquired::Granted(next) = direct
-        .acquire("renew:held", Duration::from_secs(30), Duration::ZERO)
+        .acquire("renew:held", Some(Duration::from_secs(30)), Duration::ZERO)
         .await
         .unwrap()
     else {
@@ -156,7 +156,7 @@ async fn a_request_delayed_across_deletion_and_recreation_is_refused() {
         .unwrap();
     let resource = "report:tenant-3";
     let owner = async |c: &mut Client| match c
-        .acquire(resource, Duration::from_secs(30), Duration::ZERO)
+        .acquire(resource, Some(Duration::from_secs(30)), Duration::ZERO)
         .await
         .unwrap()
     {

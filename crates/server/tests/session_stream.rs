@@ -62,7 +62,7 @@ async fn answers_come_back_by_id_while_a_wait_is_pending() {
     let client = Client::connect(&url).await.unwrap();
     let mut c = client.clone();
     let held = granted(
-        c.acquire("s:slow", Duration::from_secs(5), Duration::ZERO)
+        c.acquire("s:slow", Some(Duration::from_secs(5)), Duration::ZERO)
             .await
             .unwrap(),
     );
@@ -235,7 +235,7 @@ async fn a_broken_session_protocol_gets_errors_that_name_the_rule() {
     // The server still serves.
     let mut c = Client::connect(&url).await.unwrap();
     granted(
-        c.acquire("s:fine", Duration::from_secs(1), Duration::ZERO)
+        c.acquire("s:fine", Some(Duration::from_secs(1)), Duration::ZERO)
             .await
             .unwrap(),
     );
@@ -246,7 +246,7 @@ async fn a_reused_request_id_and_the_session_limit_are_refused_by_rule() {
     let (_server, url) = serve(Some(1)).await;
     let mut c = Client::connect(&url).await.unwrap();
     let held = granted(
-        c.acquire("l:busy", Duration::from_secs(5), Duration::ZERO)
+        c.acquire("l:busy", Some(Duration::from_secs(5)), Duration::ZERO)
             .await
             .unwrap(),
     );
@@ -310,7 +310,7 @@ async fn a_half_close_withdraws_the_wait_and_the_session_lives_on() {
     let (_server, url) = serve(None).await;
     let mut c = Client::connect(&url).await.unwrap();
     let held = granted(
-        c.acquire("h:busy", Duration::from_secs(5), Duration::ZERO)
+        c.acquire("h:busy", Some(Duration::from_secs(5)), Duration::ZERO)
             .await
             .unwrap(),
     );

@@ -23,12 +23,19 @@ async fn a_failed_commit_stops_the_engine_and_callers_hear_indeterminate() {
     let mut client = Client::connect(&format!("http://{}", server.grpc_addr))
         .await
         .unwrap();
-    let first = match client.acquire("a", TTL, Duration::ZERO).await.unwrap() {
+    let first = match client
+        .acquire("a", Some(TTL), Duration::ZERO)
+        .await
+        .unwrap()
+    {
         Acquired::Granted(l) => l,
         other => panic!("{other:?}"),
     };
     switch.fail_commits();
-    let err = client.acquire("b", TTL, Duration::ZERO).await.unwrap_err();
+    let err = client
+        .acquire("b", Some(TTL), Duration::ZERO)
+        .await
+        .unwrap_err();
     assert!(matches!(err, ClientError::Indeterminate(_)), "{err:?}");
     assert!(!err.is_definite());
     let stopped = tokio::time::timeout(Duration::from_secs(10), server.wait())
@@ -57,7 +64,11 @@ async fn a_server_restarted_on_the_committed_image_continues_above_it() {
         .unwrap();
     let mut tokens = Vec::new();
     for name in ["a", "b", "c"] {
-        match client.acquire(name, TTL, Duration::ZERO).await.unwrap() {
+        match client
+            .acquire(name, Some(TTL), Duration::ZERO)
+            .await
+            .unwrap()
+        {
             Acquired::Granted(l) => tokens.push(l),
             other => panic!("{other:?}"),
         }
@@ -75,7 +86,11 @@ async fn a_server_restarted_on_the_committed_image_continues_above_it() {
         client.renew("a", &tokens[0].acquisition_id).await.unwrap(),
         baton_client::Renewal::Renewed { .. }
     ));
-    let d = match client.acquire("d", TTL, Duration::ZERO).await.unwrap() {
+    let d = match client
+        .acquire("d", Some(TTL), Duration::ZERO)
+        .await
+        .unwrap()
+    {
         Acquired::Granted(l) => l,
         other => panic!("{other:?}"),
     };

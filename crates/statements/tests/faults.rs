@@ -309,7 +309,7 @@ impl BatonProcess {
 async fn probe_token(url: &str, probe: &str) -> u64 {
     let mut c = Client::connect(url).await.unwrap();
     match c
-        .acquire(probe, Duration::from_secs(1), Duration::ZERO)
+        .acquire(probe, Some(Duration::from_secs(1)), Duration::ZERO)
         .await
         .unwrap()
     {

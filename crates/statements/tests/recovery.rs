@@ -324,7 +324,7 @@ async fn inspect_shows_a_plain_publication_and_the_lease_holder() {
     let baton_client::Acquired::Granted(held) = c
         .acquire(
             RESOURCE,
-            std::time::Duration::from_secs(30),
+            Some(std::time::Duration::from_secs(30)),
             std::time::Duration::ZERO,
         )
         .await
@@ -711,7 +711,7 @@ async fn a_once_pass_that_leaves_a_held_job_says_so_and_exits_4() {
     let held = match other
         .acquire(
             RESOURCE,
-            std::time::Duration::from_secs(30),
+            Some(std::time::Duration::from_secs(30)),
             std::time::Duration::ZERO,
         )
         .await

@@ -71,7 +71,7 @@ pub async fn take_once(
         return false;
     };
     let sent = Instant::now();
-    match c.acquire(name, ttl, Duration::ZERO).await {
+    match c.acquire(name, Some(ttl), Duration::ZERO).await {
         Ok(baton_client::Acquired::Granted(lease)) => {
             let abandoned = rng.below(3) == 0;
             history.lock().unwrap().push(baton_faults::grants::Grant {

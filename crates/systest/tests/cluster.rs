@@ -69,7 +69,7 @@ async fn worker(
         let resource = &resources[rng.below(resources.len() as u64) as usize];
         let invoked = Instant::now();
         let r = client
-            .acquire(resource, ttl, Duration::from_millis(300))
+            .acquire(resource, Some(ttl), Duration::from_millis(300))
             .await;
         let answered = Instant::now();
         History::count(&mut history.lock().unwrap().acquires, &r, |a| {
@@ -162,7 +162,7 @@ async fn first_grant(client: &mut Client, resource: &str) -> Duration {
     let started = Instant::now();
     loop {
         if let Ok(Acquired::Granted(_)) = client
-            .acquire(resource, Duration::from_secs(1), Duration::ZERO)
+            .acquire(resource, Some(Duration::from_secs(1)), Duration::ZERO)
             .await
         {
             return started.elapsed();
@@ -237,7 +237,7 @@ async fn a_held_lease_is_renewed_through_a_failover_and_keeps_its_token() {
         .await
         .with_holder(description.clone());
     let Acquired::Granted(lease) = holder
-        .acquire("held:r", Duration::from_secs(30), Duration::ZERO)
+        .acquire("held:r", Some(Duration::from_secs(30)), Duration::ZERO)
         .await
         .unwrap()
     else {
@@ -249,7 +249,7 @@ async fn a_held_lease_is_renewed_through_a_failover_and_keeps_its_token() {
     let mut rival_refusals = 0;
     loop {
         if let Ok(Acquired::Granted(l)) = rival
-            .acquire("held:r", Duration::from_secs(1), Duration::ZERO)
+            .acquire("held:r", Some(Duration::from_secs(1)), Duration::ZERO)
             .await
         {
             panic!(
@@ -307,7 +307,7 @@ async fn a_session_resumes_on_the_new_leader_with_its_leases() {
             break;
         }
         if let Ok(Acquired::Granted(l)) = rival
-            .acquire("sess:a", Duration::from_secs(1), Duration::ZERO)
+            .acquire("sess:a", Some(Duration::from_secs(1)), Duration::ZERO)
             .await
         {
             panic!(
@@ -402,7 +402,7 @@ async fn a_watch_ends_when_its_server_stops_leading() {
     let mut watch = on_leader.watch("w:").await.unwrap();
     let mut holder = client(&cluster.endpoints()).await;
     let Acquired::Granted(lease) = holder
-        .acquire("w:1", Duration::from_secs(30), Duration::ZERO)
+        .acquire("w:1", Some(Duration::from_secs(30)), Duration::ZERO)
         .await
         .unwrap()
     else {
@@ -458,7 +458,7 @@ async fn a_paused_leader_confirms_nothing_commits_nothing_and_steps_down() {
     let old_pid = cluster.pid(old);
     let mut a = client(&cluster.endpoints()).await;
     let Acquired::Granted(lease_a) = a
-        .acquire("pause:r", Duration::from_secs(30), Duration::ZERO)
+        .acquire("pause:r", Some(Duration::from_secs(30)), Duration::ZERO)
         .await
         .unwrap()
     else {
@@ -490,7 +490,7 @@ async fn a_paused_leader_confirms_nothing_commits_nothing_and_steps_down() {
     let fenced = b.fence("pause:r").await.unwrap();
     assert_eq!(fenced.revoked, Some(lease_a.token));
     let Acquired::Granted(lease_b) = b
-        .acquire("pause:r", Duration::from_secs(30), Duration::ZERO)
+        .acquire("pause:r", Some(Duration::from_secs(30)), Duration::ZERO)
         .await
         .unwrap()
     else {
@@ -558,7 +558,11 @@ async fn postgres_restarts_under_load_lose_nothing_and_need_no_restart() {
     cluster.wait_leader(None).await;
     let mut holder = client(&cluster.endpoints()).await;
     let Acquired::Granted(held) = holder
-        .acquire("restart:held", Duration::from_secs(60), Duration::ZERO)
+        .acquire(
+            "restart:held",
+            Some(Duration::from_secs(60)),
+            Duration::ZERO,
+        )
         .await
         .unwrap()
     else {
@@ -624,7 +628,7 @@ async fn a_database_failover_to_a_synchronous_standby_keeps_every_grant() {
         match holder
             .acquire(
                 &format!("dbfail:held{i}"),
-                Duration::from_secs(60),
+                Some(Duration::from_secs(60)),
                 Duration::ZERO,
             )
             .await
@@ -663,7 +667,7 @@ async fn a_database_failover_to_a_synchronous_standby_keeps_every_grant() {
         );
     }
     let Acquired::Granted(after) = holder
-        .acquire("dbfail:after", Duration::from_secs(5), Duration::ZERO)
+        .acquire("dbfail:after", Some(Duration::from_secs(5)), Duration::ZERO)
         .await
         .unwrap()
     else {
@@ -690,7 +694,7 @@ async fn a_restore_onto_a_running_cluster_starts_above_every_token() {
     let old = cluster.wait_leader(None).await;
     let mut c = client(&cluster.endpoints()).await;
     let Acquired::Granted(before) = c
-        .acquire("restore:r", Duration::from_secs(30), Duration::ZERO)
+        .acquire("restore:r", Some(Duration::from_secs(30)), Duration::ZERO)
         .await
         .unwrap()
     else {
@@ -739,7 +743,7 @@ async fn a_restore_onto_a_running_cluster_starts_above_every_token() {
     )
     .await;
     let Acquired::Granted(after) = c
-        .acquire("restore:r", Duration::from_secs(30), Duration::ZERO)
+        .acquire("restore:r", Some(Duration::from_secs(30)), Duration::ZERO)
         .await
         .unwrap()
     else {
@@ -854,7 +858,7 @@ async fn a_server_started_before_its_database_leads_once_it_is_up() {
     let cluster = Cluster::start(&url, 1);
     let mut c = client(&cluster.endpoints()).await;
     let e = c
-        .acquire("late:r", Duration::from_secs(5), Duration::ZERO)
+        .acquire("late:r", Some(Duration::from_secs(5)), Duration::ZERO)
         .await
         .unwrap_err();
     assert!(e.is_definite(), "{e}");
@@ -862,7 +866,7 @@ async fn a_server_started_before_its_database_leads_once_it_is_up() {
     pg.start_again();
     cluster.wait_leader(None).await;
     assert!(matches!(
-        c.acquire("late:r", Duration::from_secs(5), Duration::ZERO)
+        c.acquire("late:r", Some(Duration::from_secs(5)), Duration::ZERO)
             .await,
         Ok(Acquired::Granted(_))
     ));
@@ -879,7 +883,7 @@ async fn a_store_that_lost_commits_is_refused_until_a_restore() {
     let leader = cluster.wait_leader(None).await;
     let mut c = client(&cluster.endpoints()).await;
     let Acquired::Granted(lease) = c
-        .acquire("rollback:r", Duration::from_secs(30), Duration::ZERO)
+        .acquire("rollback:r", Some(Duration::from_secs(30)), Duration::ZERO)
         .await
         .unwrap()
     else {
@@ -918,7 +922,7 @@ async fn a_store_that_lost_commits_is_refused_until_a_restore() {
     let mut refusal = String::new();
     eventually(Duration::from_secs(20), async || {
         match other
-            .acquire("rollback:r", Duration::from_secs(30), Duration::ZERO)
+            .acquire("rollback:r", Some(Duration::from_secs(30)), Duration::ZERO)
             .await
         {
             Ok(Acquired::Granted(l)) => {
@@ -939,7 +943,7 @@ async fn a_store_that_lost_commits_is_refused_until_a_restore() {
     let mut after = None;
     eventually(Duration::from_secs(20), async || {
         if let Ok(Acquired::Granted(l)) = other
-            .acquire("rollback:r", Duration::from_secs(30), Duration::ZERO)
+            .acquire("rollback:r", Some(Duration::from_secs(30)), Duration::ZERO)
             .await
         {
             after = Some(l);
@@ -979,7 +983,7 @@ async fn a_cluster_on_postgresql_over_verified_tls_leads_and_grants() {
     let leader = cluster.wait_leader(None).await;
     let mut c = Client::connect(&cluster.nodes[leader].url()).await.unwrap();
     let granted = c
-        .acquire("tls:1", Duration::from_secs(30), Duration::ZERO)
+        .acquire("tls:1", Some(Duration::from_secs(30)), Duration::ZERO)
         .await
         .unwrap();
     assert!(matches!(granted, Acquired::Granted(_)), "{granted:?}");

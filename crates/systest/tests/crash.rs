@@ -55,7 +55,7 @@ async fn worker(
             Duration::from_millis(150)
         };
         let sent = Instant::now();
-        match c.acquire(&name, TTL, wait).await {
+        match c.acquire(&name, Some(TTL), wait).await {
             Ok(Acquired::Granted(lease)) => {
                 let received = Instant::now();
                 let abandoned = rng.below(3) == 0;

@@ -48,7 +48,7 @@ async fn fill(url: &str, round: u64, history: &History) -> usize {
             .collect();
         let refs: Vec<&str> = names.iter().map(String::as_str).collect();
         let sent = Instant::now();
-        match c.acquire_all(&refs, TTL, Duration::ZERO).await {
+        match c.acquire_all(&refs, Some(TTL), Duration::ZERO).await {
             Ok(AcquiredAll::Granted { leases, .. }) => {
                 let answered = Instant::now();
                 granted += leases.len();

@@ -83,7 +83,7 @@ async fn every_entry_point_refuses_and_audits_the_same_way() {
     let reader = client(&s, READER).await;
     let unary = reader
         .clone()
-        .acquire("statement:1", Duration::from_secs(5), Duration::ZERO)
+        .acquire("statement:1", Some(Duration::from_secs(5)), Duration::ZERO)
         .await
         .unwrap_err();
     let session = reader.open_session(Duration::from_secs(5)).await.unwrap();

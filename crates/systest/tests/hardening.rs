@@ -19,7 +19,7 @@ const TTL: Duration = Duration::from_secs(30);
 
 async fn grant(url: &str, name: &str) -> baton_client::Lease {
     let mut c = Client::connect(url).await.unwrap();
-    match c.acquire(name, TTL, Duration::ZERO).await.unwrap() {
+    match c.acquire(name, Some(TTL), Duration::ZERO).await.unwrap() {
         Acquired::Granted(l) => l,
         other => panic!("{other:?}"),
     }

@@ -64,7 +64,7 @@ async fn hold(s: &Server, token: Option<&str>, name: &str) -> u64 {
     }
     let mut c = Client::connect_with(&s.url(), options).await.unwrap();
     match c
-        .acquire(name, Duration::from_secs(60), Duration::ZERO)
+        .acquire(name, Some(Duration::from_secs(60)), Duration::ZERO)
         .await
         .unwrap()
     {

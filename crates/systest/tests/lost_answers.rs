@@ -100,7 +100,7 @@ async fn a_lost_acquire_answer_sent_again_gets_the_same_lease_and_leaves_no_orph
     let mut client = Client::connect(&s.servers()).await.unwrap();
     let started = Instant::now();
     let lease = match client
-        .acquire("lost:rust", Duration::from_secs(30), Duration::ZERO)
+        .acquire("lost:rust", Some(Duration::from_secs(30)), Duration::ZERO)
         .await
         .unwrap()
     {

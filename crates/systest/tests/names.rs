@@ -20,7 +20,7 @@ async fn invisible_characters_are_refused_in_new_names_and_holders() {
     let mut c = Client::connect(&s.url()).await.unwrap();
     for name in LOOKALIKES {
         let e = c
-            .acquire(name, Duration::from_secs(5), Duration::ZERO)
+            .acquire(name, Some(Duration::from_secs(5)), Duration::ZERO)
             .await
             .unwrap_err();
         assert!(matches!(e, ClientError::Invalid(_)), "{name:?}: {e:?}");
@@ -94,7 +94,7 @@ async fn a_lease_stored_under_such_a_name_still_loads_and_can_be_fenced_and_rele
         .holder_token
         .is_none());
     let again = c
-        .acquire(LOOKALIKES[1], Duration::from_secs(5), Duration::ZERO)
+        .acquire(LOOKALIKES[1], Some(Duration::from_secs(5)), Duration::ZERO)
         .await;
     assert!(!matches!(again, Ok(Acquired::Granted(_))), "{again:?}");
 }

@@ -157,8 +157,18 @@ async fn the_page_shows_leases_history_live_changes_and_fences() {
         .await
         .unwrap()
         .with_holder(Holder::parse("alice@batch-1").unwrap());
-    let a1 = granted(alice.acquire("jobs:1", ttl, Duration::ZERO).await.unwrap());
-    granted(alice.acquire("jobs:2", ttl, Duration::ZERO).await.unwrap());
+    let a1 = granted(
+        alice
+            .acquire("jobs:1", Some(ttl), Duration::ZERO)
+            .await
+            .unwrap(),
+    );
+    granted(
+        alice
+            .acquire("jobs:2", Some(ttl), Duration::ZERO)
+            .await
+            .unwrap(),
+    );
     // Bob waits in line for jobs:1.
     let url = s.url();
     let bob = tokio::spawn(async move {
@@ -167,7 +177,7 @@ async fn the_page_shows_leases_history_live_changes_and_fences() {
             .unwrap()
             .with_holder(Holder::parse("bob@batch-2").unwrap());
         granted(
-            bob.acquire("jobs:1", ttl, Duration::from_secs(60))
+            bob.acquire("jobs:1", Some(ttl), Duration::from_secs(60))
                 .await
                 .unwrap(),
         )
@@ -227,7 +237,12 @@ async fn the_page_shows_leases_history_live_changes_and_fences() {
     assert!(note.as_str().unwrap().contains("lost on restart"), "{note}");
 
     // A new grant shows up without a reload.
-    granted(alice.acquire("jobs:3", ttl, Duration::ZERO).await.unwrap());
+    granted(
+        alice
+            .acquire("jobs:3", Some(ttl), Duration::ZERO)
+            .await
+            .unwrap(),
+    );
     shown(
         "the new grant",
         async || rows(&b).await,
@@ -294,7 +309,7 @@ async fn a_long_name_or_holder_never_spills_over_the_history_panel() {
         .unwrap()
         .with_holder(Holder::parse(&holder).unwrap());
     granted(
-        c.acquire(&name, Duration::from_secs(60), Duration::ZERO)
+        c.acquire(&name, Some(Duration::from_secs(60)), Duration::ZERO)
             .await
             .unwrap(),
     );
@@ -383,7 +398,7 @@ rules = {{ "billing:" = ["read"] }}
     .unwrap();
     let ttl = Duration::from_secs(60);
     for name in ["billing:7", "payroll:1"] {
-        granted(ops.acquire(name, ttl, Duration::ZERO).await.unwrap());
+        granted(ops.acquire(name, Some(ttl), Duration::ZERO).await.unwrap());
     }
     let driver = driver();
     let b = browser(&driver, &dir.path().join("profile")).await;

@@ -140,7 +140,7 @@ async fn resumed_member_grants_nothing(alone: &mut Client, member: usize, name: 
     let started = Instant::now();
     loop {
         match alone
-            .acquire(name, Duration::from_secs(30), Duration::ZERO)
+            .acquire(name, Some(Duration::from_secs(30)), Duration::ZERO)
             .await
         {
             Ok(Acquired::NotAcquired(why)) => {
@@ -191,7 +191,7 @@ async fn calls_with_one_member_stopped(
     let lease = timed(
         "rust acquire",
         report,
-        fresh.acquire(&name("rust"), Duration::from_secs(60), Duration::ZERO),
+        fresh.acquire(&name("rust"), Some(Duration::from_secs(60)), Duration::ZERO),
     )
     .await;
     taken.push((name("rust"), granted_token(lease)));
@@ -221,7 +221,11 @@ async fn calls_with_one_member_stopped(
     let lease = timed(
         "connected before: acquire",
         report,
-        before.acquire(&name("before"), Duration::from_secs(60), Duration::ZERO),
+        before.acquire(
+            &name("before"),
+            Some(Duration::from_secs(60)),
+            Duration::ZERO,
+        ),
     )
     .await;
     taken.push((name("before"), granted_token(lease)));

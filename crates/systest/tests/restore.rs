@@ -17,7 +17,7 @@ async fn grant_tokens(url: &str, prefix: &str, n: usize) -> Vec<u64> {
         match c
             .acquire(
                 &format!("{prefix}:{i}"),
-                Duration::from_secs(30),
+                Some(Duration::from_secs(30)),
                 Duration::ZERO,
             )
             .await
@@ -148,7 +148,7 @@ async fn a_backup_past_four_mebibytes_is_taken_and_restored_whole() {
     for chunk in names.chunks(64) {
         let chunk: Vec<&str> = chunk.iter().map(String::as_str).collect();
         let out = c
-            .acquire_all(&chunk, Duration::from_secs(600), Duration::ZERO)
+            .acquire_all(&chunk, Some(Duration::from_secs(600)), Duration::ZERO)
             .await
             .unwrap();
         assert!(matches!(out, baton_client::AcquiredAll::Granted { .. }));
@@ -166,7 +166,7 @@ async fn a_backup_past_four_mebibytes_is_taken_and_restored_whole() {
 async fn owned_write(url: &str, conn: &mut rusqlite::Connection, op: &str) -> (u64, Outcome) {
     let mut c = Client::connect(url).await.unwrap();
     let lease = match c
-        .acquire("doc", Duration::from_secs(30), Duration::ZERO)
+        .acquire("doc", Some(Duration::from_secs(30)), Duration::ZERO)
         .await
         .unwrap()
     {
@@ -273,7 +273,7 @@ async fn a_backup_in_parts_is_the_whole_snapshot() {
     for chunk in names.chunks(64) {
         let refs: Vec<&str> = chunk.iter().map(String::as_str).collect();
         let granted = c
-            .acquire_all(&refs, Duration::from_secs(60), Duration::ZERO)
+            .acquire_all(&refs, Some(Duration::from_secs(60)), Duration::ZERO)
             .await
             .unwrap();
         assert!(matches!(granted, baton_client::AcquiredAll::Granted { .. }));
@@ -286,7 +286,7 @@ async fn a_backup_in_parts_is_the_whole_snapshot() {
     // Two releases in a row, the second's write lazy behind the first's.
     for name in ["parts:released-1", "parts:released-2"] {
         let Acquired::Granted(gone) = c
-            .acquire(name, Duration::from_secs(60), Duration::ZERO)
+            .acquire(name, Some(Duration::from_secs(60)), Duration::ZERO)
             .await
             .unwrap()
         else {

@@ -204,7 +204,9 @@ async fn call(client: &mut Client, action: Action, resource: &str) -> Result<(),
     let id = AcquisitionId::from_bytes([7; 16]);
     match action {
         Action::Acquire => {
-            if let Acquired::Granted(l) = client.acquire(resource, ttl, Duration::ZERO).await? {
+            if let Acquired::Granted(l) =
+                client.acquire(resource, Some(ttl), Duration::ZERO).await?
+            {
                 client.release(&l.resource, &l.acquisition_id).await?;
             }
         }
@@ -258,7 +260,11 @@ async fn every_cell_of_the_authorization_matrix() {
     // of the holder: its message is the same as for a free one.
     let mut holder = client_for(&url, &pki, Who::Billing).await;
     let held = match holder
-        .acquire("statement:held", Duration::from_secs(60), Duration::ZERO)
+        .acquire(
+            "statement:held",
+            Some(Duration::from_secs(60)),
+            Duration::ZERO,
+        )
         .await
         .unwrap()
     {
@@ -470,7 +476,7 @@ async fn sighup_reload_applies_to_the_next_call_and_leaves_held_leases() {
     let mut ops = client_for(&url, &pki, Who::Ops).await;
     let ttl = Duration::from_millis(1_500);
     let Acquired::Granted(lease) = billing
-        .acquire("statement:7", ttl, Duration::ZERO)
+        .acquire("statement:7", Some(ttl), Duration::ZERO)
         .await
         .unwrap()
     else {
@@ -510,7 +516,7 @@ async fn sighup_reload_applies_to_the_next_call_and_leaves_held_leases() {
     })
     .await;
     let e = billing
-        .acquire("statement:8", ttl, Duration::ZERO)
+        .acquire("statement:8", Some(ttl), Duration::ZERO)
         .await
         .unwrap_err();
     assert!(matches!(e, ClientError::PermissionDenied(_)), "{e:?}");
@@ -706,14 +712,18 @@ async fn a_cluster_over_tls_follows_its_leader_and_keeps_the_rules() {
     let billing = options(&pki.ca.cert, &pki.stranger, Some(token("billing")));
     let mut c = Client::connect_with(&urls, billing.clone()).await.unwrap();
     let Acquired::Granted(first) = c
-        .acquire("statement:c1", Duration::from_secs(30), Duration::ZERO)
+        .acquire(
+            "statement:c1",
+            Some(Duration::from_secs(30)),
+            Duration::ZERO,
+        )
         .await
         .unwrap()
     else {
         panic!("free")
     };
     let e = c
-        .acquire("invoice:c1", Duration::from_secs(30), Duration::ZERO)
+        .acquire("invoice:c1", Some(Duration::from_secs(30)), Duration::ZERO)
         .await
         .unwrap_err();
     assert!(matches!(e, ClientError::PermissionDenied(_)), "{e:?}");
@@ -737,7 +747,11 @@ async fn a_cluster_over_tls_follows_its_leader_and_keeps_the_rules() {
     let mut next = None;
     common::eventually(Duration::from_secs(30), async || {
         match c
-            .acquire("statement:c1", Duration::from_secs(30), Duration::ZERO)
+            .acquire(
+                "statement:c1",
+                Some(Duration::from_secs(30)),
+                Duration::ZERO,
+            )
             .await
         {
             Ok(a) => {
@@ -754,7 +768,7 @@ async fn a_cluster_over_tls_follows_its_leader_and_keeps_the_rules() {
         Acquired::Granted(l) => panic!("a lease held across the failover was granted again: {l:?}"),
     }
     let e = c
-        .acquire("invoice:c2", Duration::from_secs(30), Duration::ZERO)
+        .acquire("invoice:c2", Some(Duration::from_secs(30)), Duration::ZERO)
         .await
         .unwrap_err();
     assert!(matches!(e, ClientError::PermissionDenied(_)), "{e:?}");
@@ -792,7 +806,7 @@ async fn sighup_rotates_the_server_certificate_and_keeps_it_on_a_bad_file() {
         let mut c = Client::connect_with(&s.https_url(), trusting(ca))
             .await
             .map_err(|e| e.to_string())?;
-        c.acquire(name, Duration::from_secs(30), Duration::ZERO)
+        c.acquire(name, Some(Duration::from_secs(30)), Duration::ZERO)
             .await
             .map(|_| ())
             .map_err(|e| e.to_string())
@@ -802,7 +816,7 @@ async fn sighup_rotates_the_server_certificate_and_keeps_it_on_a_bad_file() {
         .unwrap();
     assert!(matches!(
         before
-            .acquire("rotate:0", Duration::from_secs(30), Duration::ZERO)
+            .acquire("rotate:0", Some(Duration::from_secs(30)), Duration::ZERO)
             .await,
         Ok(Acquired::Granted(_))
     ));
@@ -829,7 +843,7 @@ async fn sighup_rotates_the_server_certificate_and_keeps_it_on_a_bad_file() {
     works(&new_ca.cert, "rotate:2").await.unwrap();
     assert!(
         before
-            .acquire("rotate:3", Duration::from_secs(30), Duration::ZERO)
+            .acquire("rotate:3", Some(Duration::from_secs(30)), Duration::ZERO)
             .await
             .is_ok(),
         "a connection made before the reload keeps its certificate"

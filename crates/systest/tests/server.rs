@@ -27,13 +27,17 @@ async fn exclusion_and_canonical_names() {
     let (mut a, mut b) = (client(&s).await, client(&s).await);
     // "e" + combining accent and the precomposed "é" name one resource.
     let lease = granted(
-        a.acquire("report:caf\u{65}\u{301}", TTL, NO_WAIT)
+        a.acquire("report:caf\u{65}\u{301}", Some(TTL), NO_WAIT)
             .await
             .unwrap(),
     );
     assert_eq!(lease.resource, "report:caf\u{e9}");
     assert_eq!(lease.ttl, TTL);
-    match b.acquire("report:caf\u{e9}", TTL, NO_WAIT).await.unwrap() {
+    match b
+        .acquire("report:caf\u{e9}", Some(TTL), NO_WAIT)
+        .await
+        .unwrap()
+    {
         Acquired::NotAcquired(n) => {
             assert!(!n.timed_out);
             assert_eq!(n.holder_token, Some(lease.token));
@@ -50,7 +54,7 @@ async fn the_logs_take_the_size_asked_for() {
     let dir = TempDir::new("log-size");
     let s = common::serve(dir.path(), &["--log-size-mib", "2"]);
     let mut c = client(&s).await;
-    granted(c.acquire("sized", TTL, NO_WAIT).await.unwrap());
+    granted(c.acquire("sized", Some(TTL), NO_WAIT).await.unwrap());
     for log in ["baton.wal", "baton.wal2"] {
         let len = std::fs::metadata(dir.path().join(log)).unwrap().len();
         assert_eq!(len, 2 << 20, "{log}");
@@ -80,14 +84,16 @@ async fn waiters_are_served_in_arrival_order_with_higher_tokens() {
     let dir = TempDir::new("fifo");
     let s = common::serve(dir.path(), &[]);
     let mut holder = client(&s).await;
-    let first = granted(holder.acquire("q", TTL, NO_WAIT).await.unwrap());
+    let first = granted(holder.acquire("q", Some(TTL), NO_WAIT).await.unwrap());
     let mut tasks = Vec::new();
     for i in 0..3u64 {
         let mut c = client(&s).await;
         tasks.push(tokio::spawn(async move {
             (
                 i,
-                c.acquire("q", TTL, Duration::from_secs(20)).await.unwrap(),
+                c.acquire("q", Some(TTL), Duration::from_secs(20))
+                    .await
+                    .unwrap(),
             )
         }));
         let mut probe = client(&s).await;
@@ -129,7 +135,7 @@ async fn a_short_lease_expires_on_time_behind_a_long_one() {
     let mut holder = client(&s).await;
     let _long = granted(
         holder
-            .acquire("rearm:long", Duration::from_secs(60), NO_WAIT)
+            .acquire("rearm:long", Some(Duration::from_secs(60)), NO_WAIT)
             .await
             .unwrap(),
     );
@@ -140,14 +146,14 @@ async fn a_short_lease_expires_on_time_behind_a_long_one() {
     let sent = std::time::Instant::now();
     let short = granted(
         holder
-            .acquire("rearm:short", short_ttl, NO_WAIT)
+            .acquire("rearm:short", Some(short_ttl), NO_WAIT)
             .await
             .unwrap(),
     );
     let mut waiter = client(&s).await;
     let next = granted(
         waiter
-            .acquire("rearm:short", TTL, Duration::from_secs(20))
+            .acquire("rearm:short", Some(TTL), Duration::from_secs(20))
             .await
             .unwrap(),
     );
@@ -168,9 +174,9 @@ async fn wait_runs_out_and_a_gone_waiter_leaves_the_queue() {
     let dir = TempDir::new("wait");
     let s = common::serve(dir.path(), &[]);
     let mut a = client(&s).await;
-    granted(a.acquire("w", TTL, NO_WAIT).await.unwrap());
+    granted(a.acquire("w", Some(TTL), NO_WAIT).await.unwrap());
     match a
-        .acquire("w", TTL, Duration::from_millis(200))
+        .acquire("w", Some(TTL), Duration::from_millis(200))
         .await
         .unwrap()
     {
@@ -178,8 +184,11 @@ async fn wait_runs_out_and_a_gone_waiter_leaves_the_queue() {
         other => panic!("{other:?}"),
     }
     let mut leaver = client(&s).await;
-    let waiting =
-        tokio::spawn(async move { leaver.acquire("w", TTL, Duration::from_secs(60)).await });
+    let waiting = tokio::spawn(async move {
+        leaver
+            .acquire("w", Some(TTL), Duration::from_secs(60))
+            .await
+    });
     eventually(Duration::from_secs(5), async || {
         let mut a = a.clone();
         a.status("w").await.unwrap().n_waiters == 1
@@ -200,7 +209,7 @@ async fn renew_extends_and_fails_after_expiry_without_recreating() {
     let mut c = client(&s).await;
     // Long enough that the renew below lands inside it even on a loaded machine.
     let ttl = Duration::from_secs(1);
-    let lease = granted(c.acquire("r", ttl, NO_WAIT).await.unwrap());
+    let lease = granted(c.acquire("r", Some(ttl), NO_WAIT).await.unwrap());
     match c.renew("r", &lease.acquisition_id).await.unwrap() {
         Renewal::Renewed {
             token, remaining, ..
@@ -225,7 +234,7 @@ async fn renew_extends_and_fails_after_expiry_without_recreating() {
         None,
         "a late renew never recreates the lease"
     );
-    let next = granted(c.acquire("r", ttl, NO_WAIT).await.unwrap());
+    let next = granted(c.acquire("r", Some(ttl), NO_WAIT).await.unwrap());
     assert!(next.token > lease.token);
     assert_eq!(
         c.renew("r", &lease.acquisition_id).await.unwrap(),
@@ -239,7 +248,7 @@ async fn release_by_wrong_or_old_id_changes_nothing() {
     let dir = TempDir::new("release");
     let s = common::serve(dir.path(), &[]);
     let mut c = client(&s).await;
-    let lease = granted(c.acquire("x", TTL, NO_WAIT).await.unwrap());
+    let lease = granted(c.acquire("x", Some(TTL), NO_WAIT).await.unwrap());
     let wrong = baton_client::baton_core::AcquisitionId::from_bytes([0; 16]);
     assert_eq!(c.release("x", &wrong).await.unwrap(), Release::NotHeld);
     assert_eq!(c.status("x").await.unwrap().holder_token, Some(lease.token));
@@ -252,7 +261,7 @@ async fn release_by_wrong_or_old_id_changes_nothing() {
         Release::NotHeld,
         "twice is fine"
     );
-    let next = granted(c.acquire("x", TTL, NO_WAIT).await.unwrap());
+    let next = granted(c.acquire("x", Some(TTL), NO_WAIT).await.unwrap());
     assert_eq!(
         c.release("x", &lease.acquisition_id).await.unwrap(),
         Release::NotHeld
@@ -269,9 +278,9 @@ async fn multi_acquire_is_all_or_nothing_and_does_not_deadlock() {
     let dir = TempDir::new("multi");
     let s = common::serve(dir.path(), &[]);
     let mut c = client(&s).await;
-    let b = granted(c.acquire("m:b", TTL, NO_WAIT).await.unwrap());
+    let b = granted(c.acquire("m:b", Some(TTL), NO_WAIT).await.unwrap());
     match c
-        .acquire_all(&["m:a", "m:b", "m:c"], TTL, NO_WAIT)
+        .acquire_all(&["m:a", "m:b", "m:c"], Some(TTL), NO_WAIT)
         .await
         .unwrap()
     {
@@ -294,7 +303,7 @@ async fn multi_acquire_is_all_or_nothing_and_does_not_deadlock() {
             let mut tokens = Vec::new();
             for _ in 0..50 {
                 match c
-                    .acquire_all(&order, TTL, Duration::from_secs(20))
+                    .acquire_all(&order, Some(TTL), Duration::from_secs(20))
                     .await
                     .unwrap()
                 {
@@ -338,7 +347,7 @@ async fn fence_revokes_and_orders_the_next_token_above_it() {
     let dir = TempDir::new("fence");
     let s = common::serve(dir.path(), &[]);
     let mut c = client(&s).await;
-    let lease = granted(c.acquire("f", TTL, NO_WAIT).await.unwrap());
+    let lease = granted(c.acquire("f", Some(TTL), NO_WAIT).await.unwrap());
     let fenced = c.fence("f").await.unwrap();
     assert_eq!(fenced.revoked, Some(lease.token));
     assert!(fenced.token > lease.token);
@@ -346,7 +355,7 @@ async fn fence_revokes_and_orders_the_next_token_above_it() {
         c.renew("f", &lease.acquisition_id).await.unwrap(),
         Renewal::NotOwner
     );
-    let next = granted(c.acquire("f", TTL, NO_WAIT).await.unwrap());
+    let next = granted(c.acquire("f", Some(TTL), NO_WAIT).await.unwrap());
     assert!(next.token > fenced.token);
     let idle = c.fence("never-held").await.unwrap();
     assert_eq!(idle.revoked, None);
@@ -383,11 +392,12 @@ async fn bad_input_gets_invalid_argument_naming_the_rule_and_the_server_keeps_se
             Duration::from_secs(601),
             "wait 601000ms is above the maximum",
         ),
+        (vec!["a"], Duration::ZERO, NO_WAIT, "TTL is above 0"),
         (vec!["a", "a"], TTL, NO_WAIT, "more than once"),
         (vec![], TTL, NO_WAIT, "at least one resource"),
     ];
     for (names, ttl, wait, rule) in cases {
-        match c.acquire_all(&names, ttl, wait).await {
+        match c.acquire_all(&names, Some(ttl), wait).await {
             Err(ClientError::Invalid(m)) => {
                 assert!(m.contains(rule), "{names:?}: {m:?} should mention {rule:?}")
             }
@@ -397,14 +407,14 @@ async fn bad_input_gets_invalid_argument_naming_the_rule_and_the_server_keeps_se
     let too_many: Vec<String> = (0..65).map(|i| format!("r{i}")).collect();
     let refs: Vec<&str> = too_many.iter().map(String::as_str).collect();
     assert!(
-        matches!(c.acquire_all(&refs, TTL, NO_WAIT).await, Err(ClientError::Invalid(m)) if m.contains("65"))
+        matches!(c.acquire_all(&refs, Some(TTL), NO_WAIT).await, Err(ClientError::Invalid(m)) if m.contains("65"))
     );
     // An oversized request is refused; the server still serves.
     let huge: Vec<String> = (0..2_000)
         .map(|i| format!("{i}{}", "y".repeat(200)))
         .collect();
     let refs: Vec<&str> = huge.iter().map(String::as_str).collect();
-    assert!(c.acquire_all(&refs, TTL, NO_WAIT).await.is_err());
+    assert!(c.acquire_all(&refs, Some(TTL), NO_WAIT).await.is_err());
     // Raw protocol: an acquisition id of the wrong length.
     let mut raw = baton_proto::v1::leases_client::LeasesClient::connect(s.url())
         .await
@@ -427,7 +437,11 @@ async fn bad_input_gets_invalid_argument_naming_the_rule_and_the_server_keeps_se
         .await
         .unwrap_err();
     assert_eq!(err.code(), tonic::Code::InvalidArgument);
-    granted(c.acquire("still-serving", TTL, NO_WAIT).await.unwrap());
+    granted(
+        c.acquire("still-serving", Some(TTL), NO_WAIT)
+            .await
+            .unwrap(),
+    );
 }
 
 #[tokio::test]
@@ -438,16 +452,17 @@ async fn waiter_and_connection_limits_answer_resource_exhausted() {
         &["--max-waiters-per-resource", "1", "--max-connections", "3"],
     );
     let mut a = client(&s).await;
-    granted(a.acquire("l", TTL, NO_WAIT).await.unwrap());
+    granted(a.acquire("l", Some(TTL), NO_WAIT).await.unwrap());
     let mut b = client(&s).await;
-    let waiting = tokio::spawn(async move { b.acquire("l", TTL, Duration::from_secs(30)).await });
+    let waiting =
+        tokio::spawn(async move { b.acquire("l", Some(TTL), Duration::from_secs(30)).await });
     eventually(Duration::from_secs(5), async || {
         let mut a = a.clone();
         a.status("l").await.unwrap().n_waiters == 1
     })
     .await;
     let mut c = client(&s).await;
-    match c.acquire("l", TTL, Duration::from_secs(1)).await {
+    match c.acquire("l", Some(TTL), Duration::from_secs(1)).await {
         Err(ClientError::Exhausted(m)) => assert!(m.contains("waiters"), "{m}"),
         other => panic!("{other:?}"),
     }
@@ -472,7 +487,7 @@ async fn list_by_prefix_never_shows_acquisition_ids() {
     let mut ids = Vec::new();
     for r in ["tenant:b:1", "tenant:a:1", "other:1"] {
         ids.push(
-            granted(c.acquire(r, TTL, NO_WAIT).await.unwrap())
+            granted(c.acquire(r, Some(TTL), NO_WAIT).await.unwrap())
                 .acquisition_id
                 .to_hex(),
         );
@@ -603,7 +618,7 @@ async fn healthz_and_metrics_over_http() {
     let dir = TempDir::new("http");
     let s = common::serve(dir.path(), &[]);
     let mut c = client(&s).await;
-    let lease = granted(c.acquire("m", TTL, NO_WAIT).await.unwrap());
+    let lease = granted(c.acquire("m", Some(TTL), NO_WAIT).await.unwrap());
     c.renew("m", &lease.acquisition_id).await.unwrap();
     c.renew(
         "m",
@@ -632,8 +647,8 @@ async fn sigterm_stops_cleanly_and_a_restart_keeps_leases_and_token_order() {
     let dir = TempDir::new("restart");
     let mut s = common::serve(dir.path(), &[]);
     let mut c = client(&s).await;
-    let lease = granted(c.acquire("keep", TTL, NO_WAIT).await.unwrap());
-    let released = granted(c.acquire("gone", TTL, NO_WAIT).await.unwrap());
+    let lease = granted(c.acquire("keep", Some(TTL), NO_WAIT).await.unwrap());
+    let released = granted(c.acquire("gone", Some(TTL), NO_WAIT).await.unwrap());
     c.release("gone", &released.acquisition_id).await.unwrap();
     drop(c);
     let status = s.terminate();
@@ -650,7 +665,7 @@ async fn sigterm_stops_cleanly_and_a_restart_keeps_leases_and_token_order() {
         Renewal::Renewed { .. }
     ));
     // A clean shutdown flushed the release.
-    let next = granted(c.acquire("gone", TTL, NO_WAIT).await.unwrap());
+    let next = granted(c.acquire("gone", Some(TTL), NO_WAIT).await.unwrap());
     assert!(next.token > lease.token && next.token > released.token);
 }
 

@@ -43,7 +43,7 @@ async fn heartbeats_keep_every_bound_lease_and_silence_ends_them_all() {
     let waiting = tokio::spawn(async move {
         let sent = Instant::now();
         let out = other
-            .acquire("s:b", Duration::from_secs(5), Duration::from_secs(10))
+            .acquire("s:b", Some(Duration::from_secs(5)), Duration::from_secs(10))
             .await
             .unwrap();
         (granted(out), sent.elapsed())
@@ -213,7 +213,7 @@ async fn a_waiter_is_withdrawn_when_its_stream_breaks_and_a_cancel_withdraws_it(
     let client = Client::connect(&s.url()).await.unwrap();
     let mut c = client.clone();
     let held = granted(
-        c.acquire("s:busy", Duration::from_secs(5), Duration::ZERO)
+        c.acquire("s:busy", Some(Duration::from_secs(5)), Duration::ZERO)
             .await
             .unwrap(),
     );
@@ -315,7 +315,7 @@ async fn baton_hold_keeps_until_sigterm_and_a_paused_holder_loses() {
     holder.signal(Signal::SIGSTOP);
     let paused = Instant::now();
     let next = granted(
-        c.acquire("h:b", Duration::from_secs(5), Duration::from_secs(5))
+        c.acquire("h:b", Some(Duration::from_secs(5)), Duration::from_secs(5))
             .await
             .unwrap(),
     );

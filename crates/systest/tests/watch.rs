@@ -42,7 +42,8 @@ async fn a_watch_sees_the_snapshot_then_every_change_with_no_gap() {
                         format!("w:{w}:{}", i % 3)
                     };
                     let ttl = Duration::from_secs(30);
-                    let Acquired::Granted(l) = c.acquire(&name, ttl, Duration::ZERO).await.unwrap()
+                    let Acquired::Granted(l) =
+                        c.acquire(&name, Some(ttl), Duration::ZERO).await.unwrap()
                     else {
                         panic!("{name} is this worker's own")
                     };
@@ -50,7 +51,7 @@ async fn a_watch_sees_the_snapshot_then_every_change_with_no_gap() {
                     if !keep {
                         c.release(&name, &l.acquisition_id).await.unwrap();
                     }
-                    c.acquire(&format!("x:{w}:{i}"), ttl, Duration::ZERO)
+                    c.acquire(&format!("x:{w}:{i}"), Some(ttl), Duration::ZERO)
                         .await
                         .unwrap();
                 }
@@ -65,7 +66,7 @@ async fn a_watch_sees_the_snapshot_then_every_change_with_no_gap() {
     // A last grant marks the end of the traffic.
     let mut c = connect(&s).await;
     let Acquired::Granted(end) = c
-        .acquire("w:end", Duration::from_secs(30), Duration::ZERO)
+        .acquire("w:end", Some(Duration::from_secs(30)), Duration::ZERO)
         .await
         .unwrap()
     else {
@@ -218,7 +219,7 @@ async fn cli_prints_a_line_per_holder_and_change(s: &Server, c: &mut Client) {
         (&"held".into(), &"r:1".into())
     );
     let Acquired::Granted(l) = c
-        .acquire("r:2", Duration::from_secs(30), Duration::ZERO)
+        .acquire("r:2", Some(Duration::from_secs(30)), Duration::ZERO)
         .await
         .unwrap()
     else {
@@ -240,7 +241,7 @@ async fn a_restart_ends_the_watch_and_bad_watches_are_refused() {
     let dir = TempDir::new("watch-restart");
     let mut s = common::serve(dir.path(), &[]);
     let mut c = connect(&s).await;
-    c.acquire("r:1", Duration::from_secs(30), Duration::ZERO)
+    c.acquire("r:1", Some(Duration::from_secs(30)), Duration::ZERO)
         .await
         .unwrap();
     cli_prints_a_line_per_holder_and_change(&s, &mut c).await;

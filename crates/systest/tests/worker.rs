@@ -40,7 +40,7 @@ async fn guarded_work_completes_then_releases() {
         "released at the end"
     );
     let Acquired::Granted(next) = c
-        .acquire("job:ok", Duration::from_secs(5), Duration::ZERO)
+        .acquire("job:ok", Some(Duration::from_secs(5)), Duration::ZERO)
         .await
         .unwrap()
     else {
@@ -80,7 +80,7 @@ async fn acquisition_backs_off_until_the_resource_frees() {
     let s = common::serve(dir.path(), &[]);
     let mut holder = Client::connect(&s.url()).await.unwrap();
     let Acquired::Granted(held) = holder
-        .acquire("job:busy", Duration::from_millis(300), Duration::ZERO)
+        .acquire("job:busy", Some(Duration::from_millis(300)), Duration::ZERO)
         .await
         .unwrap()
     else {

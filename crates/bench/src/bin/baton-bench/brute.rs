@@ -31,7 +31,7 @@ async fn cycle(
         i += 1;
         let sent = Instant::now();
         let got = client
-            .acquire(&name, Duration::from_secs(30), Duration::ZERO)
+            .acquire(&name, Some(Duration::from_secs(30)), Duration::ZERO)
             .await?;
         out.push(sent.elapsed().as_micros() as u64);
         if let Acquired::Granted(l) = got {
