@@ -82,6 +82,8 @@ pub(super) struct Repeats {
     forgotten_through: Option<MonoMs>,
     /// Requests waiting in line.
     pub(super) waiting: HashMap<RequestKey, WaiterId, BuildHasherDefault<KeyHasher>>,
+    /// The SipHash keys of this table's [`RequestKey`]s.
+    keys: std::hash::RandomState,
     /// Until when the table looks for late attempts of requests granted
     /// before it started: [`REPEAT_MEMORY_MS`] from its start.
     recovered_until: Option<MonoMs>,
@@ -112,18 +114,20 @@ impl std::hash::Hasher for KeyHasher {
 }
 
 /// A request as the table knows it: a 64-bit SipHash of its first
-/// claim's acquisition id (never the id itself). Not SHA-256: this is
-/// computed on the engine's thread for every acquire carrying an id.
+/// claim's acquisition id (never the id itself), under keys drawn at
+/// random for each table, so that no client can choose request ids whose
+/// keys collide in the maps (they are used as their own hash). Not
+/// SHA-256: this is computed on the engine's thread for every acquire
+/// carrying an id.
 pub(super) type RequestKey = u64;
 
-pub(super) fn key_of(id: &AcquisitionId) -> RequestKey {
-    use std::hash::{DefaultHasher, Hasher};
-    let mut hasher = DefaultHasher::new();
-    hasher.write(id.as_bytes());
-    hasher.finish()
-}
-
 impl Repeats {
+    /// The key of the request whose first claim is `id`.
+    pub(super) fn key_of(&self, id: &AcquisitionId) -> RequestKey {
+        use std::hash::BuildHasher;
+        self.keys.hash_one(id.as_bytes())
+    }
+
     /// The table starts at `now`: it knows nothing granted before.
     pub(super) fn start(&mut self, now: MonoMs) {
         self.known_since = Some(now);
@@ -213,7 +217,7 @@ impl LeaseTable {
     /// Judges a request carrying an id before anything else is done with
     /// it (after its session, if any, was refreshed).
     pub(super) fn seen(&mut self, now: MonoMs, request: &AcquireRequest, attempt: Attempt) -> Seen {
-        let key = key_of(&request.claims[0].1);
+        let key = self.repeats.key_of(&request.claims[0].1);
         self.repeats.forget_old(now);
         if self.repeats.recovering(now) && self.granted_before_start(now, request, attempt) {
             return Seen::Answered(AcquireOutcome::Ended);
