@@ -5,6 +5,7 @@
 //! are audited and counted, and a peer that keeps failing to authenticate
 //! waits (see `penalty.rs`), whichever port it tries.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -94,7 +95,9 @@ impl Caller {
 /// A caller let in for one action: its principal (`None` with auth off).
 pub struct Admitted<'a> {
     gate: &'a Gate,
-    caller: &'a Caller,
+    /// Borrowed from a session stream, which keeps its caller; owned for
+    /// a unary call.
+    caller: Cow<'a, Caller>,
     action: Action,
     principal: Option<Arc<Principal>>,
 }
@@ -180,7 +183,7 @@ impl Admitted<'_> {
     pub(crate) fn session_refusal(&self) -> SessionRefusal {
         SessionRefusal {
             gate: self.gate.clone(),
-            caller: self.caller.clone(),
+            caller: self.caller.clone().into_owned(),
             principal: self.name().to_string(),
             action: self.action,
         }
@@ -188,7 +191,7 @@ impl Admitted<'_> {
 
     fn refuse(&self, resource: &str, refusal: Refusal) -> Status {
         self.gate
-            .refused(self.caller, self.name(), self.action, resource, refusal)
+            .refused(&self.caller, self.name(), self.action, resource, refusal)
     }
 
     /// Writes an audit line for an action that was let in: `outcome` is
@@ -271,16 +274,24 @@ impl Gate {
         caller: &'a Caller,
         action: Action,
     ) -> Result<Admitted<'a>, Status> {
+        self.admit_as(Cow::Borrowed(caller), action)
+    }
+
+    fn admit_as<'a>(
+        &'a self,
+        caller: Cow<'a, Caller>,
+        action: Action,
+    ) -> Result<Admitted<'a>, Status> {
         if let Some(why) = &caller.certificate_refused {
             let refusal = Refusal::Unauthenticated(why.clone());
-            return Err(self.refused(caller, "unauthenticated", action, "", refusal));
+            return Err(self.refused(&caller, "unauthenticated", action, "", refusal));
         }
         let principal = match self.auth.table() {
             None => None,
             Some(table) => match table.authenticate(&caller.credential) {
                 Ok(p) => Some(p),
                 Err(refusal) => {
-                    return Err(self.refused(caller, "unauthenticated", action, "", refusal))
+                    return Err(self.refused(&caller, "unauthenticated", action, "", refusal))
                 }
             },
         };
@@ -299,12 +310,32 @@ impl Gate {
         caller: &'a Caller,
         action: Action,
     ) -> Result<Admitted<'a>, Status> {
-        let refusal = match self.admit(caller, action) {
+        self.let_in_as(Cow::Borrowed(caller), action).await
+    }
+
+    /// [`Gate::let_in`] for the caller of a unary `request`: the first
+    /// line of every unary handler.
+    pub(crate) async fn let_in_request<T>(
+        &self,
+        request: &Request<T>,
+        action: Action,
+    ) -> Result<Admitted<'_>, Status> {
+        let caller = Caller::of(request, self.is_on());
+        self.let_in_as(Cow::Owned(caller), action).await
+    }
+
+    async fn let_in_as<'a>(
+        &'a self,
+        caller: Cow<'a, Caller>,
+        action: Action,
+    ) -> Result<Admitted<'a>, Status> {
+        let peer = caller.peer;
+        let refusal = match self.admit_as(caller, action) {
             Ok(admitted) => return Ok(admitted),
             Err(status) => status,
         };
         if refusal.code() == tonic::Code::Unauthenticated {
-            if let Some(peer) = caller.peer {
+            if let Some(peer) = peer {
                 let penalty = self.penalties.failed(peer.ip(), Instant::now());
                 if penalty.starts {
                     tracing::warn!(peer = %peer.ip(), failures = crate::access::penalty::FREE_FAILURES + 1, "repeated authentication failures from this address: its refusals now wait, up to 1 s each");

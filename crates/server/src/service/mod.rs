@@ -114,8 +114,7 @@ impl LeaseService {
         request: Request<v1::AcquireRequest>,
         span: &tracing::Span,
     ) -> Result<Response<v1::AcquireResponse>, Status> {
-        let caller = Caller::of(&request, self.gate.is_on());
-        let who = self.gate.let_in(&caller, Action::Acquire).await?;
+        let who = self.gate.let_in_request(&request, Action::Acquire).await?;
         let req = request.into_inner();
         let term = self.seat.term()?;
         let acquiring = self.acquire_op(
@@ -151,8 +150,7 @@ impl LeaseService {
         request: Request<v1::RenewRequest>,
         span: &tracing::Span,
     ) -> Result<Response<v1::RenewResponse>, Status> {
-        let caller = Caller::of(&request, self.gate.is_on());
-        let who = self.gate.let_in(&caller, Action::Renew).await?;
+        let who = self.gate.let_in_request(&request, Action::Renew).await?;
         let req = request.into_inner();
         let term = self.seat.term()?;
         let rx = self.renew_op(&who, &term, &req.resource, &req.acquisition_id)?;
@@ -166,8 +164,7 @@ impl LeaseService {
         request: Request<v1::ReleaseRequest>,
         span: &tracing::Span,
     ) -> Result<Response<v1::ReleaseResponse>, Status> {
-        let caller = Caller::of(&request, self.gate.is_on());
-        let who = self.gate.let_in(&caller, Action::Release).await?;
+        let who = self.gate.let_in_request(&request, Action::Release).await?;
         let req = request.into_inner();
         let term = self.seat.term()?;
         let rx = self.release_op(&who, &term, &req.resource, &req.acquisition_id)?;
@@ -259,8 +256,7 @@ impl Leases for LeaseService {
         &self,
         request: Request<v1::StatusRequest>,
     ) -> Result<Response<v1::StatusResponse>, Status> {
-        let caller = Caller::of(&request, self.gate.is_on());
-        let who = self.gate.let_in(&caller, Action::Status).await?;
+        let who = self.gate.let_in_request(&request, Action::Status).await?;
         let out = self.status_op(&who, &request.into_inner().resource).await?;
         Ok(Response::new(status_message(out)))
     }
@@ -269,8 +265,7 @@ impl Leases for LeaseService {
         &self,
         request: Request<v1::ListRequest>,
     ) -> Result<Response<v1::ListResponse>, Status> {
-        let caller = Caller::of(&request, self.gate.is_on());
-        let who = self.gate.let_in(&caller, Action::List).await?;
+        let who = self.gate.let_in_request(&request, Action::List).await?;
         let req = request.into_inner();
         let out = self
             .list_op(&who, req.prefix, req.start_after, req.limit)
@@ -284,8 +279,7 @@ impl Leases for LeaseService {
         &self,
         request: Request<v1::FenceRequest>,
     ) -> Result<Response<v1::FenceResponse>, Status> {
-        let caller = Caller::of(&request, self.gate.is_on());
-        let who = self.gate.let_in(&caller, Action::Fence).await?;
+        let who = self.gate.let_in_request(&request, Action::Fence).await?;
         let resource = parse_resource("resource", &request.into_inner().resource)?;
         let out = self.fence_as(&who, resource).await?;
         Ok(Response::new(v1::FenceResponse {
@@ -299,8 +293,7 @@ impl Leases for LeaseService {
         &self,
         request: Request<v1::BackupRequest>,
     ) -> Result<Response<v1::Snapshot>, Status> {
-        let caller = Caller::of(&request, self.gate.is_on());
-        let who = self.gate.let_in(&caller, Action::Backup).await?;
+        let who = self.gate.let_in_request(&request, Action::Backup).await?;
         who.may_everything(Permission::Admin)?;
         let snapshot = backup::whole(self.backup_view().await?).await?;
         who.audit("", None, "ok");
@@ -313,8 +306,7 @@ impl Leases for LeaseService {
         &self,
         request: Request<v1::BackupRequest>,
     ) -> Result<Response<Self::BackupPartsStream>, Status> {
-        let caller = Caller::of(&request, self.gate.is_on());
-        let who = self.gate.let_in(&caller, Action::Backup).await?;
+        let who = self.gate.let_in_request(&request, Action::Backup).await?;
         who.may_everything(Permission::Admin)?;
         let parts = backup::in_parts(self.backup_view().await?)?;
         who.audit("", None, "ok");
@@ -341,9 +333,8 @@ impl Leases for LeaseService {
         &self,
         request: Request<v1::ClusterStatusRequest>,
     ) -> Result<Response<v1::ClusterStatusResponse>, Status> {
-        let caller = Caller::of(&request, self.gate.is_on());
         self.gate
-            .let_in(&caller, Action::ClusterStatus)
+            .let_in_request(&request, Action::ClusterStatus)
             .await?
             .may_everything(Permission::Admin)?;
         let role = if self.seat.is_leader() {

@@ -11,7 +11,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
-use super::{Caller, LeaseService};
+use super::LeaseService;
 use crate::access::auth::Permission;
 use crate::access::Action;
 use crate::cluster::seat::Seat;
@@ -34,8 +34,7 @@ impl LeaseService {
         &self,
         request: Request<v1::WatchRequest>,
     ) -> Result<Response<WatchStream>, Status> {
-        let caller = Caller::of(&request, self.gate.is_on());
-        let who = self.gate.let_in(&caller, Action::Watch).await?;
+        let who = self.gate.let_in_request(&request, Action::Watch).await?;
         let prefix = request.into_inner().prefix;
         check_prefix(&prefix)?;
         who.may(Permission::Read, &prefix)?;
