@@ -8,12 +8,23 @@ use crate::PgError;
 pub const SCHEMA_VERSION: i32 = 4;
 
 /// Migrations in order; file `N` brings the schema to version `N`.
-const MIGRATIONS: [&str; 4] = [
+pub const MIGRATIONS: [&str; 4] = [
     include_str!("../sql/001_cluster.sql"),
     include_str!("../sql/002_sessions.sql"),
     include_str!("../sql/003_holders.sql"),
     include_str!("../sql/004_ended.sql"),
 ];
+
+/// The definition in force of every `baton_server` function, one file per
+/// function (`sql/functions/NAME.sql`, every overload in it), as the
+/// migrations leave them: read these to know what a commit does. Applied
+/// again after the migrations whenever a start installs or upgrades the
+/// schema; a test checks they are exactly what the migrations leave in
+/// force.
+pub const FUNCTIONS: [(&str, &str); 1] = [(
+    "commit_batch.sql",
+    include_str!("../sql/functions/commit_batch.sql"),
+)];
 
 /// What the schema says about itself.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -93,6 +104,7 @@ async fn migrate(
     target: i32,
 ) -> Result<(), PgError> {
     let upto = target.clamp(1, SCHEMA_VERSION) as usize;
+    let mut ran = false;
     for (i, sql) in MIGRATIONS
         .iter()
         .enumerate()
@@ -119,6 +131,16 @@ async fn migrate(
             &[&(i as i32 + 1)],
         )
         .await?;
+        ran = true;
+    }
+    // The definitions in force, after an install or upgrade to this
+    // build's version (a start that migrates nothing needs no DDL right).
+    if ran && upto == MIGRATIONS.len() {
+        for (_, sql) in FUNCTIONS {
+            txn.batch_execute(sql)
+                .await
+                .map_err(privileges("creating the baton_server schema"))?;
+        }
     }
     Ok(())
 }

@@ -572,3 +572,91 @@ async fn a_version_3_schema_gains_ended_leases_and_its_leader_keeps_committing()
         .get(0);
     assert_eq!(rows, 1, "the old row was dropped, not only skipped");
 }
+
+/// Every function of schema `baton_server`, by name, each overload's
+/// definition as the server prints it, in a stable order.
+async fn functions_in_force(
+    client: &tokio_postgres::Client,
+) -> std::collections::BTreeMap<String, String> {
+    let rows = client
+        .query(
+            "SELECT p.proname, pg_get_functiondef(p.oid)
+               FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+              WHERE n.nspname = 'baton_server'
+              ORDER BY p.proname, pg_get_function_identity_arguments(p.oid)",
+            &[],
+        )
+        .await
+        .unwrap();
+    let mut out = std::collections::BTreeMap::<String, String>::new();
+    for row in rows {
+        let entry = out.entry(row.get(0)).or_default();
+        if !entry.is_empty() {
+            entry.push('\n');
+        }
+        entry.push_str(row.get::<_, &str>(1).trim_end());
+        entry.push_str(";\n");
+    }
+    out
+}
+
+const FUNCTIONS_HEADER: &str = "-- The definition in force (generated from the migrations by
+-- crates/store-pg/tests/store.rs; do not edit by hand: change a migration,
+-- then write these again with BATON_STORE_WRITE_FUNCTIONS=1 cargo test -p
+-- baton-store-pg --test store functions). A start that installs or
+-- upgrades the schema applies every file here after the migrations.
+";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_function_files_are_what_the_migrations_leave_in_force() {
+    let db = PgDb::create("pgstore_functions").await;
+    let pg = baton_store_pg::parse_url(&db.url).unwrap();
+    let mut client = baton_store_pg::connect(&pg).await.unwrap();
+    let version = schema::SCHEMA_VERSION;
+    // Every version but the last, then the last migration alone, as an
+    // installation before these files had.
+    schema::prepare_version(&mut client, "main", version - 1)
+        .await
+        .unwrap();
+    let last = schema::MIGRATIONS[version as usize - 1];
+    client.batch_execute(last).await.unwrap();
+    let migrated = functions_in_force(&client).await;
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("sql/functions");
+    if std::env::var_os("BATON_STORE_WRITE_FUNCTIONS").is_some() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            std::fs::remove_file(entry.unwrap().path()).unwrap();
+        }
+        for (name, defs) in &migrated {
+            let text = format!("{FUNCTIONS_HEADER}\n{defs}");
+            std::fs::write(dir.join(format!("{name}.sql")), text).unwrap();
+        }
+    }
+    let mut files: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    files.sort();
+    let expected: Vec<String> = migrated.keys().map(|n| format!("{n}.sql")).collect();
+    assert_eq!(files, expected, "sql/functions/ has one file per function");
+    let listed: Vec<&str> = schema::FUNCTIONS.iter().map(|(f, _)| *f).collect();
+    assert_eq!(listed, expected, "schema::FUNCTIONS lists every file");
+    for (file, sql) in schema::FUNCTIONS {
+        let name = file.trim_end_matches(".sql");
+        assert!(
+            sql.contains(migrated[name].as_str()),
+            "{file} is not the definition in force: write the files again (see its header)"
+        );
+    }
+    // An install and an upgrade from every earlier version end the same.
+    for from in 0..version {
+        let db = PgDb::create(&format!("pgstore_functions_from_{from}")).await;
+        let mut client = db.connect().await;
+        if from > 0 {
+            schema::prepare_version(&mut client, "main", from)
+                .await
+                .unwrap();
+        }
+        schema::prepare(&mut client, "main").await.unwrap();
+        assert_eq!(functions_in_force(&client).await, migrated, "from {from}");
+    }
+}

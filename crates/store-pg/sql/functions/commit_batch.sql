@@ -1,0 +1,109 @@
+-- The definition in force (generated from the migrations by
+-- crates/store-pg/tests/store.rs; do not edit by hand: change a migration,
+-- then write these again with BATON_STORE_WRITE_FUNCTIONS=1 cargo test -p
+-- baton-store-pg --test store functions). A start that installs or
+-- upgrades the schema applies every file here after the migrations.
+
+CREATE OR REPLACE FUNCTION baton_server.commit_batch(p_term bigint, p_epoch bigint, p_counter bigint, p_put_resources text[], p_put_digests bytea[], p_put_tokens bigint[], p_put_ttls bigint[], p_deletes text[])
+ RETURNS void
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    current_term bigint;
+BEGIN
+    SELECT term INTO current_term FROM baton_server.leader WHERE id = 1 FOR KEY SHARE;
+    IF current_term IS DISTINCT FROM p_term THEN
+        RAISE EXCEPTION 'leadership term % is over: the current term is %', p_term, current_term
+            USING ERRCODE = 'BA001';
+    END IF;
+    IF p_epoch IS NOT NULL THEN
+        UPDATE baton_server.meta SET epoch = p_epoch, counter = p_counter
+         WHERE id = 1 AND (epoch, counter) <= (p_epoch, p_counter);
+        IF NOT FOUND THEN
+            RAISE EXCEPTION 'the token position would move backwards to (%, %)', p_epoch, p_counter
+                USING ERRCODE = 'BA002';
+        END IF;
+    END IF;
+    IF cardinality(p_deletes) > 0 THEN
+        DELETE FROM baton_server.leases WHERE resource = ANY (p_deletes);
+    END IF;
+    IF cardinality(p_put_resources) > 0 THEN
+        INSERT INTO baton_server.leases (resource, digest, token, ttl_ms)
+        SELECT * FROM unnest(p_put_resources, p_put_digests, p_put_tokens, p_put_ttls)
+        ON CONFLICT (resource) DO UPDATE
+            SET digest = excluded.digest, token = excluded.token, ttl_ms = excluded.ttl_ms;
+    END IF;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION baton_server.commit_batch(p_term bigint, p_epoch bigint, p_counter bigint, p_put_resources text[], p_put_digests bytea[], p_put_tokens bigint[], p_put_ttls bigint[], p_put_sessions bytea[], p_deletes text[], p_session_digests bytea[], p_session_ttls bigint[], p_session_deletes bytea[])
+ RETURNS void
+ LANGUAGE sql
+AS $function$
+    SELECT baton_server.commit_batch(
+        p_term, p_epoch, p_counter,
+        p_put_resources, p_put_digests, p_put_tokens, p_put_ttls, p_put_sessions,
+        array_fill(NULL::text, ARRAY[cardinality(p_put_resources)]),
+        p_deletes,
+        p_session_digests, p_session_ttls,
+        array_fill(NULL::text, ARRAY[cardinality(p_session_digests)]),
+        p_session_deletes);
+$function$;
+
+CREATE OR REPLACE FUNCTION baton_server.commit_batch(p_term bigint, p_epoch bigint, p_counter bigint, p_put_resources text[], p_put_digests bytea[], p_put_tokens bigint[], p_put_ttls bigint[], p_put_sessions bytea[], p_put_holders text[], p_deletes text[], p_session_digests bytea[], p_session_ttls bigint[], p_session_openers text[], p_session_deletes bytea[])
+ RETURNS void
+ LANGUAGE sql
+AS $function$
+    SELECT baton_server.commit_batch(
+        p_term, p_epoch, p_counter,
+        p_put_resources, p_put_digests, p_put_tokens, p_put_ttls, p_put_sessions,
+        p_put_holders, p_deletes,
+        p_session_digests, p_session_ttls, p_session_openers, p_session_deletes,
+        ARRAY[]::bytea[]);
+$function$;
+
+CREATE OR REPLACE FUNCTION baton_server.commit_batch(p_term bigint, p_epoch bigint, p_counter bigint, p_put_resources text[], p_put_digests bytea[], p_put_tokens bigint[], p_put_ttls bigint[], p_put_sessions bytea[], p_put_holders text[], p_deletes text[], p_session_digests bytea[], p_session_ttls bigint[], p_session_openers text[], p_session_deletes bytea[], p_ended bytea[])
+ RETURNS void
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    current_term bigint;
+BEGIN
+    SELECT term INTO current_term FROM baton_server.leader WHERE id = 1 FOR KEY SHARE;
+    IF current_term IS DISTINCT FROM p_term THEN
+        RAISE EXCEPTION 'leadership term % is over: the current term is %', p_term, current_term
+            USING ERRCODE = 'BA001';
+    END IF;
+    IF p_epoch IS NOT NULL THEN
+        UPDATE baton_server.meta SET epoch = p_epoch, counter = p_counter
+         WHERE id = 1 AND (epoch, counter) <= (p_epoch, p_counter);
+        IF NOT FOUND THEN
+            RAISE EXCEPTION 'the token position would move backwards to (%, %)', p_epoch, p_counter
+                USING ERRCODE = 'BA002';
+        END IF;
+    END IF;
+    IF cardinality(p_session_deletes) > 0 THEN
+        DELETE FROM baton_server.sessions WHERE digest = ANY (p_session_deletes);
+    END IF;
+    IF cardinality(p_session_digests) > 0 THEN
+        INSERT INTO baton_server.sessions (digest, ttl_ms, opener)
+        SELECT * FROM unnest(p_session_digests, p_session_ttls, p_session_openers)
+        ON CONFLICT (digest) DO UPDATE SET ttl_ms = excluded.ttl_ms, opener = excluded.opener;
+    END IF;
+    IF cardinality(p_deletes) > 0 THEN
+        DELETE FROM baton_server.leases WHERE resource = ANY (p_deletes);
+    END IF;
+    IF cardinality(p_put_resources) > 0 THEN
+        INSERT INTO baton_server.leases (resource, digest, token, ttl_ms, session, holder)
+        SELECT * FROM unnest(p_put_resources, p_put_digests, p_put_tokens, p_put_ttls,
+                             p_put_sessions, p_put_holders)
+        ON CONFLICT (resource) DO UPDATE
+            SET digest = excluded.digest, token = excluded.token, ttl_ms = excluded.ttl_ms,
+                session = excluded.session, holder = excluded.holder;
+    END IF;
+    IF cardinality(p_ended) > 0 THEN
+        INSERT INTO baton_server.ended (digest) SELECT unnest(p_ended);
+        DELETE FROM baton_server.ended WHERE ended_at < now() - interval '120 seconds';
+    END IF;
+END
+$function$;
