@@ -10,7 +10,6 @@ use std::time::Duration;
 use baton_client::worker::{Keeper, KeeperConfig};
 use baton_client::{Acquired, LeaderChange, Session};
 use serde::Serialize;
-use tokio::signal::unix::{signal, SignalKind};
 use tokio::time::Instant;
 
 use crate::args::{ClientOpts, ElectArgs, HolderOpt};
@@ -18,6 +17,7 @@ use crate::error::{CliError, Exit};
 use crate::hold::{close_after_loss, close_bounded, first_lost, loss_message};
 use crate::lease::{connect, holder_text};
 use crate::output::{emit, Rendered};
+use crate::signals::Stop;
 
 /// One wait in line, below every server's default `--wait-max`; a
 /// campaign with no bound waits again after each.
@@ -54,10 +54,9 @@ async fn campaign(
     session: &Session,
     name: &str,
     wait: Option<Duration>,
+    stop: &mut Stop,
 ) -> Result<Campaign, CliError> {
     let deadline = wait.map(|w| Instant::now() + w);
-    let mut term = signal(SignalKind::terminate())
-        .map_err(|e| CliError::failure(format!("cannot install SIGTERM handler: {e}")))?;
     loop {
         let chunk = match deadline {
             Some(at) => {
@@ -70,8 +69,7 @@ async fn campaign(
             None => CAMPAIGN_CHUNK,
         };
         tokio::select! {
-            _ = tokio::signal::ctrl_c() => return Ok(Campaign::Interrupted),
-            _ = term.recv() => return Ok(Campaign::Interrupted),
+            _ = stop.received() => return Ok(Campaign::Interrupted),
             out = session.acquire(name, chunk) => match out? {
                 Acquired::Granted(lease) => {
                     let keeper = Keeper::start(session.clone(), lease, KeeperConfig::default());
@@ -112,7 +110,9 @@ pub async fn elect(a: &ElectArgs) -> Result<u8, CliError> {
         .open_session(a.ttl.unwrap_or_default())
         .await
         .map_err(|e| not_started(e.into()))?;
-    let keeper = match campaign(&session, &a.name, a.wait).await {
+    // From the campaign on, a stop asked for between two tries is kept.
+    let mut stop = Stop::on_interrupt_or_term().map_err(not_started)?;
+    let keeper = match campaign(&session, &a.name, a.wait, &mut stop).await {
         Ok(Campaign::Elected(keeper)) => keeper,
         Ok(ended) => {
             close_bounded(&session).await;
@@ -149,7 +149,7 @@ pub async fn elect(a: &ElectArgs) -> Result<u8, CliError> {
         .await;
     }
     emit(a.client.json, &elected);
-    lead(&session, &keepers, a.client.json).await
+    lead(&session, &keepers, a.client.json, &mut stop).await
 }
 
 /// The exit of a campaign that ended without leadership: 3, or 125 (and
@@ -172,12 +172,14 @@ fn not_elected(ended: &Campaign, with_command: bool) -> Result<u8, CliError> {
 
 /// Holds the leadership until SIGINT or SIGTERM (resign: exit 0) or until
 /// it is lost (exit 4, said at once).
-async fn lead(session: &Session, keepers: &[Keeper], json: bool) -> Result<u8, CliError> {
-    let mut term = signal(SignalKind::terminate())
-        .map_err(|e| CliError::failure(format!("cannot install SIGTERM handler: {e}")))?;
+async fn lead(
+    session: &Session,
+    keepers: &[Keeper],
+    json: bool,
+    stop: &mut Stop,
+) -> Result<u8, CliError> {
     tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
+        _ = stop.received() => {}
         keeper = first_lost(keepers) => {
             let code = CliError {
                 code: Exit::NotOwner,
@@ -249,6 +251,8 @@ pub async fn observe(opts: &ClientOpts, name: &str) -> Result<Exit, CliError> {
         .election(name)
         .map_err(|e| CliError::usage(e.to_string()))?;
     let mut observer = election.observe().await?;
+    // Before the first line: a script that reads it may interrupt at once.
+    let mut stop = Stop::on_interrupt()?;
     let now = match observer.current() {
         Some(l) => ObserveLine {
             seq: observer.seq(),
@@ -272,7 +276,7 @@ pub async fn observe(opts: &ClientOpts, name: &str) -> Result<Exit, CliError> {
     emit(opts.json, &now);
     loop {
         tokio::select! {
-            _ = tokio::signal::ctrl_c() => return Ok(Exit::Ok),
+            _ = stop.received() => return Ok(Exit::Ok),
             next = observer.next() => match next? {
                 Some(change) => {
                     emit(opts.json, &change_line(election.name(), change));

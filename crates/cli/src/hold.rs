@@ -30,6 +30,9 @@ pub async fn hold(
     let session = client.open_session(ttl).await?;
     let refs: Vec<&str> = names.iter().map(String::as_str).collect();
     let all = session.acquire_all(&refs, wait).await?;
+    // Before the grant is printed: a script that reads it may stop us at
+    // once, and the leases are then released, not left to their TTL.
+    let mut stop = crate::signals::Stop::on_interrupt_or_term()?;
     let out = AcquireOut::new(&all, wait);
     let exit = crate::output::emit(opts.json, &out);
     let leases = match all {
@@ -43,12 +46,9 @@ pub async fn hold(
         .into_iter()
         .map(|l| Keeper::start(session.clone(), l, KeeperConfig::default()))
         .collect();
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .map_err(|e| CliError::failure(format!("cannot install SIGTERM handler: {e}")))?;
     let lost = first_lost(&keepers);
     tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
+        _ = stop.received() => {}
         keeper = lost => {
             // Said the moment it is known, and the exit follows at once: a
             // script may take it as the end of ownership. The close is sent,

@@ -18,6 +18,7 @@ mod lease;
 mod output;
 mod run;
 mod serve;
+mod signals;
 mod stdout;
 mod tree;
 mod watch;

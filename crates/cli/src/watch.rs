@@ -62,12 +62,14 @@ fn changed(e: WatchEvent) -> WatchLine {
 pub async fn watch(opts: &ClientOpts, prefix: &str) -> Result<Exit, CliError> {
     let client = connect(opts).await?;
     let mut watch = client.watch(prefix).await?;
+    // Before the first line: a script that reads it may interrupt at once.
+    let mut stop = crate::signals::Stop::on_interrupt()?;
     for h in &watch.holders {
         emit(opts.json, &held(watch.seq, h));
     }
     loop {
         tokio::select! {
-            _ = tokio::signal::ctrl_c() => return Ok(Exit::Ok),
+            _ = stop.received() => return Ok(Exit::Ok),
             next = watch.next() => match next? {
                 Some(event) => {
                     emit(opts.json, &changed(event));
