@@ -28,6 +28,7 @@ mod history;
 mod http;
 mod metrics;
 mod net;
+mod observed;
 mod service;
 mod start;
 

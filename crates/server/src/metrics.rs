@@ -1,21 +1,16 @@
 //! The server's counters, gauges and acquire-latency histogram, in a
 //! prometheus-client registry of their own (one per server, so servers
-//! embedded in one process do not mix), rendered for `/metrics`; and what
-//! the operator page shows beside them: the recent holder changes
-//! ([`History`]) and a short series of headline figures, one point per
-//! second ([`Figures`]).
+//! embedded in one process do not mix), rendered for `/metrics`; and the
+//! arithmetic of the page's headline figures ([`Totals`], [`Figures`]),
+//! whose series is kept with the page's other state (`observed.rs`).
 
-use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
-
-use crate::history::History;
 
 /// Upper bounds of the acquire-latency buckets, in seconds.
 const LATENCY_BUCKETS_S: [f64; 12] = [
@@ -61,12 +56,6 @@ pub struct Metrics {
     /// (prometheus-client does not expose its buckets).
     acquire_buckets: Buckets,
     commit_buckets: Buckets,
-    /// Recent holder changes per resource, for the operator page.
-    pub(crate) history: History,
-    /// The page's headline series, newest last.
-    figures: Mutex<VecDeque<Figures>>,
-    /// True once recovery is done and the server grants (`/readyz`).
-    pub(crate) ready: AtomicBool,
 }
 
 impl Default for Metrics {
@@ -218,9 +207,6 @@ impl Default for Metrics {
             commit_latency_s,
             acquire_buckets: Buckets::default(),
             commit_buckets: Buckets::default(),
-            history: History::default(),
-            figures: Mutex::new(VecDeque::with_capacity(FIGURES_LEN)),
-            ready: AtomicBool::new(false),
         }
     }
 }
@@ -250,25 +236,6 @@ impl Metrics {
         }
     }
 
-    /// Adds one point to the page's series: what happened between
-    /// `before` and now, over `elapsed_ms`. Returns the new totals.
-    pub(crate) fn sample(&self, before: &Totals, elapsed_ms: u64) -> Totals {
-        let now = self.totals();
-        let point = Figures::between(before, &now, elapsed_ms.max(1));
-        let mut figures = self.figures.lock().unwrap_or_else(|p| p.into_inner());
-        if figures.len() == FIGURES_LEN {
-            figures.pop_front();
-        }
-        figures.push_back(point);
-        now
-    }
-
-    /// The page's series, oldest first.
-    pub(crate) fn figures(&self) -> Vec<Figures> {
-        let figures = self.figures.lock().unwrap_or_else(|p| p.into_inner());
-        figures.iter().copied().collect()
-    }
-
     /// The text exposition of every metric (OpenMetrics, which Prometheus reads).
     pub fn render(&self) -> String {
         let mut out = String::new();
@@ -276,9 +243,6 @@ impl Metrics {
         out
     }
 }
-
-/// Points the page's series keeps: two minutes at one a second.
-pub const FIGURES_LEN: usize = 120;
 
 /// Latency observations per bucket of [`LATENCY_BUCKETS_S`] (the last
 /// slot counts those above the largest bound).
@@ -326,7 +290,8 @@ pub struct Figures {
 }
 
 impl Figures {
-    fn between(a: &Totals, b: &Totals, elapsed_ms: u64) -> Self {
+    /// What happened between the totals `a` and `b`, `elapsed_ms` apart.
+    pub(crate) fn between(a: &Totals, b: &Totals, elapsed_ms: u64) -> Self {
         let rate = |x: u64, y: u64| y.saturating_sub(x) as f64 * 1000.0 / elapsed_ms as f64;
         Self {
             grants_per_s: rate(a.grants, b.grants),
@@ -386,32 +351,5 @@ mod tests {
         ] {
             assert!(text.contains(line), "missing {line:?} in\n{text}");
         }
-    }
-
-    #[test]
-    fn a_sample_gives_rates_and_the_p99_bucket_of_its_interval() {
-        let m = Metrics::default();
-        let before = m.totals();
-        for _ in 0..10 {
-            m.grants.inc();
-        }
-        for _ in 0..98 {
-            m.observe_commit_latency_us(80);
-        }
-        m.observe_commit_latency_us(3_000);
-        m.observe_commit_latency_us(3_000);
-        let after = m.sample(&before, 2_000);
-        let f = m.figures();
-        assert_eq!(f.len(), 1);
-        assert_eq!(f[0].grants_per_s, 5.0);
-        assert_eq!(f[0].commit_p99_ms, Some(5.0), "2 of 100 above 2 ms");
-        assert_eq!(f[0].acquire_p99_ms, None, "no acquire observed");
-        m.sample(&after, 1_000);
-        assert_eq!(
-            m.figures()[1].grants_per_s,
-            0.0,
-            "the next interval is its own"
-        );
-        assert_eq!(m.figures()[1].commit_p99_ms, None);
     }
 }

@@ -30,6 +30,7 @@ use crate::config::{validate, EngineFailure, ServerConfig, ServerError};
 use crate::engine::{self, EngineHandle};
 use crate::metrics::Metrics;
 use crate::net::conn;
+use crate::observed::Observed;
 use crate::{http, service};
 
 /// How long a shutdown waits for in-flight requests (waiting acquires included).
@@ -113,18 +114,24 @@ pub async fn start_with_store(
     let guards = guards(&config)?;
     let seat = Arc::new(Seat::single());
     let data_dir = config.data_dir.display().to_string();
-    serve(config, guards, seat, move |config, metrics, seat| {
-        let (engine, thread) =
-            engine::Engine::start(store, config.limits.clone(), metrics.clone())?;
-        seat.lead(engine.clone(), 0, u64::MAX);
-        metrics.is_leader.set(1);
-        metrics
-            .ready
-            .store(true, std::sync::atomic::Ordering::Release);
-        info!(%data_dir, "the embedded store is open");
-        let join = tokio::task::spawn_blocking(move || thread.join());
-        Ok(Role::Single { engine, join })
-    })
+    serve(
+        config,
+        guards,
+        seat,
+        move |config, (metrics, observed), seat| {
+            let limits = config.limits.clone();
+            let (engine, thread) =
+                engine::Engine::start(store, limits, metrics.clone(), observed.clone())?;
+            seat.lead(engine.clone(), 0, u64::MAX);
+            metrics.is_leader.set(1);
+            observed
+                .ready
+                .store(true, std::sync::atomic::Ordering::Release);
+            info!(%data_dir, "the embedded store is open");
+            let join = tokio::task::spawn_blocking(move || thread.join());
+            Ok(Role::Single { engine, join })
+        },
+    )
     .await
 }
 
@@ -149,12 +156,12 @@ pub async fn start_cluster(
         // Named from the first answer, not only after the first retry.
         seat.trouble(cluster::unreachable(e));
     }
-    serve(config, guards, seat, move |config, metrics, seat| {
+    serve(config, guards, seat, move |config, (metrics, observed), seat| {
         let (stop, stop_rx) = tokio::sync::watch::channel(false);
         info!(cluster = %cluster.cluster, node = %seat.node, advertise = %cluster.advertise, "serving as a cluster member");
         let election = cluster::Election::new(
             seat.clone(),
-            metrics.clone(),
+            (metrics.clone(), observed.clone()),
             config.limits.clone(),
             pg,
             cluster,
@@ -227,13 +234,18 @@ async fn serve(
     config: ServerConfig,
     guards: Guards,
     seat: Arc<Seat>,
-    role: impl FnOnce(&ServerConfig, &Arc<Metrics>, &Arc<Seat>) -> Result<Role, ServerError>,
+    role: impl FnOnce(
+        &ServerConfig,
+        (&Arc<Metrics>, &Arc<Observed>),
+        &Arc<Seat>,
+    ) -> Result<Role, ServerError>,
 ) -> Result<RunningServer, ServerError> {
     let metrics = Arc::new(Metrics::default());
+    let observed = Arc::new(Observed::default());
     let (grpc, grpc_addr) = bind(config.listen).await?;
-    let http_addr = serve_http(&config, &metrics, &seat, &guards).await?;
+    let http_addr = serve_http(&config, (&metrics, &observed), &seat, &guards).await?;
     reload_on_sighup(&guards, &config)?;
-    let mut role = role(&config, &metrics, &seat)?;
+    let mut role = role(&config, (&metrics, &observed), &seat)?;
     let (shutdown_tx, mut shutdown_rx) = oneshot::channel::<()>();
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
     let serve = grpc_server(&config, seat, metrics.clone(), grpc, stop_rx, guards);
@@ -270,7 +282,7 @@ async fn serve(
 /// Binds the HTTP port, if configured, and serves it for the process's life.
 async fn serve_http(
     config: &ServerConfig,
-    metrics: &Arc<Metrics>,
+    (metrics, observed): (&Arc<Metrics>, &Arc<Observed>),
     seat: &Arc<Seat>,
     guards: &Guards,
 ) -> Result<Option<SocketAddr>, ServerError> {
@@ -281,13 +293,17 @@ async fn serve_http(
     let gate = guards.gate(metrics);
     let service = service::LeaseService::new(seat.clone(), metrics.clone(), config.default_ttl_ms)
         .guarded_by(gate.clone());
-    tokio::spawn(http::serve(
-        listener,
-        metrics.clone(),
-        seat.clone(),
-        guards.http_tls.clone(),
+    let state = http::HttpState {
+        metrics: metrics.clone(),
+        observed: observed.clone(),
+        seat: seat.clone(),
         gate,
         service,
+    };
+    tokio::spawn(http::serve(
+        listener,
+        state,
+        guards.http_tls.clone(),
         http::AllowedHosts::new(bound, &config.http_allowed_hosts),
     ));
     Ok(Some(bound))

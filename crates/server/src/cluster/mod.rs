@@ -27,6 +27,7 @@ pub(crate) mod seat;
 
 use crate::config::ServerError;
 use crate::metrics::Metrics;
+use crate::observed::Observed;
 use seat::Seat;
 
 /// What `baton serve --store` is told.
@@ -99,6 +100,8 @@ async fn prepare_schema(pg: &baton_store_pg::PgTarget, cluster: &str) -> Result<
 pub(crate) struct Election {
     pub seat: Arc<Seat>,
     pub metrics: Arc<Metrics>,
+    /// The page's history (its engines record there) and readiness.
+    pub observed: Arc<Observed>,
     pub limits: Limits,
     pub pg: baton_store_pg::PgTarget,
     pub config: ClusterConfig,
@@ -123,7 +126,7 @@ pub(crate) struct Election {
 impl Election {
     pub fn new(
         seat: Arc<Seat>,
-        metrics: Arc<Metrics>,
+        (metrics, observed): (Arc<Metrics>, Arc<Observed>),
         limits: Limits,
         pg: baton_store_pg::PgTarget,
         config: ClusterConfig,
@@ -136,6 +139,7 @@ impl Election {
         Self {
             seat,
             metrics,
+            observed,
             limits,
             pg,
             config,
@@ -321,11 +325,12 @@ impl Election {
         let commit_timeout = Duration::from_millis(self.timing.ttl_ms);
         let store = PgLeaseStore::open(&self.pg, term, commit_timeout).await?;
         let limits = self.limits.clone();
-        let metrics = self.metrics.clone();
-        let started =
-            tokio::task::spawn_blocking(move || Engine::start(Box::new(store), limits, metrics))
-                .await
-                .map_err(|_| LoadError::Panicked)?;
+        let (metrics, observed) = (self.metrics.clone(), self.observed.clone());
+        let started = tokio::task::spawn_blocking(move || {
+            Engine::start(Box::new(store), limits, metrics, observed)
+        })
+        .await
+        .map_err(|_| LoadError::Panicked)?;
         Ok(started?)
     }
 
@@ -339,7 +344,7 @@ impl Election {
             v.leader = Some(self.config.advertise.clone());
         });
         self.metrics.is_leader.set(1);
-        self.metrics.ready.store(true, Ordering::Release);
+        self.observed.ready.store(true, Ordering::Release);
     }
 
     /// Renews the term until it is lost, its engine stops, or `stop` says
@@ -428,7 +433,7 @@ impl Election {
     async fn end_term(&mut self, term: u64, release: bool) {
         self.seat.follow(None);
         self.metrics.is_leader.set(0);
-        self.metrics.ready.store(false, Ordering::Release);
+        self.observed.ready.store(false, Ordering::Release);
         self.watch.ended_own_term(term);
         if release {
             let node = self.seat.node.clone();

@@ -172,6 +172,7 @@ mod tests {
             Box::new(MemStore::default()),
             baton_core::Limits::default(),
             metrics.clone(),
+            Arc::default(),
         )
         .unwrap();
         (metrics, handle, thread)

@@ -40,6 +40,7 @@ mod timer;
 pub(crate) mod watch;
 
 use crate::metrics::Metrics;
+use crate::observed::Observed;
 use committer::{Committer, Replies, ToCommitter};
 use timer::run_timer;
 use watch::{holder_changes, Hub, WatchStart};
@@ -254,6 +255,8 @@ pub struct Engine {
     /// Lazy writes not yet handed over, and the waiting callers.
     pipeline: Pipeline<Reply<Result<AcquireReply, AcquireError>>>,
     metrics: Arc<Metrics>,
+    /// Where the page's history is kept.
+    observed: Arc<Observed>,
     committer: mpsc::Sender<ToCommitter>,
     /// The deadline the timer thread sleeps towards.
     armed: MonoMs,
@@ -276,6 +279,7 @@ impl Engine {
         store: Box<dyn LeaseStore>,
         limits: baton_core::Limits,
         metrics: Arc<Metrics>,
+        observed: Arc<Observed>,
     ) -> Result<
         (
             EngineHandle,
@@ -307,12 +311,13 @@ impl Engine {
                 origin,
                 pipeline: Pipeline::new(MonoMs(0)),
                 metrics: metrics.clone(),
+                observed: observed.clone(),
                 committer: to_committer,
                 armed: MonoMs(u64::MAX),
                 stopped: false,
                 hub: Arc::default(),
                 snapshots: Vec::new(),
-                recorder: metrics.history.new_recorder(),
+                recorder: observed.history.new_recorder(),
             }),
             timer: timer.clone(),
         });
@@ -323,6 +328,7 @@ impl Engine {
             timer_rx,
             committer_rx,
             metrics,
+            observed,
         ))
     }
 
@@ -348,12 +354,12 @@ impl Engine {
             // commit: neither the page nor a watcher sees a grant that is
             // not durable.
             let hub = self.hub.clone();
-            let metrics = self.metrics.clone();
+            let observed = self.observed.clone();
             replies.push(Box::new(move || {
                 if hub.is_watched() {
                     hub.publish(changes.clone());
                 }
-                metrics.history.queue(changes, Instant::now());
+                observed.history.queue(changes, Instant::now());
             }));
         }
         self.record(&step.events);
@@ -462,11 +468,11 @@ fn spawn_threads(
     timer_rx: mpsc::Receiver<Wake>,
     committer_rx: mpsc::Receiver<ToCommitter>,
     metrics: Arc<Metrics>,
+    observed: Arc<Observed>,
 ) -> (
     EngineHandle,
     std::thread::JoinHandle<Result<(), StoreError>>,
 ) {
-    let history = metrics.clone();
     let recorder = shared.lock().recorder;
     let committer = Committer {
         store,
@@ -477,7 +483,7 @@ fn spawn_threads(
     };
     std::thread::Builder::new()
         .name("baton-history".into())
-        .spawn(move || history.history.run_recorder(recorder))
+        .spawn(move || observed.history.run_recorder(recorder))
         .expect("spawn history thread");
     let committer_thread = std::thread::Builder::new()
         .name("baton-commit".into())
@@ -510,6 +516,7 @@ mod tests {
             Box::new(MemStore::default()),
             baton_core::Limits::default(),
             metrics,
+            Arc::default(),
         )
         .unwrap();
         let shared = handle.shared.clone();

@@ -64,7 +64,7 @@ pub(super) fn run_timer(
     {
         let engine = shared.lock();
         engine.hub.close();
-        engine.metrics.history.retire(engine.recorder);
+        engine.observed.history.retire(engine.recorder);
     }
     assert!(
         !shared.engine.is_poisoned(),

@@ -28,6 +28,7 @@ use crate::access::Action;
 use crate::access::{Caller, Gate};
 use crate::cluster::seat::Seat;
 use crate::metrics::Metrics;
+use crate::observed::Observed;
 use crate::service::LeaseService;
 
 mod guard;
@@ -36,13 +37,16 @@ mod query;
 
 pub use guard::{check_allowed_name, AllowedHosts, BadHostName};
 
+/// What the port answers from.
 #[derive(Clone)]
-struct HttpState {
-    metrics: Arc<Metrics>,
-    seat: Arc<Seat>,
-    gate: Gate,
+pub(crate) struct HttpState {
+    pub(crate) metrics: Arc<Metrics>,
+    /// The page's history and series, and readiness.
+    pub(crate) observed: Arc<Observed>,
+    pub(crate) seat: Arc<Seat>,
+    pub(crate) gate: Gate,
     /// The lease service the page's calls go through (list and fence).
-    service: LeaseService,
+    pub(crate) service: LeaseService,
 }
 
 /// The address a request's connection comes from.
@@ -95,7 +99,7 @@ async fn healthz(State(s): State<HttpState>) -> String {
 /// 200 once the leases are loaded and this server grants: on a cluster,
 /// the leader only.
 async fn readyz(State(s): State<HttpState>) -> impl IntoResponse {
-    if s.metrics.ready.load(Ordering::Acquire) {
+    if s.observed.ready.load(Ordering::Acquire) {
         (StatusCode::OK, "ready\n")
     } else if s.seat.view().is_some() {
         (
@@ -148,25 +152,14 @@ async fn render_metrics(
 /// Serves the port until the process ends; over TLS with `tls`. The
 /// page's calls go through `service`, guarded by `gate`; the page answers
 /// only the names in `allowed`.
-pub async fn serve(
+pub(crate) async fn serve(
     listener: TcpListener,
-    metrics: Arc<Metrics>,
-    seat: Arc<Seat>,
+    state: HttpState,
     tls: Option<crate::net::tls::Tls>,
-    gate: Gate,
-    service: LeaseService,
     allowed: AllowedHosts,
 ) {
-    tokio::spawn(take_figures(metrics.clone()));
-    let app = router(
-        HttpState {
-            metrics,
-            seat,
-            gate,
-            service,
-        },
-        allowed,
-    );
+    tokio::spawn(take_figures(state.metrics.clone(), state.observed.clone()));
+    let app = router(state, allowed);
     loop {
         let Ok((mut stream, peer)) = listener.accept().await else {
             continue;
@@ -197,7 +190,7 @@ pub async fn serve(
 
 /// Adds a point to the page's headline series every second, for the
 /// process's life.
-async fn take_figures(metrics: Arc<Metrics>) {
+async fn take_figures(metrics: Arc<Metrics>, observed: Arc<Observed>) {
     let mut ticks = tokio::time::interval(FIGURES_INTERVAL);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     ticks.tick().await;
@@ -206,7 +199,7 @@ async fn take_figures(metrics: Arc<Metrics>) {
     loop {
         ticks.tick().await;
         let now = tokio::time::Instant::now();
-        totals = metrics.sample(&totals, (now - at).as_millis() as u64);
+        totals = observed.sample(&metrics, &totals, (now - at).as_millis() as u64);
         at = now;
     }
 }

@@ -186,13 +186,13 @@ pub(super) async fn overview(
             "hand_offs": m.ownership_transfers.get(),
             "expiries": m.expiries.get(),
             "fences": m.fences.get(),
-            "series": m.figures(),
+            "series": s.observed.figures(),
         })
     });
     Ok(Json(json!({
         "node": s.seat.node,
         "role": if s.seat.is_leader() { "leader" } else { "follower" },
-        "ready": m.ready.load(std::sync::atomic::Ordering::Acquire),
+        "ready": s.observed.ready.load(std::sync::atomic::Ordering::Acquire),
         "cluster": cluster,
         "principal": who.principal().map(|p| p.name.clone()),
         "readable": readable,
@@ -321,7 +321,7 @@ pub(super) async fn history(
         .map_err(error)?;
     let now = Instant::now();
     let entries: Vec<_> = s
-        .metrics
+        .observed
         .history
         .of(resource.as_str())
         .into_iter()

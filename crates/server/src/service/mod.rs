@@ -387,7 +387,8 @@ mod fuzz {
             ..Default::default()
         };
         let (engine, _thread) =
-            crate::engine::Engine::start(Box::new(store), limits, metrics.clone()).unwrap();
+            crate::engine::Engine::start(Box::new(store), limits, metrics.clone(), Arc::default())
+                .unwrap();
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
