@@ -154,6 +154,38 @@ impl Committer {
     }
 }
 
+/// The table as `store` holds it, built as the store reads its leases (at
+/// ten million, the stored records are never all held beside the table),
+/// every lease held a full TTL from `MonoMs(0)`; with the ended leases.
+pub(super) fn recover(
+    store: &dyn LeaseStore,
+    limits: baton_core::Limits,
+) -> Result<baton_core::LeaseTable, StoreError> {
+    let ended = store.ended()?;
+    let mut recovered = None;
+    store.load_with(&mut |loading| {
+        let mut failed = None;
+        let leases = loading
+            .leases
+            .map_while(|lease| lease.map_err(|e| failed = Some(e)).ok());
+        let table = baton_core::LeaseTable::recover(
+            limits.clone(),
+            baton_core::MonoMs(0),
+            loading.epoch,
+            loading.counter,
+            leases,
+            loading.sessions,
+        );
+        recovered = Some(match failed {
+            None => Ok(table),
+            Some(e) => Err(e),
+        });
+    })?;
+    let mut table = recovered.expect("load_with hands the state over")?;
+    table.remember_ended(ended);
+    Ok(table)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -292,7 +292,7 @@ impl Engine {
         // session heartbeat sent) before the crash that this start follows,
         // so a TTL counted from any moment after the crash is a full one.
         let origin = Instant::now();
-        let table = recover(&*store, limits)?;
+        let table = committer::recover(&*store, limits)?;
         let (epoch, counter) = table.last_token();
         let n_leases = table.n_leases();
         info!(
@@ -428,35 +428,6 @@ impl Engine {
             let _ = reply.send(hub.register(prefix, holders));
         }));
     }
-}
-
-/// The table as `store` holds it, built as the store reads its leases (at
-/// ten million, the stored records are never all held beside the table),
-/// every lease held a full TTL from `MonoMs(0)`; with the ended leases.
-fn recover(store: &dyn LeaseStore, limits: baton_core::Limits) -> Result<LeaseTable, StoreError> {
-    let ended = store.ended()?;
-    let mut recovered = None;
-    store.load_with(&mut |loading| {
-        let mut failed = None;
-        let leases = loading
-            .leases
-            .map_while(|lease| lease.map_err(|e| failed = Some(e)).ok());
-        let table = LeaseTable::recover(
-            limits.clone(),
-            MonoMs(0),
-            loading.epoch,
-            loading.counter,
-            leases,
-            loading.sessions,
-        );
-        recovered = Some(match failed {
-            None => Ok(table),
-            Some(e) => Err(e),
-        });
-    })?;
-    let mut table = recovered.expect("load_with hands the state over")?;
-    table.remember_ended(ended);
-    Ok(table)
 }
 
 /// Starts the committer thread, which owns `store`, and the timer thread,
