@@ -1,18 +1,20 @@
 //! Each lease operation written once, whatever the transport. A unary
-//! call and a session stream's request both come here after the gate let
-//! the caller in (the first step everywhere), and each goes the same way:
-//! decode and validate, authorize each name, hand the command to the
-//! engine. The transports only unpack their message into these arguments
-//! and pack the answer; the metrics of an operation are recorded here, so
-//! they count every transport.
+//! call, a session stream's request and the page's call all come here
+//! after the gate let the caller in (the first step everywhere), and each
+//! goes the same way: decode and validate, authorize each name, hand the
+//! command to the engine. The transports only unpack their message into
+//! these arguments and pack the answer; the metrics of an operation are
+//! recorded here, so they count every transport. Sessions (open, resume,
+//! keep-alive, close) and watches have one transport each today, and
+//! their operations are here all the same.
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Instant;
 
 use baton_core::{
-    AcquireError, AcquireRequest, AcquisitionId, LeaseStatus, LeaseTerm, ReleaseOutcome,
-    RenewOutcome, ResourceName, SessionDigest, WaiterId,
+    AcquireError, AcquireRequest, AcquisitionId, KeptAlive, LeaseStatus, LeaseTerm, ReleaseOutcome,
+    RenewOutcome, ResourceName, Resumed, SessionDigest, SessionError, WaiterId,
 };
 use baton_proto::{LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX};
 use tokio::sync::oneshot;
@@ -21,8 +23,10 @@ use tonic::Status;
 use super::LeaseService;
 use super::{answer, parse_acquisition_id, parse_claims, parse_holder, parse_resource, send};
 use crate::access::auth::Permission;
+use crate::access::gate::SessionRefusal;
 use crate::access::Admitted;
 use crate::cluster::seat::Term;
+use crate::engine::watch::WatchStart;
 use crate::engine::{AcquireReply, Command};
 use crate::metrics::Metrics;
 
@@ -238,4 +242,151 @@ fn holder_op<T>(
     let (reply, rx) = oneshot::channel();
     send(term, command(resource, id, reply))?;
     Ok(rx)
+}
+
+/// A session as `open` left it.
+pub(super) enum Opened {
+    /// A new session: its id (the client's secret) and TTL.
+    New { id: AcquisitionId, ttl_ms: u64 },
+    /// A session resumed (kept alive): its TTL and what was fenced since.
+    Resumed { id: AcquisitionId, kept: KeptAlive },
+    /// The session to resume is not open: it ended.
+    Ended,
+}
+
+impl LeaseService {
+    /// Opens a session (`resume` empty) or resumes one, for a caller the
+    /// gate let in. Another principal that learned a session's id cannot
+    /// resume it, nor take over (or close) its leases.
+    pub(super) async fn open_session_op(
+        &self,
+        who: &Admitted<'_>,
+        term: &Term,
+        resume: &[u8],
+        ttl_ms: Option<u64>,
+    ) -> Result<(SessionDigest, Opened), Status> {
+        if !resume.is_empty() {
+            let id = AcquisitionId::from_slice(resume).ok_or_else(|| {
+                Status::invalid_argument(format!(
+                    "resume is {} bytes; a session id is exactly {} bytes",
+                    resume.len(),
+                    AcquisitionId::LEN_BYTES
+                ))
+            })?;
+            let digest = id.digest();
+            let (rx, refusal) = self.keep_alive_op(who, term, digest, true)?;
+            let opened = match self.answer_on(term, rx).await? {
+                Resumed::Kept(kept) => Opened::Resumed { id, kept },
+                Resumed::NotOpen => Opened::Ended,
+                Resumed::Refused => return Err(refused(refusal)),
+            };
+            return Ok((digest, opened));
+        }
+        let ttl_ms = ttl_ms.unwrap_or(self.default_ttl_ms);
+        let id = super::random_id();
+        let digest = id.digest();
+        let opener = who.opener();
+        self.call_on(term, |reply| Command::OpenSession {
+            digest,
+            ttl_ms,
+            opener,
+            reply,
+        })
+        .await?
+        .map_err(session_error)?;
+        Ok((digest, Opened::New { id, ttl_ms }))
+    }
+
+    /// Keeps the session `digest` alive for a caller the gate let in;
+    /// with `judge`, judged as a resume is (the caller must be its opener
+    /// or hold `admin` on every name, and hold `lease` on what it holds):
+    /// the engine's answer to await, and the refusal to give for
+    /// [`Resumed::Refused`].
+    pub(super) fn keep_alive_op(
+        &self,
+        who: &Admitted<'_>,
+        term: &Term,
+        digest: SessionDigest,
+        judge: bool,
+    ) -> Result<(oneshot::Receiver<Resumed>, Option<SessionRefusal>), Status> {
+        let (check, refusal) = judge
+            .then(|| (who.session_check(), who.session_refusal()))
+            .unzip();
+        let (reply, rx) = oneshot::channel();
+        send(
+            term,
+            Command::KeepAlive {
+                digest,
+                check,
+                reply,
+            },
+        )?;
+        Ok((rx, refusal))
+    }
+
+    /// Closes the session `digest` (its leases released) for a caller the
+    /// gate let in, judged as a resume is: the engine's answer to await
+    /// (`None`: refused, give the refusal), and the refusal.
+    pub(super) fn close_session_op(
+        &self,
+        who: &Admitted<'_>,
+        term: &Term,
+        digest: SessionDigest,
+    ) -> Result<(oneshot::Receiver<Option<bool>>, SessionRefusal), Status> {
+        let (reply, rx) = oneshot::channel();
+        send(
+            term,
+            Command::CloseSession {
+                digest,
+                check: who.session_check(),
+                reply,
+            },
+        )?;
+        Ok((rx, who.session_refusal()))
+    }
+
+    /// Watch, for a caller the gate let in: the prefix checked, `read` on
+    /// it, then the engine's snapshot and registration.
+    pub(super) async fn watch_op(
+        &self,
+        who: &Admitted<'_>,
+        prefix: String,
+    ) -> Result<WatchStart, Status> {
+        check_prefix(&prefix)?;
+        who.may(Permission::Read, &prefix)?;
+        self.call(|reply| Command::Watch { prefix, reply }).await
+    }
+}
+
+/// The status of a refused keep-alive or close.
+pub(super) fn refused(refusal: Option<SessionRefusal>) -> Status {
+    refusal.map_or_else(
+        || Status::internal("a session call was refused without a check"),
+        SessionRefusal::status,
+    )
+}
+
+fn session_error(e: SessionError) -> Status {
+    match e {
+        SessionError::TooManySessions { .. } => Status::resource_exhausted(e.to_string()),
+        other => Status::invalid_argument(other.to_string()),
+    }
+}
+
+/// A prefix is at most a name's length and holds no control character (no
+/// name does, so such a prefix could never match).
+fn check_prefix(prefix: &str) -> Result<(), Status> {
+    if prefix.len() > baton_core::RESOURCE_NAME_LEN_BYTES_MAX {
+        return Err(Status::invalid_argument(format!(
+            "prefix is {} bytes; the limit is {} bytes",
+            prefix.len(),
+            baton_core::RESOURCE_NAME_LEN_BYTES_MAX
+        )));
+    }
+    if let Some(c) = prefix.chars().find(|c| c.is_control()) {
+        return Err(Status::invalid_argument(format!(
+            "prefix {prefix:?} holds the control character {c:?}; names never do"
+        )));
+    }
+    Ok(())
 }

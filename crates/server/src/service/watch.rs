@@ -12,11 +12,9 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
 use super::LeaseService;
-use crate::access::auth::Permission;
 use crate::access::Action;
 use crate::cluster::seat::Seat;
 use crate::engine::watch::{WatchEvent, WatchStart, WATCH_QUEUE_LEN};
-use crate::engine::Command;
 
 pub type WatchStream = ReceiverStream<Result<v1::WatchResponse, Status>>;
 
@@ -35,10 +33,7 @@ impl LeaseService {
         request: Request<v1::WatchRequest>,
     ) -> Result<Response<WatchStream>, Status> {
         let who = self.gate.let_in_request(&request, Action::Watch).await?;
-        let prefix = request.into_inner().prefix;
-        check_prefix(&prefix)?;
-        who.may(Permission::Read, &prefix)?;
-        let start = self.call(|reply| Command::Watch { prefix, reply }).await?;
+        let start = self.watch_op(&who, request.into_inner().prefix).await?;
         let (tx, rx) = mpsc::channel(OUTBOX_LEN);
         let forwarder = Forwarder {
             tx,
@@ -48,24 +43,6 @@ impl LeaseService {
         tokio::spawn(forwarder.run(start));
         Ok(Response::new(ReceiverStream::new(rx)))
     }
-}
-
-/// A prefix is at most a name's length and holds no control character (no
-/// name does, so such a prefix could never match).
-fn check_prefix(prefix: &str) -> Result<(), Status> {
-    if prefix.len() > baton_core::RESOURCE_NAME_LEN_BYTES_MAX {
-        return Err(Status::invalid_argument(format!(
-            "prefix is {} bytes; the limit is {} bytes",
-            prefix.len(),
-            baton_core::RESOURCE_NAME_LEN_BYTES_MAX
-        )));
-    }
-    if let Some(c) = prefix.chars().find(|c| c.is_control()) {
-        return Err(Status::invalid_argument(format!(
-            "prefix {prefix:?} holds the control character {c:?}; names never do"
-        )));
-    }
-    Ok(())
 }
 
 struct Forwarder {

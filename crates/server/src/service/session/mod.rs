@@ -11,7 +11,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use baton_core::{AcquisitionId, Resumed, SessionDigest, SessionError, WaiterId};
+use baton_core::{SessionDigest, WaiterId};
 use baton_proto::v1::{self, session_request::Op, session_response::Body};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::sync::mpsc;
@@ -20,7 +20,8 @@ use tonic::{Request, Response, Status, Streaming};
 
 mod requests;
 
-use super::{random_id, Caller, LeaseService};
+use super::ops::Opened;
+use super::{Caller, LeaseService};
 use crate::access::auth::Principal;
 use crate::access::gate::Admitted;
 use crate::access::Action;
@@ -36,13 +37,6 @@ const OUTBOX_LEN: usize = 1_024;
 
 type Answer = Result<Body, Status>;
 type InFlight = Pin<Box<dyn Future<Output = (u64, Answer)> + Send>>;
-
-fn session_error(e: SessionError) -> Status {
-    match e {
-        SessionError::TooManySessions { .. } => Status::resource_exhausted(e.to_string()),
-        other => Status::invalid_argument(other.to_string()),
-    }
-}
 
 fn request_error(status: &Status) -> Body {
     Body::Error(v1::RequestError {
@@ -105,58 +99,25 @@ impl LeaseService {
         admitted: &Admitted<'_>,
         open: v1::OpenSession,
     ) -> Result<(SessionDigest, Body), Status> {
-        if !open.resume.is_empty() {
-            let id = AcquisitionId::from_slice(&open.resume).ok_or_else(|| {
-                Status::invalid_argument(format!(
-                    "resume is {} bytes; a session id is exactly {} bytes",
-                    open.resume.len(),
-                    AcquisitionId::LEN_BYTES
-                ))
-            })?;
-            let digest = id.digest();
-            // Another principal that learned the id cannot keep the
-            // session alive, nor take over (or close) its leases.
-            let check = admitted.session_check();
-            let resumed = self
-                .call_on(term, |reply| Command::KeepAlive {
-                    digest,
-                    check: Some(check),
-                    reply,
-                })
-                .await?;
-            let body = match resumed {
-                Resumed::Kept(kept) => Body::Opened(v1::SessionOpened {
-                    session_id: id.as_bytes().to_vec(),
-                    ttl_ms: kept.ttl_ms,
-                    resumed: true,
-                    revoked: revoked(kept.revoked),
-                }),
-                Resumed::NotOpen => Body::Ended(v1::SessionEnded {}),
-                Resumed::Refused => return Err(admitted.session_refusal().status()),
-            };
-            return Ok((digest, body));
-        }
-        let ttl_ms = open.ttl_ms.unwrap_or(self.default_ttl_ms);
-        let id = random_id();
-        let digest = id.digest();
-        let opener = admitted.opener();
-        self.call_on(term, |reply| Command::OpenSession {
-            digest,
-            ttl_ms,
-            opener,
-            reply,
-        })
-        .await?
-        .map_err(session_error)?;
-        Ok((
-            digest,
-            Body::Opened(v1::SessionOpened {
+        let (digest, opened) = self
+            .open_session_op(admitted, term, &open.resume, open.ttl_ms)
+            .await?;
+        let body = match opened {
+            Opened::New { id, ttl_ms } => Body::Opened(v1::SessionOpened {
                 session_id: id.as_bytes().to_vec(),
                 ttl_ms,
                 resumed: false,
                 revoked: Vec::new(),
             }),
-        ))
+            Opened::Resumed { id, kept } => Body::Opened(v1::SessionOpened {
+                session_id: id.as_bytes().to_vec(),
+                ttl_ms: kept.ttl_ms,
+                resumed: true,
+                revoked: revoked(kept.revoked),
+            }),
+            Opened::Ended => Body::Ended(v1::SessionEnded {}),
+        };
+        Ok((digest, body))
     }
 }
 

@@ -10,15 +10,13 @@ use tonic::Status;
 use tracing::Instrument;
 
 use super::{request_error, revoked, InFlight, SessionTask};
-use crate::access::gate::SessionRefusal;
 use crate::access::Action;
 use crate::access::Admitted;
 use crate::cluster::seat::Term;
 use crate::engine::Command;
-use crate::service::ops::AcquireAsk;
+use crate::service::ops::{refused, AcquireAsk};
 use crate::service::{
-    acquire_error, acquire_outcome, answer, release_message, renew_message, send, trace,
-    LeaseService,
+    acquire_error, acquire_outcome, answer, release_message, renew_message, trace, LeaseService,
 };
 
 impl SessionTask {
@@ -35,22 +33,13 @@ impl SessionTask {
             .principal()
             .filter(|p| !self.kept_by.as_ref().is_some_and(|k| Arc::ptr_eq(k, p)))
             .cloned();
-        let (check, refusal) = reloaded
-            .map(|principal| {
-                self.kept_by = Some(principal);
-                (who.session_check(), who.session_refusal())
-            })
-            .unzip();
-        let (reply, rx) = oneshot::channel();
-        let digest = self.digest;
-        send(
-            &self.term,
-            Command::KeepAlive {
-                digest,
-                check,
-                reply,
-            },
-        )?;
+        let judge = reloaded.is_some();
+        if let Some(principal) = reloaded {
+            self.kept_by = Some(principal);
+        }
+        let (rx, refusal) = self
+            .service
+            .keep_alive_op(&who, &self.term, self.digest, judge)?;
         Ok(Box::pin(async move {
             let body = answer(rx).await.and_then(|kept| match kept {
                 Resumed::Kept(kept) => Ok(Body::Heartbeat(v1::HeartbeatAck {
@@ -58,10 +47,7 @@ impl SessionTask {
                     revoked: revoked(kept.revoked),
                 })),
                 Resumed::NotOpen => Ok(Body::Ended(v1::SessionEnded {})),
-                Resumed::Refused => Err(refusal.map_or_else(
-                    || Status::internal("a heartbeat was refused without a check"),
-                    SessionRefusal::status,
-                )),
+                Resumed::Refused => Err(refused(refusal)),
             });
             (id, body)
         }))
@@ -74,17 +60,9 @@ impl SessionTask {
             .service
             .gate
             .admit(&self.caller, Action::SessionClose)?;
-        let (check, refusal) = (who.session_check(), who.session_refusal());
-        let (reply, rx) = oneshot::channel();
-        let digest = self.digest;
-        send(
-            &self.term,
-            Command::CloseSession {
-                digest,
-                check,
-                reply,
-            },
-        )?;
+        let (rx, refusal) = self
+            .service
+            .close_session_op(&who, &self.term, self.digest)?;
         Ok(Box::pin(async move {
             let body = answer(rx).await.map(|closed| match closed {
                 Some(was_open) => Body::Closed(v1::SessionClosed { was_open }),
