@@ -171,11 +171,12 @@ impl Backend for Pg {
     }
 }
 
-fn sqlite() -> Sqlite {
-    let path = std::env::temp_dir().join(format!("{}.sqlite", unique("baton_outbox")));
-    let conn = Connection::open(&path).unwrap();
+/// A file of its own for each test, in a directory removed with it.
+fn sqlite() -> (Sqlite, baton_testkit::TempDir) {
+    let dir = baton_testkit::TempDir::new(&unique("baton_outbox"));
+    let conn = Connection::open(dir.path().join("outbox.sqlite")).unwrap();
     SqliteFence::migrate(&conn).unwrap();
-    Sqlite(conn)
+    (Sqlite(conn), dir)
 }
 
 async fn pg(db: &PgDb) -> Pg {
@@ -443,7 +444,10 @@ async fn operators_resolve(b: &mut impl Backend) {
 macro_rules! both {
     ($($name:ident),*) => {
         mod on_sqlite {
-            $(#[tokio::test] async fn $name() { super::$name(&mut super::sqlite()).await; })*
+            $(#[tokio::test] async fn $name() {
+                let (mut kit, _file) = super::sqlite();
+                super::$name(&mut kit).await;
+            })*
         }
         mod on_postgres {
             $(#[tokio::test] async fn $name() {

@@ -4,22 +4,22 @@
 //! and status queries over a real table) and an SMTP server (aiosmtpd).
 //! Each scenario counts what the receivers applied or received.
 
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
 use baton_testkit::process::Proc;
 use baton_testkit::smtp::SmtpSink;
-use baton_testkit::PgDb;
+use baton_testkit::{PgDb, TempDir};
 use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_statements");
 const DATE: &str = "2026-10-01";
 
+/// Fields drop in order: the server stops before its directory goes.
 struct Env {
-    dir: PathBuf,
     db: PgDb,
     _server: baton_server::RunningServer,
     url: String,
+    dir: TempDir,
 }
 
 struct Receiver {
@@ -44,11 +44,9 @@ impl Receiver {
 
 impl Env {
     async fn new(tag: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("deliveries-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = TempDir::new(&format!("deliveries-{tag}"));
         let db = PgDb::create(&format!("deliveries_{tag}")).await;
-        let config = baton_server::ServerConfig::ephemeral(dir.join("baton-data"));
+        let config = baton_server::ServerConfig::ephemeral(dir.path().join("baton-data"));
         let server = baton_server::start(config).await.unwrap();
         let url = format!("http://{}", server.grpc_addr);
         Env {
@@ -65,7 +63,7 @@ impl Env {
             "--database-url",
             &self.db.url,
             "--objects",
-            &self.dir.join("objects").display().to_string(),
+            &self.dir.path().join("objects").display().to_string(),
         ]);
         c
     }
@@ -311,7 +309,7 @@ async fn callbacks_confirm_and_a_late_one_changes_nothing() {
     let env = Env::new("callback").await;
     let port = baton_testkit::pg_cluster::free_port();
     let callback = format!("http://127.0.0.1:{port}/callback");
-    let token_file = env.dir.join("callback-token");
+    let token_file = env.dir.path().join("callback-token");
     std::fs::write(&token_file, "s3cret-callback-token\n").unwrap();
     let token_path = token_file.display().to_string();
     let receiver = env.receiver(
@@ -407,7 +405,7 @@ async fn retries_back_off_and_a_refusal_fails() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_email_dropped_after_data_needs_attention_and_is_resent_once_on_request() {
     let env = Env::new("smtp").await;
-    let sink = SmtpSink::start(&env.dir.join("smtp"));
+    let sink = SmtpSink::start(&env.dir.path().join("smtp"));
     let smtp = ["--smtp", sink.addr.as_str()];
     // A clean send: one message, delivered.
     env.publish("acct-mail-ok", &["--notify-email", "ok@example.com"]);
@@ -491,7 +489,7 @@ async fn an_email_dropped_after_data_needs_attention_and_is_resent_once_on_reque
 async fn cancelling_a_job_cancels_its_unsent_deliveries() {
     let env = Env::new("cancel").await;
     let receiver = env.receiver("recv", &[]);
-    let sink = SmtpSink::start(&env.dir.join("smtp"));
+    let sink = SmtpSink::start(&env.dir.path().join("smtp"));
     env.publish(
         "acct-cancel",
         &[
@@ -555,7 +553,7 @@ async fn storm(
         .unwrap();
     let hooks = format!("http://{}/hooks", proxy.addr());
     let sink = SmtpSink::start_with(
-        &env.dir.join("smtp"),
+        &env.dir.path().join("smtp"),
         &[
             "--drop-pct",
             &smtp_drop_pct.to_string(),
