@@ -84,11 +84,9 @@ pub(super) struct Repeats {
     pub(super) waiting: HashMap<RequestKey, WaiterId, BuildHasherDefault<KeyHasher>>,
     /// The SipHash keys of this table's [`RequestKey`]s.
     keys: std::hash::RandomState,
-    /// Until when the table looks for late attempts of requests granted
-    /// before it started: [`REPEAT_MEMORY_MS`] from its start.
-    recovered_until: Option<MonoMs>,
     /// The leases that ended before the table started, as the store kept
-    /// them (at most [`REPEATS_REMEMBERED_MAX`]); dropped at `recovered_until`.
+    /// them (at most [`REPEATS_REMEMBERED_MAX`]); dropped once the table
+    /// stops looking for them, [`REPEAT_MEMORY_MS`] after `known_since`.
     ended_before: HashSet<AcquisitionDigest>,
 }
 
@@ -131,21 +129,20 @@ impl Repeats {
     /// The table starts at `now`: it knows nothing granted before.
     pub(super) fn start(&mut self, now: MonoMs) {
         self.known_since = Some(now);
-        self.recovered_until = Some(now.plus(REPEAT_MEMORY_MS));
     }
 
     /// Whether the table still looks for late attempts of requests
-    /// granted before it started (and forgets them once it no longer does).
+    /// granted before it started: for [`REPEAT_MEMORY_MS`] after a start
+    /// from a store that had issued tokens (it forgets the ended leases
+    /// once it no longer looks).
     fn recovering(&mut self, now: MonoMs) -> bool {
-        match self.recovered_until {
-            Some(until) if now <= until => true,
-            Some(_) => {
-                self.recovered_until = None;
-                self.ended_before = HashSet::new();
-                false
-            }
-            None => false,
+        let looking = self
+            .known_since
+            .is_some_and(|since| now <= since.plus(REPEAT_MEMORY_MS));
+        if !looking && !self.ended_before.is_empty() {
+            self.ended_before = HashSet::new();
         }
+        looking
     }
 
     /// Remembers a request granted at `now`.
@@ -275,7 +272,7 @@ impl LeaseTable {
     /// [`REPEAT_MEMORY_MS`] after the start, any attempt of their requests
     /// is answered "ended". At most [`REPEATS_REMEMBERED_MAX`] are kept.
     pub fn remember_ended(&mut self, ended: impl IntoIterator<Item = AcquisitionDigest>) {
-        if self.repeats.recovered_until.is_some() {
+        if self.repeats.known_since.is_some() {
             let ended = ended.into_iter().take(REPEATS_REMEMBERED_MAX);
             self.repeats.ended_before.extend(ended);
         }
