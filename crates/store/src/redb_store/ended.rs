@@ -57,19 +57,13 @@ pub(super) fn keep(
 }
 
 /// The ended leases in `txn` written at most [`KEPT_MS`] before `now_ms`,
-/// and those of `overlay` (the logs' writes not yet in redb).
+/// after `pending` (those of the logs not yet in redb).
 pub(super) fn read(
     txn: &redb::ReadTransaction,
-    overlay: &[Write],
+    pending: Vec<AcquisitionDigest>,
     now_ms: u64,
 ) -> Result<Vec<AcquisitionDigest>, StoreError> {
-    let mut ended: Vec<AcquisitionDigest> = overlay
-        .iter()
-        .filter_map(|w| match w {
-            Write::LeaseEnded { digest } => Some(*digest),
-            _ => None,
-        })
-        .collect();
+    let mut ended = pending;
     let table = match txn.open_table(ENDED) {
         Ok(table) => table,
         Err(redb::TableError::TableDoesNotExist(_)) => return Ok(ended),
@@ -85,8 +79,15 @@ pub(super) fn read(
 
 impl RedbStore {
     /// The leases that ended lately, as [`crate::LeaseStore::ended`] gives them.
+    /// redb's read transaction and the logs' ended leases are taken
+    /// together, as [`RedbStore::view`] takes the whole overlay, but only
+    /// the ended leases are copied.
     pub(super) fn ended_inner(&self) -> Result<Vec<AcquisitionDigest>, StoreError> {
-        let (txn, overlay) = self.view()?;
-        read(&txn, &overlay, wall_ms())
+        let (txn, pending) = self.folder.with_frozen(|frozen| {
+            let txn = self.db.begin_read().map_err(storage)?;
+            let pending: Vec<_> = frozen.ended().chain(self.pending.ended()).collect();
+            Ok::<_, StoreError>((txn, pending))
+        })?;
+        read(&txn, pending, wall_ms())
     }
 }

@@ -44,7 +44,7 @@ impl RedbStore {
     /// can take a key out, the frozen log's writes and then the active
     /// log's: laid over redb in that order they give every key its last
     /// committed value (see `fold.rs`).
-    pub(super) fn view(&self) -> Result<(redb::ReadTransaction, Vec<Write>), StoreError> {
+    fn view(&self) -> Result<(redb::ReadTransaction, Vec<Write>), StoreError> {
         self.folder.with_frozen(|frozen| {
             let txn = self.db.begin_read().map_err(storage)?;
             let mut overlay = frozen.writes();

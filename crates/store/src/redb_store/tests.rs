@@ -588,13 +588,13 @@ fn ended_leases_are_kept_across_a_reopen_and_a_fold_then_dropped_by_time() {
     let now_ms = ended::wall_ms();
     let txn = db.begin_read().unwrap();
     assert_eq!(
-        ended::read(&txn, &[], now_ms + ended::KEPT_MS - 5_000)
+        ended::read(&txn, vec![], now_ms + ended::KEPT_MS - 5_000)
             .unwrap()
             .len(),
         2
     );
     assert_eq!(
-        ended::read(&txn, &[], now_ms + ended::KEPT_MS + 60_000).unwrap(),
+        ended::read(&txn, vec![], now_ms + ended::KEPT_MS + 60_000).unwrap(),
         vec![]
     );
     drop(txn);
@@ -603,7 +603,7 @@ fn ended_leases_are_kept_across_a_reopen_and_a_fold_then_dropped_by_time() {
     txn.commit().unwrap();
     let txn = db.begin_read().unwrap();
     assert_eq!(
-        ended::read(&txn, &[], 0).unwrap(),
+        ended::read(&txn, vec![], 0).unwrap(),
         vec![digest(3)],
         "the old two dropped"
     );

@@ -127,6 +127,11 @@ impl Pending {
         out
     }
 
+    /// The ended leases pending (not yet in redb).
+    pub(crate) fn ended(&self) -> impl Iterator<Item = AcquisitionDigest> + '_ {
+        self.ended.iter().copied()
+    }
+
     /// The pending state as writes, left pending: what a load lays over
     /// redb (order does not matter: one per key).
     pub(crate) fn writes(&self) -> Vec<Write> {
