@@ -12,31 +12,9 @@ use std::path::Path;
 use baton_fence::postgres::{PgFence, FUNCTIONS, MIGRATIONS};
 use baton_testkit::PgDb;
 
-/// Every function of schema `baton`, by name, each overload's definition
-/// as the server prints it, in a stable order.
+/// Every function of schema `baton`, by name, as the server prints it.
 async fn functions_in_force(client: &tokio_postgres::Client) -> BTreeMap<String, String> {
-    let rows = client
-        .query(
-            "SELECT p.proname, pg_get_functiondef(p.oid)
-               FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
-              WHERE n.nspname = 'baton'
-              ORDER BY p.proname, pg_get_function_identity_arguments(p.oid)",
-            &[],
-        )
-        .await
-        .unwrap();
-    let mut out: BTreeMap<String, String> = BTreeMap::new();
-    for row in rows {
-        let name: String = row.get(0);
-        let def: String = row.get(1);
-        let entry = out.entry(name).or_default();
-        if !entry.is_empty() {
-            entry.push('\n');
-        }
-        entry.push_str(def.trim_end());
-        entry.push_str(";\n");
-    }
-    out
+    baton_testkit::pg_functions_in_force(client, "baton").await
 }
 
 const HEADER: &str = "-- The definition in force (generated from the migrations by

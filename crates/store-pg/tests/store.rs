@@ -573,31 +573,11 @@ async fn a_version_3_schema_gains_ended_leases_and_its_leader_keeps_committing()
     assert_eq!(rows, 1, "the old row was dropped, not only skipped");
 }
 
-/// Every function of schema `baton_server`, by name, each overload's
-/// definition as the server prints it, in a stable order.
+/// Every function of schema `baton_server`, by name, as the server prints it.
 async fn functions_in_force(
     client: &tokio_postgres::Client,
 ) -> std::collections::BTreeMap<String, String> {
-    let rows = client
-        .query(
-            "SELECT p.proname, pg_get_functiondef(p.oid)
-               FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
-              WHERE n.nspname = 'baton_server'
-              ORDER BY p.proname, pg_get_function_identity_arguments(p.oid)",
-            &[],
-        )
-        .await
-        .unwrap();
-    let mut out = std::collections::BTreeMap::<String, String>::new();
-    for row in rows {
-        let entry = out.entry(row.get(0)).or_default();
-        if !entry.is_empty() {
-            entry.push('\n');
-        }
-        entry.push_str(row.get::<_, &str>(1).trim_end());
-        entry.push_str(";\n");
-    }
-    out
+    baton_testkit::pg_functions_in_force(client, "baton_server").await
 }
 
 const FUNCTIONS_HEADER: &str = "-- The definition in force (generated from the migrations by

@@ -61,6 +61,36 @@ pub async fn pg_connect(url: &str) -> Client {
     client
 }
 
+/// Every function of `schema`, by name, each overload's definition as the
+/// server prints it (`pg_get_functiondef`), in a stable order: what the
+/// SQL function files of the fence kit and of the cluster store are
+/// checked against.
+pub async fn pg_functions_in_force(
+    client: &Client,
+    schema: &str,
+) -> std::collections::BTreeMap<String, String> {
+    let rows = client
+        .query(
+            "SELECT p.proname, pg_get_functiondef(p.oid)
+               FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+              WHERE n.nspname = $1
+              ORDER BY p.proname, pg_get_function_identity_arguments(p.oid)",
+            &[&schema],
+        )
+        .await
+        .expect("read the functions in force");
+    let mut out = std::collections::BTreeMap::<String, String>::new();
+    for row in rows {
+        let entry = out.entry(row.get(0)).or_default();
+        if !entry.is_empty() {
+            entry.push('\n');
+        }
+        entry.push_str(row.get::<_, &str>(1).trim_end());
+        entry.push_str(";\n");
+    }
+    out
+}
+
 /// A database of its own, dropped (with any connections left) when the test ends.
 pub struct PgDb {
     /// The database's name (unique to the test).
