@@ -7,7 +7,7 @@
 //! looks like `ab`: an operator could release or fence the wrong resource.
 //! The sets come from ICU4X's Unicode data (`icu_properties`); the fence
 //! kit's SQL and the Python client carry the same ranges, checked against
-//! [`invisible_ranges`] by `crates/fence/tests/sql_names.rs`.
+//! [`invisible_ranges`] by `crates/fence/tests/it/sql_names.rs`.
 
 use icu_properties::props::{DefaultIgnorableCodePoint, GeneralCategory, GeneralCategoryGroup};
 use icu_properties::{CodePointMapData, CodePointSetData};

@@ -27,7 +27,7 @@ def _control(text: str) -> tuple[int, int] | None:
 # overrides, zero-width characters, variation selectors, fillers, tags).
 # They make one name look like another. The server's own table
 # (baton_core::invisible), checked against this one by
-# crates/fence/tests/sql_names.rs.
+# crates/fence/tests/it/sql_names.rs.
 INVISIBLE_RANGES: tuple[tuple[int, int], ...] = (
     (0x00AD, 0x00AD),
     (0x034F, 0x034F),

@@ -1,5 +1,5 @@
 -- The definition in force (generated from the migrations by
--- crates/fence/tests/sql_functions.rs; do not edit by hand: change a
+-- crates/fence/tests/it/sql_functions.rs; do not edit by hand: change a
 -- migration, then write these again). Migrate re-applies every file here
 -- after the migrations, on every install and upgrade.
 

@@ -117,7 +117,7 @@ fn kill_9_mid_fold_loses_no_acknowledged_commit_and_brings_back_no_key() {
         let mut cmd = Command::new(&exe);
         cmd.args([
             "--exact",
-            "kill_9_mid_fold_loses_no_acknowledged_commit_and_brings_back_no_key",
+            "crash::kill_9_mid_fold_loses_no_acknowledged_commit_and_brings_back_no_key",
             "--nocapture",
             "--test-threads=1",
         ])

@@ -937,7 +937,7 @@ async fn the_documented_sql_runs_as_written() {
     // The chapter's tokens are Baton's: epoch 1, counters 107 to 110.
     const EPOCH_1: i64 = 1 << 40;
     let pg = Pg::new().await;
-    let doc = include_str!("../../../docs/fence-kit.md");
+    let doc = include_str!("../../../../docs/fence-kit.md");
     let blocks: Vec<&str> = doc
         .split("```sql\n")
         .skip(1)

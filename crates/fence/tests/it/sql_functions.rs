@@ -4,7 +4,7 @@
 //! on every install and upgrade, so they are the rule, not a copy of it.
 //!
 //! To write them again after a migration changes a function:
-//! `BATON_FENCE_WRITE_FUNCTIONS=1 cargo test -p baton-fence --test sql_functions`.
+//! `BATON_FENCE_WRITE_FUNCTIONS=1 cargo test -p baton-fence --test it sql_functions`.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -18,7 +18,7 @@ async fn functions_in_force(client: &tokio_postgres::Client) -> BTreeMap<String,
 }
 
 const HEADER: &str = "-- The definition in force (generated from the migrations by
--- crates/fence/tests/sql_functions.rs; do not edit by hand: change a
+-- crates/fence/tests/it/sql_functions.rs; do not edit by hand: change a
 -- migration, then write these again). Migrate re-applies every file here
 -- after the migrations, on every install and upgrade.
 ";

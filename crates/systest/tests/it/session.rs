@@ -3,7 +3,7 @@
 //! waiters withdrawn when their stream breaks, a fenced lease reported
 //! until released, and `baton hold`. The stream's protocol (answers by id,
 //! refusals, limits, half-close) is tested in process, in
-//! `crates/server/tests/session_stream.rs`.
+//! `crates/server/tests/it/session_stream.rs`.
 
 use std::time::{Duration, Instant};
 

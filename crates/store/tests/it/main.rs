@@ -1,0 +1,6 @@
+//! The integration tests of this crate, one binary with a module per
+//! subject: a change re-links one test binary, not one per file.
+
+mod contract;
+mod crash;
+mod upgrade;
