@@ -308,8 +308,9 @@ async fn cycle<C: Conn>(
     (acq, rel, errors)
 }
 
-/// How the load generator's clients talk to Baton.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// How the load generator's clients talk to Baton (`--transports` names
+/// them unary, session and session-1conn).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum Transport {
     /// A unary call per acquire and per release, a connection per client.
     #[default]
@@ -319,6 +320,7 @@ pub enum Transport {
     Session,
     /// A session per client, all sessions on one shared connection (what
     /// clones of one `Client` do).
+    #[value(name = "session-1conn")]
     SessionSharedConnection,
 }
 
@@ -448,17 +450,10 @@ impl Conn for BatonConn {
     }
 }
 
-/// Parses `1,16,64` into client counts.
-pub fn parse_clients(s: &str) -> Result<Vec<usize>, String> {
-    s.split(',')
-        .map(|p| match p.trim().parse::<usize>() {
-            Ok(n) if (1..=4096).contains(&n) => Ok(n),
-            _ => Err(format!(
-                "client count {p:?} must be a whole number from 1 to 4096"
-            )),
-        })
-        .collect()
-}
+mod flags;
+pub use flags::{parse_clients, ClientCounts, CycleFlags};
+
+pub mod command;
 
 mod scale;
 pub use scale::{fill, fill_counting, parse_counts, rss_bytes, scale, Scale, ScaleRow};

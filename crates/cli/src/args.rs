@@ -346,74 +346,12 @@ pub struct RunArgs {
     pub client: ClientOpts,
 }
 
-/// `baton bench`.
+/// `baton bench`: the load generator's flags (`baton_bench::command`)
+/// and the client flags.
 #[derive(Args)]
 pub struct BenchArgs {
-    /// Client counts to run, comma-separated.
-    #[arg(long, default_value = "1,16,64")]
-    pub clients: String,
-    /// Time per measurement.
-    #[arg(long, default_value = "3s", value_parser = parse_positive_duration)]
-    pub duration: Duration,
-    /// TTL of every lease the benchmark takes.
-    #[arg(long, default_value = "30s", value_parser = parse_positive_duration)]
-    pub ttl: Duration,
-    /// distinct (each client its own resource), shared (all on one), or both.
-    #[arg(long, value_enum, default_value_t = baton_bench::Modes::Both)]
-    pub modes: baton_bench::Modes,
-    /// Cycle on sessions (one stream per client, leases tied to it, all on
-    /// one connection) instead of a unary call per acquire and release.
-    #[arg(long)]
-    pub session: bool,
-    /// Instead of cycling, fill the server with this many live leases
-    /// (TTL --ttl) and report the rate; then read the server's memory.
-    #[arg(long)]
-    pub fill_leases: Option<usize>,
-    /// Scaling run: for each count (ascending, like 0,100k,1M,10M), top
-    /// the server up to that many live leases (TTL --ttl), then cycle on
-    /// distinct resources with the first --clients count.
-    #[arg(long)]
-    pub live_leases: Option<String>,
-    /// The server's process id, to report its resident memory per row.
-    #[arg(long)]
-    pub server_pid: Option<u32>,
-    /// With --live-leases: an empty server measured in alternating rounds.
-    #[arg(long)]
-    pub baseline_server: Option<String>,
-    /// With --live-leases or --watchers: rounds (medians are reported).
-    #[arg(long, default_value_t = 3)]
-    pub rounds: usize,
-    /// Watch overhead: IDLE,BUSY watchers (like 1000,100). Rounds cycle on
-    /// distinct resources at the first --clients count without watchers,
-    /// then with IDLE watchers on a prefix that never changes and BUSY
-    /// watchers reading every bench change; medians and their ratio.
-    #[arg(long)]
-    pub watchers: Option<String>,
-    /// Operator page overhead: the server's HTTP address (--http-listen).
-    /// Reports the time to the page's first data, then rounds cycle at the
-    /// first --clients count without pages and beside --pages pages that
-    /// refresh every second; medians and their ratio.
-    #[arg(long, value_name = "HTTP_ADDR")]
-    pub page: Option<String>,
-    /// With --page: open pages.
-    #[arg(long, default_value_t = 1)]
-    pub pages: usize,
-    /// Stall run: the first --clients count cycles on sessions on distinct
-    /// resources while this event happens (`backup`: three `admin backup`
-    /// in a row; `session-end`: a session holding 100,000 leases, set up
-    /// first, closes, until the server has dropped them all, as its
-    /// `baton_leases_ending` gauge says with --http; `none`: --settle of
-    /// nothing, the baseline); prints
-    /// the worst and p99.9 acquire and the worst `/readyz` before, during
-    /// and after it. Fill the server first (--fill-leases).
-    #[arg(long, value_parser = ["backup", "session-end", "none"])]
-    pub event: Option<String>,
-    /// With --event: the server's HTTP address, probed at /readyz every 10 ms.
-    #[arg(long, value_name = "HTTP_ADDR")]
-    pub http: Option<std::net::SocketAddr>,
-    /// With --event: quiet time before and after the event.
-    #[arg(long, default_value = "3s", value_parser = parse_positive_duration)]
-    pub settle: Duration,
+    #[command(flatten)]
+    pub bench: baton_bench::command::Args,
     #[command(flatten)]
     pub client: ClientOpts,
 }

@@ -5,9 +5,6 @@
 mod admin;
 mod args;
 mod bench;
-mod bench_event;
-mod bench_page;
-mod bench_watch;
 mod cluster;
 mod config_file;
 mod docs;

@@ -99,6 +99,32 @@ fn durations_that_cannot_be_honoured_are_refused_by_every_flag() {
 }
 
 #[test]
+fn the_load_generator_refuses_a_mode_event_or_count_it_cannot_run() {
+    // Refused while parsing, before any connection (nothing listens there).
+    for (args, says) in [
+        (
+            vec!["--modes", "distinc"],
+            "possible values: distinct, shared, both",
+        ),
+        (
+            vec!["--event", "backups"],
+            "possible values: backup, session-end, none",
+        ),
+        (vec!["--clients", "16,0"], "from 1 to 4096"),
+        (vec!["--clients", ""], "from 1 to 4096"),
+        (vec!["--duration", "0s"], "at least 1ms"),
+    ] {
+        let mut all = vec!["bench"];
+        all.extend(&args);
+        all.extend(["--server", "127.0.0.1:1"]);
+        let out = cli(&all);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?} must name the rule: {err}");
+    }
+}
+
+#[test]
 fn an_argument_that_is_not_utf8_is_a_usage_error_not_a_panic() {
     use std::os::unix::ffi::OsStrExt;
     for json in [false, true] {

@@ -8,9 +8,7 @@ mod etcd;
 mod pg;
 mod redis;
 
-use std::time::Duration;
-
-use baton_bench::{parse_clients, run, Baton, Mode, Modes, Report, Target, Transport};
+use baton_bench::{run, Baton, CycleFlags, Mode, Report, Target, Transport};
 use clap::Parser;
 
 #[derive(Parser)]
@@ -46,29 +44,19 @@ struct Args {
     /// PostgreSQL connection string for advisory locks; empty to skip.
     #[arg(long, default_value = "host=127.0.0.1 user=postgres dbname=test")]
     postgres: String,
-    /// Client counts.
-    #[arg(long, default_value = "1,16,64")]
-    clients: String,
+    #[command(flatten)]
+    cycle: CycleFlags,
     /// How Baton is called, comma-separated: unary (a call per acquire and
     /// per release, a connection per client), session (a session per
     /// client, a connection per client), session-1conn (a session per
     /// client, one connection for all).
     #[arg(
         long,
+        value_enum,
         default_value = "unary,session,session-1conn",
         value_delimiter = ','
     )]
-    transports: Vec<String>,
-    /// Time per measurement, in seconds (above 0, at most a day).
-    #[arg(long, default_value_t = 3.0, value_parser = seconds_f64)]
-    seconds: f64,
-    /// Lease TTL in seconds (1 to 86400).
-    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=86_400))]
-    ttl_s: u64,
-    /// Modes: distinct (each client its own resource), shared (all on one),
-    /// or both.
-    #[arg(long, value_enum, default_value_t = Modes::Both)]
-    modes: Modes,
+    transports: Vec<Transport>,
     /// Rounds: every target is measured once per round, rounds one after
     /// the other, so noise falls on all targets alike; with several, a table
     /// of medians and the median per-round ratio of each Baton target to
@@ -100,7 +88,7 @@ async fn measure<T: Target>(
     run_id: &str,
     out: &mut Vec<Report>,
 ) {
-    let duration = Duration::from_secs_f64(args.seconds);
+    let duration = args.cycle.duration;
     for &mode in modes {
         for &c in clients {
             match run(target, mode, c, duration, run_id).await {
@@ -122,14 +110,8 @@ async fn measure<T: Target>(
 #[tokio::main]
 async fn main() {
     let args = Args::parse();
-    let clients = match parse_clients(&args.clients) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("error: --clients: {e}");
-            std::process::exit(2);
-        }
-    };
-    let modes = args.modes.to_vec();
+    let clients = args.cycle.clients.all().to_vec();
+    let modes = args.cycle.modes.to_vec();
     let secure = secure_options(&args);
     if let Some(n) = args.brute_force {
         brute_force(&args, n, secure).await;
@@ -188,7 +170,7 @@ async fn brute_force(args: &Args, n: usize, secure: Option<baton_client::Connect
         std::process::exit(2);
     };
     let ca = std::fs::read(args.tls_ca.as_ref().expect("checked")).expect("read --tls-ca");
-    let seconds = Duration::from_secs_f64(args.seconds);
+    let seconds = args.cycle.duration;
     if let Err(e) = brute::run(
         &args.secure_server,
         options,
@@ -230,16 +212,13 @@ impl Plan<'_> {
     /// Every Baton server with each transport asked for, then the cluster.
     async fn batons(&self, servers: &[Server], all: &mut Vec<Report>) {
         let args = self.args;
-        let ttl = Duration::from_secs(args.ttl_s);
+        let ttl = args.cycle.ttl;
         for (label, transport) in [
             ("baton unary", Transport::Unary),
             ("baton session", Transport::Session),
             ("baton session 1conn", Transport::SessionSharedConnection),
         ] {
-            if !args
-                .transports
-                .contains(&transport_name(transport).to_string())
-            {
+            if !args.transports.contains(&transport) {
                 continue;
             }
             for (prefix, url, options) in servers {
@@ -264,7 +243,7 @@ impl Plan<'_> {
     async fn peers(&self, all: &mut Vec<Report>) {
         let args = self.args;
         if !args.lease_table.is_empty() {
-            match pg::LeaseTable::probe(&args.lease_table, args.ttl_s).await {
+            match pg::LeaseTable::probe(&args.lease_table, ttl_s(args)).await {
                 Err(e) => println!("postgres lease table: not reachable ({e:#}); skipped"),
                 Ok(target) => self.measure(&target, all).await,
             }
@@ -299,7 +278,7 @@ impl Plan<'_> {
                         continue;
                     }
                     let target =
-                        redis::Redis::new(&args.redis, &format!("redis aof={mode}"), args.ttl_s);
+                        redis::Redis::new(&args.redis, &format!("redis aof={mode}"), ttl_s(args));
                     self.measure(&target, all).await;
                 }
                 if let Ok((appendonly, fsync)) = saved {
@@ -307,18 +286,10 @@ impl Plan<'_> {
                 }
             }
             Ok(()) => {
-                let target = redis::Redis::new(&args.redis, "redis", args.ttl_s);
+                let target = redis::Redis::new(&args.redis, "redis", ttl_s(args));
                 self.measure(&target, all).await;
             }
         }
-    }
-}
-
-fn transport_name(t: Transport) -> &'static str {
-    match t {
-        Transport::Unary => "unary",
-        Transport::Session => "session",
-        Transport::SessionSharedConnection => "session-1conn",
     }
 }
 
@@ -398,12 +369,8 @@ fn summarize(all: &[Report], rounds: usize) {
     }
 }
 
-/// `--seconds`: a finite number of seconds above zero and at most a day
-/// (`Duration::from_secs_f64` would panic on a negative or huge value).
-fn seconds_f64(s: &str) -> Result<f64, String> {
-    match s.trim().parse::<f64>() {
-        Ok(x) if x > 0.0 && x <= 86_400.0 => Ok(x),
-        Ok(_) => Err(format!("{s:?}: seconds must be above 0 and at most 86400")),
-        Err(e) => Err(format!("{s:?} is not a number of seconds ({e})")),
-    }
+/// The peers' TTL in whole seconds (Redis, the lease table): `--ttl`
+/// rounded up, at least 1.
+fn ttl_s(args: &Args) -> u64 {
+    args.cycle.ttl.as_secs_f64().ceil().max(1.0) as u64
 }

@@ -12,9 +12,8 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::args::BenchArgs;
-use crate::bench_watch::{alternating, median};
-use crate::error::{CliError, Exit};
+use super::watch::{alternating, median};
+use super::{emit, Args, BenchError, Endpoint};
 
 /// How often an open page refreshes.
 const REFRESH: Duration = Duration::from_secs(1);
@@ -96,16 +95,21 @@ fn open(addr: SocketAddr, n: usize, token: Option<String>) -> Pages {
     Pages { tasks, refreshes }
 }
 
-pub async fn overhead(a: &BenchArgs, addr: &str) -> Result<Exit, CliError> {
+pub(super) async fn overhead(
+    a: &Args,
+    to: &Endpoint,
+    json: bool,
+    addr: &str,
+) -> Result<(), BenchError> {
     let addr: SocketAddr = addr.parse().map_err(|_| {
-        CliError::usage(format!(
+        BenchError::Usage(format!(
             "--page {addr:?}: write the server's HTTP address, like 127.0.0.1:7701"
         ))
     })?;
-    let token = match &a.client.token_file {
+    let token = match &to.token_file {
         Some(path) => Some(
             std::fs::read_to_string(path)
-                .map_err(|e| CliError::usage(format!("--token-file {}: {e}", path.display())))?
+                .map_err(|e| BenchError::Usage(format!("--token-file {}: {e}", path.display())))?
                 .trim()
                 .to_string(),
         ),
@@ -118,10 +122,10 @@ pub async fn overhead(a: &BenchArgs, addr: &str) -> Result<Exit, CliError> {
         for path in ["/api/overview", "/api/leases?limit=50&prefix="] {
             let (status, _) = get(addr, path, token.as_deref())
                 .await
-                .map_err(|e| CliError::failure(format!("bench --page: {e}")))?;
+                .map_err(|e| BenchError::Failed(format!("--page: {e}")))?;
             if status != 200 {
-                return Err(CliError::failure(format!(
-                    "bench --page: {path} answered {status} (with an auth file, pass --token of a principal with read)"
+                return Err(BenchError::Failed(format!(
+                    "--page: {path} answered {status} (with an auth file, pass --token of a principal with read)"
                 )));
             }
         }
@@ -130,6 +134,7 @@ pub async fn overhead(a: &BenchArgs, addr: &str) -> Result<Exit, CliError> {
     let mut refreshes = 0;
     let sides = alternating(
         a,
+        to,
         async || Ok(open(addr, a.pages, token.clone())),
         |p: &Pages| refreshes += p.refreshes.load(Ordering::Relaxed),
     )
@@ -146,8 +151,8 @@ pub async fn overhead(a: &BenchArgs, addr: &str) -> Result<Exit, CliError> {
         acquire_p99_us_with: sides.acquire_p99_us_with,
         page_refreshes: refreshes,
     };
-    crate::output::emit(a.client.json, &out);
-    Ok(Exit::Ok)
+    emit(json, &out, PageOverhead::text);
+    Ok(())
 }
 
 #[derive(Serialize)]
@@ -164,7 +169,7 @@ struct PageOverhead {
     page_refreshes: u64,
 }
 
-impl crate::output::Rendered for PageOverhead {
+impl PageOverhead {
     fn text(&self) -> String {
         format!(
             "first data (overview + 50 rows): {:.1} ms median of {FIRST_ROWS_SAMPLES}\nC={} distinct, medians of {} rounds: {} cycles/s without pages, {} with {} page(s) refreshing every second ({:.3}x); acquire p99 {} us -> {} us; {} refreshes",

@@ -4,13 +4,11 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use baton_bench::{Baton, Mode, Transport};
 use baton_client::{Client, Watch};
 use serde::Serialize;
 
-use crate::args::BenchArgs;
-use crate::bench::bench_error;
-use crate::error::{CliError, Exit};
+use super::{emit, failed, transport, Args, BenchError, Endpoint};
+use crate::{Baton, Mode};
 
 /// Watches per client connection (a server takes 200 streams at once on one).
 const WATCHES_PER_CONNECTION: usize = 100;
@@ -30,9 +28,9 @@ impl Drop for Watchers {
     }
 }
 
-fn parse(spec: &str) -> Result<(usize, usize), CliError> {
+fn parse(spec: &str) -> Result<(usize, usize), BenchError> {
     let bad = || {
-        CliError::usage(format!(
+        BenchError::Usage(format!(
             "--watchers {spec:?}: write IDLE,BUSY, like 1000,100"
         ))
     };
@@ -44,18 +42,17 @@ fn parse(spec: &str) -> Result<(usize, usize), CliError> {
 }
 
 async fn start(
-    a: &BenchArgs,
+    to: &Endpoint,
     idle: usize,
     busy: usize,
     run_id: &str,
-) -> Result<Watchers, CliError> {
-    let options = crate::lease::connect_options(&a.client)?;
+) -> Result<Watchers, BenchError> {
     let events = Arc::new(AtomicU64::new(0));
     let (mut idles, mut tasks) = (Vec::new(), Vec::new());
     let mut client: Option<Client> = None;
     for i in 0..idle + busy {
         if i % WATCHES_PER_CONNECTION == 0 {
-            client = Some(Client::connect_with(&a.client.server, options.clone()).await?);
+            client = Some(Client::connect_with(&to.server, to.options.clone()).await?);
         }
         let c = client.as_ref().expect("made above");
         if i < idle {
@@ -77,14 +74,14 @@ async fn start(
     })
 }
 
-pub(crate) fn median(mut v: Vec<f64>) -> f64 {
+pub(super) fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
 }
 
 /// Medians of alternating rounds: without a load beside the clients, then
 /// with it.
-pub(crate) struct Sides {
+pub(super) struct Sides {
     pub clients: usize,
     pub rounds: usize,
     pub cycles_per_s_without: u64,
@@ -103,45 +100,40 @@ impl Sides {
 /// cycling on distinct resources, first alone, then beside what `start`
 /// starts (stopped when the guard it returns is dropped; `done` reads it
 /// before).
-pub(crate) async fn alternating<G>(
-    a: &BenchArgs,
-    mut start: impl AsyncFnMut() -> Result<G, CliError>,
+pub(super) async fn alternating<G>(
+    a: &Args,
+    to: &Endpoint,
+    mut start: impl AsyncFnMut() -> Result<G, BenchError>,
     mut done: impl FnMut(&G),
-) -> Result<Sides, CliError> {
-    let clients = baton_bench::parse_clients(&a.clients)
-        .map_err(|e| CliError::usage(format!("--clients: {e}")))?[0];
-    let transport = if a.session {
-        Transport::SessionSharedConnection
-    } else {
-        Transport::Unary
-    };
-    let target = Baton::new("baton", a.client.server.clone(), a.ttl)
-        .with_transport(transport)
-        .with_options(crate::lease::connect_options(&a.client)?);
+) -> Result<Sides, BenchError> {
+    let clients = a.cycle.clients.first();
+    let target = Baton::new("baton", to.server.clone(), a.cycle.ttl)
+        .with_transport(transport(a))
+        .with_options(to.options.clone());
     let run_id = std::process::id().to_string();
     let (mut without, mut with, mut p99_without, mut p99_with) = (vec![], vec![], vec![], vec![]);
     for round in 0..a.rounds.max(1) {
-        let r = baton_bench::run(
+        let r = crate::run(
             &target,
             Mode::Distinct,
             clients,
-            a.duration,
+            a.cycle.duration,
             &format!("{run_id}-{round}-none"),
         )
         .await
-        .map_err(bench_error)?;
+        .map_err(failed)?;
         without.push(r.cycles_per_s);
         p99_without.push(r.acquire_us.p99 as f64);
         let guard = start().await?;
-        let r = baton_bench::run(
+        let r = crate::run(
             &target,
             Mode::Distinct,
             clients,
-            a.duration,
+            a.cycle.duration,
             &format!("{run_id}-{round}-beside"),
         )
         .await
-        .map_err(bench_error)?;
+        .map_err(failed)?;
         done(&guard);
         drop(guard);
         with.push(r.cycles_per_s);
@@ -158,13 +150,19 @@ pub(crate) async fn alternating<G>(
 }
 
 /// Alternating rounds without and with the watchers.
-pub async fn overhead(a: &BenchArgs, spec: &str) -> Result<Exit, CliError> {
+pub(super) async fn overhead(
+    a: &Args,
+    to: &Endpoint,
+    json: bool,
+    spec: &str,
+) -> Result<(), BenchError> {
     let (idle, busy) = parse(spec)?;
     let run_id = std::process::id().to_string();
     let mut delivered = 0;
     let sides = alternating(
         a,
-        async || start(a, idle, busy, &run_id).await,
+        to,
+        async || start(to, idle, busy, &run_id).await,
         |w: &Watchers| delivered += w.events.load(Ordering::Relaxed),
     )
     .await?;
@@ -179,11 +177,11 @@ pub async fn overhead(a: &BenchArgs, spec: &str) -> Result<Exit, CliError> {
         acquire_p99_us_with: sides.acquire_p99_us_with,
         events_delivered: delivered,
     };
-    crate::output::emit(a.client.json, &out);
-    Ok(Exit::Ok)
+    emit(json, &out, Overhead::text);
+    Ok(())
 }
 
-impl crate::output::Rendered for Overhead {
+impl Overhead {
     fn text(&self) -> String {
         let out = self;
         let (idle, busy) = (self.idle_watchers, self.busy_watchers);

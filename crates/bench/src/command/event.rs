@@ -1,12 +1,10 @@
 //! `baton bench --event EVENT`: the worst moments of the lease path while
 //! something heavy happens beside it (see `baton_bench::EventRun`).
 
-use baton_bench::{Baton, EventReport, EventRun, Transport, Window};
 use serde::Serialize;
 
-use crate::args::BenchArgs;
-use crate::bench::bench_error;
-use crate::error::{CliError, Exit};
+use super::{failed, Args, BenchError, Endpoint, Event};
+use crate::{Baton, EventReport, EventRun, Transport, Window};
 
 /// Backups in a row for `--event backup`.
 const BACKUPS: usize = 3;
@@ -52,13 +50,17 @@ fn line(name: &str, w: &Window) -> String {
     )
 }
 
-/// `baton bench --event backup`.
-pub async fn stalls(a: &BenchArgs, event: &str) -> Result<Exit, CliError> {
-    let clients = baton_bench::parse_clients(&a.clients)
-        .map_err(|e| CliError::usage(format!("--clients: {e}")))?[0];
-    let target = Baton::new("baton session", a.client.server.clone(), a.ttl)
+/// `baton bench --event EVENT`.
+pub(super) async fn stalls(
+    a: &Args,
+    to: &Endpoint,
+    json: bool,
+    event: Event,
+) -> Result<(), BenchError> {
+    let clients = a.cycle.clients.first();
+    let target = Baton::new("baton session", to.server.clone(), a.cycle.ttl)
         .with_transport(Transport::SessionSharedConnection)
-        .with_options(crate::lease::connect_options(&a.client)?);
+        .with_options(to.options.clone());
     let run = EventRun {
         target: &target,
         clients,
@@ -67,16 +69,15 @@ pub async fn stalls(a: &BenchArgs, event: &str) -> Result<Exit, CliError> {
     };
     let run_id = std::process::id().to_string();
     let report = match event {
-        "backup" => {
+        Event::Backup => {
             let out = backup_file(&run_id);
             // `baton admin backup` as its own process, as an operator
             // runs it: its decoding and writing stay off this process's
             // clients.
-            let me = std::env::current_exe().map_err(bench_error)?;
             let backups = async {
                 for _ in 0..BACKUPS {
-                    let status = tokio::process::Command::new(&me)
-                        .args(["admin", "backup", "--server", &a.client.server])
+                    let status = tokio::process::Command::new(&to.baton)
+                        .args(["admin", "backup", "--server", &to.server])
                         .arg("--out")
                         .arg(&out)
                         .stdout(std::process::Stdio::null())
@@ -92,27 +93,26 @@ pub async fn stalls(a: &BenchArgs, event: &str) -> Result<Exit, CliError> {
             let label = format!("{BACKUPS} backups in a row");
             run.around(&label, backups, &run_id).await
         }
-        "session-end" => {
+        Event::SessionEnd => {
             // Set up before the clients start: one session holding
             // SESSION_LEASES leases, closed as the event.
-            let session = big_session(a).await?;
+            let session = big_session(to).await?;
             let close = close_and_drain(session, a.http);
             let label = format!("a session of {SESSION_LEASES} leases closes");
             run.around(&label, close, &run_id).await
         }
         // The baseline: the same windows with nothing in the middle.
-        "none" => {
+        Event::None => {
             let quiet = async {
                 tokio::time::sleep(a.settle).await;
                 Ok::<(), std::convert::Infallible>(())
             };
             run.around("no event", quiet, &run_id).await
         }
-        other => return Err(CliError::usage(format!("--event {other:?}: not an event"))),
     }
-    .map_err(bench_error)?;
-    print(&report, a.client.json, clients);
-    Ok(Exit::Ok)
+    .map_err(failed)?;
+    print(&report, json, clients);
+    Ok(())
 }
 
 fn print(report: &EventReport, json: bool, clients: usize) {
@@ -177,19 +177,20 @@ async fn close_and_drain(
         .await
         .map_err(|e| std::io::Error::other(format!("close: {e}")))?;
     match http {
-        Some(addr) => baton_bench::until_no_leases_ending(addr).await,
+        Some(addr) => crate::until_no_leases_ending(addr).await,
         None => Ok(()),
     }
 }
 
 /// A session on the server that holds [`SESSION_LEASES`] leases, on
 /// resources of its own: the setup of `--event session-end`.
-async fn big_session(a: &BenchArgs) -> Result<baton_client::Session, CliError> {
-    let client = crate::lease::connect(&a.client).await?;
+async fn big_session(to: &Endpoint) -> Result<baton_client::Session, BenchError> {
+    let client = baton_client::Client::connect_with(&to.server, to.options.clone())
+        .await?
+        .with_rpc_timeout(to.rpc_timeout);
     let session = client
         .open_session(std::time::Duration::from_secs(60))
-        .await
-        .map_err(bench_error)?;
+        .await?;
     let prefix = format!("bench:{}:session", std::process::id());
     let names: Vec<String> = (0..SESSION_LEASES)
         .map(|i| format!("{prefix}:{i:06}"))
@@ -198,12 +199,11 @@ async fn big_session(a: &BenchArgs) -> Result<baton_client::Session, CliError> {
         let refs: Vec<&str> = chunk.iter().map(String::as_str).collect();
         match session
             .acquire_all(&refs, std::time::Duration::ZERO)
-            .await
-            .map_err(bench_error)?
+            .await?
         {
             baton_client::AcquiredAll::Granted { .. } => {}
             other => {
-                return Err(bench_error(format!(
+                return Err(failed(format!(
                     "the session's leases: not granted: {other:?}"
                 )))
             }

@@ -1,0 +1,70 @@
+//! The flags both load generators share (`baton bench` and `baton-bench`),
+//! one definition for both, so a measurement is written the same way
+//! whichever binary runs it.
+
+use std::time::Duration;
+
+use baton_client::flags::parse_positive_duration;
+
+use crate::Modes;
+
+/// Client counts, the time per measurement, the lease TTL and the modes.
+#[derive(Clone, Debug, clap::Args)]
+pub struct CycleFlags {
+    /// Client counts to run, comma-separated (each 1 to 4096).
+    #[arg(long, default_value = "1,16,64", value_parser = parse_clients)]
+    pub clients: ClientCounts,
+    /// Time per measurement (like 3s, 500ms).
+    #[arg(long, default_value = "3s", value_parser = parse_positive_duration)]
+    pub duration: Duration,
+    /// TTL of every lease the benchmark takes (like 30s).
+    #[arg(long, default_value = "30s", value_parser = parse_positive_duration)]
+    pub ttl: Duration,
+    /// distinct (each client its own resource), shared (all on one), or both.
+    #[arg(long, value_enum, default_value_t = Modes::Both)]
+    pub modes: Modes,
+}
+
+/// The client counts of `--clients`, in the order given; never empty.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClientCounts(Vec<usize>);
+
+impl ClientCounts {
+    /// Every count, in order.
+    pub fn all(&self) -> &[usize] {
+        &self.0
+    }
+
+    /// The first count: the one a single-count run (scaling, overheads,
+    /// events) uses.
+    pub fn first(&self) -> usize {
+        self.0[0]
+    }
+}
+
+/// Parses `1,16,64` into client counts.
+pub fn parse_clients(s: &str) -> Result<ClientCounts, String> {
+    s.split(',')
+        .map(|p| match p.trim().parse::<usize>() {
+            Ok(n) if (1..=4096).contains(&n) => Ok(n),
+            _ => Err(format!(
+                "client count {p:?} must be a whole number from 1 to 4096"
+            )),
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map(ClientCounts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn client_counts_are_whole_numbers_from_1_to_4096() {
+        assert_eq!(parse_clients("1, 16,64").unwrap().all(), &[1, 16, 64]);
+        assert_eq!(parse_clients("8").unwrap().first(), 8);
+        for bad in ["", "0", "4097", "1,,2", "x"] {
+            assert!(parse_clients(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+}
