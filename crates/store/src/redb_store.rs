@@ -153,6 +153,7 @@ impl RedbStore {
             // ended leases, and a build that knows neither refuses it.
             contain_panics(&path, || mark_current(&db))?;
         }
+        contain_panics(&path, || ended::drop_one_per_row_table(&db))?;
         let replayed = [&opened.older[..], &opened.newer[..]].concat();
         let found = checked_position(&path, identity.as_ref(), &meta, &replayed)?;
         // Raise the floor to where the store is now (and write it for a

@@ -1,12 +1,14 @@
 //! The leases that ended lately ([`Write::LeaseEnded`]), kept so that a
 //! table recovered after a restart still answers a late attempt of their
-//! requests "ended" (see `repeats.rs` in the core). Each is kept under the
-//! wall-clock millisecond at which it was written into redb (its end, or a
-//! little later: a log is folded after it filled), and dropped by the
-//! first write more than [`KEPT_MS`] later. The wall clock only bounds how
-//! long a record is kept: a clock set back keeps them longer; one set
-//! forward by more than the table's memory drops them early, and a late
-//! attempt of such a request is then served as the table alone judges it.
+//! requests "ended" (see `repeats.rs` in the core). The ended leases of one
+//! write into redb (a fold of a log, most of the time) are kept together,
+//! as one value under the wall-clock millisecond of that write: one insert
+//! per fold, however many leases ended, and one removal when they are
+//! dropped, the first write more than [`KEPT_MS`] later. The wall clock
+//! only bounds how long a record is kept: a clock set back keeps them
+//! longer; one set forward by more than the table's memory drops them
+//! early, and a late attempt of such a request is then served as the table
+//! alone judges it.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -14,9 +16,13 @@ use baton_core::REPEAT_MEMORY_MS;
 
 use super::*;
 
-/// Ended leases: (wall-clock ms when written, acquisition digest). Created
-/// by the first ended lease (format 5); a store without it has none.
-const ENDED: TableDefinition<(u64, [u8; 16]), ()> = TableDefinition::new("ended");
+/// Ended leases: wall-clock ms when written -> their acquisition digests,
+/// 16 bytes each, end to end. Created by the first ended lease.
+const ENDED: TableDefinition<u64, &[u8]> = TableDefinition::new("ended_by_write");
+
+/// The table of one row per ended lease that builds between format 5's
+/// first landing and this layout wrote; never released, dropped on open.
+const ENDED_ONE_PER_ROW: &str = "ended";
 
 /// How long an ended lease is kept: the table's memory, and as much again
 /// for the time between its end and its write into redb.
@@ -45,15 +51,37 @@ pub(super) fn keep(
     } else {
         txn.open_table(ENDED).map_err(storage)?
     };
-    for digest in digests {
-        table
-            .insert((now_ms, *digest.as_bytes()), ())
-            .map_err(storage)?;
+    if !digests.is_empty() {
+        // Two writes in one millisecond share its value.
+        let mut bytes = match table.get(now_ms).map_err(storage)? {
+            Some(earlier) => earlier.value().to_vec(),
+            None => Vec::with_capacity(digests.len() * 16),
+        };
+        for digest in digests {
+            bytes.extend_from_slice(digest.as_bytes());
+        }
+        table.insert(now_ms, bytes.as_slice()).map_err(storage)?;
     }
     let cutoff = now_ms.saturating_sub(KEPT_MS);
-    table
-        .retain_in(..(cutoff, [0u8; 16]), |_, ()| false)
-        .map_err(storage)
+    table.retain_in(..cutoff, |_, _| false).map_err(storage)
+}
+
+/// Drops the one-row-per-lease table of unreleased builds (see
+/// [`ENDED_ONE_PER_ROW`]), if there is one: at most two minutes of
+/// ended leases, whose late attempts the table then judges alone.
+pub(super) fn drop_one_per_row_table(db: &Database) -> Result<(), StoreError> {
+    let old: TableDefinition<(u64, [u8; 16]), ()> = TableDefinition::new(ENDED_ONE_PER_ROW);
+    let exists = match db.begin_read().map_err(storage)?.open_table(old) {
+        Ok(_) => true,
+        Err(redb::TableError::TableDoesNotExist(_)) => false,
+        Err(e) => return Err(storage(e)),
+    };
+    if exists {
+        let txn = db.begin_write().map_err(storage)?;
+        txn.delete_table(old).map_err(storage)?;
+        txn.commit().map_err(storage)?;
+    }
+    Ok(())
 }
 
 /// The ended leases in `txn` written at most [`KEPT_MS`] before `now_ms`,
@@ -70,9 +98,12 @@ pub(super) fn read(
         Err(e) => return Err(storage(e)),
     };
     let cutoff = now_ms.saturating_sub(KEPT_MS);
-    for entry in table.range((cutoff, [0u8; 16])..).map_err(storage)? {
-        let (key, _) = entry.map_err(storage)?;
-        ended.push(AcquisitionDigest::from_bytes(key.value().1));
+    for entry in table.range(cutoff..).map_err(storage)? {
+        let (_, digests) = entry.map_err(storage)?;
+        for bytes in digests.value().chunks_exact(16) {
+            let bytes: [u8; 16] = bytes.try_into().expect("chunks of 16");
+            ended.push(AcquisitionDigest::from_bytes(bytes));
+        }
     }
     Ok(ended)
 }

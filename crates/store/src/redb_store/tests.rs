@@ -610,3 +610,44 @@ fn ended_leases_are_kept_across_a_reopen_and_a_fold_then_dropped_by_time() {
     drop((txn, db));
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+#[test]
+fn ended_leases_of_one_millisecond_share_a_row_and_the_per_lease_table_is_dropped() {
+    let d = dir("ended-rows");
+    let digest = |n: u8| AcquisitionId::from_bytes([n; 16]).digest();
+    drop(RedbStore::open(&d).unwrap());
+    let db = Database::open(RedbStore::path_in(&d)).unwrap();
+    let now_ms = ended::wall_ms();
+    for batch in [&[digest(1), digest(2)][..], &[digest(3)]] {
+        let txn = db.begin_write().unwrap();
+        ended::keep(&txn, batch, now_ms).unwrap();
+        txn.commit().unwrap();
+    }
+    let txn = db.begin_read().unwrap();
+    assert_eq!(
+        ended::read(&txn, vec![], now_ms).unwrap(),
+        vec![digest(1), digest(2), digest(3)],
+        "a second write in the same millisecond adds to its row"
+    );
+    drop(txn);
+    // The table of one row per lease that unreleased builds wrote.
+    let old: TableDefinition<(u64, [u8; 16]), ()> = TableDefinition::new("ended");
+    let txn = db.begin_write().unwrap();
+    txn.open_table(old)
+        .unwrap()
+        .insert((now_ms, [9; 16]), ())
+        .unwrap();
+    txn.commit().unwrap();
+    drop(db);
+    let s = RedbStore::open(&d).unwrap();
+    assert_eq!(s.ended().unwrap().len(), 3, "the kept rows stay");
+    drop(s);
+    let db = Database::open(RedbStore::path_in(&d)).unwrap();
+    let gone = db.begin_read().unwrap().open_table(old).err();
+    assert!(
+        matches!(gone, Some(redb::TableError::TableDoesNotExist(_))),
+        "{gone:?}"
+    );
+    drop(db);
+    std::fs::remove_dir_all(&d).unwrap();
+}
