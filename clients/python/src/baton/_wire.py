@@ -1,6 +1,7 @@
-"""What the sync and the asyncio clients share: the values they return,
-the configuration they read, the servers they follow, the requests they
-build and the answers they read. No I/O beyond reading credential files."""
+"""What the sync and the asyncio clients share: the configuration they
+read, the servers they follow, the requests they build and the answers
+they read (as the values of :mod:`baton._types`). No I/O beyond reading
+credential files."""
 
 from __future__ import annotations
 
@@ -8,13 +9,13 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import grpc
 
 from baton import _dial, errors
 from baton._proto import baton_pb2 as pb
+from baton._types import Change, Fenced, Holder, Lease, Status
 from baton.rules import (
     check_holder,
     check_prefix,
@@ -26,52 +27,6 @@ from baton.rules import (
 
 LEADER_METADATA = "baton-leader"
 TIMEOUT_DEFAULT_S = 10.0
-
-
-@dataclass(frozen=True)
-class Lease:
-    """A granted lease. ``acquisition_id`` is a secret: it renews and
-    releases the lease."""
-
-    resource: str
-    acquisition_id: bytes
-    token: int
-    ttl_s: float
-    #: On this process's ``time.monotonic()`` clock: the request's send
-    #: time, plus the time the server says it waited in line, plus the TTL.
-    #: The server cannot expire the lease before then.
-    valid_until: float
-    session_bound: bool = False
-
-    def valid_for(self) -> float:
-        """Seconds left until :attr:`valid_until` (0 once passed)."""
-        return max(0.0, self.valid_until - time.monotonic())
-
-    def is_expired(self) -> bool:
-        return time.monotonic() >= self.valid_until
-
-
-@dataclass(frozen=True)
-class Status:
-    """A resource as the server reports it (never the acquisition id)."""
-
-    resource: str
-    holder_token: int | None
-    remaining_s: float
-    ttl_s: float
-    n_waiters: int
-    holder: str | None
-    #: The last token the server issued, to any resource, when it answered:
-    #: every later grant gets a higher one (``None`` from an older server).
-    issued_through: int | None = None
-
-
-@dataclass(frozen=True)
-class Fenced:
-    """What an operator fence did."""
-
-    token: int
-    revoked_token: int | None
 
 
 def _address(url: str) -> str:
@@ -211,7 +166,20 @@ class Settings:
         timeout_s: float | None = None,
         holder: str | None = None,
         dial_timeout_s: float | None = None,
+        _share: Settings | None = None,
     ) -> None:
+        """``_share`` (internal): another client whose settings, holder
+        and servers this one takes as they are, the others then unset (a
+        sync client's sessions run on an asyncio client sharing them)."""
+        if _share is not None:
+            self.timeout_s: float = _share.timeout_s
+            self.dial_timeout_s: float = _share.dial_timeout_s
+            self.holder: str | None = _share.holder
+            self._metadata: tuple[tuple[str, str], ...] = _share._metadata
+            self._servers: Servers = _share._servers
+            self._credentials: grpc.ChannelCredentials | None = _share._credentials
+            self._setup()
+            return
         config = Config(
             servers, ca_file, cert_file, key_file, token_file, timeout_s, holder, dial_timeout_s
         )
@@ -220,7 +188,7 @@ class Settings:
         self.holder = config.holder
         self._metadata = tuple(config.metadata)
         self._servers = Servers(config.addresses)
-        self._credentials: grpc.ChannelCredentials | None = None
+        self._credentials = None
         if config.tls is not None:
             root, key, chain = config.tls
             self._credentials = grpc.ssl_channel_credentials(root, key, chain)
@@ -579,3 +547,40 @@ def status(s: Any) -> Status:
         holder=s.holder or None,
         issued_through=s.issued_through or None,
     )
+
+
+_KINDS = {1: "granted", 2: "handed_off", 3: "released", 4: "expired", 5: "fenced"}
+
+
+def holder_of(h: Any) -> Holder:
+    """A snapshot entry as a :class:`Holder`."""
+    return Holder(h.resource, h.token, h.remaining_ms / 1000, h.n_waiters, h.holder or None)
+
+
+def change_of(ev: Any) -> Change:
+    """A wire event as a :class:`Change`."""
+    return Change(
+        seq=ev.seq,
+        kind=_KINDS.get(ev.kind, "unknown"),
+        resource=ev.resource,
+        token=ev.token,
+        revoked_token=ev.revoked_token or None,
+        holder=ev.holder or None,
+    )
+
+
+def request_error(e: Any) -> errors.BatonError:
+    """A session answer's error as the exception for it."""
+    code = grpc.StatusCode.UNKNOWN
+    for c in grpc.StatusCode:
+        if c.value[0] == e.code:
+            code = c
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        return errors.InvalidArgument(e.message)
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return errors.Exhausted(e.message)
+    if code == grpc.StatusCode.PERMISSION_DENIED:
+        return errors.PermissionDenied(e.message)
+    if code == grpc.StatusCode.UNAUTHENTICATED:
+        return errors.Unauthenticated(e.message)
+    return errors.Indeterminate(f"{code.name}: {e.message}")

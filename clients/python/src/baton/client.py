@@ -8,22 +8,21 @@ import copy
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from typing import Any, Callable
+from typing import Any, Callable, Literal, overload
 
 import grpc
 
-from baton import _dial, _wire, errors
+from baton import _dial, _wire, aio, errors
 from baton._proto import baton_pb2 as pb
 from baton._proto import baton_pb2_grpc as pb_grpc
+from baton._types import Fenced, Lease, Status
 from baton._wire import (
     LEADER_METADATA,
-    Fenced,
-    Lease,
-    Status,
     _leader_hint,
     granted,
     map_error,
 )
+from baton.keeper import Keeper, SessionKeeper
 from baton.rules import (
     check_holder,
     check_lease_args,
@@ -31,6 +30,8 @@ from baton.rules import (
     check_resource,
     check_session_ttl,
 )
+from baton.session import Session, _run
+from baton.watch import Election, Watch
 
 __all__ = [
     "LEADER_METADATA",
@@ -68,8 +69,8 @@ class Client(_wire.Settings):
         self._watch_channels: dict[str, pb_grpc.LeasesStub] = {}
         self._open_channels: list[grpc.Channel] = []
         self._channel_of: dict[tuple[str, bool], grpc.Channel] = {}
-        self._sessions: dict[float | None, Any] = {}
-        self._twin: Any = None
+        self._sessions: dict[float | None, Session] = {}
+        self._twin: aio.Client | None = None
 
     # -- connections ------------------------------------------------------
 
@@ -266,35 +267,21 @@ class Client(_wire.Settings):
 
     # -- sessions, keepers, watches -------------------------------------------
 
-    def _aio_twin(self) -> Any:
+    def _aio_twin(self) -> aio.Client:
         """The asyncio client its sessions run on (see
         :class:`baton.session.Session`): the same settings, holder and
         servers, made once per client and holder."""
-        from baton import aio
-
         with self._lock:
             twin = self._twin
             if twin is None or twin.holder != self.holder:
-                twin = aio.Client.__new__(aio.Client)
-                for field in (
-                    "timeout_s",
-                    "dial_timeout_s",
-                    "holder",
-                    "_metadata",
-                    "_servers",
-                    "_credentials",
-                ):
-                    setattr(twin, field, getattr(self, field))
-                twin._setup()
+                twin = aio.Client(_share=self)
                 self._twin = twin
             return twin
 
-    def open_session(self, ttl_s: float | None = None) -> Any:
+    def open_session(self, ttl_s: float | None = None) -> Session:
         """Opens a :class:`baton.session.Session` on the leader: one
         stream, one heartbeat thread, many leases tied to it. ``ttl_s``
         None: the server's default TTL."""
-        from baton.session import Session
-
         check_session_ttl(ttl_s)
         return Session(self, ttl_s)
 
@@ -307,20 +294,16 @@ class Client(_wire.Settings):
         other._twin = None
         return other
 
-    def watch(self, prefix: str = "") -> Any:
+    def watch(self, prefix: str = "") -> Watch:
         """Watches every change of holder under ``prefix`` (see
         :class:`baton.watch.Watch`); needs ``read`` on the prefix."""
-        from baton.watch import Watch
-
         return Watch(self, check_prefix(prefix))
 
-    def election(self, name: str) -> Any:
+    def election(self, name: str) -> Election:
         """The fenced election named ``name`` (see :class:`baton.watch.Election`)."""
-        from baton.watch import Election
-
         return Election(self, name)
 
-    def session(self, ttl_s: float | None = None) -> Any:
+    def session(self, ttl_s: float | None = None) -> Session:
         """The session this client shares among its users for ``ttl_s``,
         opened on first use and again after one ended."""
         check_session_ttl(ttl_s)
@@ -333,6 +316,38 @@ class Client(_wire.Settings):
             self._sessions[ttl_s] = s
         return s
 
+    @overload
+    def lease(
+        self,
+        resource: str,
+        ttl_s: float | None = None,
+        wait_s: float = 0,
+        *,
+        session: Literal[True] = True,
+    ) -> SessionKeeper: ...
+
+    @overload
+    def lease(
+        self,
+        resource: str,
+        ttl_s: float | None = None,
+        wait_s: float = 0,
+        *,
+        session: Literal[False],
+        **keeper_options: float,
+    ) -> Keeper: ...
+
+    @overload
+    def lease(
+        self,
+        resource: str,
+        ttl_s: float | None = None,
+        wait_s: float = 0,
+        *,
+        session: bool,
+        **keeper_options: float,
+    ) -> Keeper | SessionKeeper: ...
+
     def lease(
         self,
         resource: str,
@@ -340,15 +355,13 @@ class Client(_wire.Settings):
         wait_s: float = 0,
         *,
         session: bool = True,
-        **keeper_options: Any,
-    ) -> Any:
+        **keeper_options: float,
+    ) -> Keeper | SessionKeeper:
         """``with client.lease(name, ttl_s=30) as kept:`` acquires, keeps
         the lease and releases it on exit. By default the lease is tied to
         this client's shared session for ``ttl_s`` (one heartbeat for all
         its leases; :class:`baton.keeper.SessionKeeper`); ``session=False``
         renews it on its own (:class:`baton.keeper.Keeper`)."""
-        from baton.keeper import Keeper, SessionKeeper
-
         check_lease_args(resource, ttl_s, wait_s)
         if not session:
             return Keeper.acquire(self, resource, ttl_s, wait_s, **keeper_options)
@@ -372,8 +385,6 @@ class Client(_wire.Settings):
         with self._lock:
             twin, self._twin = self._twin, None
         if twin is not None:
-            from baton.session import _run
-
             with contextlib.suppress(Exception):
                 _run(twin.close())
         with self._lock:

@@ -71,3 +71,13 @@ class NotOwner(BatonError):
 class OwnershipLost(BatonError):
     """A keeper no longer vouches for its lease: its safe-until passed, or
     the lease was fenced or lost. Stop the work; the token may be stale."""
+
+
+class SessionEnded(BatonError):
+    """The session is over (expired, closed, or its safe-until passed
+    without a resume): every lease tied to it has ended."""
+
+
+class WatchEnded(BatonError):
+    """The server ended the watch (a restart, a leadership change, a
+    shutdown): watch again, from a new snapshot."""

@@ -22,85 +22,25 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import TYPE_CHECKING
 
 from baton import errors
+from baton._kept import Clock, Kept, SessionKept, SessionLike, margin_s, safe_until
+from baton._types import Lease
 
 if TYPE_CHECKING:
-    from baton.client import Client, Lease
+    from baton.client import Client
+    from baton.session import Session
 
-Clock = Callable[[], float]
-
-
-def margin_s(ttl_s: float) -> float:
-    """The default safety margin: 5% of the TTL, at least 10 ms."""
-    return max(ttl_s / 20, 0.010)
-
-
-def safe_until(sent: float, granted_s: float, margin: float) -> float:
-    """Where a grant or renewal sent at ``sent`` (monotonic seconds) that
-    the server granted ``granted_s`` from its arrival stops being certain."""
-    return sent + granted_s - margin
-
-
-class Kept:
-    """What a worker asks of a kept lease, however it is kept."""
-
-    lost: threading.Event
-    loss_reason: str | None
-    _lock: threading.Lock
-
-    @property
-    def lease(self) -> Lease:
-        raise NotImplementedError
-
-    @property
-    def safe_until(self) -> float:
-        """Monotonic seconds (``time.monotonic()``) until which the lease
-        is certainly held, or was when last acknowledged."""
-        raise NotImplementedError
-
-    def _now(self) -> float:
-        return time.monotonic()
-
-    def _uncertain(self) -> str | None:
-        """Why ownership is no longer certain now, if it is not."""
-        if self._now() >= self.safe_until:
-            return "no renewal was acknowledged before the lease's safe-until"
-        return None
-
-    @property
-    def token(self) -> int:
-        """The fencing token: carry it into every protected write."""
-        return self.lease.token
-
-    @property
-    def resource(self) -> str:
-        return self.lease.resource
-
-    def _lose(self, why: str) -> None:
-        with self._lock:
-            if self.loss_reason is None:
-                self.loss_reason = why
-        self.lost.set()
-
-    def is_owner(self) -> bool:
-        """True while ownership is certain; False forever once it was not."""
-        if self.lost.is_set():
-            return False
-        why = self._uncertain()
-        if why is not None:
-            self._lose(why)
-            return False
-        return True
-
-    def check(self) -> None:
-        """Raises :class:`errors.OwnershipLost` unless ownership is certain
-        now. Once it raised, it always raises."""
-        if not self.is_owner():
-            raise errors.OwnershipLost(
-                f"{self.resource} (token {self.token}): {self.loss_reason}; stop the work"
-            )
+__all__ = [
+    "Clock",
+    "Keeper",
+    "Kept",
+    "SessionKeeper",
+    "SessionLike",
+    "margin_s",
+    "safe_until",
+]
 
 
 class Keeper(Kept):
@@ -224,65 +164,25 @@ class Keeper(Kept):
                 self._client.release(lease)
 
 
-class SessionLike(Protocol):
-    """What a :class:`SessionKeeper` reads of its session (the threaded
-    one here, or :class:`baton.aio.Session`)."""
+class SessionKeeper(SessionKept):
+    """Follows one lease tied to a session (see :class:`SessionKept` for
+    when it is lost). A thread sets :attr:`lost` when that happens; the
+    ``with`` block's end releases the lease (the session lives on)."""
 
-    ended: Any
-    ttl_s: float
-
-    @property
-    def safe_until(self) -> float: ...
-
-    def why(self) -> str: ...
-
-    def revoked_token(self, resource: str) -> int | None: ...
-
-
-class SessionKeeper(Kept):
-    """Follows one lease tied to a session: it is held while the session
-    is, so its safe-until is the session's (the last acknowledged
-    heartbeat's send time plus the TTL, minus the margin). It is lost when
-    that passes, when the session ends, or when a heartbeat reports the
-    lease fenced. A thread sets :attr:`lost` when that happens; the ``with``
-    block's end releases the lease (the session lives on)."""
-
-    def __init__(self, session: SessionLike, lease: Lease, start: bool = True) -> None:
-        self._session: SessionLike = session
-        self._lease = lease
-        self._lock = threading.Lock()
+    def __init__(self, session: Session, lease: Lease, start: bool = True) -> None:
+        super().__init__(session, lease)
+        self._held_by = session
         self._stop = threading.Event()
         self.lost = threading.Event()
-        self.loss_reason = None
         if start:
             threading.Thread(
                 target=self._watch, name=f"baton-kept {lease.resource}", daemon=True
             ).start()
 
     @property
-    def lease(self) -> Lease:
-        return self._lease
-
-    @property
-    def session(self) -> Any:
+    def session(self) -> Session:
         """The session the lease is tied to."""
-        return self._session
-
-    @property
-    def safe_until(self) -> float:
-        if self._lease.session_bound:
-            return self._session.safe_until
-        return min(self._session.safe_until, self._lease.valid_until - margin_s(self._lease.ttl_s))
-
-    def _uncertain(self) -> str | None:
-        revoked = self._session.revoked_token(self._lease.resource)
-        if revoked == self._lease.token:
-            return "a heartbeat reported the lease revoked (fenced)"
-        if self._session.ended.is_set():
-            return f"the session ended ({self._session.why()})"
-        if self._now() >= self.safe_until:
-            return "no heartbeat was acknowledged before the session's safe-until"
-        return None
+        return self._held_by
 
     def _watch(self) -> None:
         while not self._stop.is_set() and self.is_owner():

@@ -20,81 +20,22 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import itertools
 import threading
 import time
 from collections.abc import Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import grpc
-
-from baton import errors
-from baton._proto import baton_pb2 as pb
-from baton.keeper import margin_s
+from baton import aio, errors
+from baton._ledger import ENDED, HEARTBEAT_ID_BIT, Ledger
+from baton._types import Lease
+from baton.errors import SessionEnded
 
 if TYPE_CHECKING:
-    from baton.client import Client, Lease
+    from baton.client import Client
+
+__all__ = ["ENDED", "HEARTBEAT_ID_BIT", "Ledger", "Session", "SessionEnded"]
 
 T = TypeVar("T")
-
-#: Ids of the session's own heartbeats; callers' ids count up from 1.
-HEARTBEAT_ID_BIT = 1 << 63
-
-
-class SessionEnded(errors.BatonError):
-    """The session is over (expired, closed, or its safe-until passed
-    without a resume): every lease tied to it has ended."""
-
-
-class Ledger:
-    """What a session knows about itself, whichever client drives its
-    stream (threads here, tasks in :mod:`baton.aio`): its safe-until,
-    the heartbeats in flight, the leases reported revoked. No I/O; the
-    caller serializes access."""
-
-    def __init__(self, opened: Any, sent: float) -> None:
-        self.id: bytes = bytes(opened.session_id)
-        self.ttl_s: float = float(opened.ttl_ms) / 1000
-        self.margin_s = margin_s(self.ttl_s)
-        self.safe_until: float = sent + self.ttl_s - self.margin_s
-        self.heartbeats: dict[int, float] = {}
-        self.revoked: dict[str, int] = {}
-        self._heartbeat_ids = itertools.count(HEARTBEAT_ID_BIT)
-        self.note_revoked(opened.revoked)
-
-    def heartbeat(self, at: float) -> Any:
-        """The next heartbeat request, sent at ``at``."""
-        hid = next(self._heartbeat_ids)
-        self.heartbeats[hid] = at
-        return pb.SessionRequest(id=hid, heartbeat=pb.Heartbeat())
-
-    def note_revoked(self, revoked: Any) -> None:
-        for r in revoked:
-            self.revoked[r.resource] = r.token
-
-    def read(self, response: Any) -> tuple[int | None, Any, errors.BatonError | None, bool]:
-        """Applies an answer: the id of the caller's request it answers
-        (None for a heartbeat's), its body or error, and whether the
-        server said the session is over."""
-        which = response.WhichOneof("body")
-        ended = which == "ended"
-        if response.id >= HEARTBEAT_ID_BIT:
-            sent = self.heartbeats.pop(response.id, None)
-            if which == "heartbeat" and sent is not None:
-                ack = response.heartbeat
-                self.safe_until = max(
-                    self.safe_until, sent + ack.remaining_ms / 1000 - self.margin_s
-                )
-                self.note_revoked(ack.revoked)
-            return None, None, None, ended
-        if which == "error":
-            return response.id, None, _request_error(response.error), False
-        if ended:
-            return response.id, None, SessionEnded(ENDED), True
-        return response.id, getattr(response, which), None, False
-
-
-ENDED = "the session is not open (it expired or was closed)"
 
 
 class _Loop:
@@ -137,8 +78,6 @@ class Session:
     process's sessions."""
 
     def __init__(self, client: Client, ttl_s: float | None = None) -> None:
-        from baton import aio
-
         self._client = client
         self._s = _run(aio.Session.open(client._aio_twin(), ttl_s))
         self.id = self._s.id
@@ -246,19 +185,3 @@ class Session:
     def __exit__(self, *exc: object) -> None:
         with contextlib.suppress(errors.BatonError):
             self.close()
-
-
-def _request_error(e: Any) -> errors.BatonError:
-    code = grpc.StatusCode.UNKNOWN
-    for c in grpc.StatusCode:
-        if c.value[0] == e.code:
-            code = c
-    if code == grpc.StatusCode.INVALID_ARGUMENT:
-        return errors.InvalidArgument(e.message)
-    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
-        return errors.Exhausted(e.message)
-    if code == grpc.StatusCode.PERMISSION_DENIED:
-        return errors.PermissionDenied(e.message)
-    if code == grpc.StatusCode.UNAUTHENTICATED:
-        return errors.Unauthenticated(e.message)
-    return errors.Indeterminate(f"{code.name}: {e.message}")

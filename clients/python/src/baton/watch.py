@@ -18,70 +18,22 @@ import contextlib
 import queue
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import grpc
 
 from baton import _wire, errors
 from baton._proto import baton_pb2 as pb
+from baton._types import Change, Holder, Leader
+from baton._wire import change_of, holder_of
+from baton.errors import WatchEnded
+from baton.keeper import SessionKeeper
 from baton.rules import check_holder, check_resource
 
 if TYPE_CHECKING:
     from baton.client import Client
-    from baton.keeper import SessionKeeper
 
-
-class WatchEnded(errors.BatonError):
-    """The server ended the watch (a restart, a leadership change, a
-    shutdown): watch again, from a new snapshot."""
-
-
-@dataclass(frozen=True)
-class Holder:
-    """A holder in a watch's snapshot."""
-
-    resource: str
-    token: int
-    remaining_s: float
-    n_waiters: int
-    holder: str | None
-
-
-@dataclass(frozen=True)
-class Change:
-    """One change of holder."""
-
-    seq: int
-    #: ``granted``, ``handed_off``, ``released``, ``expired`` or ``fenced``.
-    kind: str
-    resource: str
-    #: The lease's token; for a fence, the fence's own.
-    token: int
-    #: For a fence: the revoked lease's token, if one was held.
-    revoked_token: int | None
-    #: The new holder's description (a grant), or the one that lost it.
-    holder: str | None
-
-
-_KINDS = {1: "granted", 2: "handed_off", 3: "released", 4: "expired", 5: "fenced"}
-
-
-def holder_of(h: Any) -> Holder:
-    """A snapshot entry as a :class:`Holder`."""
-    return Holder(h.resource, h.token, h.remaining_ms / 1000, h.n_waiters, h.holder or None)
-
-
-def change_of(ev: Any) -> Change:
-    """A wire event as a :class:`Change`."""
-    return Change(
-        seq=ev.seq,
-        kind=_KINDS.get(ev.kind, "unknown"),
-        resource=ev.resource,
-        token=ev.token,
-        revoked_token=ev.revoked_token or None,
-        holder=ev.holder or None,
-    )
+__all__ = ["Change", "Election", "Holder", "Leader", "Watch", "WatchEnded"]
 
 
 class Watch:
@@ -161,14 +113,6 @@ def _ended(e: grpc.RpcError, client: Client, address: str) -> errors.BatonError:
     return client._error(e, address)
 
 
-@dataclass(frozen=True)
-class Leader:
-    """The leader as others see it."""
-
-    token: int
-    value: str | None
-
-
 class Election:
     """One election: a resource name whose holder is the leader."""
 
@@ -184,8 +128,6 @@ class Election:
         (a :class:`baton.keeper.SessionKeeper` of the leadership: its
         ``token``, ``check()``, ``lost``; leaving its ``with`` block, or
         closing its session, resigns) or ``wait_s`` runs out (None)."""
-        from baton.keeper import SessionKeeper
-
         session = self._client.with_holder(check_holder(value)).open_session(ttl_s)
         try:
             lease = session.acquire(self.name, wait_s)
