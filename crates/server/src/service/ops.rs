@@ -170,13 +170,7 @@ impl LeaseService {
         start_after: String,
         limit: u32,
     ) -> Result<Vec<LeaseStatus>, Status> {
-        if prefix.len() > baton_core::RESOURCE_NAME_LEN_BYTES_MAX {
-            return Err(Status::invalid_argument(format!(
-                "prefix is {} bytes; the limit is {} bytes",
-                prefix.len(),
-                baton_core::RESOURCE_NAME_LEN_BYTES_MAX
-            )));
-        }
+        check_prefix(&prefix)?;
         if limit > LIST_LIMIT_MAX {
             return Err(Status::invalid_argument(format!(
                 "limit {limit} is above the maximum {LIST_LIMIT_MAX}"
@@ -373,8 +367,8 @@ fn session_error(e: SessionError) -> Status {
     }
 }
 
-/// A prefix is at most a name's length and holds no control character (no
-/// name does, so such a prefix could never match).
+/// A list's or a watch's prefix is at most a name's length and holds no
+/// control character (no name does, so such a prefix could never match).
 fn check_prefix(prefix: &str) -> Result<(), Status> {
     if prefix.len() > baton_core::RESOURCE_NAME_LEN_BYTES_MAX {
         return Err(Status::invalid_argument(format!(

@@ -98,3 +98,37 @@ async fn a_lease_stored_under_such_a_name_still_loads_and_can_be_fenced_and_rele
         .await;
     assert!(!matches!(again, Ok(Acquired::Granted(_))), "{again:?}");
 }
+
+/// A list's prefix is held to a watch's rule: a control character (which
+/// no name holds, so the prefix could match nothing) is refused naming
+/// the rule, by both calls, sent as raw requests past any client check.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prefix_with_a_control_character_is_refused_by_list_and_watch_alike() {
+    use baton_proto::v1::{leases_client::LeasesClient, ListRequest, WatchRequest};
+    let dir = TempDir::new("names-prefix");
+    let s = serve(dir.path(), &[]);
+    let mut raw = LeasesClient::connect(s.url()).await.unwrap();
+    let prefix = "job:\u{7}".to_string();
+    let list = raw
+        .list(ListRequest {
+            prefix: prefix.clone(),
+            start_after: String::new(),
+            limit: 0,
+        })
+        .await
+        .unwrap_err();
+    let watch = raw
+        .watch(WatchRequest { prefix })
+        .await
+        .map(|_| ())
+        .unwrap_err();
+    for e in [&list, &watch] {
+        assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+        assert!(
+            e.message()
+                .contains("control character '\\u{7}'; names never do"),
+            "{e:?}"
+        );
+    }
+    assert_eq!(list.message(), watch.message(), "one rule, one message");
+}
