@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
-CODE_LANGUAGES = ("sh", "bash", "console", "sql", "rust", "python")
+CODE_LANGUAGES = ("sh", "bash", "console", "sql", "rust", "python", "go")
 MARKER = re.compile(r"^<!--\s*docs-test:\s*(.*?)\s*-->\s*$")
 FILE_MARKER = re.compile(r"^<!--\s*docs-test-file:\s*(.*?)\s*-->\s*$")
 FENCE = re.compile(r"^```(\S*)\s*$")

@@ -6,7 +6,7 @@
 //! them, so `rtl:<U+202E>gnp.exe` reads `rtl:exe.png` and `a<U+200B>b`
 //! looks like `ab`: an operator could release or fence the wrong resource.
 //! The sets come from ICU4X's Unicode data (`icu_properties`); the fence
-//! kit's SQL and the Python client carry the same ranges, checked against
+//! kit's SQL and the Python and Go clients carry the same ranges, checked against
 //! [`invisible_ranges`] by `crates/fence/tests/it/sql_names.rs`.
 
 use icu_properties::props::{DefaultIgnorableCodePoint, GeneralCategory, GeneralCategoryGroup};

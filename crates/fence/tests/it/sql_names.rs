@@ -31,7 +31,7 @@ fn sql_class() -> String {
 }
 
 #[test]
-fn the_sql_and_python_tables_are_the_cores() {
+fn the_sql_python_and_go_tables_are_the_cores() {
     let class = sql_class();
     for file in [
         "crates/fence/sql/functions/check_name.sql",
@@ -50,6 +50,14 @@ fn the_sql_and_python_tables_are_the_cores() {
     assert!(
         rules.contains(&format!("= (\n{python})")),
         "clients/python/src/baton/rules.py INVISIBLE_RANGES is not the core's:\n{python}"
+    );
+    let go: String = invisible_ranges()
+        .iter()
+        .map(|(s, e)| format!("\t{{0x{s:04X}, 0x{e:04X}}},\n"))
+        .collect();
+    assert!(
+        workspace("clients/go/rules.go").contains(&format!("= [][2]rune{{\n{go}}}")),
+        "clients/go/rules.go invisibleRanges is not the core's:\n{go}"
     );
 }
 

@@ -1,0 +1,301 @@
+package baton
+
+import (
+	"context"
+	"crypto/rand"
+	"fmt"
+	"time"
+
+	"google.golang.org/grpc"
+
+	"github.com/baton-dev/baton/clients/go/internal/pb"
+)
+
+// Lease is a granted lease. AcquisitionID is a secret: it renews and
+// releases the lease; never log it.
+type Lease struct {
+	Resource      string
+	AcquisitionID []byte
+	// Token is the fencing token: carry it into every protected write.
+	Token uint64
+	TTL   time.Duration
+	// ValidUntil is on this process's monotonic clock (time.Now's
+	// reading): the request's send time, plus the time the server says
+	// it waited in line, plus the TTL. The server cannot expire the lease
+	// before then, whatever the network did.
+	ValidUntil time.Time
+}
+
+// ValidFor is the time left until ValidUntil (0 once passed).
+func (l *Lease) ValidFor() time.Duration { return max(0, time.Until(l.ValidUntil)) }
+
+// Expired says whether ValidUntil has passed.
+func (l *Lease) Expired() bool { return !time.Now().Before(l.ValidUntil) }
+
+// Status is a resource as the server reports it (never the acquisition id).
+type Status struct {
+	Resource string
+	// HolderToken is the holder's token, 0 if the resource is free.
+	HolderToken uint64
+	Remaining   time.Duration
+	TTL         time.Duration
+	Waiters     uint64
+	Holder      string
+	// IssuedThrough is the last token the server issued, to any resource,
+	// when it answered: every later grant gets a higher one.
+	IssuedThrough uint64
+}
+
+// Fenced is what an operator fence did.
+type Fenced struct {
+	Token        uint64
+	RevokedToken uint64
+}
+
+// acquireSettings are one acquire's options.
+type acquireSettings struct {
+	ttl  time.Duration
+	wait time.Duration
+}
+
+// AcquireOption sets one option of an acquire.
+type AcquireOption func(*acquireSettings)
+
+// WithTTL is the lease's TTL (the server's default without it).
+func WithTTL(ttl time.Duration) AcquireOption {
+	return func(a *acquireSettings) { a.ttl = ttl }
+}
+
+// WithWait waits in line up to wait, first come first served, instead of
+// trying once.
+func WithWait(wait time.Duration) AcquireOption {
+	return func(a *acquireSettings) { a.wait = wait }
+}
+
+// Acquire takes a lease on resource; [ErrNotAcquired] (a
+// [*NotAcquiredError]) if it is held or the wait ran out.
+func (c *Client) Acquire(ctx context.Context, resource string, options ...AcquireOption) (*Lease, error) {
+	leases, err := c.AcquireAll(ctx, []string{resource}, options...)
+	if err != nil {
+		return nil, err
+	}
+	return leases[0], nil
+}
+
+// AcquireAll takes a lease on every resource or none, in one request.
+func (c *Client) AcquireAll(ctx context.Context, resources []string, options ...AcquireOption) ([]*Lease, error) {
+	var a acquireSettings
+	for _, o := range options {
+		o(&a)
+	}
+	request, err := c.acquireRequest(resources, a)
+	if err != nil {
+		return nil, err
+	}
+	waitMs := request.WaitMs
+	// A lease answered to a repeat counts from the first send too.
+	sent := time.Now()
+	repeat := func(since time.Duration) {
+		ms := max(1, uint64(since.Milliseconds()))
+		request.FirstSentMsAgo = &ms
+		request.WaitMs = waitMs - min(waitMs, ms)
+	}
+	var response *pb.AcquireResponse
+	err = c.call(ctx, a.wait, kind{repeat: repeat}, func(ctx context.Context, l pb.LeasesClient, o ...grpc.CallOption) error {
+		r, err := l.Acquire(ctx, request, o...)
+		response = r
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	leases, err := granted(response, sent, len(resources))
+	if err != nil {
+		return nil, err
+	}
+	for _, l := range leases {
+		if l.Expired() {
+			for _, l := range leases {
+				_, _ = c.Release(ctx, l)
+			}
+			return nil, errorf(ErrExpiredOnArrival, "%s: the grant came back after its TTL, counted from when the request was sent; released", l.Resource)
+		}
+	}
+	return leases, nil
+}
+
+// acquireRequest checks every argument before anything is sent.
+func (c *Client) acquireRequest(resources []string, a acquireSettings) (*pb.AcquireRequest, error) {
+	if len(resources) == 0 {
+		return nil, invalidf("name at least one resource")
+	}
+	names := make([]string, len(resources))
+	for i, r := range resources {
+		name, err := CheckResource(r, false)
+		if err != nil {
+			return nil, err
+		}
+		names[i] = name
+	}
+	request := &pb.AcquireRequest{Resources: names, RequestId: make([]byte, 16)}
+	if a.ttl != 0 {
+		ttl, err := millis(a.ttl, "ttl", false)
+		if err != nil {
+			return nil, err
+		}
+		request.TtlMs = &ttl
+	}
+	wait, err := millis(a.wait, "wait", true)
+	if err != nil {
+		return nil, err
+	}
+	request.WaitMs = wait
+	if c.holder != "" {
+		request.Holder = &c.holder
+	}
+	// As secret as an acquisition id: from the system's generator.
+	if _, err := rand.Read(request.RequestId); err != nil {
+		return nil, fmt.Errorf("request id: %w", err)
+	}
+	return request, nil
+}
+
+// granted is the leases of an answer, counted from sent, or why not.
+func granted(r *pb.AcquireResponse, sent time.Time, n int) ([]*Lease, error) {
+	if na := r.GetNotAcquired(); na != nil {
+		reason := map[pb.NotAcquired_Reason]string{
+			pb.NotAcquired_HELD:      "held",
+			pb.NotAcquired_TIMED_OUT: "timed out",
+			pb.NotAcquired_ENDED:     "ended",
+		}[na.GetReason()]
+		if reason == "" {
+			reason = na.GetReason().String()
+		}
+		return nil, &NotAcquiredError{Reason: reason, Resource: na.GetResource(), HolderToken: na.GetHolderToken()}
+	}
+	g := r.GetGranted()
+	if g == nil || len(g.GetLeases()) != n {
+		return nil, errorf(ErrIndeterminate, "unexpected answer to acquire: %v", r)
+	}
+	leases := make([]*Lease, n)
+	for i, l := range g.GetLeases() {
+		ttl := time.Duration(l.GetTtlMs()) * time.Millisecond
+		leases[i] = &Lease{
+			Resource:      l.GetResource(),
+			AcquisitionID: l.GetAcquisitionId(),
+			Token:         l.GetToken(),
+			TTL:           ttl,
+			ValidUntil:    sent.Add(time.Duration(l.GetWaitedMs())*time.Millisecond + ttl),
+		}
+	}
+	return leases, nil
+}
+
+// Renew extends the lease by its TTL from now; [ErrNotOwner] if it is no
+// longer held (nothing was extended or created).
+func (c *Client) Renew(ctx context.Context, lease *Lease) (*Lease, error) {
+	sent := time.Now()
+	var r *pb.RenewResponse
+	err := c.call(ctx, 0, kind{}, func(ctx context.Context, l pb.LeasesClient, o ...grpc.CallOption) (err error) {
+		r, err = l.Renew(ctx, &pb.RenewRequest{Resource: lease.Resource, AcquisitionId: lease.AcquisitionID}, o...)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	if !r.GetRenewed() {
+		return nil, errorf(ErrNotOwner, "%s: the lease with token %d is no longer held (expired, released, fenced or replaced); nothing was extended", lease.Resource, lease.Token)
+	}
+	renewed := *lease
+	renewed.Token = r.GetToken()
+	renewed.ValidUntil = sent.Add(time.Duration(r.GetRemainingMs()) * time.Millisecond)
+	return &renewed, nil
+}
+
+// Release gives the lease back; false if it was not held.
+func (c *Client) Release(ctx context.Context, lease *Lease) (bool, error) {
+	var r *pb.ReleaseResponse
+	err := c.call(ctx, 0, kind{}, func(ctx context.Context, l pb.LeasesClient, o ...grpc.CallOption) (err error) {
+		r, err = l.Release(ctx, &pb.ReleaseRequest{Resource: lease.Resource, AcquisitionId: lease.AcquisitionID}, o...)
+		return err
+	})
+	if err != nil {
+		return false, err
+	}
+	return r.GetReleased(), nil
+}
+
+// Status reads a resource's holder, remaining TTL and waiters.
+func (c *Client) Status(ctx context.Context, resource string) (*Status, error) {
+	name, err := CheckResource(resource, true)
+	if err != nil {
+		return nil, err
+	}
+	var r *pb.StatusResponse
+	err = c.call(ctx, 0, kind{read: true}, func(ctx context.Context, l pb.LeasesClient, o ...grpc.CallOption) (err error) {
+		r, err = l.Status(ctx, &pb.StatusRequest{Resource: name}, o...)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return statusOf(r), nil
+}
+
+func statusOf(r *pb.StatusResponse) *Status {
+	s := &Status{
+		Resource:      r.GetResource(),
+		Remaining:     time.Duration(r.GetRemainingMs()) * time.Millisecond,
+		TTL:           time.Duration(r.GetTtlMs()) * time.Millisecond,
+		Waiters:       r.GetNWaiters(),
+		Holder:        r.GetHolder(),
+		IssuedThrough: r.GetIssuedThrough(),
+	}
+	if r.GetHeld() {
+		s.HolderToken = r.GetHolderToken()
+	}
+	return s
+}
+
+// List reads up to limit resources under prefix after startAfter, in name
+// order (limit 0: the server's default page).
+func (c *Client) List(ctx context.Context, prefix, startAfter string, limit uint32) ([]*Status, error) {
+	if err := checkPrefix(prefix); err != nil {
+		return nil, err
+	}
+	var r *pb.ListResponse
+	err := c.call(ctx, 0, kind{read: true}, func(ctx context.Context, l pb.LeasesClient, o ...grpc.CallOption) (err error) {
+		r, err = l.List(ctx, &pb.ListRequest{Prefix: prefix, StartAfter: startAfter, Limit: limit}, o...)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	out := make([]*Status, len(r.GetEntries()))
+	for i, e := range r.GetEntries() {
+		out[i] = statusOf(e)
+	}
+	return out, nil
+}
+
+// Fence revokes the resource's lease, if any, and issues a token above
+// every earlier one (an operator's action: it needs the fence permission).
+func (c *Client) Fence(ctx context.Context, resource string) (*Fenced, error) {
+	name, err := CheckResource(resource, true)
+	if err != nil {
+		return nil, err
+	}
+	var r *pb.FenceResponse
+	err = c.call(ctx, 0, kind{}, func(ctx context.Context, l pb.LeasesClient, o ...grpc.CallOption) (err error) {
+		r, err = l.Fence(ctx, &pb.FenceRequest{Resource: name}, o...)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	f := &Fenced{Token: r.GetToken()}
+	if r.GetRevoked() {
+		f.RevokedToken = r.GetRevokedToken()
+	}
+	return f, nil
+}

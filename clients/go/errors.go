@@ -1,0 +1,83 @@
+package baton
+
+import (
+	"errors"
+	"fmt"
+)
+
+// The kinds of error a call returns; test with [errors.Is]. Every kind but
+// [ErrIndeterminate] is definite: the call did nothing on the server.
+var (
+	// ErrInvalid: an argument broke a rule (checked before sending, or by
+	// the server); the message names the rule and the value.
+	ErrInvalid = errors.New("invalid argument")
+	// ErrNotAcquired: the resource was held or had waiters ahead, or the
+	// wait ran out; [*NotAcquiredError] says which resource blocked.
+	ErrNotAcquired = errors.New("not acquired")
+	// ErrNotOwner: the lease is no longer this holder's (it expired, was
+	// released, fenced or replaced): stop the work it protects.
+	ErrNotOwner = errors.New("not the owner")
+	// ErrPermissionDenied: the server's auth rules refuse this principal.
+	ErrPermissionDenied = errors.New("permission denied")
+	// ErrUnauthenticated: no token, or one the server does not know.
+	ErrUnauthenticated = errors.New("unauthenticated")
+	// ErrExhausted: a server limit (waiters, connections) refused the call.
+	ErrExhausted = errors.New("resource exhausted")
+	// ErrUnavailable: no server could be reached; nothing was sent.
+	ErrUnavailable = errors.New("unavailable")
+	// ErrExpiredOnArrival: a grant came back after its TTL had passed on
+	// this process's clock; the client released it.
+	ErrExpiredOnArrival = errors.New("expired on arrival")
+	// ErrIndeterminate: the request may or may not have taken effect (the
+	// answer was lost or late); never returned for a call known to have
+	// done nothing.
+	ErrIndeterminate = errors.New("outcome unknown")
+)
+
+// Error is a failed call: its kind (one of the Err values, matched by
+// [errors.Is]) and what happened.
+type Error struct {
+	Kind    error
+	Message string
+}
+
+func (e *Error) Error() string { return e.Message }
+
+// Unwrap gives the kind.
+func (e *Error) Unwrap() error { return e.Kind }
+
+func errorf(kind error, format string, args ...any) error {
+	return &Error{Kind: kind, Message: fmt.Sprintf(format, args...)}
+}
+
+func invalidf(format string, args ...any) error {
+	return errorf(ErrInvalid, format, args...)
+}
+
+// NotAcquiredError is why an acquire got nothing; it matches
+// [ErrNotAcquired].
+type NotAcquiredError struct {
+	// Reason: "held" (try-once, a resource was held or had waiters),
+	// "timed out" (the wait ran out), or "ended" (a repeat of a request
+	// whose lease has ended).
+	Reason string
+	// Resource is the first requested resource that blocked ("" if none
+	// was named).
+	Resource string
+	// HolderToken is its holder's token (0 if it only had waiters).
+	HolderToken uint64
+}
+
+func (e *NotAcquiredError) Error() string {
+	switch {
+	case e.Resource != "" && e.HolderToken != 0:
+		return fmt.Sprintf("not acquired (%s): %s is held (token %d)", e.Reason, e.Resource, e.HolderToken)
+	case e.Resource != "":
+		return fmt.Sprintf("not acquired (%s): %s has waiters ahead", e.Reason, e.Resource)
+	default:
+		return fmt.Sprintf("not acquired (%s)", e.Reason)
+	}
+}
+
+// Is matches [ErrNotAcquired].
+func (e *NotAcquiredError) Is(target error) bool { return target == ErrNotAcquired }
