@@ -17,5 +17,8 @@
 // a cluster, an acquire whose answer was lost sent again under the same
 // request id (never a second lease), and every error either definite or
 // [ErrIndeterminate]. A lease's ValidUntil counts from the moment its
-// request was sent, on this process's monotonic clock.
+// request was sent, on this process's monotonic clock, and a [Keeper]
+// renews a lease and gives it up at its safe-until on that clock, whether
+// or not the server answers. Sessions, watches and elections are not
+// written yet.
 package baton

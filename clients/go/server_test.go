@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -14,6 +15,13 @@ import (
 // own, stopped at the end of the test. The binary is BATON_BIN, else the
 // workspace's debug build (cargo build --bin baton).
 func server(t *testing.T) string {
+	t.Helper()
+	addr, _ := startServer(t)
+	return addr
+}
+
+// startServer is [server] with its process, for signals.
+func startServer(t *testing.T) (string, *os.Process) {
 	t.Helper()
 	bin := os.Getenv("BATON_BIN")
 	if bin == "" {
@@ -24,7 +32,7 @@ func server(t *testing.T) string {
 	}
 	grpcAddr, httpAddr := freePort(t), freePort(t)
 	cmd := exec.Command(bin, "serve", "--listen", grpcAddr, "--http-listen", httpAddr,
-		"--data-dir", filepath.Join(t.TempDir(), "data"))
+		"--data-dir", filepath.Join(t.TempDir(), "data"), "--ttl-min", "100ms")
 	logPath := filepath.Join(t.TempDir(), "server.log")
 	log, err := os.Create(logPath)
 	if err != nil {
@@ -35,6 +43,7 @@ func server(t *testing.T) string {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGCONT)
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
 		_ = log.Close()
@@ -48,7 +57,7 @@ func server(t *testing.T) string {
 		if err == nil {
 			_ = resp.Body.Close()
 			if resp.StatusCode == 200 {
-				return grpcAddr
+				return grpcAddr, cmd.Process
 			}
 		}
 		if time.Now().After(deadline) {
