@@ -1,0 +1,53 @@
+package baton
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+)
+
+// Three servers on one PostgreSQL database: calls listed to a follower
+// first reach the leader, and a lease keeps its token through a leader
+// SIGKILL, renewed on the new leader.
+func TestCallsFollowTheLeaderAndALeaseOutlivesALeaderKill(t *testing.T) {
+	ctx := context.Background()
+	store := pgDatabase(t)
+	nodes := make([]*node, 3)
+	for i := range nodes {
+		nodes[i] = startNode(t, "--store", store, "--leader-ttl", "1s")
+	}
+	first := leader(t, nodes, -1)
+	follower := nodes[(first+1)%3]
+	// The follower first: its answer names the leader, and the call goes there.
+	addrs := []string{follower.grpc}
+	for i, n := range nodes {
+		if n != follower {
+			addrs = append(addrs, nodes[i].grpc)
+		}
+	}
+	c := connect(t, strings.Join(addrs, ","), WithHolder("go cluster worker"), WithDialTimeout(300*time.Millisecond))
+	lease, err := c.Acquire(ctx, "go:cluster", WithTTL(30*time.Second))
+	if err != nil {
+		t.Fatalf("through a follower: %v", err)
+	}
+	if c.CurrentServer() != nodes[first].grpc {
+		t.Fatalf("current %s, want the leader %s", c.CurrentServer(), nodes[first].grpc)
+	}
+	if err := nodes[first].process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	next := leader(t, nodes, first)
+	renewed, err := c.Renew(ctx, lease)
+	if err != nil || renewed.Token != lease.Token {
+		t.Fatalf("renewed on the new leader: %+v, %v", renewed, err)
+	}
+	st, err := c.Status(ctx, "go:cluster")
+	if err != nil || st.HolderToken != lease.Token || st.Holder != "go cluster worker" {
+		t.Fatalf("status on the new leader: %+v, %v", st, err)
+	}
+	if c.CurrentServer() != nodes[next].grpc {
+		t.Fatalf("current %s, want the new leader %s", c.CurrentServer(), nodes[next].grpc)
+	}
+	t.Logf("leader %d killed; node %d leads; the lease kept token %d", first, next, lease.Token)
+}

@@ -1,0 +1,165 @@
+package baton
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/baton-dev/baton/clients/go/internal/pb"
+)
+
+// dropProxy forwards loopback TCP to upstream. Once armed with a
+// pattern, the connection whose request carries it gets no answer: the
+// server's next bytes are discarded and both sides are reset.
+type dropProxy struct {
+	listener net.Listener
+	upstream string
+	mu       sync.Mutex
+	pattern  []byte
+	dropped  atomic.Int32
+}
+
+func newDropProxy(t *testing.T, upstream string) *dropProxy {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &dropProxy{listener: l, upstream: upstream}
+	t.Cleanup(func() { _ = l.Close() })
+	go p.accept()
+	return p
+}
+
+func (p *dropProxy) addr() string { return p.listener.Addr().String() }
+
+func (p *dropProxy) arm(pattern string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.pattern = []byte(pattern)
+}
+
+func (p *dropProxy) accept() {
+	for {
+		client, err := p.listener.Accept()
+		if err != nil {
+			return
+		}
+		server, err := net.Dial("tcp", p.upstream)
+		if err != nil {
+			_ = client.Close()
+			continue
+		}
+		var doomed atomic.Bool
+		go p.up(client, server, &doomed)
+		go p.down(server, client, &doomed)
+	}
+}
+
+func (p *dropProxy) up(client, server net.Conn, doomed *atomic.Bool) {
+	buf := make([]byte, 65536)
+	for {
+		n, err := client.Read(buf)
+		if n > 0 {
+			p.mu.Lock()
+			if p.pattern != nil && bytes.Contains(buf[:n], p.pattern) {
+				p.pattern = nil
+				doomed.Store(true)
+			}
+			p.mu.Unlock()
+			if _, err := server.Write(buf[:n]); err != nil {
+				return
+			}
+		}
+		if err != nil {
+			_ = server.(*net.TCPConn).CloseWrite()
+			return
+		}
+	}
+}
+
+func (p *dropProxy) down(server, client net.Conn, doomed *atomic.Bool) {
+	buf := make([]byte, 65536)
+	for {
+		n, err := server.Read(buf)
+		if n > 0 && doomed.Load() {
+			p.dropped.Add(1)
+			reset(client)
+			reset(server)
+			return
+		}
+		if n > 0 {
+			if _, err := client.Write(buf[:n]); err != nil {
+				return
+			}
+		}
+		if err != nil {
+			if !errors.Is(err, io.EOF) {
+				reset(client)
+			}
+			_ = client.(*net.TCPConn).CloseWrite()
+			return
+		}
+	}
+}
+
+// reset closes c with an RST (linger 0).
+func reset(c net.Conn) {
+	_ = c.(*net.TCPConn).SetLinger(0)
+	_ = c.Close()
+}
+
+func TestALostAcquireAnswerIsSentAgainAndGrantsOnce(t *testing.T) {
+	ctx := context.Background()
+	addr := server(t)
+	proxy := newDropProxy(t, addr)
+	c := connect(t, proxy.addr())
+	direct := connect(t, addr)
+
+	proxy.arm("lost:go")
+	lease, err := c.Acquire(ctx, "lost:go", WithTTL(30*time.Second))
+	if err != nil {
+		t.Fatalf("the repeat gets the grant: %v", err)
+	}
+	if proxy.dropped.Load() != 1 {
+		t.Fatalf("the fault fired %d times, want 1", proxy.dropped.Load())
+	}
+	st, err := direct.Status(ctx, "lost:go")
+	if err != nil || st.HolderToken != lease.Token {
+		t.Fatalf("the one lease is the one answered: %+v, %v (lease token %d)", st, err, lease.Token)
+	}
+	if ok, err := c.Release(ctx, lease); err != nil || !ok {
+		t.Fatalf("released: %v, %v", ok, err)
+	}
+	t.Logf("answers dropped: %d; orphan leases: 0 (the repeat got token %d)", proxy.dropped.Load(), lease.Token)
+
+	// The negative control: the same fault on an acquire without a request
+	// id, sent again by hand, finds the orphan its first attempt left.
+	conn, err := grpc.NewClient(proxy.addr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = conn.Close() }()
+	raw := pb.NewLeasesClient(conn)
+	ttl := uint64(30_000)
+	request := &pb.AcquireRequest{Resources: []string{"lost:go:blind"}, TtlMs: &ttl}
+	proxy.arm("lost:go:blind")
+	if _, err := raw.Acquire(ctx, request); err == nil {
+		t.Fatal("the answer was dropped: the first attempt must fail")
+	}
+	again, err := raw.Acquire(ctx, request)
+	if err != nil || again.GetNotAcquired() == nil || again.GetNotAcquired().GetHolderToken() == 0 {
+		t.Fatalf("a blind repeat finds the orphan holding the resource: %v, %v", again, err)
+	}
+	t.Logf("negative control: answers dropped %d, a blind repeat refused by the orphan (token %d)",
+		proxy.dropped.Load(), again.GetNotAcquired().GetHolderToken())
+}
