@@ -24,8 +24,9 @@ func MarginOf(ttl time.Duration) time.Duration {
 // acknowledged grant or renewal, plus the time granted, minus the margin.
 // The server cannot expire the lease before then, whatever the network
 // does. At the safe-until the keeper gives the lease up on its own clock,
-// whether or not the server answers; once lost, it never vouches for the
-// lease again.
+// whether or not the server answers: its [Keeper.Context] is cancelled
+// and [Keeper.Err] says why. Once lost, it never vouches for the lease
+// again.
 type Keeper struct {
 	client   *Client
 	interval time.Duration
@@ -35,7 +36,8 @@ type Keeper struct {
 	lease     *Lease
 	safeUntil time.Time
 	reason    string
-	lost      chan struct{}
+	ctx       context.Context
+	cancel    context.CancelFunc
 
 	stop chan struct{}
 	done chan struct{}
@@ -55,17 +57,19 @@ func WithSafetyMargin(d time.Duration) KeeperOption {
 	return func(k *Keeper) { k.margin = d }
 }
 
-// Keep starts keeping lease until [Keeper.Stop] or [Keeper.Release].
-func (c *Client) Keep(lease *Lease, options ...KeeperOption) *Keeper {
+// Keep starts keeping lease until [Keeper.Stop] or [Keeper.Release], or
+// until ctx is done (the keeper then stops as by Stop, and its context
+// is cancelled with ctx).
+func (c *Client) Keep(ctx context.Context, lease *Lease, options ...KeeperOption) *Keeper {
 	k := &Keeper{
 		client:   c,
 		lease:    lease,
 		interval: lease.TTL / 3,
 		margin:   MarginOf(lease.TTL),
-		lost:     make(chan struct{}),
 		stop:     make(chan struct{}),
 		done:     make(chan struct{}),
 	}
+	k.ctx, k.cancel = context.WithCancel(ctx)
 	for _, o := range options {
 		o(k)
 	}
@@ -91,13 +95,13 @@ func (k *Keeper) SafeUntil() time.Time {
 	return k.safeUntil
 }
 
-// Lost is closed once ownership is lost or uncertain: select on it
-// beside the work.
-func (k *Keeper) Lost() <-chan struct{} { return k.lost }
+// Context is cancelled the moment ownership is lost or uncertain (or the
+// keeper stopped): run the protected work under it.
+func (k *Keeper) Context() context.Context { return k.ctx }
 
-// Check is nil while ownership is certain now, else an
-// [ErrOwnershipLost] saying why; once it failed, it always fails.
-func (k *Keeper) Check() error {
+// Err is nil while ownership is certain now, else an [ErrOwnershipLost]
+// saying why; once it failed, it always fails.
+func (k *Keeper) Err() error {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if k.reason == "" && !time.Now().Before(k.safeUntil) {
@@ -118,7 +122,7 @@ func (k *Keeper) lose(why string) {
 func (k *Keeper) loseLocked(why string) {
 	if k.reason == "" {
 		k.reason = why
-		close(k.lost)
+		k.cancel()
 	}
 }
 
@@ -126,9 +130,10 @@ func (k *Keeper) loseLocked(why string) {
 // gives the lease up at the safe-until on this clock.
 func (k *Keeper) run() {
 	defer close(k.done)
+	defer k.cancel()
 	nextRenew := time.Now().Add(k.interval)
 	for {
-		if k.Check() != nil {
+		if k.Err() != nil {
 			return
 		}
 		wake := nextRenew
@@ -140,10 +145,14 @@ func (k *Keeper) run() {
 		case <-k.stop:
 			timer.Stop()
 			return
+		case <-k.ctx.Done():
+			timer.Stop()
+			k.lose("the keeper's parent context ended: " + context.Cause(k.ctx).Error())
+			return
 		case <-timer.C:
 		}
 		if time.Now().Before(nextRenew) {
-			continue // the safe-until: Check loses it
+			continue // the safe-until: Err loses it
 		}
 		k.renewOnce()
 		nextRenew = time.Now().Add(k.interval)
@@ -154,7 +163,7 @@ func (k *Keeper) run() {
 // definite refusal, and keeps the old safe-until when the outcome is
 // unknown (a later renewal may yet succeed before it passes).
 func (k *Keeper) renewOnce() {
-	ctx, cancel := context.WithDeadline(context.Background(), k.SafeUntil())
+	ctx, cancel := context.WithDeadline(k.ctx, k.SafeUntil())
 	defer cancel()
 	go func() {
 		select {
@@ -177,8 +186,9 @@ func (k *Keeper) renewOnce() {
 	}
 }
 
-// Stop stops renewing (the lease then runs out at its TTL) and returns
-// the lease as last renewed.
+// Stop stops renewing (the lease then runs out at its TTL; the keeper's
+// context is cancelled, as it no longer vouches) and returns the lease as
+// last renewed.
 func (k *Keeper) Stop() *Lease {
 	select {
 	case <-k.stop:
@@ -186,13 +196,15 @@ func (k *Keeper) Stop() *Lease {
 		close(k.stop)
 	}
 	<-k.done
+	k.lose("the keeper was stopped: it no longer vouches for the lease")
 	return k.Lease()
 }
 
 // Release stops renewing and gives the lease back, unless it was lost.
 func (k *Keeper) Release(ctx context.Context) error {
+	lost := k.Err() != nil
 	lease := k.Stop()
-	if k.Check() != nil {
+	if lost {
 		return nil
 	}
 	_, err := k.client.Release(ctx, lease)

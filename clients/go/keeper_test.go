@@ -16,9 +16,9 @@ func TestAKeeperKeepsALeaseAcrossManyTTLsAndReleasesIt(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	k := c.Keep(lease)
+	k := c.Keep(ctx, lease)
 	time.Sleep(time.Second) // three TTLs: only renewals keep it
-	if err := k.Check(); err != nil {
+	if err := k.Err(); err != nil {
 		t.Fatalf("kept: %v", err)
 	}
 	if k.SafeUntil().Before(lease.ValidUntil) {
@@ -34,6 +34,9 @@ func TestAKeeperKeepsALeaseAcrossManyTTLsAndReleasesIt(t *testing.T) {
 	if st, _ := c.Status(ctx, "job:go:kept"); st.HolderToken != 0 {
 		t.Fatalf("released: %+v", st)
 	}
+	if k.Context().Err() == nil || !errors.Is(k.Err(), ErrOwnershipLost) {
+		t.Fatal("a released lease's keeper no longer vouches for it")
+	}
 }
 
 func TestAKeeperLosesAFencedLeaseAtItsNextRenewal(t *testing.T) {
@@ -43,16 +46,16 @@ func TestAKeeperLosesAFencedLeaseAtItsNextRenewal(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	k := c.Keep(lease)
+	k := c.Keep(ctx, lease)
 	if _, err := c.Fence(ctx, "job:go:fenced"); err != nil {
 		t.Fatal(err)
 	}
 	select {
-	case <-k.Lost():
+	case <-k.Context().Done():
 	case <-time.After(2 * time.Second):
 		t.Fatal("the keeper did not notice the fence")
 	}
-	err = k.Check()
+	err = k.Err()
 	if !errors.Is(err, ErrOwnershipLost) || !strings.Contains(err.Error(), "no longer knows this lease") {
 		t.Fatalf("check: %v", err)
 	}
@@ -70,7 +73,7 @@ func TestAKeeperGivesTheLeaseUpAtItsSafeUntilWhenTheServerIsFrozen(t *testing.T)
 	if err != nil {
 		t.Fatal(err)
 	}
-	k := c.Keep(lease)
+	k := c.Keep(ctx, lease)
 	if err := process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
@@ -78,7 +81,7 @@ func TestAKeeperGivesTheLeaseUpAtItsSafeUntilWhenTheServerIsFrozen(t *testing.T)
 	stopped := time.Now()
 	var validUntil time.Time
 	select {
-	case <-k.Lost():
+	case <-k.Context().Done():
 		validUntil = k.Lease().ValidUntil
 	case <-time.After(5 * time.Second):
 		t.Fatal("the keeper still vouches for a lease a frozen server may have expired")
@@ -87,7 +90,7 @@ func TestAKeeperGivesTheLeaseUpAtItsSafeUntilWhenTheServerIsFrozen(t *testing.T)
 	if gaveUp.After(validUntil) {
 		t.Fatalf("gave up at %v, after the lease's valid-until %v", gaveUp, validUntil)
 	}
-	if err := k.Check(); !errors.Is(err, ErrOwnershipLost) || !strings.Contains(err.Error(), "safe-until") {
+	if err := k.Err(); !errors.Is(err, ErrOwnershipLost) || !strings.Contains(err.Error(), "safe-until") {
 		t.Fatalf("check: %v", err)
 	}
 	t.Logf("server frozen %v before the keeper gave up, %v before the valid-until",

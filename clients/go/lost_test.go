@@ -19,13 +19,16 @@ import (
 
 // dropProxy forwards loopback TCP to upstream. Once armed with a
 // pattern, the connection whose request carries it gets no answer: the
-// server's next bytes are discarded and both sides are reset.
+// server's next bytes are discarded and both sides are reset; or, with a
+// hold, they are held that long, then forwarded (a late answer).
 type dropProxy struct {
 	listener net.Listener
 	upstream string
 	mu       sync.Mutex
 	pattern  []byte
+	hold     time.Duration
 	dropped  atomic.Int32
+	held     atomic.Int32
 }
 
 func newDropProxy(t *testing.T, upstream string) *dropProxy {
@@ -42,10 +45,13 @@ func newDropProxy(t *testing.T, upstream string) *dropProxy {
 
 func (p *dropProxy) addr() string { return p.listener.Addr().String() }
 
-func (p *dropProxy) arm(pattern string) {
+func (p *dropProxy) arm(pattern string) { p.armHold(pattern, 0) }
+
+// armHold holds the answer to the request carrying pattern for hold.
+func (p *dropProxy) armHold(pattern string, hold time.Duration) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.pattern = []byte(pattern)
+	p.pattern, p.hold = []byte(pattern), hold
 }
 
 func (p *dropProxy) accept() {
@@ -59,13 +65,13 @@ func (p *dropProxy) accept() {
 			_ = client.Close()
 			continue
 		}
-		var doomed atomic.Bool
+		var doomed atomic.Int64 // 0: forward; -1: drop; above 0: hold (ns)
 		go p.up(client, server, &doomed)
 		go p.down(server, client, &doomed)
 	}
 }
 
-func (p *dropProxy) up(client, server net.Conn, doomed *atomic.Bool) {
+func (p *dropProxy) up(client, server net.Conn, doomed *atomic.Int64) {
 	buf := make([]byte, 65536)
 	for {
 		n, err := client.Read(buf)
@@ -73,7 +79,10 @@ func (p *dropProxy) up(client, server net.Conn, doomed *atomic.Bool) {
 			p.mu.Lock()
 			if p.pattern != nil && bytes.Contains(buf[:n], p.pattern) {
 				p.pattern = nil
-				doomed.Store(true)
+				doomed.Store(-1)
+				if p.hold > 0 {
+					doomed.Store(int64(p.hold))
+				}
 			}
 			p.mu.Unlock()
 			if _, err := server.Write(buf[:n]); err != nil {
@@ -87,11 +96,16 @@ func (p *dropProxy) up(client, server net.Conn, doomed *atomic.Bool) {
 	}
 }
 
-func (p *dropProxy) down(server, client net.Conn, doomed *atomic.Bool) {
+func (p *dropProxy) down(server, client net.Conn, doomed *atomic.Int64) {
 	buf := make([]byte, 65536)
 	for {
 		n, err := server.Read(buf)
-		if n > 0 && doomed.Load() {
+		if hold := doomed.Load(); n > 0 && hold > 0 {
+			p.held.Add(1)
+			time.Sleep(time.Duration(hold))
+			doomed.Store(0)
+		}
+		if n > 0 && doomed.Load() < 0 {
 			p.dropped.Add(1)
 			reset(client)
 			reset(server)
@@ -162,4 +176,23 @@ func TestALostAcquireAnswerIsSentAgainAndGrantsOnce(t *testing.T) {
 	}
 	t.Logf("negative control: answers dropped %d, a blind repeat refused by the orphan (token %d)",
 		proxy.dropped.Load(), again.GetNotAcquired().GetHolderToken())
+}
+
+// A grant that comes back after its TTL (the proxy holds the answer 2.5 s,
+// the TTL is 1 s) is expired on arrival: the client releases it and says
+// so, and nothing stays held.
+func TestAGrantThatArrivesAfterItsTTLIsExpiredOnArrivalAndReleased(t *testing.T) {
+	ctx := context.Background()
+	addr := server(t)
+	proxy := newDropProxy(t, addr)
+	c := connect(t, proxy.addr())
+	proxy.armHold("late:go", 2500*time.Millisecond)
+	_, err := c.Acquire(ctx, "late:go", WithTTL(time.Second))
+	if !errors.Is(err, ErrExpiredOnArrival) || proxy.held.Load() != 1 {
+		t.Fatalf("expired on arrival (answers held: %d): %v", proxy.held.Load(), err)
+	}
+	st, err := connect(t, addr).Status(ctx, "late:go")
+	if err != nil || st.HolderToken != 0 {
+		t.Fatalf("nothing held after it: %+v, %v", st, err)
+	}
 }
