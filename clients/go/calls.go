@@ -19,6 +19,8 @@ type Lease struct {
 	// Token is the fencing token: carry it into every protected write.
 	Token uint64
 	TTL   time.Duration
+	// SessionBound: tied to a session (it lives while the session does).
+	SessionBound bool
 	// ValidUntil is on this process's monotonic clock (time.Now's
 	// reading): the request's send time, plus the time the server says
 	// it waited in line, plus the TTL. The server cannot expire the lease

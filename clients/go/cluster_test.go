@@ -34,10 +34,33 @@ func TestCallsFollowTheLeaderAndALeaseOutlivesALeaderKill(t *testing.T) {
 	if c.CurrentServer() != nodes[first].grpc {
 		t.Fatalf("current %s, want the leader %s", c.CurrentServer(), nodes[first].grpc)
 	}
+	session, err := c.OpenSession(ctx, 3*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _, _ = session.Close(ctx) }()
+	tied, err := session.Acquire(ctx, "go:cluster:session")
+	if err != nil {
+		t.Fatal(err)
+	}
+	kept := session.Keep(ctx, tied)
 	if err := nodes[first].process.Kill(); err != nil {
 		t.Fatal(err)
 	}
 	next := leader(t, nodes, first)
+	for session.Resumes() == 0 {
+		select {
+		case <-session.Done():
+			t.Fatalf("the session ended instead of resuming on the new leader: %v", session.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	if err := kept.Err(); err != nil {
+		t.Fatalf("the session lease is still certain: %v", err)
+	}
+	if st, err := c.Status(ctx, "go:cluster:session"); err != nil || st.HolderToken != tied.Token {
+		t.Fatalf("the session lease kept its token: %+v, %v", st, err)
+	}
 	renewed, err := c.Renew(ctx, lease)
 	if err != nil || renewed.Token != lease.Token {
 		t.Fatalf("renewed on the new leader: %+v, %v", renewed, err)
@@ -49,5 +72,6 @@ func TestCallsFollowTheLeaderAndALeaseOutlivesALeaderKill(t *testing.T) {
 	if c.CurrentServer() != nodes[next].grpc {
 		t.Fatalf("current %s, want the new leader %s", c.CurrentServer(), nodes[next].grpc)
 	}
-	t.Logf("leader %d killed; node %d leads; the lease kept token %d", first, next, lease.Token)
+	t.Logf("leader %d killed; node %d leads; the unary lease kept token %d, the session lease %d (session resumed %d times)",
+		first, next, lease.Token, tied.Token, session.Resumes())
 }

@@ -19,6 +19,8 @@
 // [ErrIndeterminate]. A lease's ValidUntil counts from the moment its
 // request was sent, on this process's monotonic clock, and a [Keeper]
 // renews a lease and gives it up at its safe-until on that clock, whether
-// or not the server answers. Sessions, watches and elections are not
+// or not the server answers. A [Session] is one stream that many leases
+// share, resumed on the leader while its safe-until lasts, and a
+// [SessionKeeper] follows a lease on it. Watches and elections are not
 // written yet.
 package baton

@@ -19,8 +19,9 @@ import (
 
 // dropProxy forwards loopback TCP to upstream. Once armed with a
 // pattern, the connection whose request carries it gets no answer: the
-// server's next bytes are discarded and both sides are reset; or, with a
-// hold, they are held that long, then forwarded (a late answer).
+// request reaches the server, whose bytes are then discarded for 300 ms
+// (time to apply it and answer), and both sides are reset; or, with a
+// hold, the answer is held that long, then forwarded (a late answer).
 type dropProxy struct {
 	listener net.Listener
 	upstream string
@@ -77,15 +78,28 @@ func (p *dropProxy) up(client, server net.Conn, doomed *atomic.Int64) {
 		n, err := client.Read(buf)
 		if n > 0 {
 			p.mu.Lock()
+			drop := false
 			if p.pattern != nil && bytes.Contains(buf[:n], p.pattern) {
 				p.pattern = nil
-				doomed.Store(-1)
-				if p.hold > 0 {
+				drop = p.hold == 0
+				if drop {
+					doomed.Store(-1)
+				} else {
 					doomed.Store(int64(p.hold))
 				}
 			}
 			p.mu.Unlock()
 			if _, err := server.Write(buf[:n]); err != nil {
+				return
+			}
+			if drop {
+				// Time for the server to apply the request and answer;
+				// the answer is discarded (down forwards nothing now),
+				// then both sides are reset.
+				time.Sleep(300 * time.Millisecond)
+				p.dropped.Add(1)
+				reset(client)
+				reset(server)
 				return
 			}
 		}
@@ -106,10 +120,7 @@ func (p *dropProxy) down(server, client net.Conn, doomed *atomic.Int64) {
 			doomed.Store(0)
 		}
 		if n > 0 && doomed.Load() < 0 {
-			p.dropped.Add(1)
-			reset(client)
-			reset(server)
-			return
+			continue // the answer of a doomed request: never forwarded
 		}
 		if n > 0 {
 			if _, err := client.Write(buf[:n]); err != nil {

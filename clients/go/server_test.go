@@ -20,6 +20,7 @@ import (
 type node struct {
 	grpc, http string
 	process    *os.Process
+	args       []string
 }
 
 // server is a node on a data dir of its own; its gRPC address.
@@ -50,8 +51,26 @@ func startNode(t *testing.T, args ...string) *node {
 	if len(args) == 0 {
 		args = []string{"--data-dir", filepath.Join(t.TempDir(), "data")}
 	}
-	args = append([]string{"serve", "--listen", n.grpc, "--http-listen", n.http, "--ttl-min", "100ms"}, args...)
-	cmd := exec.Command(bin, args...)
+	n.args = append([]string{"serve", "--listen", n.grpc, "--http-listen", n.http, "--ttl-min", "100ms"}, args...)
+	n.start(t, bin)
+	return n
+}
+
+// restart SIGKILLs the node and starts it again on its ports and store.
+func (n *node) restart(t *testing.T) {
+	t.Helper()
+	_ = n.process.Kill()
+	_, _ = n.process.Wait()
+	bin := os.Getenv("BATON_BIN")
+	if bin == "" {
+		bin = filepath.Join("..", "..", "target", "debug", "baton")
+	}
+	n.start(t, bin)
+}
+
+func (n *node) start(t *testing.T, bin string) {
+	t.Helper()
+	cmd := exec.Command(bin, n.args...)
 	logPath := filepath.Join(t.TempDir(), "server.log")
 	log, err := os.Create(logPath)
 	if err != nil {
@@ -74,7 +93,7 @@ func startNode(t *testing.T, args ...string) *node {
 	})
 	for deadline := time.Now().Add(20 * time.Second); ; {
 		if n.healthz() != "" {
-			return n
+			return
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("baton serve on %s did not start", n.grpc)
