@@ -90,7 +90,7 @@ func (c *Client) AcquireAll(ctx context.Context, resources []string, options ...
 	for _, o := range options {
 		o(&a)
 	}
-	request, err := c.acquireRequest(resources, a)
+	request, err := c.acquireRequest(resources, a, c.holder)
 	if err != nil {
 		return nil, err
 	}
@@ -127,7 +127,7 @@ func (c *Client) AcquireAll(ctx context.Context, resources []string, options ...
 }
 
 // acquireRequest checks every argument before anything is sent.
-func (c *Client) acquireRequest(resources []string, a acquireSettings) (*pb.AcquireRequest, error) {
+func (c *Client) acquireRequest(resources []string, a acquireSettings, holder string) (*pb.AcquireRequest, error) {
 	if len(resources) == 0 {
 		return nil, invalidf("name at least one resource")
 	}
@@ -152,8 +152,8 @@ func (c *Client) acquireRequest(resources []string, a acquireSettings) (*pb.Acqu
 		return nil, err
 	}
 	request.WaitMs = wait
-	if c.holder != "" {
-		request.Holder = &c.holder
+	if holder != "" {
+		request.Holder = &holder
 	}
 	// As secret as an acquisition id: from the system's generator.
 	if _, err := rand.Read(request.RequestId); err != nil {

@@ -21,6 +21,6 @@
 // renews a lease and gives it up at its safe-until on that clock, whether
 // or not the server answers. A [Session] is one stream that many leases
 // share, resumed on the leader while its safe-until lasts, and a
-// [SessionKeeper] follows a lease on it. Watches and elections are not
-// written yet.
+// [SessionKeeper] follows a lease on it; [Client.Watch] and
+// [Client.Election] watch holders and elect a fenced leader.
 package baton

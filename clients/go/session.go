@@ -33,6 +33,7 @@ const notOpen = "the session is not open (it expired or was closed)"
 // its safe-until lasts. Safe for concurrent use.
 type Session struct {
 	client *Client
+	holder string
 	id     []byte
 	ttl    time.Duration
 	margin time.Duration
@@ -60,8 +61,17 @@ type answer struct {
 	err      error
 }
 
+// SessionOption sets one option of [Client.OpenSession].
+type SessionOption func(*Session)
+
+// SessionHolder describes who holds the leases acquired on the session
+// (instead of the client's holder): an election's candidate value.
+func SessionHolder(holder string) SessionOption {
+	return func(s *Session) { s.holder = holder }
+}
+
 // OpenSession opens a session with this TTL (0: the server's default).
-func (c *Client) OpenSession(ctx context.Context, ttl time.Duration) (*Session, error) {
+func (c *Client) OpenSession(ctx context.Context, ttl time.Duration, options ...SessionOption) (*Session, error) {
 	open := &pb.OpenSession{}
 	if ttl != 0 {
 		ms, err := millis(ttl, "session ttl", false)
@@ -73,7 +83,15 @@ func (c *Client) OpenSession(ctx context.Context, ttl time.Duration) (*Session, 
 	s := &Session{
 		client: c, pending: map[uint64]chan answer{}, heartbeats: map[uint64]time.Time{},
 		revoked: map[string]uint64{}, resumed: make(chan struct{}), ended: make(chan struct{}),
-		nextID: 1, nextBeat: heartbeatIDBit,
+		nextID: 1, nextBeat: heartbeatIDBit, holder: c.holder,
+	}
+	for _, o := range options {
+		o(s)
+	}
+	if s.holder != "" {
+		if _, err := CheckHolder(s.holder); err != nil {
+			return nil, err
+		}
 	}
 	sent := time.Now()
 	stream, cancel, opened, err := c.openStream(ctx, open)

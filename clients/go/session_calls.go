@@ -77,7 +77,7 @@ func (s *Session) AcquireAll(ctx context.Context, resources []string, options ..
 	for _, o := range options {
 		o(&a)
 	}
-	unary, err := s.client.acquireRequest(resources, a)
+	unary, err := s.client.acquireRequest(resources, a, s.holder)
 	if err != nil {
 		return nil, err
 	}
