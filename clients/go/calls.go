@@ -56,8 +56,15 @@ type Fenced struct {
 
 // acquireSettings are one acquire's options.
 type acquireSettings struct {
-	ttl  time.Duration
-	wait time.Duration
+	ttl    time.Duration
+	wait   time.Duration
+	holder *string
+}
+
+// AcquireHolder describes the holder of this acquire's leases instead of
+// the client's holder.
+func AcquireHolder(holder string) AcquireOption {
+	return func(a *acquireSettings) { a.holder = &holder }
 }
 
 // AcquireOption sets one option of an acquire.
@@ -90,7 +97,11 @@ func (c *Client) AcquireAll(ctx context.Context, resources []string, options ...
 	for _, o := range options {
 		o(&a)
 	}
-	request, err := c.acquireRequest(resources, a, c.holder)
+	holder := c.holder
+	if a.holder != nil {
+		holder = *a.holder
+	}
+	request, err := c.acquireRequest(resources, a, holder)
 	if err != nil {
 		return nil, err
 	}
@@ -153,6 +164,9 @@ func (c *Client) acquireRequest(resources []string, a acquireSettings, holder st
 	}
 	request.WaitMs = wait
 	if holder != "" {
+		if _, err := CheckHolder(holder); err != nil {
+			return nil, err
+		}
 		request.Holder = &holder
 	}
 	// As secret as an acquisition id: from the system's generator.

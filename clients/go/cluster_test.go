@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/baton-dev/baton/clients/go/batontest"
 )
 
 // Three servers on one PostgreSQL database: calls listed to a follower
@@ -12,18 +14,14 @@ import (
 // SIGKILL, renewed on the new leader.
 func TestCallsFollowTheLeaderAndALeaseOutlivesALeaderKill(t *testing.T) {
 	ctx := context.Background()
-	store := pgDatabase(t)
-	nodes := make([]*node, 3)
-	for i := range nodes {
-		nodes[i] = startNode(t, "--store", store, "--leader-ttl", "1s")
-	}
-	first := leader(t, nodes, -1)
+	nodes := batontest.Cluster(t, 3)
+	first := batontest.Leader(t, nodes, -1)
 	follower := nodes[(first+1)%3]
 	// The follower first: its answer names the leader, and the call goes there.
-	addrs := []string{follower.grpc}
+	addrs := []string{follower.Addr}
 	for i, n := range nodes {
 		if n != follower {
-			addrs = append(addrs, nodes[i].grpc)
+			addrs = append(addrs, nodes[i].Addr)
 		}
 	}
 	c := connect(t, strings.Join(addrs, ","), WithHolder("go cluster worker"), WithDialTimeout(300*time.Millisecond))
@@ -31,8 +29,8 @@ func TestCallsFollowTheLeaderAndALeaseOutlivesALeaderKill(t *testing.T) {
 	if err != nil {
 		t.Fatalf("through a follower: %v", err)
 	}
-	if c.CurrentServer() != nodes[first].grpc {
-		t.Fatalf("current %s, want the leader %s", c.CurrentServer(), nodes[first].grpc)
+	if c.CurrentServer() != nodes[first].Addr {
+		t.Fatalf("current %s, want the leader %s", c.CurrentServer(), nodes[first].Addr)
 	}
 	session, err := c.OpenSession(ctx, 3*time.Second)
 	if err != nil {
@@ -44,10 +42,10 @@ func TestCallsFollowTheLeaderAndALeaseOutlivesALeaderKill(t *testing.T) {
 		t.Fatal(err)
 	}
 	kept := session.Keep(ctx, tied)
-	if err := nodes[first].process.Kill(); err != nil {
+	if err := nodes[first].Process.Kill(); err != nil {
 		t.Fatal(err)
 	}
-	next := leader(t, nodes, first)
+	next := batontest.Leader(t, nodes, first)
 	for session.Resumes() == 0 {
 		select {
 		case <-session.Done():
@@ -69,8 +67,8 @@ func TestCallsFollowTheLeaderAndALeaseOutlivesALeaderKill(t *testing.T) {
 	if err != nil || st.HolderToken != lease.Token || st.Holder != "go cluster worker" {
 		t.Fatalf("status on the new leader: %+v, %v", st, err)
 	}
-	if c.CurrentServer() != nodes[next].grpc {
-		t.Fatalf("current %s, want the new leader %s", c.CurrentServer(), nodes[next].grpc)
+	if c.CurrentServer() != nodes[next].Addr {
+		t.Fatalf("current %s, want the new leader %s", c.CurrentServer(), nodes[next].Addr)
 	}
 	t.Logf("leader %d killed; node %d leads; the unary lease kept token %d, the session lease %d (session resumed %d times)",
 		first, next, lease.Token, tied.Token, session.Resumes())

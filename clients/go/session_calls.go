@@ -77,7 +77,11 @@ func (s *Session) AcquireAll(ctx context.Context, resources []string, options ..
 	for _, o := range options {
 		o(&a)
 	}
-	unary, err := s.client.acquireRequest(resources, a, s.holder)
+	holder := s.holder
+	if a.holder != nil {
+		holder = *a.holder
+	}
+	unary, err := s.client.acquireRequest(resources, a, holder)
 	if err != nil {
 		return nil, err
 	}

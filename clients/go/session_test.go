@@ -7,6 +7,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/baton-dev/baton/clients/go/batontest"
 )
 
 func openSession(t *testing.T, c *Client, ttl time.Duration) *Session {
@@ -140,14 +142,14 @@ func TestASessionKeeperIsLostOnAFenceAndAtTheSafeUntilOfAFrozenServer(t *testing
 
 func TestASessionIsResumedAcrossARestartWithItsLeases(t *testing.T) {
 	ctx := context.Background()
-	n := startNode(t)
-	c := connect(t, n.grpc)
+	n := batontest.Start(t)
+	c := connect(t, n.Addr)
 	s := openSession(t, c, 5*time.Second)
 	lease, err := s.Acquire(ctx, "job:go:restart")
 	if err != nil {
 		t.Fatal(err)
 	}
-	n.restart(t)
+	n.Restart(t)
 	for s.Resumes() == 0 {
 		select {
 		case <-s.Done():

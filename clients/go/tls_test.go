@@ -18,6 +18,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/baton-dev/baton/clients/go/batontest"
 )
 
 // issued writes a key and a certificate for cn, signed by ca (self-signed
@@ -100,29 +102,29 @@ rules = { "" = ["read"] }
 	if err := os.WriteFile(wrong, []byte("not-a-token"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	n := startNode(t, "--data-dir", filepath.Join(dir, "data"),
+	n := batontest.Start(t, "--data-dir", filepath.Join(dir, "data"),
 		"--tls-cert", filepath.Join(dir, "server.pem"), "--tls-key", filepath.Join(dir, "server.key"),
 		"--tls-client-ca", filepath.Join(dir, "ca.pem"), "--auth-file", auth, "--require-auth")
 	tlsFiles := WithTLS(filepath.Join(dir, "ca.pem"), filepath.Join(dir, "client.pem"), filepath.Join(dir, "client.key"))
 
-	worker := connect(t, n.grpc, tlsFiles, WithTokenFile(tokenFile))
+	worker := connect(t, n.Addr, tlsFiles, WithTokenFile(tokenFile))
 	lease, err := worker.Acquire(ctx, "job:tls", WithTTL(5*time.Second))
 	if err != nil {
 		t.Fatalf("the worker, over TLS with its token: %v", err)
 	}
-	ops := connect(t, n.grpc, tlsFiles)
+	ops := connect(t, n.Addr, tlsFiles)
 	if st, err := ops.Status(ctx, "job:tls"); err != nil || st.HolderToken != lease.Token {
 		t.Fatalf("ops, by its certificate, reads: %+v, %v", st, err)
 	}
 	if _, err := ops.Acquire(ctx, "job:other"); !errors.Is(err, ErrPermissionDenied) {
 		t.Fatalf("ops may not lease: %v", err)
 	}
-	stranger := connect(t, n.grpc, tlsFiles, WithTokenFile(wrong))
+	stranger := connect(t, n.Addr, tlsFiles, WithTokenFile(wrong))
 	if _, err := stranger.Status(ctx, "job:tls"); !errors.Is(err, ErrUnauthenticated) {
 		t.Fatalf("an unknown token: %v", err)
 	}
 	// Plain text to the TLS port: the server answers that it requires TLS.
-	plain := connect(t, n.grpc, WithTokenFile(tokenFile))
+	plain := connect(t, n.Addr, WithTokenFile(tokenFile))
 	_, err = plain.Status(ctx, "job:tls")
 	if !errors.Is(err, ErrUnauthenticated) || !strings.Contains(err.Error(), "this port requires TLS") {
 		t.Fatalf("plaintext to a TLS port: %v", err)

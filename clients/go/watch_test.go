@@ -5,12 +5,14 @@ import (
 	"errors"
 	"testing"
 	"time"
+
+	"github.com/baton-dev/baton/clients/go/batontest"
 )
 
 func TestAWatchSeesTheSnapshotThenEveryChangeAndEndsAtARestart(t *testing.T) {
 	ctx := context.Background()
-	n := startNode(t)
-	c := connect(t, n.grpc, WithHolder("go watcher test"))
+	n := batontest.Start(t)
+	c := connect(t, n.Addr, WithHolder("go watcher test"))
 	first, err := c.Acquire(ctx, "w:go:a", WithTTL(30*time.Second))
 	if err != nil {
 		t.Fatal(err)
@@ -53,7 +55,7 @@ func TestAWatchSeesTheSnapshotThenEveryChangeAndEndsAtARestart(t *testing.T) {
 			t.Fatalf("change %d: %+v, want %+v", i, got, expect)
 		}
 	}
-	n.restart(t)
+	n.Restart(t)
 	if _, err := w.Next(); !errors.Is(err, ErrWatchEnded) {
 		t.Fatalf("a restart ends the watch: %v", err)
 	}
