@@ -35,22 +35,8 @@ func Bin(t testing.TB) string {
 	if bin := os.Getenv("BATON_BIN"); bin != "" {
 		return bin
 	}
-	// The checkout's debug build, from the test's directory upwards.
-	dir, err := os.Getwd()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for {
-		bin := filepath.Join(dir, "target", "debug", "baton")
-		if _, err := os.Stat(bin); err == nil {
-			return bin
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			t.Fatal("no baton binary: build the checkout's (cargo build --bin baton) or set BATON_BIN")
-		}
-		dir = parent
-	}
+	// The checkout's debug build (cargo build --bin baton).
+	return checkoutFile(t, filepath.Join("target", "debug", "baton"))
 }
 
 // Start starts a server with args (a data dir of its own without them)
@@ -171,4 +157,39 @@ func Leader(t testing.TB, nodes []*Server, skip int) int {
 	}
 	t.Fatal("no leader within 30 s")
 	return -1
+}
+
+// FenceKitDatabase is a fresh database with the fence kit installed by
+// its documented command (psql -f crates/fence/sql/install.sql); its
+// connection string.
+func FenceKitDatabase(t testing.TB) string {
+	t.Helper()
+	conninfo := PgDatabase(t)
+	install := checkoutFile(t, filepath.Join("crates", "fence", "sql", "install.sql"))
+	out, err := exec.Command("psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", conninfo, "-f", install).CombinedOutput()
+	if err != nil {
+		t.Fatalf("installing the fence kit: %v: %s", err, out)
+	}
+	return conninfo
+}
+
+// checkoutFile is path in the checkout, found from the test's directory
+// upwards.
+func checkoutFile(t testing.TB, path string) string {
+	t.Helper()
+	dir, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		candidate := filepath.Join(dir, path)
+		if _, err := os.Stat(candidate); err == nil {
+			return candidate
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			t.Fatalf("no %s in the checkout above the test", path)
+		}
+		dir = parent
+	}
 }
