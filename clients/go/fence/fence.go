@@ -68,7 +68,7 @@ type Options struct {
 	Result []byte
 	// Seq orders writes within one generation (policy "ordered").
 	Seq uint64
-	// Policy is "one_per_generation" (the default), "ordered" or "many".
+	// Policy is "one_per_generation" (the default), "ordered" or "session".
 	Policy string
 	// MustExist refuses a resource the kit has never seen (Missing).
 	MustExist bool
