@@ -213,3 +213,34 @@ func TestConcurrentCallsOnOneClient(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+func TestAnAcquireOfSeveralResourcesGetsAllOrNothing(t *testing.T) {
+	ctx := context.Background()
+	c := connect(t, server(t))
+	held, err := c.Acquire(ctx, "job:go:all:b", WithTTL(10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.AcquireAll(ctx, []string{"job:go:all:a", "job:go:all:b"}, WithTTL(10*time.Second))
+	var na *NotAcquiredError
+	if !errors.As(err, &na) || na.Resource != "job:go:all:b" || na.HolderToken != held.Token {
+		t.Fatalf("refused, naming the held one: %v", err)
+	}
+	if st, err := c.Status(ctx, "job:go:all:a"); err != nil || st.HolderToken != 0 {
+		t.Fatalf("nothing granted: %+v, %v", st, err)
+	}
+	if _, err := c.Release(ctx, held); err != nil {
+		t.Fatal(err)
+	}
+	both, err := c.AcquireAll(ctx, []string{"job:go:all:a", "job:go:all:b"}, WithTTL(10*time.Second))
+	if err != nil || len(both) != 2 || both[0].Resource != "job:go:all:a" || both[1].Token == 0 {
+		t.Fatalf("both, in request order: %+v, %v", both, err)
+	}
+	s := openSession(t, c, 5*time.Second)
+	if _, err := s.AcquireAll(ctx, []string{"job:go:all:c", "job:go:all:a"}); !errors.As(err, &na) || na.Resource != "job:go:all:a" {
+		t.Fatalf("on a session too: %v", err)
+	}
+	if st, _ := c.Status(ctx, "job:go:all:c"); st.HolderToken != 0 {
+		t.Fatalf("nothing granted on the session: %+v", st)
+	}
+}
