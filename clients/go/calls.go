@@ -4,6 +4,8 @@ import (
 	"context"
 	"crypto/rand"
 	"fmt"
+	mathrand "math/rand/v2"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc"
@@ -169,11 +171,26 @@ func (c *Client) acquireRequest(resources []string, a acquireSettings, holder st
 		}
 		request.Holder = &holder
 	}
-	// As secret as an acquisition id: from the system's generator.
-	if _, err := rand.Read(request.RequestId); err != nil {
-		return nil, fmt.Errorf("request id: %w", err)
-	}
+	requestID(request.RequestId)
 	return request, nil
+}
+
+// generators are ChaCha8 generators seeded from the system's: a request
+// id is as secret as an acquisition id, and a system call per acquire
+// would cost more than the rest of the client's work on it.
+var generators = sync.Pool{New: func() any {
+	var seed [32]byte
+	if _, err := rand.Read(seed[:]); err != nil {
+		panic(fmt.Sprintf("the system's random generator failed: %v", err))
+	}
+	return mathrand.NewChaCha8(seed)
+}}
+
+// requestID fills id with fresh random bytes.
+func requestID(id []byte) {
+	g := generators.Get().(*mathrand.ChaCha8)
+	_, _ = g.Read(id)
+	generators.Put(g)
 }
 
 // granted is the leases of an answer, counted from sent, or why not.

@@ -84,6 +84,9 @@ func invisible(text string) (rune, int, bool) {
 // existing: a name that may already be held (status, fence, release),
 // where a name stored before invisible characters were refused passes.
 func CheckResource(raw string, existing bool) (string, error) {
+	if plainASCII(raw) {
+		return raw, nil
+	}
 	if raw == "" {
 		return "", invalidf("resource name is empty")
 	}
@@ -164,4 +167,21 @@ func checkPrefix(prefix string) error {
 		return invalidf("prefix contains control character U+%04X at byte %d; names never do", c, at)
 	}
 	return nil
+}
+
+// plainASCII is the common case, checked at once: printable ASCII
+// (already NFC, nothing invisible), no surrounding space, no empty
+// segment, within the length limit.
+func plainASCII(name string) bool {
+	n := len(name)
+	if n == 0 || n > ResourceNameLenBytesMax || name[0] == ' ' || name[n-1] == ' ' || name[0] == ':' || name[n-1] == ':' {
+		return false
+	}
+	for i := 0; i < n; i++ {
+		c := name[i]
+		if c < 0x20 || c > 0x7e || (c == ':' && name[i-1] == ':') {
+			return false
+		}
+	}
+	return true
 }
