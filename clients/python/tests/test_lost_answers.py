@@ -11,6 +11,7 @@ import contextlib
 import os
 import socket
 import threading
+import time
 
 import grpc
 
@@ -25,8 +26,10 @@ from .test_cluster import leader
 
 class DropProxy:
     """Forwards loopback TCP to ``upstream``. Once armed with a pattern,
-    the connection whose request carries it gets no answer: the server's
-    next bytes are discarded and both sides are reset."""
+    the connection whose request carries it gets no answer: the request
+    reaches the server, whose bytes are then discarded for 300 ms (time to
+    apply it and answer; a reset sooner can reach the server before it
+    applied the request), and both sides are reset."""
 
     def __init__(self, upstream: str) -> None:
         host, port = upstream.rsplit(":", 1)
@@ -60,16 +63,19 @@ class DropProxy:
                     self.pattern = None
                     doomed.set()
             _send(server, chunk)
-        _close(server)
-
-    def _down(self, server: socket.socket, client: socket.socket, doomed: threading.Event) -> None:
-        while chunk := _recv(server):
             if doomed.is_set():
+                time.sleep(0.3)
                 with self.lock:
                     self.dropped += 1
                 _reset(client)
                 _reset(server)
                 return
+        _close(server)
+
+    def _down(self, server: socket.socket, client: socket.socket, doomed: threading.Event) -> None:
+        while chunk := _recv(server):
+            if doomed.is_set():
+                continue  # the answer of a doomed request: never forwarded
             _send(client, chunk)
         _close(client)
 
