@@ -242,12 +242,37 @@ impl Drop for PgCluster {
     }
 }
 
-/// A loopback port nobody listens on now.
+/// Where [`free_port`] looks: below Linux's ephemeral range (32768 and
+/// up), which outgoing connections draw their source ports from. A port
+/// the kernel handed out for `bind(0)` is from that range, and a test's
+/// server that binds it a moment later can find it taken by any process's
+/// outgoing connection; one of these is only taken by another test's
+/// choice, which bound it to check.
+const FREE_PORTS: std::ops::Range<u32> = 20_000..32_700;
+
+/// A loopback port nobody listens on now, outside the ephemeral range;
+/// successive calls in one process give different ports.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    static START: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    let span = FREE_PORTS.end - FREE_PORTS.start;
+    // Where this process starts, different from process to process.
+    let start = *START.get_or_init(|| {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        (std::process::id().wrapping_mul(2_654_435_761) ^ now) % span
+    });
+    for _ in 0..span {
+        // A stride prime to the span visits every port once.
+        let step = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = FREE_PORTS.start + (start + step.wrapping_mul(7_919)) % span;
+        if std::net::TcpListener::bind(("127.0.0.1", port as u16)).is_ok() {
+            return port as u16;
+        }
+    }
+    panic!("no free loopback port in {FREE_PORTS:?}")
 }
 
 /// The target directory of this build (tests run from `target/<profile>/deps`).
