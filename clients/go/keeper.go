@@ -32,12 +32,10 @@ type Keeper struct {
 	interval time.Duration
 	margin   time.Duration
 
+	ownership
 	mu        sync.Mutex
 	lease     *Lease
 	safeUntil time.Time
-	reason    string
-	ctx       context.Context
-	cancel    context.CancelFunc
 
 	stop chan struct{}
 	done chan struct{}
@@ -69,7 +67,7 @@ func (c *Client) Keep(ctx context.Context, lease *Lease, options ...KeeperOption
 		stop:     make(chan struct{}),
 		done:     make(chan struct{}),
 	}
-	k.ctx, k.cancel = context.WithCancel(ctx)
+	k.init(ctx)
 	for _, o := range options {
 		o(k)
 	}
@@ -95,35 +93,13 @@ func (k *Keeper) SafeUntil() time.Time {
 	return k.safeUntil
 }
 
-// Context is cancelled the moment ownership is lost or uncertain (or the
-// keeper stopped): run the protected work under it.
-func (k *Keeper) Context() context.Context { return k.ctx }
-
 // Err is nil while ownership is certain now, else an [ErrOwnershipLost]
 // saying why; once it failed, it always fails.
 func (k *Keeper) Err() error {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	if k.reason == "" && !time.Now().Before(k.safeUntil) {
-		k.loseLocked("no renewal was acknowledged before the lease's safe-until")
+	if !time.Now().Before(k.SafeUntil()) {
+		k.lose("no renewal was acknowledged before the lease's safe-until")
 	}
-	if k.reason != "" {
-		return errorf(ErrOwnershipLost, "%s (token %d): %s; stop the work", k.lease.Resource, k.lease.Token, k.reason)
-	}
-	return nil
-}
-
-func (k *Keeper) lose(why string) {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	k.loseLocked(why)
-}
-
-func (k *Keeper) loseLocked(why string) {
-	if k.reason == "" {
-		k.reason = why
-		k.cancel()
-	}
+	return k.lost(k.Lease())
 }
 
 // run renews every interval, each renewal bounded by the safe-until, and

@@ -8,8 +8,6 @@ import (
 	"github.com/baton-dev/baton/clients/go/internal/pb"
 )
 
-func isKind(err, kind error) bool { return errors.Is(err, kind) }
-
 // ID is the session's id: a secret, it resumes the session.
 func (s *Session) ID() []byte { return s.id }
 
@@ -97,7 +95,7 @@ func (s *Session) AcquireAll(ctx context.Context, resources []string, options ..
 		r, err := s.request(ctx, func(id uint64) *pb.SessionRequest {
 			return &pb.SessionRequest{Id: id, Op: &pb.SessionRequest_Acquire{Acquire: acquire}}
 		}, max(time.Until(budget), time.Millisecond), acquire.WaitMs > 0)
-		if isKind(err, ErrIndeterminate) && s.resumedSince(ctx, resumes, budget) {
+		if errors.Is(err, ErrIndeterminate) && s.resumedSince(ctx, resumes, budget) {
 			// The stream broke with the answer in flight: the same request
 			// again on the resumed session, marked as a repeat.
 			since := max(1, uint64(time.Since(sent).Milliseconds()))
@@ -179,7 +177,7 @@ func (s *Session) Close(ctx context.Context) (bool, error) {
 	s.closing = true
 	s.mu.Unlock()
 	s.end(errorf(ErrSessionEnded, "the session was closed"))
-	if isKind(err, ErrSessionEnded) {
+	if errors.Is(err, ErrSessionEnded) {
 		return false, nil
 	}
 	if err != nil {

@@ -2,7 +2,6 @@ package baton
 
 import (
 	"context"
-	"sync"
 	"time"
 )
 
@@ -13,22 +12,18 @@ import (
 // lease fenced: its [SessionKeeper.Context] is cancelled at that moment
 // and [SessionKeeper.Err] says why.
 type SessionKeeper struct {
+	ownership
 	session *Session
 	lease   *Lease
-
-	mu     sync.Mutex
-	reason string
-	ctx    context.Context
-	cancel context.CancelFunc
-	stop   chan struct{}
-	done   chan struct{}
+	stop    chan struct{}
+	done    chan struct{}
 }
 
 // Keep follows lease, acquired on this session, until [SessionKeeper.Stop]
 // or [SessionKeeper.Release], or until ctx is done.
 func (s *Session) Keep(ctx context.Context, lease *Lease) *SessionKeeper {
 	k := &SessionKeeper{session: s, lease: lease, stop: make(chan struct{}), done: make(chan struct{})}
-	k.ctx, k.cancel = context.WithCancel(ctx)
+	k.init(ctx)
 	go k.follow()
 	return k
 }
@@ -41,10 +36,6 @@ func (k *SessionKeeper) Token() uint64 { return k.lease.Token }
 
 // Session is the session the lease is tied to.
 func (k *SessionKeeper) Session() *Session { return k.session }
-
-// Context is cancelled the moment ownership is lost or uncertain (or the
-// keeper stopped): run the protected work under it.
-func (k *SessionKeeper) Context() context.Context { return k.ctx }
 
 // SafeUntil is where ownership stops being certain (monotonic).
 func (k *SessionKeeper) SafeUntil() time.Time {
@@ -60,29 +51,15 @@ func (k *SessionKeeper) SafeUntil() time.Time {
 // Err is nil while ownership is certain now, else an [ErrOwnershipLost]
 // saying why; once it failed, it always fails.
 func (k *SessionKeeper) Err() error {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	if k.reason == "" {
-		switch {
-		case k.session.RevokedToken(k.lease.Resource) == k.lease.Token:
-			k.loseLocked("a heartbeat reported the lease revoked (fenced)")
-		case k.session.Ended():
-			k.loseLocked("the session ended (" + k.session.Err().Error() + ")")
-		case !time.Now().Before(k.SafeUntil()):
-			k.loseLocked("no heartbeat was acknowledged before the session's safe-until")
-		}
+	switch {
+	case k.session.RevokedToken(k.lease.Resource) == k.lease.Token:
+		k.lose("a heartbeat reported the lease revoked (fenced)")
+	case k.session.Ended():
+		k.lose("the session ended (" + k.session.Err().Error() + ")")
+	case !time.Now().Before(k.SafeUntil()):
+		k.lose("no heartbeat was acknowledged before the session's safe-until")
 	}
-	if k.reason != "" {
-		return errorf(ErrOwnershipLost, "%s (token %d): %s; stop the work", k.lease.Resource, k.lease.Token, k.reason)
-	}
-	return nil
-}
-
-func (k *SessionKeeper) loseLocked(why string) {
-	if k.reason == "" {
-		k.reason = why
-		k.cancel()
-	}
+	return k.lost(k.lease)
 }
 
 // follow wakes at the safe-until (at least every sixth of the session's
@@ -99,9 +76,7 @@ func (k *SessionKeeper) follow() {
 			return
 		case <-k.ctx.Done():
 			timer.Stop()
-			k.mu.Lock()
-			k.loseLocked("the keeper's parent context ended")
-			k.mu.Unlock()
+			k.lose("the keeper's parent context ended")
 			return
 		case <-k.session.Done():
 			timer.Stop()
@@ -119,9 +94,7 @@ func (k *SessionKeeper) Stop() *Lease {
 		close(k.stop)
 	}
 	<-k.done
-	k.mu.Lock()
-	k.loseLocked("the keeper was stopped: it no longer vouches for the lease")
-	k.mu.Unlock()
+	k.lose("the keeper was stopped: it no longer vouches for the lease")
 	return k.lease
 }
 

@@ -2,6 +2,7 @@ package baton
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -111,7 +112,7 @@ func (s *Session) resume() {
 			go s.read(stream)
 			return
 		}
-		if isKind(err, ErrSessionEnded) || isKind(err, ErrPermissionDenied) {
+		if errors.Is(err, ErrSessionEnded) || errors.Is(err, ErrPermissionDenied) {
 			s.end(err)
 			return
 		}
@@ -194,10 +195,9 @@ func (s *Session) request(ctx context.Context, op func(id uint64) *pb.SessionReq
 		delete(s.pending, id)
 		s.mu.Unlock()
 	}
-	if err := s.send(op(id)); err != nil {
-		// The reader sees the broken stream too and answers ch.
-		_ = err
-	}
+	// A send on a broken stream fails here and in the reader, which fails
+	// ch as indeterminate when it resumes or ends the session.
+	_ = s.send(op(id))
 	timer := time.NewTimer(timeout)
 	defer timer.Stop()
 	select {
