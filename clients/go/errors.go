@@ -21,7 +21,9 @@ var (
 	ErrPermissionDenied = errors.New("permission denied")
 	// ErrUnauthenticated: no token, or one the server does not know.
 	ErrUnauthenticated = errors.New("unauthenticated")
-	// ErrExhausted: a server limit (waiters, connections) refused the call.
+	// ErrExhausted: a server limit (waiters, sessions, connections) or a
+	// tenant's quota refused the call; nothing was applied (the message
+	// names the limit or the quota).
 	ErrExhausted = errors.New("resource exhausted")
 	// ErrUnavailable: no server could be reached; nothing was sent.
 	ErrUnavailable = errors.New("unavailable")

@@ -146,3 +146,21 @@ def test_an_unreachable_server_fails_within_the_timeout_naming_the_addresses() -
         c.status("py:x")
     assert e.value.definite
     assert time.monotonic() - started < 3
+
+
+def test_a_quota_refusal_is_definite_and_names_the_quota(tmp_dir: str) -> None:
+    quotas = f"{tmp_dir}/quotas.toml"
+    with open(quotas, "w") as f:
+        f.write('[[prefix]]\nprefix = "team-a:"\nleases = 1\n')
+    server = Server(f"{tmp_dir}/data", ["--quota-file", quotas])
+    try:
+        c = baton.Client(server.address)
+        c.acquire("team-a:1", ttl_s=5)
+        with pytest.raises(errors.Exhausted) as over:
+            c.acquire_all(["team-b:1", "team-a:2"], ttl_s=5)
+        assert 'leases quota of prefix "team-a:"' in str(over.value)
+        assert "at most 1 live leases" in str(over.value)
+        assert c.status("team-b:1").holder_token is None, "all or nothing"
+        c.acquire("team-b:1", ttl_s=5)
+    finally:
+        server.stop()

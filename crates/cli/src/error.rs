@@ -14,6 +14,9 @@ pub enum Exit {
     NotOwner = 4,
     Refused = 5,
     ExpiredOnArrival = 6,
+    /// Over a server limit or a quota (`RESOURCE_EXHAUSTED`): nothing was
+    /// applied; retry later.
+    Exhausted = 7,
     /// `run`: ownership was lost; the command was stopped.
     RunLost = 124,
     /// `run`: the command did not run (not acquired, or run failed).
@@ -75,6 +78,10 @@ impl From<ClientError> for CliError {
             ClientError::Invalid(_) => Self::usage(e.to_string()),
             ClientError::Unauthenticated(_) | ClientError::PermissionDenied(_) => Self {
                 code: Exit::Refused,
+                message: e.to_string(),
+            },
+            ClientError::Exhausted(_) => Self {
+                code: Exit::Exhausted,
                 message: e.to_string(),
             },
             _ => Self::failure(e.to_string()),

@@ -77,6 +77,7 @@ pub fn config(args: ServeArgs) -> baton_server::ServerConfig {
             _ => None,
         },
         auth_file: args.auth_file,
+        quota_file: args.quota_file,
         require_auth: args.require_auth,
         audit_log: args.audit_log,
     }

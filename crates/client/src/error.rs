@@ -15,8 +15,9 @@ pub enum ClientError {
     /// The request broke a rule (name, TTL, wait, sizes). Not applied.
     #[error("invalid request: {0}")]
     Invalid(String),
-    /// A server limit (waiters, connections) was reached. Not applied; retry later.
-    #[error("server limit reached: {0}")]
+    /// A server limit (waiters, sessions, connections) or a tenant's quota
+    /// was reached (the message names it). Not applied; retry later.
+    #[error("refused, nothing applied (retry later): {0}")]
     Exhausted(String),
     /// No connection could be made, so nothing was sent. Not applied.
     #[error("cannot connect to {url}: {message}")]

@@ -25,6 +25,7 @@ mod ids;
 pub mod invisible;
 mod name;
 pub mod pipeline;
+pub mod quota;
 mod table;
 mod token;
 
@@ -38,9 +39,9 @@ pub use table::recovery_delay_ms;
 pub use table::{
     AcquireError, AcquireOutcome, AcquireRequest, Attempt, ChangeOf, Effects, Event, FenceOutcome,
     Grant, HolderChange, KeptAlive, LeaseRecord, LeaseStatus, LeaseTable, LeaseTerm, Limits,
-    MonoMs, NotAcquired, ReleaseOutcome, RenewOutcome, Resumed, SessionCheck, SessionError,
-    SessionRecord, WaitResult, Write, ENDS_PER_STEP, RECOVERED_ENDS_PER_MS, REPEATS_REMEMBERED_MAX,
-    REPEAT_MEMORY_MS,
+    MonoMs, NotAcquired, QuotaUse, ReleaseOutcome, RenewOutcome, Resumed, SessionCheck,
+    SessionError, SessionRecord, WaitResult, Write, ENDS_PER_STEP, RECOVERED_ENDS_PER_MS,
+    REPEATS_REMEMBERED_MAX, REPEAT_MEMORY_MS,
 };
 pub use token::{
     restore_epoch, Epoch, FencingToken, RestoreFloors, TokenError, COUNTER_BITS, COUNTER_MAX,

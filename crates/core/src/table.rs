@@ -8,7 +8,9 @@
 mod drain;
 mod expiry;
 mod gone;
+mod limits;
 mod query;
+mod quotas;
 mod recovery;
 mod repeats;
 mod sessions;
@@ -22,13 +24,15 @@ pub use recovery::{recovery_delay_ms, RECOVERED_ENDS_PER_MS};
 pub use repeats::{Attempt, REPEATS_REMEMBERED_MAX, REPEAT_MEMORY_MS};
 use repeats::{Repeats, Seen};
 
+pub use limits::Limits;
+pub use quotas::QuotaUse;
 pub use sessions::{Resumed, SessionCheck};
 use state::{Draining, Lease, ResourceState, Session, Timer, Waiter};
 
 pub use term::LeaseTerm;
 pub use types::{
     AcquireError, AcquireOutcome, AcquireRequest, ChangeOf, Effects, Event, FenceOutcome, Grant,
-    HolderChange, KeptAlive, LeaseRecord, LeaseStatus, Limits, MonoMs, NotAcquired, ReleaseOutcome,
+    HolderChange, KeptAlive, LeaseRecord, LeaseStatus, MonoMs, NotAcquired, ReleaseOutcome,
     RenewOutcome, SessionError, SessionRecord, WaitResult, Write,
 };
 
@@ -77,6 +81,8 @@ pub struct LeaseTable {
     expired_through: MonoMs,
     /// Requests carrying a request id: what a repeat is answered.
     repeats: Repeats,
+    /// The quotas in force and what each uses (`quotas.rs`).
+    quotas: quotas::Quotas,
     effects: Effects,
 }
 
@@ -104,6 +110,7 @@ impl LeaseTable {
             drops: (MonoMs(0), 0),
             expired_through: MonoMs(0),
             repeats: Repeats::default(),
+            quotas: quotas::Quotas::default(),
             effects: Effects::default(),
         }
     }
@@ -217,6 +224,7 @@ impl LeaseTable {
             })
         });
         let Some(blocker) = blocker else {
+            self.check_grant(now, &request.claims, key)?;
             let grants = request
                 .claims
                 .into_iter()
@@ -237,44 +245,6 @@ impl LeaseTable {
             return Ok(AcquireOutcome::NotAcquired(blocker));
         }
         self.enqueue(now, request, key)
-    }
-
-    fn validate(&self, request: &AcquireRequest) -> Result<(), AcquireError> {
-        let l = &self.limits;
-        if let LeaseTerm::Own { ttl_ms } = request.term {
-            if ttl_ms < l.ttl_ms_min || ttl_ms > l.ttl_ms_max {
-                return Err(AcquireError::TtlOutOfRange {
-                    ttl_ms,
-                    ttl_ms_min: l.ttl_ms_min,
-                    ttl_ms_max: l.ttl_ms_max,
-                });
-            }
-        }
-        if request.wait_ms > l.wait_ms_max {
-            return Err(AcquireError::WaitTooLong {
-                wait_ms: request.wait_ms,
-                wait_ms_max: l.wait_ms_max,
-            });
-        }
-        let n_resources = request.claims.len();
-        if n_resources == 0 {
-            return Err(AcquireError::NoResources);
-        }
-        if n_resources > l.n_resources_per_request_max {
-            return Err(AcquireError::TooManyResources {
-                n_resources,
-                n_resources_max: l.n_resources_per_request_max,
-            });
-        }
-        let mut seen = BTreeSet::new();
-        for (resource, _) in &request.claims {
-            if !seen.insert(resource) {
-                return Err(AcquireError::DuplicateResource {
-                    resource: resource.clone(),
-                });
-            }
-        }
-        Ok(())
     }
 
     /// The last token issued (the position of the counter): every later
@@ -322,6 +292,7 @@ impl LeaseTable {
                 (ttl_ms, at)
             }
         };
+        self.count_lease(&resource, true);
         let state = self.resources.entry(resource.clone()).or_default();
         assert!(
             state.lease.is_none(),
@@ -440,6 +411,7 @@ impl LeaseTable {
     fn drop_lease(&mut self, resource: &ResourceName) -> Option<(FencingToken, Option<Holder>)> {
         let lease = self.resources.get_mut(resource)?.lease.take()?;
         self.n_leases -= 1;
+        self.count_lease(resource, false);
         match lease.session() {
             Some(digest) => {
                 let session = self

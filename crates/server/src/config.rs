@@ -40,6 +40,9 @@ pub struct ServerConfig {
     pub tls: Option<TlsFiles>,
     /// Principals and their rules (reloaded on SIGHUP); `None`: auth off.
     pub auth_file: Option<PathBuf>,
+    /// Quotas per name prefix and principal (reloaded on SIGHUP); `None`:
+    /// none (only the global limits).
+    pub quota_file: Option<PathBuf>,
     /// Refuse to start without `auth_file`.
     pub require_auth: bool,
     /// Also append audit lines to this file (JSON lines).
@@ -68,6 +71,7 @@ impl Default for ServerConfig {
             idle_timeout_ms: IDLE_TIMEOUT_MS_DEFAULT,
             tls: None,
             auth_file: None,
+            quota_file: None,
             require_auth: false,
             audit_log: None,
         }

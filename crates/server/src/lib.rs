@@ -12,6 +12,7 @@
 //! - `access/`: authentication, the one gate, the guessing penalty, audit;
 //! - `net/`: connections, their limits, and TLS;
 //! - `cluster/`: leadership on PostgreSQL and the seat that says who answers;
+//! - `quota.rs`: the quota file, and the rates and watches it bounds;
 //! - `config.rs` and `start.rs`: what a server is told and the one path that
 //!   starts and stops it.
 //!
@@ -29,6 +30,7 @@ mod http;
 mod metrics;
 mod net;
 mod observed;
+mod quota;
 mod service;
 mod start;
 

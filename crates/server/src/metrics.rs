@@ -7,10 +7,19 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use prometheus_client::encoding::text::encode;
+use std::sync::{Arc, Mutex};
+
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
+
+use crate::quota::Quotas;
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 /// Upper bounds of the acquire-latency buckets, in seconds.
 const LATENCY_BUCKETS_S: [f64; 12] = [
@@ -56,6 +65,30 @@ pub struct Metrics {
     /// (prometheus-client does not expose its buckets).
     acquire_buckets: Buckets,
     commit_buckets: Buckets,
+    /// Filled from the quotas in force when rendered (`quota.rs`).
+    quota_use: Family<QuotaLabels, Gauge>,
+    quota_limit: Family<QuotaLabels, Gauge>,
+    quota_refusals: Family<QuotaLabels, Counter>,
+    quota_sources: Mutex<QuotaSources>,
+}
+
+/// `kind` (the quota file's key) and `scope` (its prefix or principal).
+type QuotaLabels = Vec<(&'static str, String)>;
+
+fn quota_labels(kind: &'static str, scope: &str) -> QuotaLabels {
+    vec![("kind", kind.to_owned()), ("scope", scope.to_owned())]
+}
+
+/// What the table of the engine in office has counted: per prefix quota,
+/// the shared waiter pool, per principal's sessions. `None` when no
+/// engine is in office (a follower).
+pub(crate) type QuotaUseRead =
+    Box<dyn Fn() -> Option<(Vec<baton_core::QuotaUse>, u64, Vec<(String, u64)>)> + Send + Sync>;
+
+#[derive(Default)]
+struct QuotaSources {
+    quotas: Option<Arc<Quotas>>,
+    table: Option<QuotaUseRead>,
 }
 
 impl Default for Metrics {
@@ -172,6 +205,24 @@ impl Default for Metrics {
             "service time of acquire requests answered without waiting in line, unary calls and session requests alike",
             acquire_latency_s.clone(),
         );
+        let quota_use = Family::<QuotaLabels, Gauge>::default();
+        registry.register(
+            "baton_quota_use",
+            "what each quota bounds is using now (kind: leases, waiters, watches, sessions, shared_waiters; scope: its prefix or principal)",
+            quota_use.clone(),
+        );
+        let quota_limit = Family::<QuotaLabels, Gauge>::default();
+        registry.register(
+            "baton_quota_limit",
+            "each quota's limit in the quota file in force (rates in requests per second)",
+            quota_limit.clone(),
+        );
+        let quota_refusals = Family::<QuotaLabels, Counter>::default();
+        registry.register(
+            "baton_quota_refusals",
+            "requests refused RESOURCE_EXHAUSTED by a quota, per quota",
+            quota_refusals.clone(),
+        );
         Self {
             registry,
             acquire_requests,
@@ -207,6 +258,10 @@ impl Default for Metrics {
             commit_latency_s,
             acquire_buckets: Buckets::default(),
             commit_buckets: Buckets::default(),
+            quota_use,
+            quota_limit,
+            quota_refusals,
+            quota_sources: Mutex::default(),
         }
     }
 }
@@ -236,8 +291,103 @@ impl Metrics {
         }
     }
 
+    /// The quota file whose limits, watches and refusals `/metrics` shows.
+    pub(crate) fn watch_quotas(&self, quotas: Arc<Quotas>) {
+        lock(&self.quota_sources).quotas = Some(quotas);
+    }
+
+    /// How `/metrics` reads the table's quota counts: set by each engine
+    /// as it takes office.
+    pub(crate) fn read_quota_use(&self, read: QuotaUseRead) {
+        lock(&self.quota_sources).table = Some(read);
+    }
+
+    /// Sets the quota families from their sources, just before rendering.
+    fn fill_quotas(&self) {
+        let sources = lock(&self.quota_sources);
+        let Some(quotas) = sources.quotas.as_ref().filter(|q| q.is_on()) else {
+            return;
+        };
+        let rules = quotas.rules();
+        self.quota_use.clear();
+        self.quota_limit.clear();
+        let watches = quotas.watch_use();
+        for (i, q) in rules.prefixes().iter().enumerate() {
+            let bounds = [
+                ("leases", q.leases_max),
+                ("waiters", q.waiters_max),
+                ("watches", q.watches_max),
+                ("rate", q.rate.map(|r| u64::from(r.per_s))),
+                (
+                    "rate_per_principal",
+                    q.rate_per_principal.map(|r| u64::from(r.per_s)),
+                ),
+            ];
+            for (kind, max) in bounds {
+                if let Some(max) = max {
+                    self.set_quota(&self.quota_limit, kind, &q.prefix, max);
+                }
+            }
+            if q.watches_max.is_some() {
+                let n = watches.get(i).copied().unwrap_or(0);
+                self.set_quota(&self.quota_use, "watches", &q.prefix, n);
+            }
+        }
+        for (principal, max) in rules.principals() {
+            self.set_quota(&self.quota_limit, "sessions", principal, max);
+        }
+        if let Some(counted) = sources.table.as_ref().and_then(|read| read()) {
+            self.fill_table_use(&rules, counted);
+        }
+        for (kind, scope, n) in quotas.refusals() {
+            let c = self
+                .quota_refusals
+                .get_or_create(&quota_labels(kind.key(), &scope));
+            c.inc_by(n.saturating_sub(c.get()));
+        }
+    }
+
+    /// The table's counts: leases and waiters per prefix, the shared
+    /// waiter pool, sessions per principal.
+    fn fill_table_use(
+        &self,
+        rules: &baton_core::quota::QuotaRules,
+        (table, shared, sessions): (Vec<baton_core::QuotaUse>, u64, Vec<(String, u64)>),
+    ) {
+        for (u, q) in table.iter().zip(rules.prefixes()) {
+            if u.prefix != q.prefix {
+                continue; // the engine has not taken this reload yet
+            }
+            if q.leases_max.is_some() {
+                self.set_quota(&self.quota_use, "leases", &q.prefix, u.n_leases);
+            }
+            if q.waiters_max.is_some() {
+                self.set_quota(&self.quota_use, "waiters", &q.prefix, u.n_waiters);
+            }
+        }
+        if rules.waiters_reserved() > 0 {
+            self.set_quota(&self.quota_use, "shared_waiters", "", shared);
+        }
+        for (principal, n) in sessions {
+            self.set_quota(&self.quota_use, "sessions", &principal, n);
+        }
+    }
+
+    fn set_quota(
+        &self,
+        family: &Family<QuotaLabels, Gauge>,
+        kind: &'static str,
+        scope: &str,
+        n: u64,
+    ) {
+        family
+            .get_or_create(&quota_labels(kind, scope))
+            .set(n as i64);
+    }
+
     /// The text exposition of every metric (OpenMetrics, which Prometheus reads).
     pub fn render(&self) -> String {
+        self.fill_quotas();
         let mut out = String::new();
         encode(&mut out, &self.registry).expect("writing to a String cannot fail");
         out

@@ -31,6 +31,7 @@ use crate::engine::{self, EngineHandle};
 use crate::metrics::Metrics;
 use crate::net::conn;
 use crate::observed::Observed;
+use crate::quota::Quotas;
 use crate::{http, service};
 
 /// How long a shutdown waits for in-flight requests (waiting acquires included).
@@ -118,10 +119,10 @@ pub async fn start_with_store(
         config,
         guards,
         seat,
-        move |config, (metrics, observed), seat| {
-            let limits = config.limits.clone();
+        move |config, (metrics, observed, quotas), seat| {
+            let bounds = (config.limits.clone(), quotas.clone());
             let (engine, thread) =
-                engine::Engine::start(store, limits, metrics.clone(), observed.clone())?;
+                engine::Engine::start(store, bounds, metrics.clone(), observed.clone())?;
             seat.lead(engine.clone(), 0, u64::MAX);
             metrics.is_leader.set(1);
             observed
@@ -156,13 +157,13 @@ pub async fn start_cluster(
         // Named from the first answer, not only after the first retry.
         seat.trouble(cluster::unreachable(e));
     }
-    serve(config, guards, seat, move |config, (metrics, observed), seat| {
+    serve(config, guards, seat, move |config, (metrics, observed, quotas), seat| {
         let (stop, stop_rx) = tokio::sync::watch::channel(false);
         info!(cluster = %cluster.cluster, node = %seat.node, advertise = %cluster.advertise, "serving as a cluster member");
         let election = cluster::Election::new(
             seat.clone(),
             (metrics.clone(), observed.clone()),
-            config.limits.clone(),
+            (config.limits.clone(), quotas.clone()),
             pg,
             cluster,
             unprepared.is_none(),
@@ -236,7 +237,7 @@ async fn serve(
     seat: Arc<Seat>,
     role: impl FnOnce(
         &ServerConfig,
-        (&Arc<Metrics>, &Arc<Observed>),
+        (&Arc<Metrics>, &Arc<Observed>, &Arc<Quotas>),
         &Arc<Seat>,
     ) -> Result<Role, ServerError>,
 ) -> Result<RunningServer, ServerError> {
@@ -245,7 +246,9 @@ async fn serve(
     let (grpc, grpc_addr) = bind(config.listen).await?;
     let http_addr = serve_http(&config, (&metrics, &observed), &seat, &guards).await?;
     reload_on_sighup(&guards, &config)?;
-    let mut role = role(&config, (&metrics, &observed), &seat)?;
+    let quotas = guards.quotas.clone();
+    metrics.watch_quotas(quotas.clone());
+    let mut role = role(&config, (&metrics, &observed, &quotas), &seat)?;
     let (shutdown_tx, mut shutdown_rx) = oneshot::channel::<()>();
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
     let serve = grpc_server(&config, seat, metrics.clone(), grpc, stop_rx, guards);
@@ -292,7 +295,8 @@ async fn serve_http(
     let (listener, bound) = bind(addr).await?;
     let gate = guards.gate(metrics);
     let service = service::LeaseService::new(seat.clone(), metrics.clone(), config.default_ttl_ms)
-        .guarded_by(gate.clone());
+        .guarded_by(gate.clone())
+        .with_quotas(guards.quotas.clone());
     let state = http::HttpState {
         metrics: metrics.clone(),
         observed: observed.clone(),
@@ -335,7 +339,8 @@ fn grpc_server(
     let closing = tokio_util::sync::CancellationToken::new();
     let service = service::LeaseService::new(seat, metrics.clone(), config.default_ttl_ms)
         .closing_on(closing.clone())
-        .guarded_by(guards.gate(&metrics));
+        .guarded_by(guards.gate(&metrics))
+        .with_quotas(guards.quotas.clone());
     let grpc_service = conn::Tracked {
         inner: tonic::service::interceptor::InterceptedService::new(
             LeasesServer::new(service).max_decoding_message_size(REQUEST_LEN_BYTES_MAX),

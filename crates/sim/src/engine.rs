@@ -208,7 +208,9 @@ impl Engine {
         for ((from, op), result) in stepped.woken {
             let a = match result {
                 WaitResult::Granted(g) => granted(&g),
-                WaitResult::TimedOut | WaitResult::SessionEnded => Answer::NotAcquired,
+                WaitResult::TimedOut | WaitResult::SessionEnded | WaitResult::OverQuota(_) => {
+                    Answer::NotAcquired
+                }
             };
             deferred.push((from, op, a));
         }

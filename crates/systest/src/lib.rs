@@ -26,6 +26,21 @@ pub fn serve(data_dir: &Path, extra: &[&str]) -> Server {
     Server::start(&BIN, data_dir, extra)
 }
 
+/// Sends SIGHUP to `server` and waits (at most 10 s) until its log, which
+/// it writes to `log`, says `needle` once more than before: the reload
+/// (or its refusal) has happened.
+pub async fn sighup_until(server: &Server, log: &Path, needle: &str) {
+    let count = || {
+        std::fs::read_to_string(log)
+            .unwrap_or_default()
+            .matches(needle)
+            .count()
+    };
+    let seen = count();
+    server.signal(nix::sys::signal::Signal::SIGHUP);
+    eventually(std::time::Duration::from_secs(10), async || count() > seen).await;
+}
+
 /// Runs the `baton` command line and returns its output.
 pub fn cli(args: &[&str]) -> Output {
     Command::new(&*BIN)
@@ -123,6 +138,14 @@ pub mod cluster {
             Self::start_each(&vec![store_url.to_string(); n])
         }
 
+        /// `n` servers on one store, each given the `serve` flags `extra`.
+        pub fn start_with(store_url: &str, n: usize, extra: &[&str]) -> Self {
+            let listens = (0..n)
+                .map(|_| format!("127.0.0.1:{}", free_port()))
+                .collect::<Vec<_>>();
+            Self::spawn_with(&vec![store_url.to_string(); n], &listens, &[], extra)
+        }
+
         /// One server per store address (each may go through its own proxy).
         pub fn start_each(store_urls: &[String]) -> Self {
             let listens = store_urls
@@ -156,6 +179,15 @@ pub mod cluster {
         }
 
         fn spawn(store_urls: &[String], listens: &[String], advertise: &[String]) -> Self {
+            Self::spawn_with(store_urls, listens, advertise, &[])
+        }
+
+        fn spawn_with(
+            store_urls: &[String],
+            listens: &[String],
+            advertise: &[String],
+            flags: &[&str],
+        ) -> Self {
             let dir = TempDir::new("cluster");
             let nodes = store_urls
                 .iter()
@@ -171,6 +203,7 @@ pub mod cluster {
                     if let Some(a) = advertise.get(i) {
                         extra.extend(["--advertise".to_string(), a.clone()]);
                     }
+                    extra.extend(flags.iter().map(|f| f.to_string()));
                     Server::spawn(&BIN, listen, dir.path(), extra).unwrap_or_else(|e| panic!("{e}"))
                 })
                 .collect();

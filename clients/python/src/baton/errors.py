@@ -31,7 +31,9 @@ class InvalidArgument(BatonError, ValueError):
 
 
 class Exhausted(BatonError):
-    """A server limit was reached (waiters, sessions, connections)."""
+    """A server limit or a quota was reached (waiters, sessions,
+    connections, a tenant's quota: the message names it). Nothing was
+    applied; retry later."""
 
 
 class Unauthenticated(BatonError):

@@ -160,6 +160,11 @@ pub struct ServeArgs {
     /// SIGHUP). Without it every caller may do everything.
     #[arg(long, env = "BATON_AUTH_FILE")]
     pub auth_file: Option<PathBuf>,
+    /// Quotas per name prefix (leases, waiters, watches, request rates)
+    /// and per principal (sessions), in TOML; reloaded on SIGHUP. See
+    /// docs/security.md.
+    #[arg(long, env = "BATON_QUOTA_FILE")]
+    pub quota_file: Option<PathBuf>,
     /// Refuse to start without --auth-file.
     #[arg(long, env = "BATON_REQUIRE_AUTH")]
     pub require_auth: bool,

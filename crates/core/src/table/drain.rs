@@ -79,6 +79,7 @@ impl LeaseTable {
             .get_mut(resource)
             .and_then(|s| s.lease.take())
             .expect("a draining session's lease is held");
+        self.count_lease(resource, false);
         assert_eq!(lease.session(), Some(digest), "drained by its own session");
         self.report_drained(resource, lease, expired);
     }

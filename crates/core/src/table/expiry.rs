@@ -112,6 +112,7 @@ impl LeaseTable {
             .get_mut(resource)
             .and_then(|s| s.lease.take())
             .expect("an expired lease is still held");
+        self.count_lease(resource, false);
         self.report_expired(resource, lease);
     }
 

@@ -89,8 +89,12 @@ impl LeaseTable {
         };
         let state = entry.get_mut();
         let lease = state.lease.take_if(|l| ended(l))?;
+        let counted = self.quotas.on().then(|| entry.key().clone());
         if !queued {
             entry.remove();
+        }
+        if let Some(resource) = counted {
+            self.count_lease(&resource, false);
         }
         Some((lease, queued))
     }

@@ -90,6 +90,8 @@ impl LeaseTable {
                 n_sessions: self.sessions.len(),
             });
         }
+        self.check_session(opener.as_deref())
+            .map_err(SessionError::OverQuota)?;
         self.insert_session(now, digest, ttl_ms, opener.clone());
         self.effects.writes.push(Write::PutSession {
             record: SessionRecord {
@@ -123,6 +125,7 @@ impl LeaseTable {
     ) {
         self.timers
             .insert((expires_at, Timer::SessionExpiry(digest)));
+        self.count_session(opener.as_deref(), true);
         self.sessions.insert(
             digest,
             Session {
@@ -257,6 +260,7 @@ impl LeaseTable {
             self.effects.woken.push((waiter, WaitResult::SessionEnded));
         }
         let session = self.sessions.remove(&digest).expect("still open");
+        self.count_session(session.opener.as_deref(), false);
         let n_leases = session.leases.len();
         self.n_leases -= n_leases;
         self.effects.writes.push(Write::DeleteSession { digest });

@@ -790,6 +790,7 @@ impl Harness {
                     );
                 }
                 WaitResult::TimedOut => {}
+                WaitResult::OverQuota(_) => panic!("the model sets no quota"),
             }
         }
     }
@@ -1381,4 +1382,5 @@ fn status_says_the_last_token_issued_to_any_resource() {
 }
 
 mod expiry;
+mod quotas;
 mod repeats;

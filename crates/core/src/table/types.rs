@@ -34,39 +34,6 @@ impl MonoMs {
     }
 }
 
-/// Bounds on everything a request can ask for or make the table hold.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Limits {
-    /// Shortest TTL accepted.
-    pub ttl_ms_min: u64,
-    /// Longest TTL accepted.
-    pub ttl_ms_max: u64,
-    /// Longest wait accepted.
-    pub wait_ms_max: u64,
-    /// Most resources in one acquire.
-    pub n_resources_per_request_max: usize,
-    /// Most waiters queued on one resource.
-    pub n_waiters_per_resource_max: usize,
-    /// Most waiters in all.
-    pub n_waiters_max: usize,
-    /// Most open sessions.
-    pub n_sessions_max: usize,
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        Self {
-            ttl_ms_min: 1_000,
-            ttl_ms_max: 600_000,
-            wait_ms_max: 600_000,
-            n_resources_per_request_max: 64,
-            n_waiters_per_resource_max: 1_024,
-            n_waiters_max: 100_000,
-            n_sessions_max: 100_000,
-        }
-    }
-}
-
 /// One acquire request: one or more resources, all or nothing.
 #[derive(Clone, Debug)]
 pub struct AcquireRequest {
@@ -156,6 +123,10 @@ pub enum WaitResult {
     TimedOut,
     /// The waiter's session expired or was closed; nothing was granted.
     SessionEnded,
+    /// Its turn came, but granting it then would exceed a leases quota
+    /// (lowered while it waited, or a multi-acquire some of whose names
+    /// were free when it queued); nothing was granted.
+    OverQuota(crate::quota::OverQuota),
 }
 
 /// A request the table refuses to judge: it broke a rule (or a limit).
@@ -193,6 +164,9 @@ pub enum AcquireError {
     DuplicateWaiter(WaiterId),
     #[error("the session is not open (it expired or was closed); nothing was acquired")]
     SessionNotOpen,
+    /// Refused by a quota (`crate::quota`): nothing was granted or queued.
+    #[error("{0}")]
+    OverQuota(crate::quota::OverQuota),
 }
 
 /// A session request the table refuses.
@@ -212,6 +186,9 @@ pub enum SessionError {
     TooManySessions { n_sessions: usize },
     #[error("a session with this id is already open")]
     AlreadyOpen,
+    /// Refused by the opener's sessions quota: nothing was opened.
+    #[error("{0}")]
+    OverQuota(crate::quota::OverQuota),
 }
 
 /// What a renew did.

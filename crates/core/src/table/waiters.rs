@@ -29,6 +29,9 @@ impl LeaseTable {
                 });
             }
         }
+        self.check_waiters(request.claims.iter().map(|(r, _)| r))
+            .map_err(AcquireError::OverQuota)?;
+        self.count_waiter(request.claims.iter().map(|(r, _)| r), true);
         // Joining every queue at once, in arrival order, keeps all queues
         // consistently ordered, so waiters for overlapping sets cannot deadlock.
         for (resource, _) in &request.claims {
@@ -82,6 +85,7 @@ impl LeaseTable {
             self.repeats.not_granted(now, key);
         }
         self.unbind_waiter(waiter, w.term.session());
+        self.count_waiter(w.claims.iter().map(|(r, _)| r), false);
         for (resource, _) in &w.claims {
             self.change_queue(resource, |queue| queue.retain(|q| *q != waiter));
         }
@@ -121,6 +125,9 @@ impl LeaseTable {
         if !ready {
             return;
         }
+        if self.quotas.on() && self.refused_over_quota(now, head) {
+            return;
+        }
         let waiter = self.waiters.remove(&head).expect("head waiter exists");
         for (r, _) in &waiter.claims {
             self.settle(r);
@@ -128,6 +135,7 @@ impl LeaseTable {
         self.timers
             .remove(&(waiter.deadline, Timer::WaitDeadline(head)));
         self.unbind_waiter(head, waiter.term.session());
+        self.count_waiter(waiter.claims.iter().map(|(r, _)| r), false);
         let grants = waiter
             .claims
             .into_iter()

@@ -20,6 +20,7 @@ pub(crate) use gate::{Admitted, Caller, Gate};
 use crate::config::{ServerConfig, ServerError};
 use crate::metrics::Metrics;
 use crate::net::tls::{server_tls, Tls};
+use crate::quota::Quotas;
 
 /// What guards the ports: TLS acceptors, the auth table and the audit sink.
 pub(crate) struct Guards {
@@ -29,6 +30,8 @@ pub(crate) struct Guards {
     audit: Arc<audit::Audit>,
     /// Shared by both ports: a guesser is slowed wherever it guesses.
     penalties: Arc<penalty::Penalties>,
+    /// The quota file in force (reloaded with the auth file).
+    pub(crate) quotas: Arc<Quotas>,
 }
 
 impl Guards {
@@ -64,6 +67,11 @@ pub(crate) fn guards(config: &ServerConfig) -> Result<Guards, ServerError> {
         }
         None => auth::Auth::off(),
     };
+    let quotas = match &config.quota_file {
+        Some(path) => Quotas::load(path, config.limits.n_waiters_max as u64)
+            .map_err(|e| ServerError::Config(e.to_string()))?,
+        None => Quotas::off(),
+    };
     let audit = match &config.audit_log {
         Some(path) => audit::Audit::to_file(path)
             .map_err(|e| ServerError::Config(format!("--audit-log {}: {e}", path.display())))?,
@@ -85,6 +93,7 @@ pub(crate) fn guards(config: &ServerConfig) -> Result<Guards, ServerError> {
         auth: Arc::new(auth),
         audit: Arc::new(audit),
         penalties: Arc::default(),
+        quotas: Arc::new(quotas),
     })
 }
 
@@ -100,7 +109,7 @@ fn warn_about_auth_file(path: &std::path::Path, auth: &auth::Auth) {
     }
 }
 
-/// Reloads the auth file and the TLS certificate, key and client CA on
+/// Reloads the auth file, the quota file and the TLS certificate, key and client CA on
 /// every SIGHUP; a file that does not parse (or a key that does not match)
 /// leaves what is in force unchanged, and the log says why. Connections
 /// already accepted keep the certificate they were accepted with. The
@@ -117,10 +126,21 @@ pub(crate) fn reload_on_sighup(guards: &Guards, config: &ServerConfig) -> Result
     let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
         .map_err(|e| ServerError::Config(format!("cannot install the SIGHUP handler: {e}")))?;
     let auth = guards.auth.clone();
+    let quotas = guards.quotas.clone();
     tokio::spawn(async move {
         while hup.recv().await.is_some() {
-            if auth_path.is_none() && ports.is_empty() {
-                info!("SIGHUP: nothing to reload (no auth file, no TLS)");
+            if auth_path.is_none() && ports.is_empty() && !quotas.is_on() {
+                info!("SIGHUP: nothing to reload (no auth file, no quota file, no TLS)");
+            }
+            if let Some(path) = quotas.path() {
+                match quotas.reload() {
+                    Ok((prefixes, principals)) => {
+                        info!(path = %path.display(), prefixes, principals, "quota file reloaded")
+                    }
+                    Err(e) => {
+                        error!(error = %e, "quota file not reloaded; the previous quotas stay in force")
+                    }
+                }
             }
             if let Some(path) = &auth_path {
                 match auth.reload() {

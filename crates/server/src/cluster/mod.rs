@@ -16,6 +16,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use baton_core::Limits;
+
+use crate::quota::Quotas;
 use baton_store::StoreError;
 use baton_store_pg::election::{Timing, Verdict, Watch};
 use baton_store_pg::{leader, PgError, PgLeaseStore};
@@ -103,6 +105,8 @@ pub(crate) struct Election {
     /// The page's history (its engines record there) and readiness.
     pub observed: Arc<Observed>,
     pub limits: Limits,
+    /// The quotas every engine of this server applies.
+    pub quotas: Arc<Quotas>,
     pub pg: baton_store_pg::PgTarget,
     pub config: ClusterConfig,
     client: Option<tokio_postgres::Client>,
@@ -127,7 +131,7 @@ impl Election {
     pub fn new(
         seat: Arc<Seat>,
         (metrics, observed): (Arc<Metrics>, Arc<Observed>),
-        limits: Limits,
+        (limits, quotas): (Limits, Arc<Quotas>),
         pg: baton_store_pg::PgTarget,
         config: ClusterConfig,
         prepared: bool,
@@ -141,6 +145,7 @@ impl Election {
             metrics,
             observed,
             limits,
+            quotas,
             pg,
             config,
             client: None,
@@ -324,10 +329,10 @@ impl Election {
     async fn load(&self, term: u64) -> Result<(EngineHandle, EngineThread), LoadError> {
         let commit_timeout = Duration::from_millis(self.timing.ttl_ms);
         let store = PgLeaseStore::open(&self.pg, term, commit_timeout).await?;
-        let limits = self.limits.clone();
+        let (limits, quotas) = (self.limits.clone(), self.quotas.clone());
         let (metrics, observed) = (self.metrics.clone(), self.observed.clone());
         let started = tokio::task::spawn_blocking(move || {
-            Engine::start(Box::new(store), limits, metrics, observed)
+            Engine::start(Box::new(store), (limits, quotas), metrics, observed)
         })
         .await
         .map_err(|_| LoadError::Panicked)?;

@@ -3,13 +3,11 @@
 
 use std::time::Instant;
 
-use baton_core::{
-    AcquireError, AcquireOutcome, AcquireRequest, MonoMs, Resumed, SessionCheck, SessionDigest,
-};
+use baton_core::{AcquireOutcome, AcquireRequest, MonoMs, Resumed, SessionCheck, SessionDigest};
 use baton_store::Stored;
 use tracing::info;
 
-use super::{AcquireReply, Command, Deferred, Engine, Reply};
+use super::{AcquireAnswer, AcquireReply, Command, Deferred, Engine, Reply};
 
 impl Engine {
     pub(super) fn apply(&mut self, now: MonoMs, command: Command, replies: &mut Vec<Deferred>) {
@@ -99,7 +97,7 @@ impl Engine {
         &mut self,
         now: MonoMs,
         request: AcquireRequest,
-        reply: Reply<Result<AcquireReply, AcquireError>>,
+        reply: Reply<AcquireAnswer>,
         replies: &mut Vec<Deferred>,
     ) {
         let waiter = request.waiter;

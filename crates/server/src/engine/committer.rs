@@ -7,12 +7,11 @@ use std::sync::{Arc, Weak};
 use std::time::Instant;
 
 use baton_core::pipeline;
-use baton_core::AcquireError;
 use baton_store::{LeaseStore, StoreError};
 use tokio::sync::oneshot;
 use tracing::error;
 
-use super::{AcquireReply, Command, Deferred, Reply, Shared, SnapshotReply, Wake};
+use super::{AcquireAnswer, AcquireReply, Command, Deferred, Reply, Shared, SnapshotReply, Wake};
 use crate::metrics::Metrics;
 
 /// What answers one step's callers, released once the step's commit
@@ -21,7 +20,7 @@ use crate::metrics::Metrics;
 pub(super) struct Replies {
     pub(super) replies: Vec<Deferred>,
     /// Waiters granted or timed out; a grant whose caller left is handed back.
-    pub(super) woken: Vec<(Reply<Result<AcquireReply, AcquireError>>, AcquireReply)>,
+    pub(super) woken: Vec<(Reply<AcquireAnswer>, AcquireAnswer)>,
     /// Backups: each gets a view of the store taken after this job's
     /// commit (cheap; the backup reads it on a thread of its own).
     pub(super) snapshots: Vec<SnapshotReply>,
@@ -136,7 +135,7 @@ impl Committer {
             let _ = reply.send(self.store.snapshot());
         }
         for (reply, answer) in job.woken {
-            if let Err(Ok(AcquireReply::Granted { grants, .. })) = reply.send(Ok(answer)) {
+            if let Err(Ok(AcquireReply::Granted { grants, .. })) = reply.send(answer) {
                 // The caller left just as its turn came: give the leases back.
                 let Some(engine) = self.engine.upgrade() else {
                     continue;
@@ -202,7 +201,7 @@ mod tests {
         let metrics = Arc::new(Metrics::default());
         let (handle, thread) = Engine::start(
             Box::new(MemStore::default()),
-            baton_core::Limits::default(),
+            (baton_core::Limits::default(), Arc::default()),
             metrics.clone(),
             Arc::default(),
         )

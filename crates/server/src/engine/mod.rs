@@ -24,130 +24,26 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use baton_core::pipeline::{Job, Pipeline};
-use baton_core::{
-    AcquireError, AcquireRequest, AcquisitionId, FenceOutcome, Grant, LeaseStatus, LeaseTable,
-    MonoMs, NotAcquired, ReleaseOutcome, RenewOutcome, ResourceName, Resumed, SessionDigest,
-    SessionError, WaitResult, WaiterId,
-};
-use baton_store::{LeaseStore, SnapshotRead, StoreError, Stored};
-use tokio::sync::oneshot;
+use baton_core::{AcquireError, LeaseStatus, LeaseTable, MonoMs, WaitResult};
+use baton_store::{LeaseStore, StoreError};
 use tracing::info;
 
 mod apply;
+mod command;
 mod committer;
+mod quotas;
 mod record;
 mod timer;
 pub(crate) mod watch;
 
 use crate::metrics::Metrics;
 use crate::observed::Observed;
+use crate::quota::Quotas;
 use committer::{Committer, Replies, ToCommitter};
 use timer::run_timer;
 use watch::{holder_changes, Hub, WatchStart};
 
-#[derive(Debug)]
-pub enum AcquireReply {
-    Granted {
-        grants: Vec<Grant>,
-        after_wait: bool,
-    },
-    NotAcquired(NotAcquired),
-    /// A repeat of a granted request: its leases, with the time they have left.
-    Repeated(Vec<Grant>),
-    /// A repeat of a request whose leases ended: nothing held, nothing granted.
-    Ended,
-    TimedOut,
-    /// The request's session ended while it waited.
-    SessionEnded,
-}
-
-pub type Reply<T> = oneshot::Sender<T>;
-
-/// The answer to [`Command::Snapshot`]: the store's view, or `None` for a
-/// store without one.
-pub type SnapshotReply = Reply<Option<Result<SnapshotRead, StoreError>>>;
-
-/// Who may keep a session alive or close it: the principal that opened
-/// it (or an administrator), holding `lease` on what it holds.
-pub use baton_core::SessionCheck;
-
-pub enum Command {
-    Acquire {
-        request: AcquireRequest,
-        reply: Reply<Result<AcquireReply, AcquireError>>,
-    },
-    Renew {
-        resource: ResourceName,
-        id: AcquisitionId,
-        reply: Reply<RenewOutcome>,
-    },
-    Release {
-        resource: ResourceName,
-        id: AcquisitionId,
-        reply: Reply<ReleaseOutcome>,
-    },
-    Status {
-        resource: ResourceName,
-        reply: Reply<LeaseStatus>,
-    },
-    List {
-        prefix: String,
-        start_after: Option<String>,
-        limit: usize,
-        reply: Reply<Vec<LeaseStatus>>,
-    },
-    Fence {
-        resource: ResourceName,
-        reply: Reply<FenceOutcome>,
-    },
-    /// A view of the store for a backup, taken after every write so far
-    /// (the lazy ones too) is durable; `None` if the store has none (then
-    /// [`Command::CopyTable`]).
-    Snapshot {
-        reply: SnapshotReply,
-    },
-    /// A copy of the table for a backup, made under the table's lock: for
-    /// stores without [`LeaseStore::snapshot`].
-    CopyTable {
-        reply: Reply<Stored>,
-    },
-    /// A watcher of `prefix`: the holders now, then every later change
-    /// (see `watch.rs`).
-    Watch {
-        prefix: String,
-        reply: Reply<WatchStart>,
-    },
-    CancelWait {
-        waiter: WaiterId,
-    },
-    /// Answered after the session is durable.
-    OpenSession {
-        digest: SessionDigest,
-        ttl_ms: u64,
-        /// The principal that opens it (`None` with authentication off).
-        opener: Option<String>,
-        reply: Reply<Result<(), SessionError>>,
-    },
-    /// A heartbeat: the session's TTL and revoked leases. With `check` (a
-    /// resume, or a heartbeat under a reloaded auth table), only if it
-    /// accepts every resource of the session, decided in the same step;
-    /// never `Refused` without one.
-    KeepAlive {
-        digest: SessionDigest,
-        check: Option<SessionCheck>,
-        reply: Reply<Resumed>,
-    },
-    /// Whether the session was open (it is closed now either way), or
-    /// `None` if `may_hold` refuses a resource of the session (nothing
-    /// changed).
-    CloseSession {
-        digest: SessionDigest,
-        check: SessionCheck,
-        reply: Reply<Option<bool>>,
-    },
-    /// Flush and stop, even if handles remain (connections that outlived the grace period).
-    Shutdown,
-}
+pub use command::{AcquireAnswer, AcquireReply, Command, Reply, SessionCheck, SnapshotReply};
 
 /// A cheap handle for giving commands to the engine. When the last one is
 /// dropped the engine flushes and stops (the committer's own reference
@@ -222,6 +118,8 @@ impl Shared {
             return false;
         }
         let now = engine.now();
+        let e = &mut *engine;
+        e.quotas.catch_up(&mut e.table);
         let mut replies = Vec::new();
         engine.apply(now, command, &mut replies);
         self.finish_step(&mut engine, now, replies);
@@ -253,7 +151,7 @@ pub struct Engine {
     table: LeaseTable,
     origin: Instant,
     /// Lazy writes not yet handed over, and the waiting callers.
-    pipeline: Pipeline<Reply<Result<AcquireReply, AcquireError>>>,
+    pipeline: Pipeline<Reply<AcquireAnswer>>,
     metrics: Arc<Metrics>,
     /// Where the page's history is kept.
     observed: Arc<Observed>,
@@ -268,6 +166,8 @@ pub struct Engine {
     snapshots: Vec<SnapshotReply>,
     /// This engine's recorder of the page's history (retired when it stops).
     recorder: u64,
+    /// The quota file in force, and the reload the table last took.
+    quotas: quotas::Followed,
 }
 
 impl Engine {
@@ -277,7 +177,7 @@ impl Engine {
     /// committer's outcome.
     pub fn start(
         store: Box<dyn LeaseStore>,
-        limits: baton_core::Limits,
+        (limits, quotas): (baton_core::Limits, Arc<Quotas>),
         metrics: Arc<Metrics>,
         observed: Arc<Observed>,
     ) -> Result<
@@ -292,7 +192,8 @@ impl Engine {
         // session heartbeat sent) before the crash that this start follows,
         // so a TTL counted from any moment after the crash is a full one.
         let origin = Instant::now();
-        let table = committer::recover(&*store, limits)?;
+        let mut table = committer::recover(&*store, limits)?;
+        let quotas = quotas::Followed::start(quotas, &mut table);
         let (epoch, counter) = table.last_token();
         let n_leases = table.n_leases();
         info!(
@@ -318,9 +219,11 @@ impl Engine {
                 hub: Arc::default(),
                 snapshots: Vec::new(),
                 recorder: observed.history.new_recorder(),
+                quotas,
             }),
             timer: timer.clone(),
         });
+        metrics.read_quota_use(quotas::reader(&shared));
         Ok(spawn_threads(
             shared,
             store,
@@ -368,13 +271,14 @@ impl Engine {
             let answer = match result {
                 WaitResult::Granted(grants) => {
                     self.metrics.grants_after_wait.inc();
-                    AcquireReply::Granted {
+                    Ok(AcquireReply::Granted {
                         grants,
                         after_wait: true,
-                    }
+                    })
                 }
-                WaitResult::TimedOut => AcquireReply::TimedOut,
-                WaitResult::SessionEnded => AcquireReply::SessionEnded,
+                WaitResult::TimedOut => Ok(AcquireReply::TimedOut),
+                WaitResult::SessionEnded => Ok(AcquireReply::SessionEnded),
+                WaitResult::OverQuota(over) => Err(AcquireError::OverQuota(over)),
             };
             woken.push((reply, answer));
         }
@@ -478,14 +382,16 @@ fn spawn_threads(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use baton_core::ResourceName;
     use baton_testkit::store::MemStore;
+    use tokio::sync::oneshot;
 
     #[test]
     fn a_panic_while_the_table_is_held_stops_the_engine_as_a_panic() {
         let metrics = Arc::new(Metrics::default());
         let (handle, thread) = Engine::start(
             Box::new(MemStore::default()),
-            baton_core::Limits::default(),
+            (baton_core::Limits::default(), Arc::default()),
             metrics,
             Arc::default(),
         )

@@ -111,9 +111,9 @@ pub(super) fn parse_claims(
 
 pub(super) fn acquire_error(e: AcquireError) -> Status {
     match e {
-        AcquireError::TooManyWaiters { .. } | AcquireError::TooManyWaitersOnResource { .. } => {
-            Status::resource_exhausted(e.to_string())
-        }
+        AcquireError::TooManyWaiters { .. }
+        | AcquireError::TooManyWaitersOnResource { .. }
+        | AcquireError::OverQuota(_) => Status::resource_exhausted(e.to_string()),
         other => Status::invalid_argument(other.to_string()),
     }
 }

@@ -14,6 +14,7 @@ use crate::access::Action;
 use crate::cluster::seat::{Seat, Term};
 use crate::engine::{Command, EngineHandle};
 use crate::metrics::Metrics;
+use crate::quota::Quotas;
 
 mod backup;
 mod convert;
@@ -40,6 +41,8 @@ pub struct LeaseService {
     /// Cancelled when the server shuts down: session streams end.
     closing: tokio_util::sync::CancellationToken,
     gate: Gate,
+    /// Rates and watches are counted here; the table counts the rest.
+    quotas: Arc<Quotas>,
 }
 
 impl LeaseService {
@@ -51,7 +54,14 @@ impl LeaseService {
             closing: Default::default(),
             gate: Gate::open(metrics.clone()),
             metrics,
+            quotas: Arc::default(),
         }
+    }
+
+    /// Bounds every call by the quotas in force.
+    pub(crate) fn with_quotas(mut self, quotas: Arc<Quotas>) -> Self {
+        self.quotas = quotas;
+        self
     }
 
     /// Lets every call in through `gate` (the server's one gatekeeper).
@@ -386,9 +396,13 @@ mod fuzz {
             n_waiters_per_resource_max: 4,
             ..Default::default()
         };
-        let (engine, _thread) =
-            crate::engine::Engine::start(Box::new(store), limits, metrics.clone(), Arc::default())
-                .unwrap();
+        let (engine, _thread) = crate::engine::Engine::start(
+            Box::new(store),
+            (limits, Arc::default()),
+            metrics.clone(),
+            Arc::default(),
+        )
+        .unwrap();
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()

@@ -29,6 +29,7 @@ use crate::cluster::seat::Term;
 use crate::engine::watch::WatchStart;
 use crate::engine::{AcquireReply, Command};
 use crate::metrics::Metrics;
+use crate::quota::{Quotas, RateRefusal, WatchGuard};
 
 /// What an acquire asks, unpacked from either transport's message.
 pub(super) struct AcquireAsk<'a> {
@@ -45,18 +46,33 @@ pub(super) struct AcquireAsk<'a> {
 
 /// An acquire handed to the engine: the answer to await.
 pub(super) struct Acquiring {
-    rx: oneshot::Receiver<Result<AcquireReply, AcquireError>>,
+    pending: Pending,
     /// The waiter to withdraw if the caller goes away (set when it may wait).
     pub(super) waiter: Option<WaiterId>,
     started: Instant,
     metrics: Arc<Metrics>,
+    quotas: Arc<Quotas>,
+}
+
+/// Where an acquire's answer comes from.
+enum Pending {
+    /// The engine.
+    Engine(oneshot::Receiver<Result<AcquireReply, AcquireError>>),
+    /// A rate quota, after its wait.
+    Refused(RateRefusal),
 }
 
 impl Acquiring {
     /// The engine's answer. A grant that did not wait feeds the acquire
     /// latency histogram, whichever transport asked.
     pub(super) async fn answer(self) -> Result<Result<AcquireReply, AcquireError>, Status> {
-        let out = answer(self.rx).await?;
+        let out = match self.pending {
+            Pending::Engine(rx) => answer(rx).await?,
+            Pending::Refused(refusal) => return Err(refusal.answer().await),
+        };
+        if let Err(AcquireError::OverQuota(over)) = &out {
+            self.quotas.count_refusal(over);
+        }
         if let Ok(AcquireReply::Granted {
             after_wait: false, ..
         }) = &out
@@ -82,6 +98,15 @@ impl LeaseService {
         for (name, _) in &claims {
             who.may(Permission::Lease, name.as_str())?;
         }
+        if let Err(refusal) = self.take_rate(who, claims.iter().map(|(r, _)| r.as_str())) {
+            return Ok(Acquiring {
+                pending: Pending::Refused(refusal),
+                waiter: None,
+                started,
+                metrics: self.metrics.clone(),
+                quotas: self.quotas.clone(),
+            });
+        }
         let holder = parse_holder("holder", ask.holder)?;
         let lease_term = match (ask.ttl_ms, ask.session) {
             (None, Some(session)) => LeaseTerm::Session(session),
@@ -101,10 +126,11 @@ impl LeaseService {
         let (reply, rx) = oneshot::channel();
         send(term, Command::Acquire { request, reply })?;
         Ok(Acquiring {
-            rx,
+            pending: Pending::Engine(rx),
             waiter: (ask.wait_ms > 0).then_some(waiter),
             started,
             metrics: self.metrics.clone(),
+            quotas: self.quotas.clone(),
         })
     }
 
@@ -158,6 +184,7 @@ impl LeaseService {
     ) -> Result<LeaseStatus, Status> {
         let resource = parse_resource("resource", resource)?;
         who.may(Permission::Read, resource.as_str())?;
+        self.rate_or_wait(who, resource.as_str()).await?;
         self.call(|reply| Command::Status { resource, reply }).await
     }
 
@@ -182,6 +209,7 @@ impl LeaseService {
             limit
         } as usize;
         who.may(Permission::Read, &prefix)?;
+        self.rate_or_wait(who, &prefix).await?;
         let start_after = (!start_after.is_empty()).then_some(start_after);
         self.list_entries(prefix, start_after, limit).await
     }
@@ -287,7 +315,12 @@ impl LeaseService {
             reply,
         })
         .await?
-        .map_err(session_error)?;
+        .map_err(|e| {
+            if let SessionError::OverQuota(over) = &e {
+                self.quotas.count_refusal(over);
+            }
+            session_error(e)
+        })?;
         Ok((digest, Opened::New { id, ttl_ms }))
     }
 
@@ -340,15 +373,40 @@ impl LeaseService {
     }
 
     /// Watch, for a caller the gate let in: the prefix checked, `read` on
-    /// it, then the engine's snapshot and registration.
+    /// it, its rate and watches quotas, then the engine's snapshot and
+    /// registration. The guard counts the watch open until dropped.
     pub(super) async fn watch_op(
         &self,
         who: &Admitted<'_>,
         prefix: String,
-    ) -> Result<WatchStart, Status> {
+    ) -> Result<(WatchStart, WatchGuard), Status> {
         check_prefix(&prefix)?;
         who.may(Permission::Read, &prefix)?;
-        self.call(|reply| Command::Watch { prefix, reply }).await
+        self.rate_or_wait(who, &prefix).await?;
+        let guard = self.quotas.open_watch(&prefix)?;
+        let start = self.call(|reply| Command::Watch { prefix, reply }).await?;
+        Ok((start, guard))
+    }
+
+    /// One request's token from the rate quotas over `names`, for `who`.
+    /// Renewals, releases and heartbeats take none: they only keep or give
+    /// back what the leases quota already counts.
+    fn take_rate<'a>(
+        &self,
+        who: &Admitted<'_>,
+        names: impl Iterator<Item = &'a str>,
+    ) -> Result<(), RateRefusal> {
+        let principal = who.principal().map(|p| p.name.as_str());
+        self.quotas.take_rate(names, principal)
+    }
+
+    /// [`LeaseService::take_rate`] for one name or prefix; a refusal is
+    /// answered after its wait.
+    async fn rate_or_wait(&self, who: &Admitted<'_>, name: &str) -> Result<(), Status> {
+        match self.take_rate(who, [name].into_iter()) {
+            Ok(()) => Ok(()),
+            Err(refusal) => Err(refusal.answer().await),
+        }
     }
 }
 
@@ -362,7 +420,9 @@ pub(super) fn refused(refusal: Option<SessionRefusal>) -> Status {
 
 fn session_error(e: SessionError) -> Status {
     match e {
-        SessionError::TooManySessions { .. } => Status::resource_exhausted(e.to_string()),
+        SessionError::TooManySessions { .. } | SessionError::OverQuota(_) => {
+            Status::resource_exhausted(e.to_string())
+        }
         other => Status::invalid_argument(other.to_string()),
     }
 }

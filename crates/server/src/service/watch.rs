@@ -33,9 +33,10 @@ impl LeaseService {
         request: Request<v1::WatchRequest>,
     ) -> Result<Response<WatchStream>, Status> {
         let who = self.gate.let_in_request(&request, Action::Watch).await?;
-        let start = self.watch_op(&who, request.into_inner().prefix).await?;
+        let (start, quota) = self.watch_op(&who, request.into_inner().prefix).await?;
         let (tx, rx) = mpsc::channel(OUTBOX_LEN);
         let forwarder = Forwarder {
+            _quota: quota,
             tx,
             seat: self.seat.clone(),
             closing: self.closing.clone(),
@@ -46,6 +47,8 @@ impl LeaseService {
 }
 
 struct Forwarder {
+    /// Counts the watch against its watches quotas while it runs.
+    _quota: crate::quota::WatchGuard,
     tx: mpsc::Sender<Result<v1::WatchResponse, Status>>,
     seat: Arc<Seat>,
     closing: tokio_util::sync::CancellationToken,

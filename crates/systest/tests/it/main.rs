@@ -12,6 +12,7 @@ mod http_port;
 mod lost_answers;
 mod names;
 mod page;
+mod quota;
 mod reach;
 mod restore;
 mod security;

@@ -820,17 +820,7 @@ async fn sighup_rotates_the_server_certificate_and_keeps_it_on_a_bad_file() {
             .await,
         Ok(Acquired::Granted(_))
     ));
-    let reloads = |needle: &str| {
-        std::fs::read_to_string(&log)
-            .unwrap_or_default()
-            .matches(needle)
-            .count()
-    };
-    let hup = async |needle: &str| {
-        let seen = reloads(needle);
-        s.signal(nix::sys::signal::Signal::SIGHUP);
-        common::eventually(Duration::from_secs(10), async || reloads(needle) > seen).await;
-    };
+    let hup = async |needle: &str| common::sighup_until(&s, &log, needle).await;
 
     std::fs::copy(&new.cert, &cert).unwrap();
     std::fs::copy(&new.key, &key).unwrap();
