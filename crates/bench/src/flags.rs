@@ -23,6 +23,31 @@ pub struct CycleFlags {
     /// distinct (each client its own resource), shared (all on one), or both.
     #[arg(long, value_enum, default_value_t = Modes::Both)]
     pub modes: Modes,
+    /// Every name the cycles use starts with this (a principal's or a
+    /// tenant's prefix, for servers with rules or quotas on names).
+    #[arg(long, default_value = "bench:", value_parser = parse_prefix)]
+    pub prefix: String,
+}
+
+impl CycleFlags {
+    /// What this process's cycle names start with: the prefix, then an id
+    /// of the run (`tag` tells rounds apart).
+    pub fn run_id(&self, tag: &str) -> String {
+        format!("{}{}{tag}", self.prefix, std::process::id())
+    }
+}
+
+/// A prefix that makes valid names: the first name it makes must pass the
+/// name rules (at most 256 bytes of prefix leaves room for the rest).
+pub fn parse_prefix(s: &str) -> Result<String, String> {
+    if s.len() > 256 {
+        return Err(format!("--prefix is {} bytes; at most 256", s.len()));
+    }
+    let name = format!("{s}0:c1:r0");
+    baton_client::baton_core::ResourceName::parse(&name).map_err(|e| {
+        format!("--prefix {s:?} makes names such as {name:?}, which break a rule: {e}")
+    })?;
+    Ok(s.to_string())
 }
 
 /// The client counts of `--clients`, in the order given; never empty.

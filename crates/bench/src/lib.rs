@@ -216,7 +216,8 @@ impl Report {
     }
 }
 
-/// Runs C clients for `duration` against `target` and reports.
+/// Runs C clients for `duration` against `target` and reports; every
+/// name starts with `run_id` (`CycleFlags::run_id`).
 pub async fn run<T: Target>(
     target: &T,
     mode: Mode,
@@ -233,8 +234,8 @@ pub async fn run<T: Target>(
     let mut tasks = Vec::with_capacity(clients);
     for (i, mut conn) in conns.into_iter().enumerate() {
         let resource = match mode {
-            Mode::Distinct => format!("bench:{run_id}:c{clients}:r{i}"),
-            Mode::Shared => format!("bench:{run_id}:c{clients}:shared"),
+            Mode::Distinct => format!("{run_id}:c{clients}:r{i}"),
+            Mode::Shared => format!("{run_id}:c{clients}:shared"),
         };
         let wait = mode == Mode::Shared;
         tasks.push(tokio::spawn(async move {

@@ -249,7 +249,7 @@ async fn cycles(a: &Args, to: &Endpoint, json: bool) -> Result<(), BenchError> {
     let target = Baton::new(label, to.server.clone(), a.cycle.ttl)
         .with_transport(transport(a))
         .with_options(to.options.clone());
-    let run_id = std::process::id().to_string();
+    let run_id = a.cycle.run_id("");
     let mut runs = Vec::new();
     if !json {
         println!("{}", Report::header());

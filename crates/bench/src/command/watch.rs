@@ -41,11 +41,13 @@ fn parse(spec: &str) -> Result<(usize, usize), BenchError> {
     ))
 }
 
+/// `idle` watchers of a prefix that never changes and `busy` ones of
+/// `busy_prefix`, which every cycle's names start with.
 async fn start(
     to: &Endpoint,
-    idle: usize,
-    busy: usize,
+    (idle, busy): (usize, usize),
     run_id: &str,
+    busy_prefix: &str,
 ) -> Result<Watchers, BenchError> {
     let events = Arc::new(AtomicU64::new(0));
     let (mut idles, mut tasks) = (Vec::new(), Vec::new());
@@ -59,7 +61,7 @@ async fn start(
             idles.push(c.watch(&format!("idle:{run_id}:")).await?);
             continue;
         }
-        let mut watch = c.watch("bench:").await?;
+        let mut watch = c.watch(busy_prefix).await?;
         let events = events.clone();
         tasks.push(tokio::spawn(async move {
             while let Ok(Some(_)) = watch.next().await {
@@ -110,7 +112,7 @@ pub(super) async fn alternating<G>(
     let target = Baton::new("baton", to.server.clone(), a.cycle.ttl)
         .with_transport(transport(a))
         .with_options(to.options.clone());
-    let run_id = std::process::id().to_string();
+    let run_id = a.cycle.run_id("");
     let (mut without, mut with, mut p99_without, mut p99_with) = (vec![], vec![], vec![], vec![]);
     for round in 0..a.rounds.max(1) {
         let r = crate::run(
@@ -162,7 +164,7 @@ pub(super) async fn overhead(
     let sides = alternating(
         a,
         to,
-        async || start(to, idle, busy, &run_id).await,
+        async || start(to, (idle, busy), &run_id, &a.cycle.prefix).await,
         |w: &Watchers| delivered += w.events.load(Ordering::Relaxed),
     )
     .await?;

@@ -132,7 +132,7 @@ async fn main() {
             args: &args,
             clients: &clients,
             modes: &modes,
-            run_id: format!("{}-{round}", std::process::id()),
+            run_id: args.cycle.run_id(&format!("-{round}")),
         };
         println!("round {round}");
         println!("{}", Report::header());
