@@ -21,7 +21,7 @@ from shell import REPO, Failure, Terminal, wait_ready
 
 # The fixed addresses the blocks use; taken by anything else, the run
 # stops before it starts, naming the port.
-FIXED_PORTS = (5432, 7700, 7701, 7801, 7802, 7803, 7811, 7812, 7813, 9000, 2525, 9102)
+FIXED_PORTS = (5432, 7700, 7701, 7710, 7711, 7801, 7802, 7803, 7811, 7812, 7813, 9000, 2525, 9102)
 # What the blocks call, besides what they install themselves.
 TOOLS = (
     "bash",
