@@ -193,6 +193,39 @@ func requestID(id []byte) {
 	generators.Put(g)
 }
 
+// blockers is a refusal's blockers as the client reports them.
+func blockers(all []*pb.Blocker) []Blocker {
+	out := make([]Blocker, 0, len(all))
+	for _, b := range all {
+		holders := make([]BlockingHolder, 0, len(b.GetHolders()))
+		for _, h := range b.GetHolders() {
+			held, remaining := time.Duration(-1), time.Duration(-1)
+			if h.HeldS != nil {
+				held = time.Duration(h.GetHeldS()) * time.Second
+			}
+			if h.RemainingMs != nil {
+				remaining = time.Duration(h.GetRemainingMs()) * time.Millisecond
+			}
+			holders = append(holders, BlockingHolder{
+				Token:             h.GetToken(),
+				Holder:            h.GetHolder(),
+				HeldFor:           held,
+				HeldSinceRecovery: h.GetHeldSinceRecovery(),
+				Remaining:         remaining,
+				SessionBound:      h.GetSessionBound(),
+			})
+		}
+		out = append(out, Blocker{
+			Resource:      b.GetResource(),
+			Readable:      b.GetReadable(),
+			Holders:       holders,
+			NHolders:      b.GetNHolders(),
+			NWaitersAhead: b.GetNWaitersAhead(),
+		})
+	}
+	return out
+}
+
 // granted is the leases of an answer, counted from sent, or why not.
 func granted(r *pb.AcquireResponse, sent time.Time, n int) ([]*Lease, error) {
 	if na := r.GetNotAcquired(); na != nil {
@@ -204,7 +237,12 @@ func granted(r *pb.AcquireResponse, sent time.Time, n int) ([]*Lease, error) {
 		if reason == "" {
 			reason = na.GetReason().String()
 		}
-		return nil, &NotAcquiredError{Reason: reason, Resource: na.GetResource(), HolderToken: na.GetHolderToken()}
+		return nil, &NotAcquiredError{
+			Reason:      reason,
+			Resource:    na.GetResource(),
+			HolderToken: na.GetHolderToken(),
+			Blockers:    blockers(na.GetBlockers()),
+		}
 	}
 	g := r.GetGranted()
 	if g == nil || len(g.GetLeases()) != n {

@@ -47,6 +47,17 @@ func TestALeaseIsAcquiredRenewedFencedAndReleased(t *testing.T) {
 	if !errors.Is(err, ErrNotAcquired) || !errors.As(err, &na) || na.HolderToken != lease.Token || na.Resource != "job:go:1" {
 		t.Fatalf("second acquire: %v (%+v)", err, na)
 	}
+	// ...and every blocker: its holder, how long it has held it, its TTL left.
+	if len(na.Blockers) != 1 || len(na.Blockers[0].Holders) != 1 || !na.Blockers[0].Readable {
+		t.Fatalf("blockers %+v", na.Blockers)
+	}
+	if h := na.Blockers[0].Holders[0]; h.Token != lease.Token || h.Holder != "go test" || h.HeldFor < 0 ||
+		h.Remaining <= 0 || h.Remaining > 5*time.Second || h.SessionBound {
+		t.Fatalf("blocking holder %+v", h)
+	}
+	if !strings.Contains(err.Error(), `job:go:1 held token=`) || !strings.Contains(err.Error(), `holder="go test"`) {
+		t.Fatalf("message %q", err)
+	}
 	renewed, err := c.Renew(ctx, lease)
 	if err != nil || renewed.Token != lease.Token || !renewed.ValidUntil.After(lease.ValidUntil) {
 		t.Fatalf("renew: %+v, %v", renewed, err)

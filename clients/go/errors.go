@@ -3,6 +3,8 @@ package baton
 import (
 	"errors"
 	"fmt"
+	"strings"
+	"time"
 )
 
 // The kinds of error a call returns; test with [errors.Is]. Every kind but
@@ -68,9 +70,85 @@ type NotAcquiredError struct {
 	Resource string
 	// HolderToken is its holder's token (0 if it only had waiters).
 	HolderToken uint64
+	// Blockers is every requested resource that was held or had requests
+	// waiting ahead, in request order (empty from servers before
+	// 2026-12-05).
+	Blockers []Blocker
+}
+
+// Blocker is a requested resource that stood in the way of an acquire.
+type Blocker struct {
+	Resource string
+	// Readable is false when the caller may not read the resource: its
+	// holders give their tokens only (and the counts are given).
+	Readable bool
+	// Holders lists at most 16 (an exclusive lock has at most one).
+	Holders  []BlockingHolder
+	NHolders uint64
+	// NWaitersAhead counts the requests waiting ahead of this one (for a
+	// try-once request, all of them).
+	NWaitersAhead uint64
+}
+
+// BlockingHolder is a holder of a resource that blocked an acquire.
+type BlockingHolder struct {
+	Token uint64
+	// Holder is its description ("" if none, or not readable).
+	Holder string
+	// HeldFor is how long it has held the resource, in whole seconds:
+	// since its grant, or, with HeldSinceRecovery, since the server
+	// restart or leader takeover that loaded it. -1 when not readable.
+	HeldFor           time.Duration
+	HeldSinceRecovery bool
+	// Remaining is its TTL left; -1 when tied to a session
+	// (SessionBound) or not readable.
+	Remaining    time.Duration
+	SessionBound bool
+}
+
+// clause says a blocker as the CLI does: `NAME held token=T holder="D"
+// for=12s remaining=3000ms waiters_ahead=N`.
+func (b Blocker) clause() string {
+	var s strings.Builder
+	s.WriteString(b.Resource)
+	for i, h := range b.Holders {
+		sep := ", "
+		if i == 0 {
+			sep = " held "
+		}
+		fmt.Fprintf(&s, "%stoken=%d", sep, h.Token)
+		if h.Holder != "" {
+			fmt.Fprintf(&s, " holder=%q", h.Holder)
+		}
+		if h.HeldFor >= 0 {
+			at := "="
+			if h.HeldSinceRecovery {
+				at = ">="
+			}
+			fmt.Fprintf(&s, " for%s%ds", at, int64(h.HeldFor/time.Second))
+		}
+		switch {
+		case h.Remaining >= 0:
+			fmt.Fprintf(&s, " remaining=%dms", h.Remaining.Milliseconds())
+		case h.SessionBound:
+			s.WriteString(" remaining=session")
+		}
+	}
+	if n := uint64(len(b.Holders)); b.NHolders > n {
+		fmt.Fprintf(&s, " (and %d more)", b.NHolders-n)
+	}
+	fmt.Fprintf(&s, " waiters_ahead=%d", b.NWaitersAhead)
+	return s.String()
 }
 
 func (e *NotAcquiredError) Error() string {
+	if len(e.Blockers) > 0 {
+		clauses := make([]string, len(e.Blockers))
+		for i, b := range e.Blockers {
+			clauses[i] = b.clause()
+		}
+		return fmt.Sprintf("not acquired (%s): %s", e.Reason, strings.Join(clauses, "; "))
+	}
 	switch {
 	case e.Resource != "" && e.HolderToken != 0:
 		return fmt.Sprintf("not acquired (%s): %s is held (token %d)", e.Reason, e.Resource, e.HolderToken)

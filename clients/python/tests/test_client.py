@@ -164,3 +164,23 @@ def test_a_quota_refusal_is_definite_and_names_the_quota(tmp_dir: str) -> None:
         c.acquire("team-b:1", ttl_s=5)
     finally:
         server.stop()
+
+
+def test_a_refusal_names_every_blocker_with_its_holder_and_line(server: Server) -> None:
+    owner = baton.Client(server.address, holder="py owner")
+    held = owner.acquire("py:why:a", ttl_s=30)
+    peer = baton.Client(server.address, holder="py peer")
+    with pytest.raises(errors.NotAcquired) as refused:
+        peer.acquire_all(["py:why:free", "py:why:a"], ttl_s=5)
+    (b,) = refused.value.blockers
+    assert (b.resource, b.readable, b.n_holders, b.n_waiters_ahead) == ("py:why:a", True, 1, 0)
+    (h,) = b.holders
+    assert (h.token, h.holder, h.session_bound) == (held.token, "py owner", False)
+    assert h.held_s is not None and h.held_s < 20
+    assert h.remaining_s is not None and 20 < h.remaining_s <= 30
+    assert "py:why:a held token=" in str(refused.value)
+    assert 'holder="py owner"' in str(refused.value)
+    with pytest.raises(errors.NotAcquired) as timed_out:
+        peer.acquire("py:why:a", ttl_s=5, wait_s=0.2)
+    assert timed_out.value.reason == "timed_out"
+    assert [x.resource for x in timed_out.value.blockers] == ["py:why:a"]

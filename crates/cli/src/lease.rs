@@ -4,6 +4,8 @@
 use std::time::Duration;
 
 use baton_client::{AcquiredAll, Client, Release, Renewal};
+
+use crate::blockers::{BlockedBy, BlockerOut};
 use baton_core::AcquisitionId;
 use serde::Serialize;
 
@@ -89,13 +91,6 @@ pub enum NotAcquiredReason {
     Ended,
 }
 
-/// What blocked a refused acquire, when the server said.
-#[derive(Serialize)]
-pub struct BlockedBy {
-    resource: Option<String>,
-    holder_token: Option<u64>,
-}
-
 /// What `acquire` and `hold` print: one shape for one name or several, for
 /// a grant and a refusal alike (every key is always there).
 #[derive(Serialize)]
@@ -105,6 +100,7 @@ pub struct AcquireOut {
     after_wait: bool,
     leases: Vec<LeaseOut>,
     blocked_by: Option<BlockedBy>,
+    blockers: Vec<BlockerOut>,
     #[serde(skip)]
     wait_ms: u128,
 }
@@ -120,19 +116,18 @@ impl Rendered for AcquireOut {
         match self.reason {
             None => self.leases.iter().map(line).collect::<Vec<_>>().join("\n"),
             Some(NotAcquiredReason::TimedOut) => {
-                format!("not acquired: the wait of {}ms ran out", self.wait_ms)
+                let why = self.blockers_clause().map_or(String::new(), |c| format!("; {c}"));
+                format!("not acquired: the wait of {}ms ran out{why}", self.wait_ms)
             }
             Some(NotAcquiredReason::Ended) => "not acquired: the answer to the first attempt was lost, and the request sent again found its lease already ended (nothing is held; acquire again)".to_string(),
-            Some(NotAcquiredReason::Held) => {
-                let (resource, holder) = match &self.blocked_by {
-                    Some(b) => (b.resource.clone().unwrap_or_default(), b.holder_token),
-                    None => (String::new(), None),
-                };
-                let holder = holder.map_or("waiters ahead".to_string(), |t| {
-                    format!("held by token {t}")
-                });
-                format!("not acquired: {resource} is {holder}")
-            }
+            Some(NotAcquiredReason::Held) => match self.blockers_clause() {
+                Some(clause) => format!("not acquired: {clause}"),
+                // A server before 2026-12-05 names one blocker only.
+                None => format!(
+                    "not acquired: {}",
+                    self.blocked_by.as_ref().map_or(String::new(), BlockedBy::clause)
+                ),
+            },
             Some(NotAcquiredReason::ExpiredOnArrival) => {
                 let (names, tokens): (Vec<_>, Vec<_>) = self
                     .leases
@@ -159,6 +154,17 @@ impl Rendered for AcquireOut {
 }
 
 impl AcquireOut {
+    /// Every blocker, in one line: `a is held by ...; b has 2 waiting ahead`.
+    fn blockers_clause(&self) -> Option<String> {
+        (!self.blockers.is_empty()).then(|| {
+            self.blockers
+                .iter()
+                .map(BlockerOut::clause)
+                .collect::<Vec<_>>()
+                .join("; ")
+        })
+    }
+
     /// The answer as the user sees it. Read at once on arrival: a grant
     /// whose validity (from the send time) has run out is not reported as
     /// acquired.
@@ -175,6 +181,7 @@ impl AcquireOut {
                     after_wait: *after_wait,
                     leases,
                     blocked_by: None,
+                    blockers: Vec::new(),
                     wait_ms: wait.as_millis(),
                 }
             }
@@ -189,10 +196,9 @@ impl AcquireOut {
                 }),
                 after_wait: false,
                 leases: Vec::new(),
-                blocked_by: (n.resource.is_some() || n.holder_token.is_some()).then(|| BlockedBy {
-                    resource: n.resource.clone(),
-                    holder_token: n.holder_token.map(|t| t.get()),
-                }),
+                blocked_by: (n.resource.is_some() || n.holder_token.is_some())
+                    .then(|| BlockedBy::new(n)),
+                blockers: n.blockers.iter().map(BlockerOut::from).collect(),
                 wait_ms: wait.as_millis(),
             },
         }

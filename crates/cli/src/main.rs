@@ -5,6 +5,7 @@
 mod admin;
 mod args;
 mod bench;
+mod blockers;
 mod cluster;
 mod config_file;
 mod docs;

@@ -62,15 +62,85 @@ pub(crate) fn deadline(sent: Instant, ttl: Duration) -> Result<Instant, ClientEr
 pub struct NotAcquired {
     /// True if the wait ran out; false if a try-once request found the resource busy.
     pub timed_out: bool,
-    /// The resource that blocked the request, for a try-once request.
+    /// The first requested resource that blocked the request (for a wait
+    /// that ran out, the first that still did; servers before 2026-12-05
+    /// name none then).
     pub resource: Option<String>,
     /// The holder's token, if the resource was held.
     pub holder_token: Option<FencingToken>,
+    /// Every requested resource that was held or had requests waiting
+    /// ahead, in request order (empty from servers before 2026-12-05).
+    pub blockers: Vec<Blocker>,
     /// True when the client sent the request again after losing an answer
     /// and the leader found that the request's leases had already ended
     /// (or could not tell them from ended: it took over since). Nothing is
     /// held under the request and nothing was granted again.
     pub ended: bool,
+}
+
+/// A requested resource that stood in the way of an acquire.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Blocker {
+    /// The resource.
+    pub resource: String,
+    /// False when the caller may not `read` it: its holders give their
+    /// tokens only (and the counts are given).
+    pub readable: bool,
+    /// Its holders (an exclusive lock has at most one), at most 16.
+    pub holders: Vec<BlockingHolder>,
+    /// How many hold it.
+    pub n_holders: u64,
+    /// Requests waiting on it ahead of this one (for a try-once request,
+    /// all of its waiters).
+    pub n_waiters_ahead: u64,
+}
+
+/// A holder of a resource that blocked an acquire.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BlockingHolder {
+    /// Its lease's token.
+    pub token: FencingToken,
+    /// Its description, if it gave one (and the caller may read it).
+    pub holder: Option<String>,
+    /// How long it has held the resource, in whole seconds: since its
+    /// grant, or, when `held_since_recovery`, since the server restart or
+    /// leader takeover that loaded it (it was granted before). `None` when
+    /// not readable.
+    pub held_for: Option<Duration>,
+    /// See `held_for`.
+    pub held_since_recovery: bool,
+    /// Its TTL left; `None` when tied to a session or not readable.
+    pub remaining: Option<Duration>,
+    /// Its lease is tied to its holder's session.
+    pub session_bound: bool,
+}
+
+fn blockers(all: Vec<v1::Blocker>) -> Result<Vec<Blocker>, ClientError> {
+    all.into_iter()
+        .map(|b| {
+            let holders = b
+                .holders
+                .into_iter()
+                .map(|h| {
+                    Ok(BlockingHolder {
+                        token: token(h.token)?,
+                        holder: h.holder,
+                        held_for: h.held_s.map(Duration::from_secs),
+                        held_since_recovery: h.held_since_recovery,
+                        remaining: h.remaining_ms.map(Duration::from_millis),
+                        session_bound: h.session_bound,
+                    })
+                })
+                .collect::<Result<_, ClientError>>()?;
+            Ok(Blocker {
+                resource: b.resource,
+                readable: b.readable,
+                holders,
+                n_holders: b.n_holders,
+                n_waiters_ahead: b.n_waiters_ahead,
+            })
+        })
+        .collect()
 }
 
 /// The answer to a single-resource acquire.
@@ -266,6 +336,7 @@ pub(crate) fn acquired_all(
                 ended: n.reason() == Reason::Ended,
                 resource: (!n.resource.is_empty()).then_some(n.resource),
                 holder_token: optional_token(n.holder_token)?,
+                blockers: blockers(n.blockers)?,
             }))
         }
         None => Err(ClientError::Protocol(

@@ -52,7 +52,10 @@ use answers::{
     acquired_all, millis, optional_millis, optional_token, release, renewal, status, token,
     ttl_millis,
 };
-pub use answers::{Acquired, AcquiredAll, Fenced, Lease, NotAcquired, Release, Renewal, Status};
+pub use answers::{
+    Acquired, AcquiredAll, Blocker, BlockingHolder, Fenced, Lease, NotAcquired, Release, Renewal,
+    Status,
+};
 pub use baton_core;
 pub use baton_proto::v1::Snapshot;
 pub use dial::NotDialed;

@@ -37,11 +37,11 @@ pub use ids::{
 pub use name::{NameError, ResourceName, RESOURCE_NAME_LEN_BYTES_MAX};
 pub use table::recovery_delay_ms;
 pub use table::{
-    AcquireError, AcquireOutcome, AcquireRequest, Attempt, ChangeOf, Effects, Event, FenceOutcome,
-    Grant, HolderChange, KeptAlive, LeaseRecord, LeaseStatus, LeaseTable, LeaseTerm, Limits,
-    MonoMs, NotAcquired, QuotaUse, ReleaseOutcome, RenewOutcome, Resumed, SessionCheck,
-    SessionError, SessionRecord, WaitResult, Write, ENDS_PER_STEP, RECOVERED_ENDS_PER_MS,
-    REPEATS_REMEMBERED_MAX, REPEAT_MEMORY_MS,
+    AcquireError, AcquireOutcome, AcquireRequest, Attempt, Blocker, ChangeOf, Effects, Event,
+    FenceOutcome, Grant, Held, HeldFor, HolderChange, KeptAlive, LeaseRecord, LeaseStatus,
+    LeaseTable, LeaseTerm, Limits, MonoMs, NotAcquired, QuotaUse, ReleaseOutcome, RenewOutcome,
+    Resumed, SessionCheck, SessionError, SessionRecord, WaitResult, Write, ENDS_PER_STEP,
+    RECOVERED_ENDS_PER_MS, REPEATS_REMEMBERED_MAX, REPEAT_MEMORY_MS, TTL_MS_MAX,
 };
 pub use token::{
     restore_epoch, Epoch, FencingToken, RestoreFloors, TokenError, COUNTER_BITS, COUNTER_MAX,

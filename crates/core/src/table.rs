@@ -12,6 +12,7 @@ mod limits;
 mod query;
 mod quotas;
 mod recovery;
+mod refusal;
 mod repeats;
 mod sessions;
 mod state;
@@ -24,16 +25,17 @@ pub use recovery::{recovery_delay_ms, RECOVERED_ENDS_PER_MS};
 pub use repeats::{Attempt, REPEATS_REMEMBERED_MAX, REPEAT_MEMORY_MS};
 use repeats::{Repeats, Seen};
 
-pub use limits::Limits;
+pub use limits::{Limits, TTL_MS_MAX};
 pub use quotas::QuotaUse;
+pub use refusal::{Blocker, Held, HeldFor, NotAcquired};
 pub use sessions::{Resumed, SessionCheck};
 use state::{Draining, Lease, ResourceState, Session, Timer, Waiter};
 
 pub use term::LeaseTerm;
 pub use types::{
     AcquireError, AcquireOutcome, AcquireRequest, ChangeOf, Effects, Event, FenceOutcome, Grant,
-    HolderChange, KeptAlive, LeaseRecord, LeaseStatus, MonoMs, NotAcquired, ReleaseOutcome,
-    RenewOutcome, SessionError, SessionRecord, WaitResult, Write,
+    HolderChange, KeptAlive, LeaseRecord, LeaseStatus, MonoMs, ReleaseOutcome, RenewOutcome,
+    SessionError, SessionRecord, WaitResult, Write,
 };
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
@@ -90,6 +92,11 @@ impl LeaseTable {
     /// An empty table whose next token is `epoch << 40 | (counter + 1)`.
     pub fn new(limits: Limits, epoch: Epoch, counter: u64) -> Self {
         assert!(counter <= COUNTER_MAX, "counter {counter} out of range");
+        assert!(
+            limits.ttl_ms_max <= TTL_MS_MAX,
+            "ttl_ms_max {} above TTL_MS_MAX",
+            limits.ttl_ms_max
+        );
         Self {
             limits,
             epoch,
@@ -174,8 +181,16 @@ impl LeaseTable {
                         // session's, or expired) before its wait ran out.
                         continue;
                     }
+                    let claims: Vec<_> = self.waiters[&waiter]
+                        .claims
+                        .iter()
+                        .map(|(r, _)| r.clone())
+                        .collect();
+                    let blockers = self.blockers(now, claims.iter(), Some(waiter));
                     self.remove_waiter(now, waiter);
-                    self.effects.woken.push((waiter, WaitResult::TimedOut));
+                    self.effects
+                        .woken
+                        .push((waiter, WaitResult::TimedOut(blockers)));
                     self.effects.events.push(Event::WaitTimedOut { waiter });
                 }
                 Timer::SessionExpiry(digest) => self.end_session(now, digest, true),
@@ -215,14 +230,7 @@ impl LeaseTable {
                 Seen::Answered(outcome) => return Ok(outcome),
             },
         };
-        let blocker = request.claims.iter().find_map(|(resource, _)| {
-            let state = self.resources.get(resource)?;
-            let idle = state.lease.is_none() && self.queue(resource).is_none();
-            (!idle).then(|| NotAcquired {
-                resource: resource.clone(),
-                holder_token: state.lease.as_ref().map(|l| l.token),
-            })
-        });
+        let blocker = self.not_acquired(now, request.claims.iter().map(|(r, _)| r), None);
         let Some(blocker) = blocker else {
             self.check_grant(now, &request.claims, key)?;
             let grants = request
@@ -301,9 +309,9 @@ impl LeaseTable {
         self.n_leases += 1;
         let acquisition_digest = id.digest();
         state.lease = Some(Lease::new(
-            acquisition_digest,
-            token,
+            (acquisition_digest, token),
             ttl_ms,
+            (now, false),
             expires_at,
             session,
             holder.clone(),
@@ -359,7 +367,7 @@ impl LeaseTable {
             });
             return RenewOutcome::NotOwner;
         };
-        let (old, ttl_ms, token) = (lease.expires_at, lease.ttl_ms, lease.token);
+        let (old, ttl_ms, token) = (lease.expires_at, lease.ttl_ms(), lease.token);
         if let Some(digest) = lease.session() {
             let ttl_ms = self.refresh_session(now, digest);
             self.effects.events.push(Event::Renewed {

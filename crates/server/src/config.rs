@@ -148,6 +148,13 @@ pub(crate) fn validate(config: &ServerConfig) -> Result<(), ServerError> {
             l.ttl_ms_min, l.ttl_ms_max
         )));
     }
+    if l.ttl_ms_max > baton_core::TTL_MS_MAX {
+        return Err(ServerError::Config(format!(
+            "--ttl-max {}ms is above the longest TTL a lease can have, {}ms (2^32-1 ms, about 49.7 days)",
+            l.ttl_ms_max,
+            baton_core::TTL_MS_MAX
+        )));
+    }
     if config.default_ttl_ms < l.ttl_ms_min || config.default_ttl_ms > l.ttl_ms_max {
         return Err(ServerError::Config(format!(
             "default ttl {}ms is outside the bounds {}ms..{}ms",

@@ -208,7 +208,7 @@ impl Engine {
         for ((from, op), result) in stepped.woken {
             let a = match result {
                 WaitResult::Granted(g) => granted(&g),
-                WaitResult::TimedOut | WaitResult::SessionEnded | WaitResult::OverQuota(_) => {
+                WaitResult::TimedOut(_) | WaitResult::SessionEnded | WaitResult::OverQuota(_) => {
                     Answer::NotAcquired
                 }
             };

@@ -2278,10 +2278,15 @@ func (x *Granted) GetRepeat() bool {
 type NotAcquired struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Reason NotAcquired_Reason     `protobuf:"varint,1,opt,name=reason,proto3,enum=baton.v1.NotAcquired_Reason" json:"reason,omitempty"`
-	// The resource that blocked the request (for HELD).
+	// The first requested resource that blocked the request (HELD, and
+	// TIMED_OUT since 2026-12-05: the first that still did when the wait ran
+	// out), in request order.
 	Resource string `protobuf:"bytes,2,opt,name=resource,proto3" json:"resource,omitempty"`
 	// Its holder's token, when it is held (0 otherwise).
-	HolderToken   uint64 `protobuf:"varint,3,opt,name=holder_token,json=holderToken,proto3" json:"holder_token,omitempty"`
+	HolderToken uint64 `protobuf:"varint,3,opt,name=holder_token,json=holderToken,proto3" json:"holder_token,omitempty"`
+	// Every requested resource that was held or had requests waiting ahead
+	// (HELD, TIMED_OUT), in request order; the first is `resource`.
+	Blockers      []*Blocker `protobuf:"bytes,4,rep,name=blockers,proto3" json:"blockers,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2337,6 +2342,186 @@ func (x *NotAcquired) GetHolderToken() uint64 {
 	return 0
 }
 
+func (x *NotAcquired) GetBlockers() []*Blocker {
+	if x != nil {
+		return x.Blockers
+	}
+	return nil
+}
+
+// A requested resource that stood in the way of an acquire.
+type Blocker struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Resource string                 `protobuf:"bytes,1,opt,name=resource,proto3" json:"resource,omitempty"`
+	// False: the caller may not `read` the resource; its holders give their
+	// tokens only (and the counts are given), no description, age or TTL.
+	Readable bool `protobuf:"varint,2,opt,name=readable,proto3" json:"readable,omitempty"`
+	// Its holders (an exclusive lock has at most one), up to 16.
+	Holders []*BlockingHolder `protobuf:"bytes,3,rep,name=holders,proto3" json:"holders,omitempty"`
+	// How many hold it (holders lists at most 16 of them).
+	NHolders uint64 `protobuf:"varint,4,opt,name=n_holders,json=nHolders,proto3" json:"n_holders,omitempty"`
+	// Requests waiting on it ahead of this one (for a try-once request, all
+	// of its waiters).
+	NWaitersAhead uint64 `protobuf:"varint,5,opt,name=n_waiters_ahead,json=nWaitersAhead,proto3" json:"n_waiters_ahead,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Blocker) Reset() {
+	*x = Blocker{}
+	mi := &file_baton_v1_baton_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Blocker) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Blocker) ProtoMessage() {}
+
+func (x *Blocker) ProtoReflect() protoreflect.Message {
+	mi := &file_baton_v1_baton_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Blocker.ProtoReflect.Descriptor instead.
+func (*Blocker) Descriptor() ([]byte, []int) {
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *Blocker) GetResource() string {
+	if x != nil {
+		return x.Resource
+	}
+	return ""
+}
+
+func (x *Blocker) GetReadable() bool {
+	if x != nil {
+		return x.Readable
+	}
+	return false
+}
+
+func (x *Blocker) GetHolders() []*BlockingHolder {
+	if x != nil {
+		return x.Holders
+	}
+	return nil
+}
+
+func (x *Blocker) GetNHolders() uint64 {
+	if x != nil {
+		return x.NHolders
+	}
+	return 0
+}
+
+func (x *Blocker) GetNWaitersAhead() uint64 {
+	if x != nil {
+		return x.NWaitersAhead
+	}
+	return 0
+}
+
+type BlockingHolder struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Token uint64                 `protobuf:"varint,1,opt,name=token,proto3" json:"token,omitempty"`
+	// The holder's description, if it gave one (and the caller may read).
+	Holder *string `protobuf:"bytes,2,opt,name=holder,proto3,oneof" json:"holder,omitempty"`
+	// Whole seconds it has been held: since its grant, or, when
+	// held_since_recovery, since the restart or leader takeover that loaded
+	// it (it was granted before). Unset when not readable.
+	HeldS             *uint64 `protobuf:"varint,3,opt,name=held_s,json=heldS,proto3,oneof" json:"held_s,omitempty"`
+	HeldSinceRecovery bool    `protobuf:"varint,4,opt,name=held_since_recovery,json=heldSinceRecovery,proto3" json:"held_since_recovery,omitempty"`
+	// Its TTL left. Unset when it is tied to a session (session_bound: it
+	// lasts as long as the session's heartbeats) or not readable.
+	RemainingMs   *uint64 `protobuf:"varint,5,opt,name=remaining_ms,json=remainingMs,proto3,oneof" json:"remaining_ms,omitempty"`
+	SessionBound  bool    `protobuf:"varint,6,opt,name=session_bound,json=sessionBound,proto3" json:"session_bound,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BlockingHolder) Reset() {
+	*x = BlockingHolder{}
+	mi := &file_baton_v1_baton_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BlockingHolder) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BlockingHolder) ProtoMessage() {}
+
+func (x *BlockingHolder) ProtoReflect() protoreflect.Message {
+	mi := &file_baton_v1_baton_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BlockingHolder.ProtoReflect.Descriptor instead.
+func (*BlockingHolder) Descriptor() ([]byte, []int) {
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *BlockingHolder) GetToken() uint64 {
+	if x != nil {
+		return x.Token
+	}
+	return 0
+}
+
+func (x *BlockingHolder) GetHolder() string {
+	if x != nil && x.Holder != nil {
+		return *x.Holder
+	}
+	return ""
+}
+
+func (x *BlockingHolder) GetHeldS() uint64 {
+	if x != nil && x.HeldS != nil {
+		return *x.HeldS
+	}
+	return 0
+}
+
+func (x *BlockingHolder) GetHeldSinceRecovery() bool {
+	if x != nil {
+		return x.HeldSinceRecovery
+	}
+	return false
+}
+
+func (x *BlockingHolder) GetRemainingMs() uint64 {
+	if x != nil && x.RemainingMs != nil {
+		return *x.RemainingMs
+	}
+	return 0
+}
+
+func (x *BlockingHolder) GetSessionBound() bool {
+	if x != nil {
+		return x.SessionBound
+	}
+	return false
+}
+
 type RenewRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Resource      string                 `protobuf:"bytes,1,opt,name=resource,proto3" json:"resource,omitempty"`
@@ -2347,7 +2532,7 @@ type RenewRequest struct {
 
 func (x *RenewRequest) Reset() {
 	*x = RenewRequest{}
-	mi := &file_baton_v1_baton_proto_msgTypes[29]
+	mi := &file_baton_v1_baton_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2359,7 +2544,7 @@ func (x *RenewRequest) String() string {
 func (*RenewRequest) ProtoMessage() {}
 
 func (x *RenewRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_baton_v1_baton_proto_msgTypes[29]
+	mi := &file_baton_v1_baton_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2372,7 +2557,7 @@ func (x *RenewRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewRequest.ProtoReflect.Descriptor instead.
 func (*RenewRequest) Descriptor() ([]byte, []int) {
-	return file_baton_v1_baton_proto_rawDescGZIP(), []int{29}
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *RenewRequest) GetResource() string {
@@ -2403,7 +2588,7 @@ type RenewResponse struct {
 
 func (x *RenewResponse) Reset() {
 	*x = RenewResponse{}
-	mi := &file_baton_v1_baton_proto_msgTypes[30]
+	mi := &file_baton_v1_baton_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2415,7 +2600,7 @@ func (x *RenewResponse) String() string {
 func (*RenewResponse) ProtoMessage() {}
 
 func (x *RenewResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_baton_v1_baton_proto_msgTypes[30]
+	mi := &file_baton_v1_baton_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2428,7 +2613,7 @@ func (x *RenewResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewResponse.ProtoReflect.Descriptor instead.
 func (*RenewResponse) Descriptor() ([]byte, []int) {
-	return file_baton_v1_baton_proto_rawDescGZIP(), []int{30}
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *RenewResponse) GetRenewed() bool {
@@ -2462,7 +2647,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_baton_v1_baton_proto_msgTypes[31]
+	mi := &file_baton_v1_baton_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2474,7 +2659,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_baton_v1_baton_proto_msgTypes[31]
+	mi := &file_baton_v1_baton_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2487,7 +2672,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_baton_v1_baton_proto_rawDescGZIP(), []int{31}
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ReleaseRequest) GetResource() string {
@@ -2516,7 +2701,7 @@ type ReleaseResponse struct {
 
 func (x *ReleaseResponse) Reset() {
 	*x = ReleaseResponse{}
-	mi := &file_baton_v1_baton_proto_msgTypes[32]
+	mi := &file_baton_v1_baton_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2528,7 +2713,7 @@ func (x *ReleaseResponse) String() string {
 func (*ReleaseResponse) ProtoMessage() {}
 
 func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_baton_v1_baton_proto_msgTypes[32]
+	mi := &file_baton_v1_baton_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2541,7 +2726,7 @@ func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_baton_v1_baton_proto_rawDescGZIP(), []int{32}
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ReleaseResponse) GetReleased() bool {
@@ -2567,7 +2752,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_baton_v1_baton_proto_msgTypes[33]
+	mi := &file_baton_v1_baton_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2579,7 +2764,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_baton_v1_baton_proto_msgTypes[33]
+	mi := &file_baton_v1_baton_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2592,7 +2777,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_baton_v1_baton_proto_rawDescGZIP(), []int{33}
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *StatusRequest) GetResource() string {
@@ -2623,7 +2808,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_baton_v1_baton_proto_msgTypes[34]
+	mi := &file_baton_v1_baton_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2635,7 +2820,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_baton_v1_baton_proto_msgTypes[34]
+	mi := &file_baton_v1_baton_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2648,7 +2833,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_baton_v1_baton_proto_rawDescGZIP(), []int{34}
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *StatusResponse) GetResource() string {
@@ -2720,7 +2905,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_baton_v1_baton_proto_msgTypes[35]
+	mi := &file_baton_v1_baton_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2732,7 +2917,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_baton_v1_baton_proto_msgTypes[35]
+	mi := &file_baton_v1_baton_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2745,7 +2930,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_baton_v1_baton_proto_rawDescGZIP(), []int{35}
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ListRequest) GetPrefix() string {
@@ -2778,7 +2963,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_baton_v1_baton_proto_msgTypes[36]
+	mi := &file_baton_v1_baton_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2790,7 +2975,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_baton_v1_baton_proto_msgTypes[36]
+	mi := &file_baton_v1_baton_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2803,7 +2988,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_baton_v1_baton_proto_rawDescGZIP(), []int{36}
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ListResponse) GetEntries() []*StatusResponse {
@@ -2822,7 +3007,7 @@ type FenceRequest struct {
 
 func (x *FenceRequest) Reset() {
 	*x = FenceRequest{}
-	mi := &file_baton_v1_baton_proto_msgTypes[37]
+	mi := &file_baton_v1_baton_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2834,7 +3019,7 @@ func (x *FenceRequest) String() string {
 func (*FenceRequest) ProtoMessage() {}
 
 func (x *FenceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_baton_v1_baton_proto_msgTypes[37]
+	mi := &file_baton_v1_baton_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2847,7 +3032,7 @@ func (x *FenceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FenceRequest.ProtoReflect.Descriptor instead.
 func (*FenceRequest) Descriptor() ([]byte, []int) {
-	return file_baton_v1_baton_proto_rawDescGZIP(), []int{37}
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *FenceRequest) GetResource() string {
@@ -2869,7 +3054,7 @@ type FenceResponse struct {
 
 func (x *FenceResponse) Reset() {
 	*x = FenceResponse{}
-	mi := &file_baton_v1_baton_proto_msgTypes[38]
+	mi := &file_baton_v1_baton_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2881,7 +3066,7 @@ func (x *FenceResponse) String() string {
 func (*FenceResponse) ProtoMessage() {}
 
 func (x *FenceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_baton_v1_baton_proto_msgTypes[38]
+	mi := &file_baton_v1_baton_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2894,7 +3079,7 @@ func (x *FenceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FenceResponse.ProtoReflect.Descriptor instead.
 func (*FenceResponse) Descriptor() ([]byte, []int) {
-	return file_baton_v1_baton_proto_rawDescGZIP(), []int{38}
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *FenceResponse) GetToken() uint64 {
@@ -2926,7 +3111,7 @@ type BackupRequest struct {
 
 func (x *BackupRequest) Reset() {
 	*x = BackupRequest{}
-	mi := &file_baton_v1_baton_proto_msgTypes[39]
+	mi := &file_baton_v1_baton_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2938,7 +3123,7 @@ func (x *BackupRequest) String() string {
 func (*BackupRequest) ProtoMessage() {}
 
 func (x *BackupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_baton_v1_baton_proto_msgTypes[39]
+	mi := &file_baton_v1_baton_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2951,7 +3136,7 @@ func (x *BackupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BackupRequest.ProtoReflect.Descriptor instead.
 func (*BackupRequest) Descriptor() ([]byte, []int) {
-	return file_baton_v1_baton_proto_rawDescGZIP(), []int{39}
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{41}
 }
 
 // The durable state of a server, as written by `baton admin backup`.
@@ -2975,7 +3160,7 @@ type Snapshot struct {
 
 func (x *Snapshot) Reset() {
 	*x = Snapshot{}
-	mi := &file_baton_v1_baton_proto_msgTypes[40]
+	mi := &file_baton_v1_baton_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2987,7 +3172,7 @@ func (x *Snapshot) String() string {
 func (*Snapshot) ProtoMessage() {}
 
 func (x *Snapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_baton_v1_baton_proto_msgTypes[40]
+	mi := &file_baton_v1_baton_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3000,7 +3185,7 @@ func (x *Snapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Snapshot.ProtoReflect.Descriptor instead.
 func (*Snapshot) Descriptor() ([]byte, []int) {
-	return file_baton_v1_baton_proto_rawDescGZIP(), []int{40}
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *Snapshot) GetFormat() uint32 {
@@ -3065,7 +3250,7 @@ type StoredLease struct {
 
 func (x *StoredLease) Reset() {
 	*x = StoredLease{}
-	mi := &file_baton_v1_baton_proto_msgTypes[41]
+	mi := &file_baton_v1_baton_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3077,7 +3262,7 @@ func (x *StoredLease) String() string {
 func (*StoredLease) ProtoMessage() {}
 
 func (x *StoredLease) ProtoReflect() protoreflect.Message {
-	mi := &file_baton_v1_baton_proto_msgTypes[41]
+	mi := &file_baton_v1_baton_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3090,7 +3275,7 @@ func (x *StoredLease) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StoredLease.ProtoReflect.Descriptor instead.
 func (*StoredLease) Descriptor() ([]byte, []int) {
-	return file_baton_v1_baton_proto_rawDescGZIP(), []int{41}
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *StoredLease) GetResource() string {
@@ -3284,18 +3469,35 @@ const file_baton_v1_baton_proto_rawDesc = "" +
 	"\x06leases\x18\x01 \x03(\v2\x0f.baton.v1.LeaseR\x06leases\x12\x1d\n" +
 	"\n" +
 	"after_wait\x18\x02 \x01(\bR\tafterWait\x12\x16\n" +
-	"\x06repeat\x18\x03 \x01(\bR\x06repeat\"\xea\x01\n" +
+	"\x06repeat\x18\x03 \x01(\bR\x06repeat\"\x99\x02\n" +
 	"\vNotAcquired\x124\n" +
 	"\x06reason\x18\x01 \x01(\x0e2\x1c.baton.v1.NotAcquired.ReasonR\x06reason\x12\x1a\n" +
 	"\bresource\x18\x02 \x01(\tR\bresource\x12!\n" +
-	"\fholder_token\x18\x03 \x01(\x04R\vholderToken\"f\n" +
+	"\fholder_token\x18\x03 \x01(\x04R\vholderToken\x12-\n" +
+	"\bblockers\x18\x04 \x03(\v2\x11.baton.v1.BlockerR\bblockers\"f\n" +
 	"\x06Reason\x12\x16\n" +
 	"\x12REASON_UNSPECIFIED\x10\x00\x12\b\n" +
 	"\x04HELD\x10\x01\x12\r\n" +
 	"\tTIMED_OUT\x10\x02\x12\r\n" +
 	"\tCANCELLED\x10\x03\x12\x11\n" +
 	"\rSESSION_ENDED\x10\x04\x12\t\n" +
-	"\x05ENDED\x10\x05\"Q\n" +
+	"\x05ENDED\x10\x05\"\xba\x01\n" +
+	"\aBlocker\x12\x1a\n" +
+	"\bresource\x18\x01 \x01(\tR\bresource\x12\x1a\n" +
+	"\breadable\x18\x02 \x01(\bR\breadable\x122\n" +
+	"\aholders\x18\x03 \x03(\v2\x18.baton.v1.BlockingHolderR\aholders\x12\x1b\n" +
+	"\tn_holders\x18\x04 \x01(\x04R\bnHolders\x12&\n" +
+	"\x0fn_waiters_ahead\x18\x05 \x01(\x04R\rnWaitersAhead\"\x83\x02\n" +
+	"\x0eBlockingHolder\x12\x14\n" +
+	"\x05token\x18\x01 \x01(\x04R\x05token\x12\x1b\n" +
+	"\x06holder\x18\x02 \x01(\tH\x00R\x06holder\x88\x01\x01\x12\x1a\n" +
+	"\x06held_s\x18\x03 \x01(\x04H\x01R\x05heldS\x88\x01\x01\x12.\n" +
+	"\x13held_since_recovery\x18\x04 \x01(\bR\x11heldSinceRecovery\x12&\n" +
+	"\fremaining_ms\x18\x05 \x01(\x04H\x02R\vremainingMs\x88\x01\x01\x12#\n" +
+	"\rsession_bound\x18\x06 \x01(\bR\fsessionBoundB\t\n" +
+	"\a_holderB\t\n" +
+	"\a_held_sB\x0f\n" +
+	"\r_remaining_ms\"Q\n" +
 	"\fRenewRequest\x12\x1a\n" +
 	"\bresource\x18\x01 \x01(\tR\bresource\x12%\n" +
 	"\x0eacquisition_id\x18\x02 \x01(\fR\racquisitionId\"b\n" +
@@ -3374,7 +3576,7 @@ func file_baton_v1_baton_proto_rawDescGZIP() []byte {
 }
 
 var file_baton_v1_baton_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_baton_v1_baton_proto_msgTypes = make([]protoimpl.MessageInfo, 42)
+var file_baton_v1_baton_proto_msgTypes = make([]protoimpl.MessageInfo, 44)
 var file_baton_v1_baton_proto_goTypes = []any{
 	(WatchEvent_Kind)(0),          // 0: baton.v1.WatchEvent.Kind
 	(NotAcquired_Reason)(0),       // 1: baton.v1.NotAcquired.Reason
@@ -3407,33 +3609,35 @@ var file_baton_v1_baton_proto_goTypes = []any{
 	(*AcquireResponse)(nil),       // 28: baton.v1.AcquireResponse
 	(*Granted)(nil),               // 29: baton.v1.Granted
 	(*NotAcquired)(nil),           // 30: baton.v1.NotAcquired
-	(*RenewRequest)(nil),          // 31: baton.v1.RenewRequest
-	(*RenewResponse)(nil),         // 32: baton.v1.RenewResponse
-	(*ReleaseRequest)(nil),        // 33: baton.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),       // 34: baton.v1.ReleaseResponse
-	(*StatusRequest)(nil),         // 35: baton.v1.StatusRequest
-	(*StatusResponse)(nil),        // 36: baton.v1.StatusResponse
-	(*ListRequest)(nil),           // 37: baton.v1.ListRequest
-	(*ListResponse)(nil),          // 38: baton.v1.ListResponse
-	(*FenceRequest)(nil),          // 39: baton.v1.FenceRequest
-	(*FenceResponse)(nil),         // 40: baton.v1.FenceResponse
-	(*BackupRequest)(nil),         // 41: baton.v1.BackupRequest
-	(*Snapshot)(nil),              // 42: baton.v1.Snapshot
-	(*StoredLease)(nil),           // 43: baton.v1.StoredLease
+	(*Blocker)(nil),               // 31: baton.v1.Blocker
+	(*BlockingHolder)(nil),        // 32: baton.v1.BlockingHolder
+	(*RenewRequest)(nil),          // 33: baton.v1.RenewRequest
+	(*RenewResponse)(nil),         // 34: baton.v1.RenewResponse
+	(*ReleaseRequest)(nil),        // 35: baton.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),       // 36: baton.v1.ReleaseResponse
+	(*StatusRequest)(nil),         // 37: baton.v1.StatusRequest
+	(*StatusResponse)(nil),        // 38: baton.v1.StatusResponse
+	(*ListRequest)(nil),           // 39: baton.v1.ListRequest
+	(*ListResponse)(nil),          // 40: baton.v1.ListResponse
+	(*FenceRequest)(nil),          // 41: baton.v1.FenceRequest
+	(*FenceResponse)(nil),         // 42: baton.v1.FenceResponse
+	(*BackupRequest)(nil),         // 43: baton.v1.BackupRequest
+	(*Snapshot)(nil),              // 44: baton.v1.Snapshot
+	(*StoredLease)(nil),           // 45: baton.v1.StoredLease
 }
 var file_baton_v1_baton_proto_depIdxs = []int32{
 	3,  // 0: baton.v1.SessionRequest.open:type_name -> baton.v1.OpenSession
 	4,  // 1: baton.v1.SessionRequest.heartbeat:type_name -> baton.v1.Heartbeat
 	5,  // 2: baton.v1.SessionRequest.acquire:type_name -> baton.v1.SessionAcquire
-	31, // 3: baton.v1.SessionRequest.renew:type_name -> baton.v1.RenewRequest
-	33, // 4: baton.v1.SessionRequest.release:type_name -> baton.v1.ReleaseRequest
+	33, // 3: baton.v1.SessionRequest.renew:type_name -> baton.v1.RenewRequest
+	35, // 4: baton.v1.SessionRequest.release:type_name -> baton.v1.ReleaseRequest
 	6,  // 5: baton.v1.SessionRequest.cancel:type_name -> baton.v1.CancelWait
 	7,  // 6: baton.v1.SessionRequest.close:type_name -> baton.v1.CloseSession
 	9,  // 7: baton.v1.SessionResponse.opened:type_name -> baton.v1.SessionOpened
 	10, // 8: baton.v1.SessionResponse.heartbeat:type_name -> baton.v1.HeartbeatAck
 	28, // 9: baton.v1.SessionResponse.acquire:type_name -> baton.v1.AcquireResponse
-	32, // 10: baton.v1.SessionResponse.renew:type_name -> baton.v1.RenewResponse
-	34, // 11: baton.v1.SessionResponse.release:type_name -> baton.v1.ReleaseResponse
+	34, // 10: baton.v1.SessionResponse.renew:type_name -> baton.v1.RenewResponse
+	36, // 11: baton.v1.SessionResponse.release:type_name -> baton.v1.ReleaseResponse
 	12, // 12: baton.v1.SessionResponse.cancel:type_name -> baton.v1.CancelWaitResponse
 	13, // 13: baton.v1.SessionResponse.closed:type_name -> baton.v1.SessionClosed
 	14, // 14: baton.v1.SessionResponse.ended:type_name -> baton.v1.SessionEnded
@@ -3450,37 +3654,39 @@ var file_baton_v1_baton_proto_depIdxs = []int32{
 	30, // 25: baton.v1.AcquireResponse.not_acquired:type_name -> baton.v1.NotAcquired
 	26, // 26: baton.v1.Granted.leases:type_name -> baton.v1.Lease
 	1,  // 27: baton.v1.NotAcquired.reason:type_name -> baton.v1.NotAcquired.Reason
-	36, // 28: baton.v1.ListResponse.entries:type_name -> baton.v1.StatusResponse
-	26, // 29: baton.v1.Snapshot.leases:type_name -> baton.v1.Lease
-	43, // 30: baton.v1.Snapshot.stored_leases:type_name -> baton.v1.StoredLease
-	27, // 31: baton.v1.Snapshot.sessions:type_name -> baton.v1.StoredSession
-	19, // 32: baton.v1.Leases.Acquire:input_type -> baton.v1.AcquireRequest
-	31, // 33: baton.v1.Leases.Renew:input_type -> baton.v1.RenewRequest
-	33, // 34: baton.v1.Leases.Release:input_type -> baton.v1.ReleaseRequest
-	35, // 35: baton.v1.Leases.Status:input_type -> baton.v1.StatusRequest
-	37, // 36: baton.v1.Leases.List:input_type -> baton.v1.ListRequest
-	39, // 37: baton.v1.Leases.Fence:input_type -> baton.v1.FenceRequest
-	41, // 38: baton.v1.Leases.Backup:input_type -> baton.v1.BackupRequest
-	41, // 39: baton.v1.Leases.BackupParts:input_type -> baton.v1.BackupRequest
-	16, // 40: baton.v1.Leases.ClusterStatus:input_type -> baton.v1.ClusterStatusRequest
-	2,  // 41: baton.v1.Leases.Session:input_type -> baton.v1.SessionRequest
-	20, // 42: baton.v1.Leases.Watch:input_type -> baton.v1.WatchRequest
-	28, // 43: baton.v1.Leases.Acquire:output_type -> baton.v1.AcquireResponse
-	32, // 44: baton.v1.Leases.Renew:output_type -> baton.v1.RenewResponse
-	34, // 45: baton.v1.Leases.Release:output_type -> baton.v1.ReleaseResponse
-	36, // 46: baton.v1.Leases.Status:output_type -> baton.v1.StatusResponse
-	38, // 47: baton.v1.Leases.List:output_type -> baton.v1.ListResponse
-	40, // 48: baton.v1.Leases.Fence:output_type -> baton.v1.FenceResponse
-	42, // 49: baton.v1.Leases.Backup:output_type -> baton.v1.Snapshot
-	42, // 50: baton.v1.Leases.BackupParts:output_type -> baton.v1.Snapshot
-	17, // 51: baton.v1.Leases.ClusterStatus:output_type -> baton.v1.ClusterStatusResponse
-	8,  // 52: baton.v1.Leases.Session:output_type -> baton.v1.SessionResponse
-	21, // 53: baton.v1.Leases.Watch:output_type -> baton.v1.WatchResponse
-	43, // [43:54] is the sub-list for method output_type
-	32, // [32:43] is the sub-list for method input_type
-	32, // [32:32] is the sub-list for extension type_name
-	32, // [32:32] is the sub-list for extension extendee
-	0,  // [0:32] is the sub-list for field type_name
+	31, // 28: baton.v1.NotAcquired.blockers:type_name -> baton.v1.Blocker
+	32, // 29: baton.v1.Blocker.holders:type_name -> baton.v1.BlockingHolder
+	38, // 30: baton.v1.ListResponse.entries:type_name -> baton.v1.StatusResponse
+	26, // 31: baton.v1.Snapshot.leases:type_name -> baton.v1.Lease
+	45, // 32: baton.v1.Snapshot.stored_leases:type_name -> baton.v1.StoredLease
+	27, // 33: baton.v1.Snapshot.sessions:type_name -> baton.v1.StoredSession
+	19, // 34: baton.v1.Leases.Acquire:input_type -> baton.v1.AcquireRequest
+	33, // 35: baton.v1.Leases.Renew:input_type -> baton.v1.RenewRequest
+	35, // 36: baton.v1.Leases.Release:input_type -> baton.v1.ReleaseRequest
+	37, // 37: baton.v1.Leases.Status:input_type -> baton.v1.StatusRequest
+	39, // 38: baton.v1.Leases.List:input_type -> baton.v1.ListRequest
+	41, // 39: baton.v1.Leases.Fence:input_type -> baton.v1.FenceRequest
+	43, // 40: baton.v1.Leases.Backup:input_type -> baton.v1.BackupRequest
+	43, // 41: baton.v1.Leases.BackupParts:input_type -> baton.v1.BackupRequest
+	16, // 42: baton.v1.Leases.ClusterStatus:input_type -> baton.v1.ClusterStatusRequest
+	2,  // 43: baton.v1.Leases.Session:input_type -> baton.v1.SessionRequest
+	20, // 44: baton.v1.Leases.Watch:input_type -> baton.v1.WatchRequest
+	28, // 45: baton.v1.Leases.Acquire:output_type -> baton.v1.AcquireResponse
+	34, // 46: baton.v1.Leases.Renew:output_type -> baton.v1.RenewResponse
+	36, // 47: baton.v1.Leases.Release:output_type -> baton.v1.ReleaseResponse
+	38, // 48: baton.v1.Leases.Status:output_type -> baton.v1.StatusResponse
+	40, // 49: baton.v1.Leases.List:output_type -> baton.v1.ListResponse
+	42, // 50: baton.v1.Leases.Fence:output_type -> baton.v1.FenceResponse
+	44, // 51: baton.v1.Leases.Backup:output_type -> baton.v1.Snapshot
+	44, // 52: baton.v1.Leases.BackupParts:output_type -> baton.v1.Snapshot
+	17, // 53: baton.v1.Leases.ClusterStatus:output_type -> baton.v1.ClusterStatusResponse
+	8,  // 54: baton.v1.Leases.Session:output_type -> baton.v1.SessionResponse
+	21, // 55: baton.v1.Leases.Watch:output_type -> baton.v1.WatchResponse
+	45, // [45:56] is the sub-list for method output_type
+	34, // [34:45] is the sub-list for method input_type
+	34, // [34:34] is the sub-list for extension type_name
+	34, // [34:34] is the sub-list for extension extendee
+	0,  // [0:34] is the sub-list for field type_name
 }
 
 func init() { file_baton_v1_baton_proto_init() }
@@ -3519,13 +3725,14 @@ func file_baton_v1_baton_proto_init() {
 		(*AcquireResponse_Granted)(nil),
 		(*AcquireResponse_NotAcquired)(nil),
 	}
+	file_baton_v1_baton_proto_msgTypes[30].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_baton_v1_baton_proto_rawDesc), len(file_baton_v1_baton_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   42,
+			NumMessages:   44,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -9,6 +9,7 @@ the Rust one, and the fence kit over psycopg (``baton.fence``).
         publish(..., token=kept.token)     # the resource checks the token
 """
 
+from baton._types import Blocker, BlockingHolder
 from baton.client import Client, Fenced, Lease, Status
 from baton.errors import (
     BatonError,
@@ -26,6 +27,8 @@ from baton.keeper import Keeper
 
 __all__ = [
     "BatonError",
+    "Blocker",
+    "BlockingHolder",
     "Client",
     "Exhausted",
     "Fenced",

@@ -46,6 +46,62 @@ class Status:
 
 
 @dataclass(frozen=True)
+class BlockingHolder:
+    """A holder of a resource that blocked an acquire."""
+
+    token: int
+    #: Its description, if it gave one (and the caller may read it).
+    holder: str | None
+    #: Whole seconds it has held the resource: since its grant, or, when
+    #: ``held_since_recovery``, since the server restart or leader takeover
+    #: that loaded it (it was granted earlier). ``None`` when not readable.
+    held_s: int | None
+    held_since_recovery: bool
+    #: Its TTL left; ``None`` when tied to a session (``session_bound``) or
+    #: not readable.
+    remaining_s: float | None
+    session_bound: bool
+
+    def clause(self) -> str:
+        """``token=T holder="D" for=12s remaining=3000ms``, as the CLI says it."""
+        out = f"token={self.token}"
+        if self.holder is not None:
+            out += f' holder="{self.holder}"'
+        if self.held_s is not None:
+            out += f" for{'>' if self.held_since_recovery else ''}={self.held_s}s"
+        if self.remaining_s is not None:
+            out += f" remaining={round(self.remaining_s * 1000)}ms"
+        elif self.session_bound:
+            out += " remaining=session"
+        return out
+
+
+@dataclass(frozen=True)
+class Blocker:
+    """A requested resource that stood in the way of an acquire."""
+
+    resource: str
+    #: False when the caller may not ``read`` it: its holders give their
+    #: tokens only (and the counts are given).
+    readable: bool
+    #: Its holders (an exclusive lock has at most one), at most 16.
+    holders: tuple[BlockingHolder, ...]
+    n_holders: int
+    #: Requests waiting ahead of this one (for a try-once request, all).
+    n_waiters_ahead: int
+
+    def clause(self) -> str:
+        """``NAME held token=... waiters_ahead=N``, as the CLI says it."""
+        out = self.resource
+        if self.holders:
+            out += " held " + ", ".join(h.clause() for h in self.holders)
+            more = self.n_holders - len(self.holders)
+            if more > 0:
+                out += f" (and {more} more)"
+        return f"{out} waiters_ahead={self.n_waiters_ahead}"
+
+
+@dataclass(frozen=True)
 class Fenced:
     """What an operator fence did."""
 

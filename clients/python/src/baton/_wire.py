@@ -15,7 +15,7 @@ import grpc
 
 from baton import _dial, errors
 from baton._proto import baton_pb2 as pb
-from baton._types import Change, Fenced, Holder, Lease, Status
+from baton._types import Blocker, BlockingHolder, Change, Fenced, Holder, Lease, Status
 from baton.rules import (
     check_holder,
     check_prefix,
@@ -508,6 +508,30 @@ def fenced(r: Any) -> Fenced:
     return Fenced(token=r.token, revoked_token=r.revoked_token if r.revoked else None)
 
 
+def blockers(found: Any) -> tuple[Blocker, ...]:
+    """The blockers of a refusal, as the client reports them."""
+    return tuple(
+        Blocker(
+            resource=b.resource,
+            readable=b.readable,
+            holders=tuple(
+                BlockingHolder(
+                    token=h.token,
+                    holder=h.holder if h.HasField("holder") else None,
+                    held_s=h.held_s if h.HasField("held_s") else None,
+                    held_since_recovery=h.held_since_recovery,
+                    remaining_s=h.remaining_ms / 1000 if h.HasField("remaining_ms") else None,
+                    session_bound=h.session_bound,
+                )
+                for h in b.holders
+            ),
+            n_holders=b.n_holders,
+            n_waiters_ahead=b.n_waiters_ahead,
+        )
+        for b in found
+    )
+
+
 def granted(response: Any, sent: float, n: int) -> list[Lease]:
     """The leases of an :class:`AcquireResponse`, counted from ``sent``, or
     :class:`errors.NotAcquired`."""
@@ -515,12 +539,18 @@ def granted(response: Any, sent: float, n: int) -> list[Lease]:
     if which == "not_acquired":
         na = response.not_acquired
         reason = pb.NotAcquired.Reason.Name(na.reason).lower()
-        held = f" (held by token {na.holder_token})" if na.holder_token else ""
+        found = blockers(na.blockers)
+        if found:
+            why = "; ".join(b.clause() for b in found)
+        else:  # a server before 2026-12-05 names one blocker at most
+            held = f" (held by token {na.holder_token})" if na.holder_token else ""
+            why = f"{na.resource or 'a resource'}{held}"
         raise errors.NotAcquired(
-            f"not acquired: {na.resource or 'a resource'} {reason}{held}",
+            f"not acquired ({reason}): {why}",
             resource=na.resource,
             holder_token=na.holder_token or None,
             reason=reason,
+            blockers=found,
         )
     if which != "granted" or len(response.granted.leases) != n:
         raise errors.Indeterminate(f"unexpected answer to acquire: {response}")

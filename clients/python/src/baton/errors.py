@@ -6,6 +6,8 @@ be blindly repeated.
 
 from __future__ import annotations
 
+from baton._types import Blocker
+
 
 class BatonError(Exception):
     """Every error this package raises (besides :class:`ValueError` for
@@ -55,10 +57,14 @@ class NotAcquired(BatonError):
         resource: str = "",
         holder_token: int | None = None,
         reason: str = "held",
+        blockers: tuple[Blocker, ...] = (),
     ) -> None:
         super().__init__(message)
         self.resource = resource
         self.holder_token = holder_token
+        #: Every requested resource that was held or had requests waiting
+        #: ahead, in request order (empty from servers before 2026-12-05).
+        self.blockers = blockers
         #: ``held``, ``timed_out``, ``cancelled``, ``expired_on_arrival`` or
         #: ``ended`` (the answer to the first attempt was lost, and the
         #: request sent again found its lease already ended: nothing is held).

@@ -227,7 +227,14 @@ async fn json_shapes_are_one_per_command() {
         all.extend(["--server", &url, "--json"]);
         cli(&all)
     };
-    let acquire_keys = set(&["acquired", "reason", "after_wait", "leases", "blocked_by"]);
+    let acquire_keys = set(&[
+        "acquired",
+        "reason",
+        "after_wait",
+        "leases",
+        "blocked_by",
+        "blockers",
+    ]);
     let lease_keys = set(&[
         "resource",
         "acquisition_id",
@@ -263,13 +270,54 @@ async fn json_shapes_are_one_per_command() {
     assert_eq!(held["reason"], "held");
     assert_eq!(
         keys(&held["blocked_by"]),
-        set(&["resource", "holder_token"])
+        set(&[
+            "resource",
+            "holder_token",
+            "holder",
+            "held_s",
+            "held_since_recovery",
+            "remaining_ms",
+            "session_bound",
+            "n_holders",
+            "n_waiters_ahead",
+            "readable",
+        ])
     );
     assert_eq!(
         held["blocked_by"]["holder_token"],
         one["leases"][0]["token"]
     );
     assert_eq!(timed_out["reason"], "timed_out");
+    for refused in [&held, &timed_out] {
+        let blockers = refused["blockers"].as_array().unwrap();
+        assert_eq!(blockers.len(), 1, "{refused}");
+        assert_eq!(
+            keys(&blockers[0]),
+            set(&[
+                "resource",
+                "readable",
+                "holders",
+                "n_holders",
+                "n_waiters_ahead"
+            ])
+        );
+        assert_eq!(
+            keys(&blockers[0]["holders"][0]),
+            set(&[
+                "token",
+                "holder",
+                "held_s",
+                "held_since_recovery",
+                "remaining_ms",
+                "session_bound"
+            ])
+        );
+        assert_eq!(
+            blockers[0]["holders"][0]["token"],
+            one["leases"][0]["token"]
+        );
+    }
+    assert_eq!(one["blockers"], serde_json::json!([]));
 
     let id = one["leases"][0]["acquisition_id"]
         .as_str()

@@ -5,12 +5,17 @@ use std::collections::BTreeSet;
 
 use super::{AcquireError, AcquireRequest, LeaseTable, LeaseTerm};
 
+/// The longest TTL a lease or session can have (2^32-1 ms, about 49.7
+/// days): a lease keeps its TTL in 32 bits. [`Limits::ttl_ms_max`] must
+/// not be above it.
+pub const TTL_MS_MAX: u64 = u32::MAX as u64;
+
 /// Bounds on everything a request can ask for or make the table hold.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Limits {
     /// Shortest TTL accepted.
     pub ttl_ms_min: u64,
-    /// Longest TTL accepted.
+    /// Longest TTL accepted (at most [`TTL_MS_MAX`]).
     pub ttl_ms_max: u64,
     /// Longest wait accepted.
     pub wait_ms_max: u64,

@@ -30,7 +30,7 @@ impl LeaseTable {
             resource: resource.clone(),
             holder_token: lease.map(|l| l.token),
             remaining_ms: lease.map_or(0, |l| self.expiry_of(l).left_at(now)),
-            ttl_ms: lease.map_or(0, |l| l.ttl_ms),
+            ttl_ms: lease.map_or(0, |l| l.ttl_ms()),
             n_waiters: self.queue(resource).map_or(0, VecDeque::len),
             holder: lease.and_then(|l| l.holder().cloned()),
             issued_through: self.issued_through(),
@@ -71,7 +71,7 @@ impl LeaseTable {
                 LeaseRecord {
                     acquisition_digest: l.acquisition_digest,
                     token: l.token,
-                    ttl_ms: l.ttl_ms,
+                    ttl_ms: l.ttl_ms(),
                     session: l.session(),
                     holder: l.holder().cloned(),
                 },
@@ -89,7 +89,7 @@ impl LeaseTable {
     }
 
     /// When `lease` expires: its own deadline, or its session's.
-    fn expiry_of(&self, lease: &Lease) -> MonoMs {
+    pub(super) fn expiry_of(&self, lease: &Lease) -> MonoMs {
         match lease.session() {
             Some(digest) => self.sessions[&digest].expires_at,
             None => lease.expires_at,

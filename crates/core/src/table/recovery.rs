@@ -126,9 +126,9 @@ impl LeaseTable {
             }
         };
         let lease = Lease::new(
-            record.acquisition_digest,
-            record.token,
+            (record.acquisition_digest, record.token),
             record.ttl_ms,
+            (now, true),
             expires_at,
             session,
             record.holder,

@@ -309,7 +309,9 @@ impl LeaseTable {
         old: WaiterId,
         request: &AcquireRequest,
     ) -> Option<AcquireOutcome> {
-        self.effects.woken.push((old, WaitResult::TimedOut));
+        self.effects
+            .woken
+            .push((old, WaitResult::TimedOut(Vec::new())));
         let new = request.waiter;
         if request.wait_ms == 0 || self.waiters.contains_key(&new) {
             let deadline = self.waiters[&old].deadline;

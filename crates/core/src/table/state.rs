@@ -15,11 +15,39 @@ use super::MonoMs;
 pub(super) struct Lease {
     pub(super) acquisition_digest: AcquisitionDigest,
     pub(super) token: FencingToken,
-    pub(super) ttl_ms: u64,
     /// Unused (`MonoMs::MAX`) when the lease is tied to a session: the
     /// session's own expiry governs it.
     pub(super) expires_at: MonoMs,
     ties: Option<Box<Ties>>,
+    /// At most [`TTL_MS_MAX`](crate::TTL_MS_MAX) (the table's limits are).
+    ttl_ms: u32,
+    since: Since,
+}
+
+/// Since when a lease is held, in whole seconds of the table's clock: its
+/// grant, or the recovery (a restart or a takeover) that loaded it, which
+/// the top bit says.
+#[derive(Clone, Copy, Debug)]
+struct Since(u32);
+
+impl Since {
+    const RECOVERED: u32 = 1 << 31;
+
+    fn at(now: MonoMs, recovered: bool) -> Self {
+        let s = (now.0 / 1000).min(u64::from(Self::RECOVERED - 1)) as u32;
+        Self(if recovered { s | Self::RECOVERED } else { s })
+    }
+}
+
+/// How long a lease has been held, for a caller it blocks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HeldFor {
+    /// Whole seconds since the grant, or since the recovery that loaded
+    /// the lease (a restart or a leader's takeover), on this server's clock.
+    pub held_s: u64,
+    /// The lease was granted before that recovery: `held_s` counts from
+    /// the recovery, and it has been held longer.
+    pub recovered: bool,
 }
 
 /// The session a lease is tied to and its holder's description.
@@ -30,10 +58,14 @@ struct Ties {
 }
 
 impl Lease {
+    /// A lease granted (or, `recovered`, loaded) at `now`. A TTL above
+    /// [`TTL_MS_MAX`](crate::TTL_MS_MAX) (only a record stored under other
+    /// limits) is kept as that: its renewals are the longest the table
+    /// grants, and `expires_at` already holds its full first term.
     pub(super) fn new(
-        acquisition_digest: AcquisitionDigest,
-        token: FencingToken,
+        (acquisition_digest, token): (AcquisitionDigest, FencingToken),
         ttl_ms: u64,
+        (now, recovered): (MonoMs, bool),
         expires_at: MonoMs,
         session: Option<SessionDigest>,
         holder: Option<Holder>,
@@ -43,9 +75,24 @@ impl Lease {
         Self {
             acquisition_digest,
             token,
-            ttl_ms,
             expires_at,
             ties,
+            ttl_ms: ttl_ms.min(crate::TTL_MS_MAX) as u32,
+            since: Since::at(now, recovered),
+        }
+    }
+
+    /// Its TTL.
+    pub(super) fn ttl_ms(&self) -> u64 {
+        u64::from(self.ttl_ms)
+    }
+
+    /// How long it has been held at `now`.
+    pub(super) fn held_for(&self, now: MonoMs) -> HeldFor {
+        let since_s = u64::from(self.since.0 & !Since::RECOVERED);
+        HeldFor {
+            held_s: (now.0 / 1000).saturating_sub(since_s),
+            recovered: self.since.0 & Since::RECOVERED != 0,
         }
     }
 

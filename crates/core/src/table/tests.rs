@@ -43,6 +43,24 @@ fn grant(r: &str, n: u8, counter: u64, ttl_ms: u64) -> Grant {
     }
 }
 
+/// Resource `r` blocking a request: held by the lease of token `counter`
+/// (no description, a TTL of its own) for `held_s`, `remaining_ms` left.
+fn blocker(r: &str, counter: u64, held_s: u64, remaining_ms: u64) -> Blocker {
+    Blocker {
+        resource: name(r),
+        held: Some(Held {
+            token: tok(counter),
+            holder: None,
+            held_for: HeldFor {
+                held_s,
+                recovered: false,
+            },
+            remaining_ms: Some(remaining_ms),
+        }),
+        n_waiters_ahead: 0,
+    }
+}
+
 /// `g` as granted to a request that waited `waited_ms` in line.
 fn after_waiting(g: Grant, waited_ms: u64) -> Grant {
     Grant { waited_ms, ..g }
@@ -89,7 +107,8 @@ fn held_resource_is_refused_until_expiry_then_granted_higher() {
         refused,
         AcquireOutcome::NotAcquired(NotAcquired {
             resource: name("a"),
-            holder_token: Some(tok(1))
+            holder_token: Some(tok(1)),
+            blockers: vec![blocker("a", 1, 5, 0)],
         })
     );
     t.take_effects();
@@ -269,7 +288,10 @@ fn wait_deadline_answers_timed_out_and_cancelled_waiter_leaves_queue() {
     t.tick(MonoMs(100));
     assert_eq!(
         t.take_effects().woken,
-        vec![(WaiterId(10), WaitResult::TimedOut)]
+        vec![(
+            WaiterId(10),
+            WaitResult::TimedOut(vec![blocker("a", 1, 0, 4_900)])
+        )]
     );
     assert_eq!(t.status(MonoMs(100), &name("a")).n_waiters, 0);
     assert_eq!(t.n_waiters(), 0);
@@ -287,7 +309,8 @@ fn multi_acquire_is_all_or_nothing() {
         out,
         AcquireOutcome::NotAcquired(NotAcquired {
             resource: name("b"),
-            holder_token: Some(tok(1))
+            holder_token: Some(tok(1)),
+            blockers: vec![blocker("b", 1, 0, 4_999)],
         })
     );
     assert!(t.take_effects().writes.is_empty());
@@ -789,7 +812,7 @@ impl Harness {
                         "waiter withdrawn from a live session"
                     );
                 }
-                WaitResult::TimedOut => {}
+                WaitResult::TimedOut(_) => {}
                 WaitResult::OverQuota(_) => panic!("the model sets no quota"),
             }
         }
@@ -1381,6 +1404,7 @@ fn status_says_the_last_token_issued_to_any_resource() {
     assert_eq!(t.status(MonoMs(0), &name("a")).issued_through, tok(3));
 }
 
+mod blockers;
 mod expiry;
 mod quotas;
 mod repeats;

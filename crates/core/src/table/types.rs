@@ -1,6 +1,7 @@
 //! What goes in and out of the lease table: requests, outcomes, durable
 //! records, writes, events and effects.
 
+use super::refusal::{Blocker, NotAcquired};
 use super::term::LeaseTerm;
 use crate::{
     AcquisitionDigest, AcquisitionId, Attempt, Epoch, FencingToken, Holder, ResourceName,
@@ -105,22 +106,14 @@ pub enum AcquireOutcome {
     Ended,
 }
 
-/// Why a try-once acquire was refused.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct NotAcquired {
-    /// The first requested resource that is held or has waiters.
-    pub resource: ResourceName,
-    /// The current holder's token, if the resource is held (it may only have waiters).
-    pub holder_token: Option<FencingToken>,
-}
-
 /// How a waiting acquire ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum WaitResult {
     /// Every claimed resource, granted together.
     Granted(Vec<Grant>),
-    /// The wait ran out; nothing was granted.
-    TimedOut,
+    /// The wait ran out; nothing was granted. What still stood in the way
+    /// when it did.
+    TimedOut(Vec<Blocker>),
     /// The waiter's session expired or was closed; nothing was granted.
     SessionEnded,
     /// Its turn came, but granting it then would exceed a leases quota

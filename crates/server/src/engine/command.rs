@@ -1,8 +1,9 @@
 //! What a caller hands the engine ([`Command`]) and what it is answered.
 
 use baton_core::{
-    AcquireError, AcquireRequest, AcquisitionId, FenceOutcome, Grant, LeaseStatus, NotAcquired,
-    ReleaseOutcome, RenewOutcome, ResourceName, Resumed, SessionDigest, SessionError, WaiterId,
+    AcquireError, AcquireRequest, AcquisitionId, Blocker, FenceOutcome, Grant, LeaseStatus,
+    NotAcquired, ReleaseOutcome, RenewOutcome, ResourceName, Resumed, SessionDigest, SessionError,
+    WaiterId,
 };
 use baton_store::{SnapshotRead, StoreError, Stored};
 use tokio::sync::oneshot;
@@ -20,7 +21,8 @@ pub enum AcquireReply {
     Repeated(Vec<Grant>),
     /// A repeat of a request whose leases ended: nothing held, nothing granted.
     Ended,
-    TimedOut,
+    /// The wait ran out; what still stood in the way.
+    TimedOut(Vec<Blocker>),
     /// The request's session ended while it waited.
     SessionEnded,
 }

@@ -276,7 +276,7 @@ impl Engine {
                         after_wait: true,
                     })
                 }
-                WaitResult::TimedOut => Ok(AcquireReply::TimedOut),
+                WaitResult::TimedOut(blockers) => Ok(AcquireReply::TimedOut(blockers)),
                 WaitResult::SessionEnded => Ok(AcquireReply::SessionEnded),
                 WaitResult::OverQuota(over) => Err(AcquireError::OverQuota(over)),
             };

@@ -1,14 +1,19 @@
 //! Between the wire and the engine: requests' fields parsed with the rule
 //! that refused them named, and the engine's answers as messages.
 
+use std::sync::Arc;
+
 use baton_core::{
-    AcquireError, AcquisitionId, Attempt, Grant, Holder, LeaseStatus, RequestId, ResourceName,
+    AcquireError, AcquisitionId, Attempt, Blocker, Grant, Holder, LeaseStatus, RequestId,
+    ResourceName,
 };
 use baton_proto::v1;
 use baton_proto::SNAPSHOT_FORMAT;
 use baton_store::Stored;
 use tonic::Status;
 
+use crate::access::auth::{Permission, Principal};
+use crate::access::Admitted;
 use crate::engine::AcquireReply;
 
 /// Parses the name of a resource that may already be held, naming the
@@ -118,8 +123,81 @@ pub(super) fn acquire_error(e: AcquireError) -> Status {
     }
 }
 
+/// Which names a caller may read: the blockers of its refused acquires it
+/// is told about in full. Everything with auth off.
+#[derive(Clone)]
+pub(super) struct Readable(Option<Arc<Principal>>);
+
+impl Readable {
+    pub(super) fn of(who: &Admitted<'_>) -> Self {
+        Self(who.principal().cloned())
+    }
+
+    fn may(&self, name: &str) -> bool {
+        self.0
+            .as_ref()
+            .is_none_or(|p| p.allows(Permission::Read, name))
+    }
+}
+
+/// At most this many holders of one blocking resource are listed.
+pub const BLOCKING_HOLDERS_MAX: usize = 16;
+
+/// Every blocker on the wire; what `readable` may not read gives its
+/// holders' tokens and the counts only.
+fn blockers(blockers: Vec<Blocker>, readable: &Readable) -> Vec<v1::Blocker> {
+    blockers
+        .into_iter()
+        .map(|b| {
+            let may = readable.may(b.resource.as_str());
+            let holders: Vec<v1::BlockingHolder> = b
+                .held
+                .into_iter()
+                .take(BLOCKING_HOLDERS_MAX)
+                .map(|h| v1::BlockingHolder {
+                    token: h.token.get(),
+                    holder: h.holder.filter(|_| may).map(|d| d.to_string()),
+                    held_s: may.then_some(h.held_for.held_s),
+                    held_since_recovery: may && h.held_for.recovered,
+                    remaining_ms: h.remaining_ms.filter(|_| may),
+                    session_bound: h.remaining_ms.is_none(),
+                })
+                .collect();
+            v1::Blocker {
+                resource: b.resource.to_string(),
+                readable: may,
+                n_holders: holders.len() as u64,
+                holders,
+                n_waiters_ahead: b.n_waiters_ahead,
+            }
+        })
+        .collect()
+}
+
+/// A refusal on the wire: the first blocker's name and token, and every
+/// blocker.
+fn refused(
+    reason: v1::not_acquired::Reason,
+    all: Vec<Blocker>,
+    readable: &Readable,
+) -> v1::acquire_response::Outcome {
+    let first = all.first();
+    v1::acquire_response::Outcome::NotAcquired(v1::NotAcquired {
+        reason: reason.into(),
+        resource: first.map(|b| b.resource.to_string()).unwrap_or_default(),
+        holder_token: first
+            .and_then(|b| b.held.as_ref())
+            .map_or(0, |h| h.token.get()),
+        blockers: blockers(all, readable),
+    })
+}
+
 /// An acquire's answer on the wire; `bound`: its leases are tied to a session.
-pub(super) fn acquire_outcome(reply: AcquireReply, bound: bool) -> v1::acquire_response::Outcome {
+pub(super) fn acquire_outcome(
+    reply: AcquireReply,
+    bound: bool,
+    readable: &Readable,
+) -> v1::acquire_response::Outcome {
     match reply {
         AcquireReply::Granted { grants, after_wait } => {
             v1::acquire_response::Outcome::Granted(v1::Granted {
@@ -135,13 +213,9 @@ pub(super) fn acquire_outcome(reply: AcquireReply, bound: bool) -> v1::acquire_r
         }),
         AcquireReply::Ended => not_acquired(v1::not_acquired::Reason::Ended),
         AcquireReply::NotAcquired(n) => {
-            v1::acquire_response::Outcome::NotAcquired(v1::NotAcquired {
-                reason: v1::not_acquired::Reason::Held.into(),
-                resource: n.resource.to_string(),
-                holder_token: n.holder_token.map_or(0, |t| t.get()),
-            })
+            refused(v1::not_acquired::Reason::Held, n.blockers, readable)
         }
-        AcquireReply::TimedOut => not_acquired(v1::not_acquired::Reason::TimedOut),
+        AcquireReply::TimedOut(all) => refused(v1::not_acquired::Reason::TimedOut, all, readable),
         AcquireReply::SessionEnded => not_acquired(v1::not_acquired::Reason::SessionEnded),
     }
 }
@@ -165,6 +239,7 @@ pub(super) fn not_acquired(reason: v1::not_acquired::Reason) -> v1::acquire_resp
         reason: reason.into(),
         resource: String::new(),
         holder_token: 0,
+        blockers: Vec::new(),
     })
 }
 

@@ -25,7 +25,7 @@ mod watch;
 
 use convert::{
     acquire_error, acquire_outcome, not_acquired, parse_acquisition_id, parse_claims, random_id,
-    release_message, renew_message, status_message,
+    release_message, renew_message, status_message, Readable,
 };
 pub use convert::{parse_holder, parse_resource};
 use ops::AcquireAsk;
@@ -151,7 +151,7 @@ impl LeaseService {
         let reply = reply.map_err(acquire_error)?;
         trace::acquired(span, &reply);
         Ok(Response::new(v1::AcquireResponse {
-            outcome: Some(acquire_outcome(reply, false)),
+            outcome: Some(acquire_outcome(reply, false, &Readable::of(&who))),
         }))
     }
 

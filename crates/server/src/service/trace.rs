@@ -67,7 +67,7 @@ pub(super) fn acquired(span: &Span, reply: &AcquireReply) {
         AcquireReply::Ended => {
             span.record("outcome", "ended");
         }
-        AcquireReply::TimedOut => {
+        AcquireReply::TimedOut(_) => {
             span.record("outcome", "timed_out");
         }
         AcquireReply::SessionEnded => {

@@ -1,6 +1,7 @@
 //! The integration tests of this crate, one binary with a module per
 //! subject: a change re-links one test binary, not one per file.
 
+mod blockers;
 mod cluster;
 mod crash;
 mod crash_events;

@@ -985,21 +985,116 @@ class NotAcquired(google.protobuf.message.Message):
     REASON_FIELD_NUMBER: builtins.int
     RESOURCE_FIELD_NUMBER: builtins.int
     HOLDER_TOKEN_FIELD_NUMBER: builtins.int
+    BLOCKERS_FIELD_NUMBER: builtins.int
     reason: global___NotAcquired.Reason.ValueType
     resource: builtins.str
-    """The resource that blocked the request (for HELD)."""
+    """The first requested resource that blocked the request (HELD, and
+    TIMED_OUT since 2026-12-05: the first that still did when the wait ran
+    out), in request order.
+    """
     holder_token: builtins.int
     """Its holder's token, when it is held (0 otherwise)."""
+    @property
+    def blockers(self) -> google.protobuf.internal.containers.RepeatedCompositeFieldContainer[global___Blocker]:
+        """Every requested resource that was held or had requests waiting ahead
+        (HELD, TIMED_OUT), in request order; the first is `resource`.
+        """
+
     def __init__(
         self,
         *,
         reason: global___NotAcquired.Reason.ValueType = ...,
         resource: builtins.str = ...,
         holder_token: builtins.int = ...,
+        blockers: collections.abc.Iterable[global___Blocker] | None = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["holder_token", b"holder_token", "reason", b"reason", "resource", b"resource"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["blockers", b"blockers", "holder_token", b"holder_token", "reason", b"reason", "resource", b"resource"]) -> None: ...
 
 global___NotAcquired = NotAcquired
+
+@typing.final
+class Blocker(google.protobuf.message.Message):
+    """A requested resource that stood in the way of an acquire."""
+
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    RESOURCE_FIELD_NUMBER: builtins.int
+    READABLE_FIELD_NUMBER: builtins.int
+    HOLDERS_FIELD_NUMBER: builtins.int
+    N_HOLDERS_FIELD_NUMBER: builtins.int
+    N_WAITERS_AHEAD_FIELD_NUMBER: builtins.int
+    resource: builtins.str
+    readable: builtins.bool
+    """False: the caller may not `read` the resource; its holders give their
+    tokens only (and the counts are given), no description, age or TTL.
+    """
+    n_holders: builtins.int
+    """How many hold it (holders lists at most 16 of them)."""
+    n_waiters_ahead: builtins.int
+    """Requests waiting on it ahead of this one (for a try-once request, all
+    of its waiters).
+    """
+    @property
+    def holders(self) -> google.protobuf.internal.containers.RepeatedCompositeFieldContainer[global___BlockingHolder]:
+        """Its holders (an exclusive lock has at most one), up to 16."""
+
+    def __init__(
+        self,
+        *,
+        resource: builtins.str = ...,
+        readable: builtins.bool = ...,
+        holders: collections.abc.Iterable[global___BlockingHolder] | None = ...,
+        n_holders: builtins.int = ...,
+        n_waiters_ahead: builtins.int = ...,
+    ) -> None: ...
+    def ClearField(self, field_name: typing.Literal["holders", b"holders", "n_holders", b"n_holders", "n_waiters_ahead", b"n_waiters_ahead", "readable", b"readable", "resource", b"resource"]) -> None: ...
+
+global___Blocker = Blocker
+
+@typing.final
+class BlockingHolder(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    TOKEN_FIELD_NUMBER: builtins.int
+    HOLDER_FIELD_NUMBER: builtins.int
+    HELD_S_FIELD_NUMBER: builtins.int
+    HELD_SINCE_RECOVERY_FIELD_NUMBER: builtins.int
+    REMAINING_MS_FIELD_NUMBER: builtins.int
+    SESSION_BOUND_FIELD_NUMBER: builtins.int
+    token: builtins.int
+    holder: builtins.str
+    """The holder's description, if it gave one (and the caller may read)."""
+    held_s: builtins.int
+    """Whole seconds it has been held: since its grant, or, when
+    held_since_recovery, since the restart or leader takeover that loaded
+    it (it was granted before). Unset when not readable.
+    """
+    held_since_recovery: builtins.bool
+    remaining_ms: builtins.int
+    """Its TTL left. Unset when it is tied to a session (session_bound: it
+    lasts as long as the session's heartbeats) or not readable.
+    """
+    session_bound: builtins.bool
+    def __init__(
+        self,
+        *,
+        token: builtins.int = ...,
+        holder: builtins.str | None = ...,
+        held_s: builtins.int | None = ...,
+        held_since_recovery: builtins.bool = ...,
+        remaining_ms: builtins.int | None = ...,
+        session_bound: builtins.bool = ...,
+    ) -> None: ...
+    def HasField(self, field_name: typing.Literal["_held_s", b"_held_s", "_holder", b"_holder", "_remaining_ms", b"_remaining_ms", "held_s", b"held_s", "holder", b"holder", "remaining_ms", b"remaining_ms"]) -> builtins.bool: ...
+    def ClearField(self, field_name: typing.Literal["_held_s", b"_held_s", "_holder", b"_holder", "_remaining_ms", b"_remaining_ms", "held_s", b"held_s", "held_since_recovery", b"held_since_recovery", "holder", b"holder", "remaining_ms", b"remaining_ms", "session_bound", b"session_bound", "token", b"token"]) -> None: ...
+    @typing.overload
+    def WhichOneof(self, oneof_group: typing.Literal["_held_s", b"_held_s"]) -> typing.Literal["held_s"] | None: ...
+    @typing.overload
+    def WhichOneof(self, oneof_group: typing.Literal["_holder", b"_holder"]) -> typing.Literal["holder"] | None: ...
+    @typing.overload
+    def WhichOneof(self, oneof_group: typing.Literal["_remaining_ms", b"_remaining_ms"]) -> typing.Literal["remaining_ms"] | None: ...
+
+global___BlockingHolder = BlockingHolder
 
 @typing.final
 class RenewRequest(google.protobuf.message.Message):

@@ -124,7 +124,10 @@ fn a_repeat_of_a_waiting_request_takes_its_place_in_line() {
     );
     assert_eq!(t.n_waiters(), 2, "the repeat replaced its first attempt");
     let fx = t.take_effects();
-    assert_eq!(fx.woken, vec![(WaiterId(3), WaitResult::TimedOut)]);
+    assert_eq!(
+        fx.woken,
+        vec![(WaiterId(3), WaitResult::TimedOut(Vec::new()))]
+    );
     // Still behind waiter 2: the first release hands over to 2, not to us.
     t.release(MonoMs(11_000), &name("a"), &id(1));
     let fx = t.take_effects();

@@ -17,6 +17,7 @@ use crate::engine::Command;
 use crate::service::ops::{refused, AcquireAsk};
 use crate::service::{
     acquire_error, acquire_outcome, answer, release_message, renew_message, trace, LeaseService,
+    Readable,
 };
 
 impl SessionTask {
@@ -180,6 +181,7 @@ impl SessionTask {
         )?;
         // No TTL of its own: the lease is tied to the session.
         let bound = a.ttl_ms.is_none();
+        let readable = Readable::of(&who);
         if let Some(waiter) = acquiring.waiter {
             self.waits.insert(id, waiter);
         }
@@ -191,7 +193,7 @@ impl SessionTask {
                     Ok(reply) => {
                         trace::acquired(&tracing::Span::current(), &reply);
                         Body::Acquire(v1::AcquireResponse {
-                            outcome: Some(acquire_outcome(reply, bound)),
+                            outcome: Some(acquire_outcome(reply, bound, &readable)),
                         })
                     }
                     Err(e) => request_error(&acquire_error(e)),

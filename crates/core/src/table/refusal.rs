@@ -1,0 +1,106 @@
+//! Why a request cannot be granted now: every requested resource in the
+//! way, with its holder, how long it has held it, its TTL left and the
+//! requests waiting ahead. Read-only; the service decides what a caller
+//! may see of it.
+
+pub use super::state::HeldFor;
+use super::{LeaseTable, MonoMs};
+use crate::{FencingToken, Holder, ResourceName, WaiterId};
+
+/// Why a try-once acquire was refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NotAcquired {
+    /// The first requested resource that is held or has waiters.
+    pub resource: ResourceName,
+    /// The current holder's token, if the resource is held (it may only have waiters).
+    pub holder_token: Option<FencingToken>,
+    /// Every requested resource that is held or has waiters, in request
+    /// order (the first is `resource`).
+    pub blockers: Vec<Blocker>,
+}
+
+/// A requested resource that stood in the way of an acquire: held, or
+/// with requests waiting ahead.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Blocker {
+    /// The resource.
+    pub resource: ResourceName,
+    /// Its lease, if held.
+    pub held: Option<Held>,
+    /// Requests waiting on it ahead of this one (for a refused try-once
+    /// request, all of its waiters).
+    pub n_waiters_ahead: u64,
+}
+
+/// The lease that holds a blocking resource.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Held {
+    /// Its token.
+    pub token: FencingToken,
+    /// Its holder's description, if it gave one.
+    pub holder: Option<Holder>,
+    /// How long it has been held.
+    pub held_for: HeldFor,
+    /// Its TTL left; `None` when it is tied to a session (it lasts as long
+    /// as the session's heartbeats).
+    pub remaining_ms: Option<u64>,
+}
+
+impl LeaseTable {
+    /// Why a request on `claims` cannot be granted now: every one of them
+    /// held or with waiters (ahead of `waiter`, if it waits), or `None`.
+    pub(super) fn not_acquired<'a>(
+        &self,
+        now: MonoMs,
+        claims: impl Iterator<Item = &'a ResourceName>,
+        waiter: Option<WaiterId>,
+    ) -> Option<NotAcquired> {
+        let blockers = self.blockers(now, claims, waiter);
+        let first = blockers.first()?;
+        Some(NotAcquired {
+            resource: first.resource.clone(),
+            holder_token: first.held.as_ref().map(|h| h.token),
+            blockers,
+        })
+    }
+
+    /// Each of `claims` that is held or has waiters (ahead of `waiter`,
+    /// if it waits), in their order.
+    pub(super) fn blockers<'a>(
+        &self,
+        now: MonoMs,
+        claims: impl Iterator<Item = &'a ResourceName>,
+        waiter: Option<WaiterId>,
+    ) -> Vec<Blocker> {
+        claims
+            .filter_map(|resource| {
+                let lease = self
+                    .resources
+                    .get(resource)?
+                    .lease
+                    .as_ref()
+                    .filter(|l| !self.is_gone(l));
+                let queue = self.queue(resource);
+                let n_waiters_ahead = match (queue, waiter) {
+                    (None, _) => 0,
+                    (Some(q), Some(w)) => q.iter().position(|x| *x == w).unwrap_or(q.len()),
+                    (Some(q), None) => q.len(),
+                } as u64;
+                let held = lease.map(|l| Held {
+                    token: l.token,
+                    holder: l.holder().cloned(),
+                    held_for: l.held_for(now),
+                    remaining_ms: l
+                        .session()
+                        .is_none()
+                        .then(|| self.expiry_of(l).left_at(now)),
+                });
+                (held.is_some() || n_waiters_ahead > 0).then(|| Blocker {
+                    resource: resource.clone(),
+                    held,
+                    n_waiters_ahead,
+                })
+            })
+            .collect()
+    }
+}
