@@ -1,8 +1,8 @@
-// Package fence is the fence kit from Go: thin helpers over database/sql
-// for the fence kit's SQL functions (baton.fence, baton.publish,
-// baton.delete, baton.cancel) and the authoritative generation, in the
-// caller's connection or transaction. Any PostgreSQL driver for
-// database/sql works (pgx's stdlib driver among them). Create or upgrade
+// Package fence is the fence kit from Go: thin helpers for the fence
+// kit's SQL functions (baton.fence, baton.publish, baton.delete,
+// baton.cancel), the authoritative generation and the outbox
+// (baton.outbox_*), in the caller's connection or transaction: database/sql
+// with any PostgreSQL driver ([SQL]) or pgx's own API ([Pgx]). Create or upgrade
 // the schema with `psql -v ON_ERROR_STOP=1 -d app -f
 // crates/fence/sql/install.sql` (safe to run again).
 //
@@ -14,8 +14,6 @@ package fence
 import (
 	"context"
 	"database/sql"
-	"errors"
-	"fmt"
 
 	baton "github.com/baton-dev/baton/clients/go"
 )
@@ -36,12 +34,6 @@ const (
 	GenerationUsed Outcome = "generation_used"
 	OutOfOrder     Outcome = "out_of_order"
 )
-
-// Querier is what the helpers need of a connection: *sql.DB, *sql.Conn
-// and *sql.Tx all are.
-type Querier interface {
-	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
-}
 
 // Decision is one row of baton.fence and its kin.
 type Decision struct {
@@ -78,7 +70,7 @@ const columns = "outcome, token, current_token, current_seq, detail, result"
 
 // Fence checks token against resource and records operation, in q's
 // current transaction (baton.fence).
-func Fence(ctx context.Context, q Querier, resource string, token uint64, operation string, fingerprint []byte, o Options) (Decision, error) {
+func Fence(ctx context.Context, db DB, resource string, token uint64, operation string, fingerprint []byte, o Options) (Decision, error) {
 	name, err := checked(resource, token)
 	if err != nil {
 		return Decision{}, err
@@ -90,37 +82,37 @@ func Fence(ctx context.Context, q Querier, resource string, token uint64, operat
 	if o.Result == nil {
 		o.Result = []byte{}
 	}
-	return decision(q.QueryRowContext(ctx, "SELECT "+columns+" FROM baton.fence(resource => $1, token => $2, "+
+	return decision(db.queryRow(ctx, "SELECT "+columns+" FROM baton.fence(resource => $1, token => $2, "+
 		"operation => $3, fingerprint => $4, result => $5, seq => $6, policy => $7, must_exist => $8)",
 		name, int64(token), operation, fingerprint, o.Result, int64(o.Seq), policy, o.MustExist))
 }
 
 // Publish fences and moves the publication pointer to objectKey in one
 // statement (baton.publish).
-func Publish(ctx context.Context, q Querier, resource string, token uint64, operation string, fingerprint []byte, objectKey string) (Decision, error) {
+func Publish(ctx context.Context, db DB, resource string, token uint64, operation string, fingerprint []byte, objectKey string) (Decision, error) {
 	name, err := checked(resource, token)
 	if err != nil {
 		return Decision{}, err
 	}
-	return decision(q.QueryRowContext(ctx, "SELECT "+columns+" FROM baton.publish($1, $2, $3, $4, $5)",
+	return decision(db.queryRow(ctx, "SELECT "+columns+" FROM baton.publish($1, $2, $3, $4, $5)",
 		name, int64(token), operation, fingerprint, objectKey))
 }
 
 // Delete is a fenced tombstone (baton.delete): later writes below the
 // floor are refused, and the generation is never lowered.
-func Delete(ctx context.Context, q Querier, resource string, token uint64, operation string, fingerprint []byte) (Decision, error) {
+func Delete(ctx context.Context, db DB, resource string, token uint64, operation string, fingerprint []byte) (Decision, error) {
 	name, err := checked(resource, token)
 	if err != nil {
 		return Decision{}, err
 	}
-	return decision(q.QueryRowContext(ctx, "SELECT "+columns+" FROM baton.delete($1, $2, $3, $4)",
+	return decision(db.queryRow(ctx, "SELECT "+columns+" FROM baton.delete($1, $2, $3, $4)",
 		name, int64(token), operation, fingerprint))
 }
 
 // Cancel is a durable cancellation (baton.cancel): every write with a
 // token at or below atToken is refused from now on. It returns the
 // recorded cancellation token.
-func Cancel(ctx context.Context, q Querier, resource string, atToken uint64, policy string) (uint64, error) {
+func Cancel(ctx context.Context, db DB, resource string, atToken uint64, policy string) (uint64, error) {
 	name, err := checked(resource, atToken)
 	if err != nil {
 		return 0, err
@@ -129,7 +121,7 @@ func Cancel(ctx context.Context, q Querier, resource string, atToken uint64, pol
 		policy = "one_per_generation"
 	}
 	var recorded int64
-	if err := q.QueryRowContext(ctx, "SELECT baton.cancel($1, $2, $3)", name, int64(atToken), policy).Scan(&recorded); err != nil {
+	if err := db.queryRow(ctx, "SELECT baton.cancel($1, $2, $3)", name, int64(atToken), policy).Scan(&recorded); err != nil {
 		return 0, err
 	}
 	return uint64(recorded), nil
@@ -145,7 +137,7 @@ type Generation struct {
 
 // GenerationOf is the resource's recorded generation and publication
 // pointer; ok false if the fence kit has never seen it.
-func GenerationOf(ctx context.Context, q Querier, resource string) (g Generation, ok bool, err error) {
+func GenerationOf(ctx context.Context, db DB, resource string) (g Generation, ok bool, err error) {
 	name, err := baton.CheckResource(resource, true)
 	if err != nil {
 		return Generation{}, false, err
@@ -153,9 +145,9 @@ func GenerationOf(ctx context.Context, q Querier, resource string) (g Generation
 	var generation int64
 	var key sql.NullString
 	var token sql.NullInt64
-	err = q.QueryRowContext(ctx, "SELECT generation, published_key, published_token, deleted FROM baton.resources WHERE resource = $1",
+	err = db.queryRow(ctx, "SELECT generation, published_key, published_token, deleted FROM baton.resources WHERE resource = $1",
 		name).Scan(&generation, &key, &token, &g.Deleted)
-	if errors.Is(err, sql.ErrNoRows) {
+	if noRows(err) {
 		return Generation{}, false, nil
 	}
 	if err != nil {
@@ -172,13 +164,13 @@ func checked(resource string, token uint64) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	if token == 0 || token >= 1<<63 {
-		return "", &baton.Error{Kind: baton.ErrInvalid, Message: fmt.Sprintf("token %d: it must be an integer in 1..2^63-1", token)}
+	if err := checkToken(token); err != nil {
+		return "", err
 	}
 	return name, nil
 }
 
-func decision(row *sql.Row) (Decision, error) {
+func decision(row scanner) (Decision, error) {
 	var d Decision
 	var outcome string
 	var token, currentToken, currentSeq sql.NullInt64

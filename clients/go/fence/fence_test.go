@@ -22,7 +22,7 @@ func publishIn(t *testing.T, db *sql.DB, token uint64, key string) fence.Decisio
 	if err != nil {
 		t.Fatal(err)
 	}
-	d, err := fence.Publish(ctx, tx, "statement:go:7", token, "publish "+key, []byte(key), key)
+	d, err := fence.Publish(ctx, fence.SQL(tx), "statement:go:7", token, "publish "+key, []byte(key), key)
 	if err != nil {
 		_ = tx.Rollback()
 		t.Fatal(err)
@@ -79,38 +79,38 @@ func TestAStaleWorkersPublishIsRefusedWhereTheDataIsWritten(t *testing.T) {
 	if stale.Outcome != fence.Stale || stale.OK() || stale.CurrentToken != b.Token {
 		t.Fatalf("A's late publish is stale: %+v", stale)
 	}
-	g, ok, err := fence.GenerationOf(ctx, db, "statement:go:7")
+	g, ok, err := fence.GenerationOf(ctx, fence.SQL(db), "statement:go:7")
 	if err != nil || !ok || g.PublishedKey != "statements/7/b.pdf" || g.PublishedToken != b.Token {
 		t.Fatalf("the resource keeps B's: %+v %v %v", g, ok, err)
 	}
-	if d, err := fence.Fence(ctx, db, "statement:go:7", a.Token, "email", []byte("x"), fence.Options{}); err != nil || d.Outcome != fence.Stale {
+	if d, err := fence.Fence(ctx, fence.SQL(db), "statement:go:7", a.Token, "email", []byte("x"), fence.Options{}); err != nil || d.Outcome != fence.Stale {
 		t.Fatalf("any write under A's token: %+v, %v", d, err)
 	}
 	// One write per generation: B's delete needs a generation of its own.
-	if d, _ := fence.Delete(ctx, db, "statement:go:7", b.Token, "delete", []byte("d")); d.Outcome != fence.GenerationUsed {
+	if d, _ := fence.Delete(ctx, fence.SQL(db), "statement:go:7", b.Token, "delete", []byte("d")); d.Outcome != fence.GenerationUsed {
 		t.Fatalf("a second write under B's token: %+v", d)
 	}
 	c, err := client.Acquire(ctx, "statement:go:9", baton.WithTTL(30*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d, err := fence.Delete(ctx, db, "statement:go:9", c.Token, "delete", []byte("d")); err != nil || d.Outcome != fence.Applied {
+	if d, err := fence.Delete(ctx, fence.SQL(db), "statement:go:9", c.Token, "delete", []byte("d")); err != nil || d.Outcome != fence.Applied {
 		t.Fatalf("a tombstone: %+v, %v", d, err)
 	}
-	if g, _, _ := fence.GenerationOf(ctx, db, "statement:go:9"); !g.Deleted || g.Generation != c.Token {
+	if g, _, _ := fence.GenerationOf(ctx, fence.SQL(db), "statement:go:9"); !g.Deleted || g.Generation != c.Token {
 		t.Fatalf("deleted: %+v", g)
 	}
-	if d, _ := fence.Fence(ctx, db, "statement:go:9", a.Token, "late", []byte("x"), fence.Options{}); d.OK() {
+	if d, _ := fence.Fence(ctx, fence.SQL(db), "statement:go:9", a.Token, "late", []byte("x"), fence.Options{}); d.OK() {
 		t.Fatalf("a write below the tombstone: %+v", d)
 	}
-	at, err := fence.Cancel(ctx, db, "statement:go:8", 1<<41, "")
+	at, err := fence.Cancel(ctx, fence.SQL(db), "statement:go:8", 1<<41, "")
 	if err != nil || at != 1<<41 {
 		t.Fatalf("cancel: %d, %v", at, err)
 	}
-	if d, err := fence.Fence(ctx, db, "statement:go:8", 1<<41, "late", []byte("x"), fence.Options{}); err != nil || d.Outcome != fence.Cancelled {
+	if d, err := fence.Fence(ctx, fence.SQL(db), "statement:go:8", 1<<41, "late", []byte("x"), fence.Options{}); err != nil || d.Outcome != fence.Cancelled {
 		t.Fatalf("a write at the cancelled token: %+v, %v", d, err)
 	}
-	if _, err := fence.Fence(ctx, db, "statement:go:8", 0, "zero", nil, fence.Options{}); err == nil {
+	if _, err := fence.Fence(ctx, fence.SQL(db), "statement:go:8", 0, "zero", nil, fence.Options{}); err == nil {
 		t.Fatal("token 0 is refused before the database sees it")
 	}
 	t.Logf("A (token %d) refused as stale after B (token %d) published", a.Token, b.Token)

@@ -67,7 +67,7 @@ func run(server, dsn, statement, key string, ttl, render, window time.Duration) 
 	kept := client.Keep(ctx, lease)
 	defer func() { _ = kept.Release(context.Background()) }()
 	fmt.Println("acquired token", lease.Token)
-	g, _, err := fence.GenerationOf(ctx, db, statement)
+	g, _, err := fence.GenerationOf(ctx, fence.SQL(db), statement)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "statement_worker:", err)
 		return 1
@@ -98,7 +98,7 @@ func publish(ctx context.Context, db *sql.DB, statement string, token uint64, ke
 	}
 	defer func() { _ = tx.Rollback() }()
 	fingerprint := sha256.Sum256([]byte(key))
-	d, err := fence.Publish(ctx, tx, statement, token, "publish "+key, fingerprint[:], key)
+	d, err := fence.Publish(ctx, fence.SQL(tx), statement, token, "publish "+key, fingerprint[:], key)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "statement_worker:", err)
 		return 1

@@ -86,7 +86,7 @@ func TestAWorkerPausedBeforeItsPublishIsRefusedAsStale(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	g, _, err := fence.GenerationOf(ctx, db, "statement:account-7:2026-09")
+	g, _, err := fence.GenerationOf(ctx, fence.SQL(db), "statement:account-7:2026-09")
 	if err != nil || g.PublishedKey != "statements/7/second.pdf" {
 		t.Fatalf("the statement keeps the second worker's object: %+v, %v", g, err)
 	}
