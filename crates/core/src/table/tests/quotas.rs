@@ -305,3 +305,49 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_waiter_whose_grant_would_pass_a_leases_quota_is_refused_at_its_turn_and_the_next_served() {
+    let mut t = table();
+    t.set_quotas(rules(&[("a:", Some(2), None)], &[]));
+    t.acquire(MonoMs(0), req(&["a:1"], 1, 5_000, 0, 0)).unwrap();
+    t.acquire(MonoMs(0), req(&["a:2"], 2, 5_000, 0, 0)).unwrap();
+    // Waits for a:1 and a:3 (free): its grant would add one lease.
+    let queued = t.acquire(MonoMs(0), req(&["a:1", "a:3"], 3, 5_000, 1_000, 30));
+    assert_eq!(
+        queued,
+        Ok(AcquireOutcome::Queued {
+            waiter: WaiterId(30)
+        })
+    );
+    let next = t.acquire(MonoMs(0), req(&["a:1"], 5, 5_000, 1_000, 31));
+    assert_eq!(
+        next,
+        Ok(AcquireOutcome::Queued {
+            waiter: WaiterId(31)
+        })
+    );
+    t.take_effects();
+    t.release(MonoMs(1), &name("a:1"), &id(1));
+    let woken = t.take_effects().woken;
+    let of = |w: u64| {
+        &woken
+            .iter()
+            .find(|(x, _)| *x == WaiterId(w))
+            .expect("woken")
+            .1
+    };
+    assert_eq!(
+        of(30),
+        &WaitResult::OverQuota(OverQuota {
+            kind: QuotaKind::Leases,
+            scope: "a:".into(),
+            limit: 2
+        })
+    );
+    let WaitResult::Granted(g) = of(31) else {
+        panic!("the next in line is served: {woken:?}")
+    };
+    assert_eq!(g[0].resource.as_str(), "a:1");
+    assert_eq!(t.quota_use().0[0].n_leases, 2);
+}
