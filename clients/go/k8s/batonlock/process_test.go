@@ -64,7 +64,7 @@ func candidate(id string) int {
 					}
 					fmt.Println("checked", token)
 					time.Sleep(300 * time.Millisecond)
-					d, err := fence.Fence(context.Background(), db, "k8s:reconciled", token,
+					d, err := fence.Fence(context.Background(), fence.SQL(db), "k8s:reconciled", token,
 						fmt.Sprintf("write %s %d", id, seq), []byte(id), fence.Options{Policy: "ordered", Seq: seq})
 					if err != nil {
 						fmt.Println("error", err)

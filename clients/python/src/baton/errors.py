@@ -6,7 +6,10 @@ be blindly repeated.
 
 from __future__ import annotations
 
-from baton._types import Blocker
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from baton._types import Blocker
 
 
 class BatonError(Exception):
