@@ -75,6 +75,12 @@ pub struct Metrics {
 /// `kind` (the quota file's key) and `scope` (its prefix or principal).
 type QuotaLabels = Vec<(&'static str, String)>;
 
+fn set_quota(family: &Family<QuotaLabels, Gauge>, kind: &'static str, scope: &str, n: u64) {
+    family
+        .get_or_create(&quota_labels(kind, scope))
+        .set(n as i64);
+}
+
 fn quota_labels(kind: &'static str, scope: &str) -> QuotaLabels {
     vec![("kind", kind.to_owned()), ("scope", scope.to_owned())]
 }
@@ -325,16 +331,16 @@ impl Metrics {
             ];
             for (kind, max) in bounds {
                 if let Some(max) = max {
-                    self.set_quota(&self.quota_limit, kind, &q.prefix, max);
+                    set_quota(&self.quota_limit, kind, &q.prefix, max);
                 }
             }
             if q.watches_max.is_some() {
                 let n = watches.get(i).copied().unwrap_or(0);
-                self.set_quota(&self.quota_use, "watches", &q.prefix, n);
+                set_quota(&self.quota_use, "watches", &q.prefix, n);
             }
         }
         for (principal, max) in rules.principals() {
-            self.set_quota(&self.quota_limit, "sessions", principal, max);
+            set_quota(&self.quota_limit, "sessions", principal, max);
         }
         if let Some(counted) = sources.table.as_ref().and_then(|read| read()) {
             self.fill_table_use(&rules, counted);
@@ -359,30 +365,18 @@ impl Metrics {
                 continue; // the engine has not taken this reload yet
             }
             if q.leases_max.is_some() {
-                self.set_quota(&self.quota_use, "leases", &q.prefix, u.n_leases);
+                set_quota(&self.quota_use, "leases", &q.prefix, u.n_leases);
             }
             if q.waiters_max.is_some() {
-                self.set_quota(&self.quota_use, "waiters", &q.prefix, u.n_waiters);
+                set_quota(&self.quota_use, "waiters", &q.prefix, u.n_waiters);
             }
         }
         if rules.waiters_reserved() > 0 {
-            self.set_quota(&self.quota_use, "shared_waiters", "", shared);
+            set_quota(&self.quota_use, "shared_waiters", "", shared);
         }
         for (principal, n) in sessions {
-            self.set_quota(&self.quota_use, "sessions", &principal, n);
+            set_quota(&self.quota_use, "sessions", &principal, n);
         }
-    }
-
-    fn set_quota(
-        &self,
-        family: &Family<QuotaLabels, Gauge>,
-        kind: &'static str,
-        scope: &str,
-        n: u64,
-    ) {
-        family
-            .get_or_create(&quota_labels(kind, scope))
-            .set(n as i64);
     }
 
     /// The text exposition of every metric (OpenMetrics, which Prometheus reads).

@@ -155,11 +155,45 @@ pub struct Quotas {
     /// when it sees a new one.
     generation: AtomicU64,
     origin: Instant,
-    /// Per prefix quota index and principal (`None` for the prefix's own bucket).
-    buckets: Mutex<HashMap<(usize, Option<String>), Bucket>>,
+    /// Per prefix: its own bucket, and one per principal.
+    buckets: Mutex<HashMap<String, PrefixBuckets>>,
     watches: Mutex<Watches>,
     /// Refusals per quota kind and scope, for metrics.
     refusals: Mutex<HashMap<(QuotaKind, String), u64>>,
+}
+
+/// A prefix's rate buckets: everyone's, and each principal's.
+#[derive(Default)]
+struct PrefixBuckets {
+    everyone: Option<Bucket>,
+    per_principal: HashMap<String, Bucket>,
+}
+
+/// The bucket of `prefix` (and of `principal`, for a per-principal rate),
+/// full when first asked for; allocates only then.
+fn bucket_of<'m>(
+    buckets: &'m mut HashMap<String, PrefixBuckets>,
+    prefix: &str,
+    principal: Option<&str>,
+    rate: Rate,
+    now_ms: u64,
+) -> &'m mut Bucket {
+    if !buckets.contains_key(prefix) {
+        buckets.insert(prefix.to_owned(), PrefixBuckets::default());
+    }
+    let of = buckets.get_mut(prefix).expect("inserted above");
+    match principal {
+        None => of
+            .everyone
+            .get_or_insert_with(|| Bucket::full(rate, now_ms)),
+        Some(p) => {
+            if !of.per_principal.contains_key(p) {
+                of.per_principal
+                    .insert(p.to_owned(), Bucket::full(rate, now_ms));
+            }
+            of.per_principal.get_mut(p).expect("inserted above")
+        }
+    }
 }
 
 /// Open watches: by their prefix (what a reload recounts from), and per
@@ -265,51 +299,54 @@ impl Quotas {
             return Ok(());
         }
         let rules = self.rules();
-        let mut hit: Vec<(usize, Option<String>, Rate, QuotaKind)> = Vec::new();
+        let mut hit: Vec<&PrefixQuota> = Vec::new();
         for name in names {
-            for (i, q) in rules.matching(name) {
-                if let Some(rate) = q.rate {
-                    if !hit.iter().any(|(j, p, ..)| *j == i && p.is_none()) {
-                        hit.push((i, None, rate, QuotaKind::Rate));
-                    }
-                }
-                if let Some(rate) = q.rate_per_principal {
-                    let who = Some(principal.unwrap_or_default().to_owned());
-                    if !hit.iter().any(|(j, p, ..)| *j == i && p.is_some()) {
-                        hit.push((i, who, rate, QuotaKind::RatePerPrincipal));
-                    }
+            for (_, q) in rules.matching(name) {
+                let rated = q.rate.is_some() || q.rate_per_principal.is_some();
+                if rated && !hit.iter().any(|h| std::ptr::eq(*h, q)) {
+                    hit.push(q);
                 }
             }
         }
         if hit.is_empty() {
             return Ok(());
         }
+        let who = principal.unwrap_or_default();
         let now_ms = self.origin.elapsed().as_millis() as u64;
+        // Keyed by prefix and principal, not by a rule's place in the
+        // file: a reload that races this call cannot mix two files' buckets.
         let mut buckets = lock(&self.buckets);
-        for (i, who, rate, kind) in &hit {
-            let bucket = buckets
-                .entry((*i, who.clone()))
-                .or_insert_with(|| Bucket::full(*rate, now_ms));
-            // A peek: take from a copy, so that a refusal takes nothing.
-            if !bucket.clone().take(*rate, now_ms) {
-                let wait_ms = bucket
-                    .ms_until_token(*rate, now_ms)
-                    .min(RATE_REFUSAL_WAIT_MS_MAX);
-                drop(buckets);
-                let prefix = &rules.prefixes()[*i].prefix;
-                return Err(RateRefusal {
-                    status: self.refuse(OverQuota {
-                        kind: *kind,
-                        scope: prefix.clone(),
-                        limit: u64::from(rate.per_s),
-                    }),
-                    wait: std::time::Duration::from_millis(wait_ms),
-                });
+        let rated = |q: &PrefixQuota| {
+            let everyone = q.rate.map(|r| (r, None, QuotaKind::Rate));
+            let each = q
+                .rate_per_principal
+                .map(|r| (r, Some(who), QuotaKind::RatePerPrincipal));
+            everyone.into_iter().chain(each)
+        };
+        for q in &hit {
+            for (rate, principal, kind) in rated(q) {
+                let bucket = bucket_of(&mut buckets, &q.prefix, principal, rate, now_ms);
+                // A peek: take from a copy, so that a refusal takes nothing.
+                if !bucket.clone().take(rate, now_ms) {
+                    let wait_ms = bucket
+                        .ms_until_token(rate, now_ms)
+                        .min(RATE_REFUSAL_WAIT_MS_MAX);
+                    drop(buckets);
+                    return Err(RateRefusal {
+                        status: self.refuse(OverQuota {
+                            kind,
+                            scope: q.prefix.clone(),
+                            limit: u64::from(rate.per_s),
+                        }),
+                        wait: std::time::Duration::from_millis(wait_ms),
+                    });
+                }
             }
         }
-        for (i, who, rate, _) in hit {
-            let bucket = buckets.get_mut(&(i, who)).expect("inserted above");
-            bucket.take(rate, now_ms);
+        for q in &hit {
+            for (rate, principal, _) in rated(q) {
+                bucket_of(&mut buckets, &q.prefix, principal, rate, now_ms).take(rate, now_ms);
+            }
         }
         Ok(())
     }
@@ -317,41 +354,40 @@ impl Quotas {
     /// Counts a watch of `prefix` open, if every watches quota over it has
     /// room: dropping the guard counts it closed.
     pub fn open_watch(self: &Arc<Self>, prefix: &str) -> Result<WatchGuard, Status> {
-        let guard = WatchGuard {
-            quotas: self.clone(),
-            prefix: prefix.to_owned(),
-        };
-        if !self.is_on() {
-            return Ok(guard);
-        }
-        let rules = self.rules();
-        let mut watches = lock(&self.watches);
-        for (i, q) in rules.matching(prefix) {
-            if let Some(max) = q.watches_max {
-                if watches.per_quota[i] >= max {
-                    drop(watches);
-                    std::mem::forget(guard);
-                    return Err(self.refuse(OverQuota {
-                        kind: QuotaKind::Watches,
-                        scope: q.prefix.clone(),
-                        limit: max,
-                    }));
+        if self.is_on() {
+            let mut watches = lock(&self.watches);
+            // Read under the lock a reload holds while it swaps the rules,
+            // so that the indexes are those of `per_quota`.
+            let rules = self.rules();
+            for (i, q) in rules.matching(prefix) {
+                if let Some(max) = q.watches_max {
+                    if watches.per_quota[i] >= max {
+                        drop(watches);
+                        return Err(self.refuse(OverQuota {
+                            kind: QuotaKind::Watches,
+                            scope: q.prefix.clone(),
+                            limit: max,
+                        }));
+                    }
                 }
             }
+            for (i, _) in rules.matching(prefix) {
+                watches.per_quota[i] += 1;
+            }
+            *watches.by_prefix.entry(prefix.to_owned()).or_default() += 1;
         }
-        for (i, _) in rules.matching(prefix) {
-            watches.per_quota[i] += 1;
-        }
-        *watches.by_prefix.entry(prefix.to_owned()).or_default() += 1;
-        Ok(guard)
+        Ok(WatchGuard {
+            quotas: self.clone(),
+            prefix: prefix.to_owned(),
+        })
     }
 
     fn close_watch(&self, prefix: &str) {
         if !self.is_on() {
             return;
         }
-        let rules = self.rules();
         let mut watches = lock(&self.watches);
+        let rules = self.rules();
         let Some(n) = watches.by_prefix.get_mut(prefix) else {
             return;
         };
