@@ -160,7 +160,7 @@ fn blockers(blockers: Vec<Blocker>, readable: &Readable) -> Vec<v1::Blocker> {
                     held_s: may.then_some(h.held_for.held_s),
                     held_since_recovery: may && h.held_for.recovered,
                     remaining_ms: h.remaining_ms.filter(|_| may),
-                    session_bound: h.remaining_ms.is_none(),
+                    session_bound: may && h.remaining_ms.is_none(),
                 })
                 .collect();
             v1::Blocker {

@@ -137,7 +137,7 @@ async fn a_refusal_names_each_blocker_in_full_only_to_a_reader() {
         assert_eq!(b.n_holders, 1);
         let h = &b.holders[0];
         assert!(
-            h.holder.is_none() && h.held_for.is_none() && h.remaining.is_none(),
+            h.holder.is_none() && h.held_for.is_none() && h.remaining.is_none() && !h.session_bound,
             "{h:?}"
         );
     }
