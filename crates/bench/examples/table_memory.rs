@@ -66,7 +66,7 @@ fn filled(n: usize) -> LeaseTable {
     let (before_kib, started) = (resident_kib(), Instant::now());
     for first in (0..n).step_by(64) {
         let claims = (first..(first + 64).min(n))
-            .map(|k| (name(k), id(k)))
+            .map(|k| baton_core::Claim::exclusive(name(k), id(k)))
             .collect();
         let request = AcquireRequest {
             claims,
@@ -122,6 +122,7 @@ fn recovered(n: usize) {
                 ttl_ms: TTL_MS,
                 session: None,
                 holder: None,
+                shape: baton_core::Shape::Exclusive,
             };
             (name(k), record)
         })

@@ -34,14 +34,15 @@ pub use ids::{
     hex, parse_hex16, AcquisitionDigest, AcquisitionId, RequestId, SessionDigest, SessionId,
     WaiterId,
 };
-pub use name::{NameError, ResourceName, RESOURCE_NAME_LEN_BYTES_MAX};
+pub use name::{NameError, ResourceName, RESOURCE_NAME_LEN_BYTES_MAX, SLOT_SEPARATOR};
 pub use table::recovery_delay_ms;
 pub use table::{
-    AcquireError, AcquireOutcome, AcquireRequest, Attempt, Blocker, ChangeOf, Effects, Event,
-    FenceOutcome, Grant, Held, HeldFor, HolderChange, KeptAlive, LeaseRecord, LeaseStatus,
-    LeaseTable, LeaseTerm, Limits, MonoMs, NotAcquired, QuotaUse, ReleaseOutcome, RenewOutcome,
-    Resumed, SessionCheck, SessionError, SessionRecord, WaitResult, Write, ENDS_PER_STEP,
-    RECOVERED_ENDS_PER_MS, REPEATS_REMEMBERED_MAX, REPEAT_MEMORY_MS, TTL_MS_MAX,
+    AcquireError, AcquireOutcome, AcquireRequest, Attempt, Blocker, ChangeOf, Claim, Effects,
+    Event, FenceOutcome, Grant, Held, HeldFor, HolderChange, KeptAlive, Kind, LeaseRecord,
+    LeaseStatus, LeaseTable, LeaseTerm, Limits, MonoMs, NotAcquired, QuotaUse, ReleaseOutcome,
+    RenewOutcome, Resumed, SessionCheck, SessionError, SessionRecord, SetPermitsError, Shape,
+    SlotStatus, WaitResult, Write, ENDS_PER_STEP, PERMITS_MAX, RECOVERED_ENDS_PER_MS,
+    REPEATS_REMEMBERED_MAX, REPEAT_MEMORY_MS, TTL_MS_MAX,
 };
 pub use token::{
     restore_epoch, Epoch, FencingToken, RestoreFloors, TokenError, COUNTER_BITS, COUNTER_MAX,

@@ -6,6 +6,9 @@ use unicode_normalization::UnicodeNormalization;
 
 /// Longest canonical resource name, in UTF-8 bytes.
 pub const RESOURCE_NAME_LEN_BYTES_MAX: usize = 512;
+/// Separates a resource's name from a slot in a holder's name
+/// ([`ResourceName::slot`]): a control character, refused in names.
+pub const SLOT_SEPARATOR: char = '\u{1f}';
 /// Inputs longer than this are refused before normalization does any work.
 const RAW_LEN_BYTES_MAX: usize = 4 * RESOURCE_NAME_LEN_BYTES_MAX;
 
@@ -110,6 +113,42 @@ impl ResourceName {
             at_byte += segment.len() + 1;
         }
         Ok(Self::shared(canonical))
+    }
+
+    /// A name read back from a store or a backup: a resource's own
+    /// ([`ResourceName::parse_existing`]'s rule), or a holder's
+    /// ([`ResourceName::slot`]) of such a name.
+    pub fn parse_stored(raw: &str) -> Result<Self, NameError> {
+        if let Some((resource, slot)) = raw.rsplit_once(SLOT_SEPARATOR) {
+            if let Ok(k) = slot.parse::<u32>() {
+                if k.to_string() == slot {
+                    return Ok(Self::parse_existing(resource)?.slot(k));
+                }
+            }
+        }
+        Self::parse_existing(raw)
+    }
+
+    /// The name under which the holder in `slot` of this resource's
+    /// shared lock or semaphore is kept: the name, [`SLOT_SEPARATOR`], the
+    /// slot in decimal. No resource's own name contains the separator (a
+    /// control character), so a holder's name never names a resource.
+    pub fn slot(&self, slot: u32) -> Self {
+        Self::shared(format!("{}{SLOT_SEPARATOR}{slot}", self.as_str()))
+    }
+
+    /// For a holder's name ([`ResourceName::slot`]), the resource's own
+    /// name and the slot; `None` for a resource's own name.
+    pub fn split_slot(&self) -> Option<(&str, u32)> {
+        let (resource, slot) = self.as_str().rsplit_once(SLOT_SEPARATOR)?;
+        Some((resource, slot.parse().ok()?))
+    }
+
+    /// For a holder's name, the resource it holds (a new name: holders
+    /// of shared locks and semaphores are few beside exclusive leases).
+    pub fn slot_of(&self) -> Option<(Self, u32)> {
+        let (resource, slot) = self.split_slot()?;
+        Some((Self::shared(resource.to_owned()), slot))
     }
 
     fn shared(canonical: String) -> Self {
@@ -245,6 +284,26 @@ mod tests {
         use std::hash::{BuildHasher, RandomState};
         static STATE: std::sync::OnceLock<RandomState> = std::sync::OnceLock::new();
         STATE.get_or_init(RandomState::new).hash_one(value)
+    }
+
+    #[test]
+    fn a_holders_name_reads_back_only_from_a_store() {
+        let jobs = ResourceName::parse("jobs").unwrap();
+        let holder = jobs.slot(3);
+        assert_eq!(holder.split_slot(), Some(("jobs", 3)));
+        assert_eq!(holder.slot_of(), Some((jobs.clone(), 3)));
+        assert_eq!(jobs.split_slot(), None);
+        assert_eq!(
+            ResourceName::parse_stored(holder.as_str()),
+            Ok(holder.clone())
+        );
+        assert_eq!(ResourceName::parse_stored("jobs"), Ok(jobs));
+        // A request never names a holder, and a stored name's slot is canonical.
+        assert!(ResourceName::parse(holder.as_str()).is_err());
+        assert!(ResourceName::parse_existing(holder.as_str()).is_err());
+        assert!(ResourceName::parse_stored("jobs\u{1f}03").is_err());
+        assert!(ResourceName::parse_stored("jobs\u{1f}x").is_err());
+        assert!(ResourceName::parse_stored("\u{1f}3").is_err());
     }
 
     proptest! {

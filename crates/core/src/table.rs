@@ -15,6 +15,7 @@ mod recovery;
 mod refusal;
 mod repeats;
 mod sessions;
+mod shape;
 mod state;
 mod term;
 mod types;
@@ -29,13 +30,14 @@ pub use limits::{Limits, TTL_MS_MAX};
 pub use quotas::QuotaUse;
 pub use refusal::{Blocker, Held, HeldFor, NotAcquired};
 pub use sessions::{Resumed, SessionCheck};
+pub use shape::{Claim, Kind, SetPermitsError, Shape, PERMITS_MAX};
 use state::{Draining, Lease, ResourceState, Session, Timer, Waiter};
 
 pub use term::LeaseTerm;
 pub use types::{
     AcquireError, AcquireOutcome, AcquireRequest, ChangeOf, Effects, Event, FenceOutcome, Grant,
     HolderChange, KeptAlive, LeaseRecord, LeaseStatus, MonoMs, ReleaseOutcome, RenewOutcome,
-    SessionError, SessionRecord, WaitResult, Write,
+    SessionError, SessionRecord, SlotStatus, WaitResult, Write,
 };
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
@@ -57,6 +59,11 @@ pub struct LeaseTable {
     /// The waiters of each resource that has some, FIFO (most never do:
     /// kept apart so a held resource's state stays small).
     queues: HashMap<ResourceName, VecDeque<WaiterId>>,
+    /// The held slots of each resource with shared holders or permits
+    /// (`shape.rs`); each holder is a lease under its holder's name.
+    groups: HashMap<ResourceName, shape::Slots>,
+    /// The N of each semaphore with a holder or a waiter.
+    semaphores: HashMap<ResourceName, u32>,
     waiters: HashMap<WaiterId, Waiter>,
     sessions: HashMap<SessionDigest, Session>,
     /// Ended sessions whose leases are dropped in bounded steps.
@@ -105,6 +112,8 @@ impl LeaseTable {
             n_leases: 0,
             resources: BTreeMap::new(),
             queues: HashMap::new(),
+            groups: HashMap::new(),
+            semaphores: HashMap::new(),
             waiters: HashMap::new(),
             sessions: HashMap::new(),
             draining: HashMap::new(),
@@ -181,11 +190,7 @@ impl LeaseTable {
                         // session's, or expired) before its wait ran out.
                         continue;
                     }
-                    let claims: Vec<_> = self.waiters[&waiter]
-                        .claims
-                        .iter()
-                        .map(|(r, _)| r.clone())
-                        .collect();
+                    let claims = self.waiters[&waiter].claims.clone();
                     let blockers = self.blockers(now, claims.iter(), Some(waiter));
                     self.remove_waiter(now, waiter);
                     self.effects
@@ -212,8 +217,11 @@ impl LeaseTable {
     ) -> Result<AcquireOutcome, AcquireError> {
         self.tick(now);
         self.validate(&request)?;
-        for (resource, _) in &request.claims {
-            self.settle_and_pump(now, resource);
+        for claim in &request.claims {
+            self.settle_and_pump(now, &claim.resource);
+        }
+        for claim in &request.claims {
+            self.check_shape(claim)?;
         }
         // An acquire on a session counts as its heartbeat, so a lease tied
         // to it is held a full session TTL from the request at least.
@@ -230,15 +238,15 @@ impl LeaseTable {
                 Seen::Answered(outcome) => return Ok(outcome),
             },
         };
-        let blocker = self.not_acquired(now, request.claims.iter().map(|(r, _)| r), None);
+        let blocker = self.not_acquired(now, request.claims.iter(), None);
         let Some(blocker) = blocker else {
             self.check_grant(now, &request.claims, key)?;
             let grants = request
                 .claims
                 .into_iter()
-                .map(|(resource, id)| {
+                .map(|claim| {
                     let holder = request.holder.clone();
-                    self.grant(now, resource, id, request.term, None, holder)
+                    self.grant(now, claim, request.term, None, holder)
                 })
                 .collect();
             if let Some(key) = key {
@@ -275,12 +283,27 @@ impl LeaseTable {
     fn grant(
         &mut self,
         now: MonoMs,
-        resource: ResourceName,
-        id: AcquisitionId,
+        claim: Claim,
         term: LeaseTerm,
         queued_at: Option<MonoMs>,
         holder: Option<Holder>,
     ) -> Grant {
+        let Claim {
+            resource: asked,
+            acquisition_id: id,
+            shape,
+        } = claim;
+        // An exclusive lease is kept under the resource's name; a shared
+        // holder or a permit under its holder's name, and the resource's
+        // entry stays while it has holders (`shape.rs`).
+        let (resource, slot) = match shape {
+            Shape::Exclusive => (asked.clone(), None),
+            Shape::Shared | Shape::Permits(_) => {
+                self.resources.entry(asked.clone()).or_default();
+                let (name, slot) = self.take_slot(&asked, shape);
+                (name, Some(slot))
+            }
+        };
         let session = term.session();
         let after_wait = queued_at.is_some();
         let waited_ms = queued_at.map_or(0, |at| now.0.saturating_sub(at.0));
@@ -322,6 +345,7 @@ impl LeaseTable {
             ttl_ms,
             session,
             holder: holder.clone(),
+            shape,
         };
         self.effects.writes.push(Write::PutLease {
             resource: resource.clone(),
@@ -335,20 +359,39 @@ impl LeaseTable {
             holder,
         });
         Grant {
-            resource,
+            resource: asked,
             acquisition_id: id,
             token,
+            slot,
             ttl_ms,
             waited_ms,
         }
     }
 
-    fn held_by(&self, resource: &ResourceName, id: &AcquisitionId) -> Option<&Lease> {
-        self.resources
-            .get(resource)?
-            .lease
-            .as_ref()
-            .filter(|l| l.acquisition_digest.matches(id))
+    /// The lease `id` holds on `resource`, with the name it is kept
+    /// under: the resource's own (exclusive), or a holder's (a shared
+    /// holder or a permit).
+    fn held_by(
+        &self,
+        resource: &ResourceName,
+        id: &AcquisitionId,
+    ) -> Option<(ResourceName, &Lease)> {
+        let state = self.resources.get(resource)?;
+        if let Some(lease) = state.lease.as_ref() {
+            return lease
+                .acquisition_digest
+                .matches(id)
+                .then(|| (resource.clone(), lease));
+        }
+        let slots = self.groups.get(resource)?;
+        slots.iter().find_map(|&k| {
+            let name = resource.slot(k);
+            let lease = self.resources.get(&name)?.lease.as_ref()?;
+            lease
+                .acquisition_digest
+                .matches(id)
+                .then_some((name, lease))
+        })
     }
 
     /// Extends a lease by its TTL from `now` if `id` still holds it; "not owner" otherwise (nothing is extended or recreated).
@@ -361,7 +404,7 @@ impl LeaseTable {
     ) -> RenewOutcome {
         self.tick(now);
         self.settle_and_pump(now, resource);
-        let Some(lease) = self.held_by(resource, id) else {
+        let Some((name, lease)) = self.held_by(resource, id) else {
             self.effects.events.push(Event::RenewRefused {
                 resource: resource.clone(),
             });
@@ -377,11 +420,11 @@ impl LeaseTable {
             return RenewOutcome::Renewed { token, ttl_ms };
         }
         let expires_at = now.end_of(ttl_ms);
-        self.expiries.remove(&(old, resource.clone()));
-        self.expiries.insert((expires_at, resource.clone()));
+        self.expiries.remove(&(old, name.clone()));
+        self.expiries.insert((expires_at, name.clone()));
         let lease = self
             .resources
-            .get_mut(resource)
+            .get_mut(&name)
             .and_then(|s| s.lease.as_mut())
             .expect("held");
         lease.expires_at = expires_at;
@@ -401,13 +444,13 @@ impl LeaseTable {
     ) -> ReleaseOutcome {
         self.tick(now);
         self.settle_and_pump(now, resource);
-        let Some(lease) = self.held_by(resource, id) else {
+        let Some((name, lease)) = self.held_by(resource, id) else {
             return ReleaseOutcome::NotHeld;
         };
         let token = lease.token;
-        let holder = self.drop_lease(resource).and_then(|(_, h)| h);
+        let holder = self.drop_lease(&name).and_then(|(_, h)| h);
         self.effects.events.push(Event::Released {
-            resource: resource.clone(),
+            resource: name,
             token,
             holder,
         });
@@ -415,11 +458,16 @@ impl LeaseTable {
         ReleaseOutcome::Released { token }
     }
 
-    /// Drops the lease on `resource`, if held: its token and holder.
+    /// Drops the lease kept under `resource` (a resource's own name, or
+    /// a holder's), if held: its token and holder. A holder's entry and
+    /// slot go with it (nothing else is kept under its name).
     fn drop_lease(&mut self, resource: &ResourceName) -> Option<(FencingToken, Option<Holder>)> {
         let lease = self.resources.get_mut(resource)?.lease.take()?;
         self.n_leases -= 1;
         self.count_lease(resource, false);
+        if self.left(resource).is_some() {
+            self.resources.remove(resource);
+        }
         match lease.session() {
             Some(digest) => {
                 let session = self
@@ -443,19 +491,29 @@ impl LeaseTable {
         // An ended lease on it is dropped, but the resource is not handed on
         // before the fence: its next waiter gets it after, above the fence.
         self.settle(resource);
-        let session = self
-            .resources
-            .get(resource)
-            .and_then(|s| s.lease.as_ref())
-            .and_then(Lease::session);
-        let (revoked, holder) = self.drop_lease(resource).unzip();
-        let holder = holder.flatten();
-        if let (Some(digest), Some(token)) = (session, revoked) {
-            let s = self
-                .sessions
-                .get_mut(&digest)
-                .expect("bound to an open session");
-            s.revoked.push((resource.clone(), token));
+        // The exclusive holder, or every shared holder or permit.
+        let mut names = vec![resource.clone()];
+        names.extend(self.slot_names(resource));
+        let (mut revoked, mut holder) = (None, None);
+        for name in &names {
+            let session = self
+                .resources
+                .get(name)
+                .and_then(|s| s.lease.as_ref())
+                .and_then(Lease::session);
+            let Some((token, dropped_holder)) = self.drop_lease(name) else {
+                continue;
+            };
+            if let Some(digest) = session {
+                let s = self
+                    .sessions
+                    .get_mut(&digest)
+                    .expect("bound to an open session");
+                s.revoked.push((resource.clone(), token));
+            }
+            if revoked < Some(token) {
+                (revoked, holder) = (Some(token), dropped_holder);
+            }
         }
         let token = self.issue_token();
         self.effects.events.push(Event::Fenced {

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use baton_core::{
     AcquisitionDigest, Epoch, FencingToken, Holder, LeaseRecord, ResourceName, SessionDigest,
-    SessionRecord, Write,
+    SessionRecord, Shape, Write,
 };
 use baton_store::{LeaseStore, StoreError, Stored};
 use tokio::runtime::Handle;
@@ -41,7 +41,7 @@ impl PgLeaseStore {
     ) -> Result<Self, PgError> {
         let client = crate::connect(config).await?;
         let commit = client
-            .prepare("SELECT baton_server.commit_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)")
+            .prepare("SELECT baton_server.commit_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)")
             .await?;
         Ok(Self {
             client,
@@ -74,7 +74,7 @@ impl PgLeaseStore {
         let rows = self
             .client
             .query(
-                "SELECT resource, digest, token, ttl_ms, session, holder FROM baton_server.leases",
+                "SELECT resource, digest, token, ttl_ms, session, holder, permits FROM baton_server.leases",
                 &[],
             )
             .await
@@ -136,7 +136,7 @@ impl PgLeaseStore {
         let b = Batch::of(writes);
         let term = self.term as i64;
         let (epoch, counter) = (b.position.map(|p| p.0), b.position.map(|p| p.1));
-        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 15] = [
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 16] = [
             &term,
             &epoch,
             &counter,
@@ -146,6 +146,7 @@ impl PgLeaseStore {
             &b.put_ttls,
             &b.put_sessions,
             &b.put_holders,
+            &b.put_permits,
             &b.deletes,
             &b.session_digests,
             &b.session_ttls,
@@ -179,7 +180,7 @@ impl PgLeaseStore {
 fn lease_row(r: &tokio_postgres::Row) -> Result<(ResourceName, LeaseRecord), StoreError> {
     let name: String = r.get(0);
     let corrupt = |what: String| StoreError::Corrupt(format!("lease {name:?}: {what}"));
-    let resource = ResourceName::parse_existing(&name).map_err(|e| corrupt(e.to_string()))?;
+    let resource = ResourceName::parse_stored(&name).map_err(|e| corrupt(e.to_string()))?;
     let digest: Vec<u8> = r.get(1);
     let digest: [u8; 16] = digest
         .try_into()
@@ -197,6 +198,15 @@ fn lease_row(r: &tokio_postgres::Row) -> Result<(ResourceName, LeaseRecord), Sto
         Some(text) => Some(Holder::parse_existing(text).map_err(|e| corrupt(e.to_string()))?),
         None => None,
     };
+    // A holder's name is a shared holder's, or a permit's with its N.
+    let shape = match (resource.split_slot(), r.get::<_, Option<i32>>(6)) {
+        (None, None) => Shape::Exclusive,
+        (Some(_), None) => Shape::Shared,
+        (Some(_), Some(n)) => Shape::Permits(
+            u32::try_from(n).map_err(|_| corrupt(format!("permits {n} is negative")))?,
+        ),
+        (None, Some(n)) => return Err(corrupt(format!("permits {n} on an exclusive lease"))),
+    };
     Ok((
         resource,
         LeaseRecord {
@@ -205,6 +215,7 @@ fn lease_row(r: &tokio_postgres::Row) -> Result<(ResourceName, LeaseRecord), Sto
             ttl_ms,
             session,
             holder,
+            shape,
         },
     ))
 }
@@ -220,6 +231,7 @@ struct Batch<'a> {
     put_ttls: Vec<i64>,
     put_sessions: Vec<Option<&'a [u8]>>,
     put_holders: Vec<Option<&'a str>>,
+    put_permits: Vec<Option<i32>>,
     deletes: Vec<&'a str>,
     session_digests: Vec<&'a [u8]>,
     session_ttls: Vec<i64>,
@@ -263,6 +275,10 @@ impl<'a> Batch<'a> {
                     b.put_sessions
                         .push(r.session.as_ref().map(|d| &d.as_bytes()[..]));
                     b.put_holders.push(r.holder.as_ref().map(Holder::as_str));
+                    b.put_permits.push(match r.shape {
+                        Shape::Permits(n) => Some(n as i32),
+                        Shape::Exclusive | Shape::Shared => None,
+                    });
                 }
                 None => b.deletes.push(resource),
             }

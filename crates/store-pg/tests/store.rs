@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use baton_core::{
-    AcquisitionId, Epoch, FencingToken, LeaseRecord, ResourceName, SessionRecord, Write,
+    AcquisitionId, Epoch, FencingToken, LeaseRecord, ResourceName, SessionRecord, Shape, Write,
 };
 use baton_store::{LeaseStore, StoreError};
 use baton_store_pg::leader::{self, LeaderRow};
@@ -27,6 +27,7 @@ fn lease(name: &str, token: u64) -> Write {
             ttl_ms: 5_000,
             session: None,
             holder: None,
+            shape: Shape::Exclusive,
         },
     }
 }
@@ -282,6 +283,7 @@ async fn sessions_and_their_leases_round_trip() {
             ttl_ms: 3_000,
             session: Some(session),
             holder: Some(baton_core::Holder::parse(&format!("holder of {name}")).unwrap()),
+            shape: Shape::Exclusive,
         },
     };
     let stored = on_thread(move || {
@@ -426,6 +428,7 @@ async fn a_version_2_schema_gains_holders_and_openers_in_place() {
                         ttl_ms: 5_000,
                         session: None,
                         holder: Some(baton_core::Holder::parse("ops@db-1 pid 9").unwrap()),
+                        shape: Shape::Exclusive,
                     },
                 },
                 position(3),
@@ -571,6 +574,90 @@ async fn a_version_3_schema_gains_ended_leases_and_its_leader_keeps_committing()
         .unwrap()
         .get(0);
     assert_eq!(rows, 1, "the old row was dropped, not only skipped");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_4_schema_gains_shapes_with_its_leases_and_old_leader() {
+    let db = PgDb::create("pgstore_upgrade4").await;
+    let pg = baton_store_pg::parse_url(&db.url).unwrap();
+    let mut client = baton_store_pg::connect(&pg).await.unwrap();
+    schema::prepare_version(&mut client, "main", 4)
+        .await
+        .unwrap();
+    let old_term = take(&mut client, "old").await as i64;
+    // A lease of version 4, then the upgrade, then version 4's commit
+    // from a leader of the previous release, mid-upgrade: both are
+    // exclusive leases.
+    let old_commit = |name: &str| {
+        format!(
+            "SELECT baton_server.commit_batch($1, 1, 1,
+            ARRAY['{name}'], ARRAY['\\x07070707070707070707070707070707'::bytea],
+            ARRAY[1099511627777]::bigint[], ARRAY[5000]::bigint[], ARRAY[NULL]::bytea[],
+            ARRAY['old']::text[], ARRAY[]::text[],
+            ARRAY[]::bytea[], ARRAY[]::bigint[], ARRAY[]::text[], ARRAY[]::bytea[],
+            ARRAY[]::bytea[])"
+        )
+    };
+    client
+        .execute(&old_commit("job:before"), &[&old_term])
+        .await
+        .unwrap();
+    schema::prepare(&mut client, "main").await.unwrap();
+    client
+        .execute(&old_commit("job:during"), &[&old_term])
+        .await
+        .unwrap();
+    let term = take(&mut client, "new").await;
+    let mut store = PgLeaseStore::open(&pg, term, Duration::from_secs(5))
+        .await
+        .unwrap();
+    let jobs = ResourceName::parse("jobs").unwrap();
+    let permit = |slot: u32, counter: u64| Write::PutLease {
+        resource: jobs.slot(slot),
+        record: LeaseRecord {
+            acquisition_digest: AcquisitionId::from_bytes([slot as u8; 16]).digest(),
+            token: FencingToken::new(Epoch::FIRST, counter).unwrap(),
+            ttl_ms: 5_000,
+            session: None,
+            holder: None,
+            shape: Shape::Permits(3),
+        },
+    };
+    let writes = [permit(0, 2), permit(2, 3)];
+    let expected = writes.clone();
+    let mut leases = on_thread(move || {
+        store.commit(&writes).unwrap();
+        store.load().unwrap().leases
+    })
+    .await;
+    leases.sort_by(|a, b| a.0.cmp(&b.0));
+    let shapes: Vec<_> = leases
+        .iter()
+        .map(|(r, l)| (r.as_str().to_owned(), l.shape))
+        .collect();
+    assert_eq!(
+        shapes,
+        [
+            ("job:before".to_owned(), Shape::Exclusive),
+            ("job:during".to_owned(), Shape::Exclusive),
+            (jobs.slot(0).as_str().to_owned(), Shape::Permits(3)),
+            (jobs.slot(2).as_str().to_owned(), Shape::Permits(3)),
+        ]
+    );
+    for w in expected {
+        let Write::PutLease { resource, record } = w else {
+            unreachable!("a put")
+        };
+        assert!(leases.contains(&(resource, record)));
+    }
+    // The table refuses a count on a resource's own name.
+    let bad = client
+        .execute(
+            "UPDATE baton_server.leases SET permits = 3 WHERE resource = 'job:before'",
+            &[],
+        )
+        .await;
+    assert!(bad.is_err(), "permits on an exclusive lease are refused");
 }
 
 /// Every function of schema `baton_server`, by name, as the server prints it.

@@ -2,11 +2,14 @@
 //!
 //! Format 3 (this build): acquisition digest (16 bytes), token (8), TTL
 //! (8), a flags byte, then the digest of the session the lease is tied to
-//! (16, if flag [`HAS_SESSION`]) and the holder description (the rest, if
-//! flag [`HAS_HOLDER`]). Format 2 wrote 32 bytes, or 48 with the session:
+//! (16, if flag [`HAS_SESSION`]), the shape of a shared holder or a permit
+//! (a byte, 1 shared or 2 permit, and for a permit the semaphore's N as 4
+//! bytes; if flag [`HAS_SHAPE`], which records written before shapes lack:
+//! they are exclusive) and the holder description (the rest, if flag
+//! [`HAS_HOLDER`]). Format 2 wrote 32 bytes, or 48 with the session:
 //! [`decode_v2`] still reads it, for the upgrade and for old log records.
 
-use baton_core::{AcquisitionDigest, FencingToken, Holder, LeaseRecord, ResourceName};
+use baton_core::{AcquisitionDigest, FencingToken, Holder, LeaseRecord, ResourceName, Shape};
 
 use crate::StoreError;
 
@@ -17,6 +20,9 @@ const BOUND_LEASE_LEN_BYTES: usize = 48;
 
 const HAS_SESSION: u8 = 1;
 const HAS_HOLDER: u8 = 2;
+const HAS_SHAPE: u8 = 4;
+const SHARED: u8 = 1;
+const PERMIT: u8 = 2;
 /// The fixed part of a format-3 record: the format-2 fields and the flags.
 const FIXED_LEN_BYTES: usize = LEASE_LEN_BYTES + 1;
 
@@ -31,10 +37,23 @@ pub(crate) fn encode(record: &LeaseRecord) -> Vec<u8> {
         HAS_SESSION
     } else {
         0
-    }) | (if holder.is_some() { HAS_HOLDER } else { 0 });
+    }) | (if holder.is_some() { HAS_HOLDER } else { 0 })
+        | (if record.shape == Shape::Exclusive {
+            0
+        } else {
+            HAS_SHAPE
+        });
     out.push(flags);
     if let Some(session) = record.session {
         out.extend_from_slice(session.as_bytes());
+    }
+    match record.shape {
+        Shape::Exclusive => {}
+        Shape::Shared => out.push(SHARED),
+        Shape::Permits(n) => {
+            out.push(PERMIT);
+            out.extend_from_slice(&n.to_be_bytes());
+        }
     }
     if let Some(holder) = holder {
         out.extend_from_slice(holder.as_bytes());
@@ -47,7 +66,7 @@ fn fixed(
     bytes: &[u8],
 ) -> Result<(ResourceName, AcquisitionDigest, FencingToken, u64), StoreError> {
     let corrupt = |what: String| StoreError::Corrupt(format!("lease {name:?}: {what}"));
-    let resource = ResourceName::parse_existing(name).map_err(|e| corrupt(e.to_string()))?;
+    let resource = ResourceName::parse_stored(name).map_err(|e| corrupt(e.to_string()))?;
     let digest = AcquisitionDigest::from_bytes(bytes[..16].try_into().expect("16 bytes"));
     let token = u64::from_be_bytes(bytes[16..24].try_into().expect("8 bytes"));
     let token = FencingToken::from_u64(token).map_err(|e| corrupt(e.to_string()))?;
@@ -66,7 +85,7 @@ pub(crate) fn decode(name: &str, bytes: &[u8]) -> Result<(ResourceName, LeaseRec
     }
     let (resource, acquisition_digest, token, ttl_ms) = fixed(name, bytes)?;
     let flags = bytes[LEASE_LEN_BYTES];
-    if flags & !(HAS_SESSION | HAS_HOLDER) != 0 {
+    if flags & !(HAS_SESSION | HAS_HOLDER | HAS_SHAPE) != 0 {
         return Err(corrupt(format!("unknown flags {flags:#04x}")));
     }
     let mut rest = &bytes[FIXED_LEN_BYTES..];
@@ -82,6 +101,32 @@ pub(crate) fn decode(name: &str, bytes: &[u8]) -> Result<(ResourceName, LeaseRec
     } else {
         None
     };
+    let shape = if flags & HAS_SHAPE != 0 {
+        match rest {
+            [SHARED, tail @ ..] => {
+                rest = tail;
+                Shape::Shared
+            }
+            [PERMIT, a, b, c, d, tail @ ..] => {
+                rest = tail;
+                Shape::Permits(u32::from_be_bytes([*a, *b, *c, *d]))
+            }
+            _ => return Err(corrupt("the shape is cut short or unknown".into())),
+        }
+    } else {
+        Shape::Exclusive
+    };
+    if (shape == Shape::Exclusive) != resource.split_slot().is_none() {
+        return Err(corrupt(format!(
+            "{} kept under {}",
+            shape.describe(),
+            if resource.split_slot().is_some() {
+                "a holder's name"
+            } else {
+                "a resource's own name"
+            }
+        )));
+    }
     let holder = if flags & HAS_HOLDER != 0 {
         let text = std::str::from_utf8(rest)
             .map_err(|_| corrupt("the holder description is not UTF-8".into()))?;
@@ -99,6 +144,7 @@ pub(crate) fn decode(name: &str, bytes: &[u8]) -> Result<(ResourceName, LeaseRec
             ttl_ms,
             session,
             holder,
+            shape,
         },
     ))
 }
@@ -125,6 +171,7 @@ pub(crate) fn decode_v2(
             ttl_ms,
             session,
             holder: None,
+            shape: Shape::Exclusive,
         },
     ))
 }
@@ -137,19 +184,41 @@ mod tests {
     #[test]
     fn every_shape_of_record_reads_back() {
         let token = FencingToken::new(Epoch::FIRST, 9).unwrap();
+        let r = ResourceName::parse("r").unwrap();
+        let shapes = [
+            (r.clone(), Shape::Exclusive),
+            (r.slot(0), Shape::Shared),
+            (r.slot(7), Shape::Permits(8)),
+        ];
         for session in [None, Some(AcquisitionDigest::from_bytes([3; 16]))] {
             for holder in [None, Some(Holder::parse("ö@host pid 7").unwrap())] {
-                let record = LeaseRecord {
-                    acquisition_digest: AcquisitionDigest::from_bytes([1; 16]),
-                    token,
-                    ttl_ms: 30_000,
-                    session,
-                    holder,
-                };
-                let (_, back) = decode("r", &encode(&record)).unwrap();
-                assert_eq!(back, record);
+                for (name, shape) in &shapes {
+                    let record = LeaseRecord {
+                        acquisition_digest: AcquisitionDigest::from_bytes([1; 16]),
+                        token,
+                        ttl_ms: 30_000,
+                        session,
+                        holder: holder.clone(),
+                        shape: *shape,
+                    };
+                    let (back_name, back) = decode(name.as_str(), &encode(&record)).unwrap();
+                    assert_eq!((&back_name, &back), (name, &record));
+                }
             }
         }
+        // A shape must match the name it is kept under.
+        let record = LeaseRecord {
+            acquisition_digest: AcquisitionDigest::from_bytes([1; 16]),
+            token,
+            ttl_ms: 30_000,
+            session: None,
+            holder: None,
+            shape: Shape::Shared,
+        };
+        assert!(matches!(
+            decode("r", &encode(&record)),
+            Err(StoreError::Corrupt(_))
+        ));
     }
 
     #[test]
@@ -160,6 +229,7 @@ mod tests {
             ttl_ms: 30_000,
             session: Some(AcquisitionDigest::from_bytes([3; 16])),
             holder: Some(Holder::parse("job").unwrap()),
+            shape: Shape::Exclusive,
         };
         let bytes = encode(&record);
         for len in 0..bytes.len() {

@@ -393,6 +393,7 @@ mod tests {
                     holder: n
                         .is_multiple_of(3)
                         .then(|| baton_core::Holder::parse(&format!("job {n}")).unwrap()),
+                    shape: baton_core::Shape::Exclusive,
                 },
             },
             Write::Tokens {

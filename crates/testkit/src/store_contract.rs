@@ -7,7 +7,8 @@
 //! storage:
 //! - a fresh store holds no lease and no session;
 //! - what a commit wrote is what a reopened store loads, records whole
-//!   (token, TTL, session, holder; a session's TTL and opener);
+//!   (token, TTL, session, holder, shape: a shared holder's and a
+//!   permit's under their holder's names; a session's TTL and opener);
 //! - the writes of one commit apply in order (a put then a delete leaves
 //!   nothing, a delete then a put leaves the put, the last put wins);
 //! - a delete in a later commit survives a reopen, and so does the ended
@@ -22,7 +23,7 @@
 
 use baton_core::{
     AcquisitionId, Epoch, FencingToken, Holder, LeaseRecord, ResourceName, SessionDigest,
-    SessionId, SessionRecord, Write,
+    SessionId, SessionRecord, Shape, Write,
 };
 use baton_store::{LeaseStore, Stored};
 
@@ -74,6 +75,18 @@ fn record(token: u64, session: Option<u8>, holder: Option<&str>) -> LeaseRecord 
         ttl_ms: 1_000 + token,
         session: session.map(digest),
         holder: holder.map(|h| Holder::parse(h).expect("a valid holder")),
+        shape: Shape::Exclusive,
+    }
+}
+
+/// A shared holder (`n_permits` `None`) or a permit of `n`'s slot `slot`.
+fn holder_put(n: &str, slot: u32, n_permits: Option<u32>, token: u64) -> Write {
+    Write::PutLease {
+        resource: name(n).slot(slot),
+        record: LeaseRecord {
+            shape: n_permits.map_or(Shape::Shared, Shape::Permits),
+            ..record(token, None, None)
+        },
     }
 }
 
@@ -119,6 +132,8 @@ fn first_commit_is_what_a_reopen_loads(store: &mut impl LeaseStore) -> u64 {
             },
             put("a", record(position - 1, None, None)),
             put("b", record(position, Some(1), Some("worker-7 pid 42"))),
+            holder_put("c", 0, None, position - 2),
+            holder_put("d", 2, Some(3), position - 3),
             Write::Tokens {
                 epoch: Epoch::FIRST,
                 counter: position,
@@ -135,6 +150,20 @@ fn assert_round_trip(s: &Stored, position: u64) {
         Some(&record(position, Some(1), Some("worker-7 pid 42"))),
         "a bound lease keeps its session and its holder"
     );
+    for w in [
+        holder_put("c", 0, None, position - 2),
+        holder_put("d", 2, Some(3), position - 3),
+    ] {
+        let Write::PutLease { resource, record } = w else {
+            unreachable!("a put")
+        };
+        let loaded = s.leases.iter().find(|(r, _)| *r == resource);
+        assert_eq!(
+            loaded.map(|(_, l)| l),
+            Some(&record),
+            "a shared holder and a permit keep their names and shapes"
+        );
+    }
     let session = s.sessions.iter().find(|x| x.digest == digest(1));
     assert_eq!(
         session.map(|x| (x.ttl_ms, x.opener.as_deref())),

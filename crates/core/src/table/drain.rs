@@ -44,12 +44,12 @@ impl LeaseTable {
             else {
                 break;
             };
-            let (lease, queued) = self
+            let (lease, next) = self
                 .take_ended(resource.clone(), |l| l.session() == Some(digest))
                 .expect("a draining session's lease is held");
             self.report_drained(&resource, lease, expired);
-            if queued {
-                self.pump(now, &resource);
+            if let Some(next) = next {
+                self.pump(now, &next);
             }
             dropped += 1;
         }

@@ -75,10 +75,10 @@ impl LeaseTable {
             // A lease granted since on the same resource ends later than
             // `at`: only the lease that was reached ends exactly then.
             let reached = |l: &Lease| l.session().is_none() && l.expires_at == at;
-            if let Some((lease, queued)) = self.take_ended(resource.clone(), reached) {
+            if let Some((lease, next)) = self.take_ended(resource.clone(), reached) {
                 self.report_expired(&resource, lease);
-                if queued {
-                    self.pump(now, &resource);
+                if let Some(next) = next {
+                    self.pump(now, &next);
                 }
                 dropped += 1;
             }

@@ -39,7 +39,8 @@ impl LeaseTable {
         }
     }
 
-    /// Drops `resource`'s lease if it has ended (without handing the
+    /// Drops `resource`'s leases that have ended, its exclusive one or
+    /// those of its shared holders or permits (without handing the
     /// resource on: the caller does). `true` if it did.
     pub(super) fn settle(&mut self, resource: &ResourceName) -> bool {
         // The common case, on every acquire, renew and release: nothing
@@ -47,6 +48,18 @@ impl LeaseTable {
         if self.draining.is_empty() && self.n_overdue == 0 {
             return false;
         }
+        let mut settled = self.settle_one(resource);
+        if self.groups.contains_key(resource) {
+            for name in self.slot_names(resource) {
+                settled |= self.settle_one(&name);
+            }
+        }
+        settled
+    }
+
+    /// Drops the lease kept under `resource` (a resource's own name, or a
+    /// holder's) if it has ended.
+    fn settle_one(&mut self, resource: &ResourceName) -> bool {
         let Some(lease) = self
             .resources
             .get(resource)
@@ -69,6 +82,9 @@ impl LeaseTable {
             // Its entry in `overdue` finds nothing when its step comes.
             None => self.drop_expired(resource),
         }
+        if self.left(resource).is_some() {
+            self.resources.remove(resource);
+        }
         true
     }
 
@@ -76,13 +92,14 @@ impl LeaseTable {
     /// of the resources tree (a step drops up to
     /// [`ENDS_PER_STEP`](crate::ENDS_PER_STEP) leases this way, and with a
     /// million names each descent is a string of cache misses). The entry
-    /// goes too unless someone waits on the resource: then the second
-    /// value is `true` and the caller hands it on (`pump`).
+    /// goes too unless someone waits on the resource. The second value is
+    /// the resource for the caller to hand on (`pump`): this one if it has
+    /// waiters, or the resource whose shared holder or permit this was.
     pub(super) fn take_ended(
         &mut self,
         resource: ResourceName,
         ended: impl FnOnce(&Lease) -> bool,
-    ) -> Option<(Lease, bool)> {
+    ) -> Option<(Lease, Option<ResourceName>)> {
         let queued = self.queue(&resource).is_some();
         let Entry::Occupied(mut entry) = self.resources.entry(resource) else {
             return None;
@@ -90,13 +107,18 @@ impl LeaseTable {
         let state = entry.get_mut();
         let lease = state.lease.take_if(|l| ended(l))?;
         let counted = self.quotas.on().then(|| entry.key().clone());
-        if !queued {
-            entry.remove();
-        }
+        let next = if queued {
+            Some(entry.key().clone())
+        } else {
+            let (name, _) = entry.remove_entry();
+            // A holder's name: its slot is free, and its resource may
+            // have waiters.
+            self.left(&name)
+        };
         if let Some(resource) = counted {
             self.count_lease(&resource, false);
         }
-        Some((lease, queued))
+        Some((lease, next))
     }
 
     /// The resources with waiters among `ended` (leases that just ended: a
@@ -122,18 +144,24 @@ impl LeaseTable {
             return Vec::new();
         }
         if self.queues.len() > ended.len() {
-            return ended
-                .filter(|r| self.queues.contains_key(*r))
-                .cloned()
+            // A shared holder's or a permit's end is its resource's.
+            let mut waited: Vec<ResourceName> = ended
+                .filter_map(|r| {
+                    let owner = r.slot_of().map_or_else(|| r.clone(), |(owner, _)| owner);
+                    self.queues.contains_key(&owner).then_some(owner)
+                })
                 .collect();
+            waited.dedup();
+            return waited;
         }
+        let gone = |name: &ResourceName| {
+            let lease = self.resources.get(name).and_then(|s| s.lease.as_ref());
+            lease.is_some_and(|l| self.is_gone(l))
+        };
         let mut waited: Vec<_> = self
             .queues
             .keys()
-            .filter(|r| {
-                let lease = self.resources.get(*r).and_then(|s| s.lease.as_ref());
-                lease.is_some_and(|l| self.is_gone(l))
-            })
+            .filter(|r| gone(r) || self.slot_names(r).iter().any(gone))
             .cloned()
             .collect();
         waited.sort_unstable();
@@ -157,7 +185,7 @@ impl LeaseTable {
         let Some(w) = self.waiters.get(&waiter) else {
             return false;
         };
-        let claims: Vec<ResourceName> = w.claims.iter().map(|(r, _)| r.clone()).collect();
+        let claims: Vec<ResourceName> = w.claims.iter().map(|c| c.resource.clone()).collect();
         for resource in &claims {
             self.settle_and_pump(now, resource);
         }

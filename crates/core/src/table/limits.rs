@@ -72,7 +72,8 @@ impl LeaseTable {
             });
         }
         let mut seen = BTreeSet::new();
-        for (resource, _) in &request.claims {
+        for claim in &request.claims {
+            let resource = &claim.resource;
             if !seen.insert(resource) {
                 return Err(AcquireError::DuplicateResource {
                     resource: resource.clone(),

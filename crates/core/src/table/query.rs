@@ -5,7 +5,7 @@ use std::{collections::VecDeque, ops::Bound};
 
 use super::state::{Lease, ResourceState};
 use super::SessionRecord;
-use super::{LeaseRecord, LeaseStatus, LeaseTable, MonoMs};
+use super::{LeaseRecord, LeaseStatus, LeaseTable, MonoMs, SlotStatus};
 use crate::ResourceName;
 
 impl LeaseTable {
@@ -26,6 +26,22 @@ impl LeaseTable {
         let lease = state
             .and_then(|s| s.lease.as_ref())
             .filter(|l| !self.is_gone(l));
+        let slots = self
+            .groups
+            .get(resource)
+            .into_iter()
+            .flatten()
+            .filter_map(|&slot| {
+                let l = self.resources.get(&resource.slot(slot))?.lease.as_ref()?;
+                (!self.is_gone(l)).then(|| SlotStatus {
+                    slot,
+                    token: l.token,
+                    remaining_ms: self.expiry_of(l).left_at(now),
+                    ttl_ms: l.ttl_ms(),
+                    holder: l.holder().cloned(),
+                })
+            })
+            .collect();
         LeaseStatus {
             resource: resource.clone(),
             holder_token: lease.map(|l| l.token),
@@ -34,6 +50,8 @@ impl LeaseTable {
             n_waiters: self.queue(resource).map_or(0, VecDeque::len),
             holder: lease.and_then(|l| l.holder().cloned()),
             issued_through: self.issued_through(),
+            kind: self.kind_of(resource),
+            slots,
         }
     }
 
@@ -57,6 +75,8 @@ impl LeaseTable {
         self.resources
             .range::<str, _>((lower, Bound::Unbounded))
             .take_while(|(r, _)| r.as_str().starts_with(prefix))
+            // A shared holder or a permit is shown with its resource.
+            .filter(|(r, _)| r.split_slot().is_none())
             .take(limit)
             .map(|(r, s)| self.status_of(now, r, Some(s)))
             .collect()
@@ -74,6 +94,7 @@ impl LeaseTable {
                     ttl_ms: l.ttl_ms(),
                     session: l.session(),
                     holder: l.holder().cloned(),
+                    shape: self.shape_of(r),
                 },
             ))
         })

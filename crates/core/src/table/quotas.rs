@@ -81,7 +81,7 @@ impl LeaseTable {
         let waiting: Vec<Vec<ResourceName>> = self
             .waiters
             .values()
-            .map(|w| w.claims.iter().map(|(r, _)| r.clone()).collect())
+            .map(|w| w.claims.iter().map(|c| c.resource.clone()).collect())
             .collect();
         for claims in &waiting {
             self.count_waiter(claims.iter(), true);
@@ -183,7 +183,7 @@ impl LeaseTable {
         let claims: Vec<ResourceName> = self.waiters[&head]
             .claims
             .iter()
-            .map(|(r, _)| r.clone())
+            .map(|c| c.resource.clone())
             .collect();
         // Its ended leases are dropped first: they no longer count.
         for r in &claims {
@@ -204,10 +204,10 @@ impl LeaseTable {
     pub(super) fn check_grant(
         &mut self,
         now: MonoMs,
-        claims: &[(ResourceName, AcquisitionId)],
+        claims: &[Claim],
         key: Option<RequestKey>,
     ) -> Result<(), AcquireError> {
-        let over = self.check_leases(claims.iter().map(|(r, _)| r));
+        let over = self.check_leases(claims.iter().map(|c| &c.resource));
         if let (Err(_), Some(key)) = (&over, key) {
             self.repeats.not_granted(now, key);
         }

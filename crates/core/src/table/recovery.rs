@@ -88,11 +88,23 @@ impl LeaseTable {
                 record.token
             );
             let delay_ms = recovery_delay_ms(record.ttl_ms, i.min(n_max), n_max);
+            if let Some((owner, slot)) = resource.slot_of() {
+                // A shared holder or a permit: its slot is held.
+                if let Shape::Permits(n) = record.shape {
+                    self.semaphores.insert(owner.clone(), n);
+                }
+                self.groups.entry(owner).or_default().insert(slot);
+            }
             let state = self.recovered_lease(now, &resource, record, delay_ms, &mut expiries);
             resources.push((resource, state));
         }
         self.resources = resources.into_iter().collect();
         self.n_leases = self.resources.len();
+        // A resource with shared holders or permits keeps an entry of its
+        // own (no lease) while it has them.
+        for owner in self.groups.keys() {
+            self.resources.entry(owner.clone()).or_default();
+        }
         self.expiries = expiries.into_iter().collect();
     }
 

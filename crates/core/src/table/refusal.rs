@@ -4,7 +4,7 @@
 //! may see of it.
 
 pub use super::state::HeldFor;
-use super::{LeaseTable, MonoMs};
+use super::{Claim, LeaseTable, MonoMs};
 use crate::{FencingToken, Holder, ResourceName, WaiterId};
 
 /// Why a try-once acquire was refused.
@@ -48,11 +48,12 @@ pub struct Held {
 
 impl LeaseTable {
     /// Why a request on `claims` cannot be granted now: every one of them
-    /// held or with waiters (ahead of `waiter`, if it waits), or `None`.
+    /// that does not admit it or has waiters (ahead of `waiter`, if it
+    /// waits), or `None`.
     pub(super) fn not_acquired<'a>(
         &self,
         now: MonoMs,
-        claims: impl Iterator<Item = &'a ResourceName>,
+        claims: impl Iterator<Item = &'a Claim>,
         waiter: Option<WaiterId>,
     ) -> Option<NotAcquired> {
         let blockers = self.blockers(now, claims, waiter);
@@ -64,28 +65,43 @@ impl LeaseTable {
         })
     }
 
-    /// Each of `claims` that is held or has waiters (ahead of `waiter`,
-    /// if it waits), in their order.
+    /// Each of `claims` that does not admit it or has waiters (ahead of
+    /// `waiter`, if it waits), in their order. The holder shown is the
+    /// exclusive one, or the longest-held of the shared holders or
+    /// permits in the way.
     pub(super) fn blockers<'a>(
         &self,
         now: MonoMs,
-        claims: impl Iterator<Item = &'a ResourceName>,
+        claims: impl Iterator<Item = &'a Claim>,
         waiter: Option<WaiterId>,
     ) -> Vec<Blocker> {
         claims
-            .filter_map(|resource| {
-                let lease = self
-                    .resources
-                    .get(resource)?
-                    .lease
-                    .as_ref()
-                    .filter(|l| !self.is_gone(l));
+            .filter_map(|claim| {
+                let resource = &claim.resource;
+                let state = self.resources.get(resource)?;
                 let queue = self.queue(resource);
                 let n_waiters_ahead = match (queue, waiter) {
                     (None, _) => 0,
                     (Some(q), Some(w)) => q.iter().position(|x| *x == w).unwrap_or(q.len()),
                     (Some(q), None) => q.len(),
                 } as u64;
+                let admitted = self.admits_in(Some(state), claim);
+                if admitted && n_waiters_ahead == 0 {
+                    return None;
+                }
+                let lease = state.lease.as_ref().filter(|l| !self.is_gone(l));
+                let slot_holder = || {
+                    self.slot_names(resource)
+                        .iter()
+                        .filter_map(|n| self.resources.get(n)?.lease.as_ref())
+                        .filter(|l| !self.is_gone(l))
+                        .min_by_key(|l| l.token)
+                };
+                let lease = match lease {
+                    Some(l) => Some(l),
+                    None if !admitted => slot_holder(),
+                    None => None,
+                };
                 let held = lease.map(|l| Held {
                     token: l.token,
                     holder: l.holder().cloned(),
@@ -95,7 +111,7 @@ impl LeaseTable {
                         .is_none()
                         .then(|| self.expiry_of(l).left_at(now)),
                 });
-                (held.is_some() || n_waiters_ahead > 0).then(|| Blocker {
+                Some(Blocker {
                     resource: resource.clone(),
                     held,
                     n_waiters_ahead,

@@ -214,7 +214,7 @@ impl LeaseTable {
     /// Judges a request carrying an id before anything else is done with
     /// it (after its session, if any, was refreshed).
     pub(super) fn seen(&mut self, now: MonoMs, request: &AcquireRequest, attempt: Attempt) -> Seen {
-        let key = self.repeats.key_of(&request.claims[0].1);
+        let key = self.repeats.key_of(&request.claims[0].acquisition_id);
         self.repeats.forget_old(now);
         if self.repeats.recovering(now) && self.granted_before_start(now, request, attempt) {
             return Seen::Answered(AcquireOutcome::Ended);
@@ -263,7 +263,7 @@ impl LeaseTable {
             && request
                 .claims
                 .iter()
-                .any(|(_, id)| ended.contains(&id.digest()));
+                .any(|c| ended.contains(&c.acquisition_id.digest()));
         ended_before || (attempt == Attempt::First && !self.held_under(now, request).is_empty())
     }
 
@@ -281,8 +281,11 @@ impl LeaseTable {
     /// The request's claims still held under its ids, as grants with the
     /// time they have left (a lease tied to a session: the session's TTL).
     fn held_under(&self, now: MonoMs, request: &AcquireRequest) -> Vec<Grant> {
-        let held = request.claims.iter().filter_map(|(resource, id)| {
-            let lease = self.held_by(resource, id).filter(|l| !self.is_gone(l))?;
+        let held = request.claims.iter().filter_map(|claim| {
+            let (resource, id) = (&claim.resource, &claim.acquisition_id);
+            let (name, lease) = self
+                .held_by(resource, id)
+                .filter(|(_, l)| !self.is_gone(l))?;
             let ttl_ms = match lease.session() {
                 Some(digest) => self.sessions.get(&digest).map_or(0, |s| s.ttl_ms),
                 None => lease.expires_at.left_at(now),
@@ -291,6 +294,7 @@ impl LeaseTable {
                 resource: resource.clone(),
                 acquisition_id: *id,
                 token: lease.token,
+                slot: name.split_slot().map(|(_, slot)| slot),
                 ttl_ms,
                 waited_ms: 0,
             })
@@ -324,8 +328,8 @@ impl LeaseTable {
             .remove(&old)
             .expect("a waiting request's waiter is in the table");
         self.timers.remove(&(w.deadline, Timer::WaitDeadline(old)));
-        for (resource, _) in &w.claims {
-            if let Some(queue) = self.queues.get_mut(resource) {
+        for claim in &w.claims {
+            if let Some(queue) = self.queues.get_mut(&claim.resource) {
                 queue
                     .iter_mut()
                     .filter(|q| **q == old)

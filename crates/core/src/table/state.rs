@@ -2,9 +2,7 @@
 
 use std::collections::BTreeSet;
 
-use crate::{
-    AcquisitionDigest, AcquisitionId, FencingToken, Holder, ResourceName, SessionDigest, WaiterId,
-};
+use crate::{AcquisitionDigest, FencingToken, Holder, ResourceName, SessionDigest, WaiterId};
 
 use super::MonoMs;
 
@@ -135,7 +133,7 @@ pub(super) struct ResourceState {
 
 #[derive(Clone, Debug)]
 pub(super) struct Waiter {
-    pub(super) claims: Vec<(ResourceName, AcquisitionId)>,
+    pub(super) claims: Vec<super::Claim>,
     pub(super) term: super::LeaseTerm,
     pub(super) deadline: MonoMs,
     /// When the request joined the line.

@@ -1,5 +1,5 @@
 use super::*;
-use crate::AcquisitionDigest;
+use crate::{AcquisitionDigest, SLOT_SEPARATOR};
 use proptest::prelude::*;
 
 fn name(s: &str) -> ResourceName {
@@ -23,7 +23,7 @@ fn req(resources: &[&str], first_id: u8, ttl_ms: u64, wait_ms: u64, waiter: u64)
         claims: resources
             .iter()
             .enumerate()
-            .map(|(i, r)| (name(r), id(first_id + i as u8)))
+            .map(|(i, r)| Claim::exclusive(name(r), id(first_id + i as u8)))
             .collect(),
         term: LeaseTerm::Own { ttl_ms },
         wait_ms,
@@ -38,6 +38,7 @@ fn grant(r: &str, n: u8, counter: u64, ttl_ms: u64) -> Grant {
         resource: name(r),
         acquisition_id: id(n),
         token: tok(counter),
+        slot: None,
         ttl_ms,
         waited_ms: 0,
     }
@@ -84,6 +85,7 @@ fn grant_is_synced_and_carries_its_write() {
                     ttl_ms: 5_000,
                     session: None,
                     holder: None,
+                    shape: Shape::Exclusive,
                 }
             },
             Write::Tokens {
@@ -398,6 +400,7 @@ fn a_big_recovered_table_ends_over_time_never_before_its_full_ttl() {
                 ttl_ms: 60_000,
                 session: None,
                 holder: None,
+                shape: Shape::Exclusive,
             },
         )
     });
@@ -430,6 +433,7 @@ fn recovery_holds_every_lease_for_a_full_ttl_from_restart() {
         ttl_ms: 5_000,
         session: None,
         holder: None,
+        shape: Shape::Exclusive,
     };
     let mut t = LeaseTable::recover(
         Limits::default(),
@@ -569,6 +573,8 @@ fn list_filters_by_prefix_in_name_order() {
 enum Op {
     Acquire {
         resources: Vec<usize>,
+        /// Picks each claim's shape (`shape_of`).
+        shapes: Vec<usize>,
         ttl_ms: u64,
         wait_ms: u64,
         on_session: bool,
@@ -600,10 +606,22 @@ enum Op {
 
 const RESOURCES: [&str; 4] = ["r0", "r1", "r2", "r3"];
 
+/// The shapes the model asks for: r0 and r1 are locks taken exclusive or
+/// shared, r2 a semaphore of 2 permits, r3 any of an exclusive lock and
+/// semaphores of 2 and 3 permits (so that requests of the wrong kind or N
+/// meet its holders and waiters).
+fn shape_of(resource: usize, pick: usize) -> Shape {
+    match resource {
+        0 | 1 => [Shape::Exclusive, Shape::Shared][pick % 2],
+        2 => Shape::Permits(2),
+        _ => [Shape::Exclusive, Shape::Permits(2), Shape::Permits(3)][pick % 3],
+    }
+}
+
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        4 => (proptest::collection::vec(0..4usize, 1..3), 1_000..4_000u64, prop_oneof![Just(0u64), 1..5_000u64], any::<bool>())
-            .prop_map(|(resources, ttl_ms, wait_ms, on_session)| Op::Acquire { resources, ttl_ms, wait_ms, on_session }),
+        4 => (proptest::collection::vec(0..4usize, 1..3), proptest::collection::vec(0..6usize, 2), 1_000..4_000u64, prop_oneof![Just(0u64), 1..5_000u64], any::<bool>())
+            .prop_map(|(resources, shapes, ttl_ms, wait_ms, on_session)| Op::Acquire { resources, shapes, ttl_ms, wait_ms, on_session }),
         3 => (0..4usize, 0..8usize).prop_map(|(resource, nth_id)| Op::Renew { resource, nth_id }),
         3 => (0..4usize, 0..8usize).prop_map(|(resource, nth_id)| Op::Release { resource, nth_id }),
         1 => (0..8usize).prop_map(|nth| Op::CancelWait { nth }),
@@ -625,6 +643,7 @@ struct ModelLease {
     /// Unused when the lease is tied to a session.
     expires_at: u64,
     session: Option<AcquisitionDigest>,
+    shape: Shape,
 }
 
 /// The model's view of a session.
@@ -649,13 +668,17 @@ struct Harness {
     session: Option<AcquisitionId>,
     /// Which session each waiter was queued on.
     waiter_sessions: BTreeMap<WaiterId, Option<AcquisitionDigest>>,
+    /// What each waiter claims, and how.
+    waiter_claims: BTreeMap<WaiterId, Vec<(String, Shape)>>,
     /// Durable state: what a crash leaves.
     disk_leases: BTreeMap<String, LeaseRecord>,
     disk_sessions: BTreeMap<AcquisitionDigest, SessionRecord>,
     disk_tokens: (Epoch, u64),
     /// Lazy writes not yet on disk.
     pending: Vec<Write>,
-    ids: Vec<(String, AcquisitionId)>,
+    /// Each grant: the name its lease is kept under (`model`'s key), its
+    /// resource, its id.
+    ids: Vec<(String, String, AcquisitionId)>,
     waiters: Vec<WaiterId>,
     last_token: BTreeMap<String, FencingToken>,
     last_token_any: Option<FencingToken>,
@@ -676,6 +699,7 @@ impl Harness {
             sessions: BTreeMap::new(),
             session: None,
             waiter_sessions: BTreeMap::new(),
+            waiter_claims: BTreeMap::new(),
             disk_leases: BTreeMap::new(),
             disk_sessions: BTreeMap::new(),
             disk_tokens: (Epoch::FIRST, 0),
@@ -710,9 +734,68 @@ impl Harness {
         self.now < self.expiry(l)
     }
 
-    /// The token of the model's live lease on `r`, if any.
+    /// The token of the model's live exclusive lease on `r`, if any.
     fn model_holder(&self, r: &str) -> Option<FencingToken> {
         self.model.get(r).filter(|l| self.live(l)).map(|l| l.token)
+    }
+
+    /// The model's live leases on resource `r`: its exclusive one and its
+    /// shared holders or permits (kept under holders' names).
+    fn holders_of(&self, r: &str) -> Vec<&ModelLease> {
+        let slots = format!("{r}{SLOT_SEPARATOR}");
+        self.model
+            .iter()
+            .filter(|(k, l)| (k.as_str() == r || k.starts_with(&slots)) && self.live(l))
+            .map(|(_, l)| l)
+            .collect()
+    }
+
+    /// The tokens of `r`'s live shared holders or permits, in slot order.
+    fn slot_tokens(&self, r: &str) -> Vec<FencingToken> {
+        let mut slots: Vec<(u32, FencingToken)> = self
+            .model
+            .iter()
+            .filter(|(_, l)| self.live(l))
+            .filter_map(|(k, l)| {
+                let (owner, slot) = k.rsplit_once(SLOT_SEPARATOR)?;
+                (owner == r).then(|| (slot.parse().unwrap(), l.token))
+            })
+            .collect();
+        slots.sort();
+        slots.into_iter().map(|(_, t)| t).collect()
+    }
+
+    /// Whether the model would make a new request on `asked` wait or be
+    /// refused: one of its claims does not fit beside the live holders,
+    /// or has a request waiting before it.
+    fn model_blocked(&self, asked: &[(String, Shape)]) -> bool {
+        asked.iter().any(|(r, shape)| {
+            let holders = self.holders_of(r);
+            let fits = match shape {
+                Shape::Exclusive => holders.is_empty(),
+                Shape::Shared => holders.iter().all(|l| l.shape == Shape::Shared),
+                Shape::Permits(n) => holders.len() < *n as usize,
+            };
+            let waited = self.waiter_claims.values().flatten().any(|(c, _)| c == r);
+            !fits || waited
+        })
+    }
+
+    /// What `r` is to the model: its live holders' kind, else its
+    /// waiters'.
+    fn model_kind(&self, r: &str) -> Option<Kind> {
+        let kind = |shape: Shape| match shape {
+            Shape::Permits(n) => Kind::Semaphore(n),
+            Shape::Exclusive | Shape::Shared => Kind::Lock,
+        };
+        if let Some(l) = self.holders_of(r).first() {
+            return Some(kind(l.shape));
+        }
+        self.waiter_claims
+            .values()
+            .flatten()
+            .find(|(c, _)| c == r)
+            .map(|(_, shape)| kind(*shape))
     }
 
     fn session_live(&self, d: &AcquisitionDigest) -> bool {
@@ -721,7 +804,7 @@ impl Harness {
             .is_some_and(|s| self.now < s.expires_at)
     }
 
-    fn on_grant(&mut self, g: &Grant, session: Option<AcquisitionDigest>) {
+    fn on_grant(&mut self, g: &Grant, shape: Shape, session: Option<AcquisitionDigest>) {
         if let Some(d) = session {
             assert!(self.session_live(&d), "granted on an ended session");
             assert_eq!(
@@ -730,12 +813,44 @@ impl Harness {
             );
         }
         let r = g.resource.as_str().to_string();
+        let key = match (shape, g.slot) {
+            (Shape::Exclusive, None) => r.clone(),
+            (Shape::Shared | Shape::Permits(_), Some(slot)) => {
+                g.resource.slot(slot).as_str().to_string()
+            }
+            other => panic!("{r}: a {shape:?} grant with slot {other:?}"),
+        };
         assert!(
-            self.model_free(&r),
-            "{r} granted at {} while the model holds it: {:?}",
+            self.model_free(&key),
+            "{key:?} granted at {} while the model holds it: {:?}",
             self.now,
-            self.model.get(&r)
+            self.model.get(&key)
         );
+        // The exclusion rule, against every live holder of the resource.
+        let holders = self.holders_of(&r);
+        match shape {
+            Shape::Exclusive => assert!(holders.is_empty(), "{r}: exclusive beside {holders:?}"),
+            Shape::Shared => assert!(
+                holders.iter().all(|l| l.shape == Shape::Shared),
+                "{r}: shared beside {holders:?}"
+            ),
+            Shape::Permits(n) => {
+                assert!(
+                    holders.iter().all(|l| l.shape == shape),
+                    "{r}: a permit beside {holders:?}"
+                );
+                assert!(
+                    holders.len() < n as usize,
+                    "{r}: permit {} of {n}",
+                    holders.len() + 1
+                );
+                assert!(
+                    g.slot.is_some_and(|k| k < n),
+                    "{r}: slot {:?} of {n}",
+                    g.slot
+                );
+            }
+        }
         if let Some(prev) = self.last_token.get(&r) {
             assert!(
                 g.token > *prev,
@@ -750,16 +865,17 @@ impl Harness {
         self.last_token.insert(r.clone(), g.token);
         self.last_token_any = Some(g.token);
         self.model.insert(
-            r.clone(),
+            key.clone(),
             ModelLease {
                 digest: g.acquisition_id.digest(),
                 token: g.token,
                 ttl_ms: g.ttl_ms,
                 expires_at: self.now + g.ttl_ms + 1,
                 session,
+                shape,
             },
         );
-        self.ids.push((r, g.acquisition_id));
+        self.ids.push((key, r, g.acquisition_id));
     }
 
     /// The shell's job: persist, and check the table never releases a grant without sync.
@@ -799,10 +915,11 @@ impl Harness {
         for (w, result) in fx.woken {
             self.waiters.retain(|x| *x != w);
             let session = self.waiter_sessions.remove(&w).flatten();
+            let claims = self.waiter_claims.remove(&w).unwrap_or_default();
             match result {
                 WaitResult::Granted(grants) => {
-                    for g in &grants {
-                        self.on_grant(g, session);
+                    for (g, (_, shape)) in grants.iter().zip(&claims) {
+                        self.on_grant(g, *shape, session);
                     }
                 }
                 WaitResult::SessionEnded => {
@@ -823,19 +940,38 @@ impl Harness {
         match op {
             Op::Acquire {
                 resources,
+                shapes,
                 ttl_ms,
                 wait_ms,
                 on_session,
             } => {
                 let session = self.session.filter(|_| on_session).map(|id| id.digest());
-                let mut claims: Vec<(ResourceName, AcquisitionId)> = vec![];
-                for r in resources {
+                let mut claims: Vec<Claim> = vec![];
+                for (i, r) in resources.into_iter().enumerate() {
                     let n = name(RESOURCES[r]);
-                    if !claims.iter().any(|(c, _)| *c == n) {
+                    if !claims.iter().any(|c| c.resource == n) {
                         let id = self.fresh_id();
-                        claims.push((n, id));
+                        let shape = shape_of(r, shapes[i % shapes.len()]);
+                        claims.push(Claim {
+                            resource: n,
+                            acquisition_id: id,
+                            shape,
+                        });
                     }
                 }
+                let asked: Vec<(String, Shape)> = claims
+                    .iter()
+                    .map(|c| (c.resource.as_str().to_string(), c.shape))
+                    .collect();
+                // A claim of another kind or N than its resource's holders
+                // or waiters is refused, before anything else is judged.
+                let wrong_kind = asked.iter().any(|(r, shape)| {
+                    let kind = match shape {
+                        Shape::Permits(n) => Kind::Semaphore(*n),
+                        Shape::Exclusive | Shape::Shared => Kind::Lock,
+                    };
+                    self.model_kind(r).is_some_and(|k| k != kind)
+                });
                 let waiter = WaiterId(self.next);
                 let out = self.table.acquire(
                     now,
@@ -848,6 +984,27 @@ impl Harness {
                         attempt: None,
                     },
                 );
+                if wrong_kind {
+                    assert!(
+                        matches!(
+                            out,
+                            Err(AcquireError::KindDiffers { .. }
+                                | AcquireError::PermitsDiffer { .. })
+                        ),
+                        "{asked:?} at {}: {out:?}",
+                        self.now
+                    );
+                    self.drain();
+                    return;
+                }
+                assert!(
+                    !matches!(
+                        out,
+                        Err(AcquireError::KindDiffers { .. } | AcquireError::PermitsDiffer { .. })
+                    ),
+                    "{asked:?} at {}: {out:?}",
+                    self.now
+                );
                 if let Some(d) = session.filter(|d| !self.session_live(d)) {
                     assert_eq!(out, Err(AcquireError::SessionNotOpen), "{d:?}");
                     self.drain();
@@ -858,24 +1015,38 @@ impl Harness {
                     let s = self.sessions.get_mut(&d).unwrap();
                     s.expires_at = self.now + s.ttl_ms + 1;
                 }
+                // Hand-offs this call made before judging the request come
+                // first.
+                self.drain();
+                let blocked = self.model_blocked(&asked);
                 match out.unwrap() {
                     AcquireOutcome::Granted(grants) => {
-                        self.drain();
-                        grants.iter().for_each(|g| self.on_grant(g, session));
+                        assert!(!blocked, "{asked:?} granted at {} past the model", self.now);
+                        for (g, (_, shape)) in grants.iter().zip(&asked) {
+                            self.on_grant(g, *shape, session);
+                        }
                     }
                     AcquireOutcome::Queued { waiter } => {
+                        assert!(blocked, "{asked:?} queued at {} though free", self.now);
                         self.waiters.push(waiter);
                         self.waiter_sessions.insert(waiter, session);
-                        self.drain();
+                        self.waiter_claims.insert(waiter, asked);
                     }
                     AcquireOutcome::NotAcquired(n) => {
                         // Refused only if held per the model (a hand-off to
                         // a waiter in this same call counts), or someone
                         // queues there.
-                        self.drain();
+                        assert!(
+                            blocked,
+                            "{asked:?} refused at {} though free: {n:?}",
+                            self.now
+                        );
                         if let Some(token) = n.holder_token {
-                            let model = self.model_holder(n.resource.as_str());
-                            assert_eq!(Some(token), model, "refused: {n:?}");
+                            let holders = self.holders_of(n.resource.as_str());
+                            assert!(
+                                holders.iter().any(|l| l.token == token),
+                                "refused: {n:?}, the model holds {holders:?}"
+                            );
                         }
                     }
                     other @ (AcquireOutcome::Repeated(_) | AcquireOutcome::Ended) => {
@@ -884,13 +1055,14 @@ impl Harness {
                 }
             }
             Op::Renew { resource, nth_id } => {
-                let Some((r, id)) = self.ids.get(nth_id % self.ids.len().max(1)).cloned() else {
+                let Some((key, r, id)) = self.ids.get(nth_id % self.ids.len().max(1)).cloned()
+                else {
                     return;
                 };
                 let _ = resource;
                 let expect = self
                     .model
-                    .get(&r)
+                    .get(&key)
                     .is_some_and(|l| l.digest.matches(&id) && self.live(l));
                 let out = self.table.renew(now, &name(&r), &id);
                 assert_eq!(
@@ -901,7 +1073,7 @@ impl Harness {
                 );
                 if expect {
                     let now = self.now;
-                    let l = self.model.get_mut(&r).unwrap();
+                    let l = self.model.get_mut(&key).unwrap();
                     match l.session {
                         // Renewing a bound lease keeps its whole session alive.
                         Some(d) => {
@@ -914,13 +1086,14 @@ impl Harness {
                 self.drain();
             }
             Op::Release { resource, nth_id } => {
-                let Some((r, id)) = self.ids.get(nth_id % self.ids.len().max(1)).cloned() else {
+                let Some((key, r, id)) = self.ids.get(nth_id % self.ids.len().max(1)).cloned()
+                else {
                     return;
                 };
                 let _ = resource;
                 let expect = self
                     .model
-                    .get(&r)
+                    .get(&key)
                     .is_some_and(|l| l.digest.matches(&id) && self.live(l));
                 let out = self.table.release(now, &name(&r), &id);
                 assert_eq!(
@@ -929,7 +1102,7 @@ impl Harness {
                     "release of {r}"
                 );
                 if expect {
-                    self.model.remove(&r);
+                    self.model.remove(&key);
                 }
                 self.drain();
             }
@@ -937,6 +1110,7 @@ impl Harness {
                 if let Some(w) = self.waiters.get(nth % self.waiters.len().max(1)).copied() {
                     self.table.cancel_wait(now, w);
                     self.waiters.retain(|x| *x != w);
+                    self.waiter_claims.remove(&w);
                     self.drain();
                 }
             }
@@ -948,7 +1122,10 @@ impl Harness {
                 }
                 self.last_token_any = Some(out.token);
                 self.last_token.insert(r.to_string(), out.token);
-                self.model.remove(r);
+                // Every holder goes: the exclusive one, or every shared
+                // holder or permit.
+                let slots = format!("{r}{SLOT_SEPARATOR}");
+                self.model.retain(|k, _| k != r && !k.starts_with(&slots));
                 self.drain();
             }
             Op::Advance { ms } => {
@@ -961,10 +1138,11 @@ impl Harness {
                 self.pending.clear();
                 self.waiters.clear();
                 self.waiter_sessions.clear();
+                self.waiter_claims.clear();
                 let leases: Vec<_> = self
                     .disk_leases
                     .iter()
-                    .map(|(r, rec)| (name(r), rec.clone()))
+                    .map(|(r, rec)| (ResourceName::parse_stored(r).unwrap(), rec.clone()))
                     .collect();
                 // Every stored session gets its full TTL again; the others are over.
                 for s in self.sessions.values_mut() {
@@ -992,6 +1170,7 @@ impl Harness {
                                 ttl_ms: rec.ttl_ms,
                                 expires_at: self.now + rec.ttl_ms + 1,
                                 session: rec.session.filter(|d| disk_sessions.contains_key(d)),
+                                shape: rec.shape,
                             },
                         )
                     })
@@ -1059,15 +1238,25 @@ impl Harness {
         // one resource (in turn) drops it first.
         let listed = self.table.list(MonoMs(self.now), "", None, RESOURCES.len());
         self.drain();
+        assert!(
+            listed.iter().all(|s| s.resource.split_slot().is_none()),
+            "a holder's name is never listed"
+        );
         for r in RESOURCES {
-            let held = listed
-                .iter()
-                .find(|s| s.resource.as_str() == r)
-                .and_then(|s| s.holder_token);
+            let status = listed.iter().find(|s| s.resource.as_str() == r);
             assert_eq!(
-                held,
+                status.and_then(|s| s.holder_token),
                 self.model_holder(r),
                 "listed holder of {r} at {}",
+                self.now
+            );
+            let slots: Vec<_> = status
+                .map(|s| s.slots.iter().map(|x| x.token).collect())
+                .unwrap_or_default();
+            assert_eq!(
+                slots,
+                self.slot_tokens(r),
+                "listed slots of {r} at {}",
                 self.now
             );
         }
@@ -1080,6 +1269,13 @@ impl Harness {
         assert_eq!(
             status.holder_token, model,
             "holder of {asked} at {}",
+            self.now
+        );
+        let slots: Vec<_> = status.slots.iter().map(|x| x.token).collect();
+        assert_eq!(
+            slots,
+            self.slot_tokens(asked),
+            "slots of {asked} at {}",
             self.now
         );
     }
@@ -1408,3 +1604,4 @@ mod blockers;
 mod expiry;
 mod quotas;
 mod repeats;
+mod shapes;

@@ -2,6 +2,7 @@
 //! records, writes, events and effects.
 
 use super::refusal::{Blocker, NotAcquired};
+use super::shape::{Claim, Kind, Shape};
 use super::term::LeaseTerm;
 use crate::{
     AcquisitionDigest, AcquisitionId, Attempt, Epoch, FencingToken, Holder, ResourceName,
@@ -38,8 +39,9 @@ impl MonoMs {
 /// One acquire request: one or more resources, all or nothing.
 #[derive(Clone, Debug)]
 pub struct AcquireRequest {
-    /// Each resource with the acquisition id its lease will carry.
-    pub claims: Vec<(ResourceName, AcquisitionId)>,
+    /// Each resource with the acquisition id its lease will carry and
+    /// how it is held.
+    pub claims: Vec<Claim>,
     /// How long every granted lease lives: its own TTL, or its session's life.
     pub term: LeaseTerm,
     /// 0 means try once. Otherwise the request queues, FIFO, for at most this long.
@@ -57,10 +59,10 @@ pub struct AcquireRequest {
 }
 
 impl AcquireRequest {
-    /// A request for one resource, try-once.
+    /// A request for one resource, exclusive, try-once.
     pub fn single(resource: ResourceName, acquisition_id: AcquisitionId, ttl_ms: u64) -> Self {
         Self {
-            claims: vec![(resource, acquisition_id)],
+            claims: vec![Claim::exclusive(resource, acquisition_id)],
             term: LeaseTerm::Own { ttl_ms },
             wait_ms: 0,
             waiter: WaiterId(0),
@@ -79,6 +81,10 @@ pub struct Grant {
     pub acquisition_id: AcquisitionId,
     /// Above every token issued before.
     pub token: FencingToken,
+    /// The slot of a shared holder or a permit (the lowest free one when
+    /// granted; a permit's is below the semaphore's N); `None` for an
+    /// exclusive lease.
+    pub slot: Option<u32>,
     /// The granted duration.
     pub ttl_ms: u64,
     /// How long the request waited in line before this grant, on the
@@ -160,6 +166,26 @@ pub enum AcquireError {
     /// Refused by a quota (`crate::quota`): nothing was granted or queued.
     #[error("{0}")]
     OverQuota(crate::quota::OverQuota),
+    #[error(
+        "resource {resource}: a semaphore has from 1 to {n_permits_max} permits, not {n_permits}"
+    )]
+    PermitsOutOfRange {
+        resource: ResourceName,
+        n_permits: u32,
+        n_permits_max: u32,
+    },
+    #[error("resource {resource} is a semaphore of {n_permits_now} permits while it has holders or waiters; this request asks for {n_permits}")]
+    PermitsDiffer {
+        resource: ResourceName,
+        n_permits: u32,
+        n_permits_now: u32,
+    },
+    #[error("resource {resource} is {now} while it has holders or waiters; this request asks for {asked}")]
+    KindDiffers {
+        resource: ResourceName,
+        asked: String,
+        now: Kind,
+    },
 }
 
 /// A session request the table refuses.
@@ -210,8 +236,25 @@ pub enum ReleaseOutcome {
 pub struct FenceOutcome {
     /// Issued to the fence itself: above every earlier grant, below every later one.
     pub token: FencingToken,
-    /// The token of the lease the fence revoked, if one was held.
+    /// The token of the lease the fence revoked, if one was held (of a
+    /// shared lock's or a semaphore's holders, the highest: it revokes
+    /// them all).
     pub revoked: Option<FencingToken>,
+}
+
+/// One holder of a shared lock or a semaphore, as `status` shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SlotStatus {
+    /// Its slot.
+    pub slot: u32,
+    /// Its token.
+    pub token: FencingToken,
+    /// Time left on its lease.
+    pub remaining_ms: u64,
+    /// Its TTL.
+    pub ttl_ms: u64,
+    /// Its description, if it gave one.
+    pub holder: Option<Holder>,
 }
 
 /// A resource as `status` and `list` show it.
@@ -219,7 +262,7 @@ pub struct FenceOutcome {
 pub struct LeaseStatus {
     /// The canonical name.
     pub resource: ResourceName,
-    /// The holder's token, if held.
+    /// The exclusive holder's token, if held so.
     pub holder_token: Option<FencingToken>,
     /// Time left on the lease (0 if free).
     pub remaining_ms: u64,
@@ -234,6 +277,10 @@ pub struct LeaseStatus {
     /// resource that stored a token above it saw tokens from a state this
     /// server does not know (a restore without the floor).
     pub issued_through: FencingToken,
+    /// What the resource is while it has holders or waiters.
+    pub kind: Option<Kind>,
+    /// Its shared holders or permits, by slot (none for an exclusive lock).
+    pub slots: Vec<SlotStatus>,
 }
 
 /// The durable form of a lease. Expiry is not stored: after a restart every
@@ -252,6 +299,10 @@ pub struct LeaseRecord {
     pub session: Option<SessionDigest>,
     /// The holder's description, if it gave one.
     pub holder: Option<Holder>,
+    /// How it holds its resource: exclusive (stored under the resource's
+    /// name), or shared or a permit (stored under a holder's name,
+    /// [`ResourceName::slot`]).
+    pub shape: Shape,
 }
 
 /// What a heartbeat did to an open session.

@@ -20,7 +20,8 @@ impl LeaseTable {
         if self.waiters.contains_key(&request.waiter) {
             return Err(AcquireError::DuplicateWaiter(request.waiter));
         }
-        for (resource, _) in &request.claims {
+        for claim in &request.claims {
+            let resource = &claim.resource;
             let n_waiters = self.queue(resource).map_or(0, VecDeque::len);
             if n_waiters >= self.limits.n_waiters_per_resource_max {
                 return Err(AcquireError::TooManyWaitersOnResource {
@@ -29,12 +30,16 @@ impl LeaseTable {
                 });
             }
         }
-        self.check_waiters(request.claims.iter().map(|(r, _)| r))
+        self.check_waiters(request.claims.iter().map(|c| &c.resource))
             .map_err(AcquireError::OverQuota)?;
-        self.count_waiter(request.claims.iter().map(|(r, _)| r), true);
+        self.count_waiter(request.claims.iter().map(|c| &c.resource), true);
         // Joining every queue at once, in arrival order, keeps all queues
         // consistently ordered, so waiters for overlapping sets cannot deadlock.
-        for (resource, _) in &request.claims {
+        for claim in &request.claims {
+            let resource = &claim.resource;
+            if let Shape::Permits(n) = claim.shape {
+                self.semaphores.entry(resource.clone()).or_insert(n);
+            }
             self.resources.entry(resource.clone()).or_default();
             self.queues
                 .entry(resource.clone())
@@ -85,66 +90,83 @@ impl LeaseTable {
             self.repeats.not_granted(now, key);
         }
         self.unbind_waiter(waiter, w.term.session());
-        self.count_waiter(w.claims.iter().map(|(r, _)| r), false);
-        for (resource, _) in &w.claims {
-            self.change_queue(resource, |queue| queue.retain(|q| *q != waiter));
+        self.count_waiter(w.claims.iter().map(|c| &c.resource), false);
+        for claim in &w.claims {
+            self.change_queue(&claim.resource, |queue| queue.retain(|q| *q != waiter));
         }
-        for (resource, _) in &w.claims {
-            self.pump(now, resource);
+        for claim in &w.claims {
+            self.pump(now, &claim.resource);
         }
     }
 
-    /// Grants the head waiter of `resource` if it now can be, and forgets idle resources.
+    /// Grants the head waiters of `resource` while they now can be (one
+    /// exclusive request, or shared requests and permits up to what the
+    /// resource admits), and forgets idle resources.
     pub(super) fn pump(&mut self, now: MonoMs, resource: &ResourceName) {
+        while self.pump_one(now, resource) {}
+    }
+
+    /// Grants the head waiter of `resource` if it now can be; `true` if it
+    /// did (the next may be granted too).
+    fn pump_one(&mut self, now: MonoMs, resource: &ResourceName) -> bool {
         let Some(state) = self.resources.get(resource) else {
-            return;
+            return false;
         };
         if state.lease.as_ref().is_some_and(|l| !self.is_gone(l)) {
-            return;
+            return false;
         }
         let Some(&head) = self.queue(resource).and_then(VecDeque::front) else {
-            // Free, or held only by an ended session's lease (`drain.rs`).
+            // Nothing waits: free, held by shared holders or permits, or
+            // held only by an ended lease (`gone.rs`).
             self.settle(resource);
-            self.resources.remove(resource);
-            return;
+            if !self.groups.contains_key(resource) {
+                self.resources.remove(resource);
+                self.forget_kind_if_idle(resource);
+            }
+            return false;
         };
         let waiter = &self.waiters[&head];
         // A session whose end is due is ended within this tick, its waiters
         // first: never grant to it in the meantime.
         if let Some(session) = waiter.term.session().map(|d| &self.sessions[&d]) {
             if session.expires_at <= now {
-                return;
+                return false;
             }
         }
-        // An ended session's lease is free for the hand-off (`drain.rs`).
-        let ready = waiter.claims.iter().all(|(r, _)| {
-            let s = &self.resources[r];
-            s.lease.as_ref().is_none_or(|l| self.is_gone(l))
-                && self.queue(r).and_then(VecDeque::front) == Some(&head)
+        // An ended lease is free for the hand-off (`drain.rs`).
+        let ready = waiter.claims.iter().all(|c| {
+            self.admits(c) && self.queue(&c.resource).and_then(VecDeque::front) == Some(&head)
         });
         if !ready {
-            return;
+            return false;
         }
         if self.quotas.on() && self.refused_over_quota(now, head) {
-            return;
+            return true;
         }
         let waiter = self.waiters.remove(&head).expect("head waiter exists");
-        for (r, _) in &waiter.claims {
-            self.settle(r);
+        for c in &waiter.claims {
+            self.settle(&c.resource);
         }
         self.timers
             .remove(&(waiter.deadline, Timer::WaitDeadline(head)));
         self.unbind_waiter(head, waiter.term.session());
-        self.count_waiter(waiter.claims.iter().map(|(r, _)| r), false);
+        self.count_waiter(waiter.claims.iter().map(|c| &c.resource), false);
+        let others: Vec<ResourceName> = waiter
+            .claims
+            .iter()
+            .filter(|c| c.resource != *resource)
+            .map(|c| c.resource.clone())
+            .collect();
         let grants = waiter
             .claims
             .into_iter()
-            .map(|(r, id)| {
-                self.change_queue(&r, |queue| assert_eq!(queue.pop_front(), Some(head)));
+            .map(|c| {
+                self.change_queue(&c.resource, |queue| {
+                    assert_eq!(queue.pop_front(), Some(head))
+                });
                 self.grant(
                     now,
-                    r,
-                    id,
+                    c,
                     waiter.term,
                     Some(waiter.queued_at),
                     waiter.holder.clone(),
@@ -155,6 +177,12 @@ impl LeaseTable {
             self.repeats.granted(now, key);
         }
         self.effects.woken.push((head, WaitResult::Granted(grants)));
+        // A shared holder or a permit may leave room for the next waiter
+        // on its other resources too.
+        for other in &others {
+            self.pump(now, other);
+        }
+        true
     }
 
     /// `resource`'s waiters, if it has any (never an empty queue). With no

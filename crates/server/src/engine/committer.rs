@@ -247,7 +247,7 @@ mod tests {
                     let resource = ResourceName::parse(&format!("drain-{i:05}")).unwrap();
                     let mut id = [1; 16];
                     id[..8].copy_from_slice(&(i as u64).to_be_bytes());
-                    (resource, AcquisitionId::from_bytes(id))
+                    baton_core::Claim::exclusive(resource, AcquisitionId::from_bytes(id))
                 })
                 .collect();
             let request = AcquireRequest {

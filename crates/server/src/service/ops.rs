@@ -13,8 +13,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use baton_core::{
-    AcquireError, AcquireRequest, AcquisitionId, KeptAlive, LeaseStatus, LeaseTerm, ReleaseOutcome,
-    RenewOutcome, ResourceName, Resumed, SessionDigest, SessionError, WaiterId,
+    AcquireError, AcquireRequest, AcquisitionId, Claim, KeptAlive, LeaseStatus, LeaseTerm,
+    ReleaseOutcome, RenewOutcome, ResourceName, Resumed, SessionDigest, SessionError, WaiterId,
 };
 use baton_proto::{LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX};
 use tokio::sync::oneshot;
@@ -116,7 +116,10 @@ impl LeaseService {
         };
         let waiter = WaiterId(self.next_waiter.fetch_add(1, Relaxed));
         let request = AcquireRequest {
-            claims,
+            claims: claims
+                .into_iter()
+                .map(|(resource, id)| Claim::exclusive(resource, id))
+                .collect(),
             term: lease_term,
             wait_ms: ask.wait_ms,
             waiter,

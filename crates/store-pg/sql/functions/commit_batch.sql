@@ -64,6 +64,19 @@ $function$;
 
 CREATE OR REPLACE FUNCTION baton_server.commit_batch(p_term bigint, p_epoch bigint, p_counter bigint, p_put_resources text[], p_put_digests bytea[], p_put_tokens bigint[], p_put_ttls bigint[], p_put_sessions bytea[], p_put_holders text[], p_deletes text[], p_session_digests bytea[], p_session_ttls bigint[], p_session_openers text[], p_session_deletes bytea[], p_ended bytea[])
  RETURNS void
+ LANGUAGE sql
+AS $function$
+    SELECT baton_server.commit_batch(
+        p_term, p_epoch, p_counter,
+        p_put_resources, p_put_digests, p_put_tokens, p_put_ttls, p_put_sessions,
+        p_put_holders, array_fill(NULL::integer, ARRAY[cardinality(p_put_resources)]),
+        p_deletes,
+        p_session_digests, p_session_ttls, p_session_openers, p_session_deletes,
+        p_ended);
+$function$;
+
+CREATE OR REPLACE FUNCTION baton_server.commit_batch(p_term bigint, p_epoch bigint, p_counter bigint, p_put_resources text[], p_put_digests bytea[], p_put_tokens bigint[], p_put_ttls bigint[], p_put_sessions bytea[], p_put_holders text[], p_put_permits integer[], p_deletes text[], p_session_digests bytea[], p_session_ttls bigint[], p_session_openers text[], p_session_deletes bytea[], p_ended bytea[])
+ RETURNS void
  LANGUAGE plpgsql
 AS $function$
 DECLARE
@@ -94,12 +107,13 @@ BEGIN
         DELETE FROM baton_server.leases WHERE resource = ANY (p_deletes);
     END IF;
     IF cardinality(p_put_resources) > 0 THEN
-        INSERT INTO baton_server.leases (resource, digest, token, ttl_ms, session, holder)
+        INSERT INTO baton_server.leases (resource, digest, token, ttl_ms, session, holder, permits)
         SELECT * FROM unnest(p_put_resources, p_put_digests, p_put_tokens, p_put_ttls,
-                             p_put_sessions, p_put_holders)
+                             p_put_sessions, p_put_holders, p_put_permits)
         ON CONFLICT (resource) DO UPDATE
             SET digest = excluded.digest, token = excluded.token, ttl_ms = excluded.ttl_ms,
-                session = excluded.session, holder = excluded.holder;
+                session = excluded.session, holder = excluded.holder,
+                permits = excluded.permits;
     END IF;
     IF cardinality(p_ended) > 0 THEN
         INSERT INTO baton_server.ended (digest) SELECT unnest(p_ended);

@@ -282,6 +282,7 @@ mod tests {
             ttl_ms: 5_000,
             session: None,
             holder: None,
+            shape: baton_core::Shape::Exclusive,
         }
     }
 

@@ -15,6 +15,7 @@ fn lease(n: u8, counter: u64) -> (ResourceName, LeaseRecord) {
         holder: n
             .is_multiple_of(2)
             .then(|| baton_core::Holder::parse(&format!("worker {n}")).unwrap()),
+        shape: baton_core::Shape::Exclusive,
     };
     (ResourceName::parse(&format!("r{n}")).unwrap(), record)
 }
@@ -326,6 +327,7 @@ fn commit_through_the_log(tag: &str, log_len: u64, n: u64, reopen_every: u64) {
             holder: n
                 .is_multiple_of(7)
                 .then(|| baton_core::Holder::parse(&format!("w{n}")).unwrap()),
+            shape: baton_core::Shape::Exclusive,
         },
     };
     let tokens = |n: u64| Write::Tokens {
@@ -511,6 +513,7 @@ fn background_folds_never_hide_or_bring_back_a_key() {
                     ttl_ms: 5_000,
                     session: None,
                     holder: None,
+                    shape: baton_core::Shape::Exclusive,
                 },
             }
         };

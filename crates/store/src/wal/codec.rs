@@ -100,7 +100,7 @@ impl<'a> Cursor<'a> {
         let len = u16::from_le_bytes(self.take(2, "a name length")?.try_into().expect("2"));
         let raw = std::str::from_utf8(self.take(len as usize, "a name")?)
             .map_err(|_| Undecodable("a name is not UTF-8".into()))?;
-        ResourceName::parse_existing(raw).map_err(|e| Undecodable(format!("name {raw:?}: {e}")))
+        ResourceName::parse_stored(raw).map_err(|e| Undecodable(format!("name {raw:?}: {e}")))
     }
 
     fn digest(&mut self) -> Result<AcquisitionDigest, Undecodable> {

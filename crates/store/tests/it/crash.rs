@@ -46,6 +46,7 @@ fn commit(i: u64) -> Vec<Write> {
                 ttl_ms: 5_000,
                 session: None,
                 holder: None,
+                shape: baton_core::Shape::Exclusive,
             },
         }
     };

@@ -73,6 +73,7 @@ fn a_format_2_directory_upgrades_in_place_and_keeps_everything() {
         ttl_ms: 30_000,
         session: Some(session),
         holder: Some(Holder::parse("alice@build-3 pid 42").unwrap()),
+        shape: baton_core::Shape::Exclusive,
     };
     {
         let mut store = RedbStore::open(&d).unwrap();

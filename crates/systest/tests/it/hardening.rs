@@ -338,6 +338,7 @@ async fn readyz_waits_for_recovery_and_the_gauges_are_set_from_it() {
                     ttl_ms: 600_000,
                     session: None,
                     holder: None,
+                    shape: baton_core::Shape::Exclusive,
                 },
             })
             .chain([Write::Tokens {

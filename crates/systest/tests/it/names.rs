@@ -62,6 +62,7 @@ async fn a_lease_stored_under_such_a_name_still_loads_and_can_be_fenced_and_rele
                 ttl_ms: 60_000,
                 session: None,
                 holder: None,
+                shape: baton_core::Shape::Exclusive,
             },
         };
         store

@@ -89,6 +89,7 @@ fn a_recovered_lease_is_held_since_the_recovery_and_says_so() {
         ttl_ms: 60_000,
         session: None,
         holder: None,
+        shape: Shape::Exclusive,
     };
     let mut t = LeaseTable::recover(
         Limits::default(),

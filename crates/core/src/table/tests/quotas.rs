@@ -264,8 +264,8 @@ proptest! {
                     }
                     match t.acquire(MonoMs(now), r.clone()) {
                         Ok(AcquireOutcome::Granted(_)) => {
-                            for (i, (_, id)) in r.claims.iter().enumerate() {
-                                held.push((names[i], *id));
+                            for (i, c) in r.claims.iter().enumerate() {
+                                held.push((names[i], c.acquisition_id));
                             }
                         }
                         Err(AcquireError::OverQuota(_)) => {
@@ -273,7 +273,7 @@ proptest! {
                             // counts may have moved: the call's own step drops
                             // ended leases and hands resources on; they are
                             // checked against a recount below).
-                            for (res, id) in &r.claims {
+                            for Claim { resource: res, acquisition_id: id, .. } in &r.claims {
                                 prop_assert_eq!(
                                     t.release(MonoMs(now), res, id),
                                     ReleaseOutcome::NotHeld,

@@ -11,7 +11,7 @@ fn keyed(resources: &[&str], attempt: Attempt, wait_ms: u64, waiter: u64) -> Acq
     AcquireRequest {
         claims: resources
             .iter()
-            .map(|r| (name(r), REQUEST.acquisition_id(&name(r))))
+            .map(|r| Claim::exclusive(name(r), REQUEST.acquisition_id(&name(r))))
             .collect(),
         term: LeaseTerm::Own { ttl_ms: 5_000 },
         wait_ms,
@@ -254,6 +254,7 @@ fn a_late_first_attempt_of_a_lease_held_across_a_restart_is_ended() {
         ttl_ms: 5_000,
         session: None,
         holder: None,
+        shape: Shape::Exclusive,
     };
     let leases = [(name("a"), record)];
     let mut t = LeaseTable::recover(
