@@ -79,6 +79,44 @@ pub struct HolderOpt {
     pub holder: Option<baton_core::Holder>,
 }
 
+/// How a command holds its resources: exclusive (the default), shared, or
+/// as a permit of a semaphore. One shape for every name of the command
+/// (the clients mix shapes in one request).
+#[derive(Args, Clone, Default)]
+pub struct ShapeOpt {
+    /// Hold shared, beside other shared holders and no exclusive one (a
+    /// reader): see docs/locks.md.
+    #[arg(long, conflicts_with = "permits")]
+    pub shared: bool,
+    /// Hold one of N permits of a semaphore (at most N holders at once,
+    /// 1 to 4096; every request on the name must ask the same N): see
+    /// docs/locks.md.
+    #[arg(long, value_name = "N", value_parser = parse_permits)]
+    pub permits: Option<u32>,
+}
+
+impl ShapeOpt {
+    /// The shape asked for.
+    pub fn shape(&self) -> baton_core::Shape {
+        match (self.shared, self.permits) {
+            (_, Some(n)) => baton_core::Shape::Permits(n),
+            (true, None) => baton_core::Shape::Shared,
+            (false, None) => baton_core::Shape::Exclusive,
+        }
+    }
+}
+
+/// A semaphore's number of permits: 1 to [`baton_core::PERMITS_MAX`].
+pub fn parse_permits(raw: &str) -> Result<u32, String> {
+    let max = baton_core::PERMITS_MAX;
+    match raw.parse::<u32>() {
+        Ok(n) if (1..=max).contains(&n) => Ok(n),
+        _ => Err(format!(
+            "{raw:?} is not a number of permits: a semaphore has from 1 to {max}"
+        )),
+    }
+}
+
 fn parse_holder(raw: &str) -> Result<baton_core::Holder, baton_core::HolderError> {
     baton_core::Holder::parse(raw)
 }
@@ -135,6 +173,8 @@ pub enum Command {
         #[arg(long, default_value = "0s", value_parser = parse_duration)]
         wait: Duration,
         #[command(flatten)]
+        shape: ShapeOpt,
+        #[command(flatten)]
         holder: HolderOpt,
         #[command(flatten)]
         client: ClientOpts,
@@ -152,6 +192,8 @@ pub enum Command {
         /// Wait in line up to this long (0: try once).
         #[arg(long, default_value = "0s", value_parser = parse_duration)]
         wait: Duration,
+        #[command(flatten)]
+        shape: ShapeOpt,
         #[command(flatten)]
         holder: HolderOpt,
         #[command(flatten)]
@@ -269,6 +311,19 @@ pub enum Command {
         #[command(flatten)]
         client: ClientOpts,
     },
+    /// Operator: change a semaphore's number of permits while it has
+    /// holders or waiters. Lowering it revokes no permit held (no new one
+    /// is granted until fewer than N are held); raising it grants waiters
+    /// at once.
+    Permits {
+        /// The semaphore's resource name.
+        name: String,
+        /// The new number of permits (1 to 4096).
+        #[arg(value_parser = parse_permits)]
+        permits: u32,
+        #[command(flatten)]
+        client: ClientOpts,
+    },
     /// Backup and restore.
     #[command(subcommand)]
     Admin(Admin),
@@ -337,6 +392,8 @@ pub struct RunArgs {
     /// Say on stderr, at start, how the command's process tree is kept.
     #[arg(long)]
     pub verbose: bool,
+    #[command(flatten)]
+    pub shape: ShapeOpt,
     #[command(flatten)]
     pub holder: HolderOpt,
     /// The command and its arguments, after `--`.

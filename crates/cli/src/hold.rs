@@ -22,14 +22,15 @@ use crate::lease::{connect, AcquireOut, GIVE_BACK_TIMEOUT};
 pub async fn hold(
     opts: &ClientOpts,
     holder: &HolderOpt,
-    names: &[String],
+    (names, shape): (&[String], baton_core::Shape),
     ttl: Duration,
     wait: Duration,
 ) -> Result<Exit, CliError> {
     let client = connect(opts).await?.with_holder(holder.resolve());
     let session = client.open_session(ttl).await?;
-    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
-    let all = session.acquire_all(&refs, wait).await?;
+    let claims: Vec<(&str, baton_core::Shape)> =
+        names.iter().map(|n| (n.as_str(), shape)).collect();
+    let all = session.acquire_shaped(&claims, None, wait).await?;
     // Before the grant is printed: a script that reads it may stop us at
     // once, and the leases are then released, not left to their TTL.
     let mut stop = crate::signals::Stop::on_interrupt_or_term()?;

@@ -6,7 +6,7 @@ use std::time::Duration;
 use baton_client::{AcquiredAll, Client, Release, Renewal};
 
 use crate::blockers::{BlockedBy, BlockerOut};
-use baton_core::AcquisitionId;
+use baton_core::{AcquisitionId, Shape};
 use serde::Serialize;
 
 use crate::args::{ClientOpts, HolderOpt};
@@ -60,6 +60,9 @@ pub struct LeaseOut {
     token: u64,
     ttl_ms: u64,
     valid_for_ms: u64,
+    /// A shared holder's or a permit's slot.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    slot: Option<u32>,
 }
 
 impl From<&baton_client::Lease> for LeaseOut {
@@ -70,6 +73,7 @@ impl From<&baton_client::Lease> for LeaseOut {
             token: l.token.get(),
             ttl_ms: l.ttl.as_millis() as u64,
             valid_for_ms: l.valid_for().as_millis() as u64,
+            slot: l.slot,
         }
     }
 }
@@ -108,8 +112,9 @@ pub struct AcquireOut {
 impl Rendered for AcquireOut {
     fn text(&self) -> String {
         let line = |l: &LeaseOut| {
+            let slot = l.slot.map_or(String::new(), |k| format!(" slot={k}"));
             format!(
-                "acquired {} token={} acquisition_id={} ttl={}ms valid_for={}ms",
+                "acquired {} token={} acquisition_id={} ttl={}ms valid_for={}ms{slot}",
                 l.resource, l.token, l.acquisition_id, l.ttl_ms, l.valid_for_ms
             )
         };
@@ -212,13 +217,13 @@ pub(crate) const GIVE_BACK_TIMEOUT: Duration = Duration::from_secs(1);
 pub async fn acquire(
     opts: &ClientOpts,
     holder: &HolderOpt,
-    names: &[String],
+    (names, shape): (&[String], Shape),
     ttl: Option<Duration>,
     wait: Duration,
 ) -> Result<AcquireOut, CliError> {
     let mut client = connect(opts).await?.with_holder(holder.resolve());
-    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
-    let all = client.acquire_all(&refs, ttl, wait).await?;
+    let claims: Vec<(&str, Shape)> = names.iter().map(|n| (n.as_str(), shape)).collect();
+    let all = client.acquire_shaped(&claims, ttl, wait).await?;
     let out = AcquireOut::new(&all, wait);
     if let (Some(NotAcquiredReason::ExpiredOnArrival), AcquiredAll::Granted { leases, .. }) =
         (out.reason, &all)
@@ -345,11 +350,28 @@ pub async fn release(opts: &ClientOpts, name: &str, hex: &str) -> Result<Release
 #[derive(Serialize)]
 pub struct StatusOut {
     resource: String,
+    /// Held by anyone: exclusively, shared or by permits.
     held: bool,
     holder_token: Option<u64>,
     remaining_ms: u64,
     ttl_ms: u64,
     n_waiters: u64,
+    holder: Option<String>,
+    /// A semaphore's number of permits (absent for a lock).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    permits: Option<u32>,
+    /// Its shared holders or permits, by slot.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    slots: Vec<SlotOut>,
+}
+
+/// A shared holder or a permit, as `status` prints it.
+#[derive(Serialize)]
+pub struct SlotOut {
+    slot: u32,
+    token: u64,
+    remaining_ms: u64,
+    ttl_ms: u64,
     holder: Option<String>,
 }
 
@@ -357,18 +379,52 @@ impl From<&baton_client::Status> for StatusOut {
     fn from(s: &baton_client::Status) -> Self {
         Self {
             resource: s.resource.clone(),
-            held: s.holder_token.is_some(),
+            held: s.holder_token.is_some() || !s.slots.is_empty(),
             holder_token: s.holder_token.map(|t| t.get()),
             remaining_ms: s.remaining.as_millis() as u64,
             ttl_ms: s.ttl.as_millis() as u64,
             n_waiters: s.n_waiters,
             holder: s.holder.clone(),
+            permits: s.permits,
+            slots: s
+                .slots
+                .iter()
+                .map(|x| SlotOut {
+                    slot: x.slot,
+                    token: x.token.get(),
+                    remaining_ms: x.remaining.as_millis() as u64,
+                    ttl_ms: x.ttl.as_millis() as u64,
+                    holder: x.holder.clone(),
+                })
+                .collect(),
         }
     }
 }
 
 impl Rendered for StatusOut {
     fn text(&self) -> String {
+        if !self.slots.is_empty() || self.permits.is_some() {
+            // A semaphore, or a lock held shared: a line, then a line per
+            // holder.
+            let what = self.permits.map_or_else(
+                || format!("held shared by {}", self.slots.len()),
+                |n| format!("{} of {n} permits held", self.slots.len()),
+            );
+            let mut lines = vec![format!(
+                "{} {what} waiters={}",
+                self.resource, self.n_waiters
+            )];
+            lines.extend(self.slots.iter().map(|x| {
+                format!(
+                    "  slot={} token={} remaining={}ms{}",
+                    x.slot,
+                    x.token,
+                    x.remaining_ms,
+                    holder_text(x.holder.as_deref())
+                )
+            }));
+            return lines.join("\n");
+        }
         match self.holder_token {
             Some(t) => format!(
                 "{} held token={t} remaining={}ms waiters={}{}",
@@ -440,6 +496,38 @@ impl Rendered for FenceOut {
             });
         format!("fenced {} token={} ({revoked})", self.resource, self.token)
     }
+}
+
+/// What `permits` prints.
+#[derive(Serialize)]
+pub struct PermitsOut {
+    resource: String,
+    permits: u32,
+    previous: u32,
+}
+
+impl Rendered for PermitsOut {
+    fn text(&self) -> String {
+        format!(
+            "{} is a semaphore of {} permits (was {})",
+            self.resource, self.permits, self.previous
+        )
+    }
+}
+
+/// `baton permits`.
+pub async fn set_permits(
+    opts: &ClientOpts,
+    name: &str,
+    permits: u32,
+) -> Result<PermitsOut, CliError> {
+    let mut client = connect(opts).await?;
+    let previous = client.set_permits(name, permits).await?;
+    Ok(PermitsOut {
+        resource: name.into(),
+        permits,
+        previous,
+    })
 }
 
 /// `baton fence`.

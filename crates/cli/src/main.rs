@@ -138,6 +138,7 @@ fn wants_json(command: &Command) -> bool {
         | Command::Status { client, .. }
         | Command::List { client, .. }
         | Command::Fence { client, .. }
+        | Command::Permits { client, .. }
         | Command::Watch { client, .. }
         | Command::Admin(Admin::Backup { client, .. }) => client.json,
         Command::Admin(Admin::Restore(a)) => a.json,
@@ -171,19 +172,24 @@ async fn dispatch(command: Command) -> Result<ExitCode, CliError> {
             names,
             ttl,
             wait,
+            shape,
             holder,
             client,
         } => emit(
             client.json,
-            &lease::acquire(&client, &holder, &names, ttl, wait).await?,
+            &lease::acquire(&client, &holder, (&names, shape.shape()), ttl, wait).await?,
         ),
         Command::Hold {
             names,
             ttl,
             wait,
+            shape,
             holder,
             client,
-        } => hold::hold(&client, &holder, &names, ttl.unwrap_or_default(), wait).await?,
+        } => {
+            let claims = (names.as_slice(), shape.shape());
+            hold::hold(&client, &holder, claims, ttl.unwrap_or_default(), wait).await?
+        }
         Command::Renew {
             name,
             acquisition,
@@ -213,6 +219,14 @@ async fn dispatch(command: Command) -> Result<ExitCode, CliError> {
             &lease::list(&client, &prefix, start_after.as_deref(), limit).await?,
         ),
         Command::Fence { name, client } => emit(client.json, &lease::fence(&client, &name).await?),
+        Command::Permits {
+            name,
+            permits,
+            client,
+        } => emit(
+            client.json,
+            &lease::set_permits(&client, &name, permits).await?,
+        ),
         Command::Watch { prefix, client } => watch::watch(&client, &prefix).await?,
         Command::Admin(Admin::Backup { out, client }) => {
             emit(client.json, &admin::backup(&client, &out).await?)

@@ -48,8 +48,10 @@ pub async fn run(a: &RunArgs) -> Result<u8, CliError> {
         .open_session(a.ttl.unwrap_or_default())
         .await
         .map_err(|e| not_started(e.into()))?;
-    let refs: Vec<&str> = a.names.iter().map(String::as_str).collect();
-    let all = match session.acquire_all(&refs, a.wait).await {
+    let shape = a.shape.shape();
+    let claims: Vec<(&str, baton_core::Shape)> =
+        a.names.iter().map(|n| (n.as_str(), shape)).collect();
+    let all = match session.acquire_shaped(&claims, None, a.wait).await {
         Ok(all) => all,
         Err(e) => {
             close_bounded(&session).await;
@@ -129,7 +131,8 @@ pub(crate) async fn run_held(
 /// The command's environment: `BATON_SERVER`, `BATON_FENCING_TOKENS` (one
 /// `NAME=TOKEN` per line: names hold no control characters, so a newline
 /// separates them; split each line at its last `=`), and for one name
-/// `BATON_RESOURCE` and `BATON_FENCING_TOKEN`.
+/// `BATON_RESOURCE` and `BATON_FENCING_TOKEN`, with `BATON_PERMIT_SLOT`
+/// when it is held shared or as a permit (its slot).
 fn environment(keepers: &[Keeper], server: &str) -> Vec<(&'static str, String)> {
     let tokens: Vec<String> = keepers
         .iter()
@@ -142,6 +145,9 @@ fn environment(keepers: &[Keeper], server: &str) -> Vec<(&'static str, String)> 
     if let [one] = keepers {
         env.push(("BATON_RESOURCE", one.lease().resource.clone()));
         env.push(("BATON_FENCING_TOKEN", one.lease().token.to_string()));
+        if let Some(slot) = one.lease().slot {
+            env.push(("BATON_PERMIT_SLOT", slot.to_string()));
+        }
     }
     env
 }

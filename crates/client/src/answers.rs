@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use baton_core::{AcquisitionId, FencingToken};
+use baton_core::{AcquisitionId, FencingToken, Shape, PERMITS_MAX};
 use baton_proto::v1;
 use tokio::time::Instant;
 
@@ -31,6 +31,11 @@ pub struct Lease {
     /// took longer than the TTL arrives already past it: see
     /// [`Lease::is_expired`].
     pub valid_until: Instant,
+    /// A shared holder's or a permit's slot (the lowest free one when it
+    /// was granted; a permit's is below the semaphore's N): a slot's
+    /// tokens only rise, so a permit's writes are fenced by slot. `None`
+    /// for an exclusive lease.
+    pub slot: Option<u32>,
 }
 
 impl Lease {
@@ -222,6 +227,27 @@ pub struct Status {
     /// answered: every later grant gets a higher one (`None` from a server
     /// too old to say).
     pub issued_through: Option<FencingToken>,
+    /// A semaphore's number of permits while it has holders or waiters
+    /// (`None`: a lock, or free).
+    pub permits: Option<u32>,
+    /// Its shared holders or permits, by slot (`holder_token` and the
+    /// fields after it describe an exclusive holder only).
+    pub slots: Vec<SlotHolder>,
+}
+
+/// A shared holder or a permit, as status reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SlotHolder {
+    /// Its slot.
+    pub slot: u32,
+    /// Its token.
+    pub token: FencingToken,
+    /// Time left on its lease.
+    pub remaining: Duration,
+    /// Its TTL.
+    pub ttl: Duration,
+    /// Its description, if it gave one.
+    pub holder: Option<String>,
 }
 
 /// What an operator fence did.
@@ -239,6 +265,34 @@ pub struct Fenced {
 /// default.
 pub(crate) fn optional_millis(d: Duration, what: &str) -> Result<Option<u64>, ClientError> {
     (!d.is_zero()).then(|| millis(d, what)).transpose()
+}
+
+/// Each claim's shape on the wire: none when every one is exclusive (the
+/// request older servers know), else one per resource. A semaphore of no
+/// permits, or of more than [`PERMITS_MAX`], is refused before anything
+/// is sent.
+pub(crate) fn wire_shapes(
+    shapes: impl Iterator<Item = Shape> + Clone,
+) -> Result<Vec<v1::LockShape>, ClientError> {
+    if shapes.clone().all(|s| s == Shape::Exclusive) {
+        return Ok(Vec::new());
+    }
+    shapes
+        .map(|s| match s {
+            Shape::Exclusive => Ok(v1::LockShape::default()),
+            Shape::Shared => Ok(v1::LockShape {
+                shared: true,
+                permits: 0,
+            }),
+            Shape::Permits(n) if n == 0 || n > PERMITS_MAX => Err(ClientError::Invalid(format!(
+                "permits {n}: a semaphore has from 1 to {PERMITS_MAX} permits"
+            ))),
+            Shape::Permits(n) => Ok(v1::LockShape {
+                shared: false,
+                permits: n,
+            }),
+        })
+        .collect()
 }
 
 /// A lease's TTL as the wire's milliseconds: `None` asks the server's
@@ -297,6 +351,7 @@ pub(crate) fn lease(l: v1::Lease, sent: Instant) -> Result<Lease, ClientError> {
         ttl,
         valid_until: deadline(sent, waited.saturating_add(ttl))?,
         resource: l.resource,
+        slot: l.slot,
     })
 }
 
@@ -400,5 +455,19 @@ pub(crate) fn status(s: v1::StatusResponse) -> Result<Status, ClientError> {
             0 => None,
             t => Some(token(t)?),
         },
+        permits: (s.permits > 0).then_some(s.permits),
+        slots: s
+            .slots
+            .into_iter()
+            .map(|x| {
+                Ok(SlotHolder {
+                    slot: x.slot,
+                    token: token(x.token)?,
+                    remaining: Duration::from_millis(x.remaining_ms),
+                    ttl: Duration::from_millis(x.ttl_ms),
+                    holder: (!x.holder.is_empty()).then_some(x.holder),
+                })
+            })
+            .collect::<Result<_, ClientError>>()?,
     })
 }

@@ -38,6 +38,7 @@ pub mod watch;
 use std::time::Duration;
 
 use baton_core::{AcquisitionId, Holder};
+pub use baton_core::{Shape, PERMITS_MAX};
 use baton_proto::v1;
 use call::{repeat_acquire, request_id, Kind};
 use servers::{normalize, Servers, Unreachable};
@@ -50,11 +51,11 @@ pub mod worker;
 
 use answers::{
     acquired_all, millis, optional_millis, optional_token, release, renewal, status, token,
-    ttl_millis,
+    ttl_millis, wire_shapes,
 };
 pub use answers::{
     Acquired, AcquiredAll, Blocker, BlockingHolder, Fenced, Lease, NotAcquired, Release, Renewal,
-    Status,
+    SlotHolder, Status,
 };
 pub use baton_core;
 pub use baton_proto::v1::Snapshot;
@@ -231,7 +232,26 @@ impl Client {
         ttl: Option<Duration>,
         wait: Duration,
     ) -> Result<AcquiredAll, ClientError> {
+        let exclusive: Vec<_> = resources.iter().map(|r| (*r, Shape::Exclusive)).collect();
+        self.acquire_shaped(&exclusive, ttl, wait).await
+    }
+
+    /// Acquires every resource or none, each held as its [`Shape`] asks:
+    /// exclusive, shared (beside other shared holders), or as a permit of
+    /// a semaphore of N. A resource is a lock or a semaphore of one N while
+    /// it has holders or waiters: a request of the other kind or N is
+    /// refused ([`ClientError::Invalid`], naming both). Each shared or
+    /// permit lease carries its slot ([`Lease::slot`]).
+    pub async fn acquire_shaped(
+        &mut self,
+        claims: &[(&str, Shape)],
+        ttl: Option<Duration>,
+        wait: Duration,
+    ) -> Result<AcquiredAll, ClientError> {
+        let resources: Vec<&str> = claims.iter().map(|(r, _)| *r).collect();
+        let resources = resources.as_slice();
         let message = v1::AcquireRequest {
+            shapes: wire_shapes(claims.iter().map(|(_, s)| *s))?,
             resources: resources.iter().map(|r| r.to_string()).collect(),
             ttl_ms: ttl_millis(ttl)?,
             wait_ms: millis(wait, "wait")?,
@@ -357,6 +377,31 @@ impl Client {
                 None
             },
         })
+    }
+
+    /// Operator: changes a semaphore's number of permits while it has
+    /// holders or waiters; returns the number it replaced. Lowering it
+    /// revokes no permit held (no new one is granted until fewer are
+    /// held); raising it grants waiters at once. Safe to repeat.
+    pub async fn set_permits(&mut self, resource: &str, permits: u32) -> Result<u32, ClientError> {
+        if permits == 0 || permits > PERMITS_MAX {
+            return Err(ClientError::Invalid(format!(
+                "permits {permits}: a semaphore has from 1 to {PERMITS_MAX} permits"
+            )));
+        }
+        let message = v1::SetPermitsRequest {
+            resource: resource.to_string(),
+            permits,
+        };
+        let r = self
+            .call(
+                message,
+                Duration::ZERO,
+                Kind::Effect,
+                |mut c, r| async move { c.set_permits(r).await },
+            )
+            .await?;
+        Ok(r.previous)
     }
 
     /// A consistent snapshot of the server's durable state: received in

@@ -20,7 +20,10 @@ use baton_core::{Event, FencingToken, Holder, HolderChange};
 #[derive(Clone, Debug)]
 pub struct Change {
     pub kind: HolderChange,
+    /// The resource's name (a shared holder's or a permit's too).
     pub resource: String,
+    /// A shared holder's or a permit's slot.
+    pub slot: Option<u32>,
     pub token: FencingToken,
     pub revoked: Option<FencingToken>,
     pub holder: Option<Holder>,
@@ -31,9 +34,17 @@ pub fn holder_changes(events: &[Event]) -> Vec<Change> {
     events
         .iter()
         .filter_map(HolderChange::of)
-        .map(|c| Change {
+        .map(|c| {
+            let (resource, slot) = match c.resource.split_slot() {
+                Some((resource, slot)) => (resource.to_owned(), Some(slot)),
+                None => (c.resource.to_string(), None),
+            };
+            (c, resource, slot)
+        })
+        .map(|(c, resource, slot)| Change {
             kind: c.kind,
-            resource: c.resource.to_string(),
+            resource,
+            slot,
             token: c.token,
             revoked: c.revoked,
             holder: c.holder.cloned(),
@@ -228,6 +239,7 @@ mod tests {
             token: FencingToken::from_u64((1 << 40) | n).unwrap(),
             revoked: None,
             holder: None,
+            slot: None,
         }
     }
 

@@ -202,6 +202,7 @@ async fn a_holder_that_breaks_the_rules_is_refused_naming_the_rule() {
                 holder: Some(holder),
                 request_id: Vec::new(),
                 first_sent_ms_ago: None,
+                shapes: Vec::new(),
             })
             .await;
         let status = out.expect_err("refused");
@@ -218,6 +219,7 @@ async fn a_holder_that_breaks_the_rules_is_refused_naming_the_rule() {
             holder: Some(String::new()),
             request_id: Vec::new(),
             first_sent_ms_ago: None,
+            shapes: Vec::new(),
         })
         .await
         .unwrap()

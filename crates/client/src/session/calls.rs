@@ -5,7 +5,7 @@
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
-use baton_core::{AcquisitionId, SessionId};
+use baton_core::{AcquisitionId, SessionId, Shape};
 use baton_proto::v1::{self, session_request::Op, session_response::Body};
 use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
@@ -97,7 +97,25 @@ impl Session {
         resources: &[&str],
         wait: Duration,
     ) -> Result<AcquiredAll, ClientError> {
-        self.acquire_inner(resources, None, wait).await
+        let exclusive: Vec<_> = resources.iter().map(|r| (*r, Shape::Exclusive)).collect();
+        self.acquire_inner(&exclusive, None, wait).await
+    }
+
+    /// Acquires every resource or none, each held as its [`Shape`] asks
+    /// (see [`crate::Client::acquire_shaped`]): tied to the session, or
+    /// with a `ttl` of its own.
+    pub async fn acquire_shaped(
+        &self,
+        claims: &[(&str, Shape)],
+        ttl: Option<Duration>,
+        wait: Duration,
+    ) -> Result<AcquiredAll, ClientError> {
+        if ttl.is_some_and(|t| t.is_zero()) {
+            return Err(ClientError::Invalid(
+                "ttl must be above zero; None ties the leases to the session".into(),
+            ));
+        }
+        self.acquire_inner(claims, ttl, wait).await
     }
 
     /// Acquires every resource or none, each lease with its own `ttl` (to
@@ -113,19 +131,21 @@ impl Session {
                 "ttl must be above zero; use acquire_all for leases tied to the session".into(),
             ));
         }
-        self.acquire_inner(resources, Some(ttl), wait).await
+        let exclusive: Vec<_> = resources.iter().map(|r| (*r, Shape::Exclusive)).collect();
+        self.acquire_inner(&exclusive, Some(ttl), wait).await
     }
 
     async fn acquire_inner(
         &self,
-        resources: &[&str],
+        claims: &[(&str, Shape)],
         ttl: Option<Duration>,
         wait: Duration,
     ) -> Result<AcquiredAll, ClientError> {
-        let span = crate::observe::span("acquire", resources);
+        let resources: Vec<&str> = claims.iter().map(|(r, _)| *r).collect();
+        let span = crate::observe::span("acquire", &resources);
         let started = Instant::now();
         let answer = self
-            .acquire_on_stream(resources, ttl, wait)
+            .acquire_on_stream(claims, ttl, wait)
             .instrument(span.clone())
             .await;
         crate::observe::acquired(&span, &answer, started.elapsed());
@@ -134,10 +154,12 @@ impl Session {
 
     async fn acquire_on_stream(
         &self,
-        resources: &[&str],
+        claims: &[(&str, Shape)],
         ttl: Option<Duration>,
         wait: Duration,
     ) -> Result<AcquiredAll, ClientError> {
+        let shapes = crate::wire_shapes(claims.iter().map(|(_, s)| *s))?;
+        let resources: Vec<&str> = claims.iter().map(|(r, _)| *r).collect();
         let ttl_ms = match ttl {
             Some(t) => Some(crate::millis(t, "ttl")?.max(1)),
             None => None,
@@ -152,6 +174,7 @@ impl Session {
             holder: self.inner.holder.clone(),
             request_id: request_id.clone(),
             first_sent_ms_ago,
+            shapes: shapes.clone(),
         };
         let mut first_sent_ms_ago = None;
         let mut guard = CancelOnDrop {

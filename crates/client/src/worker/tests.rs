@@ -57,6 +57,7 @@ fn lease(sent_at: Instant) -> Lease {
         token: token(),
         ttl: TTL,
         valid_until: sent_at + TTL,
+        slot: None,
     }
 }
 

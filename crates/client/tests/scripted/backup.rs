@@ -17,6 +17,7 @@ async fn a_server_without_backup_parts_is_asked_for_the_whole_snapshot() {
             ttl_ms: 30_000,
             session_digest: Vec::new(),
             holder: String::new(),
+            permits: 0,
         }],
         sessions: Vec::new(),
     };

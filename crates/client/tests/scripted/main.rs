@@ -109,6 +109,7 @@ fn granted(resource: &str, n: u64) -> Body {
                 ttl_ms: 0,
                 session_bound: true,
                 waited_ms: 0,
+                slot: None,
             }],
             after_wait: false,
             repeat: false,
@@ -186,6 +187,12 @@ impl Leases for Scripted {
         &self,
         _: Request<v1::FenceRequest>,
     ) -> Result<Response<v1::FenceResponse>, Status> {
+        refused()
+    }
+    async fn set_permits(
+        &self,
+        _: Request<v1::SetPermitsRequest>,
+    ) -> Result<Response<v1::SetPermitsResponse>, Status> {
         refused()
     }
     async fn backup(

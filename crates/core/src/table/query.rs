@@ -86,18 +86,20 @@ impl LeaseTable {
     pub fn leases(&self) -> impl Iterator<Item = (&ResourceName, LeaseRecord)> {
         self.resources.iter().filter_map(|(r, s)| {
             let l = s.lease.as_ref().filter(|l| !self.is_gone(l))?;
-            Some((
-                r,
-                LeaseRecord {
-                    acquisition_digest: l.acquisition_digest,
-                    token: l.token,
-                    ttl_ms: l.ttl_ms(),
-                    session: l.session(),
-                    holder: l.holder().cloned(),
-                    shape: self.shape_of(r),
-                },
-            ))
+            Some((r, self.record_of(r, l)))
         })
+    }
+
+    /// The durable form of `lease`, kept under `name`.
+    pub(super) fn record_of(&self, name: &ResourceName, lease: &Lease) -> LeaseRecord {
+        LeaseRecord {
+            acquisition_digest: lease.acquisition_digest,
+            token: lease.token,
+            ttl_ms: lease.ttl_ms(),
+            session: lease.session(),
+            holder: lease.holder().cloned(),
+            shape: self.shape_of(name),
+        }
     }
 
     /// Every open session in durable form (for snapshots).

@@ -274,8 +274,10 @@ pub enum SetPermitsError {
 impl LeaseTable {
     /// An operator's change of a semaphore's N, while it has a holder or
     /// a waiter: lowering it revokes no permit held (new ones wait until
-    /// fewer than N are held); raising it grants waiters at once. Returns
-    /// the N it replaced.
+    /// fewer than N are held); raising it grants waiters at once. Every
+    /// permit held is written again with the new N, durably before the
+    /// answer (`sync`), so a restart or a new leader keeps it. Returns the
+    /// N it replaced.
     pub fn set_permits(
         &mut self,
         now: super::MonoMs,
@@ -302,6 +304,20 @@ impl LeaseTable {
             });
         };
         let before = std::mem::replace(n, n_permits);
+        for name in self.slot_names(resource) {
+            let Some(lease) = self.resources.get(&name).and_then(|s| s.lease.as_ref()) else {
+                continue;
+            };
+            if self.is_gone(lease) {
+                continue;
+            }
+            let record = self.record_of(&name, lease);
+            self.effects.writes.push(super::Write::PutLease {
+                resource: name,
+                record,
+            });
+        }
+        self.effects.sync = true;
         self.pump(now, resource);
         Ok(before)
     }

@@ -49,6 +49,14 @@ impl Engine {
                 let out = self.table.fence(now, &resource);
                 defer(replies, reply, out);
             }
+            Command::SetPermits {
+                resource,
+                n_permits,
+                reply,
+            } => {
+                let out = self.table.set_permits(now, &resource, n_permits);
+                defer(replies, reply, out);
+            }
             Command::Watch { prefix, reply } => self.watch(now, prefix, reply, replies),
             Command::Snapshot { reply } => {
                 // Flush the lazy writes in this step: the view then holds

@@ -3,7 +3,7 @@
 use baton_core::{
     AcquireError, AcquireRequest, AcquisitionId, Blocker, FenceOutcome, Grant, LeaseStatus,
     NotAcquired, ReleaseOutcome, RenewOutcome, ResourceName, Resumed, SessionDigest, SessionError,
-    WaiterId,
+    SetPermitsError, WaiterId,
 };
 use baton_store::{SnapshotRead, StoreError, Stored};
 use tokio::sync::oneshot;
@@ -68,6 +68,11 @@ pub enum Command {
     Fence {
         resource: ResourceName,
         reply: Reply<FenceOutcome>,
+    },
+    SetPermits {
+        resource: ResourceName,
+        n_permits: u32,
+        reply: Reply<Result<u32, SetPermitsError>>,
     },
     /// A view of the store for a backup, taken after every write so far
     /// (the lazy ones too) is durable; `None` if the store has none (then

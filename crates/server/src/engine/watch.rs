@@ -34,6 +34,8 @@ pub struct WatchEvent {
     pub seq: u64,
     pub kind: HolderChange,
     pub resource: String,
+    /// A shared holder's or a permit's slot.
+    pub slot: Option<u32>,
     /// The lease's token; for a fence, the fence's.
     pub token: FencingToken,
     /// For a fence: the token of the lease it revoked, if any.
@@ -154,6 +156,7 @@ impl Hub {
                 seq: *seq,
                 kind: change.kind,
                 resource: change.resource,
+                slot: change.slot,
                 token: change.token,
                 revoked: change.revoked,
                 holder: change.holder,
@@ -195,6 +198,7 @@ mod tests {
             token: token(n),
             revoked: None,
             holder: None,
+            slot: None,
         }
     }
 

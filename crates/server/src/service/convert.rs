@@ -4,8 +4,8 @@
 use std::sync::Arc;
 
 use baton_core::{
-    AcquireError, AcquisitionId, Attempt, Blocker, Grant, Holder, LeaseStatus, RequestId,
-    ResourceName,
+    AcquireError, AcquisitionId, Attempt, Blocker, Claim, Grant, Holder, Kind, LeaseStatus,
+    RequestId, ResourceName, Shape,
 };
 use baton_proto::v1;
 use baton_proto::SNAPSHOT_FORMAT;
@@ -72,8 +72,48 @@ pub(super) fn random_id() -> AcquisitionId {
     AcquisitionId::from_bytes(bytes)
 }
 
-/// Each resource of an acquire with the acquisition id its lease will carry.
-pub(super) type Claims = Vec<(ResourceName, AcquisitionId)>;
+/// Each resource of an acquire with the acquisition id its lease will
+/// carry and how it is held.
+pub(super) type Claims = Vec<Claim>;
+
+/// Names element `i` of the `shapes` field in error messages.
+struct ShapesField(usize);
+
+impl std::fmt::Display for ShapesField {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "shapes[{}]", self.0)
+    }
+}
+
+/// How each resource is held: `shapes` has one per resource, or none
+/// (every resource exclusive); shared with permits is refused, as is a
+/// count out of range (by the table, naming the resource).
+fn parse_shapes(n_resources: usize, shapes: &[v1::LockShape]) -> Result<Vec<Shape>, Status> {
+    if shapes.is_empty() {
+        return Ok(vec![Shape::Exclusive; n_resources]);
+    }
+    if shapes.len() != n_resources {
+        return Err(Status::invalid_argument(format!(
+            "shapes has {} entries for {n_resources} resources; give one per resource, or none \
+             (every resource exclusive)",
+            shapes.len()
+        )));
+    }
+    shapes
+        .iter()
+        .enumerate()
+        .map(|(i, s)| match (s.shared, s.permits) {
+            (false, 0) => Ok(Shape::Exclusive),
+            (true, 0) => Ok(Shape::Shared),
+            (false, n) => Ok(Shape::Permits(n)),
+            (true, n) => Err(Status::invalid_argument(format!(
+                "{}: shared and {n} permits; a resource is held shared (a lock) or as a permit \
+                 (a semaphore), not both",
+                ShapesField(i)
+            ))),
+        })
+        .collect()
+}
 
 /// An acquire's claims, each resource with the acquisition id its lease
 /// will carry, and which attempt of its request it is: ids drawn at random
@@ -81,6 +121,7 @@ pub(super) type Claims = Vec<(ResourceName, AcquisitionId)>;
 /// repeat finds what the first attempt was granted).
 pub(super) fn parse_claims(
     resources: &[String],
+    shapes: &[v1::LockShape],
     request_id: &[u8],
     first_sent_ms_ago: Option<u64>,
 ) -> Result<(Claims, Option<Attempt>), Status> {
@@ -105,11 +146,16 @@ pub(super) fn parse_claims(
         (Some(_), None) => Some(Attempt::First),
         (Some(_), Some(first_sent_ms_ago)) => Some(Attempt::Repeat { first_sent_ms_ago }),
     };
+    let shapes = parse_shapes(resources.len(), shapes)?;
     let mut claims = Vec::with_capacity(resources.len());
-    for (i, raw) in resources.iter().enumerate() {
+    for (i, (raw, shape)) in resources.iter().zip(shapes).enumerate() {
         let resource = parse_new_resource(ResourcesField(i), raw)?;
-        let id = request.map_or_else(random_id, |r| r.acquisition_id(&resource));
-        claims.push((resource, id));
+        let acquisition_id = request.map_or_else(random_id, |r| r.acquisition_id(&resource));
+        claims.push(Claim {
+            resource,
+            acquisition_id,
+            shape,
+        });
     }
     Ok((claims, attempt))
 }
@@ -230,6 +276,7 @@ fn leases(grants: Vec<Grant>, bound: bool) -> Vec<v1::Lease> {
             ttl_ms: g.ttl_ms,
             session_bound: bound,
             waited_ms: g.waited_ms,
+            slot: g.slot,
         })
         .collect()
 }
@@ -281,6 +328,21 @@ pub(super) fn status_message(s: LeaseStatus) -> v1::StatusResponse {
         n_waiters: s.n_waiters as u64,
         holder: s.holder.map(|h| h.to_string()).unwrap_or_default(),
         issued_through: s.issued_through.get(),
+        permits: match s.kind {
+            Some(Kind::Semaphore(n)) => n,
+            Some(Kind::Lock) | None => 0,
+        },
+        slots: s
+            .slots
+            .into_iter()
+            .map(|x| v1::SlotHolder {
+                slot: x.slot,
+                token: x.token.get(),
+                remaining_ms: x.remaining_ms,
+                ttl_ms: x.ttl_ms,
+                holder: x.holder.map(|h| h.to_string()).unwrap_or_default(),
+            })
+            .collect(),
     }
 }
 
@@ -324,6 +386,10 @@ pub(super) fn snapshot_parts(
                     ttl_ms: l.ttl_ms,
                     session_digest: l.session.map_or_else(Vec::new, |d| d.as_bytes().to_vec()),
                     holder: l.holder.map(|h| h.to_string()).unwrap_or_default(),
+                    permits: match l.shape {
+                        Shape::Permits(n) => n,
+                        Shape::Exclusive | Shape::Shared => 0,
+                    },
                 })
                 .collect(),
             sessions: sessions.take().unwrap_or_default(),

@@ -132,6 +132,7 @@ impl LeaseService {
             &term,
             AcquireAsk {
                 resources: &req.resources,
+                shapes: &req.shapes,
                 request_id: &req.request_id,
                 first_sent_ms_ago: req.first_sent_ms_ago,
                 holder: req.holder.as_deref(),
@@ -297,6 +298,20 @@ impl Leases for LeaseService {
             revoked: out.revoked.is_some(),
             revoked_token: out.revoked.map_or(0, |t| t.get()),
         }))
+    }
+
+    async fn set_permits(
+        &self,
+        request: Request<v1::SetPermitsRequest>,
+    ) -> Result<Response<v1::SetPermitsResponse>, Status> {
+        let who = self
+            .gate
+            .let_in_request(&request, Action::SetPermits)
+            .await?;
+        let request = request.into_inner();
+        let resource = parse_resource("resource", &request.resource)?;
+        let previous = self.set_permits_as(&who, resource, request.permits).await?;
+        Ok(Response::new(v1::SetPermitsResponse { previous }))
     }
 
     async fn backup(
@@ -469,6 +484,16 @@ mod fuzz {
                                 .then(|| String::from_utf8_lossy(&id).repeat(limit as usize % 40)),
                             request_id: Vec::new(),
                             first_sent_ms_ago: None,
+                            // Any shapes, of any count: shared, permits
+                            // from 0 past the maximum, both at once.
+                            shapes: id
+                                .iter()
+                                .take(limit as usize % 5)
+                                .map(|b| v1::LockShape {
+                                    shared: b & 1 == 1,
+                                    permits: u32::from(*b >> 1) * (limit % 70),
+                                })
+                                .collect(),
                         }))
                         .await;
                     prop_assert!(acquire.as_ref().err().is_none_or(allowed), "{acquire:?}");

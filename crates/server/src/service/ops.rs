@@ -13,10 +13,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use baton_core::{
-    AcquireError, AcquireRequest, AcquisitionId, Claim, KeptAlive, LeaseStatus, LeaseTerm,
-    ReleaseOutcome, RenewOutcome, ResourceName, Resumed, SessionDigest, SessionError, WaiterId,
+    AcquireError, AcquireRequest, AcquisitionId, KeptAlive, LeaseStatus, LeaseTerm, ReleaseOutcome,
+    RenewOutcome, ResourceName, Resumed, SessionDigest, SessionError, WaiterId,
 };
-use baton_proto::{LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX};
+use baton_proto::{v1, LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX};
 use tokio::sync::oneshot;
 use tonic::Status;
 
@@ -34,6 +34,8 @@ use crate::quota::{Quotas, RateRefusal, WatchGuard};
 /// What an acquire asks, unpacked from either transport's message.
 pub(super) struct AcquireAsk<'a> {
     pub(super) resources: &'a [String],
+    /// One per resource, or none (every resource exclusive).
+    pub(super) shapes: &'a [v1::LockShape],
     pub(super) request_id: &'a [u8],
     pub(super) first_sent_ms_ago: Option<u64>,
     pub(super) holder: Option<&'a str>,
@@ -94,11 +96,16 @@ impl LeaseService {
     ) -> Result<Acquiring, Status> {
         let started = Instant::now();
         self.metrics.acquire_requests.inc();
-        let (claims, attempt) = parse_claims(ask.resources, ask.request_id, ask.first_sent_ms_ago)?;
-        for (name, _) in &claims {
-            who.may(Permission::Lease, name.as_str())?;
+        let (claims, attempt) = parse_claims(
+            ask.resources,
+            ask.shapes,
+            ask.request_id,
+            ask.first_sent_ms_ago,
+        )?;
+        for claim in &claims {
+            who.may(Permission::Lease, claim.resource.as_str())?;
         }
-        if let Err(refusal) = self.take_rate(who, claims.iter().map(|(r, _)| r.as_str())) {
+        if let Err(refusal) = self.take_rate(who, claims.iter().map(|c| c.resource.as_str())) {
             return Ok(Acquiring {
                 pending: Pending::Refused(refusal),
                 waiter: None,
@@ -116,10 +123,7 @@ impl LeaseService {
         };
         let waiter = WaiterId(self.next_waiter.fetch_add(1, Relaxed));
         let request = AcquireRequest {
-            claims: claims
-                .into_iter()
-                .map(|(resource, id)| Claim::exclusive(resource, id))
-                .collect(),
+            claims,
             term: lease_term,
             wait_ms: ask.wait_ms,
             waiter,
@@ -250,6 +254,34 @@ impl LeaseService {
             Err(_) => who.audit(&name, None, "indeterminate"),
         }
         out
+    }
+}
+
+impl LeaseService {
+    /// An operator's change of a semaphore's number of permits: checked
+    /// for `fence` on the resource (it decides who may hold it) and
+    /// audited.
+    pub(super) async fn set_permits_as(
+        &self,
+        who: &Admitted<'_>,
+        resource: ResourceName,
+        n_permits: u32,
+    ) -> Result<u32, Status> {
+        who.may(Permission::Fence, resource.as_str())?;
+        let name = resource.to_string();
+        let out = self
+            .call(|reply| Command::SetPermits {
+                resource,
+                n_permits,
+                reply,
+            })
+            .await;
+        match &out {
+            Ok(Ok(_)) => who.audit(&name, None, "ok"),
+            Ok(Err(_)) => who.audit(&name, None, "refused"),
+            Err(_) => who.audit(&name, None, "indeterminate"),
+        }
+        out?.map_err(|e| Status::invalid_argument(e.to_string()))
     }
 }
 

@@ -68,7 +68,7 @@ impl Forwarder {
             let chunk = chunks.next().unwrap_or_default();
             let snapshot = v1::WatchSnapshot {
                 seq,
-                holders: chunk.iter().map(holder).collect(),
+                holders: chunk.iter().flat_map(holders_of).collect(),
                 complete: i + 1 == n_chunks,
             };
             if !self.send(Body::Snapshot(snapshot)).await {
@@ -136,14 +136,31 @@ impl Forwarder {
     }
 }
 
-fn holder(s: &baton_core::LeaseStatus) -> v1::WatchHolder {
-    v1::WatchHolder {
-        resource: s.resource.to_string(),
-        token: s.holder_token.map_or(0, |t| t.get()),
-        remaining_ms: s.remaining_ms,
-        n_waiters: s.n_waiters as u64,
-        holder: s.holder.as_ref().map(|h| h.to_string()).unwrap_or_default(),
+/// A resource's holders in a snapshot: its exclusive holder (or the
+/// resource alone, when only waiters are there), or each shared holder or
+/// permit with its slot.
+fn holders_of(s: &baton_core::LeaseStatus) -> Vec<v1::WatchHolder> {
+    if s.slots.is_empty() {
+        return vec![v1::WatchHolder {
+            resource: s.resource.to_string(),
+            token: s.holder_token.map_or(0, |t| t.get()),
+            remaining_ms: s.remaining_ms,
+            n_waiters: s.n_waiters as u64,
+            holder: s.holder.as_ref().map(|h| h.to_string()).unwrap_or_default(),
+            slot: None,
+        }];
     }
+    s.slots
+        .iter()
+        .map(|x| v1::WatchHolder {
+            resource: s.resource.to_string(),
+            token: x.token.get(),
+            remaining_ms: x.remaining_ms,
+            n_waiters: s.n_waiters as u64,
+            holder: x.holder.as_ref().map(|h| h.to_string()).unwrap_or_default(),
+            slot: Some(x.slot),
+        })
+        .collect()
 }
 
 fn event_message(e: WatchEvent) -> v1::WatchEvent {
@@ -163,5 +180,6 @@ fn event_message(e: WatchEvent) -> v1::WatchEvent {
         token: e.token.get(),
         revoked_token: e.revoked.map_or(0, |t| t.get()),
         holder: e.holder.map(|h| h.to_string()).unwrap_or_default(),
+        slot: e.slot,
     }
 }

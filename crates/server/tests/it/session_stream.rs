@@ -194,6 +194,7 @@ async fn a_broken_session_protocol_gets_errors_that_name_the_rule() {
         holder: None,
         request_id: Vec::new(),
         first_sent_ms_ago: None,
+        shapes: Vec::new(),
     });
     let out = raw(
         &url,
@@ -258,6 +259,7 @@ async fn a_reused_request_id_and_the_session_limit_are_refused_by_rule() {
         holder: None,
         request_id: Vec::new(),
         first_sent_ms_ago: None,
+        shapes: Vec::new(),
     });
     let again = Op::Heartbeat(v1::Heartbeat {});
     let (tx, mut stream) =
@@ -321,6 +323,7 @@ async fn a_half_close_withdraws_the_wait_and_the_session_lives_on() {
         holder: None,
         request_id: Vec::new(),
         first_sent_ms_ago: None,
+        shapes: Vec::new(),
     });
     let (tx, mut stream) = stream_with(&url, vec![req(1, open(5_000)), req(2, wait)]).await;
     let Some(Body::Opened(opened)) = stream.message().await.unwrap().unwrap().body else {

@@ -336,6 +336,7 @@ async fn every_transport_answers_an_operation_alike() {
             holder,
             request_id,
             first_sent_ms_ago: None,
+            shapes: Vec::new(),
         };
     let streamed = |r: &AcquireRequest| {
         Op::Acquire(SessionAcquire {
@@ -345,6 +346,7 @@ async fn every_transport_answers_an_operation_alike() {
             holder: r.holder.clone(),
             request_id: r.request_id.clone(),
             first_sent_ms_ago: r.first_sent_ms_ago,
+            shapes: Vec::new(),
         })
     };
     let bad = [

@@ -82,6 +82,7 @@ fn acquire(name: &str, request_id: &[u8], first_sent_ms_ago: Option<u64>) -> v1:
         holder: None,
         request_id: request_id.to_vec(),
         first_sent_ms_ago,
+        shapes: Vec::new(),
     }
 }
 

@@ -171,6 +171,7 @@ impl SessionTask {
             &self.term,
             AcquireAsk {
                 resources: &a.resources,
+                shapes: &a.shapes,
                 request_id: &a.request_id,
                 first_sent_ms_ago: a.first_sent_ms_ago,
                 holder: a.holder.as_deref(),
