@@ -108,6 +108,37 @@ pub fn check(grants: &[Grant]) -> GrantVerdict {
     verdict
 }
 
+/// The most grants of one resource whose leases were certainly held at
+/// the same instant: each from its answer until the earliest instant it
+/// could have ended (a grant without one is not counted). For a semaphore
+/// of N permits it must never be above N; a test that means to prove that
+/// must also see it reach N, or it proved nothing.
+pub fn max_concurrent(grants: &[Grant]) -> BTreeMap<String, usize> {
+    let mut edges: BTreeMap<&str, Vec<(Instant, i32)>> = BTreeMap::new();
+    for g in grants {
+        let Some(end) = g.earliest_end.filter(|end| *end > g.answered) else {
+            continue;
+        };
+        let e = edges.entry(&g.resource).or_default();
+        e.push((g.answered, 1));
+        e.push((end, -1));
+    }
+    edges
+        .into_iter()
+        .map(|(resource, mut e)| {
+            // An end at the same instant as a start comes first: the two
+            // were not held together.
+            e.sort();
+            let (mut now, mut most) = (0i32, 0i32);
+            for (_, step) in e {
+                now += step;
+                most = most.max(now);
+            }
+            (resource.to_string(), most as usize)
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -150,6 +181,24 @@ mod tests {
             [("r".to_string(), 1, 2, Duration::from_millis(30))]
         );
         assert!(!v.is_safe());
+    }
+
+    #[test]
+    fn concurrent_holders_are_counted_per_resource() {
+        let t0 = Instant::now();
+        let mut other = grant(t0, 9, 0, 10, Some(100));
+        other.resource = "s".into();
+        let held = [
+            grant(t0, 1, 0, 10, Some(100)),
+            grant(t0, 2, 0, 20, Some(50)),
+            // Starts as the second ends: not together.
+            grant(t0, 3, 0, 50, Some(90)),
+            grant(t0, 4, 0, 60, None),
+            other,
+        ];
+        let most = max_concurrent(&held);
+        assert_eq!(most["r"], 2);
+        assert_eq!(most["s"], 1);
     }
 
     #[test]

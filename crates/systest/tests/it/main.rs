@@ -19,5 +19,6 @@ mod restore;
 mod security;
 mod server;
 mod session;
+mod shapes;
 mod watch;
 mod worker;
