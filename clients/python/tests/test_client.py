@@ -184,3 +184,50 @@ def test_a_refusal_names_every_blocker_with_its_holder_and_line(server: Server) 
         peer.acquire("py:why:a", ttl_s=5, wait_s=0.2)
     assert timed_out.value.reason == "timed_out"
     assert [x.resource for x in timed_out.value.blockers] == ["py:why:a"]
+
+
+def test_semaphores_and_shared_locks_sync_asyncio_unary_and_session(server: Server) -> None:
+    import asyncio
+
+    c = baton.Client(server.address, holder="py shapes")
+    first = c.acquire("py:jobs", ttl_s=30, permits=2)
+    second = c.acquire("py:jobs", ttl_s=30, permits=2)
+    assert (first.slot, second.slot) == (0, 1)
+    assert second.token > first.token
+    with pytest.raises(errors.NotAcquired) as full:
+        c.acquire("py:jobs", ttl_s=30, permits=2)
+    assert full.value.reason == "held"
+    # Another kind or N is a definite error naming both; nothing changes.
+    for wrong in ({}, {"permits": 3}, {"shared": True}):
+        with pytest.raises(errors.InvalidArgument, match="semaphore of 2 permits"):
+            c.acquire("py:jobs", ttl_s=30, **wrong)
+    # Refused before anything is sent.
+    for bad in ({"permits": 0}, {"permits": 4097}, {"shared": True, "permits": 2}):
+        with pytest.raises(ValueError, match="permits"):
+            c.acquire("py:new", ttl_s=30, **bad)  # type: ignore[arg-type]
+    st = c.status("py:jobs")
+    assert st.permits == 2
+    assert [(s.slot, s.token) for s in st.slots] == [(0, first.token), (1, second.token)]
+    assert c.set_permits("py:jobs", 3) == 2
+    # A session's permit, and shared holders beside each other.
+    with c.open_session(ttl_s=5) as s:
+        third = s.acquire("py:jobs", permits=3)
+        assert third.slot == 2
+        reader = s.acquire("py:doc", shared=True)
+        assert reader.slot == 0
+    assert c.release(first)
+
+    async def shared_side() -> None:
+        async with baton.aio.Client(server.address) as a:
+            r1 = await a.acquire("py:doc", ttl_s=30, shared=True)
+            r2 = await a.acquire("py:doc", ttl_s=30, shared=True)
+            assert {r1.slot, r2.slot} == {0, 1}
+            with pytest.raises(errors.NotAcquired):
+                await a.acquire("py:doc", ttl_s=30)
+            s = await a.open_session(ttl_s=5)
+            permit = await s.acquire("py:jobs", permits=3)
+            assert permit.slot == 0, "the lowest free slot"
+            await s.close()
+            assert await a.set_permits("py:jobs", 2) == 3
+
+    asyncio.run(shared_side())

@@ -9,7 +9,7 @@ the Rust one, and the fence kit over psycopg (``baton.fence``).
         publish(..., token=kept.token)     # the resource checks the token
 """
 
-from baton._types import Blocker, BlockingHolder
+from baton._types import Blocker, BlockingHolder, SlotHolder
 from baton.client import Client, Fenced, Lease, Status
 from baton.errors import (
     BatonError,
@@ -40,6 +40,7 @@ __all__ = [
     "NotOwner",
     "OwnershipLost",
     "PermissionDenied",
+    "SlotHolder",
     "Status",
     "Unauthenticated",
     "Unavailable",

@@ -21,6 +21,10 @@ class Lease:
     #: The server cannot expire the lease before then.
     valid_until: float
     session_bound: bool = False
+    #: A shared holder's or a permit's slot (the lowest free one when it was
+    #: granted; a permit's is below the semaphore's N): a slot's tokens only
+    #: rise, so a permit's writes are fenced by slot. None when exclusive.
+    slot: int | None = None
 
     def valid_for(self) -> float:
         """Seconds left until :attr:`valid_until` (0 once passed)."""
@@ -43,6 +47,23 @@ class Status:
     #: The last token the server issued, to any resource, when it answered:
     #: every later grant gets a higher one (``None`` from an older server).
     issued_through: int | None = None
+    #: A semaphore's number of permits while it has holders or waiters
+    #: (None: a lock, or free).
+    permits: int | None = None
+    #: Its shared holders or permits, by slot (``holder_token`` and the
+    #: fields after it describe an exclusive holder only).
+    slots: tuple[SlotHolder, ...] = ()
+
+
+@dataclass(frozen=True)
+class SlotHolder:
+    """A shared holder or a permit, as status reports it."""
+
+    slot: int
+    token: int
+    remaining_s: float
+    ttl_s: float
+    holder: str | None
 
 
 @dataclass(frozen=True)
@@ -118,6 +139,8 @@ class Holder:
     remaining_s: float
     n_waiters: int
     holder: str | None
+    #: A shared holder's or a permit's slot (None: an exclusive holder).
+    slot: int | None = None
 
 
 @dataclass(frozen=True)
@@ -134,6 +157,8 @@ class Change:
     revoked_token: int | None
     #: The new holder's description (a grant), or the one that lost it.
     holder: str | None
+    #: The slot of the shared holder or permit it concerns (None: exclusive).
+    slot: int | None = None
 
 
 @dataclass(frozen=True)

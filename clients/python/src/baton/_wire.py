@@ -15,11 +15,21 @@ import grpc
 
 from baton import _dial, errors
 from baton._proto import baton_pb2 as pb
-from baton._types import Blocker, BlockingHolder, Change, Fenced, Holder, Lease, Status
+from baton._types import (
+    Blocker,
+    BlockingHolder,
+    Change,
+    Fenced,
+    Holder,
+    Lease,
+    SlotHolder,
+    Status,
+)
 from baton.rules import (
     check_holder,
     check_prefix,
     check_resource,
+    check_shape,
     check_ttl,
     millis,
     parse_duration,
@@ -412,13 +422,29 @@ def resource_names(resources: Any) -> list[str]:
     return names
 
 
-def session_acquire(resources: Any, wait_s: float, holder: str | None) -> tuple[Any, int]:
+def shapes(n: int, shared: bool, permits: int | None) -> list[Any]:
+    """The wire's shapes for ``n`` resources held alike: none when they
+    are exclusive (the request older servers know)."""
+    shared, n_permits = check_shape(shared, permits)
+    if not shared and not n_permits:
+        return []
+    return [pb.LockShape(shared=shared, permits=n_permits)] * n
+
+
+def session_acquire(
+    resources: Any,
+    wait_s: float,
+    holder: str | None,
+    shared: bool = False,
+    permits: int | None = None,
+) -> tuple[Any, int]:
     """The ``acquire`` of a session request, and how many leases it asks for."""
     names = resource_names(resources)
     acquire = pb.SessionAcquire(
         resources=names,
         wait_ms=millis(wait_s, "wait", zero_ok=True),
         request_id=os.urandom(16),
+        shapes=shapes(len(names), shared, permits),
     )
     if holder is not None:
         acquire.holder = holder
@@ -426,7 +452,12 @@ def session_acquire(resources: Any, wait_s: float, holder: str | None) -> tuple[
 
 
 def acquire_request(
-    resources: Any, ttl_s: float | None, wait_s: float, holder: str | None
+    resources: Any,
+    ttl_s: float | None,
+    wait_s: float,
+    holder: str | None,
+    shared: bool = False,
+    permits: int | None = None,
 ) -> tuple[Any, int]:
     """The request of an acquire and how many leases it asks for."""
     names = resource_names(resources)
@@ -436,6 +467,7 @@ def acquire_request(
         resources=names,
         wait_ms=millis(wait_s, "wait", zero_ok=True),
         request_id=os.urandom(16),
+        shapes=shapes(len(names), shared, permits),
     )
     if ttl_s is not None:
         request.ttl_ms = millis(check_ttl(ttl_s), "ttl")
@@ -459,6 +491,12 @@ def renew_request(lease: Lease) -> Any:
 def release_request(lease: Lease) -> Any:
     check_lease(lease)
     return pb.ReleaseRequest(resource=lease.resource, acquisition_id=lease.acquisition_id)
+
+
+def set_permits_request(resource: str, permits: int) -> Any:
+    """An operator's change of a semaphore's number of permits."""
+    _, n = check_shape(False, permits)
+    return pb.SetPermitsRequest(resource=check_resource(resource, existing=True), permits=n)
 
 
 def list_request(prefix: str, start_after: str, limit: int) -> Any:
@@ -501,6 +539,7 @@ def renewed(lease: Lease, r: Any, sent: float) -> Lease:
         ttl_s=lease.ttl_s,
         valid_until=sent + r.remaining_ms / 1000,
         session_bound=lease.session_bound,
+        slot=lease.slot,
     )
 
 
@@ -562,6 +601,7 @@ def granted(response: Any, sent: float, n: int) -> list[Lease]:
             ttl_s=lease.ttl_ms / 1000,
             valid_until=sent + (lease.waited_ms + lease.ttl_ms) / 1000,
             session_bound=lease.session_bound,
+            slot=lease.slot if lease.HasField("slot") else None,
         )
         for lease in response.granted.leases
     ]
@@ -576,6 +616,17 @@ def status(s: Any) -> Status:
         n_waiters=s.n_waiters,
         holder=s.holder or None,
         issued_through=s.issued_through or None,
+        permits=s.permits or None,
+        slots=tuple(
+            SlotHolder(
+                slot=x.slot,
+                token=x.token,
+                remaining_s=x.remaining_ms / 1000,
+                ttl_s=x.ttl_ms / 1000,
+                holder=x.holder or None,
+            )
+            for x in s.slots
+        ),
     )
 
 
@@ -584,7 +635,8 @@ _KINDS = {1: "granted", 2: "handed_off", 3: "released", 4: "expired", 5: "fenced
 
 def holder_of(h: Any) -> Holder:
     """A snapshot entry as a :class:`Holder`."""
-    return Holder(h.resource, h.token, h.remaining_ms / 1000, h.n_waiters, h.holder or None)
+    slot = h.slot if h.HasField("slot") else None
+    return Holder(h.resource, h.token, h.remaining_ms / 1000, h.n_waiters, h.holder or None, slot)
 
 
 def change_of(ev: Any) -> Change:
@@ -596,6 +648,7 @@ def change_of(ev: Any) -> Change:
         token=ev.token,
         revoked_token=ev.revoked_token or None,
         holder=ev.holder or None,
+        slot=ev.slot if ev.HasField("slot") else None,
     )
 
 

@@ -203,17 +203,35 @@ class Client(_wire.Settings):
 
     # -- leases -----------------------------------------------------------
 
-    def acquire(self, resource: str, ttl_s: float | None = None, wait_s: float = 0) -> Lease:
+    def acquire(
+        self,
+        resource: str,
+        ttl_s: float | None = None,
+        wait_s: float = 0,
+        *,
+        shared: bool = False,
+        permits: int | None = None,
+    ) -> Lease:
         """Acquires one resource; raises :class:`errors.NotAcquired` if it is
         held (``wait_s`` 0) or the wait ran out. ``ttl_s`` None: the
-        server's default."""
-        return self.acquire_all([resource], ttl_s, wait_s)[0]
+        server's default. ``shared``: a shared lock (beside other shared
+        holders, never an exclusive one); ``permits``: one of that many
+        permits of a semaphore (docs/locks.md); the lease's ``slot`` says
+        which."""
+        return self.acquire_all([resource], ttl_s, wait_s, shared=shared, permits=permits)[0]
 
     def acquire_all(
-        self, resources: Sequence[str], ttl_s: float | None = None, wait_s: float = 0
+        self,
+        resources: Sequence[str],
+        ttl_s: float | None = None,
+        wait_s: float = 0,
+        *,
+        shared: bool = False,
+        permits: int | None = None,
     ) -> list[Lease]:
-        """Acquires every resource or none, in one request."""
-        request, n = _wire.acquire_request(resources, ttl_s, wait_s, self.holder)
+        """Acquires every resource or none, in one request, each held as
+        ``shared`` and ``permits`` say (see :meth:`acquire`)."""
+        request, n = _wire.acquire_request(resources, ttl_s, wait_s, self.holder, shared, permits)
         # A lease answered to a repeat counts from the first send too.
         sent = time.monotonic()
         repeat = _wire.repeater(request, sent)
@@ -261,9 +279,17 @@ class Client(_wire.Settings):
             after = entries[-1].resource
 
     def fence(self, resource: str) -> Fenced:
-        """Revokes the lease, if any, and issues a token above every earlier one."""
+        """Revokes the lease, if any (every holder of a shared lock or a
+        semaphore), and issues a token above every earlier one."""
         request = pb.FenceRequest(resource=check_resource(resource, existing=True))
         return _wire.fenced(self._call("Fence", request))
+
+    def set_permits(self, resource: str, permits: int) -> int:
+        """Operator: changes a semaphore's number of permits while it has
+        holders or waiters; returns the number it replaced. Lowering it
+        revokes no permit held."""
+        request = _wire.set_permits_request(resource, permits)
+        return int(self._call("SetPermits", request).previous)
 
     # -- sessions, keepers, watches -------------------------------------------
 

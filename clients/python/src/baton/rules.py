@@ -206,6 +206,29 @@ def parse_duration(raw: str, what: str) -> float:
     return seconds
 
 
+#: The most permits a semaphore can have.
+PERMITS_MAX = 4096
+
+
+def check_shape(shared: object, permits: object) -> tuple[bool, int]:
+    """How every resource of a request is held: ``(shared, permits)``,
+    ``permits`` 0 for a lock, or :class:`ValueError` naming the rule."""
+    if not isinstance(shared, bool):
+        raise ValueError(f"shared must be True or False, not {shared!r}")
+    if permits is None:
+        return shared, 0
+    if isinstance(permits, bool) or not isinstance(permits, int):
+        raise ValueError(f"permits {permits!r}: it must be a whole number")
+    if not 1 <= permits <= PERMITS_MAX:
+        raise ValueError(f"permits {permits}: a semaphore has from 1 to {PERMITS_MAX} permits")
+    if shared:
+        raise ValueError(
+            "shared and permits: a resource is held shared (a lock) or as a permit "
+            "(a semaphore), not both"
+        )
+    return False, permits
+
+
 def check_prefix(prefix: object) -> str:
     """A watch's or a list's prefix: text no longer than a name, with no
     control character (no name has one, so it could match nothing)."""

@@ -114,23 +114,33 @@ class Session:
         return self._s.revoked_token(resource)
 
     def acquire(
-        self, resource: str, wait_s: float = 0, cancel: threading.Event | None = None
+        self,
+        resource: str,
+        wait_s: float = 0,
+        cancel: threading.Event | None = None,
+        *,
+        shared: bool = False,
+        permits: int | None = None,
     ) -> Lease:
         """Acquires ``resource`` tied to this session (it lives while the
         session does); :class:`errors.NotAcquired` if it is held, the wait
         ran out, or ``cancel`` was set while it waited (reason
-        ``cancelled``; a grant that raced with the cancel is given back)."""
-        return self.acquire_all([resource], wait_s, cancel)[0]
+        ``cancelled``; a grant that raced with the cancel is given back).
+        ``shared`` or ``permits`` as in :meth:`baton.Client.acquire`."""
+        return self.acquire_all([resource], wait_s, cancel, shared=shared, permits=permits)[0]
 
     def acquire_all(
         self,
         resources: Sequence[str],
         wait_s: float = 0,
         cancel: threading.Event | None = None,
+        *,
+        shared: bool = False,
+        permits: int | None = None,
     ) -> list[Lease]:
         """Acquires every resource or none, tied to this session."""
         if cancel is None or wait_s == 0:
-            return _run(self._s.acquire_all(resources, wait_s))
+            return _run(self._s.acquire_all(resources, wait_s, shared=shared, permits=permits))
         loop = _Loop.get()
         # Made on the loop (Python 3.9's asyncio.Event binds where it is made).
         box: list[asyncio.Event] = []
@@ -142,7 +152,9 @@ class Session:
         async def cancellable() -> list[Lease]:
             box.append(asyncio.Event())
             asked = asyncio.ensure_future(box[0].wait())
-            task = asyncio.ensure_future(self._s.acquire_all(resources, wait_s))
+            task = asyncio.ensure_future(
+                self._s.acquire_all(resources, wait_s, shared=shared, permits=permits)
+            )
             await asyncio.wait({task, asked}, return_when=asyncio.FIRST_COMPLETED)
             asked.cancel()
             if not task.done():

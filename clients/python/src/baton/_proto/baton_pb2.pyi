@@ -187,6 +187,7 @@ class SessionAcquire(google.protobuf.message.Message):
     HOLDER_FIELD_NUMBER: builtins.int
     REQUEST_ID_FIELD_NUMBER: builtins.int
     FIRST_SENT_MS_AGO_FIELD_NUMBER: builtins.int
+    SHAPES_FIELD_NUMBER: builtins.int
     ttl_ms: builtins.int
     """Absent: tie every lease to the session (it lives while the session
     does). Present: each lease has this TTL of its own and must be renewed.
@@ -212,6 +213,10 @@ class SessionAcquire(google.protobuf.message.Message):
     def resources(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]:
         """As in AcquireRequest."""
 
+    @property
+    def shapes(self) -> google.protobuf.internal.containers.RepeatedCompositeFieldContainer[global___LockShape]:
+        """As in AcquireRequest."""
+
     def __init__(
         self,
         *,
@@ -221,9 +226,10 @@ class SessionAcquire(google.protobuf.message.Message):
         holder: builtins.str | None = ...,
         request_id: builtins.bytes = ...,
         first_sent_ms_ago: builtins.int | None = ...,
+        shapes: collections.abc.Iterable[global___LockShape] | None = ...,
     ) -> None: ...
     def HasField(self, field_name: typing.Literal["_first_sent_ms_ago", b"_first_sent_ms_ago", "_holder", b"_holder", "_ttl_ms", b"_ttl_ms", "first_sent_ms_ago", b"first_sent_ms_ago", "holder", b"holder", "ttl_ms", b"ttl_ms"]) -> builtins.bool: ...
-    def ClearField(self, field_name: typing.Literal["_first_sent_ms_ago", b"_first_sent_ms_ago", "_holder", b"_holder", "_ttl_ms", b"_ttl_ms", "first_sent_ms_ago", b"first_sent_ms_ago", "holder", b"holder", "request_id", b"request_id", "resources", b"resources", "ttl_ms", b"ttl_ms", "wait_ms", b"wait_ms"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["_first_sent_ms_ago", b"_first_sent_ms_ago", "_holder", b"_holder", "_ttl_ms", b"_ttl_ms", "first_sent_ms_ago", b"first_sent_ms_ago", "holder", b"holder", "request_id", b"request_id", "resources", b"resources", "shapes", b"shapes", "ttl_ms", b"ttl_ms", "wait_ms", b"wait_ms"]) -> None: ...
     @typing.overload
     def WhichOneof(self, oneof_group: typing.Literal["_first_sent_ms_ago", b"_first_sent_ms_ago"]) -> typing.Literal["first_sent_ms_ago"] | None: ...
     @typing.overload
@@ -574,6 +580,7 @@ class AcquireRequest(google.protobuf.message.Message):
     HOLDER_FIELD_NUMBER: builtins.int
     REQUEST_ID_FIELD_NUMBER: builtins.int
     FIRST_SENT_MS_AGO_FIELD_NUMBER: builtins.int
+    SHAPES_FIELD_NUMBER: builtins.int
     ttl_ms: builtins.int
     """Lease duration; absent means the server's default. (Before this field
     was `optional`, 0 meant the default; a 0 is not sent on the wire, so
@@ -616,6 +623,17 @@ class AcquireRequest(google.protobuf.message.Message):
         whitespace, no empty ':'-separated segments), each at most once.
         """
 
+    @property
+    def shapes(self) -> google.protobuf.internal.containers.RepeatedCompositeFieldContainer[global___LockShape]:
+        """How each resource is held, one per resource in order; empty: every
+        resource exclusively (the only shape before this field). A resource
+        is a lock (exclusive and shared holders) or a semaphore of N permits
+        while it has a holder or a waiter: a request of the other kind, or of
+        another N, is refused (INVALID_ARGUMENT, naming both) and changes
+        nothing. Waiting is first come first served across every shape: a
+        waiting exclusive request holds back the shared ones after it.
+        """
+
     def __init__(
         self,
         *,
@@ -625,9 +643,10 @@ class AcquireRequest(google.protobuf.message.Message):
         holder: builtins.str | None = ...,
         request_id: builtins.bytes = ...,
         first_sent_ms_ago: builtins.int | None = ...,
+        shapes: collections.abc.Iterable[global___LockShape] | None = ...,
     ) -> None: ...
     def HasField(self, field_name: typing.Literal["_first_sent_ms_ago", b"_first_sent_ms_ago", "_holder", b"_holder", "_ttl_ms", b"_ttl_ms", "first_sent_ms_ago", b"first_sent_ms_ago", "holder", b"holder", "ttl_ms", b"ttl_ms"]) -> builtins.bool: ...
-    def ClearField(self, field_name: typing.Literal["_first_sent_ms_ago", b"_first_sent_ms_ago", "_holder", b"_holder", "_ttl_ms", b"_ttl_ms", "first_sent_ms_ago", b"first_sent_ms_ago", "holder", b"holder", "request_id", b"request_id", "resources", b"resources", "ttl_ms", b"ttl_ms", "wait_ms", b"wait_ms"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["_first_sent_ms_ago", b"_first_sent_ms_ago", "_holder", b"_holder", "_ttl_ms", b"_ttl_ms", "first_sent_ms_ago", b"first_sent_ms_ago", "holder", b"holder", "request_id", b"request_id", "resources", b"resources", "shapes", b"shapes", "ttl_ms", b"ttl_ms", "wait_ms", b"wait_ms"]) -> None: ...
     @typing.overload
     def WhichOneof(self, oneof_group: typing.Literal["_first_sent_ms_ago", b"_first_sent_ms_ago"]) -> typing.Literal["first_sent_ms_ago"] | None: ...
     @typing.overload
@@ -636,6 +655,32 @@ class AcquireRequest(google.protobuf.message.Message):
     def WhichOneof(self, oneof_group: typing.Literal["_ttl_ms", b"_ttl_ms"]) -> typing.Literal["ttl_ms"] | None: ...
 
 global___AcquireRequest = AcquireRequest
+
+@typing.final
+class LockShape(google.protobuf.message.Message):
+    """How a request holds one resource."""
+
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    SHARED_FIELD_NUMBER: builtins.int
+    PERMITS_FIELD_NUMBER: builtins.int
+    shared: builtins.bool
+    """Beside any number of other shared holders, and no exclusive one (a
+    reader). Not with permits.
+    """
+    permits: builtins.int
+    """A permit of a semaphore of this many permits, 1 to 4096 (at most that
+    many holders at once, each in its own slot); 0: a lock.
+    """
+    def __init__(
+        self,
+        *,
+        shared: builtins.bool = ...,
+        permits: builtins.int = ...,
+    ) -> None: ...
+    def ClearField(self, field_name: typing.Literal["permits", b"permits", "shared", b"shared"]) -> None: ...
+
+global___LockShape = LockShape
 
 @typing.final
 class WatchRequest(google.protobuf.message.Message):
@@ -731,6 +776,7 @@ class WatchHolder(google.protobuf.message.Message):
     REMAINING_MS_FIELD_NUMBER: builtins.int
     N_WAITERS_FIELD_NUMBER: builtins.int
     HOLDER_FIELD_NUMBER: builtins.int
+    SLOT_FIELD_NUMBER: builtins.int
     resource: builtins.str
     token: builtins.int
     remaining_ms: builtins.int
@@ -738,6 +784,8 @@ class WatchHolder(google.protobuf.message.Message):
     n_waiters: builtins.int
     holder: builtins.str
     """The holder's description; empty if it gave none."""
+    slot: builtins.int
+    """A shared holder's or a permit's slot; absent for an exclusive holder."""
     def __init__(
         self,
         *,
@@ -746,8 +794,11 @@ class WatchHolder(google.protobuf.message.Message):
         remaining_ms: builtins.int = ...,
         n_waiters: builtins.int = ...,
         holder: builtins.str = ...,
+        slot: builtins.int | None = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["holder", b"holder", "n_waiters", b"n_waiters", "remaining_ms", b"remaining_ms", "resource", b"resource", "token", b"token"]) -> None: ...
+    def HasField(self, field_name: typing.Literal["_slot", b"_slot", "slot", b"slot"]) -> builtins.bool: ...
+    def ClearField(self, field_name: typing.Literal["_slot", b"_slot", "holder", b"holder", "n_waiters", b"n_waiters", "remaining_ms", b"remaining_ms", "resource", b"resource", "slot", b"slot", "token", b"token"]) -> None: ...
+    def WhichOneof(self, oneof_group: typing.Literal["_slot", b"_slot"]) -> typing.Literal["slot"] | None: ...
 
 global___WatchHolder = WatchHolder
 
@@ -792,6 +843,7 @@ class WatchEvent(google.protobuf.message.Message):
     TOKEN_FIELD_NUMBER: builtins.int
     REVOKED_TOKEN_FIELD_NUMBER: builtins.int
     HOLDER_FIELD_NUMBER: builtins.int
+    SLOT_FIELD_NUMBER: builtins.int
     seq: builtins.int
     """Increases with every event of any prefix: events of other prefixes
     take the numbers in between.
@@ -807,6 +859,10 @@ class WatchEvent(google.protobuf.message.Message):
     GRANTED and HANDED_OFF, the one that lost the lease for RELEASED,
     EXPIRED and FENCED. Empty if it gave none.
     """
+    slot: builtins.int
+    """The slot of the shared holder or permit the change concerns; absent
+    for an exclusive holder (and for FENCED, which revokes every holder).
+    """
     def __init__(
         self,
         *,
@@ -816,8 +872,11 @@ class WatchEvent(google.protobuf.message.Message):
         token: builtins.int = ...,
         revoked_token: builtins.int = ...,
         holder: builtins.str = ...,
+        slot: builtins.int | None = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["holder", b"holder", "kind", b"kind", "resource", b"resource", "revoked_token", b"revoked_token", "seq", b"seq", "token", b"token"]) -> None: ...
+    def HasField(self, field_name: typing.Literal["_slot", b"_slot", "slot", b"slot"]) -> builtins.bool: ...
+    def ClearField(self, field_name: typing.Literal["_slot", b"_slot", "holder", b"holder", "kind", b"kind", "resource", b"resource", "revoked_token", b"revoked_token", "seq", b"seq", "slot", b"slot", "token", b"token"]) -> None: ...
+    def WhichOneof(self, oneof_group: typing.Literal["_slot", b"_slot"]) -> typing.Literal["slot"] | None: ...
 
 global___WatchEvent = WatchEvent
 
@@ -831,6 +890,7 @@ class Lease(google.protobuf.message.Message):
     TTL_MS_FIELD_NUMBER: builtins.int
     SESSION_BOUND_FIELD_NUMBER: builtins.int
     WAITED_MS_FIELD_NUMBER: builtins.int
+    SLOT_FIELD_NUMBER: builtins.int
     resource: builtins.str
     """Canonical (NFC) resource name."""
     acquisition_id: builtins.bytes
@@ -850,6 +910,12 @@ class Lease(google.protobuf.message.Message):
     long as the session: the acquire refreshed it on arrival.) Servers
     before this field send 0, which only shortens what the client counts.
     """
+    slot: builtins.int
+    """A shared holder's or a permit's slot: the lowest free one when it was
+    granted (a permit's is below the semaphore's N). A slot's tokens only
+    rise, so a permit holder that writes fences its writes by slot.
+    Absent for an exclusive lease.
+    """
     def __init__(
         self,
         *,
@@ -859,8 +925,11 @@ class Lease(google.protobuf.message.Message):
         ttl_ms: builtins.int = ...,
         session_bound: builtins.bool = ...,
         waited_ms: builtins.int = ...,
+        slot: builtins.int | None = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["acquisition_id", b"acquisition_id", "resource", b"resource", "session_bound", b"session_bound", "token", b"token", "ttl_ms", b"ttl_ms", "waited_ms", b"waited_ms"]) -> None: ...
+    def HasField(self, field_name: typing.Literal["_slot", b"_slot", "slot", b"slot"]) -> builtins.bool: ...
+    def ClearField(self, field_name: typing.Literal["_slot", b"_slot", "acquisition_id", b"acquisition_id", "resource", b"resource", "session_bound", b"session_bound", "slot", b"slot", "token", b"token", "ttl_ms", b"ttl_ms", "waited_ms", b"waited_ms"]) -> None: ...
+    def WhichOneof(self, oneof_group: typing.Literal["_slot", b"_slot"]) -> typing.Literal["slot"] | None: ...
 
 global___Lease = Lease
 
@@ -1205,6 +1274,8 @@ class StatusResponse(google.protobuf.message.Message):
     N_WAITERS_FIELD_NUMBER: builtins.int
     HOLDER_FIELD_NUMBER: builtins.int
     ISSUED_THROUGH_FIELD_NUMBER: builtins.int
+    PERMITS_FIELD_NUMBER: builtins.int
+    SLOTS_FIELD_NUMBER: builtins.int
     resource: builtins.str
     held: builtins.bool
     holder_token: builtins.int
@@ -1219,6 +1290,16 @@ class StatusResponse(google.protobuf.message.Message):
     that stored a higher token saw tokens from a lease state this server
     does not know (for example a restore without a token floor).
     """
+    permits: builtins.int
+    """A semaphore's number of permits while it has holders or waiters; 0
+    for a lock (or a free name).
+    """
+    @property
+    def slots(self) -> google.protobuf.internal.containers.RepeatedCompositeFieldContainer[global___SlotHolder]:
+        """Its shared holders or permits, by slot (held, holder_token and the
+        fields above them describe an exclusive holder only).
+        """
+
     def __init__(
         self,
         *,
@@ -1230,10 +1311,77 @@ class StatusResponse(google.protobuf.message.Message):
         n_waiters: builtins.int = ...,
         holder: builtins.str = ...,
         issued_through: builtins.int = ...,
+        permits: builtins.int = ...,
+        slots: collections.abc.Iterable[global___SlotHolder] | None = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["held", b"held", "holder", b"holder", "holder_token", b"holder_token", "issued_through", b"issued_through", "n_waiters", b"n_waiters", "remaining_ms", b"remaining_ms", "resource", b"resource", "ttl_ms", b"ttl_ms"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["held", b"held", "holder", b"holder", "holder_token", b"holder_token", "issued_through", b"issued_through", "n_waiters", b"n_waiters", "permits", b"permits", "remaining_ms", b"remaining_ms", "resource", b"resource", "slots", b"slots", "ttl_ms", b"ttl_ms"]) -> None: ...
 
 global___StatusResponse = StatusResponse
+
+@typing.final
+class SlotHolder(google.protobuf.message.Message):
+    """A shared holder or a permit, as status shows it."""
+
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    SLOT_FIELD_NUMBER: builtins.int
+    TOKEN_FIELD_NUMBER: builtins.int
+    REMAINING_MS_FIELD_NUMBER: builtins.int
+    TTL_MS_FIELD_NUMBER: builtins.int
+    HOLDER_FIELD_NUMBER: builtins.int
+    slot: builtins.int
+    token: builtins.int
+    remaining_ms: builtins.int
+    ttl_ms: builtins.int
+    holder: builtins.str
+    """Its description; empty if it gave none."""
+    def __init__(
+        self,
+        *,
+        slot: builtins.int = ...,
+        token: builtins.int = ...,
+        remaining_ms: builtins.int = ...,
+        ttl_ms: builtins.int = ...,
+        holder: builtins.str = ...,
+    ) -> None: ...
+    def ClearField(self, field_name: typing.Literal["holder", b"holder", "remaining_ms", b"remaining_ms", "slot", b"slot", "token", b"token", "ttl_ms", b"ttl_ms"]) -> None: ...
+
+global___SlotHolder = SlotHolder
+
+@typing.final
+class SetPermitsRequest(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    RESOURCE_FIELD_NUMBER: builtins.int
+    PERMITS_FIELD_NUMBER: builtins.int
+    resource: builtins.str
+    permits: builtins.int
+    """1 to 4096."""
+    def __init__(
+        self,
+        *,
+        resource: builtins.str = ...,
+        permits: builtins.int = ...,
+    ) -> None: ...
+    def ClearField(self, field_name: typing.Literal["permits", b"permits", "resource", b"resource"]) -> None: ...
+
+global___SetPermitsRequest = SetPermitsRequest
+
+@typing.final
+class SetPermitsResponse(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    PREVIOUS_FIELD_NUMBER: builtins.int
+    previous: builtins.int
+    """The number it replaced."""
+    def __init__(
+        self,
+        *,
+        previous: builtins.int = ...,
+    ) -> None: ...
+    def ClearField(self, field_name: typing.Literal["previous", b"previous"]) -> None: ...
+
+global___SetPermitsResponse = SetPermitsResponse
 
 @typing.final
 class ListRequest(google.protobuf.message.Message):
@@ -1378,6 +1526,7 @@ class StoredLease(google.protobuf.message.Message):
     TTL_MS_FIELD_NUMBER: builtins.int
     SESSION_DIGEST_FIELD_NUMBER: builtins.int
     HOLDER_FIELD_NUMBER: builtins.int
+    PERMITS_FIELD_NUMBER: builtins.int
     resource: builtins.str
     """Canonical (NFC) resource name."""
     acquisition_digest: builtins.bytes
@@ -1390,6 +1539,12 @@ class StoredLease(google.protobuf.message.Message):
     """The digest of the session the lease is tied to (16 bytes), or empty."""
     holder: builtins.str
     """The holder's description, or empty."""
+    permits: builtins.int
+    """A shared holder or a permit: `resource` is its holder's name (the
+    resource's name, U+001F, its slot), and this the semaphore's N for a
+    permit, 0 for a shared holder. 0 with a resource's own name: an
+    exclusive lease.
+    """
     def __init__(
         self,
         *,
@@ -1399,7 +1554,8 @@ class StoredLease(google.protobuf.message.Message):
         ttl_ms: builtins.int = ...,
         session_digest: builtins.bytes = ...,
         holder: builtins.str = ...,
+        permits: builtins.int = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["acquisition_digest", b"acquisition_digest", "holder", b"holder", "resource", b"resource", "session_digest", b"session_digest", "token", b"token", "ttl_ms", b"ttl_ms"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["acquisition_digest", b"acquisition_digest", "holder", b"holder", "permits", b"permits", "resource", b"resource", "session_digest", b"session_digest", "token", b"token", "ttl_ms", b"ttl_ms"]) -> None: ...
 
 global___StoredLease = StoredLease

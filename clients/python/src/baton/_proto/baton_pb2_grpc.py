@@ -64,6 +64,11 @@ class LeasesStub(object):
                 request_serializer=baton_dot_v1_dot_baton__pb2.FenceRequest.SerializeToString,
                 response_deserializer=baton_dot_v1_dot_baton__pb2.FenceResponse.FromString,
                 _registered_method=True)
+        self.SetPermits = channel.unary_unary(
+                '/baton.v1.Leases/SetPermits',
+                request_serializer=baton_dot_v1_dot_baton__pb2.SetPermitsRequest.SerializeToString,
+                response_deserializer=baton_dot_v1_dot_baton__pb2.SetPermitsResponse.FromString,
+                _registered_method=True)
         self.Backup = channel.unary_unary(
                 '/baton.v1.Leases/Backup',
                 request_serializer=baton_dot_v1_dot_baton__pb2.BackupRequest.SerializeToString,
@@ -138,6 +143,17 @@ class LeasesServicer(object):
         """Operator fence: revoke the current lease and issue a token above every
         token issued before, so the next holder's token is higher still. A
         repeat fences again, with a higher token (nothing held is lost twice).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetPermits(self, request, context):
+        """Operator: change a semaphore's number of permits while it has holders
+        or waiters. Lowering it revokes no permit held: no new permit is
+        granted until fewer than the new number are held. Raising it grants
+        waiters at once. Needs the fence permission on the name. Safe to
+        repeat.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -256,6 +272,11 @@ def add_LeasesServicer_to_server(servicer, server):
                     servicer.Fence,
                     request_deserializer=baton_dot_v1_dot_baton__pb2.FenceRequest.FromString,
                     response_serializer=baton_dot_v1_dot_baton__pb2.FenceResponse.SerializeToString,
+            ),
+            'SetPermits': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetPermits,
+                    request_deserializer=baton_dot_v1_dot_baton__pb2.SetPermitsRequest.FromString,
+                    response_serializer=baton_dot_v1_dot_baton__pb2.SetPermitsResponse.SerializeToString,
             ),
             'Backup': grpc.unary_unary_rpc_method_handler(
                     servicer.Backup,
@@ -445,6 +466,33 @@ class Leases(object):
             '/baton.v1.Leases/Fence',
             baton_dot_v1_dot_baton__pb2.FenceRequest.SerializeToString,
             baton_dot_v1_dot_baton__pb2.FenceResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetPermits(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/baton.v1.Leases/SetPermits',
+            baton_dot_v1_dot_baton__pb2.SetPermitsRequest.SerializeToString,
+            baton_dot_v1_dot_baton__pb2.SetPermitsResponse.FromString,
             options,
             channel_credentials,
             insecure,

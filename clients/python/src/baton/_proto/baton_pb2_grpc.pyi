@@ -100,6 +100,17 @@ class LeasesStub:
     repeat fences again, with a higher token (nothing held is lost twice).
     """
 
+    SetPermits: grpc.UnaryUnaryMultiCallable[
+        baton._proto.baton_pb2.SetPermitsRequest,
+        baton._proto.baton_pb2.SetPermitsResponse,
+    ]
+    """Operator: change a semaphore's number of permits while it has holders
+    or waiters. Lowering it revokes no permit held: no new permit is
+    granted until fewer than the new number are held. Raising it grants
+    waiters at once. Needs the fence permission on the name. Safe to
+    repeat.
+    """
+
     Backup: grpc.UnaryUnaryMultiCallable[
         baton._proto.baton_pb2.BackupRequest,
         baton._proto.baton_pb2.Snapshot,
@@ -226,6 +237,17 @@ class LeasesAsyncStub:
     """Operator fence: revoke the current lease and issue a token above every
     token issued before, so the next holder's token is higher still. A
     repeat fences again, with a higher token (nothing held is lost twice).
+    """
+
+    SetPermits: grpc.aio.UnaryUnaryMultiCallable[
+        baton._proto.baton_pb2.SetPermitsRequest,
+        baton._proto.baton_pb2.SetPermitsResponse,
+    ]
+    """Operator: change a semaphore's number of permits while it has holders
+    or waiters. Lowering it revokes no permit held: no new permit is
+    granted until fewer than the new number are held. Raising it grants
+    waiters at once. Needs the fence permission on the name. Safe to
+    repeat.
     """
 
     Backup: grpc.aio.UnaryUnaryMultiCallable[
@@ -366,6 +388,19 @@ class LeasesServicer(metaclass=abc.ABCMeta):
         """Operator fence: revoke the current lease and issue a token above every
         token issued before, so the next holder's token is higher still. A
         repeat fences again, with a higher token (nothing held is lost twice).
+        """
+
+    @abc.abstractmethod
+    def SetPermits(
+        self,
+        request: baton._proto.baton_pb2.SetPermitsRequest,
+        context: _ServicerContext,
+    ) -> typing.Union[baton._proto.baton_pb2.SetPermitsResponse, collections.abc.Awaitable[baton._proto.baton_pb2.SetPermitsResponse]]:
+        """Operator: change a semaphore's number of permits while it has holders
+        or waiters. Lowering it revokes no permit held: no new permit is
+        granted until fewer than the new number are held. Raising it grants
+        waiters at once. Needs the fence permission on the name. Safe to
+        repeat.
         """
 
     @abc.abstractmethod

@@ -146,13 +146,30 @@ class Client(_wire.Settings):
                     raise _wire.after_lost(lost, error) from None
                 await asyncio.sleep(pause)
 
-    async def acquire(self, resource: str, ttl_s: float | None = None, wait_s: float = 0) -> Lease:
-        return (await self.acquire_all([resource], ttl_s, wait_s))[0]
+    async def acquire(
+        self,
+        resource: str,
+        ttl_s: float | None = None,
+        wait_s: float = 0,
+        *,
+        shared: bool = False,
+        permits: int | None = None,
+    ) -> Lease:
+        """As :meth:`baton.Client.acquire`."""
+        leases = await self.acquire_all([resource], ttl_s, wait_s, shared=shared, permits=permits)
+        return leases[0]
 
     async def acquire_all(
-        self, resources: Sequence[str], ttl_s: float | None = None, wait_s: float = 0
+        self,
+        resources: Sequence[str],
+        ttl_s: float | None = None,
+        wait_s: float = 0,
+        *,
+        shared: bool = False,
+        permits: int | None = None,
     ) -> list[Lease]:
-        request, n = _wire.acquire_request(resources, ttl_s, wait_s, self.holder)
+        """As :meth:`baton.Client.acquire_all`."""
+        request, n = _wire.acquire_request(resources, ttl_s, wait_s, self.holder, shared, permits)
         # A lease answered to a repeat counts from the first send too.
         sent = time.monotonic()
         repeat = _wire.repeater(request, sent)
@@ -194,6 +211,11 @@ class Client(_wire.Settings):
     async def fence(self, resource: str) -> Fenced:
         request = pb.FenceRequest(resource=check_resource(resource, existing=True))
         return _wire.fenced(await self._call("Fence", request))
+
+    async def set_permits(self, resource: str, permits: int) -> int:
+        """As :meth:`baton.Client.set_permits`."""
+        request = _wire.set_permits_request(resource, permits)
+        return int((await self._call("SetPermits", request)).previous)
 
     @overload
     def lease(

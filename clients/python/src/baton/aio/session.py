@@ -241,13 +241,29 @@ class Session:
             expiry.cancel()
             self._pending.pop(rid, None)
 
-    async def acquire(self, resource: str, wait_s: float = 0) -> Lease:
-        """Acquires ``resource`` tied to this session. Cancelling the task
+    async def acquire(
+        self,
+        resource: str,
+        wait_s: float = 0,
+        *,
+        shared: bool = False,
+        permits: int | None = None,
+    ) -> Lease:
+        """Acquires ``resource`` tied to this session (``shared`` or a
+        permit as in :meth:`baton.Client.acquire`). Cancelling the task
         that awaits a waiting acquire withdraws the wait on the server."""
-        return (await self.acquire_all([resource], wait_s))[0]
+        return (await self.acquire_all([resource], wait_s, shared=shared, permits=permits))[0]
 
-    async def acquire_all(self, resources: Sequence[str], wait_s: float = 0) -> list[Lease]:
-        acquire, n = _wire.session_acquire(resources, wait_s, self._client.holder)
+    async def acquire_all(
+        self,
+        resources: Sequence[str],
+        wait_s: float = 0,
+        *,
+        shared: bool = False,
+        permits: int | None = None,
+    ) -> list[Lease]:
+        """Acquires every resource or none, tied to this session."""
+        acquire, n = _wire.session_acquire(resources, wait_s, self._client.holder, shared, permits)
         # A lease answered to a repeat counts from the first send too.
         sent = time.monotonic()
         budget = sent + self._client.timeout_s + wait_s
