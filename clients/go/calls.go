@@ -28,6 +28,11 @@ type Lease struct {
 	// it waited in line, plus the TTL. The server cannot expire the lease
 	// before then, whatever the network did.
 	ValidUntil time.Time
+	// Slot is a shared holder's or a permit's slot (the lowest free one
+	// when it was granted; a permit's is below the semaphore's N), -1 for
+	// an exclusive lease. A slot's tokens only rise: a permit's writes are
+	// fenced by slot.
+	Slot int
 }
 
 // ValidFor is the time left until ValidUntil (0 once passed).
@@ -48,6 +53,21 @@ type Status struct {
 	// IssuedThrough is the last token the server issued, to any resource,
 	// when it answered: every later grant gets a higher one.
 	IssuedThrough uint64
+	// Permits is a semaphore's number of permits while it has holders or
+	// waiters (0: a lock, or free).
+	Permits uint32
+	// Slots are its shared holders or permits, by slot (HolderToken and
+	// the fields after it describe an exclusive holder only).
+	Slots []SlotHolder
+}
+
+// SlotHolder is a shared holder or a permit, as Status reports it.
+type SlotHolder struct {
+	Slot      uint32
+	Token     uint64
+	Remaining time.Duration
+	TTL       time.Duration
+	Holder    string
 }
 
 // Fenced is what an operator fence did.
@@ -61,6 +81,46 @@ type acquireSettings struct {
 	ttl    time.Duration
 	wait   time.Duration
 	holder *string
+	shared bool
+	// permits is set (by Permits) for a semaphore's permit.
+	permits *uint32
+}
+
+// PermitsMax is the most permits a semaphore can have.
+const PermitsMax = 4096
+
+// Shared holds every resource of the acquire shared: beside other shared
+// holders, never beside an exclusive one (docs/locks.md).
+func Shared() AcquireOption {
+	return func(a *acquireSettings) { a.shared = true }
+}
+
+// Permits holds every resource of the acquire as one of n permits of a
+// semaphore (1 to [PermitsMax]); the lease's Slot says which.
+func Permits(n uint32) AcquireOption {
+	return func(a *acquireSettings) { a.permits = &n }
+}
+
+// shapes are the wire's shapes for n resources held alike: none when they
+// are exclusive (the request older servers know).
+func (a acquireSettings) shapes(n int) ([]*pb.LockShape, error) {
+	var permits uint32
+	if a.permits != nil {
+		permits = *a.permits
+		if permits == 0 || permits > PermitsMax {
+			return nil, invalidf("permits %d: a semaphore has from 1 to %d permits", permits, PermitsMax)
+		}
+		if a.shared {
+			return nil, invalidf("shared and %d permits: a resource is held shared (a lock) or as a permit (a semaphore), not both", permits)
+		}
+	} else if !a.shared {
+		return nil, nil
+	}
+	shapes := make([]*pb.LockShape, n)
+	for i := range shapes {
+		shapes[i] = &pb.LockShape{Shared: a.shared, Permits: permits}
+	}
+	return shapes, nil
 }
 
 // AcquireHolder describes the holder of this acquire's leases instead of
@@ -152,7 +212,11 @@ func (c *Client) acquireRequest(resources []string, a acquireSettings, holder st
 		}
 		names[i] = name
 	}
-	request := &pb.AcquireRequest{Resources: names, RequestId: make([]byte, 16)}
+	shapes, err := a.shapes(len(names))
+	if err != nil {
+		return nil, err
+	}
+	request := &pb.AcquireRequest{Resources: names, RequestId: make([]byte, 16), Shapes: shapes}
 	if a.ttl != 0 {
 		ttl, err := millis(a.ttl, "ttl", false)
 		if err != nil {
@@ -257,6 +321,10 @@ func granted(r *pb.AcquireResponse, sent time.Time, n int) ([]*Lease, error) {
 			Token:         l.GetToken(),
 			TTL:           ttl,
 			ValidUntil:    sent.Add(time.Duration(l.GetWaitedMs())*time.Millisecond + ttl),
+			Slot:          -1,
+		}
+		if l.Slot != nil {
+			leases[i].Slot = int(l.GetSlot())
 		}
 	}
 	return leases, nil
@@ -321,9 +389,19 @@ func statusOf(r *pb.StatusResponse) *Status {
 		Waiters:       r.GetNWaiters(),
 		Holder:        r.GetHolder(),
 		IssuedThrough: r.GetIssuedThrough(),
+		Permits:       r.GetPermits(),
 	}
 	if r.GetHeld() {
 		s.HolderToken = r.GetHolderToken()
+	}
+	for _, x := range r.GetSlots() {
+		s.Slots = append(s.Slots, SlotHolder{
+			Slot:      x.GetSlot(),
+			Token:     x.GetToken(),
+			Remaining: time.Duration(x.GetRemainingMs()) * time.Millisecond,
+			TTL:       time.Duration(x.GetTtlMs()) * time.Millisecond,
+			Holder:    x.GetHolder(),
+		})
 	}
 	return s
 }
@@ -369,4 +447,26 @@ func (c *Client) Fence(ctx context.Context, resource string) (*Fenced, error) {
 		f.RevokedToken = r.GetRevokedToken()
 	}
 	return f, nil
+}
+
+// SetPermits changes a semaphore's number of permits while it has holders
+// or waiters and returns the number it replaced (an operator's action: it
+// needs the fence permission). Lowering it revokes no permit held.
+func (c *Client) SetPermits(ctx context.Context, resource string, permits uint32) (uint32, error) {
+	name, err := CheckResource(resource, true)
+	if err != nil {
+		return 0, err
+	}
+	if permits == 0 || permits > PermitsMax {
+		return 0, invalidf("permits %d: a semaphore has from 1 to %d permits", permits, PermitsMax)
+	}
+	var r *pb.SetPermitsResponse
+	err = c.call(ctx, 0, kind{}, func(ctx context.Context, l pb.LeasesClient, o ...grpc.CallOption) (err error) {
+		r, err = l.SetPermits(ctx, &pb.SetPermitsRequest{Resource: name, Permits: permits}, o...)
+		return err
+	})
+	if err != nil {
+		return 0, err
+	}
+	return r.GetPrevious(), nil
 }

@@ -85,7 +85,7 @@ func (s *Session) AcquireAll(ctx context.Context, resources []string, options ..
 	}
 	acquire := &pb.SessionAcquire{
 		Resources: unary.Resources, TtlMs: unary.TtlMs, WaitMs: unary.WaitMs,
-		Holder: unary.Holder, RequestId: unary.RequestId,
+		Holder: unary.Holder, RequestId: unary.RequestId, Shapes: unary.Shapes,
 	}
 	// A lease answered to a repeat counts from the first send too.
 	sent := time.Now()

@@ -116,7 +116,7 @@ func (x WatchEvent_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use WatchEvent_Kind.Descriptor instead.
 func (WatchEvent_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_baton_v1_baton_proto_rawDescGZIP(), []int{23, 0}
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{24, 0}
 }
 
 type NotAcquired_Reason int32
@@ -181,7 +181,7 @@ func (x NotAcquired_Reason) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use NotAcquired_Reason.Descriptor instead.
 func (NotAcquired_Reason) EnumDescriptor() ([]byte, []int) {
-	return file_baton_v1_baton_proto_rawDescGZIP(), []int{28, 0}
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{29, 0}
 }
 
 type SessionRequest struct {
@@ -504,8 +504,10 @@ type SessionAcquire struct {
 	RequestId []byte `protobuf:"bytes,5,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	// As in AcquireRequest.
 	FirstSentMsAgo *uint64 `protobuf:"varint,6,opt,name=first_sent_ms_ago,json=firstSentMsAgo,proto3,oneof" json:"first_sent_ms_ago,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// As in AcquireRequest.
+	Shapes        []*LockShape `protobuf:"bytes,7,rep,name=shapes,proto3" json:"shapes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SessionAcquire) Reset() {
@@ -578,6 +580,13 @@ func (x *SessionAcquire) GetFirstSentMsAgo() uint64 {
 		return *x.FirstSentMsAgo
 	}
 	return 0
+}
+
+func (x *SessionAcquire) GetShapes() []*LockShape {
+	if x != nil {
+		return x.Shapes
+	}
+	return nil
 }
 
 type CancelWait struct {
@@ -1487,8 +1496,16 @@ type AcquireRequest struct {
 	// cannot prove it never granted a request sent that long ago (it took
 	// over, or restarted, since) answers ENDED unless the leases are held.
 	FirstSentMsAgo *uint64 `protobuf:"varint,6,opt,name=first_sent_ms_ago,json=firstSentMsAgo,proto3,oneof" json:"first_sent_ms_ago,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// How each resource is held, one per resource in order; empty: every
+	// resource exclusively (the only shape before this field). A resource
+	// is a lock (exclusive and shared holders) or a semaphore of N permits
+	// while it has a holder or a waiter: a request of the other kind, or of
+	// another N, is refused (INVALID_ARGUMENT, naming both) and changes
+	// nothing. Waiting is first come first served across every shape: a
+	// waiting exclusive request holds back the shared ones after it.
+	Shapes        []*LockShape `protobuf:"bytes,7,rep,name=shapes,proto3" json:"shapes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *AcquireRequest) Reset() {
@@ -1563,6 +1580,70 @@ func (x *AcquireRequest) GetFirstSentMsAgo() uint64 {
 	return 0
 }
 
+func (x *AcquireRequest) GetShapes() []*LockShape {
+	if x != nil {
+		return x.Shapes
+	}
+	return nil
+}
+
+// How a request holds one resource.
+type LockShape struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Beside any number of other shared holders, and no exclusive one (a
+	// reader). Not with permits.
+	Shared bool `protobuf:"varint,1,opt,name=shared,proto3" json:"shared,omitempty"`
+	// A permit of a semaphore of this many permits, 1 to 4096 (at most that
+	// many holders at once, each in its own slot); 0: a lock.
+	Permits       uint32 `protobuf:"varint,2,opt,name=permits,proto3" json:"permits,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LockShape) Reset() {
+	*x = LockShape{}
+	mi := &file_baton_v1_baton_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LockShape) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LockShape) ProtoMessage() {}
+
+func (x *LockShape) ProtoReflect() protoreflect.Message {
+	mi := &file_baton_v1_baton_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LockShape.ProtoReflect.Descriptor instead.
+func (*LockShape) Descriptor() ([]byte, []int) {
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *LockShape) GetShared() bool {
+	if x != nil {
+		return x.Shared
+	}
+	return false
+}
+
+func (x *LockShape) GetPermits() uint32 {
+	if x != nil {
+		return x.Permits
+	}
+	return 0
+}
+
 type WatchRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Names starting with this ("" for every name).
@@ -1573,7 +1654,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_baton_v1_baton_proto_msgTypes[18]
+	mi := &file_baton_v1_baton_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1585,7 +1666,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_baton_v1_baton_proto_msgTypes[18]
+	mi := &file_baton_v1_baton_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1598,7 +1679,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_baton_v1_baton_proto_rawDescGZIP(), []int{18}
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *WatchRequest) GetPrefix() string {
@@ -1621,7 +1702,7 @@ type WatchResponse struct {
 
 func (x *WatchResponse) Reset() {
 	*x = WatchResponse{}
-	mi := &file_baton_v1_baton_proto_msgTypes[19]
+	mi := &file_baton_v1_baton_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1633,7 +1714,7 @@ func (x *WatchResponse) String() string {
 func (*WatchResponse) ProtoMessage() {}
 
 func (x *WatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_baton_v1_baton_proto_msgTypes[19]
+	mi := &file_baton_v1_baton_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1646,7 +1727,7 @@ func (x *WatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchResponse.ProtoReflect.Descriptor instead.
 func (*WatchResponse) Descriptor() ([]byte, []int) {
-	return file_baton_v1_baton_proto_rawDescGZIP(), []int{19}
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *WatchResponse) GetBody() isWatchResponse_Body {
@@ -1701,7 +1782,7 @@ type WatchEvents struct {
 
 func (x *WatchEvents) Reset() {
 	*x = WatchEvents{}
-	mi := &file_baton_v1_baton_proto_msgTypes[20]
+	mi := &file_baton_v1_baton_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1713,7 +1794,7 @@ func (x *WatchEvents) String() string {
 func (*WatchEvents) ProtoMessage() {}
 
 func (x *WatchEvents) ProtoReflect() protoreflect.Message {
-	mi := &file_baton_v1_baton_proto_msgTypes[20]
+	mi := &file_baton_v1_baton_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1726,7 +1807,7 @@ func (x *WatchEvents) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEvents.ProtoReflect.Descriptor instead.
 func (*WatchEvents) Descriptor() ([]byte, []int) {
-	return file_baton_v1_baton_proto_rawDescGZIP(), []int{20}
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *WatchEvents) GetEvents() []*WatchEvent {
@@ -1750,7 +1831,7 @@ type WatchSnapshot struct {
 
 func (x *WatchSnapshot) Reset() {
 	*x = WatchSnapshot{}
-	mi := &file_baton_v1_baton_proto_msgTypes[21]
+	mi := &file_baton_v1_baton_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1762,7 +1843,7 @@ func (x *WatchSnapshot) String() string {
 func (*WatchSnapshot) ProtoMessage() {}
 
 func (x *WatchSnapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_baton_v1_baton_proto_msgTypes[21]
+	mi := &file_baton_v1_baton_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1775,7 +1856,7 @@ func (x *WatchSnapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchSnapshot.ProtoReflect.Descriptor instead.
 func (*WatchSnapshot) Descriptor() ([]byte, []int) {
-	return file_baton_v1_baton_proto_rawDescGZIP(), []int{21}
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *WatchSnapshot) GetSeq() uint64 {
@@ -1807,14 +1888,16 @@ type WatchHolder struct {
 	RemainingMs uint64 `protobuf:"varint,3,opt,name=remaining_ms,json=remainingMs,proto3" json:"remaining_ms,omitempty"`
 	NWaiters    uint64 `protobuf:"varint,4,opt,name=n_waiters,json=nWaiters,proto3" json:"n_waiters,omitempty"`
 	// The holder's description; empty if it gave none.
-	Holder        string `protobuf:"bytes,5,opt,name=holder,proto3" json:"holder,omitempty"`
+	Holder string `protobuf:"bytes,5,opt,name=holder,proto3" json:"holder,omitempty"`
+	// A shared holder's or a permit's slot; absent for an exclusive holder.
+	Slot          *uint32 `protobuf:"varint,6,opt,name=slot,proto3,oneof" json:"slot,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *WatchHolder) Reset() {
 	*x = WatchHolder{}
-	mi := &file_baton_v1_baton_proto_msgTypes[22]
+	mi := &file_baton_v1_baton_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1826,7 +1909,7 @@ func (x *WatchHolder) String() string {
 func (*WatchHolder) ProtoMessage() {}
 
 func (x *WatchHolder) ProtoReflect() protoreflect.Message {
-	mi := &file_baton_v1_baton_proto_msgTypes[22]
+	mi := &file_baton_v1_baton_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1839,7 +1922,7 @@ func (x *WatchHolder) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchHolder.ProtoReflect.Descriptor instead.
 func (*WatchHolder) Descriptor() ([]byte, []int) {
-	return file_baton_v1_baton_proto_rawDescGZIP(), []int{22}
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *WatchHolder) GetResource() string {
@@ -1877,6 +1960,13 @@ func (x *WatchHolder) GetHolder() string {
 	return ""
 }
 
+func (x *WatchHolder) GetSlot() uint32 {
+	if x != nil && x.Slot != nil {
+		return *x.Slot
+	}
+	return 0
+}
+
 type WatchEvent struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Increases with every event of any prefix: events of other prefixes
@@ -1891,14 +1981,17 @@ type WatchEvent struct {
 	// The description of the holder the change concerns: the new holder for
 	// GRANTED and HANDED_OFF, the one that lost the lease for RELEASED,
 	// EXPIRED and FENCED. Empty if it gave none.
-	Holder        string `protobuf:"bytes,6,opt,name=holder,proto3" json:"holder,omitempty"`
+	Holder string `protobuf:"bytes,6,opt,name=holder,proto3" json:"holder,omitempty"`
+	// The slot of the shared holder or permit the change concerns; absent
+	// for an exclusive holder (and for FENCED, which revokes every holder).
+	Slot          *uint32 `protobuf:"varint,7,opt,name=slot,proto3,oneof" json:"slot,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *WatchEvent) Reset() {
 	*x = WatchEvent{}
-	mi := &file_baton_v1_baton_proto_msgTypes[23]
+	mi := &file_baton_v1_baton_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1910,7 +2003,7 @@ func (x *WatchEvent) String() string {
 func (*WatchEvent) ProtoMessage() {}
 
 func (x *WatchEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_baton_v1_baton_proto_msgTypes[23]
+	mi := &file_baton_v1_baton_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1923,7 +2016,7 @@ func (x *WatchEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEvent.ProtoReflect.Descriptor instead.
 func (*WatchEvent) Descriptor() ([]byte, []int) {
-	return file_baton_v1_baton_proto_rawDescGZIP(), []int{23}
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *WatchEvent) GetSeq() uint64 {
@@ -1968,6 +2061,13 @@ func (x *WatchEvent) GetHolder() string {
 	return ""
 }
 
+func (x *WatchEvent) GetSlot() uint32 {
+	if x != nil && x.Slot != nil {
+		return *x.Slot
+	}
+	return 0
+}
+
 type Lease struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Canonical (NFC) resource name.
@@ -1987,14 +2087,19 @@ type Lease struct {
 	// and granted it waited_ms later. (A lease tied to a session lives as
 	// long as the session: the acquire refreshed it on arrival.) Servers
 	// before this field send 0, which only shortens what the client counts.
-	WaitedMs      uint64 `protobuf:"varint,6,opt,name=waited_ms,json=waitedMs,proto3" json:"waited_ms,omitempty"`
+	WaitedMs uint64 `protobuf:"varint,6,opt,name=waited_ms,json=waitedMs,proto3" json:"waited_ms,omitempty"`
+	// A shared holder's or a permit's slot: the lowest free one when it was
+	// granted (a permit's is below the semaphore's N). A slot's tokens only
+	// rise, so a permit holder that writes fences its writes by slot.
+	// Absent for an exclusive lease.
+	Slot          *uint32 `protobuf:"varint,7,opt,name=slot,proto3,oneof" json:"slot,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Lease) Reset() {
 	*x = Lease{}
-	mi := &file_baton_v1_baton_proto_msgTypes[24]
+	mi := &file_baton_v1_baton_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2006,7 +2111,7 @@ func (x *Lease) String() string {
 func (*Lease) ProtoMessage() {}
 
 func (x *Lease) ProtoReflect() protoreflect.Message {
-	mi := &file_baton_v1_baton_proto_msgTypes[24]
+	mi := &file_baton_v1_baton_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2019,7 +2124,7 @@ func (x *Lease) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Lease.ProtoReflect.Descriptor instead.
 func (*Lease) Descriptor() ([]byte, []int) {
-	return file_baton_v1_baton_proto_rawDescGZIP(), []int{24}
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *Lease) GetResource() string {
@@ -2064,6 +2169,13 @@ func (x *Lease) GetWaitedMs() uint64 {
 	return 0
 }
 
+func (x *Lease) GetSlot() uint32 {
+	if x != nil && x.Slot != nil {
+		return *x.Slot
+	}
+	return 0
+}
+
 // An open session as the store keeps it.
 type StoredSession struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -2079,7 +2191,7 @@ type StoredSession struct {
 
 func (x *StoredSession) Reset() {
 	*x = StoredSession{}
-	mi := &file_baton_v1_baton_proto_msgTypes[25]
+	mi := &file_baton_v1_baton_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2091,7 +2203,7 @@ func (x *StoredSession) String() string {
 func (*StoredSession) ProtoMessage() {}
 
 func (x *StoredSession) ProtoReflect() protoreflect.Message {
-	mi := &file_baton_v1_baton_proto_msgTypes[25]
+	mi := &file_baton_v1_baton_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2104,7 +2216,7 @@ func (x *StoredSession) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StoredSession.ProtoReflect.Descriptor instead.
 func (*StoredSession) Descriptor() ([]byte, []int) {
-	return file_baton_v1_baton_proto_rawDescGZIP(), []int{25}
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *StoredSession) GetDigest() []byte {
@@ -2141,7 +2253,7 @@ type AcquireResponse struct {
 
 func (x *AcquireResponse) Reset() {
 	*x = AcquireResponse{}
-	mi := &file_baton_v1_baton_proto_msgTypes[26]
+	mi := &file_baton_v1_baton_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2153,7 +2265,7 @@ func (x *AcquireResponse) String() string {
 func (*AcquireResponse) ProtoMessage() {}
 
 func (x *AcquireResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_baton_v1_baton_proto_msgTypes[26]
+	mi := &file_baton_v1_baton_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2166,7 +2278,7 @@ func (x *AcquireResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquireResponse.ProtoReflect.Descriptor instead.
 func (*AcquireResponse) Descriptor() ([]byte, []int) {
-	return file_baton_v1_baton_proto_rawDescGZIP(), []int{26}
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *AcquireResponse) GetOutcome() isAcquireResponse_Outcome {
@@ -2226,7 +2338,7 @@ type Granted struct {
 
 func (x *Granted) Reset() {
 	*x = Granted{}
-	mi := &file_baton_v1_baton_proto_msgTypes[27]
+	mi := &file_baton_v1_baton_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2238,7 +2350,7 @@ func (x *Granted) String() string {
 func (*Granted) ProtoMessage() {}
 
 func (x *Granted) ProtoReflect() protoreflect.Message {
-	mi := &file_baton_v1_baton_proto_msgTypes[27]
+	mi := &file_baton_v1_baton_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2251,7 +2363,7 @@ func (x *Granted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Granted.ProtoReflect.Descriptor instead.
 func (*Granted) Descriptor() ([]byte, []int) {
-	return file_baton_v1_baton_proto_rawDescGZIP(), []int{27}
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *Granted) GetLeases() []*Lease {
@@ -2293,7 +2405,7 @@ type NotAcquired struct {
 
 func (x *NotAcquired) Reset() {
 	*x = NotAcquired{}
-	mi := &file_baton_v1_baton_proto_msgTypes[28]
+	mi := &file_baton_v1_baton_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2305,7 +2417,7 @@ func (x *NotAcquired) String() string {
 func (*NotAcquired) ProtoMessage() {}
 
 func (x *NotAcquired) ProtoReflect() protoreflect.Message {
-	mi := &file_baton_v1_baton_proto_msgTypes[28]
+	mi := &file_baton_v1_baton_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2318,7 +2430,7 @@ func (x *NotAcquired) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NotAcquired.ProtoReflect.Descriptor instead.
 func (*NotAcquired) Descriptor() ([]byte, []int) {
-	return file_baton_v1_baton_proto_rawDescGZIP(), []int{28}
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *NotAcquired) GetReason() NotAcquired_Reason {
@@ -2369,7 +2481,7 @@ type Blocker struct {
 
 func (x *Blocker) Reset() {
 	*x = Blocker{}
-	mi := &file_baton_v1_baton_proto_msgTypes[29]
+	mi := &file_baton_v1_baton_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2381,7 +2493,7 @@ func (x *Blocker) String() string {
 func (*Blocker) ProtoMessage() {}
 
 func (x *Blocker) ProtoReflect() protoreflect.Message {
-	mi := &file_baton_v1_baton_proto_msgTypes[29]
+	mi := &file_baton_v1_baton_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2394,7 +2506,7 @@ func (x *Blocker) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Blocker.ProtoReflect.Descriptor instead.
 func (*Blocker) Descriptor() ([]byte, []int) {
-	return file_baton_v1_baton_proto_rawDescGZIP(), []int{29}
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *Blocker) GetResource() string {
@@ -2452,7 +2564,7 @@ type BlockingHolder struct {
 
 func (x *BlockingHolder) Reset() {
 	*x = BlockingHolder{}
-	mi := &file_baton_v1_baton_proto_msgTypes[30]
+	mi := &file_baton_v1_baton_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2464,7 +2576,7 @@ func (x *BlockingHolder) String() string {
 func (*BlockingHolder) ProtoMessage() {}
 
 func (x *BlockingHolder) ProtoReflect() protoreflect.Message {
-	mi := &file_baton_v1_baton_proto_msgTypes[30]
+	mi := &file_baton_v1_baton_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2477,7 +2589,7 @@ func (x *BlockingHolder) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BlockingHolder.ProtoReflect.Descriptor instead.
 func (*BlockingHolder) Descriptor() ([]byte, []int) {
-	return file_baton_v1_baton_proto_rawDescGZIP(), []int{30}
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *BlockingHolder) GetToken() uint64 {
@@ -2532,7 +2644,7 @@ type RenewRequest struct {
 
 func (x *RenewRequest) Reset() {
 	*x = RenewRequest{}
-	mi := &file_baton_v1_baton_proto_msgTypes[31]
+	mi := &file_baton_v1_baton_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2544,7 +2656,7 @@ func (x *RenewRequest) String() string {
 func (*RenewRequest) ProtoMessage() {}
 
 func (x *RenewRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_baton_v1_baton_proto_msgTypes[31]
+	mi := &file_baton_v1_baton_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2557,7 +2669,7 @@ func (x *RenewRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewRequest.ProtoReflect.Descriptor instead.
 func (*RenewRequest) Descriptor() ([]byte, []int) {
-	return file_baton_v1_baton_proto_rawDescGZIP(), []int{31}
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *RenewRequest) GetResource() string {
@@ -2588,7 +2700,7 @@ type RenewResponse struct {
 
 func (x *RenewResponse) Reset() {
 	*x = RenewResponse{}
-	mi := &file_baton_v1_baton_proto_msgTypes[32]
+	mi := &file_baton_v1_baton_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2600,7 +2712,7 @@ func (x *RenewResponse) String() string {
 func (*RenewResponse) ProtoMessage() {}
 
 func (x *RenewResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_baton_v1_baton_proto_msgTypes[32]
+	mi := &file_baton_v1_baton_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2613,7 +2725,7 @@ func (x *RenewResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewResponse.ProtoReflect.Descriptor instead.
 func (*RenewResponse) Descriptor() ([]byte, []int) {
-	return file_baton_v1_baton_proto_rawDescGZIP(), []int{32}
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *RenewResponse) GetRenewed() bool {
@@ -2647,7 +2759,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_baton_v1_baton_proto_msgTypes[33]
+	mi := &file_baton_v1_baton_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2659,7 +2771,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_baton_v1_baton_proto_msgTypes[33]
+	mi := &file_baton_v1_baton_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2672,7 +2784,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_baton_v1_baton_proto_rawDescGZIP(), []int{33}
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ReleaseRequest) GetResource() string {
@@ -2701,7 +2813,7 @@ type ReleaseResponse struct {
 
 func (x *ReleaseResponse) Reset() {
 	*x = ReleaseResponse{}
-	mi := &file_baton_v1_baton_proto_msgTypes[34]
+	mi := &file_baton_v1_baton_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2713,7 +2825,7 @@ func (x *ReleaseResponse) String() string {
 func (*ReleaseResponse) ProtoMessage() {}
 
 func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_baton_v1_baton_proto_msgTypes[34]
+	mi := &file_baton_v1_baton_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2726,7 +2838,7 @@ func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_baton_v1_baton_proto_rawDescGZIP(), []int{34}
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ReleaseResponse) GetReleased() bool {
@@ -2752,7 +2864,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_baton_v1_baton_proto_msgTypes[35]
+	mi := &file_baton_v1_baton_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2764,7 +2876,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_baton_v1_baton_proto_msgTypes[35]
+	mi := &file_baton_v1_baton_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2777,7 +2889,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_baton_v1_baton_proto_rawDescGZIP(), []int{35}
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *StatusRequest) GetResource() string {
@@ -2802,13 +2914,19 @@ type StatusResponse struct {
 	// that stored a higher token saw tokens from a lease state this server
 	// does not know (for example a restore without a token floor).
 	IssuedThrough uint64 `protobuf:"varint,8,opt,name=issued_through,json=issuedThrough,proto3" json:"issued_through,omitempty"`
+	// A semaphore's number of permits while it has holders or waiters; 0
+	// for a lock (or a free name).
+	Permits uint32 `protobuf:"varint,9,opt,name=permits,proto3" json:"permits,omitempty"`
+	// Its shared holders or permits, by slot (held, holder_token and the
+	// fields above them describe an exclusive holder only).
+	Slots         []*SlotHolder `protobuf:"bytes,10,rep,name=slots,proto3" json:"slots,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_baton_v1_baton_proto_msgTypes[36]
+	mi := &file_baton_v1_baton_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2820,7 +2938,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_baton_v1_baton_proto_msgTypes[36]
+	mi := &file_baton_v1_baton_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2833,7 +2951,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_baton_v1_baton_proto_rawDescGZIP(), []int{36}
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *StatusResponse) GetResource() string {
@@ -2892,6 +3010,196 @@ func (x *StatusResponse) GetIssuedThrough() uint64 {
 	return 0
 }
 
+func (x *StatusResponse) GetPermits() uint32 {
+	if x != nil {
+		return x.Permits
+	}
+	return 0
+}
+
+func (x *StatusResponse) GetSlots() []*SlotHolder {
+	if x != nil {
+		return x.Slots
+	}
+	return nil
+}
+
+// A shared holder or a permit, as status shows it.
+type SlotHolder struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Slot        uint32                 `protobuf:"varint,1,opt,name=slot,proto3" json:"slot,omitempty"`
+	Token       uint64                 `protobuf:"varint,2,opt,name=token,proto3" json:"token,omitempty"`
+	RemainingMs uint64                 `protobuf:"varint,3,opt,name=remaining_ms,json=remainingMs,proto3" json:"remaining_ms,omitempty"`
+	TtlMs       uint64                 `protobuf:"varint,4,opt,name=ttl_ms,json=ttlMs,proto3" json:"ttl_ms,omitempty"`
+	// Its description; empty if it gave none.
+	Holder        string `protobuf:"bytes,5,opt,name=holder,proto3" json:"holder,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SlotHolder) Reset() {
+	*x = SlotHolder{}
+	mi := &file_baton_v1_baton_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SlotHolder) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SlotHolder) ProtoMessage() {}
+
+func (x *SlotHolder) ProtoReflect() protoreflect.Message {
+	mi := &file_baton_v1_baton_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SlotHolder.ProtoReflect.Descriptor instead.
+func (*SlotHolder) Descriptor() ([]byte, []int) {
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *SlotHolder) GetSlot() uint32 {
+	if x != nil {
+		return x.Slot
+	}
+	return 0
+}
+
+func (x *SlotHolder) GetToken() uint64 {
+	if x != nil {
+		return x.Token
+	}
+	return 0
+}
+
+func (x *SlotHolder) GetRemainingMs() uint64 {
+	if x != nil {
+		return x.RemainingMs
+	}
+	return 0
+}
+
+func (x *SlotHolder) GetTtlMs() uint64 {
+	if x != nil {
+		return x.TtlMs
+	}
+	return 0
+}
+
+func (x *SlotHolder) GetHolder() string {
+	if x != nil {
+		return x.Holder
+	}
+	return ""
+}
+
+type SetPermitsRequest struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Resource string                 `protobuf:"bytes,1,opt,name=resource,proto3" json:"resource,omitempty"`
+	// 1 to 4096.
+	Permits       uint32 `protobuf:"varint,2,opt,name=permits,proto3" json:"permits,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetPermitsRequest) Reset() {
+	*x = SetPermitsRequest{}
+	mi := &file_baton_v1_baton_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetPermitsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetPermitsRequest) ProtoMessage() {}
+
+func (x *SetPermitsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_baton_v1_baton_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetPermitsRequest.ProtoReflect.Descriptor instead.
+func (*SetPermitsRequest) Descriptor() ([]byte, []int) {
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{39}
+}
+
+func (x *SetPermitsRequest) GetResource() string {
+	if x != nil {
+		return x.Resource
+	}
+	return ""
+}
+
+func (x *SetPermitsRequest) GetPermits() uint32 {
+	if x != nil {
+		return x.Permits
+	}
+	return 0
+}
+
+type SetPermitsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The number it replaced.
+	Previous      uint32 `protobuf:"varint,1,opt,name=previous,proto3" json:"previous,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetPermitsResponse) Reset() {
+	*x = SetPermitsResponse{}
+	mi := &file_baton_v1_baton_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetPermitsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetPermitsResponse) ProtoMessage() {}
+
+func (x *SetPermitsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_baton_v1_baton_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetPermitsResponse.ProtoReflect.Descriptor instead.
+func (*SetPermitsResponse) Descriptor() ([]byte, []int) {
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{40}
+}
+
+func (x *SetPermitsResponse) GetPrevious() uint32 {
+	if x != nil {
+		return x.Previous
+	}
+	return 0
+}
+
 type ListRequest struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Prefix string                 `protobuf:"bytes,1,opt,name=prefix,proto3" json:"prefix,omitempty"`
@@ -2905,7 +3213,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_baton_v1_baton_proto_msgTypes[37]
+	mi := &file_baton_v1_baton_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2917,7 +3225,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_baton_v1_baton_proto_msgTypes[37]
+	mi := &file_baton_v1_baton_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2930,7 +3238,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_baton_v1_baton_proto_rawDescGZIP(), []int{37}
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ListRequest) GetPrefix() string {
@@ -2963,7 +3271,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_baton_v1_baton_proto_msgTypes[38]
+	mi := &file_baton_v1_baton_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2975,7 +3283,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_baton_v1_baton_proto_msgTypes[38]
+	mi := &file_baton_v1_baton_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2988,7 +3296,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_baton_v1_baton_proto_rawDescGZIP(), []int{38}
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ListResponse) GetEntries() []*StatusResponse {
@@ -3007,7 +3315,7 @@ type FenceRequest struct {
 
 func (x *FenceRequest) Reset() {
 	*x = FenceRequest{}
-	mi := &file_baton_v1_baton_proto_msgTypes[39]
+	mi := &file_baton_v1_baton_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3019,7 +3327,7 @@ func (x *FenceRequest) String() string {
 func (*FenceRequest) ProtoMessage() {}
 
 func (x *FenceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_baton_v1_baton_proto_msgTypes[39]
+	mi := &file_baton_v1_baton_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3032,7 +3340,7 @@ func (x *FenceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FenceRequest.ProtoReflect.Descriptor instead.
 func (*FenceRequest) Descriptor() ([]byte, []int) {
-	return file_baton_v1_baton_proto_rawDescGZIP(), []int{39}
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *FenceRequest) GetResource() string {
@@ -3054,7 +3362,7 @@ type FenceResponse struct {
 
 func (x *FenceResponse) Reset() {
 	*x = FenceResponse{}
-	mi := &file_baton_v1_baton_proto_msgTypes[40]
+	mi := &file_baton_v1_baton_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3066,7 +3374,7 @@ func (x *FenceResponse) String() string {
 func (*FenceResponse) ProtoMessage() {}
 
 func (x *FenceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_baton_v1_baton_proto_msgTypes[40]
+	mi := &file_baton_v1_baton_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3079,7 +3387,7 @@ func (x *FenceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FenceResponse.ProtoReflect.Descriptor instead.
 func (*FenceResponse) Descriptor() ([]byte, []int) {
-	return file_baton_v1_baton_proto_rawDescGZIP(), []int{40}
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *FenceResponse) GetToken() uint64 {
@@ -3111,7 +3419,7 @@ type BackupRequest struct {
 
 func (x *BackupRequest) Reset() {
 	*x = BackupRequest{}
-	mi := &file_baton_v1_baton_proto_msgTypes[41]
+	mi := &file_baton_v1_baton_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3123,7 +3431,7 @@ func (x *BackupRequest) String() string {
 func (*BackupRequest) ProtoMessage() {}
 
 func (x *BackupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_baton_v1_baton_proto_msgTypes[41]
+	mi := &file_baton_v1_baton_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3136,7 +3444,7 @@ func (x *BackupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BackupRequest.ProtoReflect.Descriptor instead.
 func (*BackupRequest) Descriptor() ([]byte, []int) {
-	return file_baton_v1_baton_proto_rawDescGZIP(), []int{41}
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{45}
 }
 
 // The durable state of a server, as written by `baton admin backup`.
@@ -3160,7 +3468,7 @@ type Snapshot struct {
 
 func (x *Snapshot) Reset() {
 	*x = Snapshot{}
-	mi := &file_baton_v1_baton_proto_msgTypes[42]
+	mi := &file_baton_v1_baton_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3172,7 +3480,7 @@ func (x *Snapshot) String() string {
 func (*Snapshot) ProtoMessage() {}
 
 func (x *Snapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_baton_v1_baton_proto_msgTypes[42]
+	mi := &file_baton_v1_baton_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3185,7 +3493,7 @@ func (x *Snapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Snapshot.ProtoReflect.Descriptor instead.
 func (*Snapshot) Descriptor() ([]byte, []int) {
-	return file_baton_v1_baton_proto_rawDescGZIP(), []int{42}
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *Snapshot) GetFormat() uint32 {
@@ -3243,14 +3551,19 @@ type StoredLease struct {
 	// The digest of the session the lease is tied to (16 bytes), or empty.
 	SessionDigest []byte `protobuf:"bytes,5,opt,name=session_digest,json=sessionDigest,proto3" json:"session_digest,omitempty"`
 	// The holder's description, or empty.
-	Holder        string `protobuf:"bytes,6,opt,name=holder,proto3" json:"holder,omitempty"`
+	Holder string `protobuf:"bytes,6,opt,name=holder,proto3" json:"holder,omitempty"`
+	// A shared holder or a permit: `resource` is its holder's name (the
+	// resource's name, U+001F, its slot), and this the semaphore's N for a
+	// permit, 0 for a shared holder. 0 with a resource's own name: an
+	// exclusive lease.
+	Permits       uint32 `protobuf:"varint,7,opt,name=permits,proto3" json:"permits,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *StoredLease) Reset() {
 	*x = StoredLease{}
-	mi := &file_baton_v1_baton_proto_msgTypes[43]
+	mi := &file_baton_v1_baton_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3262,7 +3575,7 @@ func (x *StoredLease) String() string {
 func (*StoredLease) ProtoMessage() {}
 
 func (x *StoredLease) ProtoReflect() protoreflect.Message {
-	mi := &file_baton_v1_baton_proto_msgTypes[43]
+	mi := &file_baton_v1_baton_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3275,7 +3588,7 @@ func (x *StoredLease) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StoredLease.ProtoReflect.Descriptor instead.
 func (*StoredLease) Descriptor() ([]byte, []int) {
-	return file_baton_v1_baton_proto_rawDescGZIP(), []int{43}
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *StoredLease) GetResource() string {
@@ -3320,6 +3633,13 @@ func (x *StoredLease) GetHolder() string {
 	return ""
 }
 
+func (x *StoredLease) GetPermits() uint32 {
+	if x != nil {
+		return x.Permits
+	}
+	return 0
+}
+
 var File_baton_v1_baton_proto protoreflect.FileDescriptor
 
 const file_baton_v1_baton_proto_rawDesc = "" +
@@ -3340,7 +3660,7 @@ const file_baton_v1_baton_proto_rawDesc = "" +
 	"\x06ttl_ms\x18\x01 \x01(\x04H\x00R\x05ttlMs\x88\x01\x01\x12\x16\n" +
 	"\x06resume\x18\x02 \x01(\fR\x06resumeB\t\n" +
 	"\a_ttl_ms\"\v\n" +
-	"\tHeartbeat\"\xfb\x01\n" +
+	"\tHeartbeat\"\xa8\x02\n" +
 	"\x0eSessionAcquire\x12\x1c\n" +
 	"\tresources\x18\x01 \x03(\tR\tresources\x12\x1a\n" +
 	"\x06ttl_ms\x18\x02 \x01(\x04H\x00R\x05ttlMs\x88\x01\x01\x12\x17\n" +
@@ -3348,7 +3668,8 @@ const file_baton_v1_baton_proto_rawDesc = "" +
 	"\x06holder\x18\x04 \x01(\tH\x01R\x06holder\x88\x01\x01\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x05 \x01(\fR\trequestId\x12.\n" +
-	"\x11first_sent_ms_ago\x18\x06 \x01(\x04H\x02R\x0efirstSentMsAgo\x88\x01\x01B\t\n" +
+	"\x11first_sent_ms_ago\x18\x06 \x01(\x04H\x02R\x0efirstSentMsAgo\x88\x01\x01\x12+\n" +
+	"\x06shapes\x18\a \x03(\v2\x13.baton.v1.LockShapeR\x06shapesB\t\n" +
 	"\a_ttl_msB\t\n" +
 	"\a_holderB\x14\n" +
 	"\x12_first_sent_ms_ago\"+\n" +
@@ -3403,7 +3724,7 @@ const file_baton_v1_baton_proto_rawDesc = "" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x1c\n" +
 	"\tadvertise\x18\x02 \x01(\tR\tadvertise\x12\x1e\n" +
 	"\vseen_ms_ago\x18\x03 \x01(\x04R\tseenMsAgo\x12\x16\n" +
-	"\x06leader\x18\x04 \x01(\bR\x06leader\"\xfb\x01\n" +
+	"\x06leader\x18\x04 \x01(\bR\x06leader\"\xa8\x02\n" +
 	"\x0eAcquireRequest\x12\x1c\n" +
 	"\tresources\x18\x01 \x03(\tR\tresources\x12\x1a\n" +
 	"\x06ttl_ms\x18\x02 \x01(\x04H\x00R\x05ttlMs\x88\x01\x01\x12\x17\n" +
@@ -3411,10 +3732,14 @@ const file_baton_v1_baton_proto_rawDesc = "" +
 	"\x06holder\x18\x04 \x01(\tH\x01R\x06holder\x88\x01\x01\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x05 \x01(\fR\trequestId\x12.\n" +
-	"\x11first_sent_ms_ago\x18\x06 \x01(\x04H\x02R\x0efirstSentMsAgo\x88\x01\x01B\t\n" +
+	"\x11first_sent_ms_ago\x18\x06 \x01(\x04H\x02R\x0efirstSentMsAgo\x88\x01\x01\x12+\n" +
+	"\x06shapes\x18\a \x03(\v2\x13.baton.v1.LockShapeR\x06shapesB\t\n" +
 	"\a_ttl_msB\t\n" +
 	"\a_holderB\x14\n" +
-	"\x12_first_sent_ms_ago\"&\n" +
+	"\x12_first_sent_ms_ago\"=\n" +
+	"\tLockShape\x12\x16\n" +
+	"\x06shared\x18\x01 \x01(\bR\x06shared\x12\x18\n" +
+	"\apermits\x18\x02 \x01(\rR\apermits\"&\n" +
 	"\fWatchRequest\x12\x16\n" +
 	"\x06prefix\x18\x01 \x01(\tR\x06prefix\"\x7f\n" +
 	"\rWatchResponse\x125\n" +
@@ -3426,13 +3751,15 @@ const file_baton_v1_baton_proto_rawDesc = "" +
 	"\rWatchSnapshot\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12/\n" +
 	"\aholders\x18\x02 \x03(\v2\x15.baton.v1.WatchHolderR\aholders\x12\x1a\n" +
-	"\bcomplete\x18\x03 \x01(\bR\bcomplete\"\x97\x01\n" +
+	"\bcomplete\x18\x03 \x01(\bR\bcomplete\"\xb9\x01\n" +
 	"\vWatchHolder\x12\x1a\n" +
 	"\bresource\x18\x01 \x01(\tR\bresource\x12\x14\n" +
 	"\x05token\x18\x02 \x01(\x04R\x05token\x12!\n" +
 	"\fremaining_ms\x18\x03 \x01(\x04R\vremainingMs\x12\x1b\n" +
 	"\tn_waiters\x18\x04 \x01(\x04R\bnWaiters\x12\x16\n" +
-	"\x06holder\x18\x05 \x01(\tR\x06holder\"\x9e\x02\n" +
+	"\x06holder\x18\x05 \x01(\tR\x06holder\x12\x17\n" +
+	"\x04slot\x18\x06 \x01(\rH\x00R\x04slot\x88\x01\x01B\a\n" +
+	"\x05_slot\"\xc0\x02\n" +
 	"\n" +
 	"WatchEvent\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12-\n" +
@@ -3440,7 +3767,8 @@ const file_baton_v1_baton_proto_rawDesc = "" +
 	"\bresource\x18\x03 \x01(\tR\bresource\x12\x14\n" +
 	"\x05token\x18\x04 \x01(\x04R\x05token\x12#\n" +
 	"\rrevoked_token\x18\x05 \x01(\x04R\frevokedToken\x12\x16\n" +
-	"\x06holder\x18\x06 \x01(\tR\x06holder\"`\n" +
+	"\x06holder\x18\x06 \x01(\tR\x06holder\x12\x17\n" +
+	"\x04slot\x18\a \x01(\rH\x00R\x04slot\x88\x01\x01\"`\n" +
 	"\x04Kind\x12\x14\n" +
 	"\x10KIND_UNSPECIFIED\x10\x00\x12\v\n" +
 	"\aGRANTED\x10\x01\x12\x0e\n" +
@@ -3449,14 +3777,17 @@ const file_baton_v1_baton_proto_rawDesc = "" +
 	"\bRELEASED\x10\x03\x12\v\n" +
 	"\aEXPIRED\x10\x04\x12\n" +
 	"\n" +
-	"\x06FENCED\x10\x05\"\xb9\x01\n" +
+	"\x06FENCED\x10\x05B\a\n" +
+	"\x05_slot\"\xdb\x01\n" +
 	"\x05Lease\x12\x1a\n" +
 	"\bresource\x18\x01 \x01(\tR\bresource\x12%\n" +
 	"\x0eacquisition_id\x18\x02 \x01(\fR\racquisitionId\x12\x14\n" +
 	"\x05token\x18\x03 \x01(\x04R\x05token\x12\x15\n" +
 	"\x06ttl_ms\x18\x04 \x01(\x04R\x05ttlMs\x12#\n" +
 	"\rsession_bound\x18\x05 \x01(\bR\fsessionBound\x12\x1b\n" +
-	"\twaited_ms\x18\x06 \x01(\x04R\bwaitedMs\"V\n" +
+	"\twaited_ms\x18\x06 \x01(\x04R\bwaitedMs\x12\x17\n" +
+	"\x04slot\x18\a \x01(\rH\x00R\x04slot\x88\x01\x01B\a\n" +
+	"\x05_slot\"V\n" +
 	"\rStoredSession\x12\x16\n" +
 	"\x06digest\x18\x01 \x01(\fR\x06digest\x12\x15\n" +
 	"\x06ttl_ms\x18\x02 \x01(\x04R\x05ttlMs\x12\x16\n" +
@@ -3512,7 +3843,7 @@ const file_baton_v1_baton_proto_rawDesc = "" +
 	"\breleased\x18\x01 \x01(\bR\breleased\x12\x14\n" +
 	"\x05token\x18\x02 \x01(\x04R\x05token\"+\n" +
 	"\rStatusRequest\x12\x1a\n" +
-	"\bresource\x18\x01 \x01(\tR\bresource\"\xf9\x01\n" +
+	"\bresource\x18\x01 \x01(\tR\bresource\"\xbf\x02\n" +
 	"\x0eStatusResponse\x12\x1a\n" +
 	"\bresource\x18\x01 \x01(\tR\bresource\x12\x12\n" +
 	"\x04held\x18\x02 \x01(\bR\x04held\x12!\n" +
@@ -3521,7 +3852,22 @@ const file_baton_v1_baton_proto_rawDesc = "" +
 	"\x06ttl_ms\x18\x05 \x01(\x04R\x05ttlMs\x12\x1b\n" +
 	"\tn_waiters\x18\x06 \x01(\x04R\bnWaiters\x12\x16\n" +
 	"\x06holder\x18\a \x01(\tR\x06holder\x12%\n" +
-	"\x0eissued_through\x18\b \x01(\x04R\rissuedThrough\"\\\n" +
+	"\x0eissued_through\x18\b \x01(\x04R\rissuedThrough\x12\x18\n" +
+	"\apermits\x18\t \x01(\rR\apermits\x12*\n" +
+	"\x05slots\x18\n" +
+	" \x03(\v2\x14.baton.v1.SlotHolderR\x05slots\"\x88\x01\n" +
+	"\n" +
+	"SlotHolder\x12\x12\n" +
+	"\x04slot\x18\x01 \x01(\rR\x04slot\x12\x14\n" +
+	"\x05token\x18\x02 \x01(\x04R\x05token\x12!\n" +
+	"\fremaining_ms\x18\x03 \x01(\x04R\vremainingMs\x12\x15\n" +
+	"\x06ttl_ms\x18\x04 \x01(\x04R\x05ttlMs\x12\x16\n" +
+	"\x06holder\x18\x05 \x01(\tR\x06holder\"I\n" +
+	"\x11SetPermitsRequest\x12\x1a\n" +
+	"\bresource\x18\x01 \x01(\tR\bresource\x12\x18\n" +
+	"\apermits\x18\x02 \x01(\rR\apermits\"0\n" +
+	"\x12SetPermitsResponse\x12\x1a\n" +
+	"\bprevious\x18\x01 \x01(\rR\bprevious\"\\\n" +
 	"\vListRequest\x12\x16\n" +
 	"\x06prefix\x18\x01 \x01(\tR\x06prefix\x12\x1f\n" +
 	"\vstart_after\x18\x02 \x01(\tR\n" +
@@ -3542,21 +3888,24 @@ const file_baton_v1_baton_proto_rawDesc = "" +
 	"\acounter\x18\x03 \x01(\x04R\acounter\x12'\n" +
 	"\x06leases\x18\x04 \x03(\v2\x0f.baton.v1.LeaseR\x06leases\x12:\n" +
 	"\rstored_leases\x18\x05 \x03(\v2\x15.baton.v1.StoredLeaseR\fstoredLeases\x123\n" +
-	"\bsessions\x18\x06 \x03(\v2\x17.baton.v1.StoredSessionR\bsessions\"\xc4\x01\n" +
+	"\bsessions\x18\x06 \x03(\v2\x17.baton.v1.StoredSessionR\bsessions\"\xde\x01\n" +
 	"\vStoredLease\x12\x1a\n" +
 	"\bresource\x18\x01 \x01(\tR\bresource\x12-\n" +
 	"\x12acquisition_digest\x18\x02 \x01(\fR\x11acquisitionDigest\x12\x14\n" +
 	"\x05token\x18\x03 \x01(\x04R\x05token\x12\x15\n" +
 	"\x06ttl_ms\x18\x04 \x01(\x04R\x05ttlMs\x12%\n" +
 	"\x0esession_digest\x18\x05 \x01(\fR\rsessionDigest\x12\x16\n" +
-	"\x06holder\x18\x06 \x01(\tR\x06holder2\xb7\x05\n" +
+	"\x06holder\x18\x06 \x01(\tR\x06holder\x12\x18\n" +
+	"\apermits\x18\a \x01(\rR\apermits2\x80\x06\n" +
 	"\x06Leases\x12>\n" +
 	"\aAcquire\x12\x18.baton.v1.AcquireRequest\x1a\x19.baton.v1.AcquireResponse\x128\n" +
 	"\x05Renew\x12\x16.baton.v1.RenewRequest\x1a\x17.baton.v1.RenewResponse\x12>\n" +
 	"\aRelease\x12\x18.baton.v1.ReleaseRequest\x1a\x19.baton.v1.ReleaseResponse\x12;\n" +
 	"\x06Status\x12\x17.baton.v1.StatusRequest\x1a\x18.baton.v1.StatusResponse\x125\n" +
 	"\x04List\x12\x15.baton.v1.ListRequest\x1a\x16.baton.v1.ListResponse\x128\n" +
-	"\x05Fence\x12\x16.baton.v1.FenceRequest\x1a\x17.baton.v1.FenceResponse\x125\n" +
+	"\x05Fence\x12\x16.baton.v1.FenceRequest\x1a\x17.baton.v1.FenceResponse\x12G\n" +
+	"\n" +
+	"SetPermits\x12\x1b.baton.v1.SetPermitsRequest\x1a\x1c.baton.v1.SetPermitsResponse\x125\n" +
 	"\x06Backup\x12\x17.baton.v1.BackupRequest\x1a\x12.baton.v1.Snapshot\x12<\n" +
 	"\vBackupParts\x12\x17.baton.v1.BackupRequest\x1a\x12.baton.v1.Snapshot0\x01\x12P\n" +
 	"\rClusterStatus\x12\x1e.baton.v1.ClusterStatusRequest\x1a\x1f.baton.v1.ClusterStatusResponse\x12B\n" +
@@ -3576,7 +3925,7 @@ func file_baton_v1_baton_proto_rawDescGZIP() []byte {
 }
 
 var file_baton_v1_baton_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_baton_v1_baton_proto_msgTypes = make([]protoimpl.MessageInfo, 44)
+var file_baton_v1_baton_proto_msgTypes = make([]protoimpl.MessageInfo, 48)
 var file_baton_v1_baton_proto_goTypes = []any{
 	(WatchEvent_Kind)(0),          // 0: baton.v1.WatchEvent.Kind
 	(NotAcquired_Reason)(0),       // 1: baton.v1.NotAcquired.Reason
@@ -3598,95 +3947,104 @@ var file_baton_v1_baton_proto_goTypes = []any{
 	(*ClusterStatusResponse)(nil), // 17: baton.v1.ClusterStatusResponse
 	(*ClusterMember)(nil),         // 18: baton.v1.ClusterMember
 	(*AcquireRequest)(nil),        // 19: baton.v1.AcquireRequest
-	(*WatchRequest)(nil),          // 20: baton.v1.WatchRequest
-	(*WatchResponse)(nil),         // 21: baton.v1.WatchResponse
-	(*WatchEvents)(nil),           // 22: baton.v1.WatchEvents
-	(*WatchSnapshot)(nil),         // 23: baton.v1.WatchSnapshot
-	(*WatchHolder)(nil),           // 24: baton.v1.WatchHolder
-	(*WatchEvent)(nil),            // 25: baton.v1.WatchEvent
-	(*Lease)(nil),                 // 26: baton.v1.Lease
-	(*StoredSession)(nil),         // 27: baton.v1.StoredSession
-	(*AcquireResponse)(nil),       // 28: baton.v1.AcquireResponse
-	(*Granted)(nil),               // 29: baton.v1.Granted
-	(*NotAcquired)(nil),           // 30: baton.v1.NotAcquired
-	(*Blocker)(nil),               // 31: baton.v1.Blocker
-	(*BlockingHolder)(nil),        // 32: baton.v1.BlockingHolder
-	(*RenewRequest)(nil),          // 33: baton.v1.RenewRequest
-	(*RenewResponse)(nil),         // 34: baton.v1.RenewResponse
-	(*ReleaseRequest)(nil),        // 35: baton.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),       // 36: baton.v1.ReleaseResponse
-	(*StatusRequest)(nil),         // 37: baton.v1.StatusRequest
-	(*StatusResponse)(nil),        // 38: baton.v1.StatusResponse
-	(*ListRequest)(nil),           // 39: baton.v1.ListRequest
-	(*ListResponse)(nil),          // 40: baton.v1.ListResponse
-	(*FenceRequest)(nil),          // 41: baton.v1.FenceRequest
-	(*FenceResponse)(nil),         // 42: baton.v1.FenceResponse
-	(*BackupRequest)(nil),         // 43: baton.v1.BackupRequest
-	(*Snapshot)(nil),              // 44: baton.v1.Snapshot
-	(*StoredLease)(nil),           // 45: baton.v1.StoredLease
+	(*LockShape)(nil),             // 20: baton.v1.LockShape
+	(*WatchRequest)(nil),          // 21: baton.v1.WatchRequest
+	(*WatchResponse)(nil),         // 22: baton.v1.WatchResponse
+	(*WatchEvents)(nil),           // 23: baton.v1.WatchEvents
+	(*WatchSnapshot)(nil),         // 24: baton.v1.WatchSnapshot
+	(*WatchHolder)(nil),           // 25: baton.v1.WatchHolder
+	(*WatchEvent)(nil),            // 26: baton.v1.WatchEvent
+	(*Lease)(nil),                 // 27: baton.v1.Lease
+	(*StoredSession)(nil),         // 28: baton.v1.StoredSession
+	(*AcquireResponse)(nil),       // 29: baton.v1.AcquireResponse
+	(*Granted)(nil),               // 30: baton.v1.Granted
+	(*NotAcquired)(nil),           // 31: baton.v1.NotAcquired
+	(*Blocker)(nil),               // 32: baton.v1.Blocker
+	(*BlockingHolder)(nil),        // 33: baton.v1.BlockingHolder
+	(*RenewRequest)(nil),          // 34: baton.v1.RenewRequest
+	(*RenewResponse)(nil),         // 35: baton.v1.RenewResponse
+	(*ReleaseRequest)(nil),        // 36: baton.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),       // 37: baton.v1.ReleaseResponse
+	(*StatusRequest)(nil),         // 38: baton.v1.StatusRequest
+	(*StatusResponse)(nil),        // 39: baton.v1.StatusResponse
+	(*SlotHolder)(nil),            // 40: baton.v1.SlotHolder
+	(*SetPermitsRequest)(nil),     // 41: baton.v1.SetPermitsRequest
+	(*SetPermitsResponse)(nil),    // 42: baton.v1.SetPermitsResponse
+	(*ListRequest)(nil),           // 43: baton.v1.ListRequest
+	(*ListResponse)(nil),          // 44: baton.v1.ListResponse
+	(*FenceRequest)(nil),          // 45: baton.v1.FenceRequest
+	(*FenceResponse)(nil),         // 46: baton.v1.FenceResponse
+	(*BackupRequest)(nil),         // 47: baton.v1.BackupRequest
+	(*Snapshot)(nil),              // 48: baton.v1.Snapshot
+	(*StoredLease)(nil),           // 49: baton.v1.StoredLease
 }
 var file_baton_v1_baton_proto_depIdxs = []int32{
 	3,  // 0: baton.v1.SessionRequest.open:type_name -> baton.v1.OpenSession
 	4,  // 1: baton.v1.SessionRequest.heartbeat:type_name -> baton.v1.Heartbeat
 	5,  // 2: baton.v1.SessionRequest.acquire:type_name -> baton.v1.SessionAcquire
-	33, // 3: baton.v1.SessionRequest.renew:type_name -> baton.v1.RenewRequest
-	35, // 4: baton.v1.SessionRequest.release:type_name -> baton.v1.ReleaseRequest
+	34, // 3: baton.v1.SessionRequest.renew:type_name -> baton.v1.RenewRequest
+	36, // 4: baton.v1.SessionRequest.release:type_name -> baton.v1.ReleaseRequest
 	6,  // 5: baton.v1.SessionRequest.cancel:type_name -> baton.v1.CancelWait
 	7,  // 6: baton.v1.SessionRequest.close:type_name -> baton.v1.CloseSession
-	9,  // 7: baton.v1.SessionResponse.opened:type_name -> baton.v1.SessionOpened
-	10, // 8: baton.v1.SessionResponse.heartbeat:type_name -> baton.v1.HeartbeatAck
-	28, // 9: baton.v1.SessionResponse.acquire:type_name -> baton.v1.AcquireResponse
-	34, // 10: baton.v1.SessionResponse.renew:type_name -> baton.v1.RenewResponse
-	36, // 11: baton.v1.SessionResponse.release:type_name -> baton.v1.ReleaseResponse
-	12, // 12: baton.v1.SessionResponse.cancel:type_name -> baton.v1.CancelWaitResponse
-	13, // 13: baton.v1.SessionResponse.closed:type_name -> baton.v1.SessionClosed
-	14, // 14: baton.v1.SessionResponse.ended:type_name -> baton.v1.SessionEnded
-	15, // 15: baton.v1.SessionResponse.error:type_name -> baton.v1.RequestError
-	11, // 16: baton.v1.SessionOpened.revoked:type_name -> baton.v1.RevokedLease
-	11, // 17: baton.v1.HeartbeatAck.revoked:type_name -> baton.v1.RevokedLease
-	18, // 18: baton.v1.ClusterStatusResponse.members:type_name -> baton.v1.ClusterMember
-	23, // 19: baton.v1.WatchResponse.snapshot:type_name -> baton.v1.WatchSnapshot
-	22, // 20: baton.v1.WatchResponse.events:type_name -> baton.v1.WatchEvents
-	25, // 21: baton.v1.WatchEvents.events:type_name -> baton.v1.WatchEvent
-	24, // 22: baton.v1.WatchSnapshot.holders:type_name -> baton.v1.WatchHolder
-	0,  // 23: baton.v1.WatchEvent.kind:type_name -> baton.v1.WatchEvent.Kind
-	29, // 24: baton.v1.AcquireResponse.granted:type_name -> baton.v1.Granted
-	30, // 25: baton.v1.AcquireResponse.not_acquired:type_name -> baton.v1.NotAcquired
-	26, // 26: baton.v1.Granted.leases:type_name -> baton.v1.Lease
-	1,  // 27: baton.v1.NotAcquired.reason:type_name -> baton.v1.NotAcquired.Reason
-	31, // 28: baton.v1.NotAcquired.blockers:type_name -> baton.v1.Blocker
-	32, // 29: baton.v1.Blocker.holders:type_name -> baton.v1.BlockingHolder
-	38, // 30: baton.v1.ListResponse.entries:type_name -> baton.v1.StatusResponse
-	26, // 31: baton.v1.Snapshot.leases:type_name -> baton.v1.Lease
-	45, // 32: baton.v1.Snapshot.stored_leases:type_name -> baton.v1.StoredLease
-	27, // 33: baton.v1.Snapshot.sessions:type_name -> baton.v1.StoredSession
-	19, // 34: baton.v1.Leases.Acquire:input_type -> baton.v1.AcquireRequest
-	33, // 35: baton.v1.Leases.Renew:input_type -> baton.v1.RenewRequest
-	35, // 36: baton.v1.Leases.Release:input_type -> baton.v1.ReleaseRequest
-	37, // 37: baton.v1.Leases.Status:input_type -> baton.v1.StatusRequest
-	39, // 38: baton.v1.Leases.List:input_type -> baton.v1.ListRequest
-	41, // 39: baton.v1.Leases.Fence:input_type -> baton.v1.FenceRequest
-	43, // 40: baton.v1.Leases.Backup:input_type -> baton.v1.BackupRequest
-	43, // 41: baton.v1.Leases.BackupParts:input_type -> baton.v1.BackupRequest
-	16, // 42: baton.v1.Leases.ClusterStatus:input_type -> baton.v1.ClusterStatusRequest
-	2,  // 43: baton.v1.Leases.Session:input_type -> baton.v1.SessionRequest
-	20, // 44: baton.v1.Leases.Watch:input_type -> baton.v1.WatchRequest
-	28, // 45: baton.v1.Leases.Acquire:output_type -> baton.v1.AcquireResponse
-	34, // 46: baton.v1.Leases.Renew:output_type -> baton.v1.RenewResponse
-	36, // 47: baton.v1.Leases.Release:output_type -> baton.v1.ReleaseResponse
-	38, // 48: baton.v1.Leases.Status:output_type -> baton.v1.StatusResponse
-	40, // 49: baton.v1.Leases.List:output_type -> baton.v1.ListResponse
-	42, // 50: baton.v1.Leases.Fence:output_type -> baton.v1.FenceResponse
-	44, // 51: baton.v1.Leases.Backup:output_type -> baton.v1.Snapshot
-	44, // 52: baton.v1.Leases.BackupParts:output_type -> baton.v1.Snapshot
-	17, // 53: baton.v1.Leases.ClusterStatus:output_type -> baton.v1.ClusterStatusResponse
-	8,  // 54: baton.v1.Leases.Session:output_type -> baton.v1.SessionResponse
-	21, // 55: baton.v1.Leases.Watch:output_type -> baton.v1.WatchResponse
-	45, // [45:56] is the sub-list for method output_type
-	34, // [34:45] is the sub-list for method input_type
-	34, // [34:34] is the sub-list for extension type_name
-	34, // [34:34] is the sub-list for extension extendee
-	0,  // [0:34] is the sub-list for field type_name
+	20, // 7: baton.v1.SessionAcquire.shapes:type_name -> baton.v1.LockShape
+	9,  // 8: baton.v1.SessionResponse.opened:type_name -> baton.v1.SessionOpened
+	10, // 9: baton.v1.SessionResponse.heartbeat:type_name -> baton.v1.HeartbeatAck
+	29, // 10: baton.v1.SessionResponse.acquire:type_name -> baton.v1.AcquireResponse
+	35, // 11: baton.v1.SessionResponse.renew:type_name -> baton.v1.RenewResponse
+	37, // 12: baton.v1.SessionResponse.release:type_name -> baton.v1.ReleaseResponse
+	12, // 13: baton.v1.SessionResponse.cancel:type_name -> baton.v1.CancelWaitResponse
+	13, // 14: baton.v1.SessionResponse.closed:type_name -> baton.v1.SessionClosed
+	14, // 15: baton.v1.SessionResponse.ended:type_name -> baton.v1.SessionEnded
+	15, // 16: baton.v1.SessionResponse.error:type_name -> baton.v1.RequestError
+	11, // 17: baton.v1.SessionOpened.revoked:type_name -> baton.v1.RevokedLease
+	11, // 18: baton.v1.HeartbeatAck.revoked:type_name -> baton.v1.RevokedLease
+	18, // 19: baton.v1.ClusterStatusResponse.members:type_name -> baton.v1.ClusterMember
+	20, // 20: baton.v1.AcquireRequest.shapes:type_name -> baton.v1.LockShape
+	24, // 21: baton.v1.WatchResponse.snapshot:type_name -> baton.v1.WatchSnapshot
+	23, // 22: baton.v1.WatchResponse.events:type_name -> baton.v1.WatchEvents
+	26, // 23: baton.v1.WatchEvents.events:type_name -> baton.v1.WatchEvent
+	25, // 24: baton.v1.WatchSnapshot.holders:type_name -> baton.v1.WatchHolder
+	0,  // 25: baton.v1.WatchEvent.kind:type_name -> baton.v1.WatchEvent.Kind
+	30, // 26: baton.v1.AcquireResponse.granted:type_name -> baton.v1.Granted
+	31, // 27: baton.v1.AcquireResponse.not_acquired:type_name -> baton.v1.NotAcquired
+	27, // 28: baton.v1.Granted.leases:type_name -> baton.v1.Lease
+	1,  // 29: baton.v1.NotAcquired.reason:type_name -> baton.v1.NotAcquired.Reason
+	32, // 30: baton.v1.NotAcquired.blockers:type_name -> baton.v1.Blocker
+	33, // 31: baton.v1.Blocker.holders:type_name -> baton.v1.BlockingHolder
+	40, // 32: baton.v1.StatusResponse.slots:type_name -> baton.v1.SlotHolder
+	39, // 33: baton.v1.ListResponse.entries:type_name -> baton.v1.StatusResponse
+	27, // 34: baton.v1.Snapshot.leases:type_name -> baton.v1.Lease
+	49, // 35: baton.v1.Snapshot.stored_leases:type_name -> baton.v1.StoredLease
+	28, // 36: baton.v1.Snapshot.sessions:type_name -> baton.v1.StoredSession
+	19, // 37: baton.v1.Leases.Acquire:input_type -> baton.v1.AcquireRequest
+	34, // 38: baton.v1.Leases.Renew:input_type -> baton.v1.RenewRequest
+	36, // 39: baton.v1.Leases.Release:input_type -> baton.v1.ReleaseRequest
+	38, // 40: baton.v1.Leases.Status:input_type -> baton.v1.StatusRequest
+	43, // 41: baton.v1.Leases.List:input_type -> baton.v1.ListRequest
+	45, // 42: baton.v1.Leases.Fence:input_type -> baton.v1.FenceRequest
+	41, // 43: baton.v1.Leases.SetPermits:input_type -> baton.v1.SetPermitsRequest
+	47, // 44: baton.v1.Leases.Backup:input_type -> baton.v1.BackupRequest
+	47, // 45: baton.v1.Leases.BackupParts:input_type -> baton.v1.BackupRequest
+	16, // 46: baton.v1.Leases.ClusterStatus:input_type -> baton.v1.ClusterStatusRequest
+	2,  // 47: baton.v1.Leases.Session:input_type -> baton.v1.SessionRequest
+	21, // 48: baton.v1.Leases.Watch:input_type -> baton.v1.WatchRequest
+	29, // 49: baton.v1.Leases.Acquire:output_type -> baton.v1.AcquireResponse
+	35, // 50: baton.v1.Leases.Renew:output_type -> baton.v1.RenewResponse
+	37, // 51: baton.v1.Leases.Release:output_type -> baton.v1.ReleaseResponse
+	39, // 52: baton.v1.Leases.Status:output_type -> baton.v1.StatusResponse
+	44, // 53: baton.v1.Leases.List:output_type -> baton.v1.ListResponse
+	46, // 54: baton.v1.Leases.Fence:output_type -> baton.v1.FenceResponse
+	42, // 55: baton.v1.Leases.SetPermits:output_type -> baton.v1.SetPermitsResponse
+	48, // 56: baton.v1.Leases.Backup:output_type -> baton.v1.Snapshot
+	48, // 57: baton.v1.Leases.BackupParts:output_type -> baton.v1.Snapshot
+	17, // 58: baton.v1.Leases.ClusterStatus:output_type -> baton.v1.ClusterStatusResponse
+	8,  // 59: baton.v1.Leases.Session:output_type -> baton.v1.SessionResponse
+	22, // 60: baton.v1.Leases.Watch:output_type -> baton.v1.WatchResponse
+	49, // [49:61] is the sub-list for method output_type
+	37, // [37:49] is the sub-list for method input_type
+	37, // [37:37] is the sub-list for extension type_name
+	37, // [37:37] is the sub-list for extension extendee
+	0,  // [0:37] is the sub-list for field type_name
 }
 
 func init() { file_baton_v1_baton_proto_init() }
@@ -3717,22 +4075,25 @@ func file_baton_v1_baton_proto_init() {
 		(*SessionResponse_Error)(nil),
 	}
 	file_baton_v1_baton_proto_msgTypes[17].OneofWrappers = []any{}
-	file_baton_v1_baton_proto_msgTypes[19].OneofWrappers = []any{
+	file_baton_v1_baton_proto_msgTypes[20].OneofWrappers = []any{
 		(*WatchResponse_Snapshot)(nil),
 		(*WatchResponse_Events)(nil),
 	}
-	file_baton_v1_baton_proto_msgTypes[26].OneofWrappers = []any{
+	file_baton_v1_baton_proto_msgTypes[23].OneofWrappers = []any{}
+	file_baton_v1_baton_proto_msgTypes[24].OneofWrappers = []any{}
+	file_baton_v1_baton_proto_msgTypes[25].OneofWrappers = []any{}
+	file_baton_v1_baton_proto_msgTypes[27].OneofWrappers = []any{
 		(*AcquireResponse_Granted)(nil),
 		(*AcquireResponse_NotAcquired)(nil),
 	}
-	file_baton_v1_baton_proto_msgTypes[30].OneofWrappers = []any{}
+	file_baton_v1_baton_proto_msgTypes[31].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_baton_v1_baton_proto_rawDesc), len(file_baton_v1_baton_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   44,
+			NumMessages:   48,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -60,6 +60,7 @@ const (
 	Leases_Status_FullMethodName        = "/baton.v1.Leases/Status"
 	Leases_List_FullMethodName          = "/baton.v1.Leases/List"
 	Leases_Fence_FullMethodName         = "/baton.v1.Leases/Fence"
+	Leases_SetPermits_FullMethodName    = "/baton.v1.Leases/SetPermits"
 	Leases_Backup_FullMethodName        = "/baton.v1.Leases/Backup"
 	Leases_BackupParts_FullMethodName   = "/baton.v1.Leases/BackupParts"
 	Leases_ClusterStatus_FullMethodName = "/baton.v1.Leases/ClusterStatus"
@@ -90,6 +91,12 @@ type LeasesClient interface {
 	// token issued before, so the next holder's token is higher still. A
 	// repeat fences again, with a higher token (nothing held is lost twice).
 	Fence(ctx context.Context, in *FenceRequest, opts ...grpc.CallOption) (*FenceResponse, error)
+	// Operator: change a semaphore's number of permits while it has holders
+	// or waiters. Lowering it revokes no permit held: no new permit is
+	// granted until fewer than the new number are held. Raising it grants
+	// waiters at once. Needs the fence permission on the name. Safe to
+	// repeat.
+	SetPermits(ctx context.Context, in *SetPermitsRequest, opts ...grpc.CallOption) (*SetPermitsResponse, error)
 	// A consistent snapshot of the durable state, for `baton admin backup`.
 	Backup(ctx context.Context, in *BackupRequest, opts ...grpc.CallOption) (*Snapshot, error)
 	// The same snapshot in parts, each a `Snapshot` with at most 4096 of the
@@ -216,6 +223,16 @@ func (c *leasesClient) Fence(ctx context.Context, in *FenceRequest, opts ...grpc
 	return out, nil
 }
 
+func (c *leasesClient) SetPermits(ctx context.Context, in *SetPermitsRequest, opts ...grpc.CallOption) (*SetPermitsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SetPermitsResponse)
+	err := c.cc.Invoke(ctx, Leases_SetPermits_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *leasesClient) Backup(ctx context.Context, in *BackupRequest, opts ...grpc.CallOption) (*Snapshot, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(Snapshot)
@@ -310,6 +327,12 @@ type LeasesServer interface {
 	// token issued before, so the next holder's token is higher still. A
 	// repeat fences again, with a higher token (nothing held is lost twice).
 	Fence(context.Context, *FenceRequest) (*FenceResponse, error)
+	// Operator: change a semaphore's number of permits while it has holders
+	// or waiters. Lowering it revokes no permit held: no new permit is
+	// granted until fewer than the new number are held. Raising it grants
+	// waiters at once. Needs the fence permission on the name. Safe to
+	// repeat.
+	SetPermits(context.Context, *SetPermitsRequest) (*SetPermitsResponse, error)
 	// A consistent snapshot of the durable state, for `baton admin backup`.
 	Backup(context.Context, *BackupRequest) (*Snapshot, error)
 	// The same snapshot in parts, each a `Snapshot` with at most 4096 of the
@@ -393,6 +416,9 @@ func (UnimplementedLeasesServer) List(context.Context, *ListRequest) (*ListRespo
 }
 func (UnimplementedLeasesServer) Fence(context.Context, *FenceRequest) (*FenceResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Fence not implemented")
+}
+func (UnimplementedLeasesServer) SetPermits(context.Context, *SetPermitsRequest) (*SetPermitsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method SetPermits not implemented")
 }
 func (UnimplementedLeasesServer) Backup(context.Context, *BackupRequest) (*Snapshot, error) {
 	return nil, status.Error(codes.Unimplemented, "method Backup not implemented")
@@ -538,6 +564,24 @@ func _Leases_Fence_Handler(srv interface{}, ctx context.Context, dec func(interf
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Leases_SetPermits_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SetPermitsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(LeasesServer).SetPermits(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Leases_SetPermits_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(LeasesServer).SetPermits(ctx, req.(*SetPermitsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Leases_Backup_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(BackupRequest)
 	if err := dec(in); err != nil {
@@ -633,6 +677,10 @@ var Leases_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Fence",
 			Handler:    _Leases_Fence_Handler,
+		},
+		{
+			MethodName: "SetPermits",
+			Handler:    _Leases_SetPermits_Handler,
 		},
 		{
 			MethodName: "Backup",
