@@ -29,17 +29,21 @@ pub enum Variant {
     /// A restore keeps the epoch it found instead of moving above it
     /// (`restore_epoch`).
     RestoreSameEpoch,
+    /// A semaphore admits a permit while as many as N are held (`<=`
+    /// instead of `<`, `LeaseTable::admits`).
+    PermitsAtOrBelow,
 }
 
 impl Variant {
     /// Every variant, in a fixed order.
-    pub const ALL: [Variant; 6] = [
+    pub const ALL: [Variant; 7] = [
         Variant::KeeperReceiveTime,
         Variant::AnswerBeforeDurable,
         Variant::LeaderPastDeadline,
         Variant::CancelBelowOnly,
         Variant::RecoveryWithoutTtl,
         Variant::RestoreSameEpoch,
+        Variant::PermitsAtOrBelow,
     ];
 
     /// The variant's name on the command line.
@@ -51,6 +55,7 @@ impl Variant {
             Variant::CancelBelowOnly => "cancel-below-only",
             Variant::RecoveryWithoutTtl => "recovery-without-ttl",
             Variant::RestoreSameEpoch => "restore-same-epoch",
+            Variant::PermitsAtOrBelow => "permits-at-or-below",
         }
     }
 

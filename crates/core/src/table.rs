@@ -494,14 +494,14 @@ impl LeaseTable {
         // The exclusive holder, or every shared holder or permit.
         let mut names = vec![resource.clone()];
         names.extend(self.slot_names(resource));
-        let (mut revoked, mut holder) = (None, None);
-        for name in &names {
+        let mut dropped = Vec::new();
+        for name in names {
             let session = self
                 .resources
-                .get(name)
+                .get(&name)
                 .and_then(|s| s.lease.as_ref())
                 .and_then(Lease::session);
-            let Some((token, dropped_holder)) = self.drop_lease(name) else {
+            let Some((token, holder)) = self.drop_lease(&name) else {
                 continue;
             };
             if let Some(digest) = session {
@@ -511,17 +511,23 @@ impl LeaseTable {
                     .expect("bound to an open session");
                 s.revoked.push((resource.clone(), token));
             }
-            if revoked < Some(token) {
-                (revoked, holder) = (Some(token), dropped_holder);
-            }
+            dropped.push((name, token, holder));
         }
         let token = self.issue_token();
-        self.effects.events.push(Event::Fenced {
-            resource: resource.clone(),
-            token,
-            revoked,
-            holder,
-        });
+        let revoked = dropped.iter().map(|(_, t, _)| *t).max();
+        // One event per holder it revoked (under the name its lease was
+        // kept under), or one for the resource when none was held.
+        if dropped.is_empty() {
+            dropped.push((resource.clone(), token, None));
+        }
+        for (name, revoked_token, holder) in dropped {
+            self.effects.events.push(Event::Fenced {
+                resource: name,
+                token,
+                revoked: (revoked_token != token).then_some(revoked_token),
+                holder,
+            });
+        }
         self.pump(now, resource);
         FenceOutcome { token, revoked }
     }

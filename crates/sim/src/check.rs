@@ -13,7 +13,10 @@
 //! - no stale write is accepted: a resource accepts no token below one
 //!   it accepted before, nor one at or below a cancellation;
 //! - a keeper never claims a lease past the moment the server ended it
-//!   by expiry (a fence or a restore may end it sooner, by design).
+//!   by expiry (a fence or a restore may end it sooner, by design);
+//! - the semaphore's permits: every permit in a slot below N, one holder
+//!   per slot at a time, and never more than N leases certainly held at
+//!   once (each slot's writes are fenced as a resource of its own).
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -22,10 +25,13 @@ use baton_core::{Epoch, Event, FencingToken, ResourceName};
 use baton_faults::grants;
 use baton_store::Stored;
 
+use crate::resources::Key;
 use crate::world::{Ms, DRIFT_PPM_MAX};
 
 struct GrantRec {
     resource: u8,
+    /// A permit's slot.
+    slot: Option<u32>,
     token: FencingToken,
     invoked: Ms,
     answered: Ms,
@@ -40,6 +46,15 @@ struct GrantRec {
 /// The name of resource `r` in the simulation.
 pub fn resource_name(r: u8) -> String {
     format!("sim:r{r}")
+}
+
+/// The name a lease is kept under in the server's table and events: the
+/// resource's, or a permit's holder's name (`ResourceName::slot`).
+fn lease_name((r, slot): Key) -> String {
+    match slot {
+        Some(k) => format!("{}{}{k}", resource_name(r), baton_core::SLOT_SEPARATOR),
+        None => resource_name(r),
+    }
 }
 
 #[derive(Default)]
@@ -57,10 +72,10 @@ pub struct Checker {
     revocations: BTreeMap<(String, u64), Ms>,
     /// Acknowledged grants not yet ended: resource name to token.
     live: BTreeMap<String, u64>,
-    accepted: BTreeMap<u8, FencingToken>,
+    accepted: BTreeMap<Key, FencingToken>,
     /// The restores so far: when, and the epoch each started.
     restores: Vec<(Ms, Epoch)>,
-    cancelled: BTreeMap<u8, FencingToken>,
+    cancelled: BTreeMap<Key, FencingToken>,
     pub violations: Vec<String>,
     pub ops_started: u64,
     pub ops_indeterminate: u64,
@@ -73,17 +88,25 @@ pub struct Checker {
     pub heartbeats: u64,
     /// Claims of leases held by a session.
     pub session_claims: u64,
+    /// The most permits of the semaphore certainly held at once.
+    pub most_permits: usize,
 }
 
 impl Checker {
     pub fn granted(
         &mut self,
-        resource: u8,
+        (resource, slot): Key,
         token: FencingToken,
         invoked: Ms,
         answered: Ms,
         ttl_ms: u64,
     ) -> usize {
+        if resource == crate::SEMAPHORE && slot.is_none_or(|k| k >= crate::SEMAPHORE_PERMITS) {
+            self.violations.push(format!(
+                "permit {token} on r{resource} in slot {slot:?} of {} at {answered}",
+                crate::SEMAPHORE_PERMITS
+            ));
+        }
         if let Some(i) = self.by_token.get(&token.get()) {
             let g = &self.grants[*i];
             self.violations.push(format!(
@@ -100,11 +123,12 @@ impl Checker {
         // Fenced before its answer arrived.
         let fenced = self
             .revocations
-            .get(&(resource_name(resource), token.get()))
+            .get(&(lease_name((resource, slot)), token.get()))
             .copied();
         let revoked = restored.into_iter().chain(fenced).min();
         self.grants.push(GrantRec {
             resource,
+            slot,
             token,
             invoked,
             answered,
@@ -115,7 +139,7 @@ impl Checker {
         });
         self.by_token.insert(token.get(), self.grants.len() - 1);
         if revoked.is_none() {
-            self.live.insert(resource_name(resource), token.get());
+            self.live.insert(lease_name((resource, slot)), token.get());
         }
         self.grants.len() - 1
     }
@@ -139,7 +163,7 @@ impl Checker {
         }
         if let Some(end) = self
             .server_end
-            .get(&(resource_name(g.resource), g.token.get()))
+            .get(&(lease_name((g.resource, g.slot)), g.token.get()))
         {
             if now > *end {
                 self.violations.push(format!(
@@ -251,19 +275,19 @@ impl Checker {
         }
     }
 
-    pub fn accepted(&mut self, now: Ms, resource: u8, token: FencingToken) {
+    pub fn accepted(&mut self, now: Ms, resource: Key, token: FencingToken) {
         self.writes_accepted += 1;
         if let Some(top) = self.accepted.get(&resource) {
             if token < *top {
                 self.violations.push(format!(
-                    "stale write accepted on r{resource} at {now}: {token} after {top}"
+                    "stale write accepted on {resource:?} at {now}: {token} after {top}"
                 ));
             }
         }
         if let Some(c) = self.cancelled.get(&resource) {
             if token <= *c {
                 self.violations.push(format!(
-                    "write accepted on r{resource} at {now} under {token}, cancelled at {c}"
+                    "write accepted on {resource:?} at {now} under {token}, cancelled at {c}"
                 ));
             }
         }
@@ -271,7 +295,7 @@ impl Checker {
         *top = (*top).max(token);
     }
 
-    pub fn cancelled(&mut self, resource: u8, at: FencingToken) {
+    pub fn cancelled(&mut self, resource: Key, at: FencingToken) {
         let c = self.cancelled.entry(resource).or_insert(at);
         *c = (*c).max(at);
     }
@@ -280,6 +304,12 @@ impl Checker {
     pub fn finish(&mut self) {
         let base = Instant::now();
         let at = |ms: Ms| base + Duration::from_millis(ms);
+        // A permit's grants are checked per slot: each slot is one holder
+        // at a time; the semaphore as a whole holds up to N.
+        let slot_name = |r: u8, slot: Option<u32>| match slot {
+            Some(k) => format!("r{r}/slot-{k}"),
+            None => format!("r{r}"),
+        };
         let mut list: Vec<grants::Grant> = self
             .grants
             .iter()
@@ -291,7 +321,7 @@ impl Checker {
                     .flatten()
                     .min();
                 grants::Grant {
-                    resource: format!("r{}", g.resource),
+                    resource: slot_name(g.resource, g.slot),
                     token: g.token.get(),
                     invoked: at(g.invoked),
                     answered: at(g.answered),
@@ -299,6 +329,29 @@ impl Checker {
                 }
             })
             .collect();
+        let permits: Vec<grants::Grant> = list
+            .iter()
+            .filter(|g| g.resource.starts_with(&format!("r{}/", crate::SEMAPHORE)))
+            .map(|g| grants::Grant {
+                resource: format!("r{}", crate::SEMAPHORE),
+                ..g.clone()
+            })
+            .collect();
+        let most = grants::max_concurrent(&permits)
+            .values()
+            .copied()
+            .max()
+            .unwrap_or(0);
+        self.most_permits = self.most_permits.max(most);
+        if most > crate::SEMAPHORE_PERMITS as usize {
+            self.violations.push(format!(
+                "{most} permits of r{} held at once, of {}",
+                crate::SEMAPHORE,
+                crate::SEMAPHORE_PERMITS
+            ));
+        }
+        // A fence is a grant that ends at once (a semaphore's permits are
+        // checked by slot, beside it: a token is one grant's).
         list.extend(self.fences.iter().map(|(r, t, i, a)| grants::Grant {
             resource: format!("r{r}"),
             token: t.get(),
@@ -339,7 +392,7 @@ mod tests {
     fn a_claim_after_the_server_ended_the_lease_is_a_violation_and_one_before_is_not() {
         let mut c = Checker::default();
         c.server_event(10, &granted_event(0, t(1, 1)));
-        let g = c.granted(0, t(1, 1), 5, 12, 1_000);
+        let g = c.granted((0, None), t(1, 1), 5, 12, 1_000);
         c.claimed(500, g);
         assert!(c.violations.is_empty());
         c.server_event(
@@ -369,11 +422,11 @@ mod tests {
                 holder: None,
             },
         );
-        let g = c.granted(0, t(1, 1), 5, 20, 1_000);
+        let g = c.granted((0, None), t(1, 1), 5, 20, 1_000);
         c.server_event(12, &granted_event(0, t(1, 3)));
         c.claimed(30, g);
         c.fenced(0, t(1, 2), Some(t(1, 1)), 9, 21);
-        c.granted(0, t(1, 3), 11, 22, 1_000);
+        c.granted((0, None), t(1, 3), 11, 22, 1_000);
         c.finish();
         assert!(c.violations.is_empty(), "{:?}", c.violations);
     }
@@ -385,8 +438,8 @@ mod tests {
         let mut c = Checker::default();
         c.restored(100, Epoch::new(2).unwrap());
         c.restored(200, Epoch::new(3).unwrap());
-        c.granted(0, t(1, 9), 50, 300, 5_000);
-        c.granted(0, t(2, 1), 150, 160, 5_000);
+        c.granted((0, None), t(1, 9), 50, 300, 5_000);
+        c.granted((0, None), t(2, 1), 150, 160, 5_000);
         c.finish();
         assert!(c.violations.is_empty(), "{:?}", c.violations);
     }
@@ -413,7 +466,7 @@ mod tests {
         };
         c.recovered(1_000, &stored);
         c.server_event(1_010, &granted_event(0, t(1, 5)));
-        let g = c.granted(0, t(1, 5), 1_005, 1_012, 2_000);
+        let g = c.granted((0, None), t(1, 5), 1_005, 1_012, 2_000);
         c.claimed(1_500, g);
         assert!(c.violations.is_empty(), "{:?}", c.violations);
     }

@@ -20,7 +20,7 @@ use std::time::Duration;
 use baton_client::deadline::Deadline;
 use baton_client::rng::Rng;
 use baton_client::worker::{Backoff, KeeperConfig};
-use baton_core::{AcquisitionId, FencingToken, SessionDigest};
+use baton_core::{AcquisitionId, FencingToken, SessionDigest, Shape};
 
 use crate::world::{Addr, Answer, Clock, Msg, Request};
 use crate::{Ctx, SimMs};
@@ -30,6 +30,8 @@ const RPC_TIMEOUT_MS: u64 = 400;
 
 struct Hold {
     resource: u8,
+    /// A permit's slot: its writes go under that slot's resource.
+    slot: Option<u32>,
     id: AcquisitionId,
     token: FencingToken,
     grant: usize,
@@ -248,12 +250,18 @@ impl Client {
         } else {
             self.rng.between(100, 1_000)
         };
+        let shape = if resource == crate::SEMAPHORE {
+            Shape::Permits(crate::SEMAPHORE_PERMITS)
+        } else {
+            Shape::Exclusive
+        };
         let request = Request::Acquire {
             resource,
             id: AcquisitionId::from_bytes(bytes),
             ttl_ms,
             wait_ms,
             session,
+            shape,
         };
         let op = self.call(ctx, request, RPC_TIMEOUT_MS + wait_ms);
         self.state = State::Acquiring { op };
@@ -291,6 +299,7 @@ impl Client {
             let msg = Msg::Write {
                 op,
                 resource: h.resource,
+                slot: h.slot,
                 token: h.token,
             };
             ctx.send(Addr::Client(self.id), Addr::Resources, msg);
@@ -401,11 +410,15 @@ impl Client {
             (
                 State::Acquiring { op: o },
                 Request::Acquire { resource, id, .. },
-                Answer::Granted { token, ttl_ms },
+                Answer::Granted {
+                    token,
+                    ttl_ms,
+                    slot,
+                },
             ) if *o == op => {
-                let grant = ctx
-                    .check
-                    .granted(resource, token, call.sent_true, ctx.now, ttl_ms);
+                let grant =
+                    ctx.check
+                        .granted((resource, slot), token, call.sent_true, ctx.now, ttl_ms);
                 // The keeper's own schedule and margin (`worker.rs`).
                 let keeper = KeeperConfig::default();
                 let (ttl, sent) = (ms(ttl_ms), SimMs(call.sent_ms));
@@ -415,6 +428,7 @@ impl Client {
                 let interval_ms = interval.as_millis() as u64;
                 self.state = State::Holding(Hold {
                     resource,
+                    slot,
                     id,
                     token,
                     grant,

@@ -83,10 +83,12 @@ impl Engine {
                 ttl_ms,
                 wait_ms,
                 session,
+                shape,
             } => {
                 self.next_waiter += 1;
                 let waiter = WaiterId(self.next_waiter);
                 let mut req = AcquireRequest::single(name(resource), id, ttl_ms);
+                req.claims[0].shape = shape;
                 req.wait_ms = wait_ms;
                 req.waiter = waiter;
                 req.term = session.map_or(req.term, LeaseTerm::Session);
@@ -267,5 +269,6 @@ fn granted(grants: &[baton_core::Grant]) -> Answer {
     Answer::Granted {
         token: g.token,
         ttl_ms: g.ttl_ms,
+        slot: g.slot,
     }
 }

@@ -21,6 +21,12 @@ mod run;
 mod shared;
 mod world;
 
+/// The resource held as a semaphore: workers take it as one of
+/// [`SEMAPHORE_PERMITS`] permits and write under their permit's slot.
+pub const SEMAPHORE: u8 = 1;
+/// Its number of permits.
+pub const SEMAPHORE_PERMITS: u32 = 2;
+
 use std::collections::BTreeMap;
 use std::ops::{Add, Sub};
 use std::time::Duration;

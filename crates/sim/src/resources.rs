@@ -1,7 +1,9 @@
 //! The fenced resources: every write is judged by the fence kit's own
 //! rule (`baton_fence::decide`, the function the SQLite backend runs in
 //! its transaction) under the session policy, with operation records, and
-//! the operator's cancellations by `baton_fence::cancel`.
+//! the operator's cancellations by `baton_fence::cancel`. A permit of the
+//! semaphore writes under its slot's resource (`NAME:slot-K`), the pattern
+//! docs/locks.md gives: a slot's tokens only rise.
 
 use std::collections::BTreeMap;
 
@@ -10,16 +12,23 @@ use baton_fence::{cancel, decide, Decision, FenceRequest, OperationRecord, Polic
 
 use crate::Ctx;
 
+/// A fenced resource: a simulated resource, or one slot of the semaphore.
+pub type Key = (u8, Option<u32>);
+
 #[derive(Default)]
 pub struct Resources {
-    state: BTreeMap<u8, ResourceState>,
+    state: BTreeMap<Key, ResourceState>,
     ops: BTreeMap<u64, OperationRecord>,
 }
 
 impl Resources {
     /// A write of operation `op` under `token`.
-    pub fn write(&mut self, ctx: &mut Ctx, op: u64, resource: u8, token: FencingToken) {
-        let name = ctx.names[usize::from(resource)].as_str().to_string();
+    pub fn write(&mut self, ctx: &mut Ctx, op: u64, resource: Key, token: FencingToken) {
+        let base = ctx.names[usize::from(resource.0)].as_str();
+        let name = match resource.1 {
+            Some(slot) => format!("{base}:slot-{slot}"),
+            None => base.to_string(),
+        };
         let op_name = format!("op-{op:x}");
         let req = FenceRequest::new(&name, token, &op_name, &op.to_le_bytes(), b"ok")
             .expect("a valid request")
@@ -41,7 +50,7 @@ impl Resources {
             }
             Decision::Refuse(outcome) => {
                 ctx.trace.record(ctx.now, &(op, 3u8), || {
-                    format!("refused {token} on r{resource}: {}", outcome.label())
+                    format!("refused {token} on {name}: {}", outcome.label())
                 });
                 if matches!(outcome.label(), "stale" | "cancelled") {
                     ctx.check.stale_refused += 1;
@@ -50,10 +59,17 @@ impl Resources {
         }
     }
 
-    /// The operator cancels every write at or below `at`.
+    /// The operator cancels every write at or below `at`: on the
+    /// semaphore, under each of its slots too.
     pub fn cancel(&mut self, ctx: &mut Ctx, resource: u8, at: FencingToken) {
-        let next = cancel(self.state.get(&resource), Policy::Session, at);
-        self.state.insert(resource, next);
-        ctx.check.cancelled(resource, at);
+        let mut keys = vec![(resource, None)];
+        if resource == crate::SEMAPHORE {
+            keys.extend((0..crate::SEMAPHORE_PERMITS).map(|k| (resource, Some(k))));
+        }
+        for key in keys {
+            let next = cancel(self.state.get(&key), Policy::Session, at);
+            self.state.insert(key, next);
+            ctx.check.cancelled(key, at);
+        }
     }
 }

@@ -58,6 +58,8 @@ pub struct Report {
     pub n_sessions_opened: u64,
     pub n_heartbeats: u64,
     pub n_session_claims: u64,
+    /// The most permits of the semaphore certainly held at once.
+    pub most_permits: usize,
     pub n_dropped: u64,
     pub n_duplicated: u64,
     pub violations: Vec<String>,
@@ -141,6 +143,7 @@ pub fn run(seed: u64, config: &Config) -> Report {
         n_sessions_opened: c.sessions_opened,
         n_heartbeats: c.heartbeats,
         n_session_claims: c.session_claims,
+        most_permits: c.most_permits,
         n_dropped: w.ctx.dropped,
         n_duplicated: w.ctx.duplicated,
         violations: std::mem::take(&mut w.ctx.check.violations),
@@ -290,9 +293,10 @@ impl World {
                 Msg::Write {
                     op,
                     resource,
+                    slot,
                     token,
                 },
-            ) => self.resources.write(ctx, op, resource, token),
+            ) => self.resources.write(ctx, op, (resource, slot), token),
             (Addr::Resources, Msg::Cancel { resource, at }) => {
                 self.resources.cancel(ctx, resource, at)
             }

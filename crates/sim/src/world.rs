@@ -10,7 +10,7 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::hash::{Hash, Hasher};
 
-use baton_core::{AcquisitionId, FencingToken, SessionDigest};
+use baton_core::{AcquisitionId, FencingToken, SessionDigest, Shape};
 
 /// True simulated milliseconds.
 pub type Ms = u64;
@@ -100,6 +100,8 @@ pub enum Request {
         wait_ms: u64,
         /// The lease lives as long as this session (`ttl_ms` is ignored).
         session: Option<SessionDigest>,
+        /// Exclusive, or a permit of the semaphore (`crate::SEMAPHORE`).
+        shape: Shape,
     },
     Renew {
         resource: u8,
@@ -131,6 +133,8 @@ pub enum Answer {
     Granted {
         token: FencingToken,
         ttl_ms: u64,
+        /// A permit's slot.
+        slot: Option<u32>,
     },
     NotAcquired,
     Renewed {
@@ -172,10 +176,12 @@ pub enum Msg {
         op: u64,
         answer: Answer,
     },
-    /// A write to a fenced resource under `token`.
+    /// A write to a fenced resource under `token`: a permit writes under
+    /// its slot's resource.
     Write {
         op: u64,
         resource: u8,
+        slot: Option<u32>,
         token: FencingToken,
     },
     /// The operator cancels every write at or below `at`.

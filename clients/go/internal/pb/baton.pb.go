@@ -1983,7 +1983,8 @@ type WatchEvent struct {
 	// EXPIRED and FENCED. Empty if it gave none.
 	Holder string `protobuf:"bytes,6,opt,name=holder,proto3" json:"holder,omitempty"`
 	// The slot of the shared holder or permit the change concerns; absent
-	// for an exclusive holder (and for FENCED, which revokes every holder).
+	// for an exclusive holder. A fence of a shared lock or a semaphore comes
+	// as one FENCED event per holder it revoked, each with its slot.
 	Slot          *uint32 `protobuf:"varint,7,opt,name=slot,proto3,oneof" json:"slot,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

@@ -162,12 +162,34 @@ impl LeaseTable {
         let resource = &claim.resource;
         match claim.shape {
             Shape::Exclusive => self.n_live_slots(resource) == 0,
-            Shape::Shared => true,
+            Shape::Shared => !self.holds_slot(resource, &claim.acquisition_id),
             Shape::Permits(_) => {
                 let n = self.semaphores.get(resource).copied().unwrap_or(u32::MAX);
-                self.n_live_slots(resource) < n as usize
+                let fits = if crate::bad::on(crate::bad::Variant::PermitsAtOrBelow) {
+                    self.n_live_slots(resource) <= n as usize
+                } else {
+                    self.n_live_slots(resource) < n as usize
+                };
+                fits && !self.holds_slot(resource, &claim.acquisition_id)
             }
         }
+    }
+
+    /// Whether `id` already holds one of `resource`'s slots: a second copy
+    /// of the request that got it (a duplicate the network delivered, sent
+    /// without a request id) waits, as it would behind an exclusive lease
+    /// of its own, and is never granted a second slot.
+    fn holds_slot(&self, resource: &ResourceName, id: &crate::AcquisitionId) -> bool {
+        let Some(slots) = self.groups.get(resource) else {
+            return false;
+        };
+        let digest = id.digest();
+        slots.iter().any(|&k| {
+            self.resources
+                .get(&resource.slot(k))
+                .and_then(|s| s.lease.as_ref())
+                .is_some_and(|l| l.acquisition_digest == digest && !self.is_gone(l))
+        })
     }
 
     /// How many of `resource`'s slots hold a lease that has not ended.

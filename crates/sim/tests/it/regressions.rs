@@ -20,6 +20,10 @@ const FAILED_ONCE: &[(u64, &str)] = &[
         3966,
         "panic: a duplicated session open was refused as already open, which the engine took for a bug (engine.rs session)",
     ),
+    (
+        1955,
+        "a duplicated acquire (no request id) of a permit waited and was granted a second slot under the same acquisition id while the first was held (core shape.rs holds_slot)",
+    ),
 ];
 
 #[test]

@@ -861,7 +861,8 @@ class WatchEvent(google.protobuf.message.Message):
     """
     slot: builtins.int
     """The slot of the shared holder or permit the change concerns; absent
-    for an exclusive holder (and for FENCED, which revokes every holder).
+    for an exclusive holder. A fence of a shared lock or a semaphore comes
+    as one FENCED event per holder it revoked, each with its slot.
     """
     def __init__(
         self,

@@ -291,3 +291,32 @@ fn a_fence_revokes_every_holder_and_a_restart_keeps_them_all() {
     let g = granted(t.acquire(MonoMs(1), shaped(&["doc"], Shape::Exclusive, 11, 0, 0)));
     assert!(g[0].token > fenced.token);
 }
+
+#[test]
+fn a_duplicate_of_a_granted_request_never_holds_a_second_slot() {
+    let mut t = table();
+    let first = granted(t.acquire(MonoMs(0), shaped(&["jobs"], Shape::Permits(3), 1, 0, 0)));
+    // The same request again (the network delivered it twice; no request
+    // id): it waits as behind its own lease, and is not granted another
+    // slot while the first is held.
+    assert!(matches!(
+        t.acquire(MonoMs(1), shaped(&["jobs"], Shape::Permits(3), 1, 0, 0)),
+        Ok(AcquireOutcome::NotAcquired(_))
+    ));
+    assert!(matches!(
+        t.acquire(
+            MonoMs(1),
+            shaped(&["jobs"], Shape::Permits(3), 1, 5_000, 10)
+        ),
+        Ok(AcquireOutcome::Queued { .. })
+    ));
+    t.take_effects();
+    assert!(woken(&mut t).is_empty());
+    assert_eq!(t.status(MonoMs(2), &name("jobs")).slots.len(), 1);
+    // Once the first is gone, the copy gets a lease of its own.
+    t.release(MonoMs(3), &name("jobs"), &id(1));
+    let copy = woken(&mut t);
+    assert_eq!(copy.len(), 1);
+    assert!(copy[0].1[0].token > first[0].token);
+    assert_eq!(t.status(MonoMs(3), &name("jobs")).slots.len(), 1);
+}
