@@ -253,6 +253,20 @@ struct Row {
     remaining_ms: u64,
     ttl_ms: u64,
     waiters: usize,
+    /// A semaphore's number of permits (absent for a lock).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    permits: Option<u32>,
+    /// Its shared holders or permits, by slot (none for an exclusive lock).
+    holders: Vec<SlotRow>,
+}
+
+/// One shared holder or permit on the page.
+#[derive(Serialize)]
+struct SlotRow {
+    slot: u32,
+    token: String,
+    holder: Option<String>,
+    remaining_ms: u64,
 }
 
 impl From<LeaseStatus> for Row {
@@ -264,6 +278,20 @@ impl From<LeaseStatus> for Row {
             remaining_ms: s.remaining_ms,
             ttl_ms: s.ttl_ms,
             waiters: s.n_waiters,
+            permits: match s.kind {
+                Some(baton_core::Kind::Semaphore(n)) => Some(n),
+                _ => None,
+            },
+            holders: s
+                .slots
+                .into_iter()
+                .map(|x| SlotRow {
+                    slot: x.slot,
+                    token: x.token.get().to_string(),
+                    holder: x.holder.map(|h| h.to_string()),
+                    remaining_ms: x.remaining_ms,
+                })
+                .collect(),
         }
     }
 }
