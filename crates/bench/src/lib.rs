@@ -13,7 +13,7 @@ use anyhow::Context;
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use baton_client::{Acquired, Client, Release, Session};
+use baton_client::{AcquiredAll, Client, Release, Session};
 
 /// How the clients share resources.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -342,6 +342,58 @@ pub struct Baton {
     shared: tokio::sync::OnceCell<Client>,
     /// TLS and token for every connection.
     pub options: baton_client::ConnectOptions,
+    /// How the clients hold what they acquire (`--lock`).
+    pub lock: LockShape,
+    /// Connections made so far: which one is a writer among readers.
+    made: std::sync::atomic::AtomicUsize,
+}
+
+/// How the benchmark's clients hold what they acquire, as `--lock` names
+/// it: `exclusive` (the default), `permits:N` (a permit of a semaphore of
+/// N), `readers:N` (N shared holders to each exclusive one: every
+/// (N+1)th connection writes).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LockShape {
+    /// One holder.
+    #[default]
+    Exclusive,
+    /// Permits of a semaphore of N.
+    Permits(u32),
+    /// N readers (shared) to each writer (exclusive).
+    Readers(u32),
+}
+
+impl LockShape {
+    /// The shape of the `i`th connection.
+    fn of(self, i: usize) -> baton_client::Shape {
+        match self {
+            LockShape::Exclusive => baton_client::Shape::Exclusive,
+            LockShape::Permits(n) => baton_client::Shape::Permits(n),
+            LockShape::Readers(n) if (i + 1).is_multiple_of(n as usize + 1) => {
+                baton_client::Shape::Exclusive
+            }
+            LockShape::Readers(_) => baton_client::Shape::Shared,
+        }
+    }
+}
+
+/// `--lock`: `exclusive`, `permits:N` (1 to 4096) or `readers:N` (1 or more).
+pub fn parse_lock(raw: &str) -> Result<LockShape, String> {
+    let bad = || {
+        format!("{raw:?} is not a lock shape: write exclusive, permits:N (1 to 4096) or readers:N (1 or more)")
+    };
+    match raw.split_once(':') {
+        None if raw == "exclusive" => Ok(LockShape::Exclusive),
+        Some(("permits", n)) => match n.parse::<u32>() {
+            Ok(n) if (1..=baton_client::PERMITS_MAX).contains(&n) => Ok(LockShape::Permits(n)),
+            _ => Err(bad()),
+        },
+        Some(("readers", n)) => match n.parse::<u32>() {
+            Ok(n) if n >= 1 => Ok(LockShape::Readers(n)),
+            _ => Err(bad()),
+        },
+        _ => Err(bad()),
+    }
 }
 
 impl Baton {
@@ -364,6 +416,12 @@ impl Baton {
     /// Connects over TLS and/or with a token.
     pub fn with_options(mut self, options: baton_client::ConnectOptions) -> Self {
         self.options = options;
+        self
+    }
+
+    /// Holds what the clients acquire as `lock` says.
+    pub fn with_lock(mut self, lock: LockShape) -> Self {
+        self.lock = lock;
         self
     }
 
@@ -401,10 +459,12 @@ impl Target for Baton {
             Transport::Unary => None,
             _ => Some(client.open_session(self.ttl).await?),
         };
+        let i = self.made.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(BatonConn {
             client,
             session,
             ttl: self.ttl,
+            shape: self.lock.of(i),
         })
     }
 }
@@ -414,6 +474,7 @@ pub struct BatonConn {
     client: Client,
     session: Option<Session>,
     ttl: Duration,
+    shape: baton_client::Shape,
 }
 
 impl Conn for BatonConn {
@@ -425,13 +486,18 @@ impl Conn for BatonConn {
         } else {
             Duration::ZERO
         };
+        let claims = [(resource, self.shape)];
         let acquired = match &self.session {
-            Some(s) => s.acquire(resource, wait).await,
-            None => self.client.acquire(resource, Some(self.ttl), wait).await,
+            Some(s) => s.acquire_shaped(&claims, None, wait).await?,
+            None => {
+                self.client
+                    .acquire_shaped(&claims, Some(self.ttl), wait)
+                    .await?
+            }
         };
-        match acquired? {
-            Acquired::Granted(lease) => Ok(lease),
-            Acquired::NotAcquired(n) => Err(anyhow::anyhow!("not acquired: {n:?}")),
+        match acquired {
+            AcquiredAll::Granted { mut leases, .. } => Ok(leases.pop().expect("one lease")),
+            AcquiredAll::NotAcquired(n) => Err(anyhow::anyhow!("not acquired: {n:?}")),
         }
     }
 

@@ -26,6 +26,10 @@ pub struct Args {
     /// one connection) instead of a unary call per acquire and release.
     #[arg(long)]
     pub session: bool,
+    /// How the clients hold what they acquire: exclusive, permits:N (a
+    /// semaphore of N), readers:N (N shared holders to each writer).
+    #[arg(long, default_value = "exclusive", value_parser = crate::parse_lock)]
+    pub lock: crate::LockShape,
     /// Instead of cycling, fill the server with this many live leases
     /// (TTL --ttl) and report the rate; then read the server's memory.
     #[arg(long)]
@@ -248,7 +252,8 @@ async fn cycles(a: &Args, to: &Endpoint, json: bool) -> Result<(), BenchError> {
     let label = if a.session { "baton session" } else { "baton" };
     let target = Baton::new(label, to.server.clone(), a.cycle.ttl)
         .with_transport(transport(a))
-        .with_options(to.options.clone());
+        .with_options(to.options.clone())
+        .with_lock(a.lock);
     let run_id = a.cycle.run_id("");
     let mut runs = Vec::new();
     if !json {

@@ -71,6 +71,7 @@ async fn attack(url: &str, ca: &[u8], n: usize, round: usize) -> anyhow::Result<
                         holder: None,
                         request_id: Vec::new(),
                         first_sent_ms_ago: None,
+                        shapes: Vec::new(),
                     });
                     let guess = format!("Bearer guess-{round}-{k:08}");
                     r.metadata_mut()
