@@ -326,3 +326,71 @@ async fn permits_and_shared_holders_and_n_survive_a_restart() {
     }
     assert_eq!(c.status("doc").await.unwrap().slots, vec![]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn permits_and_shared_holders_and_n_survive_a_leader_failover() {
+    let db = baton_testkit::PgDb::create("shapes_failover").await;
+    let mut cluster = common::Cluster::start(&db.url, 3);
+    let leader = cluster.wait_leader(None).await;
+    let mut c = Client::connect(&cluster.endpoints()).await.unwrap();
+    let ttl = Some(Duration::from_secs(30));
+    let granted = |all: AcquiredAll| match all {
+        AcquiredAll::Granted { leases, .. } => leases,
+        other => panic!("{other:?}"),
+    };
+    let permits = granted(
+        c.acquire_shaped(
+            &[("jobs", Shape::Permits(2)), ("doc", Shape::Shared)],
+            ttl,
+            Duration::ZERO,
+        )
+        .await
+        .unwrap(),
+    );
+    let second = granted(
+        c.acquire_shaped(&[("jobs", Shape::Permits(2))], ttl, Duration::ZERO)
+            .await
+            .unwrap(),
+    );
+    let before = (c.status("jobs").await.unwrap(), c.status("doc").await.unwrap());
+    cluster.nodes[leader].kill9();
+    let new_leader = cluster.wait_leader(Some(leader)).await;
+    assert_ne!(new_leader, leader);
+    // The new leader has every holder, its slot and token, and the N.
+    let mut after = None;
+    common::eventually(Duration::from_secs(30), async || {
+        after = match (c.status("jobs").await, c.status("doc").await) {
+            (Ok(j), Ok(d)) => Some((j, d)),
+            _ => None,
+        };
+        after.is_some()
+    })
+    .await;
+    let after = after.unwrap();
+    let tokens = |st: &baton_client::Status| st.slots.iter().map(|x| (x.slot, x.token)).collect::<Vec<_>>();
+    assert_eq!(tokens(&after.0), tokens(&before.0));
+    assert_eq!(tokens(&after.1), tokens(&before.1));
+    assert_eq!(after.0.permits, Some(2));
+    assert!(matches!(
+        c.acquire_shaped(&[("jobs", Shape::Permits(2))], ttl, Duration::ZERO)
+            .await
+            .unwrap(),
+        AcquiredAll::NotAcquired(_)
+    ));
+    // Renewed by id on the new leader, with its token kept.
+    match c.renew("jobs", &second[0].acquisition_id).await.unwrap() {
+        baton_client::Renewal::Renewed { token, .. } => assert_eq!(token, second[0].token),
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(
+        c.release("jobs", &permits[0].acquisition_id).await.unwrap(),
+        baton_client::Release::Released { .. }
+    ));
+    let third = granted(
+        c.acquire_shaped(&[("jobs", Shape::Permits(2))], ttl, Duration::ZERO)
+            .await
+            .unwrap(),
+    );
+    assert_eq!(third[0].slot, Some(0));
+    assert!(third[0].token > second[0].token);
+}
