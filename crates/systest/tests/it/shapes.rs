@@ -352,7 +352,10 @@ async fn permits_and_shared_holders_and_n_survive_a_leader_failover() {
             .await
             .unwrap(),
     );
-    let before = (c.status("jobs").await.unwrap(), c.status("doc").await.unwrap());
+    let before = (
+        c.status("jobs").await.unwrap(),
+        c.status("doc").await.unwrap(),
+    );
     cluster.nodes[leader].kill9();
     let new_leader = cluster.wait_leader(Some(leader)).await;
     assert_ne!(new_leader, leader);
@@ -367,7 +370,12 @@ async fn permits_and_shared_holders_and_n_survive_a_leader_failover() {
     })
     .await;
     let after = after.unwrap();
-    let tokens = |st: &baton_client::Status| st.slots.iter().map(|x| (x.slot, x.token)).collect::<Vec<_>>();
+    let tokens = |st: &baton_client::Status| {
+        st.slots
+            .iter()
+            .map(|x| (x.slot, x.token))
+            .collect::<Vec<_>>()
+    };
     assert_eq!(tokens(&after.0), tokens(&before.0));
     assert_eq!(tokens(&after.1), tokens(&before.1));
     assert_eq!(after.0.permits, Some(2));
