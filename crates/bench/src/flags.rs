@@ -80,6 +80,54 @@ pub fn parse_clients(s: &str) -> Result<ClientCounts, String> {
         .map(ClientCounts)
 }
 
+/// How the benchmark's clients hold what they acquire, as `--lock` names
+/// it: `exclusive` (the default), `permits:N` (a permit of a semaphore of
+/// N), `readers:N` (N shared holders to each exclusive one: every
+/// (N+1)th connection writes).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LockShape {
+    /// One holder.
+    #[default]
+    Exclusive,
+    /// Permits of a semaphore of N.
+    Permits(u32),
+    /// N readers (shared) to each writer (exclusive).
+    Readers(u32),
+}
+
+impl LockShape {
+    /// The shape of the `i`th connection.
+    pub(crate) fn of(self, i: usize) -> baton_client::Shape {
+        match self {
+            LockShape::Exclusive => baton_client::Shape::Exclusive,
+            LockShape::Permits(n) => baton_client::Shape::Permits(n),
+            LockShape::Readers(n) if (i + 1).is_multiple_of(n as usize + 1) => {
+                baton_client::Shape::Exclusive
+            }
+            LockShape::Readers(_) => baton_client::Shape::Shared,
+        }
+    }
+}
+
+/// `--lock`: `exclusive`, `permits:N` (1 to 4096) or `readers:N` (1 or more).
+pub fn parse_lock(raw: &str) -> Result<LockShape, String> {
+    let bad = || {
+        format!("{raw:?} is not a lock shape: write exclusive, permits:N (1 to 4096) or readers:N (1 or more)")
+    };
+    match raw.split_once(':') {
+        None if raw == "exclusive" => Ok(LockShape::Exclusive),
+        Some(("permits", n)) => match n.parse::<u32>() {
+            Ok(n) if (1..=baton_client::PERMITS_MAX).contains(&n) => Ok(LockShape::Permits(n)),
+            _ => Err(bad()),
+        },
+        Some(("readers", n)) => match n.parse::<u32>() {
+            Ok(n) if n >= 1 => Ok(LockShape::Readers(n)),
+            _ => Err(bad()),
+        },
+        _ => Err(bad()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -106,14 +106,23 @@ impl ShapeOpt {
     }
 }
 
+/// A number of permits that is not one.
+#[derive(Debug, thiserror::Error)]
+#[error("{raw:?} is not a number of permits: a semaphore has from 1 to {max}")]
+pub struct PermitsError {
+    raw: String,
+    max: u32,
+}
+
 /// A semaphore's number of permits: 1 to [`baton_core::PERMITS_MAX`].
-pub fn parse_permits(raw: &str) -> Result<u32, String> {
+pub fn parse_permits(raw: &str) -> Result<u32, PermitsError> {
     let max = baton_core::PERMITS_MAX;
     match raw.parse::<u32>() {
         Ok(n) if (1..=max).contains(&n) => Ok(n),
-        _ => Err(format!(
-            "{raw:?} is not a number of permits: a semaphore has from 1 to {max}"
-        )),
+        _ => Err(PermitsError {
+            raw: raw.to_string(),
+            max,
+        }),
     }
 }
 

@@ -13,6 +13,7 @@ mod elect;
 mod error;
 mod hold;
 mod lease;
+mod operator;
 mod output;
 mod run;
 mod serve;
@@ -218,14 +219,16 @@ async fn dispatch(command: Command) -> Result<ExitCode, CliError> {
             client.json,
             &lease::list(&client, &prefix, start_after.as_deref(), limit).await?,
         ),
-        Command::Fence { name, client } => emit(client.json, &lease::fence(&client, &name).await?),
+        Command::Fence { name, client } => {
+            emit(client.json, &operator::fence(&client, &name).await?)
+        }
         Command::Permits {
             name,
             permits,
             client,
         } => emit(
             client.json,
-            &lease::set_permits(&client, &name, permits).await?,
+            &operator::set_permits(&client, &name, permits).await?,
         ),
         Command::Watch { prefix, client } => watch::watch(&client, &prefix).await?,
         Command::Admin(Admin::Backup { out, client }) => {

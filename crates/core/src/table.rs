@@ -5,9 +5,11 @@
 //! grant time. Effects accumulate until the shell calls
 //! [`LeaseTable::take_effects`].
 
+mod change;
 mod drain;
 mod expiry;
 mod gone;
+mod holders;
 mod limits;
 mod query;
 mod quotas;
@@ -33,11 +35,12 @@ pub use sessions::{Resumed, SessionCheck};
 pub use shape::{Claim, Kind, SetPermitsError, Shape, PERMITS_MAX};
 use state::{Draining, Lease, ResourceState, Session, Timer, Waiter};
 
+pub use change::{ChangeOf, HolderChange};
 pub use term::LeaseTerm;
 pub use types::{
-    AcquireError, AcquireOutcome, AcquireRequest, ChangeOf, Effects, Event, FenceOutcome, Grant,
-    HolderChange, KeptAlive, LeaseRecord, LeaseStatus, MonoMs, ReleaseOutcome, RenewOutcome,
-    SessionError, SessionRecord, SlotStatus, WaitResult, Write,
+    AcquireError, AcquireOutcome, AcquireRequest, Effects, Event, FenceOutcome, Grant, KeptAlive,
+    LeaseRecord, LeaseStatus, MonoMs, ReleaseOutcome, RenewOutcome, SessionError, SessionRecord,
+    SlotStatus, WaitResult, Write,
 };
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
@@ -293,36 +296,12 @@ impl LeaseTable {
             acquisition_id: id,
             shape,
         } = claim;
-        // An exclusive lease is kept under the resource's name; a shared
-        // holder or a permit under its holder's name, and the resource's
-        // entry stays while it has holders (`shape.rs`).
-        let (resource, slot) = match shape {
-            Shape::Exclusive => (asked.clone(), None),
-            Shape::Shared | Shape::Permits(_) => {
-                self.resources.entry(asked.clone()).or_default();
-                let (name, slot) = self.take_slot(&asked, shape);
-                (name, Some(slot))
-            }
-        };
+        let (resource, slot) = self.name_for(&asked, shape);
         let session = term.session();
         let after_wait = queued_at.is_some();
         let waited_ms = queued_at.map_or(0, |at| now.0.saturating_sub(at.0));
         let token = self.issue_token();
-        let (ttl_ms, expires_at) = match term {
-            LeaseTerm::Session(digest) => {
-                let s = self
-                    .sessions
-                    .get_mut(&digest)
-                    .expect("granting on a session that is not open");
-                s.leases.insert(resource.clone());
-                (s.ttl_ms, MonoMs::NEVER)
-            }
-            LeaseTerm::Own { ttl_ms } => {
-                let at = now.end_of(ttl_ms);
-                self.expiries.insert((at, resource.clone()));
-                (ttl_ms, at)
-            }
-        };
+        let (ttl_ms, expires_at) = self.bind(now, &resource, term);
         self.count_lease(&resource, true);
         let state = self.resources.entry(resource.clone()).or_default();
         assert!(
@@ -368,6 +347,41 @@ impl LeaseTable {
         }
     }
 
+    /// The name a new lease of `shape` on `asked` is kept under, and its
+    /// slot: an exclusive lease under the resource's name; a shared holder
+    /// or a permit under its holder's name, the resource's entry staying
+    /// while it has holders (`shape.rs`).
+    fn name_for(&mut self, asked: &ResourceName, shape: Shape) -> (ResourceName, Option<u32>) {
+        match shape {
+            Shape::Exclusive => (asked.clone(), None),
+            Shape::Shared | Shape::Permits(_) => {
+                self.resources.entry(asked.clone()).or_default();
+                let (name, slot) = self.take_slot(asked, shape);
+                (name, Some(slot))
+            }
+        }
+    }
+
+    /// Ties a new lease kept under `name` to its session, or schedules its
+    /// own expiry: its TTL and deadline.
+    fn bind(&mut self, now: MonoMs, name: &ResourceName, term: LeaseTerm) -> (u64, MonoMs) {
+        match term {
+            LeaseTerm::Session(digest) => {
+                let s = self
+                    .sessions
+                    .get_mut(&digest)
+                    .expect("granting on a session that is not open");
+                s.leases.insert(name.clone());
+                (s.ttl_ms, MonoMs::NEVER)
+            }
+            LeaseTerm::Own { ttl_ms } => {
+                let at = now.end_of(ttl_ms);
+                self.expiries.insert((at, name.clone()));
+                (ttl_ms, at)
+            }
+        }
+    }
+
     /// The lease `id` holds on `resource`, with the name it is kept
     /// under: the resource's own (exclusive), or a holder's (a shared
     /// holder or a permit).
@@ -392,144 +406,6 @@ impl LeaseTable {
                 .matches(id)
                 .then_some((name, lease))
         })
-    }
-
-    /// Extends a lease by its TTL from `now` if `id` still holds it; "not owner" otherwise (nothing is extended or recreated).
-    /// Renewing a lease tied to a session keeps the whole session alive.
-    pub fn renew(
-        &mut self,
-        now: MonoMs,
-        resource: &ResourceName,
-        id: &AcquisitionId,
-    ) -> RenewOutcome {
-        self.tick(now);
-        self.settle_and_pump(now, resource);
-        let Some((name, lease)) = self.held_by(resource, id) else {
-            self.effects.events.push(Event::RenewRefused {
-                resource: resource.clone(),
-            });
-            return RenewOutcome::NotOwner;
-        };
-        let (old, ttl_ms, token) = (lease.expires_at, lease.ttl_ms(), lease.token);
-        if let Some(digest) = lease.session() {
-            let ttl_ms = self.refresh_session(now, digest);
-            self.effects.events.push(Event::Renewed {
-                resource: resource.clone(),
-                token,
-            });
-            return RenewOutcome::Renewed { token, ttl_ms };
-        }
-        let expires_at = now.end_of(ttl_ms);
-        self.expiries.remove(&(old, name.clone()));
-        self.expiries.insert((expires_at, name.clone()));
-        let lease = self
-            .resources
-            .get_mut(&name)
-            .and_then(|s| s.lease.as_mut())
-            .expect("held");
-        lease.expires_at = expires_at;
-        self.effects.events.push(Event::Renewed {
-            resource: resource.clone(),
-            token,
-        });
-        RenewOutcome::Renewed { token, ttl_ms }
-    }
-
-    /// Gives a lease back if `id` holds it; hands the resource to the next waiter. An old or wrong id changes nothing.
-    pub fn release(
-        &mut self,
-        now: MonoMs,
-        resource: &ResourceName,
-        id: &AcquisitionId,
-    ) -> ReleaseOutcome {
-        self.tick(now);
-        self.settle_and_pump(now, resource);
-        let Some((name, lease)) = self.held_by(resource, id) else {
-            return ReleaseOutcome::NotHeld;
-        };
-        let token = lease.token;
-        let holder = self.drop_lease(&name).and_then(|(_, h)| h);
-        self.effects.events.push(Event::Released {
-            resource: name,
-            token,
-            holder,
-        });
-        self.pump(now, resource);
-        ReleaseOutcome::Released { token }
-    }
-
-    /// Drops the lease kept under `resource` (a resource's own name, or
-    /// a holder's), if held: its token and holder. A holder's entry and
-    /// slot go with it (nothing else is kept under its name).
-    fn drop_lease(&mut self, resource: &ResourceName) -> Option<(FencingToken, Option<Holder>)> {
-        let lease = self.resources.get_mut(resource)?.lease.take()?;
-        self.n_leases -= 1;
-        self.count_lease(resource, false);
-        if self.left(resource).is_some() {
-            self.resources.remove(resource);
-        }
-        match lease.session() {
-            Some(digest) => {
-                let session = self
-                    .sessions
-                    .get_mut(&digest)
-                    .expect("bound to an open session");
-                session.leases.remove(resource);
-            }
-            None => {
-                self.expiries.remove(&(lease.expires_at, resource.clone()));
-            }
-        }
-        self.write_end(resource, &lease);
-        Some(lease.into_token_and_holder())
-    }
-
-    /// Operator fence: revokes the lease, if any, and issues a token above
-    /// every earlier grant, so the next holder's token is higher still.
-    pub fn fence(&mut self, now: MonoMs, resource: &ResourceName) -> FenceOutcome {
-        self.tick(now);
-        // An ended lease on it is dropped, but the resource is not handed on
-        // before the fence: its next waiter gets it after, above the fence.
-        self.settle(resource);
-        // The exclusive holder, or every shared holder or permit.
-        let mut names = vec![resource.clone()];
-        names.extend(self.slot_names(resource));
-        let mut dropped = Vec::new();
-        for name in names {
-            let session = self
-                .resources
-                .get(&name)
-                .and_then(|s| s.lease.as_ref())
-                .and_then(Lease::session);
-            let Some((token, holder)) = self.drop_lease(&name) else {
-                continue;
-            };
-            if let Some(digest) = session {
-                let s = self
-                    .sessions
-                    .get_mut(&digest)
-                    .expect("bound to an open session");
-                s.revoked.push((resource.clone(), token));
-            }
-            dropped.push((name, token, holder));
-        }
-        let token = self.issue_token();
-        let revoked = dropped.iter().map(|(_, t, _)| *t).max();
-        // One event per holder it revoked (under the name its lease was
-        // kept under), or one for the resource when none was held.
-        if dropped.is_empty() {
-            dropped.push((resource.clone(), token, None));
-        }
-        for (name, revoked_token, holder) in dropped {
-            self.effects.events.push(Event::Fenced {
-                resource: name,
-                token,
-                revoked: (revoked_token != token).then_some(revoked_token),
-                holder,
-            });
-        }
-        self.pump(now, resource);
-        FenceOutcome { token, revoked }
     }
 }
 

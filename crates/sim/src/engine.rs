@@ -86,23 +86,12 @@ impl Engine {
                 shape,
             } => {
                 self.next_waiter += 1;
-                let waiter = WaiterId(self.next_waiter);
                 let mut req = AcquireRequest::single(name(resource), id, ttl_ms);
                 req.claims[0].shape = shape;
                 req.wait_ms = wait_ms;
-                req.waiter = waiter;
+                req.waiter = WaiterId(self.next_waiter);
                 req.term = session.map_or(req.term, LeaseTerm::Session);
-                match self.table.acquire(now, req) {
-                    Ok(AcquireOutcome::Granted(g)) => Deferred(granted(&g)),
-                    Ok(AcquireOutcome::NotAcquired(_)) => Deferred(Answer::NotAcquired),
-                    Ok(AcquireOutcome::Queued { .. }) => {
-                        self.pipeline.wait(waiter, (from, op));
-                        Queued
-                    }
-                    Ok(other) => unreachable!("no request ids are sent: {other:?}"),
-                    Err(AcquireError::SessionNotOpen) => Deferred(Answer::NotOpen),
-                    Err(e) => panic!("the simulator asked for something invalid: {e}"),
-                }
+                self.acquire(now, (from, op), req)
             }
             Request::Renew { resource, id } => {
                 At(match self.table.renew(now, &name(resource), &id) {
@@ -257,6 +246,24 @@ enum When {
     Queued,
 }
 use When::{At, Deferred, Queued};
+
+impl Engine {
+    /// An acquire: answered when its step is durable, or queued.
+    fn acquire(&mut self, now: MonoMs, caller: (Addr, u64), req: AcquireRequest) -> When {
+        let waiter = req.waiter;
+        match self.table.acquire(now, req) {
+            Ok(AcquireOutcome::Granted(g)) => Deferred(granted(&g)),
+            Ok(AcquireOutcome::NotAcquired(_)) => Deferred(Answer::NotAcquired),
+            Ok(AcquireOutcome::Queued { .. }) => {
+                self.pipeline.wait(waiter, caller);
+                Queued
+            }
+            Ok(other) => unreachable!("no request ids are sent: {other:?}"),
+            Err(AcquireError::SessionNotOpen) => Deferred(Answer::NotOpen),
+            Err(e) => panic!("the simulator asked for something invalid: {e}"),
+        }
+    }
+}
 
 /// The simulation's number for resource `name`.
 fn index_of(names: &[ResourceName], name: &ResourceName) -> u8 {

@@ -210,18 +210,22 @@ impl Session {
         };
         let mut out = crate::acquired_all(answer, resources.len(), sent)?;
         if let (AcquiredAll::Granted { leases, .. }, None) = (&mut out, ttl) {
-            // A lease tied to the session ends with it. The server counts
-            // the acquire as a heartbeat (held a session TTL from the send,
-            // as `acquired_all` set), and heartbeats kept the session
-            // moving while the acquire waited in line: the later of the two.
-            let session_deadline = self.inner.state.borrow().server_deadline;
-            let mut bound = self.inner.bound.lock().expect("session mutex");
-            for l in leases {
-                l.valid_until = l.valid_until.max(session_deadline);
-                bound.insert(l.acquisition_id, l.token);
-            }
+            self.bind(leases);
         }
         Ok(out)
+    }
+
+    /// Leases tied to the session end with it. The server counts the
+    /// acquire as a heartbeat (held a session TTL from the send, as
+    /// `acquired_all` set), and heartbeats kept the session moving while
+    /// the acquire waited in line: the later of the two.
+    fn bind(&self, leases: &mut [crate::Lease]) {
+        let session_deadline = self.inner.state.borrow().server_deadline;
+        let mut bound = self.inner.bound.lock().expect("session mutex");
+        for l in leases {
+            l.valid_until = l.valid_until.max(session_deadline);
+            bound.insert(l.acquisition_id, l.token);
+        }
     }
 
     /// Renews a lease with its own TTL; for a lease tied to the session this

@@ -143,6 +143,13 @@ impl LeaseTable {
         if self.quotas.on() && self.refused_over_quota(now, head) {
             return true;
         }
+        self.grant_waiter(now, resource, head);
+        true
+    }
+
+    /// Grants every claim of waiter `head`, at the head of each of its
+    /// queues and admitted, and answers it.
+    fn grant_waiter(&mut self, now: MonoMs, resource: &ResourceName, head: WaiterId) {
         let waiter = self.waiters.remove(&head).expect("head waiter exists");
         for c in &waiter.claims {
             self.settle(&c.resource);
@@ -182,7 +189,6 @@ impl LeaseTable {
         for other in &others {
             self.pump(now, other);
         }
-        true
     }
 
     /// `resource`'s waiters, if it has any (never an empty queue). With no
