@@ -102,30 +102,19 @@ pub(crate) fn decode(name: &str, bytes: &[u8]) -> Result<(ResourceName, LeaseRec
         None
     };
     let shape = if flags & HAS_SHAPE != 0 {
-        match rest {
-            [SHARED, tail @ ..] => {
-                rest = tail;
-                Shape::Shared
-            }
-            [PERMIT, a, b, c, d, tail @ ..] => {
-                rest = tail;
-                Shape::Permits(u32::from_be_bytes([*a, *b, *c, *d]))
-            }
-            _ => return Err(corrupt("the shape is cut short or unknown".into())),
-        }
+        let (shape, tail) =
+            read_shape(rest).ok_or_else(|| corrupt("the shape is cut short or unknown".into()))?;
+        rest = tail;
+        shape
     } else {
         Shape::Exclusive
     };
     if (shape == Shape::Exclusive) != resource.split_slot().is_none() {
-        return Err(corrupt(format!(
-            "{} kept under {}",
-            shape.describe(),
-            if resource.split_slot().is_some() {
-                "a holder's name"
-            } else {
-                "a resource's own name"
-            }
-        )));
+        let under = match resource.split_slot() {
+            Some(_) => "a holder's name",
+            None => "a resource's own name",
+        };
+        return Err(corrupt(format!("{} kept under {under}", shape.describe())));
     }
     let holder = if flags & HAS_HOLDER != 0 {
         let text = std::str::from_utf8(rest)
@@ -147,6 +136,18 @@ pub(crate) fn decode(name: &str, bytes: &[u8]) -> Result<(ResourceName, LeaseRec
             shape,
         },
     ))
+}
+
+/// A shared holder's or a permit's shape at the start of `bytes`, and
+/// what follows it.
+fn read_shape(bytes: &[u8]) -> Option<(Shape, &[u8])> {
+    match bytes {
+        [SHARED, tail @ ..] => Some((Shape::Shared, tail)),
+        [PERMIT, a, b, c, d, tail @ ..] => {
+            Some((Shape::Permits(u32::from_be_bytes([*a, *b, *c, *d])), tail))
+        }
+        _ => None,
+    }
 }
 
 /// Reads a format-2 record (no holder).
