@@ -199,11 +199,13 @@ async fn a_session_resumes_after_a_crash_and_restart_with_its_leases() {
             .unwrap(),
         baton_client::Release::Released { .. }
     ));
-    assert_eq!(
-        keeper.changed().await,
-        Ownership::Lost,
-        "released: the keeper lets go"
-    );
+    // The keeper may still have a change from the restarts to report (a
+    // renewal that waited, then held): it lets go at the next one or two.
+    let let_go = tokio::time::timeout(Duration::from_secs(5), async {
+        while keeper.changed().await != Ownership::Lost {}
+    })
+    .await;
+    assert!(let_go.is_ok(), "released: the keeper lets go");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
