@@ -329,12 +329,15 @@ impl Checker {
                 }
             })
             .collect();
-        let permits: Vec<grants::Grant> = list
+        // `list` holds one entry per grant, in order: the semaphore's whole.
+        let permits: Vec<grants::Grant> = self
+            .grants
             .iter()
-            .filter(|g| g.resource.starts_with(&format!("r{}/", crate::SEMAPHORE)))
-            .map(|g| grants::Grant {
+            .zip(&list)
+            .filter(|(g, _)| g.resource == crate::SEMAPHORE)
+            .map(|(_, l)| grants::Grant {
                 resource: format!("r{}", crate::SEMAPHORE),
-                ..g.clone()
+                ..l.clone()
             })
             .collect();
         let most = grants::max_concurrent(&permits)

@@ -147,7 +147,8 @@ impl LeaseTable {
             // A shared holder's or a permit's end is its resource's.
             let mut waited: Vec<ResourceName> = ended
                 .filter_map(|r| {
-                    let owner = r.slot_of().map_or_else(|| r.clone(), |(owner, _)| owner);
+                    let slot = (!self.groups.is_empty()).then(|| r.slot_of()).flatten();
+                    let owner = slot.map_or_else(|| r.clone(), |(owner, _)| owner);
                     self.queues.contains_key(&owner).then_some(owner)
                 })
                 .collect();

@@ -129,13 +129,18 @@ impl LeaseTable {
         // One event per holder it revoked (under the name its lease was
         // kept under), or one for the resource when none was held.
         if dropped.is_empty() {
-            dropped.push((resource.clone(), token, None));
+            self.effects.events.push(Event::Fenced {
+                resource: resource.clone(),
+                token,
+                revoked: None,
+                holder: None,
+            });
         }
         for (name, revoked_token, holder) in dropped {
             self.effects.events.push(Event::Fenced {
                 resource: name,
                 token,
-                revoked: (revoked_token != token).then_some(revoked_token),
+                revoked: Some(revoked_token),
                 holder,
             });
         }

@@ -50,7 +50,7 @@ impl LeaseTable {
             n_waiters: self.queue(resource).map_or(0, VecDeque::len),
             holder: lease.and_then(|l| l.holder().cloned()),
             issued_through: self.issued_through(),
-            kind: self.kind_of(resource),
+            kind: self.kind_in(resource, state),
             slots,
         }
     }

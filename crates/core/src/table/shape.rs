@@ -95,14 +95,19 @@ pub(super) type Slots = BTreeSet<u32>;
 impl LeaseTable {
     /// What `resource` is now, if it has a holder or a waiter.
     pub(super) fn kind_of(&self, resource: &ResourceName) -> Option<Kind> {
+        self.kind_in(resource, self.resources.get(resource).map(|s| &**s))
+    }
+
+    /// [`LeaseTable::kind_of`], given the resource's state.
+    pub(super) fn kind_in(
+        &self,
+        resource: &ResourceName,
+        state: Option<&ResourceState>,
+    ) -> Option<Kind> {
         if let Some(&n) = self.semaphores.get(resource) {
             return Some(Kind::Semaphore(n));
         }
-        let held = self
-            .resources
-            .get(resource)
-            .is_some_and(|s| s.lease.is_some())
-            || self.groups.contains_key(resource);
+        let held = state.is_some_and(|s| s.lease.is_some()) || self.groups.contains_key(resource);
         (held || self.queue(resource).is_some()).then_some(Kind::Lock)
     }
 
@@ -244,6 +249,11 @@ impl LeaseTable {
     /// After the lease under `name` left the table: frees its slot if it
     /// was a holder's, and returns the resource to hand on.
     pub(super) fn left(&mut self, name: &ResourceName) -> Option<ResourceName> {
+        // Every holder's name has its slot in `groups`: with none, `name`
+        // is a resource's own (the common case, on every release and drop).
+        if self.groups.is_empty() {
+            return None;
+        }
         let (resource, slot) = name.slot_of()?;
         if let Some(slots) = self.groups.get_mut(&resource) {
             slots.remove(&slot);
