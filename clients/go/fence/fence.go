@@ -64,6 +64,10 @@ type Options struct {
 	Policy string
 	// MustExist refuses a resource the kit has never seen (Missing).
 	MustExist bool
+	// Shared is a write made under a shared lease (a reader's own output,
+	// baton.fence_shared): refused only below the last exclusive write's
+	// token, never because of another reader's. Seq does not apply to it.
+	Shared bool
 }
 
 const columns = "outcome, token, current_token, current_seq, detail, result"
@@ -81,6 +85,11 @@ func Fence(ctx context.Context, db DB, resource string, token uint64, operation 
 	}
 	if o.Result == nil {
 		o.Result = []byte{}
+	}
+	if o.Shared {
+		return decision(db.queryRow(ctx, "SELECT "+columns+" FROM baton.fence_shared(resource => $1, "+
+			"token => $2, operation => $3, fingerprint => $4, result => $5, policy => $6, must_exist => $7)",
+			name, int64(token), operation, fingerprint, o.Result, policy, o.MustExist))
 	}
 	return decision(db.queryRow(ctx, "SELECT "+columns+" FROM baton.fence(resource => $1, token => $2, "+
 		"operation => $3, fingerprint => $4, result => $5, seq => $6, policy => $7, must_exist => $8)",

@@ -115,3 +115,71 @@ func TestAStaleWorkersPublishIsRefusedWhereTheDataIsWritten(t *testing.T) {
 	}
 	t.Logf("A (token %d) refused as stale after B (token %d) published", a.Token, b.Token)
 }
+
+// Readers write their own output under shared leases (Options.Shared); a
+// writer granted after them raises the floor, and the reader that wakes
+// after the writer wrote is refused; readers never refuse each other.
+func TestAReadersLateOutputIsRefusedAfterAWriterWrote(t *testing.T) {
+	ctx := context.Background()
+	db, err := sql.Open("pgx", batontest.FenceKitDatabase(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = db.Close() }()
+	server := batontest.Start(t)
+	client, err := baton.New(server.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = client.Close() }()
+	const name = "report:go"
+	write := func(token uint64, op string, shared bool) fence.Decision {
+		t.Helper()
+		d, err := fence.Fence(ctx, fence.SQL(db), name, token, op, []byte(op), fence.Options{Shared: shared})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	r1, err := client.Acquire(ctx, name, baton.WithTTL(30*time.Second), baton.Shared())
+	if err != nil {
+		t.Fatal(err)
+	}
+	r2, err := client.Acquire(ctx, name, baton.WithTTL(30*time.Second), baton.Shared())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := write(r2.Token, "r2", true); d.Outcome != fence.Applied {
+		t.Fatalf("the later reader writes: %+v", d)
+	}
+	if d := write(r1.Token, "r1", true); d.Outcome != fence.Applied {
+		t.Fatalf("the earlier reader is not refused by the later one: %+v", d)
+	}
+	if _, err := client.Fence(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+	w, err := client.Acquire(ctx, name, baton.WithTTL(30*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := write(w.Token, "w", false); d.Outcome != fence.Applied {
+		t.Fatalf("the writer writes: %+v", d)
+	}
+	if d := write(r1.Token, "r1-late", true); d.Outcome != fence.Stale || d.CurrentToken != w.Token {
+		t.Fatalf("the reader's late output: %+v", d)
+	}
+	if _, err := client.Release(ctx, w); err != nil {
+		t.Fatal(err)
+	}
+	r3, err := client.Acquire(ctx, name, baton.WithTTL(30*time.Second), baton.Shared())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := write(r3.Token, "r3", true); d.Outcome != fence.Applied {
+		t.Fatalf("a reader after the writer: %+v", d)
+	}
+	if d := write(w.Token, "w-late", false); d.Outcome != fence.Stale || d.CurrentToken != r3.Token {
+		t.Fatalf("the writer below a recorded reader: %+v", d)
+	}
+	t.Logf("stale attempts refused: 2 (reader %d, writer %d)", r1.Token, w.Token)
+}

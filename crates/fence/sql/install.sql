@@ -31,11 +31,11 @@ BEGIN
 END
 $$;
 SELECT version AS baton_installed FROM baton_install_from \gset
-SELECT :baton_installed > 9 AS baton_newer \gset
+SELECT :baton_installed > 10 AS baton_newer \gset
 \if :baton_newer
 DO $$
 BEGIN
-    RAISE EXCEPTION 'the fence kit in this database is at version %, newer than this install (version 9): install that release or a later one, never an older one over it',
+    RAISE EXCEPTION 'the fence kit in this database is at version %, newer than this install (version 10): install that release or a later one, never an older one over it',
         (SELECT version FROM baton_install_from);
 END
 $$;
@@ -77,6 +77,10 @@ SELECT :baton_installed < 9 AS baton_need \gset
 \if :baton_need
 \ir 009_invisible_names.sql
 \endif
+SELECT :baton_installed < 10 AS baton_need \gset
+\if :baton_need
+\ir 010_shared_writes.sql
+\endif
 
 -- The definitions in force, every time.
 \ir functions/cancel.sql
@@ -92,6 +96,8 @@ SELECT :baton_installed < 9 AS baton_need \gset
 \ir functions/fence_impl.sql
 \ir functions/fence_or_abort.sql
 \ir functions/fence_or_abort_impl.sql
+\ir functions/fence_shared.sql
+\ir functions/fence_shared_impl.sql
 \ir functions/name_is_plain.sql
 \ir functions/outbox_begin_send.sql
 \ir functions/outbox_cancel.sql

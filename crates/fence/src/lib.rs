@@ -32,6 +32,7 @@ pub mod outbox;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 mod rule;
+mod shared;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 mod types;
@@ -41,8 +42,9 @@ pub use error::{FenceError, PRUNE_MIN_AGE_S_FLOOR};
 pub use rule::{
     cancel, decide, recreate, Decision, OperationRecord, PolicyMismatch, Recreate, ResourceState,
 };
+pub use shared::ExclusiveFloor;
 pub use types::{
     resource_name, FenceRequest, FencingToken, Fingerprint, InputError, OperationId, Outcome,
-    Policy, Publication, ResourceName, Sequence, FINGERPRINT_LEN_BYTES_MAX,
+    Policy, Publication, ResourceName, Sequence, Side, FINGERPRINT_LEN_BYTES_MAX,
     OPERATION_LEN_BYTES_MAX, RESOURCE_LEN_BYTES_MAX, RESULT_LEN_BYTES_MAX,
 };

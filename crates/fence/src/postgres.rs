@@ -21,6 +21,7 @@ pub use wire::{describe_error, redact_url};
 /// Statements prepared once per connection, for hot paths.
 pub struct Prepared {
     fence: Statement,
+    fence_shared: Statement,
     fence_or_abort: Statement,
     publish: Statement,
 }
@@ -98,6 +99,7 @@ impl PgFence {
     pub async fn prepare(client: &impl GenericClient) -> Result<Prepared, FenceError> {
         Ok(Prepared {
             fence: client.prepare(FENCE_SQL).await?,
+            fence_shared: client.prepare(FENCE_SHARED_SQL).await?,
             fence_or_abort: client.prepare(FENCE_OR_ABORT_SQL).await?,
             publish: client.prepare(PUBLISH_SQL).await?,
         })
@@ -106,12 +108,18 @@ impl PgFence {
     /// Judges `req` in the caller's transaction (`client` should be a
     /// [`Transaction`]): on [`Outcome::Applied`] the generation advanced and
     /// the operation was recorded, and the row stays locked until commit, so
-    /// the caller's effect that follows is atomic with the check.
+    /// the caller's effect that follows is atomic with the check. A
+    /// [`crate::Side::Shared`] request is judged by `baton.fence_shared`.
     pub async fn fence(
         client: &impl GenericClient,
         req: &FenceRequest,
     ) -> Result<Outcome, FenceError> {
-        let statement = client.prepare(FENCE_SQL).await?;
+        let statement = client
+            .prepare(match req.side {
+                crate::Side::Exclusive => FENCE_SQL,
+                crate::Side::Shared => FENCE_SHARED_SQL,
+            })
+            .await?;
         Self::fence_prepared(client, &statement, req).await
     }
 
@@ -122,8 +130,13 @@ impl PgFence {
     ) -> Result<Outcome, FenceError> {
         let args = FenceArgs::new(req);
         let judging = metrics::Judging::start(req);
+        let (exclusive, shared) = (args.params(), args.shared_params());
+        let params: &[Param<'_>] = match req.side {
+            crate::Side::Exclusive => &exclusive,
+            crate::Side::Shared => &shared,
+        };
         let row = client
-            .query_one(statement, &args.params())
+            .query_one(statement, params)
             .instrument(judging.span().clone())
             .await?;
         outcome(req, &row, judging)
@@ -164,6 +177,9 @@ impl PgFence {
         effect: &Statement,
         params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
     ) -> Result<Outcome, FenceError> {
+        req.exclusive_only(
+            "be pipelined (the pipelined write aborts on refusal; use PgFence::write)",
+        )?;
         let args = FenceArgs::new(req);
         let fence_params = args.params();
         let judging = metrics::Judging::start(req);
@@ -217,6 +233,7 @@ impl PgFence {
         prepared: &Prepared,
         req: &FenceRequest,
     ) -> Result<Outcome, FenceError> {
+        req.exclusive_only("publish")?;
         let object_key =
             std::str::from_utf8(&req.result).map_err(|_| crate::InputError::ControlCharacter {
                 field: "object key",
@@ -245,7 +262,11 @@ impl PgFence {
         prepared: &Prepared,
         req: &FenceRequest,
     ) -> Result<Outcome, FenceError> {
-        Self::fence_prepared(client, &prepared.fence, req).await
+        let statement = match req.side {
+            crate::Side::Exclusive => &prepared.fence,
+            crate::Side::Shared => &prepared.fence_shared,
+        };
+        Self::fence_prepared(client, statement, req).await
     }
 
     /// The publication pointer of `resource`, if it has one.
@@ -277,7 +298,8 @@ impl PgFence {
     ) -> Result<Option<ResourceState>, FenceError> {
         let row = client
             .query_opt(
-                "SELECT policy, generation, seq, last_operation, cancelled_at, deleted, incarnation
+                "SELECT policy, generation, seq, last_operation, cancelled_at, deleted, incarnation,
+                        exclusive_token
                  FROM baton.resources WHERE resource = $1",
                 &[&resource.as_str()],
             )
@@ -293,6 +315,7 @@ impl PgFence {
             cancelled_at: r.try_get::<_, Option<i64>>(4)?.map(token).transpose()?,
             deleted: r.try_get(5)?,
             incarnation: r.try_get(6)?,
+            exclusive: crate::ExclusiveFloor::from_code(r.try_get(7)?)?,
         }))
     }
 
@@ -302,6 +325,7 @@ impl PgFence {
         client: &impl GenericClient,
         req: &FenceRequest,
     ) -> Result<Outcome, FenceError> {
+        req.exclusive_only("delete")?;
         let judging = metrics::Judging::start(req);
         let row = client
             .query_one(

@@ -5,7 +5,8 @@
 //! PostgreSQL backend runs the same rule as the SQL function `baton.fence`
 //! (in force: `sql/functions/fence_full.sql`). One test suite runs against both.
 
-use crate::{FenceRequest, FencingToken, Fingerprint, Outcome, Policy, Sequence};
+use crate::shared::{self, ExclusiveFloor};
+use crate::{FenceRequest, FencingToken, Fingerprint, Outcome, Policy, Sequence, Side};
 
 /// What a resource has recorded.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -24,6 +25,8 @@ pub struct ResourceState {
     pub deleted: bool,
     /// Counts recreations after deletion.
     pub incarnation: i64,
+    /// What a write under a shared lease is judged against.
+    pub exclusive: ExclusiveFloor,
 }
 
 /// A saved operation: what a replay returns.
@@ -84,7 +87,10 @@ pub fn decide(
             requested: req.policy,
         });
     }
-    if let Some(refusal) = refusal(state, req.token) {
+    if req.side == Side::Shared {
+        return Ok(shared::decide(state, req));
+    }
+    if let Some(refusal) = refusal(state, req.token, Some(state.generation)) {
         return Ok(Decision::Refuse(refusal));
     }
     Ok(same_or_newer_generation(state, req))
@@ -104,19 +110,30 @@ fn replay_or_conflict(op: &OperationRecord, req: &FenceRequest) -> Outcome {
     }
 }
 
-/// No row yet: first creation, unless the request says it must exist.
+/// No row yet: first creation, unless the request says it must exist. A
+/// reader's write creates the row with no exclusive write recorded.
 fn create(req: &FenceRequest) -> Decision {
     if req.must_exist {
         return Decision::Refuse(Outcome::Missing);
     }
+    let exclusive = req.side == Side::Exclusive;
     let next = ResourceState {
         policy: req.policy,
         generation: req.token,
-        seq: req.seq,
-        last_operation: Some(req.operation.as_str().to_string()),
+        seq: if exclusive {
+            req.seq
+        } else {
+            Sequence::default()
+        },
+        last_operation: exclusive.then(|| req.operation.as_str().to_string()),
         cancelled_at: None,
         deleted: false,
         incarnation: 1,
+        exclusive: if exclusive {
+            ExclusiveFloor::Generation
+        } else {
+            ExclusiveFloor::None
+        },
     };
     Decision::Apply {
         outcome: Outcome::Applied {
@@ -127,8 +144,14 @@ fn create(req: &FenceRequest) -> Decision {
     }
 }
 
-/// A tombstone, a cancellation at or above the token, or an older token.
-fn refusal(state: &ResourceState, presented: FencingToken) -> Option<Outcome> {
+/// A tombstone, a cancellation at or above the token, or a token below
+/// `floor` (the generation for an exclusive write; for a shared one, the
+/// last exclusive write's token, if any).
+pub(crate) fn refusal(
+    state: &ResourceState,
+    presented: FencingToken,
+    floor: Option<FencingToken>,
+) -> Option<Outcome> {
     if state.deleted {
         return Some(Outcome::Deleted {
             presented,
@@ -148,10 +171,9 @@ fn refusal(state: &ResourceState, presented: FencingToken) -> Option<Outcome> {
             cancelled_at,
         });
     }
-    (presented < state.generation).then_some(Outcome::Stale {
-        presented,
-        current: state.generation,
-    })
+    floor
+        .filter(|floor| presented < *floor)
+        .map(|current| Outcome::Stale { presented, current })
 }
 
 /// A newer generation applies; the same generation is the policy's call. A
@@ -168,10 +190,12 @@ fn same_or_newer_generation(state: &ResourceState, req: &FenceRequest) -> Decisi
             generation: presented,
             seq: req.seq,
             last_operation: Some(req.operation.as_str().to_string()),
+            exclusive: ExclusiveFloor::Generation,
             ..state.clone()
         },
     };
-    if presented > state.generation {
+    // A generation a reader's write raised has no exclusive operation yet.
+    if presented > state.generation || state.exclusive != ExclusiveFloor::Generation {
         return apply();
     }
     match state.policy {
@@ -208,6 +232,7 @@ pub fn cancel(state: Option<&ResourceState>, policy: Policy, at: FencingToken) -
             cancelled_at: Some(at),
             deleted: false,
             incarnation: 1,
+            exclusive: ExclusiveFloor::Generation,
         },
     }
 }
@@ -252,6 +277,7 @@ pub fn recreate(state: &ResourceState, token: FencingToken) -> (Recreate, Option
         deleted: false,
         incarnation: state.incarnation + 1,
         policy: state.policy,
+        exclusive: ExclusiveFloor::Generation,
     };
     (
         Recreate::Recreated {

@@ -45,6 +45,17 @@ impl SqliteFence {
     /// Creates the fence tables if they do not exist.
     pub fn migrate(conn: &Connection) -> Result<(), FenceError> {
         conn.execute_batch(SCHEMA)?;
+        // Shared writes (as PostgreSQL's migration 10): a database made by
+        // an earlier release gains the column; its rows read as NULL, the
+        // last write exclusive.
+        let has_column: bool = conn.query_row(
+            "SELECT count(*) > 0 FROM pragma_table_info('baton_resources') WHERE name = 'exclusive_token'",
+            [],
+            |r| r.get(0),
+        )?;
+        if !has_column {
+            conn.execute_batch("ALTER TABLE baton_resources ADD COLUMN exclusive_token INTEGER")?;
+        }
         crate::outbox::sqlite::SqliteOutbox::migrate(conn)
     }
 
@@ -69,7 +80,8 @@ impl SqliteFence {
     ) -> Result<Option<ResourceState>, FenceError> {
         let row = conn
             .query_row(
-                "SELECT policy, generation, seq, last_operation, cancelled_at, deleted, incarnation
+                "SELECT policy, generation, seq, last_operation, cancelled_at, deleted, incarnation,
+                        exclusive_token
                  FROM baton_resources WHERE resource = ?1",
                 params![resource.as_str()],
                 |r| {
@@ -81,12 +93,21 @@ impl SqliteFence {
                         r.get::<_, Option<i64>>(4)?,
                         r.get::<_, bool>(5)?,
                         r.get::<_, i64>(6)?,
+                        r.get::<_, Option<i64>>(7)?,
                     ))
                 },
             )
             .optional()?;
-        let Some((policy, generation, seq, last_operation, cancelled_at, deleted, incarnation)) =
-            row
+        let Some((
+            policy,
+            generation,
+            seq,
+            last_operation,
+            cancelled_at,
+            deleted,
+            incarnation,
+            exclusive,
+        )) = row
         else {
             return Ok(None);
         };
@@ -99,6 +120,7 @@ impl SqliteFence {
             cancelled_at: cancelled_at.map(token).transpose()?,
             deleted,
             incarnation,
+            exclusive: crate::ExclusiveFloor::from_code(exclusive)?,
         }))
     }
 
@@ -108,11 +130,11 @@ impl SqliteFence {
         s: &ResourceState,
     ) -> Result<(), FenceError> {
         tx.execute(
-            "INSERT INTO baton_resources (resource, policy, generation, seq, last_operation, cancelled_at, deleted, incarnation)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
+            "INSERT INTO baton_resources (resource, policy, generation, seq, last_operation, cancelled_at, deleted, incarnation, exclusive_token)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
              ON CONFLICT (resource) DO UPDATE SET policy = excluded.policy, generation = excluded.generation,
                seq = excluded.seq, last_operation = excluded.last_operation, cancelled_at = excluded.cancelled_at,
-               deleted = excluded.deleted, incarnation = excluded.incarnation",
+               deleted = excluded.deleted, incarnation = excluded.incarnation, exclusive_token = excluded.exclusive_token",
             params![
                 resource.as_str(),
                 s.policy.code(),
@@ -121,7 +143,8 @@ impl SqliteFence {
                 s.last_operation,
                 s.cancelled_at.map(FencingToken::bigint),
                 s.deleted,
-                s.incarnation
+                s.incarnation,
+                s.exclusive.code()
             ],
         )?;
         Ok(())
@@ -221,6 +244,7 @@ impl SqliteFence {
     where
         E: From<FenceError>,
     {
+        req.exclusive_only("publish").map_err(FenceError::from)?;
         let object_key = String::from_utf8(req.result.clone()).map_err(|_| {
             FenceError::from(crate::InputError::ControlCharacter {
                 field: "object key",
@@ -270,6 +294,7 @@ impl SqliteFence {
     /// A fenced deletion: judged like a write, then the row becomes a
     /// tombstone that keeps its generation floor.
     pub fn delete(conn: &mut Connection, req: &FenceRequest) -> Result<Outcome, FenceError> {
+        req.exclusive_only("delete")?;
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
         let outcome = Self::fence_then(&tx, req, |next, _| {
             next.deleted = true;

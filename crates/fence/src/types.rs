@@ -36,6 +36,8 @@ pub enum InputError {
     /// The lease service's name rules (one copy: `baton_core::ResourceName`).
     #[error(transparent)]
     ResourceName(#[from] baton_core::NameError),
+    #[error("a write under a shared lease cannot {operation}: it changes what every reader reads, so it needs the exclusive side's token (fence or write a reader's own output with Side::Shared)")]
+    SharedCannot { operation: &'static str },
     #[error("resource name {given:?} is not in canonical form (Unicode NFC); write it as {canonical:?}, the name the lease service returns")]
     NotCanonical { given: String, canonical: String },
 }
@@ -189,6 +191,21 @@ impl Policy {
     }
 }
 
+/// Which side of a shared/exclusive lock the writer holds (`baton acquire
+/// NAME --shared` or the exclusive default).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum Side {
+    /// The writer holds the resource alone (an exclusive lease, a permit's
+    /// slot): its write raises the generation, and every write below it is
+    /// stale from then on.
+    #[default]
+    Exclusive,
+    /// The writer is one of many readers holding a shared lease: its write
+    /// is refused only below the last exclusive write (a writer changed the
+    /// data after its grant), and it never refuses another reader's.
+    Shared,
+}
+
 /// One fenced write, presented with its token.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FenceRequest {
@@ -208,6 +225,8 @@ pub struct FenceRequest {
     pub must_exist: bool,
     /// Saved with the operation record and returned on replay.
     pub result: Vec<u8>,
+    /// Exclusive (the default) or shared: see [`Side`].
+    pub side: Side,
 }
 
 impl FenceRequest {
@@ -237,6 +256,7 @@ impl FenceRequest {
             policy: Policy::default(),
             must_exist: false,
             result: result.to_vec(),
+            side: Side::Exclusive,
         })
     }
 
@@ -256,6 +276,21 @@ impl FenceRequest {
     pub fn must_exist(mut self) -> Self {
         self.must_exist = true;
         self
+    }
+
+    /// The same request made under a shared lease ([`Side::Shared`]).
+    pub fn shared(mut self) -> Self {
+        self.side = Side::Shared;
+        self
+    }
+
+    /// Refuses a shared request to an operation only the exclusive side
+    /// makes (publish, delete, a pipelined write).
+    pub fn exclusive_only(&self, operation: &'static str) -> Result<(), InputError> {
+        match self.side {
+            Side::Exclusive => Ok(()),
+            Side::Shared => Err(InputError::SharedCannot { operation }),
+        }
     }
 }
 

@@ -84,9 +84,31 @@ def fence(
     seq: int = 0,
     policy: str = "one_per_generation",
     must_exist: bool = False,
+    shared: bool = False,
 ) -> Decision:
     """Checks ``token`` against ``resource`` and records ``operation``, in
-    the connection's current transaction (``baton.fence``)."""
+    the connection's current transaction (``baton.fence``).
+
+    ``shared=True`` is a write made under a shared lease (a reader's own
+    output, ``baton.fence_shared``): refused only below the last exclusive
+    write's token, never because of another reader's; ``seq`` does not
+    apply to it."""
+    if shared:
+        row = conn.execute(
+            "SELECT outcome, token, current_token, current_seq, detail, result FROM "
+            "baton.fence_shared(resource => %s, token => %s, operation => %s, "
+            "fingerprint => %s, result => %s, policy => %s, must_exist => %s)",
+            (
+                check_resource(resource),
+                _token(token),
+                operation,
+                fingerprint,
+                result,
+                policy,
+                must_exist,
+            ),
+        ).fetchone()
+        return _decision(row)
     row = conn.execute(
         "SELECT outcome, token, current_token, current_seq, detail, result FROM baton.fence("
         "resource => %s, token => %s, operation => %s, fingerprint => %s, result => %s, "

@@ -68,9 +68,10 @@ BEGIN
         RETURN QUERY SELECT 'stale'::text, p_token, r.generation, r.seq, NULL::text, NULL::bytea;
         RETURN;
     END IF;
-    IF p_token = r.generation THEN
+    IF p_token = r.generation AND r.exclusive_token IS NULL THEN
         -- A generation opened by recreate has no operation yet: its owner's
-        -- first write is that one.
+        -- first write is that one. A generation a reader's write raised
+        -- (exclusive_token set) has no exclusive operation at all.
         IF r.policy = 1 AND r.last_operation IS NOT NULL THEN
             RETURN QUERY SELECT 'generation_used'::text, p_token, r.generation, r.seq, r.last_operation, NULL::bytea;
             RETURN;
@@ -80,7 +81,7 @@ BEGIN
         END IF;
     END IF;
     UPDATE baton.resources AS x
-    SET generation = p_token, seq = p_seq, last_operation = p_operation, deleted = p_delete
+    SET generation = p_token, seq = p_seq, last_operation = p_operation, deleted = p_delete, exclusive_token = NULL
     WHERE x.resource = p_resource;
     INSERT INTO baton.operations (resource, operation, token, fingerprint, result)
     VALUES (p_resource, p_operation, p_token, p_fingerprint, p_result);

@@ -21,15 +21,16 @@ BEGIN
         IF NOT coalesce(baton.name_is_plain(p_resource), false) THEN
             PERFORM baton.check_name(p_resource);
         END IF;
-        SELECT x.policy, x.deleted, x.cancelled_at, x.generation, x.seq INTO r
+        SELECT x.policy, x.deleted, x.cancelled_at, x.generation, x.seq, x.exclusive_token INTO r
         FROM baton.resources AS x WHERE x.resource = p_resource FOR UPDATE;
         IF FOUND AND r.policy = p_policy AND NOT r.deleted
            AND (r.cancelled_at IS NULL OR r.cancelled_at < p_token)
            AND (r.generation < p_token
-                OR (r.generation = p_token AND (r.policy = 3 OR (r.policy = 2 AND r.seq < p_seq))))
+                OR (r.generation = p_token
+                    AND (r.policy = 3 OR (r.policy = 2 AND r.seq < p_seq) OR r.exclusive_token IS NOT NULL)))
            AND NOT EXISTS (SELECT 1 FROM baton.operations AS o WHERE o.resource = p_resource AND o.operation = p_operation) THEN
             UPDATE baton.resources AS x
-            SET generation = p_token, seq = p_seq, last_operation = p_operation
+            SET generation = p_token, seq = p_seq, last_operation = p_operation, exclusive_token = NULL
             WHERE x.resource = p_resource;
             INSERT INTO baton.operations (resource, operation, token, fingerprint, result)
             VALUES (p_resource, p_operation, p_token, p_fingerprint, p_result);

@@ -33,7 +33,7 @@ BEGIN
         GET DIAGNOSTICS n = ROW_COUNT;
         IF n = 1 THEN
             UPDATE baton.resources AS x
-            SET generation = p_token, seq = 0, last_operation = p_operation,
+            SET generation = p_token, seq = 0, last_operation = p_operation, exclusive_token = NULL,
                 published_key = p_object_key, published_token = p_token, published_operation = p_operation
             WHERE x.resource = p_resource AND x.policy = 1 AND NOT x.deleted
               AND (x.cancelled_at IS NULL OR x.cancelled_at < p_token) AND x.generation < p_token;

@@ -20,7 +20,7 @@ BEGIN
         RETURN 'stale';
     END IF;
     UPDATE baton.resources AS x
-    SET generation = p_token, seq = 0, last_operation = NULL, cancelled_at = NULL, deleted = false,
+    SET generation = p_token, seq = 0, last_operation = NULL, cancelled_at = NULL, deleted = false, exclusive_token = NULL,
         incarnation = r.incarnation + 1
     WHERE x.resource = p_resource;
     RETURN 'recreated';

@@ -5,7 +5,7 @@
 /// functions, by version. Each runs once, in order, recorded in
 /// `baton.schema_migrations`. From psql, `sql/install.sql` runs those a
 /// database lacks and then the function files, in one transaction.
-pub const MIGRATIONS: [(i32, &str); 9] = [
+pub const MIGRATIONS: [(i32, &str); 10] = [
     (1, include_str!("../../sql/001_baton_fence.sql")),
     (2, include_str!("../../sql/002_names_and_races.sql")),
     (3, include_str!("../../sql/003_documented_names.sql")),
@@ -15,6 +15,7 @@ pub const MIGRATIONS: [(i32, &str); 9] = [
     (7, include_str!("../../sql/007_plain_names.sql")),
     (8, include_str!("../../sql/008_outbox.sql")),
     (9, include_str!("../../sql/009_invisible_names.sql")),
+    (10, include_str!("../../sql/010_shared_writes.sql")),
 ];
 
 /// The definition in force of every `baton.*` function, one file per
@@ -23,7 +24,7 @@ pub const MIGRATIONS: [(i32, &str); 9] = [
 /// the migrations on every install and upgrade, and so does
 /// `sql/install.sql`. A test checks they are exactly what the migrations
 /// leave in force.
-pub const FUNCTIONS: [(&str, &str); 29] = [
+pub const FUNCTIONS: [(&str, &str); 31] = [
     ("cancel.sql", include_str!("../../sql/functions/cancel.sql")),
     (
         "cancel_impl.sql",
@@ -66,6 +67,14 @@ pub const FUNCTIONS: [(&str, &str); 29] = [
     (
         "fence_or_abort_impl.sql",
         include_str!("../../sql/functions/fence_or_abort_impl.sql"),
+    ),
+    (
+        "fence_shared.sql",
+        include_str!("../../sql/functions/fence_shared.sql"),
+    ),
+    (
+        "fence_shared_impl.sql",
+        include_str!("../../sql/functions/fence_shared_impl.sql"),
     ),
     (
         "name_is_plain.sql",

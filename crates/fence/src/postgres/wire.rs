@@ -7,6 +7,9 @@ use super::*;
 pub(super) const FENCE_SQL: &str =
     "SELECT outcome, token, current_token, current_seq, detail, result
     FROM baton.fence_impl($1, $2, $3, $4, $5, $6, $7, $8)";
+pub(super) const FENCE_SHARED_SQL: &str =
+    "SELECT outcome, token, current_token, current_seq, detail, result
+    FROM baton.fence_shared_impl($1, $2, $3, $4, $5, $6, $7)";
 pub(super) const FENCE_OR_ABORT_SQL: &str =
     "SELECT outcome, token, current_token, current_seq, detail, result
     FROM baton.fence_or_abort_impl($1, $2, $3, $4, $5, $6, $7, $8)";
@@ -207,6 +210,19 @@ impl<'a> FenceArgs<'a> {
             seq: req.seq.get(),
             policy: req.policy.code(),
         }
+    }
+
+    /// The parameters of `baton.fence_shared_impl`: no sequence.
+    pub(super) fn shared_params(&self) -> [Param<'_>; 7] {
+        [
+            &self.resource,
+            &self.token,
+            &self.operation,
+            &self.fingerprint,
+            &self.req.result,
+            &self.policy,
+            &self.req.must_exist,
+        ]
     }
 
     pub(super) fn params(&self) -> [Param<'_>; 8] {

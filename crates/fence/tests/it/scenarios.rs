@@ -4,8 +4,8 @@
 use baton_fence::postgres::{PgFence, Prepared, MIGRATIONS};
 use baton_fence::sqlite::SqliteFence;
 use baton_fence::{
-    resource_name, FenceError, FenceRequest, FencingToken, Outcome, Policy, Recreate, ResourceName,
-    ResourceState,
+    resource_name, ExclusiveFloor, FenceError, FenceRequest, FencingToken, InputError, Outcome,
+    Policy, Recreate, ResourceName, ResourceState, Side,
 };
 use baton_testkit::{unique, PgDb};
 use rusqlite::Connection;
@@ -486,6 +486,11 @@ impl PgPipelined {
 
 impl Backend for PgPipelined {
     async fn write(&mut self, req: &FenceRequest) -> Outcome {
+        if req.side == Side::Shared {
+            // A pipelined write refuses the shared side (see
+            // `a_shared_request_cannot_publish_delete_or_pipeline`).
+            return self.0.write(req).await;
+        }
         self.pipelined(
             req,
             "INSERT INTO effects (resource, token, operation) VALUES ($1, $2, $3)",
@@ -532,6 +537,140 @@ impl Backend for PgPipelined {
     }
 }
 
+/// Readers (shared leases) and writers (exclusive) of one resource, with
+/// the tokens Baton hands out: a reader's write is refused only after a
+/// writer with a higher token wrote; readers never refuse each other; a
+/// writer below a recorded reader's token is stale.
+async fn readers_and_writers_of_one_resource(b: &mut impl Backend) {
+    const R: &str = "report:q3";
+    let write = |token: u64, op: &str| req(R, token, op, op);
+    let read = |token: u64, op: &str| req(R, token, op, op).shared();
+    let stale = |presented: u64, current: u64| Outcome::Stale {
+        presented: t(presented),
+        current: t(current),
+    };
+    let applied = |token: u64| Outcome::Applied {
+        token: t(token),
+        created: false,
+    };
+    assert!(b.write(&write(10, "w10")).await.is_applied());
+    // Two readers granted after writer 10, in any order, and one reader twice.
+    assert_eq!(b.write(&read(12, "r12")).await, applied(12));
+    assert_eq!(b.write(&read(11, "r11")).await, applied(11));
+    assert_eq!(b.write(&read(11, "r11-again")).await, applied(11));
+    assert_eq!(
+        b.write(&read(11, "r11")).await,
+        Outcome::Replayed {
+            token: t(11),
+            result: format!("statements/{R}/generation-11.pdf").into_bytes()
+        }
+    );
+    let state = b.state(R).await.unwrap();
+    assert_eq!(
+        (state.generation, state.exclusive),
+        (t(12), ExclusiveFloor::Below(t(10)))
+    );
+    // Writer 10 resumes after readers 11 and 12 were granted: its lease
+    // had ended, and what they read must not change under them.
+    assert_eq!(b.write(&write(10, "w10-late")).await, stale(10, 12));
+    // Writer 13 writes; reader 12, granted before it, is now stale.
+    assert_eq!(b.write(&write(13, "w13")).await, applied(13));
+    assert_eq!(
+        b.state(R).await.unwrap().exclusive,
+        ExclusiveFloor::Generation
+    );
+    assert_eq!(b.write(&read(12, "r12-late")).await, stale(12, 13));
+    // Readers after writer 13, the later one first.
+    assert_eq!(b.write(&read(15, "r15")).await, applied(15));
+    assert_eq!(b.write(&read(14, "r14")).await, applied(14));
+    assert_eq!(b.write(&read(12, "r12-later")).await, stale(12, 13));
+    // Cancellation refuses readers too.
+    b.cancel(R, 16).await;
+    assert_eq!(
+        b.write(&read(16, "r16")).await,
+        Outcome::Cancelled {
+            presented: t(16),
+            cancelled_at: t(16)
+        }
+    );
+    assert_eq!(b.write(&read(17, "r17")).await, applied(17));
+
+    // A resource a reader writes first: no writer recorded yet.
+    const S: &str = "report:q4";
+    assert_eq!(
+        b.write(&req(S, 5, "r5", "r5").shared()).await,
+        Outcome::Applied {
+            token: t(5),
+            created: true
+        }
+    );
+    assert_eq!(b.state(S).await.unwrap().exclusive, ExclusiveFloor::None);
+    assert_eq!(b.write(&req(S, 4, "r4", "r4").shared()).await, applied(4));
+    assert_eq!(b.write(&req(S, 3, "w3", "w3")).await, stale(3, 5));
+    assert_eq!(b.write(&req(S, 6, "w6", "w6")).await, applied(6));
+    assert_eq!(
+        b.write(&req(S, 5, "r5-late", "r5").shared()).await,
+        stale(5, 6)
+    );
+    // A writer whose token a reader's write recorded: no exclusive write
+    // was made with it, so it is a new generation, not one already used.
+    assert_eq!(b.write(&req(S, 7, "r7", "r7").shared()).await, applied(7));
+    assert_eq!(b.write(&req(S, 7, "w7", "w7")).await, applied(7));
+
+    let effects: Vec<String> = b.log().await.into_iter().map(|(_, _, op)| op).collect();
+    assert_eq!(
+        effects,
+        [
+            "w10",
+            "r12",
+            "r11",
+            "r11-again",
+            "w13",
+            "r15",
+            "r14",
+            "r17",
+            "r5",
+            "r4",
+            "w6",
+            "r7",
+            "w7"
+        ],
+        "every applied write's effect, and only those"
+    );
+}
+
+#[tokio::test]
+async fn a_shared_request_cannot_publish_delete_or_pipeline() {
+    let refused = |e: FenceError| matches!(e, FenceError::Input(InputError::SharedCannot { .. }));
+    let shared = req(STATEMENT, 7, "op", "x").shared();
+    let mut sqlite = Sqlite::new();
+    assert!(refused(
+        SqliteFence::publish(&mut sqlite.conn, &shared).unwrap_err()
+    ));
+    assert!(refused(
+        SqliteFence::delete(&mut sqlite.conn, &shared).unwrap_err()
+    ));
+    let pg = PgPipelined::new().await;
+    assert!(refused(
+        PgFence::publish(&pg.0.client, &pg.0.prepared, &shared)
+            .await
+            .unwrap_err()
+    ));
+    assert!(refused(
+        PgFence::delete(&pg.0.client, &shared).await.unwrap_err()
+    ));
+    let effect = pg.0.client.prepare("SELECT 1").await.unwrap();
+    let pipelined = PgFence::write_pipelined(&pg.0.client, &pg.0.prepared, &shared, &effect, &[]);
+    assert!(refused(pipelined.await.unwrap_err()));
+    assert!(PgFence::state(&pg.0.client, &key(STATEMENT))
+        .await
+        .unwrap()
+        .is_none());
+    assert!(SqliteFence::state(&sqlite.conn, &key(STATEMENT))
+        .unwrap()
+        .is_none());
+}
+
 macro_rules! suite {
     ($($name:ident),*) => {
         mod sqlite_backend {
@@ -555,7 +694,8 @@ suite!(
     deletion_then_recreation_rejects_an_old_request,
     cancellation_rejects_a_later_publish_from_an_older_token,
     first_creation_missing_and_policies,
-    a_failed_effect_leaves_no_record
+    a_failed_effect_leaves_no_record,
+    readers_and_writers_of_one_resource
 );
 
 #[test]

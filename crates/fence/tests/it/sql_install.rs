@@ -46,6 +46,30 @@ async fn fence_works(db: &PgDb, token: i64) {
         .await
         .expect("baton.fence answers");
     assert_eq!(row.get::<_, String>(0), "applied");
+    // Readers of another resource: below the writer's token stale, at or
+    // above it applied; then the writer below a recorded reader is stale.
+    let resource = format!("install:shared:{token}");
+    let writes = [
+        ("baton.fence", token, "applied"),
+        ("baton.fence_shared", token - 1, "stale"),
+        ("baton.fence_shared", token + 1, "applied"),
+        ("baton.fence_shared", token, "applied"),
+        ("baton.fence", token, "stale"),
+    ];
+    for (step, (function, reader, want)) in writes.into_iter().enumerate() {
+        let row = client
+            .query_one(
+                &format!("SELECT outcome FROM {function}($1, $2, $3, '\\x01'::bytea)"),
+                &[&resource, &reader, &format!("step-{step}")],
+            )
+            .await
+            .expect("baton.fence_shared answers");
+        assert_eq!(
+            row.get::<_, String>(0),
+            want,
+            "reader {reader} after writer {token}"
+        );
+    }
 }
 
 async fn version(db: &PgDb) -> i32 {
