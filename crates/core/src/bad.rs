@@ -32,11 +32,17 @@ pub enum Variant {
     /// A semaphore admits a permit while as many as N are held (`<=`
     /// instead of `<`, `LeaseTable::admits`).
     PermitsAtOrBelow,
+    /// A shared lock admits an exclusive request while shared holders hold
+    /// it (`LeaseTable::admits`).
+    ExclusiveBesideShared,
+    /// The fence kit accepts a write under a shared lease without judging
+    /// it against the last exclusive write (`baton_fence`'s shared side).
+    SharedWriteUnchecked,
 }
 
 impl Variant {
     /// Every variant, in a fixed order.
-    pub const ALL: [Variant; 7] = [
+    pub const ALL: [Variant; 9] = [
         Variant::KeeperReceiveTime,
         Variant::AnswerBeforeDurable,
         Variant::LeaderPastDeadline,
@@ -44,6 +50,8 @@ impl Variant {
         Variant::RecoveryWithoutTtl,
         Variant::RestoreSameEpoch,
         Variant::PermitsAtOrBelow,
+        Variant::ExclusiveBesideShared,
+        Variant::SharedWriteUnchecked,
     ];
 
     /// The variant's name on the command line.
@@ -56,6 +64,8 @@ impl Variant {
             Variant::RecoveryWithoutTtl => "recovery-without-ttl",
             Variant::RestoreSameEpoch => "restore-same-epoch",
             Variant::PermitsAtOrBelow => "permits-at-or-below",
+            Variant::ExclusiveBesideShared => "exclusive-beside-shared",
+            Variant::SharedWriteUnchecked => "shared-write-unchecked",
         }
     }
 

@@ -64,7 +64,10 @@ impl ExclusiveFloor {
 /// Judges a shared write against a recorded resource whose policy matches
 /// (replays and creation are judged as for any write, before this).
 pub(crate) fn decide(state: &ResourceState, req: &FenceRequest) -> Decision {
-    let floor = state.exclusive.token(state.generation);
+    let floor = state
+        .exclusive
+        .token(state.generation)
+        .filter(|_| !baton_core::bad::on(baton_core::bad::Variant::SharedWriteUnchecked));
     if let Some(refused) = refusal(state, req.token, floor) {
         return Decision::Refuse(refused);
     }

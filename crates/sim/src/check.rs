@@ -11,12 +11,16 @@
 //! - no acknowledged grant is lost: a restart or takeover recovers every
 //!   lease that was granted, acknowledged and not yet ended;
 //! - no stale write is accepted: a resource accepts no token below one
-//!   it accepted before, nor one at or below a cancellation;
+//!   it accepted before, nor one at or below a cancellation; on the shared
+//!   lock, a shared write no token below the last exclusive write's (other
+//!   readers' writes, higher or lower, do not count);
 //! - a keeper never claims a lease past the moment the server ended it
 //!   by expiry (a fence or a restore may end it sooner, by design);
 //! - the semaphore's permits: every permit in a slot below N, one holder
 //!   per slot at a time, and never more than N leases certainly held at
-//!   once (each slot's writes are fenced as a resource of its own).
+//!   once (each slot's writes are fenced as a resource of its own);
+//! - the shared lock: one holder per slot at a time, and never an
+//!   exclusive lease certainly held beside any other lease of it.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -24,6 +28,8 @@ use std::time::{Duration, Instant};
 use baton_core::{Epoch, Event, FencingToken, ResourceName};
 use baton_faults::grants;
 use baton_store::Stored;
+
+use baton_fence::Side;
 
 use crate::resources::Key;
 use crate::world::{Ms, DRIFT_PPM_MAX};
@@ -73,6 +79,8 @@ pub struct Checker {
     /// Acknowledged grants not yet ended: resource name to token.
     live: BTreeMap<String, u64>,
     accepted: BTreeMap<Key, FencingToken>,
+    /// The highest token an exclusive write was accepted under.
+    accepted_exclusive: BTreeMap<Key, FencingToken>,
     /// The restores so far: when, and the epoch each started.
     restores: Vec<(Ms, Epoch)>,
     cancelled: BTreeMap<Key, FencingToken>,
@@ -90,6 +98,8 @@ pub struct Checker {
     pub session_claims: u64,
     /// The most permits of the semaphore certainly held at once.
     pub most_permits: usize,
+    /// The most shared leases of the shared lock certainly held at once.
+    pub most_readers: usize,
 }
 
 impl Checker {
@@ -275,9 +285,13 @@ impl Checker {
         }
     }
 
-    pub fn accepted(&mut self, now: Ms, resource: Key, token: FencingToken) {
+    pub fn accepted(&mut self, now: Ms, resource: Key, token: FencingToken, side: Side) {
         self.writes_accepted += 1;
-        if let Some(top) = self.accepted.get(&resource) {
+        let floors = match side {
+            Side::Exclusive => &mut self.accepted,
+            Side::Shared => &mut self.accepted_exclusive,
+        };
+        if let Some(top) = floors.get(&resource) {
             if token < *top {
                 self.violations.push(format!(
                     "stale write accepted on {resource:?} at {now}: {token} after {top}"
@@ -293,6 +307,10 @@ impl Checker {
         }
         let top = self.accepted.entry(resource).or_insert(token);
         *top = (*top).max(token);
+        if side == Side::Exclusive {
+            let top = self.accepted_exclusive.entry(resource).or_insert(token);
+            *top = (*top).max(token);
+        }
     }
 
     pub fn cancelled(&mut self, resource: Key, at: FencingToken) {
@@ -353,6 +371,7 @@ impl Checker {
                 crate::SEMAPHORE_PERMITS
             ));
         }
+        self.check_shared_lock(&list);
         // A fence is a grant that ends at once (a semaphore's permits are
         // checked by slot, beside it: a token is one grant's).
         list.extend(self.fences.iter().map(|(r, t, i, a)| grants::Grant {
@@ -365,6 +384,44 @@ impl Checker {
         let verdict = grants::check(&list);
         if !verdict.is_safe() {
             self.violations.push(format!("grant checker: {verdict:?}"));
+        }
+    }
+
+    /// The shared lock's grants (`list` in the order of `self.grants`):
+    /// no exclusive lease certainly held while any other is. Each shared
+    /// holder is checked per slot by the grant checker beside this.
+    fn check_shared_lock(&mut self, list: &[grants::Grant]) {
+        let held = |g: &grants::Grant| g.earliest_end.filter(|end| *end > g.answered);
+        let mut readers = Vec::new();
+        let mut writers = Vec::new();
+        for (g, l) in self.grants.iter().zip(list) {
+            if g.resource != crate::SHARED_LOCK || held(l).is_none() {
+                continue;
+            }
+            if g.slot.is_some() {
+                readers.push(grants::Grant {
+                    resource: "readers".into(),
+                    ..l.clone()
+                });
+            } else {
+                writers.push(l);
+            }
+        }
+        let most = grants::max_concurrent(&readers).values().copied().max();
+        self.most_readers = self.most_readers.max(most.unwrap_or(0));
+        for w in &writers {
+            let (start, end) = (w.answered, held(w).expect("held"));
+            let beside = readers.iter().chain(writers.iter().copied()).find(|o| {
+                o.token != w.token && o.answered < end && held(o).is_some_and(|e| start < e)
+            });
+            if let Some(o) = beside {
+                self.violations.push(format!(
+                    "exclusive {} on r{} held beside {}",
+                    w.token,
+                    crate::SHARED_LOCK,
+                    o.token
+                ));
+            }
         }
     }
 }

@@ -211,10 +211,10 @@ impl Client {
         } else {
             self.rng.between(100, 1_000)
         };
-        let shape = if resource == crate::SEMAPHORE {
-            Shape::Permits(crate::SEMAPHORE_PERMITS)
-        } else {
-            Shape::Exclusive
+        let shape = match resource {
+            crate::SEMAPHORE => Shape::Permits(crate::SEMAPHORE_PERMITS),
+            crate::SHARED_LOCK if self.rng.below(3) > 0 => Shape::Shared,
+            _ => Shape::Exclusive,
         };
         let request = Request::Acquire {
             resource,

@@ -26,6 +26,10 @@ mod world;
 pub const SEMAPHORE: u8 = 1;
 /// Its number of permits.
 pub const SEMAPHORE_PERMITS: u32 = 2;
+/// The resource held as a shared lock: most workers take it shared and
+/// write their own output on the fence kit's shared side, the others take
+/// it exclusive and write on the exclusive side.
+pub const SHARED_LOCK: u8 = 2;
 
 use std::collections::BTreeMap;
 use std::ops::{Add, Sub};

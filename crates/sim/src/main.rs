@@ -155,10 +155,10 @@ fn replay(seed: u64, config: &Config) -> ExitCode {
 
 fn summary(r: &Report) {
     println!(
-        "seed {} ({}): {} events, {} operations ({} indeterminate), {} claims, {} writes accepted, {} stale refused, {} recoveries, {} sessions ({} heartbeats, {} claims under them), at most {} of {} permits held at once, {} messages lost, {} duplicated, faults {:?}, trace hash {:016x}",
+        "seed {} ({}): {} events, {} operations ({} indeterminate), {} claims, {} writes accepted, {} stale refused, {} recoveries, {} sessions ({} heartbeats, {} claims under them), at most {} of {} permits held at once, at most {} readers at once, {} messages lost, {} duplicated, faults {:?}, trace hash {:016x}",
         r.seed,
         if r.cluster { "cluster of 3" } else { "single server" },
-        r.n_events, r.n_ops, r.n_indeterminate, r.n_claims, r.n_writes_accepted, r.n_stale_refused, r.n_recoveries, r.n_sessions_opened, r.n_heartbeats, r.n_session_claims, r.most_permits, baton_sim::SEMAPHORE_PERMITS, r.n_dropped, r.n_duplicated, r.faults, r.trace_hash
+        r.n_events, r.n_ops, r.n_indeterminate, r.n_claims, r.n_writes_accepted, r.n_stale_refused, r.n_recoveries, r.n_sessions_opened, r.n_heartbeats, r.n_session_claims, r.most_permits, baton_sim::SEMAPHORE_PERMITS, r.most_readers, r.n_dropped, r.n_duplicated, r.faults, r.trace_hash
     );
     for v in &r.violations {
         println!("  VIOLATION: {v}");
@@ -172,7 +172,7 @@ fn block(range: Range<u64>, budget: Option<Duration>, config: &Config, jobs: usi
     let next = AtomicU64::new(range.start);
     let stop = AtomicBool::new(false);
     let done = AtomicU64::new(0);
-    let totals = Mutex::new((0u64, 0u64, 0u64, 0u64, 0usize));
+    let totals = Mutex::new((0u64, 0u64, 0u64, 0u64, 0usize, 0usize));
     let failed = Mutex::new(Vec::new());
     std::thread::scope(|s| {
         for _ in 0..jobs.max(1) {
@@ -192,6 +192,7 @@ fn block(range: Range<u64>, budget: Option<Duration>, config: &Config, jobs: usi
                 t.2 += r.n_stale_refused;
                 t.3 += r.n_events;
                 t.4 = t.4.max(r.most_permits);
+                t.5 = t.5.max(r.most_readers);
                 if !r.violations.is_empty() {
                     summary(&r);
                     failed.lock().expect("failed").push(seed);
@@ -202,9 +203,9 @@ fn block(range: Range<u64>, budget: Option<Duration>, config: &Config, jobs: usi
     let n = done.load(Ordering::Relaxed);
     let secs = started.elapsed().as_secs_f64();
     let last = range.start + n;
-    let (ops, faults, stale, events, permits) = *totals.lock().expect("totals");
+    let (ops, faults, stale, events, permits, readers) = *totals.lock().expect("totals");
     println!(
-        "seeds {}..{}: {n} run in {secs:.1} s on {jobs} threads ({:.0} seeds/min); {ops} operations, {faults} faults, {events} events, {stale} stale writes refused; at most {permits} of {} permits held at once; {} failed",
+        "seeds {}..{}: {n} run in {secs:.1} s on {jobs} threads ({:.0} seeds/min); {ops} operations, {faults} faults, {events} events, {stale} stale writes refused; at most {permits} of {} permits held at once, at most {readers} shared holders at once; {} failed",
         range.start,
         last.max(range.start),
         n as f64 / secs * 60.0,

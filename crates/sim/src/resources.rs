@@ -3,12 +3,17 @@
 //! its transaction) under the session policy, with operation records, and
 //! the operator's cancellations by `baton_fence::cancel`. A permit of the
 //! semaphore writes under its slot's resource (`NAME:slot-K`), the pattern
-//! docs/locks.md gives: a slot's tokens only rise.
+//! docs/locks.md gives: a slot's tokens only rise. A holder of the shared
+//! lock writes under the resource's own name, on the fence kit's shared
+//! side when it holds a shared lease (it has a slot), on the exclusive
+//! side otherwise.
 
 use std::collections::BTreeMap;
 
 use baton_core::FencingToken;
-use baton_fence::{cancel, decide, Decision, FenceRequest, OperationRecord, Policy, ResourceState};
+use baton_fence::{
+    cancel, decide, Decision, FenceRequest, OperationRecord, Policy, ResourceState, Side,
+};
 
 use crate::Ctx;
 
@@ -23,7 +28,11 @@ pub struct Resources {
 
 impl Resources {
     /// A write of operation `op` under `token`.
-    pub fn write(&mut self, ctx: &mut Ctx, op: u64, resource: Key, token: FencingToken) {
+    pub fn write(&mut self, ctx: &mut Ctx, op: u64, (r, slot): Key, token: FencingToken) {
+        let (resource, side) = match slot {
+            Some(_) if r == crate::SHARED_LOCK => ((r, None), Side::Shared),
+            _ => ((r, slot), Side::Exclusive),
+        };
         let base = ctx.names[usize::from(resource.0)].as_str();
         let name = match resource.1 {
             Some(slot) => format!("{base}:slot-{slot}"),
@@ -33,6 +42,10 @@ impl Resources {
         let req = FenceRequest::new(&name, token, &op_name, &op.to_le_bytes(), b"ok")
             .expect("a valid request")
             .with_policy(Policy::Session);
+        let req = match side {
+            Side::Shared => req.shared(),
+            Side::Exclusive => req,
+        };
         let decision =
             decide(self.state.get(&resource), self.ops.get(&op), &req).expect("one policy");
         match decision {
@@ -46,7 +59,7 @@ impl Resources {
                         result: req.result,
                     },
                 );
-                ctx.check.accepted(ctx.now, resource, token);
+                ctx.check.accepted(ctx.now, resource, token, side);
             }
             Decision::Refuse(outcome) => {
                 ctx.trace.record(ctx.now, &(op, 3u8), || {

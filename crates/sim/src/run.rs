@@ -60,6 +60,8 @@ pub struct Report {
     pub n_session_claims: u64,
     /// The most permits of the semaphore certainly held at once.
     pub most_permits: usize,
+    /// The most shared leases of the shared lock certainly held at once.
+    pub most_readers: usize,
     pub n_dropped: u64,
     pub n_duplicated: u64,
     pub violations: Vec<String>,
@@ -144,6 +146,7 @@ pub fn run(seed: u64, config: &Config) -> Report {
         n_heartbeats: c.heartbeats,
         n_session_claims: c.session_claims,
         most_permits: c.most_permits,
+        most_readers: c.most_readers,
         n_dropped: w.ctx.dropped,
         n_duplicated: w.ctx.duplicated,
         violations: std::mem::take(&mut w.ctx.check.violations),

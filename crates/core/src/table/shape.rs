@@ -166,7 +166,10 @@ impl LeaseTable {
         }
         let resource = &claim.resource;
         match claim.shape {
-            Shape::Exclusive => self.n_live_slots(resource) == 0,
+            Shape::Exclusive => {
+                self.n_live_slots(resource) == 0
+                    || crate::bad::on(crate::bad::Variant::ExclusiveBesideShared)
+            }
             Shape::Shared => !self.holds_slot(resource, &claim.acquisition_id),
             Shape::Permits(_) => {
                 let n = self.semaphores.get(resource).copied().unwrap_or(u32::MAX);
