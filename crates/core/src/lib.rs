@@ -41,8 +41,8 @@ pub use table::{
     Event, FenceOutcome, Grant, Held, HeldFor, HolderChange, KeptAlive, Kind, LeaseRecord,
     LeaseStatus, LeaseTable, LeaseTerm, Limits, MonoMs, NotAcquired, QuotaUse, ReleaseOutcome,
     RenewOutcome, Resumed, SessionCheck, SessionError, SessionRecord, SetPermitsError, Shape,
-    SlotStatus, WaitResult, Write, ENDS_PER_STEP, PERMITS_MAX, RECOVERED_ENDS_PER_MS,
-    REPEATS_REMEMBERED_MAX, REPEAT_MEMORY_MS, TTL_MS_MAX,
+    SlotStatus, WaitResult, Write, BLOCKING_HOLDERS_MAX, ENDS_PER_STEP, PERMITS_MAX,
+    RECOVERED_ENDS_PER_MS, REPEATS_REMEMBERED_MAX, REPEAT_MEMORY_MS, TTL_MS_MAX,
 };
 pub use token::{
     restore_epoch, Epoch, FencingToken, RestoreFloors, TokenError, COUNTER_BITS, COUNTER_MAX,

@@ -30,7 +30,7 @@ use repeats::{Repeats, Seen};
 
 pub use limits::{Limits, TTL_MS_MAX};
 pub use quotas::QuotaUse;
-pub use refusal::{Blocker, Held, HeldFor, NotAcquired};
+pub use refusal::{Blocker, Held, HeldFor, NotAcquired, BLOCKING_HOLDERS_MAX};
 pub use sessions::{Resumed, SessionCheck};
 pub use shape::{Claim, Kind, SetPermitsError, Shape, PERMITS_MAX};
 use state::{Draining, Lease, ResourceState, Session, Timer, Waiter};

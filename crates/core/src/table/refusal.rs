@@ -25,12 +25,20 @@ pub struct NotAcquired {
 pub struct Blocker {
     /// The resource.
     pub resource: ResourceName,
-    /// Its lease, if held.
-    pub held: Option<Held>,
+    /// Its holders in the way, longest held (lowest token) first, at most
+    /// [`BLOCKING_HOLDERS_MAX`]: the exclusive one, or the shared holders
+    /// or permits that leave no room; none when only waiters are ahead.
+    pub holders: Vec<Held>,
+    /// How many hold it in the way (`holders` lists the first
+    /// [`BLOCKING_HOLDERS_MAX`]).
+    pub n_holders: u64,
     /// Requests waiting on it ahead of this one (for a refused try-once
     /// request, all of its waiters).
     pub n_waiters_ahead: u64,
 }
+
+/// At most this many holders of one blocking resource are listed.
+pub const BLOCKING_HOLDERS_MAX: usize = 16;
 
 /// The lease that holds a blocking resource.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -60,15 +68,14 @@ impl LeaseTable {
         let first = blockers.first()?;
         Some(NotAcquired {
             resource: first.resource.clone(),
-            holder_token: first.held.as_ref().map(|h| h.token),
+            holder_token: first.holders.first().map(|h| h.token),
             blockers,
         })
     }
 
     /// Each of `claims` that does not admit it or has waiters (ahead of
-    /// `waiter`, if it waits), in their order. The holder shown is the
-    /// exclusive one, or the longest-held of the shared holders or
-    /// permits in the way.
+    /// `waiter`, if it waits), in their order, each with its holders in
+    /// the way.
     pub(super) fn blockers<'a>(
         &self,
         now: MonoMs,
@@ -89,31 +96,35 @@ impl LeaseTable {
                 if admitted && n_waiters_ahead == 0 {
                     return None;
                 }
-                let lease = state.lease.as_ref().filter(|l| !self.is_gone(l));
-                let slot_holder = || {
-                    self.slot_names(resource)
+                let mut in_way: Vec<&super::state::Lease> = match state.lease.as_ref() {
+                    Some(l) if !self.is_gone(l) => vec![l],
+                    _ if admitted => Vec::new(),
+                    _ => self
+                        .slot_names(resource)
                         .iter()
                         .filter_map(|n| self.resources.get(n)?.lease.as_ref())
                         .filter(|l| !self.is_gone(l))
-                        .min_by_key(|l| l.token)
+                        .collect(),
                 };
-                let lease = match lease {
-                    Some(l) => Some(l),
-                    None if !admitted => slot_holder(),
-                    None => None,
-                };
-                let held = lease.map(|l| Held {
-                    token: l.token,
-                    holder: l.holder().cloned(),
-                    held_for: l.held_for(now),
-                    remaining_ms: l
-                        .session()
-                        .is_none()
-                        .then(|| self.expiry_of(l).left_at(now)),
-                });
+                in_way.sort_by_key(|l| l.token);
+                let n_holders = in_way.len() as u64;
+                let holders = in_way
+                    .into_iter()
+                    .take(BLOCKING_HOLDERS_MAX)
+                    .map(|l| Held {
+                        token: l.token,
+                        holder: l.holder().cloned(),
+                        held_for: l.held_for(now),
+                        remaining_ms: l
+                            .session()
+                            .is_none()
+                            .then(|| self.expiry_of(l).left_at(now)),
+                    })
+                    .collect();
                 Some(Blocker {
                     resource: resource.clone(),
-                    held,
+                    holders,
+                    n_holders,
                     n_waiters_ahead,
                 })
             })

@@ -49,7 +49,7 @@ fn grant(r: &str, n: u8, counter: u64, ttl_ms: u64) -> Grant {
 fn blocker(r: &str, counter: u64, held_s: u64, remaining_ms: u64) -> Blocker {
     Blocker {
         resource: name(r),
-        held: Some(Held {
+        holders: vec![Held {
             token: tok(counter),
             holder: None,
             held_for: HeldFor {
@@ -57,7 +57,8 @@ fn blocker(r: &str, counter: u64, held_s: u64, remaining_ms: u64) -> Blocker {
                 recovered: false,
             },
             remaining_ms: Some(remaining_ms),
-        }),
+        }],
+        n_holders: 1,
         n_waiters_ahead: 0,
     }
 }

@@ -186,9 +186,6 @@ impl Readable {
     }
 }
 
-/// At most this many holders of one blocking resource are listed.
-pub const BLOCKING_HOLDERS_MAX: usize = 16;
-
 /// Every blocker on the wire; what `readable` may not read gives its
 /// holders' tokens and the counts only.
 fn blockers(blockers: Vec<Blocker>, readable: &Readable) -> Vec<v1::Blocker> {
@@ -197,9 +194,8 @@ fn blockers(blockers: Vec<Blocker>, readable: &Readable) -> Vec<v1::Blocker> {
         .map(|b| {
             let may = readable.may(b.resource.as_str());
             let holders: Vec<v1::BlockingHolder> = b
-                .held
+                .holders
                 .into_iter()
-                .take(BLOCKING_HOLDERS_MAX)
                 .map(|h| v1::BlockingHolder {
                     token: h.token.get(),
                     holder: h.holder.filter(|_| may).map(|d| d.to_string()),
@@ -212,7 +208,7 @@ fn blockers(blockers: Vec<Blocker>, readable: &Readable) -> Vec<v1::Blocker> {
             v1::Blocker {
                 resource: b.resource.to_string(),
                 readable: may,
-                n_holders: holders.len() as u64,
+                n_holders: b.n_holders,
                 holders,
                 n_waiters_ahead: b.n_waiters_ahead,
             }
@@ -232,7 +228,7 @@ fn refused(
         reason: reason.into(),
         resource: first.map(|b| b.resource.to_string()).unwrap_or_default(),
         holder_token: first
-            .and_then(|b| b.held.as_ref())
+            .and_then(|b| b.holders.first())
             .map_or(0, |h| h.token.get()),
         blockers: blockers(all, readable),
     })

@@ -317,6 +317,28 @@ async fn permits_and_shared_holders_and_n_survive_a_restart() {
     );
     assert_eq!(fourth[0].slot, Some(3));
     assert!(fourth[0].token > readers[1].token);
+    // The semaphore is full: the refusal lists all four permits in the
+    // way, the longest held first.
+    let AcquiredAll::NotAcquired(full) = c
+        .acquire_shaped(&[("jobs", Shape::Permits(4))], ttl, Duration::ZERO)
+        .await
+        .unwrap()
+    else {
+        panic!("a fifth permit of four")
+    };
+    let in_way: Vec<u64> = full.blockers[0]
+        .holders
+        .iter()
+        .map(|h| h.token.get())
+        .collect();
+    let mut held: Vec<u64> = permits
+        .iter()
+        .chain(&readers[1..])
+        .chain(&fourth)
+        .map(|l| l.token.get())
+        .collect();
+    held.sort();
+    assert_eq!((in_way, full.blockers[0].n_holders), (held, 4));
     // Renewed and released by their ids, as before the restart.
     for l in permits.iter().chain(&readers) {
         assert!(matches!(

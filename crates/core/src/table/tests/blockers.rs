@@ -55,17 +55,20 @@ fn a_refusal_names_every_blocker_in_request_order_with_its_holder_and_line() {
         vec![
             Blocker {
                 resource: name("c"),
-                held: Some(held(3, None, 1, Some(8_500))),
+                holders: vec![held(3, None, 1, Some(8_500))],
+                n_holders: 1,
                 n_waiters_ahead: 2,
             },
             Blocker {
                 resource: name("a"),
-                held: Some(held(1, holder("w1 @ host-a"), 2, Some(7_500))),
+                holders: vec![held(1, holder("w1 @ host-a"), 2, Some(7_500))],
+                n_holders: 1,
                 n_waiters_ahead: 0,
             },
             Blocker {
                 resource: name("b"),
-                held: Some(held(2, holder("w2 @ host-b"), 2, None)),
+                holders: vec![held(2, holder("w2 @ host-b"), 2, None)],
+                n_holders: 1,
                 n_waiters_ahead: 0,
             },
         ]
@@ -78,7 +81,7 @@ fn a_refusal_names_every_blocker_in_request_order_with_its_holder_and_line() {
         panic!("{woken:?}")
     };
     assert_eq!(blockers[0].n_waiters_ahead, 1);
-    assert_eq!(blockers[0].held.as_ref().unwrap().held_for.held_s, 8);
+    assert_eq!(blockers[0].holders[0].held_for.held_s, 8);
 }
 
 #[test]
@@ -105,7 +108,7 @@ fn a_recovered_lease_is_held_since_the_recovery_and_says_so() {
     else {
         panic!("held")
     };
-    let held = n.blockers[0].held.as_ref().unwrap();
+    let held = &n.blockers[0].holders[0];
     assert_eq!(
         held.held_for,
         HeldFor {

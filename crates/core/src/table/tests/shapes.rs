@@ -56,7 +56,13 @@ fn a_semaphore_admits_n_holders_each_in_the_lowest_free_slot() {
     assert_eq!(
         n.holder_token,
         Some(tokens[0]),
-        "the longest-held permit is shown"
+        "the longest-held permit is shown first"
+    );
+    let listed: Vec<FencingToken> = n.blockers[0].holders.iter().map(|h| h.token).collect();
+    assert_eq!(
+        (listed, n.blockers[0].n_holders),
+        (tokens.clone(), 3),
+        "every permit in the way"
     );
     // The holder of slot 1 leaves: the next permit takes slot 1, above
     // every token before.
@@ -319,4 +325,43 @@ fn a_duplicate_of_a_granted_request_never_holds_a_second_slot() {
     assert_eq!(copy.len(), 1);
     assert!(copy[0].1[0].token > first[0].token);
     assert_eq!(t.status(MonoMs(3), &name("jobs")).slots.len(), 1);
+}
+
+#[test]
+fn a_refused_writer_is_told_every_reader_up_to_the_listing_limit() {
+    let mut t = table();
+    let n_readers = BLOCKING_HOLDERS_MAX as u8 + 4;
+    let mut tokens = vec![];
+    for i in 0..n_readers {
+        let g = granted(t.acquire(MonoMs(0), shaped(&["doc"], Shape::Shared, i, 0, 0)));
+        tokens.push(g[0].token);
+    }
+    let Ok(AcquireOutcome::NotAcquired(n)) =
+        t.acquire(MonoMs(0), shaped(&["doc"], Shape::Exclusive, 200, 0, 0))
+    else {
+        panic!("a writer beside readers")
+    };
+    let b = &n.blockers[0];
+    assert_eq!(b.n_holders, u64::from(n_readers));
+    let listed: Vec<FencingToken> = b.holders.iter().map(|h| h.token).collect();
+    assert_eq!(
+        listed,
+        tokens[..BLOCKING_HOLDERS_MAX],
+        "the longest held first"
+    );
+    // A reader behind a waiting writer is held back by the line, not by
+    // the readers: no holder in its way, one waiter ahead.
+    assert!(matches!(
+        t.acquire(MonoMs(0), shaped(&["doc"], Shape::Exclusive, 201, 5_000, 7)),
+        Ok(AcquireOutcome::Queued { .. })
+    ));
+    let Ok(AcquireOutcome::NotAcquired(n)) =
+        t.acquire(MonoMs(0), shaped(&["doc"], Shape::Shared, 202, 0, 0))
+    else {
+        panic!("a reader behind a waiting writer")
+    };
+    assert_eq!(
+        (n.blockers[0].holders.len(), n.blockers[0].n_waiters_ahead),
+        (0, 1)
+    );
 }
