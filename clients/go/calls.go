@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"fmt"
 	mathrand "math/rand/v2"
+	"slices"
 	"sync"
 	"time"
 
@@ -81,8 +82,16 @@ type acquireSettings struct {
 	ttl    time.Duration
 	wait   time.Duration
 	holder *string
-	shared bool
-	// permits is set (by Permits) for a semaphore's permit.
+	// shape is how every resource is held, but those in each.
+	shape shape
+	// each is the shape of the resources SharedOn and PermitsOn named.
+	each map[string]shape
+}
+
+// shape is how one resource is held: exclusive (the zero value), shared,
+// or a permit of a semaphore of *permits.
+type shape struct {
+	shared  bool
 	permits *uint32
 }
 
@@ -92,33 +101,81 @@ const PermitsMax = 4096
 // Shared holds every resource of the acquire shared: beside other shared
 // holders, never beside an exclusive one (docs/locks.md).
 func Shared() AcquireOption {
-	return func(a *acquireSettings) { a.shared = true }
+	return func(a *acquireSettings) { a.shape.shared = true }
 }
 
 // Permits holds every resource of the acquire as one of n permits of a
 // semaphore (1 to [PermitsMax]); the lease's Slot says which.
 func Permits(n uint32) AcquireOption {
-	return func(a *acquireSettings) { a.permits = &n }
+	return func(a *acquireSettings) { a.shape.permits = &n }
 }
 
-// shapes are the wire's shapes for n resources held alike: none when they
-// are exclusive (the request older servers know).
-func (a acquireSettings) shapes(n int) ([]*pb.LockShape, error) {
-	var permits uint32
-	if a.permits != nil {
-		permits = *a.permits
-		if permits == 0 || permits > PermitsMax {
-			return nil, invalidf("permits %d: a semaphore has from 1 to %d permits", permits, PermitsMax)
-		}
-		if a.shared {
-			return nil, invalidf("shared and %d permits: a resource is held shared (a lock) or as a permit (a semaphore), not both", permits)
-		}
-	} else if !a.shared {
-		return nil, nil
+// SharedOn holds resource shared and the acquire's other resources as its
+// other options say: shapes mix in one all-or-nothing request.
+func SharedOn(resource string) AcquireOption {
+	return func(a *acquireSettings) { a.on(resource, func(s *shape) { s.shared = true }) }
+}
+
+// PermitsOn holds resource as one of n permits of a semaphore and the
+// acquire's other resources as its other options say.
+func PermitsOn(resource string, n uint32) AcquireOption {
+	return func(a *acquireSettings) { a.on(resource, func(s *shape) { s.permits = &n }) }
+}
+
+func (a *acquireSettings) on(resource string, set func(*shape)) {
+	if a.each == nil {
+		a.each = map[string]shape{}
 	}
-	shapes := make([]*pb.LockShape, n)
-	for i := range shapes {
-		shapes[i] = &pb.LockShape{Shared: a.shared, Permits: permits}
+	s := a.each[resource]
+	set(&s)
+	a.each[resource] = s
+}
+
+// wire is the shape on the wire, or an error naming the rule.
+func (s shape) wire() (*pb.LockShape, error) {
+	if s.permits == nil {
+		return &pb.LockShape{Shared: s.shared}, nil
+	}
+	permits := *s.permits
+	if permits == 0 || permits > PermitsMax {
+		return nil, invalidf("permits %d: a semaphore has from 1 to %d permits", permits, PermitsMax)
+	}
+	if s.shared {
+		return nil, invalidf("shared and %d permits: a resource is held shared (a lock) or as a permit (a semaphore), not both", permits)
+	}
+	return &pb.LockShape{Permits: permits}, nil
+}
+
+// shapes are the wire's shapes for names (canonical): none when every one
+// is exclusive (the request older servers know).
+func (a acquireSettings) shapes(names []string) ([]*pb.LockShape, error) {
+	each := map[string]shape{}
+	for r, s := range a.each {
+		name, err := CheckResource(r, false)
+		if err != nil {
+			return nil, err
+		}
+		if !slices.Contains(names, name) {
+			return nil, invalidf("a shape for %q, which is not one of the acquire's resources", r)
+		}
+		each[name] = s
+	}
+	shapes := make([]*pb.LockShape, len(names))
+	plain := true
+	for i, name := range names {
+		s, ok := each[name]
+		if !ok {
+			s = a.shape
+		}
+		w, err := s.wire()
+		if err != nil {
+			return nil, err
+		}
+		shapes[i] = w
+		plain = plain && !w.Shared && w.Permits == 0
+	}
+	if plain {
+		return nil, nil
 	}
 	return shapes, nil
 }
@@ -212,7 +269,7 @@ func (c *Client) acquireRequest(resources []string, a acquireSettings, holder st
 		}
 		names[i] = name
 	}
-	shapes, err := a.shapes(len(names))
+	shapes, err := a.shapes(names)
 	if err != nil {
 		return nil, err
 	}

@@ -76,3 +76,50 @@ func TestSemaphoresAndSharedLocks(t *testing.T) {
 		t.Fatalf("an exclusive lease has no slot: %+v %v", exclusive, err)
 	}
 }
+
+// One AcquireAll mixes shapes (SharedOn, PermitsOn beside the call's own
+// shape), all or nothing, unary and on a session; a shape for a resource
+// the call does not name is refused before anything is sent.
+func TestOneRequestMixesShapes(t *testing.T) {
+	ctx := context.Background()
+	c := connect(t, server(t))
+	ttl := WithTTL(30 * time.Second)
+	mixed := []AcquireOption{ttl, PermitsOn("go:mix-jobs", 2), SharedOn("go:mix-doc")}
+	names := []string{"go:mix-jobs", "go:mix-doc", "go:mix-db"}
+	first, err := c.AcquireAll(ctx, names, mixed...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first[0].Slot != 0 || first[1].Slot != 0 || first[2].Slot != -1 {
+		t.Fatalf("slots %d %d %d", first[0].Slot, first[1].Slot, first[2].Slot)
+	}
+	if _, err := c.AcquireAll(ctx, names[:2], mixed...); err != nil {
+		t.Fatal(err)
+	}
+	var na *NotAcquiredError
+	if _, err := c.AcquireAll(ctx, names[:2], mixed...); !errors.As(err, &na) || na.Blockers[0].NHolders != 2 {
+		t.Fatalf("a third permit of two: %v", err)
+	}
+	if st, _ := c.Status(ctx, "go:mix-doc"); len(st.Slots) != 2 {
+		t.Fatalf("nothing of the refused request was granted: %+v", st)
+	}
+	bad := [][]AcquireOption{
+		{ttl, SharedOn("go:elsewhere")},
+		{ttl, SharedOn("go:mix-doc"), PermitsOn("go:mix-doc", 2)},
+		{ttl, PermitsOn("go:mix-jobs", 0)},
+	}
+	for _, options := range bad {
+		if _, err := c.AcquireAll(ctx, []string{"go:mix-doc", "go:mix-jobs"}, options...); !errors.Is(err, ErrInvalid) {
+			t.Fatalf("refused before sending: %v", err)
+		}
+	}
+	s, err := c.OpenSession(ctx, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close(ctx)
+	held, err := s.AcquireAll(ctx, []string{"go:mix-doc", "go:mix-other"}, SharedOn("go:mix-doc"))
+	if err != nil || held[0].Slot != 2 || held[1].Slot != -1 {
+		t.Fatalf("a session's mixed request: %v", err)
+	}
+}

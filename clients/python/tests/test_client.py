@@ -231,3 +231,40 @@ def test_semaphores_and_shared_locks_sync_asyncio_unary_and_session(server: Serv
             assert await a.set_permits("py:jobs", 2) == 3
 
     asyncio.run(shared_side())
+
+
+def test_one_request_mixes_shapes_all_or_nothing(server: Server) -> None:
+    import asyncio
+
+    c = baton.Client(server.address)
+    mixed: list[baton.Claim] = [
+        ("py:mix-jobs", baton.Shape(permits=2)),
+        ("py:mix-doc", baton.Shape(shared=True)),
+        "py:mix-db",
+    ]
+    leases = c.acquire_all(mixed, ttl_s=30)
+    assert [lease.slot for lease in leases] == [0, 0, None]
+    second = c.acquire_all(mixed[:2], ttl_s=30)
+    assert [lease.slot for lease in second] == [1, 1]
+    # The semaphore is full: nothing of the request is granted.
+    with pytest.raises(errors.NotAcquired) as refused:
+        c.acquire_all([("py:mix-doc", baton.Shape(shared=True)), mixed[0]], ttl_s=30)
+    assert refused.value.blockers[0].resource == "py:mix-jobs"
+    assert refused.value.blockers[0].n_holders == 2
+    assert len(c.status("py:mix-doc").slots) == 2
+    for bad, rule in [
+        (("py:x", "shared"), "a name, or a \\(name, baton.Shape"),
+        (("py:x", baton.Shape(shared=True, permits=2)), "not both"),
+        (("py:x", baton.Shape(permits=0)), "from 1 to 4096"),
+    ]:
+        with pytest.raises(ValueError, match=rule):
+            c.acquire_all([bad], ttl_s=30)  # type: ignore[list-item]
+
+    async def on_a_session() -> None:
+        async with baton.aio.Client(server.address) as a:
+            s = await a.open_session(ttl_s=5)
+            held = await s.acquire_all([("py:mix-doc", baton.Shape(shared=True)), "py:mix-other"])
+            assert [lease.slot for lease in held] == [2, None]
+            await s.close()
+
+    asyncio.run(on_a_session())

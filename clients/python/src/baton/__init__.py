@@ -9,7 +9,7 @@ the Rust one, and the fence kit over psycopg (``baton.fence``).
         publish(..., token=kept.token)     # the resource checks the token
 """
 
-from baton._types import Blocker, BlockingHolder, SlotHolder
+from baton._types import Blocker, BlockingHolder, Claim, Shape, SlotHolder
 from baton.client import Client, Fenced, Lease, Status
 from baton.errors import (
     BatonError,
@@ -29,6 +29,7 @@ __all__ = [
     "BatonError",
     "Blocker",
     "BlockingHolder",
+    "Claim",
     "Client",
     "Exhausted",
     "Fenced",
@@ -40,6 +41,7 @@ __all__ = [
     "NotOwner",
     "OwnershipLost",
     "PermissionDenied",
+    "Shape",
     "SlotHolder",
     "Status",
     "Unauthenticated",

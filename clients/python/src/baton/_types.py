@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Union
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,21 @@ class Lease:
 
     def is_expired(self) -> bool:
         return time.monotonic() >= self.valid_until
+
+
+@dataclass(frozen=True)
+class Shape:
+    """How one resource of an ``acquire_all`` is held, beside the others:
+    ``("report", Shape(shared=True))``, ``("builders", Shape(permits=3))``;
+    a plain name takes the call's ``shared`` and ``permits``. Checked when
+    the request is built (:class:`ValueError` naming the rule)."""
+
+    shared: bool = False
+    permits: int | None = None
+
+
+#: A resource of ``acquire_all``: a name, or a name and its :class:`Shape`.
+Claim = Union[str, tuple[str, Shape]]
 
 
 @dataclass(frozen=True)

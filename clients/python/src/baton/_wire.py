@@ -22,6 +22,7 @@ from baton._types import (
     Fenced,
     Holder,
     Lease,
+    Shape,
     SlotHolder,
     Status,
 )
@@ -412,23 +413,31 @@ def unavailable(e: grpc.RpcError, tried: list[str]) -> errors.Unavailable:
 # -- requests --------------------------------------------------------------
 
 
-def resource_names(resources: Any) -> list[str]:
-    """The canonical names of an acquire's resources (at least one)."""
+def claims(resources: Any, shared: bool, permits: int | None) -> tuple[list[str], list[Any]]:
+    """The canonical names of an acquire's resources (at least one) and
+    the wire's shapes: each name held as ``shared`` and ``permits`` say, or
+    as the :class:`Shape` paired with it; no shapes when every one is
+    exclusive (the request older servers know)."""
     if isinstance(resources, str):
         raise ValueError("resources: a list of names, not one string")
-    names = [check_resource(r) for r in resources]
+    default = check_shape(shared, permits)
+    names: list[str] = []
+    held: list[tuple[bool, int]] = []
+    for r in resources:
+        if isinstance(r, tuple):
+            if len(r) != 2 or not isinstance(r[1], Shape):
+                raise ValueError(f"resource {r!r}: a name, or a (name, baton.Shape(...)) pair")
+            name, shape = r
+            names.append(check_resource(name))
+            held.append(check_shape(shape.shared, shape.permits))
+        else:
+            names.append(check_resource(r))
+            held.append(default)
     if not names:
         raise ValueError("resources: name at least one")
-    return names
-
-
-def shapes(n: int, shared: bool, permits: int | None) -> list[Any]:
-    """The wire's shapes for ``n`` resources held alike: none when they
-    are exclusive (the request older servers know)."""
-    shared, n_permits = check_shape(shared, permits)
-    if not shared and not n_permits:
-        return []
-    return [pb.LockShape(shared=shared, permits=n_permits)] * n
+    if all(not s and not n for s, n in held):
+        return names, []
+    return names, [pb.LockShape(shared=s, permits=n) for s, n in held]
 
 
 def session_acquire(
@@ -439,12 +448,12 @@ def session_acquire(
     permits: int | None = None,
 ) -> tuple[Any, int]:
     """The ``acquire`` of a session request, and how many leases it asks for."""
-    names = resource_names(resources)
+    names, held = claims(resources, shared, permits)
     acquire = pb.SessionAcquire(
         resources=names,
         wait_ms=millis(wait_s, "wait", zero_ok=True),
         request_id=os.urandom(16),
-        shapes=shapes(len(names), shared, permits),
+        shapes=held,
     )
     if holder is not None:
         acquire.holder = holder
@@ -460,14 +469,14 @@ def acquire_request(
     permits: int | None = None,
 ) -> tuple[Any, int]:
     """The request of an acquire and how many leases it asks for."""
-    names = resource_names(resources)
+    names, held = claims(resources, shared, permits)
     # A request id, the same on every attempt: the leader answers a repeat
     # (after a lost answer) with what it granted, never a second lease.
     request = pb.AcquireRequest(
         resources=names,
         wait_ms=millis(wait_s, "wait", zero_ok=True),
         request_id=os.urandom(16),
-        shapes=shapes(len(names), shared, permits),
+        shapes=held,
     )
     if ttl_s is not None:
         request.ttl_ms = millis(check_ttl(ttl_s), "ttl")

@@ -15,7 +15,7 @@ import grpc
 from baton import _dial, _wire, aio, errors
 from baton._proto import baton_pb2 as pb
 from baton._proto import baton_pb2_grpc as pb_grpc
-from baton._types import Fenced, Lease, Status
+from baton._types import Claim, Fenced, Lease, Status
 from baton._wire import (
     LEADER_METADATA,
     _leader_hint,
@@ -222,7 +222,7 @@ class Client(_wire.Settings):
 
     def acquire_all(
         self,
-        resources: Sequence[str],
+        resources: Sequence[Claim],
         ttl_s: float | None = None,
         wait_s: float = 0,
         *,
@@ -230,7 +230,10 @@ class Client(_wire.Settings):
         permits: int | None = None,
     ) -> list[Lease]:
         """Acquires every resource or none, in one request, each held as
-        ``shared`` and ``permits`` say (see :meth:`acquire`)."""
+        ``shared`` and ``permits`` say (see :meth:`acquire`), or as the
+        :class:`baton.Shape` paired with its name: shapes mix in one
+        request (``["db", ("report", Shape(shared=True)), ("builders",
+        Shape(permits=3))]``)."""
         request, n = _wire.acquire_request(resources, ttl_s, wait_s, self.holder, shared, permits)
         # A lease answered to a repeat counts from the first send too.
         sent = time.monotonic()

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from baton import aio, errors
 from baton._ledger import ENDED, HEARTBEAT_ID_BIT, Ledger
-from baton._types import Lease
+from baton._types import Claim, Lease
 from baton.errors import SessionEnded
 
 if TYPE_CHECKING:
@@ -131,7 +131,7 @@ class Session:
 
     def acquire_all(
         self,
-        resources: Sequence[str],
+        resources: Sequence[Claim],
         wait_s: float = 0,
         cancel: threading.Event | None = None,
         *,

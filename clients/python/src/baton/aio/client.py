@@ -15,7 +15,7 @@ import grpc.aio
 from baton import _dial, _wire, errors
 from baton._proto import baton_pb2 as pb
 from baton._proto import baton_pb2_grpc as pb_grpc
-from baton._types import Fenced, Lease, Status
+from baton._types import Claim, Fenced, Lease, Status
 from baton._wire import granted, map_error
 from baton.aio.election import Election
 from baton.aio.keeper import Keeper, SessionLease
@@ -161,7 +161,7 @@ class Client(_wire.Settings):
 
     async def acquire_all(
         self,
-        resources: Sequence[str],
+        resources: Sequence[Claim],
         ttl_s: float | None = None,
         wait_s: float = 0,
         *,

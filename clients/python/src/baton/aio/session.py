@@ -16,7 +16,7 @@ import grpc.aio
 from baton import _wire, errors
 from baton._ledger import ENDED, Ledger
 from baton._proto import baton_pb2 as pb
-from baton._types import Lease
+from baton._types import Claim, Lease
 from baton._wire import granted, map_error, request_error
 from baton.aio._grpc import EOF
 from baton.errors import SessionEnded
@@ -256,7 +256,7 @@ class Session:
 
     async def acquire_all(
         self,
-        resources: Sequence[str],
+        resources: Sequence[Claim],
         wait_s: float = 0,
         *,
         shared: bool = False,
