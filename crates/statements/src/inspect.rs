@@ -43,14 +43,31 @@ pub enum LeaseView {
         waiters: u64,
         issued_through: Option<u64>,
     },
+    /// Held by shared holders, or by permits of a semaphore of `permits`
+    /// (docs/locks.md): every one, by slot.
+    HeldBySlots {
+        permits: Option<u32>,
+        holders: Vec<SlotView>,
+        waiters: u64,
+        issued_through: Option<u64>,
+    },
+}
+
+/// One shared holder or permit of the resource.
+#[derive(Clone, Debug, Serialize)]
+pub struct SlotView {
+    slot: u32,
+    token: u64,
+    holder: Option<String>,
+    remaining_ms: u64,
 }
 
 impl LeaseView {
     fn issued_through(&self) -> Option<u64> {
         match self {
-            LeaseView::Held { issued_through, .. } | LeaseView::Free { issued_through, .. } => {
-                *issued_through
-            }
+            LeaseView::Held { issued_through, .. }
+            | LeaseView::Free { issued_through, .. }
+            | LeaseView::HeldBySlots { issued_through, .. } => *issued_through,
             _ => None,
         }
     }
@@ -306,6 +323,21 @@ async fn lease_view(url: &str, resource: &str) -> LeaseView {
                     waiters: s.n_waiters,
                     issued_through,
                 },
+                None if !s.slots.is_empty() => LeaseView::HeldBySlots {
+                    permits: s.permits,
+                    holders: s
+                        .slots
+                        .into_iter()
+                        .map(|h| SlotView {
+                            slot: h.slot,
+                            token: h.token.get(),
+                            holder: h.holder,
+                            remaining_ms: h.remaining.as_millis() as u64,
+                        })
+                        .collect(),
+                    waiters: s.n_waiters,
+                    issued_through,
+                },
                 None => LeaseView::Free {
                     waiters: s.n_waiters,
                     issued_through,
@@ -408,6 +440,29 @@ impl LeaseView {
                 "  lease:        free, {waiters} waiting; last token issued {}\n",
                 issued_through.map_or("unknown".into(), |t| t.to_string()),
             ),
+            LeaseView::HeldBySlots {
+                permits,
+                holders,
+                waiters,
+                issued_through,
+            } => {
+                let how = permits.map_or("shared".to_string(), |n| format!("{n} permits"));
+                let mut out = format!(
+                    "  lease:        held by {} ({how}), {waiters} waiting; last token issued {}\n",
+                    holders.len(),
+                    issued_through.map_or("unknown".into(), |t| t.to_string()),
+                );
+                for h in holders {
+                    out.push_str(&format!(
+                        "                slot {} token {}{} for {:.1} s more\n",
+                        h.slot,
+                        h.token,
+                        h.holder.as_deref().map_or(String::new(), |d| format!(" ({d})")),
+                        h.remaining_ms as f64 / 1000.0,
+                    ));
+                }
+                out
+            }
         }
     }
 }

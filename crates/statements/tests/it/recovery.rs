@@ -352,6 +352,33 @@ async fn inspect_shows_a_plain_publication_and_the_lease_holder() {
             .starts_with(&format!("verdict: generation {bob_token} is authoritative")),
         "{text}"
     );
+    // Readers holding it shared instead: every holder, by slot.
+    c.release(RESOURCE, &held.acquisition_id).await.unwrap();
+    let ttl = Some(std::time::Duration::from_secs(30));
+    let mut readers = vec![];
+    for _ in 0..2 {
+        let baton_client::AcquiredAll::Granted { leases, .. } = c
+            .acquire_shaped(
+                &[(RESOURCE, baton_client::Shape::Shared)],
+                ttl,
+                std::time::Duration::ZERO,
+            )
+            .await
+            .unwrap()
+        else {
+            panic!("a reader refused")
+        };
+        readers.push(leases[0].token.bigint());
+    }
+    let (_, shown) = env.inspect(&env.url);
+    assert_eq!(shown["lease"]["state"], "held_by_slots", "{shown}");
+    let tokens: Vec<i64> = shown["lease"]["holders"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h["token"].as_i64().unwrap())
+        .collect();
+    assert_eq!(tokens, readers, "{shown}");
     // An unreachable lease server is said, not guessed.
     let (code, shown) = env.inspect("http://127.0.0.1:1");
     assert_eq!(code, Some(0));
