@@ -836,6 +836,34 @@ async fn postgres_sql_functions_refuse_bad_input_and_write_nothing() {
             "SELECT baton.prune_operations(interval '10 seconds')",
             "never pruned",
         ),
+        (
+            "SELECT * FROM baton.fence_shared(NULL, 1, 'op', '\\x01'::bytea)",
+            "resource name is empty",
+        ),
+        (
+            "SELECT * FROM baton.fence_shared('r', 0, 'op', '\\x01'::bytea)",
+            "token 0 is out of range",
+        ),
+        (
+            "SELECT * FROM baton.fence_shared('r', 1, 'op', ''::bytea)",
+            "fingerprint is 0 bytes",
+        ),
+        (
+            "SELECT * FROM baton.fence_shared('r', 1, 'op', '\\x01'::bytea, NULL)",
+            "result is NULL",
+        ),
+        (
+            "SELECT * FROM baton.fence_shared('r', 1, 'op', '\\x01'::bytea, ''::bytea, 'nine')",
+            "policy 'nine' is unknown",
+        ),
+        (
+            "SELECT * FROM baton.fence_shared('r', 1, 'op', '\\x01'::bytea, ''::bytea, 'session', NULL)",
+            "must_exist must be true or false",
+        ),
+        (
+            "SELECT * FROM baton.fence_shared('cafe' || chr(769), 1, 'op', '\\x01'::bytea)",
+            "write it as 'caf\u{e9}'",
+        ),
     ];
     for (sql, rule) in cases {
         let err = pg.client.batch_execute(sql).await.unwrap_err();
