@@ -49,6 +49,24 @@ fn write(fence: &Mutex<rusqlite::Connection>, resource: &str, token: u64, what: 
     SqliteFence::publish(&mut fence.lock().unwrap(), &req).unwrap()
 }
 
+/// A reader's own output under its shared lease (the fence kit's shared
+/// side), with `token`.
+fn write_shared(
+    fence: &Mutex<rusqlite::Connection>,
+    resource: &str,
+    token: u64,
+    what: &str,
+) -> Outcome {
+    let token = FencingToken::from_u64(token).unwrap();
+    let req = FenceRequest::new(resource, token, what, what.as_bytes(), b"")
+        .unwrap()
+        .shared();
+    SqliteFence::write(&mut fence.lock().unwrap(), &req, |_| {
+        Ok::<_, baton_fence::FenceError>(())
+    })
+    .unwrap()
+}
+
 /// What a worker saw of one grant, for the checks after the run.
 struct Held {
     grant: Grant,
@@ -226,10 +244,15 @@ async fn a_paused_writers_late_write_is_refused_after_readers_and_a_new_writer()
         std::thread::spawn(move || hold(&url, "doc", &[]).unwrap())
     };
     std::thread::sleep(Duration::from_millis(200));
-    for (mut r, ..) in readers {
-        r.signal(Signal::SIGTERM);
-        assert!(r.wait().success());
-    }
+    // The first reader writes its summary and leaves; the second pauses
+    // before writing its own, and its lease runs out.
+    let mut readers = readers.into_iter();
+    let (mut done, _, _, first_reader, _) = readers.next().unwrap();
+    assert!(write_shared(&fence, "doc", first_reader, "summary").is_applied());
+    done.signal(Signal::SIGTERM);
+    assert!(done.wait().success());
+    let (mut paused, _, _, paused_reader, _) = readers.next().unwrap();
+    paused.signal(Signal::SIGSTOP);
     let (mut new_writer, _, _, new, slot) = new_writer.join().unwrap();
     assert_eq!(slot, None, "an exclusive lease has no slot");
     assert!(write(&fence, "doc", new, "v2").is_applied());
@@ -239,10 +262,23 @@ async fn a_paused_writers_late_write_is_refused_after_readers_and_a_new_writer()
         matches!(late, Outcome::Stale { .. }),
         "the paused writer's late write: {late:?}"
     );
+    paused.signal(Signal::SIGCONT);
+    let late_summary = write_shared(&fence, "doc", paused_reader, "late summary");
+    assert_eq!(
+        late_summary,
+        Outcome::Stale {
+            presented: FencingToken::from_u64(paused_reader).unwrap(),
+            current: FencingToken::from_u64(new).unwrap()
+        },
+        "the paused reader's summary of the old data"
+    );
     writer.wait();
+    paused.wait();
     new_writer.signal(Signal::SIGTERM);
     new_writer.wait();
-    println!("writer {old} paused; readers then writer {new}; the late write with {old}: refused");
+    println!(
+        "writer {old} and reader {paused_reader} paused; writer {new} wrote; their late writes: 2 refused"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
