@@ -72,6 +72,12 @@ pub fn print_json(message: &str, code: Exit) {
     crate::stdout::line(&serde_json::to_string(&out).expect("plain struct serializes"));
 }
 
+impl From<crate::args::ShapeError> for CliError {
+    fn from(e: crate::args::ShapeError) -> Self {
+        Self::usage(e.to_string())
+    }
+}
+
 impl From<ClientError> for CliError {
     fn from(e: ClientError) -> Self {
         match e {

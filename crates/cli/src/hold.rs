@@ -22,14 +22,14 @@ use crate::lease::{connect, AcquireOut, GIVE_BACK_TIMEOUT};
 pub async fn hold(
     opts: &ClientOpts,
     holder: &HolderOpt,
-    (names, shape): (&[String], baton_core::Shape),
+    claims: &[(String, baton_core::Shape)],
     ttl: Duration,
     wait: Duration,
 ) -> Result<Exit, CliError> {
     let client = connect(opts).await?.with_holder(holder.resolve());
     let session = client.open_session(ttl).await?;
     let claims: Vec<(&str, baton_core::Shape)> =
-        names.iter().map(|n| (n.as_str(), shape)).collect();
+        claims.iter().map(|(n, s)| (n.as_str(), *s)).collect();
     let all = session.acquire_shaped(&claims, None, wait).await?;
     // Before the grant is printed: a script that reads it may stop us at
     // once, and the leases are then released, not left to their TTL.

@@ -217,12 +217,12 @@ pub(crate) const GIVE_BACK_TIMEOUT: Duration = Duration::from_secs(1);
 pub async fn acquire(
     opts: &ClientOpts,
     holder: &HolderOpt,
-    (names, shape): (&[String], Shape),
+    claims: &[(String, Shape)],
     ttl: Option<Duration>,
     wait: Duration,
 ) -> Result<AcquireOut, CliError> {
     let mut client = connect(opts).await?.with_holder(holder.resolve());
-    let claims: Vec<(&str, Shape)> = names.iter().map(|n| (n.as_str(), shape)).collect();
+    let claims: Vec<(&str, Shape)> = claims.iter().map(|(n, s)| (n.as_str(), *s)).collect();
     let all = client.acquire_shaped(&claims, ttl, wait).await?;
     let out = AcquireOut::new(&all, wait);
     if let (Some(NotAcquiredReason::ExpiredOnArrival), AcquiredAll::Granted { leases, .. }) =

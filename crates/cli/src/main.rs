@@ -178,7 +178,7 @@ async fn dispatch(command: Command) -> Result<ExitCode, CliError> {
             client,
         } => emit(
             client.json,
-            &lease::acquire(&client, &holder, (&names, shape.shape()), ttl, wait).await?,
+            &lease::acquire(&client, &holder, &shape.claims(&names)?, ttl, wait).await?,
         ),
         Command::Hold {
             names,
@@ -188,8 +188,8 @@ async fn dispatch(command: Command) -> Result<ExitCode, CliError> {
             holder,
             client,
         } => {
-            let claims = (names.as_slice(), shape.shape());
-            hold::hold(&client, &holder, claims, ttl.unwrap_or_default(), wait).await?
+            let claims = shape.claims(&names)?;
+            hold::hold(&client, &holder, &claims, ttl.unwrap_or_default(), wait).await?
         }
         Command::Renew {
             name,

@@ -40,6 +40,10 @@ pub async fn run(a: &RunArgs) -> Result<u8, CliError> {
         code: Exit::RunNotStarted,
         message: e.message,
     };
+    let shaped = a
+        .shape
+        .claims(&a.names)
+        .map_err(|e| not_started(e.into()))?;
     let client = connect(&a.client)
         .await
         .map_err(not_started)?
@@ -48,9 +52,8 @@ pub async fn run(a: &RunArgs) -> Result<u8, CliError> {
         .open_session(a.ttl.unwrap_or_default())
         .await
         .map_err(|e| not_started(e.into()))?;
-    let shape = a.shape.shape();
     let claims: Vec<(&str, baton_core::Shape)> =
-        a.names.iter().map(|n| (n.as_str(), shape)).collect();
+        shaped.iter().map(|(n, s)| (n.as_str(), *s)).collect();
     let all = match session.acquire_shaped(&claims, None, a.wait).await {
         Ok(all) => all,
         Err(e) => {
@@ -132,7 +135,8 @@ pub(crate) async fn run_held(
 /// `NAME=TOKEN` per line: names hold no control characters, so a newline
 /// separates them; split each line at its last `=`), and for one name
 /// `BATON_RESOURCE` and `BATON_FENCING_TOKEN`, with `BATON_PERMIT_SLOT`
-/// when it is held shared or as a permit (its slot).
+/// when it is held shared or as a permit (its slot); `BATON_PERMIT_SLOTS`
+/// (`NAME=SLOT` per line) names every slot held, for any number of names.
 fn environment(keepers: &[Keeper], server: &str) -> Vec<(&'static str, String)> {
     let tokens: Vec<String> = keepers
         .iter()
@@ -142,6 +146,13 @@ fn environment(keepers: &[Keeper], server: &str) -> Vec<(&'static str, String)> 
         ("BATON_SERVER", server.to_string()),
         ("BATON_FENCING_TOKENS", tokens.join("\n")),
     ];
+    let slots: Vec<String> = keepers
+        .iter()
+        .filter_map(|k| Some(format!("{}={}", k.lease().resource, k.lease().slot?)))
+        .collect();
+    if !slots.is_empty() {
+        env.push(("BATON_PERMIT_SLOTS", slots.join("\n")));
+    }
     if let [one] = keepers {
         env.push(("BATON_RESOURCE", one.lease().resource.clone()));
         env.push(("BATON_FENCING_TOKEN", one.lease().token.to_string()));

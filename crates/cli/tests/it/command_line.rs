@@ -6,6 +6,7 @@
 use std::collections::BTreeSet;
 use std::process::Output;
 
+use baton_client::Client;
 use baton_systest as common;
 use common::{cli, TempDir};
 use serde_json::Value;
@@ -217,6 +218,81 @@ async fn a_postgresql_failure_names_the_message_sqlstate_and_url() {
 
 /// Every command's `--json` shape, pinned: the same keys for one name and
 /// several, for a grant and a refusal; usage errors as JSON too.
+/// One `acquire` mixes shapes (`--shared-on`, `--permits-on` beside the
+/// command's own shape), all or nothing; `run` gives the command every
+/// slot; a per-name shape for a name the command does not hold, or two
+/// for one name, exits 2 and sends nothing.
+#[tokio::test]
+async fn one_command_mixes_shapes_by_name() {
+    let dir = TempDir::new("cli-mixed");
+    let s = common::serve(dir.path(), &[]);
+    let url = s.url();
+    let run = |args: &[&str]| {
+        let mut all = args.to_vec();
+        all.extend(["--server", &url, "--json"]);
+        cli(&all)
+    };
+    let mixed = [
+        "--shared-on",
+        "m:doc",
+        "--permits-on",
+        "m:jobs=2",
+        "--ttl",
+        "30s",
+    ];
+    let first = run(&[&["acquire", "m:db", "m:doc", "m:jobs"], &mixed[..]].concat());
+    assert_eq!(first.status.code(), Some(0), "{}", stderr(&first));
+    let slots: Vec<Value> = json(&first)["leases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["slot"].clone())
+        .collect();
+    assert_eq!(slots, [Value::Null, Value::from(0), Value::from(0)]);
+    let second = run(&[&["acquire", "m:doc", "m:jobs"], &mixed[..]].concat());
+    assert_eq!(second.status.code(), Some(0), "{}", stderr(&second));
+    // The semaphore is full: the reader of the same request is not granted.
+    let third = run(&[&["acquire", "m:doc", "m:jobs"], &mixed[..]].concat());
+    assert_eq!(third.status.code(), Some(3), "{}", stderr(&third));
+    assert_eq!(json(&third)["blocked_by"]["n_holders"], 2);
+    let mut c = Client::connect(&url).await.unwrap();
+    assert_eq!(c.status("m:doc").await.unwrap().slots.len(), 2);
+    let env = cli(&[
+        "run",
+        "m:doc",
+        "m:other",
+        "--shared-on",
+        "m:doc",
+        "--server",
+        &url,
+        "--",
+        "sh",
+        "-c",
+        "printf '%s|%s' \"$BATON_PERMIT_SLOTS\" \"$BATON_PERMIT_SLOT\"",
+    ]);
+    assert_eq!(env.status.code(), Some(0), "{}", stderr(&env));
+    assert_eq!(String::from_utf8_lossy(&env.stdout), "m:doc=2|");
+    for bad in [
+        &["acquire", "m:x", "--shared-on", "m:y"][..],
+        &[
+            "acquire",
+            "m:x",
+            "--shared-on",
+            "m:x",
+            "--permits-on",
+            "m:x=2",
+        ],
+        &["acquire", "m:x", "--permits-on", "m:x"],
+        &["acquire", "m:x", "--permits-on", "m:x=4097"],
+        &["hold", "m:x", "--shared-on", "m:y"],
+    ] {
+        let out = run(bad);
+        assert_eq!(out.status.code(), Some(2), "{bad:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains("m:"), "{bad:?}: names it");
+    }
+    assert!(c.status("m:x").await.unwrap().holder_token.is_none());
+}
+
 #[tokio::test]
 async fn json_shapes_are_one_per_command() {
     let dir = TempDir::new("cli-json");

@@ -156,6 +156,8 @@ fn a_bad_flag_exits_125_from_run_and_elect_with_a_command() {
     for (args, code) in [
         (vec!["run", "u:1", "--ttl", "0s", "--", "true"], 125),
         (vec!["run", "u:1", "--bogus", "--", "true"], 125),
+        (vec!["run", "u:1", "--shared-on", "u:2", "--", "true"], 125),
+        (vec!["run", "u:1", "--permits-on", "u:1", "--", "true"], 125),
         (vec!["elect", "u:1", "--ttl", "0s", "--", "true"], 125),
         (vec!["elect", "u:1", "--bogus", "--", "true"], 125),
         (vec!["elect", "u:1", "--ttl", "0s"], 2),
