@@ -71,15 +71,19 @@ BEGIN
     END IF;
     RETURN QUERY SELECT * FROM baton.fence_full(p_resource, p_token, p_operation, p_fingerprint, p_result, p_seq,
                                                 p_policy, p_must_exist, p_delete);
-END $function$;;
+END $function$;
 
-CREATE OR REPLACE FUNCTION baton.fence_full(p_resource text, p_token bigint, p_operation text, p_fingerprint bytea, p_result bytea, p_seq bigint, p_policy smallint, p_must_exist boolean, p_delete boolean)
+-- The shared side is a mode of the one decision (p_shared), as in Rust's
+-- `rule::decide`; callers that pass nine arguments get the exclusive side.
+DROP FUNCTION IF EXISTS baton.fence_full(text, bigint, text, bytea, bytea, bigint, smallint, boolean, boolean);
+CREATE OR REPLACE FUNCTION baton.fence_full(p_resource text, p_token bigint, p_operation text, p_fingerprint bytea, p_result bytea, p_seq bigint, p_policy smallint, p_must_exist boolean, p_delete boolean, p_shared boolean DEFAULT false)
  RETURNS TABLE(outcome text, token bigint, current_token bigint, current_seq bigint, detail text, result bytea)
  LANGUAGE plpgsql
 AS $function$
 DECLARE
     r  baton.resources%ROWTYPE;
     op baton.operations%ROWTYPE;
+    v_floor bigint;
 BEGIN
     PERFORM baton.check_input(p_resource, p_token, p_operation, p_fingerprint);
     IF p_seq IS NULL OR p_seq < 0 THEN
@@ -100,14 +104,19 @@ BEGIN
             RETURN QUERY SELECT 'missing'::text, p_token, NULL::bigint, NULL::bigint, NULL::text, NULL::bytea;
             RETURN;
         END IF;
-        -- First creation: the unique key decides between concurrent first writers.
-        INSERT INTO baton.resources (resource, policy, generation, seq, last_operation, deleted)
-        VALUES (p_resource, p_policy, p_token, p_seq, p_operation, p_delete)
+        -- First creation: the unique key decides between concurrent first
+        -- writers. A reader's write records no exclusive operation (its
+        -- exclusive floor is 0: none yet) and no sequence.
+        INSERT INTO baton.resources (resource, policy, generation, seq, last_operation, deleted, exclusive_token)
+        VALUES (p_resource, p_policy, p_token, CASE WHEN p_shared THEN 0 ELSE p_seq END,
+                CASE WHEN p_shared THEN NULL ELSE p_operation END, p_delete,
+                CASE WHEN p_shared THEN 0 END)
         ON CONFLICT ON CONSTRAINT resources_pkey DO NOTHING;
         IF FOUND THEN
             INSERT INTO baton.operations (resource, operation, token, fingerprint, result)
             VALUES (p_resource, p_operation, p_token, p_fingerprint, p_result);
-            RETURN QUERY SELECT 'applied'::text, p_token, p_token, p_seq, 'created'::text, NULL::bytea;
+            RETURN QUERY SELECT 'applied'::text, p_token, p_token, CASE WHEN p_shared THEN 0 ELSE p_seq END,
+                                'created'::text, NULL::bytea;
             RETURN;
         END IF;
         SELECT * INTO r FROM baton.resources AS x WHERE x.resource = p_resource FOR UPDATE;
@@ -134,6 +143,24 @@ BEGIN
         RETURN QUERY SELECT 'cancelled'::text, p_token, r.cancelled_at, r.seq, NULL::text, NULL::bytea;
         RETURN;
     END IF;
+    IF p_shared THEN
+        -- Stale only below the last exclusive write: other readers' tokens,
+        -- higher or lower, never refuse this one. The generation rises to
+        -- the reader's token, the exclusive floor stays.
+        v_floor := coalesce(r.exclusive_token, r.generation);
+        IF p_token < v_floor THEN
+            RETURN QUERY SELECT 'stale'::text, p_token, v_floor, r.seq, NULL::text, NULL::bytea;
+            RETURN;
+        END IF;
+        IF p_token > r.generation THEN
+            UPDATE baton.resources AS x SET generation = p_token, exclusive_token = v_floor
+            WHERE x.resource = p_resource;
+        END IF;
+        INSERT INTO baton.operations (resource, operation, token, fingerprint, result)
+        VALUES (p_resource, p_operation, p_token, p_fingerprint, p_result);
+        RETURN QUERY SELECT 'applied'::text, p_token, greatest(r.generation, p_token), r.seq, NULL::text, NULL::bytea;
+        RETURN;
+    END IF;
     IF p_token < r.generation THEN
         RETURN QUERY SELECT 'stale'::text, p_token, r.generation, r.seq, NULL::text, NULL::bytea;
         RETURN;
@@ -156,7 +183,7 @@ BEGIN
     INSERT INTO baton.operations (resource, operation, token, fingerprint, result)
     VALUES (p_resource, p_operation, p_token, p_fingerprint, p_result);
     RETURN QUERY SELECT 'applied'::text, p_token, p_token, p_seq, NULL::text, NULL::bytea;
-END $function$;;
+END $function$;
 
 CREATE OR REPLACE FUNCTION baton.publish(resource text, token bigint, operation text, fingerprint bytea, object_key text)
  RETURNS SETOF baton.fence_result
@@ -212,7 +239,7 @@ BEGIN
         WHERE x.resource = p_resource;
     END IF;
     RETURN NEXT (f.outcome, f.token, f.current_token, f.current_seq, f.detail, f.result)::baton.fence_result;
-END $function$;;
+END $function$;
 
 CREATE OR REPLACE FUNCTION baton.recreate_impl(p_resource text, p_token bigint)
  RETURNS text
@@ -235,86 +262,24 @@ BEGIN
         incarnation = r.incarnation + 1
     WHERE x.resource = p_resource;
     RETURN 'recreated';
-END $function$;;
+END $function$;
 
 CREATE OR REPLACE FUNCTION baton.fence_shared_impl(p_resource text, p_token bigint, p_operation text, p_fingerprint bytea, p_result bytea DEFAULT '\x'::bytea, p_policy smallint DEFAULT 1, p_must_exist boolean DEFAULT false)
  RETURNS SETOF baton.fence_result
  LANGUAGE plpgsql
 AS $function$
-DECLARE
-    r  baton.resources%ROWTYPE;
-    op baton.operations%ROWTYPE;
-    v_floor bigint;
 BEGIN
-    PERFORM baton.check_input(p_resource, p_token, p_operation, p_fingerprint);
+    -- What fence_impl checks before the full path, then the full path on
+    -- the shared side.
     PERFORM baton.check_policy(p_policy);
     IF p_result IS NULL THEN
         RAISE EXCEPTION 'result is NULL; pass an empty bytea for no result' USING ERRCODE = '22023';
     END IF;
-    IF octet_length(p_result) > 4096 THEN
-        RAISE EXCEPTION 'result is % bytes; the limit is 4096 bytes', octet_length(p_result) USING ERRCODE = '22023';
-    END IF;
     IF p_must_exist IS NULL THEN
         RAISE EXCEPTION 'must_exist must be true or false, not NULL' USING ERRCODE = '22023';
     END IF;
-
-    -- The row stays locked until commit, as for an exclusive write: the
-    -- decision and the caller's effect cannot interleave with a writer's.
-    SELECT * INTO r FROM baton.resources AS x WHERE x.resource = p_resource FOR UPDATE;
-    IF NOT FOUND THEN
-        IF p_must_exist THEN
-            RETURN NEXT ('missing', p_token, NULL, NULL, NULL, NULL)::baton.fence_result;
-            RETURN;
-        END IF;
-        -- Created by a reader: no exclusive write recorded yet (floor 0).
-        INSERT INTO baton.resources (resource, policy, generation, seq, last_operation, deleted, exclusive_token)
-        VALUES (p_resource, p_policy, p_token, 0, NULL, false, 0)
-        ON CONFLICT ON CONSTRAINT resources_pkey DO NOTHING;
-        IF FOUND THEN
-            INSERT INTO baton.operations (resource, operation, token, fingerprint, result)
-            VALUES (p_resource, p_operation, p_token, p_fingerprint, p_result);
-            RETURN NEXT ('applied', p_token, p_token, 0, 'created', NULL)::baton.fence_result;
-            RETURN;
-        END IF;
-        SELECT * INTO r FROM baton.resources AS x WHERE x.resource = p_resource FOR UPDATE;
-    END IF;
-
-    SELECT * INTO op FROM baton.operations AS o WHERE o.resource = p_resource AND o.operation = p_operation;
-    IF FOUND THEN
-        IF op.fingerprint = p_fingerprint THEN
-            RETURN NEXT ('replayed', op.token, r.generation, r.seq, NULL, op.result)::baton.fence_result;
-        ELSE
-            RETURN NEXT ('conflict', op.token, r.generation, r.seq, NULL, NULL)::baton.fence_result;
-        END IF;
-        RETURN;
-    END IF;
-    IF r.policy <> p_policy THEN
-        RAISE EXCEPTION 'resource % uses policy %; the request asked for %', p_resource, r.policy, p_policy
-            USING ERRCODE = '22023';
-    END IF;
-    IF r.deleted THEN
-        RETURN NEXT ('deleted', p_token, r.generation, r.seq, NULL, NULL)::baton.fence_result;
-        RETURN;
-    END IF;
-    IF r.cancelled_at IS NOT NULL AND p_token <= r.cancelled_at THEN
-        RETURN NEXT ('cancelled', p_token, r.cancelled_at, r.seq, NULL, NULL)::baton.fence_result;
-        RETURN;
-    END IF;
-    -- Stale only below the last exclusive write: other readers' tokens,
-    -- higher or lower, never refuse this one.
-    v_floor := coalesce(r.exclusive_token, r.generation);
-    IF p_token < v_floor THEN
-        RETURN NEXT ('stale', p_token, v_floor, r.seq, NULL, NULL)::baton.fence_result;
-        RETURN;
-    END IF;
-    IF p_token > r.generation THEN
-        UPDATE baton.resources AS x
-        SET generation = p_token, exclusive_token = v_floor
-        WHERE x.resource = p_resource;
-    END IF;
-    INSERT INTO baton.operations (resource, operation, token, fingerprint, result)
-    VALUES (p_resource, p_operation, p_token, p_fingerprint, p_result);
-    RETURN NEXT ('applied', p_token, greatest(r.generation, p_token), r.seq, NULL, NULL)::baton.fence_result;
+    RETURN QUERY SELECT * FROM baton.fence_full(p_resource, p_token, p_operation, p_fingerprint, p_result, 0,
+                                                p_policy, p_must_exist, false, true);
 END $function$;
 
 CREATE OR REPLACE FUNCTION baton.fence_shared(resource text, token bigint, operation text, fingerprint bytea, result bytea DEFAULT '\x'::bytea, policy text DEFAULT 'one_per_generation'::text, must_exist boolean DEFAULT false)

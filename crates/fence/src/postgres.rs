@@ -130,10 +130,16 @@ impl PgFence {
     ) -> Result<Outcome, FenceError> {
         let args = FenceArgs::new(req);
         let judging = metrics::Judging::start(req);
-        let (exclusive, shared) = (args.params(), args.shared_params());
+        let (exclusive, shared);
         let params: &[Param<'_>] = match req.side {
-            crate::Side::Exclusive => &exclusive,
-            crate::Side::Shared => &shared,
+            crate::Side::Exclusive => {
+                exclusive = args.params();
+                &exclusive
+            }
+            crate::Side::Shared => {
+                shared = args.shared_params();
+                &shared
+            }
         };
         let row = client
             .query_one(statement, params)

@@ -12,7 +12,8 @@
 //! other reader is judged as before, while an exclusive write below a
 //! recorded reader's token is stale: Baton grants a reader only after every
 //! earlier writer's lease ended. The PostgreSQL kit runs the same rule as
-//! `baton.fence_shared` (`sql/functions/fence_shared_impl.sql`).
+//! `baton.fence_shared`: `baton.fence_full` with `p_shared`
+//! (`sql/functions/fence_full.sql`).
 
 use crate::rule::{refusal, Decision, ResourceState};
 use crate::{FenceError, FenceRequest, FencingToken, Outcome};

@@ -409,11 +409,17 @@ impl Checker {
         }
         let most = grants::max_concurrent(&readers).values().copied().max();
         self.most_readers = self.most_readers.max(most.unwrap_or(0));
+        // Every grant kept above is certainly held from `answered` to its
+        // `earliest_end` (set and later, or it would not be kept).
+        let overlap = |a: &grants::Grant, b: &grants::Grant| {
+            a.answered < b.earliest_end.unwrap_or(b.answered)
+                && b.answered < a.earliest_end.unwrap_or(a.answered)
+        };
         for w in &writers {
-            let (start, end) = (w.answered, held(w).expect("held"));
-            let beside = readers.iter().chain(writers.iter().copied()).find(|o| {
-                o.token != w.token && o.answered < end && held(o).is_some_and(|e| start < e)
-            });
+            let beside = readers
+                .iter()
+                .chain(writers.iter().copied())
+                .find(|o| o.token != w.token && overlap(w, o));
             if let Some(o) = beside {
                 self.violations.push(format!(
                     "exclusive {} on r{} held beside {}",

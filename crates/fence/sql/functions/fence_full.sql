@@ -3,13 +3,14 @@
 -- migration, then write these again). Migrate re-applies every file here
 -- after the migrations, on every install and upgrade.
 
-CREATE OR REPLACE FUNCTION baton.fence_full(p_resource text, p_token bigint, p_operation text, p_fingerprint bytea, p_result bytea, p_seq bigint, p_policy smallint, p_must_exist boolean, p_delete boolean)
+CREATE OR REPLACE FUNCTION baton.fence_full(p_resource text, p_token bigint, p_operation text, p_fingerprint bytea, p_result bytea, p_seq bigint, p_policy smallint, p_must_exist boolean, p_delete boolean, p_shared boolean DEFAULT false)
  RETURNS TABLE(outcome text, token bigint, current_token bigint, current_seq bigint, detail text, result bytea)
  LANGUAGE plpgsql
 AS $function$
 DECLARE
     r  baton.resources%ROWTYPE;
     op baton.operations%ROWTYPE;
+    v_floor bigint;
 BEGIN
     PERFORM baton.check_input(p_resource, p_token, p_operation, p_fingerprint);
     IF p_seq IS NULL OR p_seq < 0 THEN
@@ -30,14 +31,19 @@ BEGIN
             RETURN QUERY SELECT 'missing'::text, p_token, NULL::bigint, NULL::bigint, NULL::text, NULL::bytea;
             RETURN;
         END IF;
-        -- First creation: the unique key decides between concurrent first writers.
-        INSERT INTO baton.resources (resource, policy, generation, seq, last_operation, deleted)
-        VALUES (p_resource, p_policy, p_token, p_seq, p_operation, p_delete)
+        -- First creation: the unique key decides between concurrent first
+        -- writers. A reader's write records no exclusive operation (its
+        -- exclusive floor is 0: none yet) and no sequence.
+        INSERT INTO baton.resources (resource, policy, generation, seq, last_operation, deleted, exclusive_token)
+        VALUES (p_resource, p_policy, p_token, CASE WHEN p_shared THEN 0 ELSE p_seq END,
+                CASE WHEN p_shared THEN NULL ELSE p_operation END, p_delete,
+                CASE WHEN p_shared THEN 0 END)
         ON CONFLICT ON CONSTRAINT resources_pkey DO NOTHING;
         IF FOUND THEN
             INSERT INTO baton.operations (resource, operation, token, fingerprint, result)
             VALUES (p_resource, p_operation, p_token, p_fingerprint, p_result);
-            RETURN QUERY SELECT 'applied'::text, p_token, p_token, p_seq, 'created'::text, NULL::bytea;
+            RETURN QUERY SELECT 'applied'::text, p_token, p_token, CASE WHEN p_shared THEN 0 ELSE p_seq END,
+                                'created'::text, NULL::bytea;
             RETURN;
         END IF;
         SELECT * INTO r FROM baton.resources AS x WHERE x.resource = p_resource FOR UPDATE;
@@ -62,6 +68,24 @@ BEGIN
     END IF;
     IF r.cancelled_at IS NOT NULL AND p_token <= r.cancelled_at THEN
         RETURN QUERY SELECT 'cancelled'::text, p_token, r.cancelled_at, r.seq, NULL::text, NULL::bytea;
+        RETURN;
+    END IF;
+    IF p_shared THEN
+        -- Stale only below the last exclusive write: other readers' tokens,
+        -- higher or lower, never refuse this one. The generation rises to
+        -- the reader's token, the exclusive floor stays.
+        v_floor := coalesce(r.exclusive_token, r.generation);
+        IF p_token < v_floor THEN
+            RETURN QUERY SELECT 'stale'::text, p_token, v_floor, r.seq, NULL::text, NULL::bytea;
+            RETURN;
+        END IF;
+        IF p_token > r.generation THEN
+            UPDATE baton.resources AS x SET generation = p_token, exclusive_token = v_floor
+            WHERE x.resource = p_resource;
+        END IF;
+        INSERT INTO baton.operations (resource, operation, token, fingerprint, result)
+        VALUES (p_resource, p_operation, p_token, p_fingerprint, p_result);
+        RETURN QUERY SELECT 'applied'::text, p_token, greatest(r.generation, p_token), r.seq, NULL::text, NULL::bytea;
         RETURN;
     END IF;
     IF p_token < r.generation THEN
