@@ -182,11 +182,14 @@ pub enum Command {
     #[command(after_help = RUN_EXIT_CODES)]
     Elect(ElectArgs),
     /// Follow an election: the leader now, then every change of leader
-    /// (one line each, JSON lines with --json), until SIGINT or the stream
-    /// ends.
+    /// (one line each, JSON lines with --json), until SIGINT; resumes by
+    /// itself like `watch`.
     Observe {
         /// The election's name.
         name: String,
+        /// Exit 1 when the stream ends instead of resuming.
+        #[arg(long)]
+        once: bool,
         #[command(flatten)]
         client: ClientOpts,
     },
@@ -260,11 +263,21 @@ pub enum Command {
     },
     /// Follow every change of holder under a prefix: the holders now (kind
     /// `held`), then each grant, hand-off, release, expiry and fence, one
-    /// line each (JSON lines with --json), until SIGINT or the stream ends.
+    /// line each (JSON lines with --json), until SIGINT. Resumes by itself
+    /// after a restart, a failover or a broken connection, from the last
+    /// number printed; when the server no longer keeps the changes since
+    /// then, prints a `resnapshot` line and the holders now.
     Watch {
         /// Names starting with this ("" for all).
         #[arg(default_value = "")]
         prefix: String,
+        /// Start after this change's number (from an earlier watch's
+        /// output) instead of from a snapshot.
+        #[arg(long, value_name = "SEQ")]
+        after_seq: Option<u64>,
+        /// Exit 1 when the stream ends instead of resuming.
+        #[arg(long)]
+        once: bool,
         #[command(flatten)]
         client: ClientOpts,
     },

@@ -234,7 +234,7 @@ impl Rendered for ObserveLine {
 fn change_line(name: &str, c: LeaderChange) -> ObserveLine {
     ObserveLine {
         seq: c.seq,
-        kind: c.kind.as_str(),
+        kind: c.kind.map_or("current", |k| k.as_str()),
         resource: name.to_string(),
         leader: c.leader.is_some(),
         token: c.leader.as_ref().map(|l| l.token.get()),
@@ -243,14 +243,18 @@ fn change_line(name: &str, c: LeaderChange) -> ObserveLine {
     }
 }
 
-/// `baton observe`: prints until SIGINT (exit 0) or the end of the stream
-/// (exit 1: observe again).
-pub async fn observe(opts: &ClientOpts, name: &str) -> Result<Exit, CliError> {
+/// `baton observe`: prints until SIGINT (exit 0), resuming across
+/// restarts and failovers; with `once`, until the end of the stream (exit
+/// 1: observe again).
+pub async fn observe(opts: &ClientOpts, name: &str, once: bool) -> Result<Exit, CliError> {
     let client = connect(opts).await?;
     let election = client
         .election(name)
         .map_err(|e| CliError::usage(e.to_string()))?;
     let mut observer = election.observe().await?;
+    if once {
+        observer = observer.once();
+    }
     // Before the first line: a script that reads it may interrupt at once.
     let mut stop = Stop::on_interrupt()?;
     let now = match observer.current() {
@@ -277,11 +281,14 @@ pub async fn observe(opts: &ClientOpts, name: &str) -> Result<Exit, CliError> {
     loop {
         tokio::select! {
             _ = stop.received() => return Ok(Exit::Ok),
-            next = observer.next() => match next? {
-                Some(change) => {
+            next = observer.next() => match next {
+                Ok(change) => {
                     emit(opts.json, &change_line(election.name(), change));
                 }
-                None => return Err(CliError::failure("the server ended the observation")),
+                Err(baton_client::ClientError::WatchEnded(why)) => {
+                    return Err(CliError::failure(format!("the server ended the observation: {why}")))
+                }
+                Err(e) => return Err(e.into()),
             },
         }
     }

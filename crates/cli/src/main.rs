@@ -154,7 +154,7 @@ async fn dispatch(command: Command) -> Result<ExitCode, CliError> {
     Ok(match command {
         Command::Run(args) => return Ok(ExitCode::from(run::run(&args).await?)),
         Command::Elect(args) => return Ok(ExitCode::from(elect::elect(&args).await?)),
-        Command::Observe { name, client } => elect::observe(&client, &name).await?,
+        Command::Observe { name, once, client } => elect::observe(&client, &name, once).await?,
         Command::ExecChild {
             parent,
             control_fd,
@@ -230,7 +230,12 @@ async fn dispatch(command: Command) -> Result<ExitCode, CliError> {
             client.json,
             &operator::set_permits(&client, &name, permits).await?,
         ),
-        Command::Watch { prefix, client } => watch::watch(&client, &prefix).await?,
+        Command::Watch {
+            prefix,
+            after_seq,
+            once,
+            client,
+        } => watch::watch(&client, &prefix, (after_seq, once)).await?,
         Command::Admin(Admin::Backup { out, client }) => {
             emit(client.json, &admin::backup(&client, &out).await?)
         }

@@ -64,6 +64,7 @@ pub fn config(args: ServeArgs) -> baton_server::ServerConfig {
             n_waiters_max: args.max_waiters,
             n_sessions_max: args.max_sessions,
         },
+        watch_history_len: args.watch_history as usize,
         default_ttl_ms: ms(args.default_ttl),
         connections_max: args.max_connections,
         handshake_timeout_ms: ms(args.handshake_timeout),

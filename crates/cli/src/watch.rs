@@ -1,6 +1,7 @@
-//! `baton watch PREFIX`: the holders now, then every change, one line each.
+//! `baton watch PREFIX`: the holders now, then every change, one line each,
+//! resumed across restarts and failovers.
 
-use baton_client::{WatchEvent, WatchHolder};
+use baton_client::{WatchEvent, WatchHolder, WatchUpdate};
 use serde::Serialize;
 
 use crate::args::ClientOpts;
@@ -57,11 +58,39 @@ fn changed(e: WatchEvent) -> WatchLine {
     }
 }
 
-/// Prints until SIGINT (exit 0) or the end of the stream (exit 1, saying
-/// why: watch again).
-pub async fn watch(opts: &ClientOpts, prefix: &str) -> Result<Exit, CliError> {
+/// The line before a new snapshot's holders: the watch resumed after the
+/// server had dropped the changes since its last line.
+#[derive(Serialize)]
+struct ResnapshotLine {
+    seq: u64,
+    kind: &'static str,
+    prefix: String,
+}
+
+impl Rendered for ResnapshotLine {
+    fn text(&self) -> String {
+        format!(
+            "{} resnapshot {:?}: away longer than the server keeps changes; the holders now follow (what changed in between is not known)",
+            self.seq, self.prefix
+        )
+    }
+}
+
+/// Prints until SIGINT (exit 0), resuming after the last number printed;
+/// with `once`, until the end of the stream (exit 1, saying why).
+pub async fn watch(
+    opts: &ClientOpts,
+    prefix: &str,
+    (after_seq, once): (Option<u64>, bool),
+) -> Result<Exit, CliError> {
     let client = connect(opts).await?;
-    let mut watch = client.watch(prefix).await?;
+    let mut watch = match after_seq {
+        Some(after) => client.watch_after(prefix, after).await?,
+        None => client.watch(prefix).await?,
+    };
+    if once {
+        watch = watch.once();
+    }
     // Before the first line: a script that reads it may interrupt at once.
     let mut stop = crate::signals::Stop::on_interrupt()?;
     for h in &watch.holders {
@@ -70,11 +99,22 @@ pub async fn watch(opts: &ClientOpts, prefix: &str) -> Result<Exit, CliError> {
     loop {
         tokio::select! {
             _ = stop.received() => return Ok(Exit::Ok),
-            next = watch.next() => match next? {
-                Some(event) => {
+            next = watch.next() => match next {
+                Ok(WatchUpdate::Changed(event)) => {
                     emit(opts.json, &changed(event));
                 }
-                None => return Err(CliError::failure("the server ended the watch")),
+                Ok(WatchUpdate::Resnapshot { seq, holders }) => {
+                    let line = ResnapshotLine { seq, kind: "resnapshot", prefix: prefix.to_string() };
+                    emit(opts.json, &line);
+                    for h in &holders {
+                        emit(opts.json, &held(seq, h));
+                    }
+                }
+                Ok(_) => {}
+                Err(baton_client::ClientError::WatchEnded(why)) => {
+                    return Err(CliError::failure(format!("the server ended the watch: {why}")))
+                }
+                Err(e) => return Err(e.into()),
             },
         }
     }

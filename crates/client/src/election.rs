@@ -127,17 +127,11 @@ impl Election {
     }
 
     /// Follows the leader: the current one, then every change, in order
-    /// and with no gap (a watch of the election's resource).
+    /// and with no gap (a watch of the election's resource, which resumes
+    /// by itself across restarts and failovers).
     pub async fn observe(&self) -> Result<Observer, ClientError> {
         let watch = self.client.watch(&self.name).await?;
-        let current = watch
-            .holders
-            .iter()
-            .find(|h| h.resource == self.name)
-            .map(|h| Leader {
-                token: h.token,
-                value: h.holder.clone(),
-            });
+        let current = leader_in(&self.name, &watch.holders);
         Ok(Observer {
             name: self.name.clone(),
             seq: watch.seq,
@@ -182,13 +176,23 @@ impl Leadership {
     }
 }
 
+/// The leader among a snapshot's holders.
+fn leader_in(name: &str, holders: &[crate::WatchHolder]) -> Option<Leader> {
+    holders.iter().find(|h| h.resource == name).map(|h| Leader {
+        token: h.token,
+        value: h.holder.clone(),
+    })
+}
+
 /// A change of leader.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LeaderChange {
     /// The watch's sequence number of the change.
     pub seq: u64,
-    /// What happened to the resource.
-    pub kind: WatchKind,
+    /// What happened to the resource; `None` for a leader read from a new
+    /// snapshot (the observer was away longer than the server keeps
+    /// changes: what happened in between is not known).
+    pub kind: Option<WatchKind>,
     /// The new leader (a grant or hand-off), or `None`: the leadership is
     /// vacant (released, expired, fenced) until the next grant.
     pub leader: Option<Leader>,
@@ -224,13 +228,34 @@ impl Observer {
         self.seq
     }
 
-    /// The next change of leader. `Ok(None)` if the server ended the
-    /// stream cleanly; a restart or failover ends it with
-    /// [`ClientError::WatchEnded`]: observe again.
-    pub async fn next(&mut self) -> Result<Option<LeaderChange>, ClientError> {
+    /// Never resume: the stream's end is an error (see [`Watch::once`]).
+    pub fn once(mut self) -> Self {
+        self.watch = self.watch.once();
+        self
+    }
+
+    /// The next change of leader. The observer resumes by itself across a
+    /// restart or a failover (see [`crate::Watch::next`]); after a new
+    /// snapshot it returns the leader found there (`kind` `None`), if that
+    /// is not the one it had.
+    pub async fn next(&mut self) -> Result<LeaderChange, ClientError> {
         loop {
-            let Some(event) = self.watch.next().await? else {
-                return Ok(None);
+            let event = match self.watch.next().await? {
+                crate::WatchUpdate::Changed(event) => event,
+                crate::WatchUpdate::Resnapshot { seq, holders } => {
+                    self.seq = seq;
+                    let leader = leader_in(&self.name, &holders);
+                    if leader == self.current {
+                        continue;
+                    }
+                    self.current = leader.clone();
+                    return Ok(LeaderChange {
+                        seq,
+                        kind: None,
+                        ended: None,
+                        leader,
+                    });
+                }
             };
             // The watch is of a prefix: names that only start with ours
             // are other resources.
@@ -240,7 +265,7 @@ impl Observer {
             let change = match event.kind {
                 WatchKind::Granted | WatchKind::HandedOff => LeaderChange {
                     seq: event.seq,
-                    kind: event.kind,
+                    kind: Some(event.kind),
                     leader: Some(Leader {
                         token: event.token,
                         value: event.holder,
@@ -249,19 +274,19 @@ impl Observer {
                 },
                 WatchKind::Released | WatchKind::Expired => LeaderChange {
                     seq: event.seq,
-                    kind: event.kind,
+                    kind: Some(event.kind),
                     leader: None,
                     ended: Some(event.token),
                 },
                 WatchKind::Fenced => LeaderChange {
                     seq: event.seq,
-                    kind: event.kind,
+                    kind: Some(event.kind),
                     leader: None,
                     ended: event.revoked,
                 },
             };
             self.current = change.leader.clone();
-            return Ok(Some(change));
+            return Ok(change);
         }
     }
 }

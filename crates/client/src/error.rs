@@ -50,6 +50,16 @@ pub enum ClientError {
     /// down): watch again, from a new snapshot.
     #[error("the watch ended: {0}")]
     WatchEnded(String),
+    /// A watch asked to resume after a number older than the changes the
+    /// server keeps: watch again from a new snapshot (a client's own watch
+    /// does so by itself). Nothing was streamed.
+    #[error("{message}")]
+    WatchTooOld {
+        /// The oldest number the server resumes a watch from.
+        oldest_seq: u64,
+        /// The server's words.
+        message: String,
+    },
 }
 
 impl ClientError {
@@ -112,6 +122,12 @@ pub(crate) fn from_status(status: tonic::Status) -> ClientError {
         }
         None => status.message().to_string(),
     };
+    if let Some(oldest_seq) = oldest_seq(&status) {
+        return ClientError::WatchTooOld {
+            oldest_seq,
+            message,
+        };
+    }
     match status.code() {
         Code::InvalidArgument | Code::OutOfRange => ClientError::Invalid(message),
         Code::ResourceExhausted => ClientError::Exhausted(message),
@@ -135,6 +151,20 @@ pub(crate) fn from_status(status: tonic::Status) -> ClientError {
         },
         _ => ClientError::Indeterminate(format!("{:?}: {message}", status.code())),
     }
+}
+
+/// The oldest number a watch resumes from, on a watch's OUT_OF_RANGE.
+fn oldest_seq(status: &tonic::Status) -> Option<u64> {
+    if status.code() != Code::OutOfRange {
+        return None;
+    }
+    status
+        .metadata()
+        .get("baton-oldest-seq")?
+        .to_str()
+        .ok()?
+        .parse()
+        .ok()
 }
 
 /// A call that failed at `url` after its request may have been sent, in

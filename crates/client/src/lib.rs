@@ -65,7 +65,7 @@ pub use error::ClientError;
 use error::{error_chain, from_status};
 pub use security::{ConnectOptions, DIAL_TIMEOUT_DEFAULT};
 pub use session::{Health, Session, SessionState};
-pub use watch::{Watch, WatchEvent, WatchHolder, WatchKind};
+pub use watch::{Watch, WatchEvent, WatchHolder, WatchKind, WatchUpdate, RESUME_FOR};
 
 /// The snapshot whose parts `parts` carries: the first part's header and
 /// every part's leases and sessions.

@@ -37,12 +37,13 @@ pub use ids::{
 pub use name::{NameError, ResourceName, RESOURCE_NAME_LEN_BYTES_MAX, SLOT_SEPARATOR};
 pub use table::recovery_delay_ms;
 pub use table::{
-    AcquireError, AcquireOutcome, AcquireRequest, Attempt, Blocker, ChangeOf, Claim, Effects,
-    Event, FenceOutcome, Grant, Held, HeldFor, HolderChange, KeptAlive, Kind, LeaseRecord,
-    LeaseStatus, LeaseTable, LeaseTerm, Limits, MonoMs, NotAcquired, QuotaUse, ReleaseOutcome,
-    RenewOutcome, Resumed, SessionCheck, SessionError, SessionRecord, SetPermitsError, Shape,
-    SlotStatus, WaitResult, Write, BLOCKING_HOLDERS_MAX, ENDS_PER_STEP, PERMITS_MAX,
-    RECOVERED_ENDS_PER_MS, REPEATS_REMEMBERED_MAX, REPEAT_MEMORY_MS, TTL_MS_MAX,
+    first_seq, AcquireError, AcquireOutcome, AcquireRequest, Attempt, Blocker, Change, ChangeOf,
+    Claim, Effects, Event, FenceOutcome, Grant, Held, HeldFor, HolderChange, KeptAlive, Kind,
+    LeaseRecord, LeaseStatus, LeaseTable, LeaseTerm, Limits, MonoMs, NotAcquired, NumberedChange,
+    QuotaUse, ReleaseOutcome, RenewOutcome, Resumed, SessionCheck, SessionError, SessionRecord,
+    SetPermitsError, Shape, SlotStatus, WaitResult, Write, BLOCKING_HOLDERS_MAX, ENDS_PER_STEP,
+    HISTORY_LEN_MAX, PERMITS_MAX, RECOVERED_ENDS_PER_MS, REPEATS_REMEMBERED_MAX, REPEAT_MEMORY_MS,
+    TTL_MS_MAX,
 };
 pub use token::{
     restore_epoch, Epoch, FencingToken, RestoreFloors, TokenError, COUNTER_BITS, COUNTER_MAX,

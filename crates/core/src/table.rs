@@ -35,7 +35,7 @@ pub use sessions::{Resumed, SessionCheck};
 pub use shape::{Claim, Kind, SetPermitsError, Shape, PERMITS_MAX};
 use state::{Draining, Lease, ResourceState, Session, Timer, Waiter};
 
-pub use change::{ChangeOf, HolderChange};
+pub use change::{first_seq, Change, ChangeOf, HolderChange, NumberedChange, HISTORY_LEN_MAX};
 pub use term::LeaseTerm;
 pub use types::{
     AcquireError, AcquireOutcome, AcquireRequest, Effects, Event, FenceOutcome, Grant, KeptAlive,

@@ -28,6 +28,9 @@ pub struct ServerConfig {
     pub log_len_bytes: u64,
     /// Bounds on names, TTLs, waits and waiters.
     pub limits: Limits,
+    /// Holder changes kept for watchers that resume (at most
+    /// `baton_core::HISTORY_LEN_MAX`).
+    pub watch_history_len: usize,
     /// The TTL of an acquire that names none.
     pub default_ttl_ms: u64,
     /// Open connections; a request on one beyond it is `RESOURCE_EXHAUSTED`.
@@ -65,6 +68,7 @@ impl Default for ServerConfig {
             data_dir: PathBuf::from("baton-data"),
             log_len_bytes: baton_store::LOG_LEN_BYTES_DEFAULT,
             limits: Limits::default(),
+            watch_history_len: crate::engine::watch::WATCH_HISTORY_LEN_DEFAULT,
             default_ttl_ms: 30_000,
             connections_max: 1_024,
             handshake_timeout_ms: HANDSHAKE_TIMEOUT_MS_DEFAULT,

@@ -1,6 +1,5 @@
-//! Holder changes: the one type the engine's watchers and the operator
-//! page's history carry ([`Change`]), and the history itself: recent
-//! changes per resource, for the operator page: kept in
+//! The operator page's history of holder changes ([`Change`], the type
+//! watchers get too): recent changes per resource, kept in
 //! memory only (a restart or a new leader starts with none, and the page
 //! says so), bounded per resource and in all, queued by the committer
 //! after each step's commit (so it never shows a grant that is not
@@ -13,44 +12,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Condvar, Mutex};
 use std::time::Instant;
 
-use baton_core::{Event, FencingToken, Holder, HolderChange};
-
-/// A holder change as the engine's watchers and this history carry it
-/// (before a watch numbers it).
-#[derive(Clone, Debug)]
-pub struct Change {
-    pub kind: HolderChange,
-    /// The resource's name (a shared holder's or a permit's too).
-    pub resource: String,
-    /// A shared holder's or a permit's slot.
-    pub slot: Option<u32>,
-    pub token: FencingToken,
-    pub revoked: Option<FencingToken>,
-    pub holder: Option<Holder>,
-}
-
-/// The holder changes among a step's events, in order.
-pub fn holder_changes(events: &[Event]) -> Vec<Change> {
-    events
-        .iter()
-        .filter_map(HolderChange::of)
-        .map(|c| {
-            let (resource, slot) = match c.resource.split_slot() {
-                Some((resource, slot)) => (resource.to_owned(), Some(slot)),
-                None => (c.resource.to_string(), None),
-            };
-            (c, resource, slot)
-        })
-        .map(|(c, resource, slot)| Change {
-            kind: c.kind,
-            resource,
-            slot,
-            token: c.token,
-            revoked: c.revoked,
-            holder: c.holder.cloned(),
-        })
-        .collect()
-}
+pub use baton_core::Change;
 
 /// Changes kept per resource: the oldest goes first.
 pub const HISTORY_PER_RESOURCE_MAX: usize = 32;

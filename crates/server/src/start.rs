@@ -120,7 +120,11 @@ pub async fn start_with_store(
         guards,
         seat,
         move |config, (metrics, observed, quotas), seat| {
-            let bounds = (config.limits.clone(), quotas.clone());
+            let bounds = engine::Bounds {
+                limits: config.limits.clone(),
+                quotas: quotas.clone(),
+                watch_history_len: config.watch_history_len,
+            };
             let (engine, thread) =
                 engine::Engine::start(store, bounds, metrics.clone(), observed.clone())?;
             seat.lead(engine.clone(), 0, u64::MAX);
@@ -163,7 +167,11 @@ pub async fn start_cluster(
         let election = cluster::Election::new(
             seat.clone(),
             (metrics.clone(), observed.clone()),
-            (config.limits.clone(), quotas.clone()),
+            engine::Bounds {
+                limits: config.limits.clone(),
+                quotas: quotas.clone(),
+                watch_history_len: config.watch_history_len,
+            },
             pg,
             cluster,
             unprepared.is_none(),

@@ -49,7 +49,9 @@ impl Engine {
     pub fn new(table: LeaseTable, now: MonoMs) -> Self {
         Self {
             table,
-            pipeline: Pipeline::new(now),
+            // No watcher is simulated: change numbers start again with
+            // each engine (the server's come from its store).
+            pipeline: Pipeline::new(now, 0),
             queued: Vec::new(),
             in_flight: None,
             next_seq: 0,

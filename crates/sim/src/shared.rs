@@ -51,6 +51,7 @@ impl std::hash::Hash for WriteKey {
             Write::PutSession { record } => (3u8, record.ttl_ms).hash(h),
             Write::DeleteSession { .. } => 4u8.hash(h),
             Write::LeaseEnded { .. } => 5u8.hash(h),
+            Write::Changed(c) => (6u8, c.seq).hash(h),
         }
     }
 }

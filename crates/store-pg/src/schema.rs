@@ -5,15 +5,16 @@ use tokio_postgres::Client;
 use crate::PgError;
 
 /// The schema version this build writes and reads.
-pub const SCHEMA_VERSION: i32 = 5;
+pub const SCHEMA_VERSION: i32 = 6;
 
 /// Migrations in order; file `N` brings the schema to version `N`.
-pub const MIGRATIONS: [&str; 5] = [
+pub const MIGRATIONS: [&str; 6] = [
     include_str!("../sql/001_cluster.sql"),
     include_str!("../sql/002_sessions.sql"),
     include_str!("../sql/003_holders.sql"),
     include_str!("../sql/004_ended.sql"),
     include_str!("../sql/005_shapes.sql"),
+    include_str!("../sql/006_changes.sql"),
 ];
 
 /// The definition in force of every `baton_server` function, one file per
@@ -261,6 +262,13 @@ pub async fn restore(
     let dropped = txn.execute("DELETE FROM baton_server.leases", &[]).await?;
     if version >= 2 {
         txn.execute("DELETE FROM baton_server.sessions", &[])
+            .await?;
+    }
+    if version >= 6 {
+        // The new epoch numbers its changes above every earlier one
+        // (`baton_core::first_seq`): the history before it is not this
+        // state's.
+        txn.batch_execute("DELETE FROM baton_server.changes; UPDATE baton_server.meta SET seq = 0")
             .await?;
     }
     let store_id = crate::random_id();

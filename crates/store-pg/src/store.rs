@@ -7,7 +7,7 @@ use baton_core::{
     AcquisitionDigest, Epoch, FencingToken, Holder, LeaseRecord, ResourceName, SessionDigest,
     SessionRecord, Shape, Write,
 };
-use baton_store::{LeaseStore, StoreError, Stored};
+use baton_store::{History, LeaseStore, StoreError, Stored};
 use tokio::runtime::Handle;
 use tokio_postgres::{Client, Statement};
 
@@ -41,7 +41,7 @@ impl PgLeaseStore {
     ) -> Result<Self, PgError> {
         let client = crate::connect(config).await?;
         let commit = client
-            .prepare("SELECT baton_server.commit_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)")
+            .prepare("SELECT baton_server.commit_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)")
             .await?;
         Ok(Self {
             client,
@@ -132,11 +132,38 @@ impl PgLeaseStore {
             .collect()
     }
 
+    /// The kept changes and the last number (`sql/006_changes.sql`).
+    async fn history_async(&self) -> Result<History, StoreError> {
+        let storage = |e: tokio_postgres::Error| StoreError::Storage(db_message(&e));
+        let seq: i64 = self
+            .client
+            .query_one("SELECT seq FROM baton_server.meta WHERE id = 1", &[])
+            .await
+            .map_err(storage)?
+            .get(0);
+        let rows = self
+            .client
+            .query("SELECT body FROM baton_server.changes ORDER BY seq", &[])
+            .await
+            .map_err(storage)?;
+        let mut changes = Vec::with_capacity(rows.len());
+        for r in rows {
+            let body: &[u8] = r.get(0);
+            let decoded = baton_store::image::decode_changes(body)
+                .map_err(|e| StoreError::Corrupt(format!("a kept change: {e}")))?;
+            changes.extend(decoded);
+        }
+        Ok(History {
+            seq: u64::try_from(seq).unwrap_or(0),
+            changes,
+        })
+    }
+
     async fn commit_async(&self, writes: &[Write]) -> Result<(), StoreError> {
         let b = Batch::of(writes);
         let term = self.term as i64;
         let (epoch, counter) = (b.position.map(|p| p.0), b.position.map(|p| p.1));
-        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 16] = [
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 18] = [
             &term,
             &epoch,
             &counter,
@@ -153,6 +180,8 @@ impl PgLeaseStore {
             &b.session_openers,
             &b.session_deletes,
             &b.ended,
+            &b.change_seqs,
+            &b.changes,
         ];
         let call = self.client.execute(&self.commit, &params);
         match tokio::time::timeout(self.commit_timeout, call).await {
@@ -238,6 +267,9 @@ struct Batch<'a> {
     session_openers: Vec<Option<&'a str>>,
     session_deletes: Vec<&'a [u8]>,
     ended: Vec<&'a [u8]>,
+    /// In number order (as the pipeline numbered them).
+    change_seqs: Vec<i64>,
+    changes: Vec<Vec<u8>>,
 }
 
 impl<'a> Batch<'a> {
@@ -263,6 +295,10 @@ impl<'a> Batch<'a> {
                     b.position = Some((i64::from(epoch.get()), *counter as i64));
                 }
                 Write::LeaseEnded { digest } => b.ended.push(&digest.as_bytes()[..]),
+                Write::Changed(change) => {
+                    b.change_seqs.push(change.seq as i64);
+                    b.changes.push(baton_store::image::encode_change(change));
+                }
             }
         }
         for (resource, record) in last {
@@ -304,6 +340,10 @@ impl LeaseStore for PgLeaseStore {
 
     fn ended(&self) -> Result<Vec<AcquisitionDigest>, StoreError> {
         self.runtime.block_on(self.ended_async())
+    }
+
+    fn history(&self) -> Result<History, StoreError> {
+        self.runtime.block_on(self.history_async())
     }
 
     fn commit(&mut self, writes: &[Write]) -> Result<(), StoreError> {

@@ -25,6 +25,19 @@ pub mod image {
     pub fn encode(writes: &[baton_core::Write]) -> Vec<u8> {
         crate::wal::encode(writes)
     }
+
+    /// One numbered change as the log encodes it (the cluster's store
+    /// keeps its changes so too).
+    pub fn encode_change(change: &baton_core::NumberedChange) -> Vec<u8> {
+        let mut out = Vec::with_capacity(64);
+        crate::wal::encode_change(&mut out, change);
+        out
+    }
+
+    /// Changes encoded by [`encode_change`], end to end.
+    pub fn decode_changes(bytes: &[u8]) -> Result<Vec<baton_core::NumberedChange>, Undecodable> {
+        crate::wal::decode_changes(bytes)
+    }
 }
 pub use redb_store::RedbStore;
 /// The size of each of the embedded store's two logs, unless set.
@@ -90,12 +103,30 @@ pub trait LeaseStore: Send {
     fn ended(&self) -> Result<Vec<AcquisitionDigest>, StoreError> {
         Ok(Vec::new())
     }
+    /// The latest holder changes ([`Write::Changed`]), at least the last
+    /// [`baton_core::HISTORY_LEN_MAX`] committed (fewer only if fewer were),
+    /// in number order, and the last change's number, read once at start
+    /// with the state. The default: none kept (a watcher then resumes only
+    /// from the last change on).
+    fn history(&self) -> Result<History, StoreError> {
+        Ok(History::default())
+    }
     /// Keys committed to the store's log but not yet folded into its main
     /// file, for a gauge read after every commit: it must not wait for
     /// the fold. `None`, the default: the store folds nothing behind.
     fn fold_backlog(&self) -> Option<usize> {
         None
     }
+}
+
+/// The holder changes a store kept ([`LeaseStore::history`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct History {
+    /// The last change's number (0: none was ever numbered here).
+    pub seq: u64,
+    /// The latest changes, in number order, the last one's number at most
+    /// `seq`.
+    pub changes: Vec<baton_core::NumberedChange>,
 }
 
 /// The durable state as [`LeaseStore::load_with`] hands it over, its

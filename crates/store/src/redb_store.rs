@@ -28,8 +28,8 @@ const SESSION_OPENERS: TableDefinition<&[u8], &str> = TableDefinition::new("sess
 /// `record`) and session openers; format 4 has two logs (a build that
 /// knows one would not replay the second); format 5 keeps ended leases
 /// (`ended.rs`; a build without them would take their log records for
-/// corruption).
-const FORMAT: u64 = 5;
+/// corruption); format 6 keeps the latest holder changes (`history.rs`).
+const FORMAT: u64 = 6;
 const FORMAT_DIGESTS: u64 = 2;
 const FORMAT_WITH_IDS: u64 = 1;
 const FILE_NAME: &str = "baton.redb";
@@ -393,6 +393,10 @@ impl LeaseStore for RedbStore {
         contain_panics(&Self::path_in(&self.data_dir), || self.ended_inner())
     }
 
+    fn history(&self) -> Result<crate::History, StoreError> {
+        contain_panics(&Self::path_in(&self.data_dir), || self.history_inner())
+    }
+
     /// Keys of the frozen log not yet folded into redb: zero unless a
     /// background fold is under way. Read without the fold's lock.
     fn fold_backlog(&self) -> Option<usize> {
@@ -433,6 +437,7 @@ impl LeaseStore for RedbStore {
 mod ended;
 mod fold;
 mod format;
+mod history;
 mod load;
 pub use load::apply;
 mod logs;

@@ -32,7 +32,8 @@ use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use baton_core::{
-    AcquisitionDigest, Epoch, FencingToken, LeaseRecord, ResourceName, SessionRecord, Write,
+    AcquisitionDigest, Change, Epoch, FencingToken, Holder, HolderChange, LeaseRecord,
+    NumberedChange, ResourceName, SessionRecord, Write,
 };
 use sha2::{Digest, Sha256};
 
@@ -363,8 +364,8 @@ mod codec;
 mod pending;
 
 use codec::decode;
-pub(crate) use codec::encode;
 pub use codec::Undecodable;
+pub(crate) use codec::{decode_changes, encode, encode_change};
 pub(crate) use pending::Pending;
 
 #[cfg(test)]

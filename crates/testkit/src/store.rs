@@ -9,13 +9,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use baton_core::{AcquisitionDigest, Epoch, Write};
-use baton_store::{LeaseStore, StoreError, Stored};
+use baton_store::{History, LeaseStore, StoreError, Stored};
 
 /// An in-memory store: what it holds is what a crash would leave.
 #[derive(Clone)]
 pub struct MemStore {
     durable: Arc<Mutex<Stored>>,
     ended: Arc<Mutex<Vec<AcquisitionDigest>>>,
+    history: Arc<Mutex<History>>,
 }
 
 impl Default for MemStore {
@@ -28,6 +29,7 @@ impl Default for MemStore {
                 sessions: Vec::new(),
             })),
             ended: Arc::default(),
+            history: Arc::default(),
         }
     }
 }
@@ -46,6 +48,10 @@ impl LeaseStore for MemStore {
 
     fn ended(&self) -> Result<Vec<AcquisitionDigest>, StoreError> {
         Ok(self.ended.lock().expect("mem store lock").clone())
+    }
+
+    fn history(&self) -> Result<History, StoreError> {
+        Ok(self.history.lock().expect("mem store lock").clone())
     }
 
     fn commit(&mut self, writes: &[Write]) -> Result<(), StoreError> {
@@ -69,6 +75,12 @@ impl LeaseStore for MemStore {
                 // Kept for ever: no test lives as long as the memory.
                 Write::LeaseEnded { digest } => {
                     self.ended.lock().expect("mem store lock").push(*digest);
+                }
+                // Kept for ever too.
+                Write::Changed(change) => {
+                    let mut history = self.history.lock().expect("mem store lock");
+                    history.seq = history.seq.max(change.seq);
+                    history.changes.push(change.clone());
                 }
             }
         }
@@ -126,6 +138,10 @@ impl<S: LeaseStore> LeaseStore for FailingStore<S> {
 
     fn ended(&self) -> Result<Vec<AcquisitionDigest>, StoreError> {
         self.inner.ended()
+    }
+
+    fn history(&self) -> Result<History, StoreError> {
+        self.inner.history()
     }
 
     fn commit(&mut self, writes: &[Write]) -> Result<(), StoreError> {

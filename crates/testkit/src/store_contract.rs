@@ -43,6 +43,7 @@ pub fn check<S: LeaseStore>(mut open: impl FnMut() -> S) {
     drop(store);
     let mut store = open();
     after_the_delete(&store.load().expect("load"));
+    changes_come_back_in_number_order(&store);
     assert!(
         store.ended().expect("ended").contains(&ended_digest()),
         "an ended lease is kept across a reopen"
@@ -247,9 +248,40 @@ fn a_later_delete_survives_a_reopen(store: &mut impl LeaseStore) {
             Write::LeaseEnded {
                 digest: ended_digest(),
             },
+            Write::Changed(changes()[0].clone()),
             Write::DeleteSession { digest: digest(9) },
+            Write::Changed(changes()[1].clone()),
         ])
         .expect("commit");
+}
+
+/// The holder change the later delete records, and a granted one with a
+/// slot and a holder.
+fn changes() -> [baton_core::NumberedChange; 2] {
+    let token = FencingToken::of(7).expect("token");
+    let change = |seq, kind, slot, holder: Option<&str>| baton_core::NumberedChange {
+        seq,
+        change: baton_core::Change {
+            kind,
+            resource: "a".into(),
+            slot,
+            token,
+            revoked: None,
+            holder: holder.map(|h| Holder::parse(h).expect("holder")),
+        },
+    };
+    [
+        change(41, baton_core::HolderChange::Granted, Some(2), Some("w-1")),
+        change(42, baton_core::HolderChange::Released, None, None),
+    ]
+}
+
+/// The changes committed come back after a reopen, in number order, with
+/// the last number.
+fn changes_come_back_in_number_order(store: &impl LeaseStore) {
+    let history = store.history().expect("history");
+    assert_eq!(history.seq, 42, "the last change's number");
+    assert_eq!(history.changes, changes().to_vec());
 }
 
 /// The acquisition digest of the lease on "a" that the later delete ends.

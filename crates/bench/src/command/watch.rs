@@ -64,7 +64,7 @@ async fn start(
         let mut watch = c.watch(busy_prefix).await?;
         let events = events.clone();
         tasks.push(tokio::spawn(async move {
-            while let Ok(Some(_)) = watch.next().await {
+            while watch.next().await.is_ok() {
                 events.fetch_add(1, Ordering::Relaxed);
             }
         }));

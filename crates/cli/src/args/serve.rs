@@ -36,6 +36,7 @@ pub fn command() -> clap::Command {
         ),
         ("max_waiters", l.n_waiters_max.to_string()),
         ("max_sessions", l.n_sessions_max.to_string()),
+        ("watch_history", d.watch_history_len.to_string()),
         ("max_connections", d.connections_max.to_string()),
         ("handshake_timeout", ms(d.handshake_timeout_ms)),
         ("idle_timeout", ms(d.idle_timeout_ms)),
@@ -111,6 +112,12 @@ pub struct ServeArgs {
     /// Most open sessions; beyond, opening one gets RESOURCE_EXHAUSTED.
     #[arg(long, env = "BATON_MAX_SESSIONS")]
     pub max_sessions: usize,
+    /// Holder changes kept for watchers that resume (`after_seq`), at most
+    /// 1000000; a restart and a new leader keep them too. A watch resuming
+    /// from an older number is told to take a new snapshot.
+    #[arg(long, env = "BATON_WATCH_HISTORY", value_name = "CHANGES",
+          value_parser = clap::value_parser!(u32).range(0..=baton_core::HISTORY_LEN_MAX as i64))]
+    pub watch_history: u32,
     /// Most open client connections (a newcomer first evicts one that sent nothing).
     #[arg(long, env = "BATON_MAX_CONNECTIONS")]
     pub max_connections: usize,

@@ -126,6 +126,7 @@ async fn a_holder_is_shown_by_status_list_and_watch_and_survives_a_restart() {
             .await
             .expect("an event within 10 s")
             .unwrap()
+            .changed()
             .expect("the watch goes on");
         seen.push((e.kind, e.resource, e.holder));
     }

@@ -909,7 +909,7 @@ impl Harness {
                         self.disk_sessions.remove(&digest);
                     }
                     // This model sends no request ids.
-                    Write::LeaseEnded { .. } => {}
+                    Write::LeaseEnded { .. } | Write::Changed(_) => {}
                 }
             }
         }

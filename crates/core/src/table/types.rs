@@ -359,6 +359,12 @@ pub enum Write {
     LeaseEnded {
         digest: AcquisitionDigest,
     },
+    /// A holder change, numbered in commit order (beside the writes that
+    /// made it, in the same commit): a store keeps the latest of them (at
+    /// least as many as it was told to keep) and gives them back at load,
+    /// so that a watcher resumes across a restart or a takeover. Written by
+    /// the pipeline, not the table.
+    Changed(super::NumberedChange),
 }
 
 /// What happened, for metrics and logs.

@@ -15,9 +15,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use baton_core::Limits;
-
-use crate::quota::Quotas;
+use crate::engine::Bounds;
 use baton_store::StoreError;
 use baton_store_pg::election::{Timing, Verdict, Watch};
 use baton_store_pg::{leader, PgError, PgLeaseStore};
@@ -104,9 +102,8 @@ pub(crate) struct Election {
     pub metrics: Arc<Metrics>,
     /// The page's history (its engines record there) and readiness.
     pub observed: Arc<Observed>,
-    pub limits: Limits,
-    /// The quotas every engine of this server applies.
-    pub quotas: Arc<Quotas>,
+    /// The limits, quotas and history every engine of this server has.
+    pub bounds: Bounds,
     pub pg: baton_store_pg::PgTarget,
     pub config: ClusterConfig,
     client: Option<tokio_postgres::Client>,
@@ -131,7 +128,7 @@ impl Election {
     pub fn new(
         seat: Arc<Seat>,
         (metrics, observed): (Arc<Metrics>, Arc<Observed>),
-        (limits, quotas): (Limits, Arc<Quotas>),
+        bounds: Bounds,
         pg: baton_store_pg::PgTarget,
         config: ClusterConfig,
         prepared: bool,
@@ -144,8 +141,7 @@ impl Election {
             seat,
             metrics,
             observed,
-            limits,
-            quotas,
+            bounds,
             pg,
             config,
             client: None,
@@ -329,10 +325,10 @@ impl Election {
     async fn load(&self, term: u64) -> Result<(EngineHandle, EngineThread), LoadError> {
         let commit_timeout = Duration::from_millis(self.timing.ttl_ms);
         let store = PgLeaseStore::open(&self.pg, term, commit_timeout).await?;
-        let (limits, quotas) = (self.limits.clone(), self.quotas.clone());
+        let bounds = self.bounds.clone();
         let (metrics, observed) = (self.metrics.clone(), self.observed.clone());
         let started = tokio::task::spawn_blocking(move || {
-            Engine::start(Box::new(store), (limits, quotas), metrics, observed)
+            Engine::start(Box::new(store), bounds, metrics, observed)
         })
         .await
         .map_err(|_| LoadError::Panicked)?;

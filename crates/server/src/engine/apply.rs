@@ -57,7 +57,11 @@ impl Engine {
                 let out = self.table.set_permits(now, &resource, n_permits);
                 defer(replies, reply, out);
             }
-            Command::Watch { prefix, reply } => self.watch(now, prefix, reply, replies),
+            Command::Watch {
+                prefix,
+                after,
+                reply,
+            } => self.watch(now, (prefix, after), reply, replies),
             Command::Snapshot { reply } => {
                 // Flush the lazy writes in this step: the view then holds
                 // every change so far.

@@ -87,9 +87,11 @@ pub enum Command {
     },
     /// A watcher of `prefix`: the holders now, then every later change
     /// (see `watch.rs`).
+    /// Resuming after a change's number when `after` is set.
     Watch {
         prefix: String,
-        reply: Reply<WatchStart>,
+        after: Option<u64>,
+        reply: Reply<Result<WatchStart, super::watch::Refused>>,
     },
     CancelWait {
         waiter: WaiterId,

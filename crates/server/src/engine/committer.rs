@@ -201,7 +201,7 @@ mod tests {
         let metrics = Arc::new(Metrics::default());
         let (handle, thread) = Engine::start(
             Box::new(MemStore::default()),
-            (baton_core::Limits::default(), Arc::default()),
+            crate::engine::Bounds::with_quotas(Arc::default()),
             metrics.clone(),
             Arc::default(),
         )

@@ -41,9 +41,31 @@ use crate::observed::Observed;
 use crate::quota::Quotas;
 use committer::{Committer, Replies, ToCommitter};
 use timer::run_timer;
-use watch::{holder_changes, Hub, WatchStart};
+use watch::{Hub, WatchStart};
 
 pub use command::{AcquireAnswer, AcquireReply, Command, Reply, SessionCheck, SnapshotReply};
+
+/// What bounds an engine: its table's limits, the quotas in force, and how
+/// many holder changes it keeps for watchers that resume.
+#[derive(Clone)]
+pub struct Bounds {
+    pub limits: baton_core::Limits,
+    pub quotas: Arc<Quotas>,
+    /// `baton serve --watch-history`.
+    pub watch_history_len: usize,
+}
+
+#[cfg(test)]
+impl Bounds {
+    /// The defaults, with `quotas`.
+    pub fn with_quotas(quotas: Arc<Quotas>) -> Self {
+        Self {
+            limits: baton_core::Limits::default(),
+            quotas,
+            watch_history_len: watch::WATCH_HISTORY_LEN_DEFAULT,
+        }
+    }
+}
 
 /// A cheap handle for giving commands to the engine. When the last one is
 /// dropped the engine flushes and stops (the committer's own reference
@@ -177,7 +199,7 @@ impl Engine {
     /// committer's outcome.
     pub fn start(
         store: Box<dyn LeaseStore>,
-        (limits, quotas): (baton_core::Limits, Arc<Quotas>),
+        bounds: Bounds,
         metrics: Arc<Metrics>,
         observed: Arc<Observed>,
     ) -> Result<
@@ -192,15 +214,20 @@ impl Engine {
         // session heartbeat sent) before the crash that this start follows,
         // so a TTL counted from any moment after the crash is a full one.
         let origin = Instant::now();
-        let mut table = committer::recover(&*store, limits)?;
-        let quotas = quotas::Followed::start(quotas, &mut table);
+        let mut table = committer::recover(&*store, bounds.limits)?;
+        let quotas = quotas::Followed::start(bounds.quotas, &mut table);
         let (epoch, counter) = table.last_token();
+        let history = store.history()?;
+        // A restore's new epoch numbers its changes above every earlier one.
+        let seq = history.seq.max(baton_core::first_seq(epoch));
+        let hub = Hub::new(seq, history.changes, bounds.watch_history_len);
         let n_leases = table.n_leases();
         info!(
             epoch = epoch.get(),
             counter,
             n_leases,
             n_sessions = table.n_sessions(),
+            seq,
             "recovered lease state; stored leases and sessions are held for a full TTL from now"
         );
         metrics.leases.set(n_leases as i64);
@@ -210,13 +237,13 @@ impl Engine {
             engine: Mutex::new(Engine {
                 table,
                 origin,
-                pipeline: Pipeline::new(MonoMs(0)),
+                pipeline: Pipeline::new(MonoMs(0), seq),
                 metrics: metrics.clone(),
                 observed: observed.clone(),
                 committer: to_committer,
                 armed: MonoMs(u64::MAX),
                 stopped: false,
-                hub: Arc::default(),
+                hub: Arc::new(hub),
                 snapshots: Vec::new(),
                 recorder: observed.history.new_recorder(),
                 quotas,
@@ -248,20 +275,20 @@ impl Engine {
     /// Ticks the table to `now` and hands the step's writes and replies to
     /// the committer. `false` if the committer has stopped (a commit failed).
     fn step(&mut self, now: MonoMs, mut replies: Vec<Deferred>) -> bool {
+        self.pipeline.set_watched(self.hub.is_watched());
         let step = self.pipeline.step(&mut self.table, now);
         let pace = committer::expiry_drops_per_ms(&self.metrics);
         self.table.set_expiry_drops_per_ms(pace);
-        let changes = holder_changes(&step.events);
-        if !changes.is_empty() {
-            // Recorded and published by the committer after this step's
-            // commit: neither the page nor a watcher sees a grant that is
-            // not durable.
+        if !step.changes.is_empty() {
+            // Kept, published and recorded by the committer once the
+            // writes they came with are durable: neither the page nor a
+            // watcher sees a change that a crash could take back.
             let hub = self.hub.clone();
             let observed = self.observed.clone();
+            let changes = step.changes;
             replies.push(Box::new(move || {
-                if hub.is_watched() {
-                    hub.publish(changes.clone());
-                }
+                hub.publish(&changes);
+                let changes = changes.into_iter().map(|c| c.change).collect();
                 observed.history.queue(changes, Instant::now());
             }));
         }
@@ -308,28 +335,36 @@ impl Engine {
         self.committer.send(ToCommitter::Job(job)).is_ok()
     }
 
-    /// A watcher's snapshot now, and its registration in step order.
+    /// A watcher's snapshot now (or, resuming after `after`, the kept
+    /// changes after it), and its registration in step order.
     fn watch(
         &mut self,
         now: MonoMs,
-        prefix: String,
-        reply: Reply<WatchStart>,
+        (prefix, after): (String, Option<u64>),
+        reply: Reply<Result<WatchStart, watch::Refused>>,
         replies: &mut Vec<Deferred>,
     ) {
-        // Earlier events go to earlier watchers in a step of their own, so
-        // that this snapshot and the events registered after it neither
-        // overlap nor leave a gap.
+        // Every change so far is handed over, and goes to earlier watchers
+        // in a step of its own, so that this snapshot and the events
+        // registered after it neither overlap nor leave a gap.
+        self.pipeline.flush_next_step(now);
         self.step(now, std::mem::take(replies));
+        self.hub.expect();
+        let hub = self.hub.clone();
+        if let Some(after) = after {
+            replies.push(Box::new(move || {
+                let _ = reply.send(hub.resume(prefix, after));
+            }));
+            return;
+        }
         let holders: Vec<LeaseStatus> = self
             .table
             .list(now, &prefix, None, usize::MAX)
             .into_iter()
             .filter(|s| s.holder_token.is_some())
             .collect();
-        self.hub.expect();
-        let hub = self.hub.clone();
         replies.push(Box::new(move || {
-            let _ = reply.send(hub.register(prefix, holders));
+            let _ = reply.send(Ok(hub.register(prefix, holders)));
         }));
     }
 }
@@ -391,7 +426,7 @@ mod tests {
         let metrics = Arc::new(Metrics::default());
         let (handle, thread) = Engine::start(
             Box::new(MemStore::default()),
-            (baton_core::Limits::default(), Arc::default()),
+            Bounds::with_quotas(Arc::default()),
             metrics,
             Arc::default(),
         )

@@ -1,13 +1,22 @@
-//! Watchers of holder changes under a prefix.
+//! Watchers of holder changes under a prefix, and the latest changes for
+//! a watcher that resumes.
 //!
-//! The engine takes a watcher's snapshot inside a step and registers the
-//! watcher through the committer, in step order: registration runs after
-//! every earlier step's commit and before any later step's events, so the
-//! snapshot and the events that follow it have no gap and no overlap.
-//! Events are published by the committer after their step's commit, so a
-//! watcher never sees a grant that is not durable (a release or an expiry
-//! is written lazily, as for every client: a crash can undo it, and the
-//! watch then ends with the restart).
+//! Every change is numbered by the pipeline when its writes are handed to
+//! the committer and published here by the committer once they are
+//! durable (`baton_core::pipeline`), so a watcher never sees a change a
+//! crash could take back, and the numbers are the store's commit order:
+//! they keep rising across restarts and leaders (the store keeps the last
+//! one and the latest changes, `LeaseStore::history`).
+//!
+//! The engine takes a new watcher's snapshot inside a step (after handing
+//! every pending write over) and registers the watcher through the
+//! committer, in step order: registration runs after every earlier step's
+//! commit and before any later step's events, so the snapshot and the
+//! events that follow it have no gap and no overlap. A watcher that
+//! resumes after a number gets, instead of a snapshot, the kept changes
+//! after it, then the live ones, the same way. The server keeps the last
+//! `--watch-history` changes ([`History`]); a number older than those, or
+//! one above the last change, is refused ([`Refused`]).
 //!
 //! Each watcher has a bounded queue; one that falls behind by more than
 //! [`WATCH_QUEUE_LEN`] events is cut off (its stream ends with
@@ -15,43 +24,58 @@
 //! stops (a restart, the end of a leader's term) every watcher's queue
 //! closes and its stream ends with `UNAVAILABLE`.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use baton_core::{FencingToken, Holder, HolderChange, LeaseStatus};
+use baton_core::{LeaseStatus, NumberedChange};
 
-pub use crate::history::{holder_changes, Change};
 use tokio::sync::mpsc;
 
 /// Events a watcher may fall behind by before it is cut off.
 pub const WATCH_QUEUE_LEN: usize = 4_096;
 
-/// A change of holder, numbered in the order the engine committed it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct WatchEvent {
-    /// Increases by one per event of any prefix: events of other prefixes
-    /// take the numbers in between.
-    pub seq: u64,
-    pub kind: HolderChange,
-    pub resource: String,
-    /// A shared holder's or a permit's slot.
-    pub slot: Option<u32>,
-    /// The lease's token; for a fence, the fence's.
-    pub token: FencingToken,
-    /// For a fence: the token of the lease it revoked, if any.
-    pub revoked: Option<FencingToken>,
-    /// The description of the holder the change concerns (the new holder
-    /// of a grant, the one that lost the lease otherwise).
-    pub holder: Option<Holder>,
-}
+/// The changes a server keeps for resuming watchers, unless set
+/// (`baton serve --watch-history`).
+pub const WATCH_HISTORY_LEN_DEFAULT: usize = 100_000;
 
-/// What a new watcher gets: the holders at `seq`, then every later event.
+/// A change of holder, numbered in the order the store committed it.
+pub type WatchEvent = NumberedChange;
+
+/// What a new watcher gets: the holders at `seq` (or, resuming, the kept
+/// changes after `seq`), then every later event.
 pub struct WatchStart {
     pub seq: u64,
-    pub holders: Vec<LeaseStatus>,
+    pub begin: Begin,
     pub events: mpsc::Receiver<WatchEvent>,
     /// Set when the watcher was cut off for falling behind.
     pub cut_off: Arc<AtomicBool>,
+}
+
+/// How a watch begins.
+pub enum Begin {
+    /// A new watch: the holders now.
+    Snapshot(Vec<LeaseStatus>),
+    /// A resumed one: the kept changes of its prefix after its number.
+    Replay(Vec<WatchEvent>),
+}
+
+/// Why a watch could not resume from a number.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refused {
+    /// Older than the kept changes: `oldest` is the oldest number a watch
+    /// may resume from.
+    TooOld { after: u64, oldest: u64 },
+    /// Above the last change: not a number of this cluster's.
+    Future { after: u64, last: u64 },
+}
+
+/// The latest changes, for resuming watchers: contiguous, ending at the
+/// last change.
+struct History {
+    /// At most this many are kept.
+    len_max: usize,
+    changes: VecDeque<WatchEvent>,
 }
 
 struct Watcher {
@@ -76,10 +100,10 @@ impl Watcher {
 /// The watchers, grouped by prefix: an event is matched once per distinct
 /// prefix, not once per watcher (a thousand watchers of one prefix cost
 /// one comparison).
-#[derive(Default)]
 struct Watchers {
     /// The last sequence number published.
     seq: u64,
+    history: History,
     groups: Vec<(String, Vec<Watcher>)>,
 }
 
@@ -98,7 +122,6 @@ impl Watchers {
 }
 
 /// Every watcher of one engine. Published to by the committer only.
-#[derive(Default)]
 pub struct Hub {
     watchers: Mutex<Watchers>,
     /// Watchers registered plus those whose registration is queued: steps
@@ -107,6 +130,29 @@ pub struct Hub {
 }
 
 impl Hub {
+    /// A hub whose last change was `seq`, keeping at most `len_max`
+    /// changes for resuming watchers, the latest of `kept` among them
+    /// (those that end at `seq`: a store's history with a hole at its end
+    /// is not kept).
+    pub fn new(seq: u64, kept: Vec<WatchEvent>, len_max: usize) -> Self {
+        let reaches = kept.last().is_some_and(|c| c.seq == seq);
+        let mut changes: VecDeque<WatchEvent> = if reaches {
+            kept.into()
+        } else {
+            VecDeque::new()
+        };
+        let excess = changes.len().saturating_sub(len_max);
+        changes.drain(..excess);
+        Self {
+            watchers: Mutex::new(Watchers {
+                seq,
+                history: History { len_max, changes },
+                groups: Vec::new(),
+            }),
+            n_watchers: AtomicUsize::new(0),
+        }
+    }
+
     /// Whether any watcher is registered or on its way (read in every step).
     pub fn is_watched(&self) -> bool {
         self.n_watchers.load(Ordering::Acquire) > 0
@@ -121,6 +167,44 @@ impl Hub {
     /// the committer, in step order. The snapshot's sequence number is the
     /// last one published.
     pub fn register(&self, prefix: String, holders: Vec<LeaseStatus>) -> WatchStart {
+        self.start(prefix, |_| Ok(Begin::Snapshot(holders)))
+            .expect("a snapshot is never refused")
+    }
+
+    /// Registers a watcher of `prefix` that saw every change up to
+    /// `after`: it gets the kept changes of its prefix after it, then the
+    /// live ones. Runs in the committer, in step order.
+    pub fn resume(&self, prefix: String, after: u64) -> Result<WatchStart, Refused> {
+        let wanted = prefix.clone();
+        self.start(prefix, |state| {
+            if after > state.seq {
+                return Err(Refused::Future {
+                    after,
+                    last: state.seq,
+                });
+            }
+            let changes = &state.history.changes;
+            let oldest = changes.front().map_or(state.seq, |c| c.seq - 1);
+            if after < oldest {
+                return Err(Refused::TooOld { after, oldest });
+            }
+            let skip = changes.partition_point(|c| c.seq <= after);
+            let replay = changes
+                .range(skip..)
+                .filter(|c| c.change.resource.starts_with(wanted.as_str()))
+                .cloned()
+                .collect();
+            Ok(Begin::Replay(replay))
+        })
+    }
+
+    /// Registers a watcher of `prefix` that begins as `begin` says, judged
+    /// under the same lock as the publications.
+    fn start(
+        &self,
+        prefix: String,
+        begin: impl FnOnce(&Watchers) -> Result<Begin, Refused>,
+    ) -> Result<WatchStart, Refused> {
         let (tx, events) = mpsc::channel(WATCH_QUEUE_LEN);
         let cut_off = Arc::new(AtomicBool::new(false));
         let watcher = Watcher {
@@ -132,38 +216,47 @@ impl Hub {
         state.sweep();
         self.n_watchers
             .fetch_sub(before - state.len(), Ordering::AcqRel);
+        let begin = match begin(&state) {
+            Ok(begin) => begin,
+            Err(refused) => {
+                // Counted by `expect`, never registered.
+                self.n_watchers.fetch_sub(1, Ordering::AcqRel);
+                return Err(refused);
+            }
+        };
         match state.groups.iter_mut().find(|(p, _)| *p == prefix) {
             Some((_, group)) => group.push(watcher),
             None => state.groups.push((prefix, vec![watcher])),
         }
-        WatchStart {
+        Ok(WatchStart {
             seq: state.seq,
-            holders,
+            begin,
             events,
             cut_off,
-        }
+        })
     }
 
-    /// Numbers a step's holder changes and hands each to the watchers of
+    /// Keeps a commit's numbered changes and hands each to the watchers of
     /// its prefix; drops any that fell behind (cut off) or went away.
-    pub fn publish(&self, events: Vec<Change>) {
+    pub fn publish(&self, events: &[WatchEvent]) {
         let mut state = self.lock();
         let before = state.len();
-        let Watchers { seq, groups } = &mut *state;
-        for change in events {
-            *seq += 1;
-            let event = WatchEvent {
-                seq: *seq,
-                kind: change.kind,
-                resource: change.resource,
-                slot: change.slot,
-                token: change.token,
-                revoked: change.revoked,
-                holder: change.holder,
-            };
+        let Watchers {
+            seq,
+            history,
+            groups,
+        } = &mut *state;
+        for event in events {
+            *seq = event.seq;
+            if history.len_max > 0 {
+                if history.changes.len() == history.len_max {
+                    history.changes.pop_front();
+                }
+                history.changes.push_back(event.clone());
+            }
             for (prefix, group) in groups.iter_mut() {
-                if event.resource.starts_with(prefix.as_str()) {
-                    group.retain(|w| w.offer(&event));
+                if event.change.resource.starts_with(prefix.as_str()) {
+                    group.retain(|w| w.offer(event));
                 }
             }
         }
@@ -186,48 +279,126 @@ impl Hub {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use baton_core::{Change, FencingToken, HolderChange};
 
     fn token(n: u64) -> FencingToken {
         FencingToken::from_u64((1 << 40) | n).unwrap()
     }
 
-    fn granted(resource: &str, n: u64) -> Change {
-        Change {
-            kind: HolderChange::Granted,
-            resource: resource.to_string(),
-            token: token(n),
-            revoked: None,
-            holder: None,
-            slot: None,
+    fn granted(seq: u64, resource: &str) -> WatchEvent {
+        WatchEvent {
+            seq,
+            change: Change {
+                kind: HolderChange::Granted,
+                resource: resource.to_string(),
+                token: token(seq),
+                revoked: None,
+                holder: None,
+                slot: None,
+            },
         }
+    }
+
+    fn hub() -> Hub {
+        Hub::new(0, Vec::new(), 8)
     }
 
     #[test]
     fn a_watcher_gets_its_prefix_in_order_numbered_after_its_snapshot() {
-        let hub = Hub::default();
-        hub.publish(vec![granted("a:1", 1)]);
+        let hub = hub();
+        hub.publish(&[granted(1, "a:1")]);
         hub.expect();
         assert!(hub.is_watched(), "counted before it is registered");
         let mut w = hub.register("a:".into(), Vec::new());
         assert_eq!(w.seq, 1);
-        hub.publish(vec![granted("b:1", 2), granted("a:2", 3)]);
+        hub.publish(&[granted(2, "b:1"), granted(3, "a:2")]);
         let e = w.events.try_recv().unwrap();
-        assert_eq!((e.seq, e.resource.as_str()), (3, "a:2"));
+        assert_eq!((e.seq, e.change.resource.as_str()), (3, "a:2"));
         assert!(w.events.try_recv().is_err(), "b:1 is not under a:");
     }
 
     #[test]
+    fn a_resumed_watcher_gets_the_kept_changes_after_its_number_then_the_live_ones() {
+        let hub = hub();
+        let batch: Vec<_> = (1..=10)
+            .map(|n| granted(n, ["a:x", "b:x"][n as usize % 2]))
+            .collect();
+        hub.publish(&batch);
+        hub.expect();
+        let mut w = hub.resume("a:".into(), 5).unwrap();
+        let Begin::Replay(replay) = &w.begin else {
+            panic!("a resume replays")
+        };
+        let seqs: Vec<_> = replay.iter().map(|e| e.seq).collect();
+        assert_eq!(seqs, [6, 8, 10], "after 5, under a: only");
+        hub.publish(&[granted(11, "a:y")]);
+        assert_eq!(w.events.try_recv().unwrap().seq, 11, "then live, no gap");
+        hub.expect();
+        let caught_up = hub.resume("a:".into(), 11).unwrap();
+        assert!(matches!(&caught_up.begin, Begin::Replay(r) if r.is_empty()));
+        // Eight kept: 4 to 11, so 3 is the oldest number to resume from.
+        hub.expect();
+        assert!(hub.resume(String::new(), 3).is_ok());
+        hub.expect();
+        assert_eq!(
+            hub.resume(String::new(), 2).err(),
+            Some(Refused::TooOld {
+                after: 2,
+                oldest: 3
+            })
+        );
+        hub.expect();
+        assert_eq!(
+            hub.resume(String::new(), 12).err(),
+            Some(Refused::Future {
+                after: 12,
+                last: 11
+            })
+        );
+        assert_eq!(
+            hub.n_watchers.load(Ordering::Acquire),
+            2,
+            "the two kept: the one dropped was swept, the refused never counted"
+        );
+    }
+
+    #[test]
+    fn a_restarted_hub_resumes_from_its_stores_changes_only_if_they_reach_its_last() {
+        let kept: Vec<_> = (5..=9).map(|n| granted(n, "r")).collect();
+        let hub = Hub::new(9, kept.clone(), 3);
+        hub.expect();
+        assert_eq!(
+            hub.resume(String::new(), 5).err(),
+            Some(Refused::TooOld {
+                after: 5,
+                oldest: 6
+            }),
+            "the last three are kept"
+        );
+        let broken = Hub::new(10, kept, 3);
+        broken.expect();
+        assert_eq!(
+            broken.resume(String::new(), 9).err(),
+            Some(Refused::TooOld {
+                after: 9,
+                oldest: 10
+            }),
+            "a history that does not reach the last number is not kept"
+        );
+    }
+
+    #[test]
     fn a_watcher_that_falls_behind_is_cut_off_and_one_that_left_is_dropped() {
-        let hub = Hub::default();
+        let hub = hub();
         hub.expect();
         let slow = hub.register(String::new(), Vec::new());
         hub.expect();
         let gone = hub.register(String::new(), Vec::new());
         drop(gone);
-        let events = (0..=WATCH_QUEUE_LEN as u64)
-            .map(|n| granted("r", n + 1))
+        let events: Vec<_> = (0..=WATCH_QUEUE_LEN as u64)
+            .map(|n| granted(n + 1, "r"))
             .collect();
-        hub.publish(events);
+        hub.publish(&events);
         assert!(slow.cut_off.load(Ordering::Acquire));
         assert!(!hub.is_watched(), "both gone: no copies for later steps");
         hub.expect();

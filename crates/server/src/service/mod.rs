@@ -413,7 +413,10 @@ mod fuzz {
         };
         let (engine, _thread) = crate::engine::Engine::start(
             Box::new(store),
-            (limits, Arc::default()),
+            crate::engine::Bounds {
+                limits,
+                ..crate::engine::Bounds::with_quotas(Arc::default())
+            },
             metrics.clone(),
             Arc::default(),
         )

@@ -26,7 +26,7 @@ use crate::access::auth::Permission;
 use crate::access::gate::SessionRefusal;
 use crate::access::Admitted;
 use crate::cluster::seat::Term;
-use crate::engine::watch::WatchStart;
+use crate::engine::watch::{Refused, WatchStart};
 use crate::engine::{AcquireReply, Command};
 use crate::metrics::Metrics;
 use crate::quota::{Quotas, RateRefusal, WatchGuard};
@@ -408,18 +408,26 @@ impl LeaseService {
     }
 
     /// Watch, for a caller the gate let in: the prefix checked, `read` on
-    /// it, its rate and watches quotas, then the engine's snapshot and
-    /// registration. The guard counts the watch open until dropped.
+    /// it, its rate and watches quotas, then the engine's snapshot (or,
+    /// resuming after a number, its kept changes) and registration. The
+    /// guard counts the watch open until dropped.
     pub(super) async fn watch_op(
         &self,
         who: &Admitted<'_>,
-        prefix: String,
+        (prefix, after): (String, Option<u64>),
     ) -> Result<(WatchStart, WatchGuard), Status> {
         check_prefix(&prefix)?;
         who.may(Permission::Read, &prefix)?;
         self.rate_or_wait(who, &prefix).await?;
         let guard = self.quotas.open_watch(&prefix)?;
-        let start = self.call(|reply| Command::Watch { prefix, reply }).await?;
+        let start = self
+            .call(|reply| Command::Watch {
+                prefix,
+                after,
+                reply,
+            })
+            .await?
+            .map_err(refused_resume)?;
         Ok((start, guard))
     }
 
@@ -444,6 +452,33 @@ impl LeaseService {
         }
     }
 }
+
+/// The status of a watch that cannot resume from its number.
+fn refused_resume(refused: Refused) -> Status {
+    match refused {
+        Refused::TooOld { after, oldest } => {
+            let mut metadata = tonic::metadata::MetadataMap::new();
+            metadata.insert(
+                OLDEST_SEQ_METADATA,
+                oldest.to_string().parse().expect("digits are ASCII"),
+            );
+            Status::with_metadata(
+                tonic::Code::OutOfRange,
+                format!(
+                    "after_seq {after} is older than the changes this server keeps (the oldest number a watch resumes from is {oldest}): watch again without after_seq, from a new snapshot"
+                ),
+                metadata,
+            )
+        }
+        Refused::Future { after, last } => Status::invalid_argument(format!(
+            "after_seq {after} is above the last change ({last}): a watch resumes from a number this cluster sent (an event's or a snapshot's seq)"
+        )),
+    }
+}
+
+/// The metadata of an OUT_OF_RANGE watch: the oldest number a watch
+/// resumes from.
+pub const OLDEST_SEQ_METADATA: &str = "baton-oldest-seq";
 
 /// The status of a refused keep-alive or close.
 pub(super) fn refused(refusal: Option<SessionRefusal>) -> Status {

@@ -14,7 +14,7 @@ use tonic::{Request, Response, Status};
 use super::LeaseService;
 use crate::access::Action;
 use crate::cluster::seat::Seat;
-use crate::engine::watch::{WatchEvent, WatchStart, WATCH_QUEUE_LEN};
+use crate::engine::watch::{Begin, WatchEvent, WatchStart, WATCH_QUEUE_LEN};
 
 pub type WatchStream = ReceiverStream<Result<v1::WatchResponse, Status>>;
 
@@ -33,7 +33,10 @@ impl LeaseService {
         request: Request<v1::WatchRequest>,
     ) -> Result<Response<WatchStream>, Status> {
         let who = self.gate.let_in_request(&request, Action::Watch).await?;
-        let (start, quota) = self.watch_op(&who, request.into_inner().prefix).await?;
+        let request = request.into_inner();
+        let (start, quota) = self
+            .watch_op(&who, (request.prefix, request.after_seq))
+            .await?;
         let (tx, rx) = mpsc::channel(OUTBOX_LEN);
         let forwarder = Forwarder {
             _quota: quota,
@@ -58,28 +61,22 @@ impl Forwarder {
     async fn run(self, start: WatchStart) {
         let WatchStart {
             seq,
-            holders,
+            begin,
             mut events,
             cut_off,
         } = start;
-        let n_chunks = holders.len().div_ceil(SNAPSHOT_CHUNK_LEN).max(1);
-        let mut chunks = holders.chunks(SNAPSHOT_CHUNK_LEN);
-        for i in 0..n_chunks {
-            let chunk = chunks.next().unwrap_or_default();
-            let snapshot = v1::WatchSnapshot {
-                seq,
-                holders: chunk.iter().flat_map(holders_of).collect(),
-                complete: i + 1 == n_chunks,
-            };
-            if !self.send(Body::Snapshot(snapshot)).await {
-                return;
-            }
+        let begun = match begin {
+            Begin::Snapshot(holders) => self.snapshot(seq, &holders).await,
+            Begin::Replay(changes) => self.replay(changes).await,
+        };
+        if !begun {
+            return;
         }
         loop {
             tokio::select! {
                 _ = self.closing.cancelled() => {
                     let status = Status::unavailable(
-                        "the server is shutting down: watch again, from a new snapshot, on another server or after the restart",
+                        "the server is shutting down: resume with after_seq (the last number read) on another server or after the restart",
                     );
                     let _ = self.tx.send(Err(status)).await;
                     return;
@@ -107,6 +104,41 @@ impl Forwarder {
         }
     }
 
+    /// The holders at `seq`, in messages of [`SNAPSHOT_CHUNK_LEN`].
+    async fn snapshot(&self, seq: u64, holders: &[baton_core::LeaseStatus]) -> bool {
+        let n_chunks = holders.len().div_ceil(SNAPSHOT_CHUNK_LEN).max(1);
+        let mut chunks = holders.chunks(SNAPSHOT_CHUNK_LEN);
+        for i in 0..n_chunks {
+            let chunk = chunks.next().unwrap_or_default();
+            let snapshot = v1::WatchSnapshot {
+                seq,
+                holders: chunk.iter().flat_map(holders_of).collect(),
+                complete: i + 1 == n_chunks,
+            };
+            if !self.send(Body::Snapshot(snapshot)).await {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// A resumed watch's kept changes, in messages of
+    /// [`EVENTS_PER_MESSAGE_MAX`].
+    async fn replay(&self, changes: Vec<WatchEvent>) -> bool {
+        let mut changes = changes.into_iter().peekable();
+        while changes.peek().is_some() {
+            let events = changes
+                .by_ref()
+                .take(EVENTS_PER_MESSAGE_MAX)
+                .map(event_message)
+                .collect();
+            if !self.send(Body::Events(v1::WatchEvents { events })).await {
+                return false;
+            }
+        }
+        true
+    }
+
     async fn send(&self, body: Body) -> bool {
         let message = v1::WatchResponse { body: Some(body) };
         self.tx.send(Ok(message)).await.is_ok()
@@ -116,13 +148,13 @@ impl Forwarder {
     fn ended(&self, cut_off: bool) -> Status {
         if cut_off {
             return Status::resource_exhausted(format!(
-                "this watcher fell behind by more than {WATCH_QUEUE_LEN} events and was cut off: watch again, from a new snapshot"
+                "this watcher fell behind by more than {WATCH_QUEUE_LEN} events and was cut off: resume with after_seq (the last number it read), or watch again from a new snapshot"
             ));
         }
         match self.seat.term() {
             // A follower's answer names the leader (metadata `baton-leader`).
             Err(not_leader) => {
-                let message = "this server stopped leading: watch again, from a new snapshot, on the leader";
+                let message = "this server stopped leading: resume on the leader with after_seq (the last number read)";
                 Status::with_metadata(
                     tonic::Code::Unavailable,
                     message,
@@ -130,7 +162,7 @@ impl Forwarder {
                 )
             }
             Ok(_) => Status::unavailable(
-                "the lease state this watch followed was reloaded (a restart or a new term): watch again, from a new snapshot",
+                "the lease state this watch followed was reloaded (a restart or a new term): resume with after_seq (the last number read)",
             ),
         }
     }
@@ -163,9 +195,10 @@ fn holders_of(s: &baton_core::LeaseStatus) -> Vec<v1::WatchHolder> {
         .collect()
 }
 
-fn event_message(e: WatchEvent) -> v1::WatchEvent {
+fn event_message(numbered: WatchEvent) -> v1::WatchEvent {
     use baton_core::HolderChange;
     use v1::watch_event::Kind;
+    let (seq, e) = (numbered.seq, numbered.change);
     let kind = match e.kind {
         HolderChange::Granted => Kind::Granted,
         HolderChange::HandedOff => Kind::HandedOff,
@@ -174,7 +207,7 @@ fn event_message(e: WatchEvent) -> v1::WatchEvent {
         HolderChange::Fenced => Kind::Fenced,
     };
     v1::WatchEvent {
-        seq: e.seq,
+        seq,
         kind: kind.into(),
         resource: e.resource,
         token: e.token.get(),

@@ -79,8 +79,27 @@ CREATE OR REPLACE FUNCTION baton_server.commit_batch(p_term bigint, p_epoch bigi
  RETURNS void
  LANGUAGE plpgsql
 AS $function$
+BEGIN
+    PERFORM baton_server.commit_batch(
+        p_term, p_epoch, p_counter,
+        p_put_resources, p_put_digests, p_put_tokens, p_put_ttls, p_put_sessions,
+        p_put_holders, p_put_permits, p_deletes,
+        p_session_digests, p_session_ttls, p_session_openers, p_session_deletes,
+        p_ended, ARRAY[]::bigint[], ARRAY[]::bytea[]);
+    IF cardinality(p_put_resources) + cardinality(p_deletes) > 0 THEN
+        DELETE FROM baton_server.changes;
+        UPDATE baton_server.meta SET seq = seq + 1 WHERE id = 1;
+    END IF;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION baton_server.commit_batch(p_term bigint, p_epoch bigint, p_counter bigint, p_put_resources text[], p_put_digests bytea[], p_put_tokens bigint[], p_put_ttls bigint[], p_put_sessions bytea[], p_put_holders text[], p_put_permits integer[], p_deletes text[], p_session_digests bytea[], p_session_ttls bigint[], p_session_openers text[], p_session_deletes bytea[], p_ended bytea[], p_change_seqs bigint[], p_changes bytea[])
+ RETURNS void
+ LANGUAGE plpgsql
+AS $function$
 DECLARE
     current_term bigint;
+    last_seq bigint;
 BEGIN
     SELECT term INTO current_term FROM baton_server.leader WHERE id = 1 FOR KEY SHARE;
     IF current_term IS DISTINCT FROM p_term THEN
@@ -118,6 +137,16 @@ BEGIN
     IF cardinality(p_ended) > 0 THEN
         INSERT INTO baton_server.ended (digest) SELECT unnest(p_ended);
         DELETE FROM baton_server.ended WHERE ended_at < now() - interval '120 seconds';
+    END IF;
+    IF cardinality(p_change_seqs) > 0 THEN
+        last_seq := p_change_seqs[cardinality(p_change_seqs)];
+        UPDATE baton_server.meta SET seq = last_seq WHERE id = 1 AND seq < p_change_seqs[1];
+        IF NOT FOUND THEN
+            RAISE EXCEPTION 'change number % is not above the last one', p_change_seqs[1]
+                USING ERRCODE = 'BA002';
+        END IF;
+        INSERT INTO baton_server.changes (seq, body) SELECT * FROM unnest(p_change_seqs, p_changes);
+        DELETE FROM baton_server.changes WHERE seq <= last_seq - 1000000;
     END IF;
 END
 $function$;

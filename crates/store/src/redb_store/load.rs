@@ -220,8 +220,9 @@ fn apply_except_leases<'w>(stored: &mut Stored, writes: &'w [Write]) -> Changed<
                 let sessions = sessions.get_or_insert_with(|| sessions_by_digest(stored));
                 sessions.remove(digest);
             }
-            // Not part of the state a load gives (see `ended.rs`).
-            Write::LeaseEnded { .. } => {}
+            // Not part of the state a load gives (see `ended.rs` and
+            // `history.rs`).
+            Write::LeaseEnded { .. } | Write::Changed(_) => {}
         }
     }
     if let Some(sessions) = sessions {

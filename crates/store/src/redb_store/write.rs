@@ -7,6 +7,7 @@ use super::*;
 pub(super) fn write_to_redb(db: &Database, writes: &[Write]) -> Result<(), StoreError> {
     let txn = db.begin_write().map_err(storage)?;
     let mut ended = Vec::new();
+    let mut changes = Vec::new();
     {
         let mut leases = txn.open_table(LEASES).map_err(storage)?;
         let mut meta = txn.open_table(META).map_err(storage)?;
@@ -42,8 +43,11 @@ pub(super) fn write_to_redb(db: &Database, writes: &[Write]) -> Result<(), Store
                     meta.insert("counter", *counter).map_err(storage)?;
                 }
                 Write::LeaseEnded { digest } => ended.push(*digest),
+                Write::Changed(change) => changes.push(change.clone()),
             }
         }
+        changes.sort_unstable_by_key(|c| c.seq);
+        history::keep(&txn, &mut meta, &changes)?;
     }
     ended::keep(&txn, &ended, ended::wall_ms())?;
     txn.commit().map_err(storage)

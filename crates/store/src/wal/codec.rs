@@ -17,6 +17,58 @@ const PUT_LEASE: u8 = 6;
 const PUT_SESSION: u8 = 7;
 /// An ended lease's acquisition digest (format 5).
 const LEASE_ENDED: u8 = 8;
+/// A numbered holder change (format 6; see [`encode_change`]).
+const CHANGED: u8 = 9;
+
+/// A holder change's kind as one byte.
+fn kind_byte(kind: HolderChange) -> u8 {
+    match kind {
+        HolderChange::Granted => 1,
+        HolderChange::HandedOff => 2,
+        HolderChange::Released => 3,
+        HolderChange::Expired => 4,
+        HolderChange::Fenced => 5,
+    }
+}
+
+/// A numbered change: its number, kind, resource (u16 length), slot (a
+/// flag byte, then a u32), token, revoked token (0: none) and holder
+/// (u16 length, 0: none).
+pub(crate) fn encode_change(out: &mut Vec<u8>, c: &NumberedChange) {
+    out.extend_from_slice(&c.seq.to_le_bytes());
+    out.push(kind_byte(c.change.kind));
+    let resource = c.change.resource.as_bytes();
+    out.extend_from_slice(&(resource.len() as u16).to_le_bytes());
+    out.extend_from_slice(resource);
+    match c.change.slot {
+        Some(slot) => {
+            out.push(1);
+            out.extend_from_slice(&slot.to_le_bytes());
+        }
+        None => out.push(0),
+    }
+    out.extend_from_slice(&c.change.token.get().to_le_bytes());
+    out.extend_from_slice(&c.change.revoked.map_or(0, |t| t.get()).to_le_bytes());
+    let holder = c
+        .change
+        .holder
+        .as_ref()
+        .map_or("", |h| h.as_str())
+        .as_bytes();
+    out.extend_from_slice(&(holder.len() as u16).to_le_bytes());
+    out.extend_from_slice(holder);
+}
+
+/// Reads changes encoded by [`encode_change`], end to end (the store's
+/// history keeps them so, one value per fold).
+pub(crate) fn decode_changes(bytes: &[u8]) -> Result<Vec<NumberedChange>, Undecodable> {
+    let mut c = Cursor(bytes);
+    let mut out = Vec::new();
+    while !c.0.is_empty() {
+        out.push(c.change()?);
+    }
+    Ok(out)
+}
 
 fn put_name(out: &mut Vec<u8>, resource: &ResourceName) {
     let name = resource.as_str().as_bytes();
@@ -60,6 +112,10 @@ pub(crate) fn encode(writes: &[Write]) -> Vec<u8> {
             Write::LeaseEnded { digest } => {
                 out.push(LEASE_ENDED);
                 out.extend_from_slice(digest.as_bytes());
+            }
+            Write::Changed(change) => {
+                out.push(CHANGED);
+                encode_change(&mut out, change);
             }
         }
     }
@@ -119,6 +175,51 @@ impl<'a> Cursor<'a> {
         Ok(u64::from_le_bytes(
             self.take(8, what)?.try_into().expect("8"),
         ))
+    }
+
+    fn text(&mut self, what: &str) -> Result<&'a str, Undecodable> {
+        let len = self.u16(what)? as usize;
+        std::str::from_utf8(self.take(len, what)?)
+            .map_err(|_| Undecodable(format!("{what} is not UTF-8")))
+    }
+
+    fn change(&mut self) -> Result<NumberedChange, Undecodable> {
+        let seq = self.u64("a change's number")?;
+        let kind = match self.take(1, "a change's kind")?[0] {
+            1 => HolderChange::Granted,
+            2 => HolderChange::HandedOff,
+            3 => HolderChange::Released,
+            4 => HolderChange::Expired,
+            5 => HolderChange::Fenced,
+            other => return Err(Undecodable(format!("unknown change kind {other}"))),
+        };
+        let resource = self.text("a change's resource")?.to_string();
+        let slot = match self.take(1, "a slot flag")?[0] {
+            0 => None,
+            _ => Some(u32::from_le_bytes(
+                self.take(4, "a slot")?.try_into().expect("4"),
+            )),
+        };
+        let token = FencingToken::of(self.u64("a change's token")?)?;
+        let revoked = match self.u64("a revoked token")? {
+            0 => None,
+            t => Some(FencingToken::of(t)?),
+        };
+        let holder = match self.text("a change's holder")? {
+            "" => None,
+            h => Some(Holder::parse_existing(h)?),
+        };
+        Ok(NumberedChange {
+            seq,
+            change: Change {
+                kind,
+                resource,
+                slot,
+                token,
+                revoked,
+                holder,
+            },
+        })
     }
 }
 
@@ -182,6 +283,7 @@ pub(super) fn decode(payload: &[u8], out: &mut Vec<Write>) -> Result<(), Undecod
             LEASE_ENDED => Write::LeaseEnded {
                 digest: c.digest()?,
             },
+            CHANGED => Write::Changed(c.change()?),
             other => return Err(Undecodable(format!("unknown write tag {other}"))),
         });
     }

@@ -22,6 +22,8 @@ pub(crate) struct Pending {
     /// cache miss a level (about 1.3% of the server's samples at 64
     /// sessions); they are sorted when written out, for redb.
     ended: Vec<AcquisitionDigest>,
+    /// Holder changes, in number order (each is a key of its own).
+    changes: Vec<NumberedChange>,
 }
 
 impl Pending {
@@ -42,13 +44,14 @@ impl Pending {
                     self.sessions.insert(*digest, None);
                 }
                 Write::LeaseEnded { digest } => self.ended.push(*digest),
+                Write::Changed(change) => self.changes.push(change.clone()),
             }
         }
     }
 
-    /// Keys pending (leases, sessions and ended leases).
+    /// Keys pending (leases, sessions, ended leases and changes).
     pub(crate) fn len(&self) -> usize {
-        self.leases.len() + self.sessions.len() + self.ended.len()
+        self.leases.len() + self.sessions.len() + self.ended.len() + self.changes.len()
     }
 
     /// Whether nothing is pending, the token position included.
@@ -77,11 +80,23 @@ impl Pending {
             .copied()
             .collect();
         ended.sort_unstable();
+        let n_before = self.leases.len() + self.sessions.len() + self.ended.len();
+        let changes = self
+            .changes
+            .iter()
+            .take(n.saturating_sub(n_before))
+            .cloned()
+            .map(Write::Changed);
         let ended = ended.into_iter().map(|digest| Write::LeaseEnded { digest });
         let tokens = self
             .tokens
             .map(|(epoch, counter)| Write::Tokens { epoch, counter });
-        leases.chain(sessions).chain(ended).chain(tokens).collect()
+        leases
+            .chain(sessions)
+            .chain(ended)
+            .chain(changes)
+            .chain(tokens)
+            .collect()
     }
 
     /// Drops the keys (and the token position) that `writes` from
@@ -89,6 +104,7 @@ impl Pending {
     /// been absorbed since the peek (a frozen log's writes do not change).
     pub(crate) fn forget(&mut self, writes: &[Write]) {
         let mut ended = std::collections::HashSet::new();
+        let mut changed_to = None;
         for w in writes {
             match w {
                 Write::PutLease { resource, .. } | Write::DeleteLease { resource } => {
@@ -104,7 +120,12 @@ impl Pending {
                 Write::LeaseEnded { digest } => {
                     ended.insert(*digest);
                 }
+                Write::Changed(c) => changed_to = changed_to.max(Some(c.seq)),
             }
+        }
+        if let Some(last) = changed_to {
+            // The peek took a prefix, in number order.
+            self.changes.retain(|c| c.seq > last);
         }
         if !ended.is_empty() {
             self.ended.retain(|d| !ended.contains(d));
@@ -131,12 +152,19 @@ impl Pending {
         let mut ended: Vec<AcquisitionDigest> = self.ended.drain(..k).collect();
         ended.sort_unstable();
         out.extend(ended.into_iter().map(|digest| Write::LeaseEnded { digest }));
+        let k = n.saturating_sub(out.len()).min(self.changes.len());
+        out.extend(self.changes.drain(..k).map(Write::Changed));
         out
     }
 
     /// The ended leases pending (not yet in redb).
     pub(crate) fn ended(&self) -> impl Iterator<Item = AcquisitionDigest> + '_ {
         self.ended.iter().copied()
+    }
+
+    /// The holder changes pending (not yet in redb), in number order.
+    pub(crate) fn changes(&self) -> impl Iterator<Item = &NumberedChange> + '_ {
+        self.changes.iter()
     }
 
     /// The pending state as writes, left pending: what a load lays over

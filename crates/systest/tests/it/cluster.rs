@@ -399,7 +399,7 @@ async fn a_watch_ends_when_its_server_stops_leading() {
     let cluster = Cluster::start(&db.url, 2);
     let old = cluster.wait_leader(None).await;
     let on_leader = client(&cluster.nodes[old].url()).await;
-    let mut watch = on_leader.watch("w:").await.unwrap();
+    let mut watch = on_leader.watch("w:").await.unwrap().once();
     let mut holder = client(&cluster.endpoints()).await;
     let Acquired::Granted(lease) = holder
         .acquire("w:1", Some(Duration::from_secs(30)), Duration::ZERO)
@@ -408,7 +408,7 @@ async fn a_watch_ends_when_its_server_stops_leading() {
     else {
         panic!("free")
     };
-    let granted = watch.next().await.unwrap().unwrap();
+    let granted = watch.next().await.unwrap().changed().unwrap();
     assert_eq!(granted.token, lease.token);
     let pid = Pid::from_raw(cluster.pid(old) as i32);
     kill(pid, SIGSTOP).unwrap();

@@ -119,7 +119,10 @@ async fn a_prefix_with_a_control_character_is_refused_by_list_and_watch_alike() 
         .await
         .unwrap_err();
     let watch = raw
-        .watch(WatchRequest { prefix })
+        .watch(WatchRequest {
+            prefix,
+            after_seq: None,
+        })
         .await
         .map(|_| ())
         .unwrap_err();

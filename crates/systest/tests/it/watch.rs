@@ -78,6 +78,7 @@ async fn a_watch_sees_the_snapshot_then_every_change_with_no_gap() {
             .await
             .expect("the end marker within 10 s")
             .unwrap()
+            .changed()
             .expect("an event");
         let last = e.token == end.token;
         events.push(e);
@@ -163,7 +164,7 @@ fn check_history(
 async fn a_watcher_that_falls_behind_is_cut_off() {
     let dir = TempDir::new("watch-slow");
     let s = common::serve(dir.path(), &[]);
-    let mut slow = connect(&s).await.watch("").await.unwrap();
+    let mut slow = connect(&s).await.watch("").await.unwrap().once();
     let holder = baton_core::Holder::parse(&"h".repeat(250)).unwrap();
     let c = connect(&s).await.with_holder(holder);
     let session = c.open_session(Duration::from_secs(30)).await.unwrap();
@@ -177,7 +178,7 @@ async fn a_watcher_that_falls_behind_is_cut_off() {
     let mut read = 0;
     let end = loop {
         match slow.next().await {
-            Ok(Some(_)) => read += 1,
+            Ok(_) => read += 1,
             other => break other,
         }
     };
@@ -195,7 +196,7 @@ async fn a_watcher_that_falls_behind_is_cut_off() {
     let Acquired::Granted(l) = session.acquire("s:fresh", Duration::ZERO).await.unwrap() else {
         panic!("free")
     };
-    let e = fresh.next().await.unwrap().unwrap();
+    let e = fresh.next().await.unwrap().changed().unwrap();
     assert_eq!((e.kind, e.token), (WatchKind::Granted, l.token));
 }
 
@@ -245,7 +246,7 @@ async fn a_restart_ends_the_watch_and_bad_watches_are_refused() {
         .await
         .unwrap();
     cli_prints_a_line_per_holder_and_change(&s, &mut c).await;
-    let mut watch = c.watch("r:").await.unwrap();
+    let mut watch = c.watch("r:").await.unwrap().once();
     assert_eq!(watch.holders.len(), 2, "r:1 and the command line's r:2");
     s.signal(nix::sys::signal::Signal::SIGTERM);
     let ended = tokio::time::timeout(Duration::from_secs(10), watch.next())
@@ -254,7 +255,7 @@ async fn a_restart_ends_the_watch_and_bad_watches_are_refused() {
     let Err(ClientError::WatchEnded(why)) = ended else {
         panic!("{ended:?}")
     };
-    assert!(why.contains("watch again"), "{why}");
+    assert!(why.contains("resume with after_seq"), "{why}");
     s.restart();
     let c = connect(&s).await;
     let invalid = c.watch("a\u{1}").await.unwrap_err();
