@@ -16,6 +16,7 @@ mod page;
 mod quota;
 mod reach;
 mod restore;
+mod resume;
 mod security;
 mod server;
 mod session;
