@@ -9,6 +9,7 @@ import time
 import pytest
 
 from baton import aio, errors
+from baton.watch import Change
 
 from .conftest import Server
 
@@ -100,6 +101,7 @@ def test_a_watch_gives_the_snapshot_then_changes(server: Server) -> None:
             assert [(h.resource, h.holder) for h in w.holders] == [("py:aio:wt:a", "aio watched")]
             await c.release(held)
             change = await w.__anext__()
+            assert isinstance(change, Change)
             assert (change.kind, change.resource, change.token) == (
                 "released",
                 "py:aio:wt:a",

@@ -9,7 +9,7 @@ import pytest
 
 import baton
 from baton.keeper import SessionKeeper
-from baton.watch import Change, Leader, WatchEnded
+from baton.watch import Change, Leader, Resnapshot, WatchEnded
 
 from .conftest import Server
 
@@ -26,7 +26,7 @@ def test_a_watch_gives_the_snapshot_then_every_change_with_holders(server: Serve
         c.acquire("py:not-watched", ttl_s=30)
         c.release(lease)
         fenced = c.fence("py:w:kept")
-        changes = [next(w) for _ in range(3)]
+        changes = [change_of(next(w)) for _ in range(3)]
     assert [(x.kind, x.resource, x.holder) for x in changes] == [
         ("granted", "py:w:a", "second"),
         ("released", "py:w:a", "second"),
@@ -37,9 +37,14 @@ def test_a_watch_gives_the_snapshot_then_every_change_with_holders(server: Serve
     assert changes[0].seq > w.seq
 
 
-def test_a_watch_ends_at_a_restart(server: Server) -> None:
+def change_of(update: Change | Resnapshot) -> Change:
+    assert isinstance(update, Change), update
+    return update
+
+
+def test_a_watch_once_ends_at_a_restart(server: Server) -> None:
     c = baton.Client(server.address)
-    w = c.watch("py:")
+    w = c.watch("py:", once=True)
     server.restart()
     with pytest.raises(WatchEnded):
         next(w)

@@ -1647,7 +1647,9 @@ func (x *LockShape) GetPermits() uint32 {
 type WatchRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Names starting with this ("" for every name).
-	Prefix        string `protobuf:"bytes,1,opt,name=prefix,proto3" json:"prefix,omitempty"`
+	Prefix string `protobuf:"bytes,1,opt,name=prefix,proto3" json:"prefix,omitempty"`
+	// Resume after this change (see `Watch`); absent: start from a snapshot.
+	AfterSeq      *uint64 `protobuf:"varint,2,opt,name=after_seq,json=afterSeq,proto3,oneof" json:"after_seq,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1687,6 +1689,13 @@ func (x *WatchRequest) GetPrefix() string {
 		return x.Prefix
 	}
 	return ""
+}
+
+func (x *WatchRequest) GetAfterSeq() uint64 {
+	if x != nil && x.AfterSeq != nil {
+		return *x.AfterSeq
+	}
+	return 0
 }
 
 type WatchResponse struct {
@@ -1969,8 +1978,9 @@ func (x *WatchHolder) GetSlot() uint32 {
 
 type WatchEvent struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Increases with every event of any prefix: events of other prefixes
-	// take the numbers in between.
+	// Rises by one with every change of any prefix (events of other
+	// prefixes take the numbers in between), across restarts and leaders; a
+	// restore starts a higher range.
 	Seq      uint64          `protobuf:"varint,1,opt,name=seq,proto3" json:"seq,omitempty"`
 	Kind     WatchEvent_Kind `protobuf:"varint,2,opt,name=kind,proto3,enum=baton.v1.WatchEvent_Kind" json:"kind,omitempty"`
 	Resource string          `protobuf:"bytes,3,opt,name=resource,proto3" json:"resource,omitempty"`
@@ -3740,9 +3750,12 @@ const file_baton_v1_baton_proto_rawDesc = "" +
 	"\x12_first_sent_ms_ago\"=\n" +
 	"\tLockShape\x12\x16\n" +
 	"\x06shared\x18\x01 \x01(\bR\x06shared\x12\x18\n" +
-	"\apermits\x18\x02 \x01(\rR\apermits\"&\n" +
+	"\apermits\x18\x02 \x01(\rR\apermits\"V\n" +
 	"\fWatchRequest\x12\x16\n" +
-	"\x06prefix\x18\x01 \x01(\tR\x06prefix\"\x7f\n" +
+	"\x06prefix\x18\x01 \x01(\tR\x06prefix\x12 \n" +
+	"\tafter_seq\x18\x02 \x01(\x04H\x00R\bafterSeq\x88\x01\x01B\f\n" +
+	"\n" +
+	"_after_seq\"\x7f\n" +
 	"\rWatchResponse\x125\n" +
 	"\bsnapshot\x18\x01 \x01(\v2\x17.baton.v1.WatchSnapshotH\x00R\bsnapshot\x12/\n" +
 	"\x06events\x18\x02 \x01(\v2\x15.baton.v1.WatchEventsH\x00R\x06eventsB\x06\n" +
@@ -4076,6 +4089,7 @@ func file_baton_v1_baton_proto_init() {
 		(*SessionResponse_Error)(nil),
 	}
 	file_baton_v1_baton_proto_msgTypes[17].OneofWrappers = []any{}
+	file_baton_v1_baton_proto_msgTypes[19].OneofWrappers = []any{}
 	file_baton_v1_baton_proto_msgTypes[20].OneofWrappers = []any{
 		(*WatchResponse_Snapshot)(nil),
 		(*WatchResponse_Events)(nil),

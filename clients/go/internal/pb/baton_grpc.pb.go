@@ -145,13 +145,28 @@ type LeasesClient interface {
 	// Every change of holder under a prefix. The stream starts with the
 	// current holders (one or more `snapshot` messages, the last with
 	// `complete`), taken at sequence number `seq`, then carries every later
-	// change (`events`) in the order the server committed them, with no gap:
-	// a grant is sent only once it is durable. Needs `read` on the prefix;
-	// a refused or invalid watch ends before anything is streamed
-	// (PERMISSION_DENIED, INVALID_ARGUMENT). A watcher that falls behind by
-	// more than 4096 events is cut off: RESOURCE_EXHAUSTED. When the server
-	// restarts, stops leading (UNAVAILABLE, with `baton-leader` if known) or
-	// shuts down, the stream ends: watch again, from a new snapshot.
+	// change (`events`) in the order the store committed them, with no gap:
+	// a change (a release and an expiry too) is sent only once it is
+	// durable, so a crash never takes back one a watcher saw. Sequence
+	// numbers are one order for the whole cluster and keep rising across
+	// restarts, leader changes and restores.
+	//
+	// With `after_seq` (the last number the watcher saw, from an event or a
+	// snapshot) the stream starts instead with every change under the prefix
+	// after it (no snapshot), then goes on live: no gap, no duplicate. The
+	// server keeps the latest changes (`baton serve --watch-history`,
+	// 100,000 unless set; a restart and a new leader keep them too); a
+	// number older than those is refused with OUT_OF_RANGE and the metadata
+	// `baton-oldest-seq` (the oldest number it resumes from): watch again
+	// without `after_seq`, from a new snapshot. A number above the last
+	// change is refused with INVALID_ARGUMENT (it is not this cluster's).
+	//
+	// Needs `read` on the prefix; a refused or invalid watch ends before
+	// anything is streamed (PERMISSION_DENIED, INVALID_ARGUMENT). A watcher
+	// that falls behind by more than 4096 events is cut off:
+	// RESOURCE_EXHAUSTED. When the server restarts, stops leading
+	// (UNAVAILABLE, with `baton-leader` if known) or shuts down, the stream
+	// ends: resume with `after_seq`, on the leader.
 	Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchResponse], error)
 }
 
@@ -381,13 +396,28 @@ type LeasesServer interface {
 	// Every change of holder under a prefix. The stream starts with the
 	// current holders (one or more `snapshot` messages, the last with
 	// `complete`), taken at sequence number `seq`, then carries every later
-	// change (`events`) in the order the server committed them, with no gap:
-	// a grant is sent only once it is durable. Needs `read` on the prefix;
-	// a refused or invalid watch ends before anything is streamed
-	// (PERMISSION_DENIED, INVALID_ARGUMENT). A watcher that falls behind by
-	// more than 4096 events is cut off: RESOURCE_EXHAUSTED. When the server
-	// restarts, stops leading (UNAVAILABLE, with `baton-leader` if known) or
-	// shuts down, the stream ends: watch again, from a new snapshot.
+	// change (`events`) in the order the store committed them, with no gap:
+	// a change (a release and an expiry too) is sent only once it is
+	// durable, so a crash never takes back one a watcher saw. Sequence
+	// numbers are one order for the whole cluster and keep rising across
+	// restarts, leader changes and restores.
+	//
+	// With `after_seq` (the last number the watcher saw, from an event or a
+	// snapshot) the stream starts instead with every change under the prefix
+	// after it (no snapshot), then goes on live: no gap, no duplicate. The
+	// server keeps the latest changes (`baton serve --watch-history`,
+	// 100,000 unless set; a restart and a new leader keep them too); a
+	// number older than those is refused with OUT_OF_RANGE and the metadata
+	// `baton-oldest-seq` (the oldest number it resumes from): watch again
+	// without `after_seq`, from a new snapshot. A number above the last
+	// change is refused with INVALID_ARGUMENT (it is not this cluster's).
+	//
+	// Needs `read` on the prefix; a refused or invalid watch ends before
+	// anything is streamed (PERMISSION_DENIED, INVALID_ARGUMENT). A watcher
+	// that falls behind by more than 4096 events is cut off:
+	// RESOURCE_EXHAUSTED. When the server restarts, stops leading
+	// (UNAVAILABLE, with `baton-leader` if known) or shuts down, the stream
+	// ends: resume with `after_seq`, on the leader.
 	Watch(*WatchRequest, grpc.ServerStreamingServer[WatchResponse]) error
 	mustEmbedUnimplementedLeasesServer()
 }

@@ -9,7 +9,7 @@ the Rust one, and the fence kit over psycopg (``baton.fence``).
         publish(..., token=kept.token)     # the resource checks the token
 """
 
-from baton._types import Blocker, BlockingHolder, Claim, Shape, SlotHolder
+from baton._types import Blocker, BlockingHolder, Claim, Resnapshot, Shape, SlotHolder
 from baton.client import Client, Fenced, Lease, Status
 from baton.errors import (
     BatonError,
@@ -22,6 +22,8 @@ from baton.errors import (
     PermissionDenied,
     Unauthenticated,
     Unavailable,
+    WatchEnded,
+    WatchTooOld,
 )
 from baton.keeper import Keeper
 
@@ -41,9 +43,12 @@ __all__ = [
     "NotOwner",
     "OwnershipLost",
     "PermissionDenied",
+    "Resnapshot",
     "Shape",
     "SlotHolder",
     "Status",
     "Unauthenticated",
     "Unavailable",
+    "WatchEnded",
+    "WatchTooOld",
 ]

@@ -178,6 +178,17 @@ class Change:
 
 
 @dataclass(frozen=True)
+class Resnapshot:
+    """A watch resumed after the server had dropped the changes since the
+    last one it yielded (it was away longer than the server keeps them):
+    these are the holders now, at ``seq``; what changed in between is not
+    told."""
+
+    seq: int
+    holders: tuple[Holder, ...]
+
+
+@dataclass(frozen=True)
 class Leader:
     """The leader as others see it."""
 

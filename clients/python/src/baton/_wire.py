@@ -81,6 +81,10 @@ def map_error(e: grpc.RpcError, address: str, timeout_s: float) -> errors.BatonE
             f"the connection to {address} broke before an answer came ({details}); "
             "the request may have taken effect"
         )
+    if code == grpc.StatusCode.OUT_OF_RANGE:
+        oldest = _metadata(e, OLDEST_SEQ_METADATA)
+        if oldest is not None and oldest.isdigit():
+            return errors.WatchTooOld(details, int(oldest))
     if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE):
         return errors.InvalidArgument(details)
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
@@ -90,6 +94,32 @@ def map_error(e: grpc.RpcError, address: str, timeout_s: float) -> errors.BatonE
     if code == grpc.StatusCode.PERMISSION_DENIED:
         return errors.PermissionDenied(details)
     return errors.Indeterminate(f"{code.name} from {address}: {details}")
+
+
+#: The metadata of a watch refused for a number older than the server
+#: keeps: the oldest number it resumes from.
+OLDEST_SEQ_METADATA = "baton-oldest-seq"
+
+#: How long a watch tries to resume without an answer before it raises
+#: the last failure.
+RESUME_FOR_S = 60.0
+
+
+def mended_by_resuming(e: errors.BatonError) -> bool:
+    """Whether a watch that ended with ``e`` may resume: its stream ended
+    or its connection broke, or it fell behind; never a refusal."""
+    return isinstance(
+        e, (errors.WatchEnded, errors.Exhausted, errors.Indeterminate, errors.Unavailable)
+    )
+
+
+def _metadata(e: grpc.RpcError, key: str) -> str | None:
+    """A trailing metadata value of a failed call."""
+    pairs: Any = e.trailing_metadata() or ()
+    for k, value in pairs:
+        if k == key:
+            return value if isinstance(value, str) else value.decode()
+    return None
 
 
 def _leader_hint(e: grpc.RpcError) -> str | None:

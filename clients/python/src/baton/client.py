@@ -24,6 +24,7 @@ from baton._wire import (
 )
 from baton.keeper import Keeper, SessionKeeper
 from baton.rules import (
+    check_after_seq,
     check_holder,
     check_lease_args,
     check_prefix,
@@ -323,10 +324,12 @@ class Client(_wire.Settings):
         other._twin = None
         return other
 
-    def watch(self, prefix: str = "") -> Watch:
+    def watch(self, prefix: str = "", after_seq: int | None = None, once: bool = False) -> Watch:
         """Watches every change of holder under ``prefix`` (see
-        :class:`baton.watch.Watch`); needs ``read`` on the prefix."""
-        return Watch(self, check_prefix(prefix))
+        :class:`baton.watch.Watch`): from a snapshot, or after the change
+        numbered ``after_seq``; resuming by itself unless ``once``. Needs
+        ``read`` on the prefix."""
+        return Watch(self, check_prefix(prefix), check_after_seq(after_seq), once)
 
     def election(self, name: str) -> Election:
         """The fenced election named ``name`` (see :class:`baton.watch.Election`)."""

@@ -91,4 +91,16 @@ class SessionEnded(BatonError):
 
 class WatchEnded(BatonError):
     """The server ended the watch (a restart, a leadership change, a
-    shutdown): watch again, from a new snapshot."""
+    shutdown) and it was not resumed (``once=True``): resume with
+    ``after_seq``, or watch again from a new snapshot."""
+
+
+class WatchTooOld(BatonError):
+    """A watch asked to resume after a number older than the changes the
+    server keeps: watch again from a new snapshot (a watch resuming by
+    itself does so). Nothing was streamed."""
+
+    def __init__(self, message: str, oldest_seq: int) -> None:
+        super().__init__(message)
+        #: The oldest number the server resumes a watch from.
+        self.oldest_seq = oldest_seq

@@ -237,6 +237,17 @@ def check_prefix(prefix: object) -> str:
     return _bounded_text(prefix, "prefix", RESOURCE_NAME_LEN_BYTES_MAX, "names never do")
 
 
+def check_after_seq(after_seq: object) -> int | None:
+    """A watch's ``after_seq``: None, or a number from 0 to 2**64-1."""
+    if after_seq is None:
+        return None
+    if isinstance(after_seq, bool) or not isinstance(after_seq, int):
+        raise ValueError(f"after_seq must be an int, not {type(after_seq).__name__}")
+    if not 0 <= after_seq < 2**64:
+        raise ValueError(f"after_seq must be from 0 to 2**64-1, not {after_seq}")
+    return after_seq
+
+
 def check_lease_args(resource: object, ttl_s: object, wait_s: object) -> str:
     """The checks of a ``lease(...)`` call, before a session is opened:
     the canonical name."""

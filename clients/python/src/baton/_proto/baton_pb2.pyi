@@ -687,14 +687,20 @@ class WatchRequest(google.protobuf.message.Message):
     DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
     PREFIX_FIELD_NUMBER: builtins.int
+    AFTER_SEQ_FIELD_NUMBER: builtins.int
     prefix: builtins.str
     """Names starting with this ("" for every name)."""
+    after_seq: builtins.int
+    """Resume after this change (see `Watch`); absent: start from a snapshot."""
     def __init__(
         self,
         *,
         prefix: builtins.str = ...,
+        after_seq: builtins.int | None = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["prefix", b"prefix"]) -> None: ...
+    def HasField(self, field_name: typing.Literal["_after_seq", b"_after_seq", "after_seq", b"after_seq"]) -> builtins.bool: ...
+    def ClearField(self, field_name: typing.Literal["_after_seq", b"_after_seq", "after_seq", b"after_seq", "prefix", b"prefix"]) -> None: ...
+    def WhichOneof(self, oneof_group: typing.Literal["_after_seq", b"_after_seq"]) -> typing.Literal["after_seq"] | None: ...
 
 global___WatchRequest = WatchRequest
 
@@ -845,8 +851,9 @@ class WatchEvent(google.protobuf.message.Message):
     HOLDER_FIELD_NUMBER: builtins.int
     SLOT_FIELD_NUMBER: builtins.int
     seq: builtins.int
-    """Increases with every event of any prefix: events of other prefixes
-    take the numbers in between.
+    """Rises by one with every change of any prefix (events of other
+    prefixes take the numbers in between), across restarts and leaders; a
+    restore starts a higher range.
     """
     kind: global___WatchEvent.Kind.ValueType
     resource: builtins.str

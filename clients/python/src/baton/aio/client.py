@@ -20,8 +20,9 @@ from baton._wire import granted, map_error
 from baton.aio.election import Election
 from baton.aio.keeper import Keeper, SessionLease
 from baton.aio.session import Session
-from baton.aio.watch import Watch, ended
+from baton.aio.watch import Watch
 from baton.rules import (
+    check_after_seq,
     check_holder,
     check_lease_args,
     check_prefix,
@@ -300,25 +301,12 @@ class Client(_wire.Settings):
         check_session_ttl(ttl_s)
         return await Session.open(self, ttl_s)
 
-    async def watch(self, prefix: str = "") -> Watch:
+    async def watch(
+        self, prefix: str = "", after_seq: int | None = None, once: bool = False
+    ) -> Watch:
         """Watches every change of holder under ``prefix``: the snapshot is
-        read before this returns; ``async for change in watch``."""
+        read before this returns (or, with ``after_seq``, the changes after
+        that number come first); ``async for change in watch``. Resumes by
+        itself unless ``once`` (see :class:`baton.watch.Watch`)."""
         check_prefix(prefix)
-        deadline = time.monotonic() + self.timeout_s
-        tried: list[str] = []
-        unreachable: list[tuple[str, str]] = []
-        while True:
-            address = await self._ready_server(unreachable, own=True)
-            call = self._stub(address, own=True).Watch(
-                pb.WatchRequest(prefix=prefix), metadata=self._metadata
-            )
-            try:
-                return await Watch.start(call)
-            except grpc.RpcError as e:
-                tried.append(address)
-                if _wire.passed_over(self._servers, e, address, unreachable, True, deadline):
-                    continue
-                pause = self._servers.next_try(e, address, deadline, tried)
-                if pause is None:
-                    raise ended(e, address, self.timeout_s) from None
-                await asyncio.sleep(pause)
+        return await Watch.start(self, prefix, check_after_seq(after_seq), once)

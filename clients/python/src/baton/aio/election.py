@@ -7,9 +7,10 @@ from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING
 
 from baton import errors
-from baton._types import Change, Leader
+from baton._types import Change, Leader, Resnapshot
 from baton.aio.keeper import SessionKeeper
 from baton.rules import check_resource
+from baton.watch import leader_in
 
 if TYPE_CHECKING:
     from baton.aio.client import Client
@@ -44,16 +45,26 @@ class Election:
         st = await self._client.status(self.name)
         return None if st.holder_token is None else Leader(st.holder_token, st.holder)
 
-    async def observe(self) -> AsyncGenerator[tuple[Change | None, Leader | None], None]:
-        """The leader now, then each change of leader (see the sync twin)."""
-        w = await self._client.watch(self.name)
+    async def observe(
+        self, once: bool = False
+    ) -> AsyncGenerator[tuple[Change | None, Leader | None], None]:
+        """The leader now, then each change of leader, resumed across
+        restarts and failovers (see the sync twin)."""
+        w = await self._client.watch(self.name, once=once)
         try:
-            now = next((h for h in w.holders if h.resource == self.name), None)
-            yield None, (Leader(now.token, now.holder) if now else None)
+            leader = leader_in(self.name, w.holders)
+            yield None, leader
             async for change in w:
+                if isinstance(change, Resnapshot):
+                    now = leader_in(self.name, change.holders)
+                    if now != leader:
+                        leader = now
+                        yield None, leader
+                    continue
                 if change.resource != self.name:
                     continue
                 new = change.kind in ("granted", "handed_off")
-                yield change, (Leader(change.token, change.holder) if new else None)
+                leader = Leader(change.token, change.holder) if new else None
+                yield change, leader
         finally:
             w.close()
