@@ -65,21 +65,18 @@ func (e *Election) Leader(ctx context.Context) (*Leader, error) {
 
 // Observe calls f with the leader now (a nil change), then with each
 // change of leader: a grant or hand-off names the new leader, a release,
-// expiry or fence leaves none (nil). It returns when f returns false
-// (nil), ctx ends, or the watch ends ([ErrWatchEnded] at a restart or
-// failover: observe again).
-func (e *Election) Observe(ctx context.Context, f func(change *Change, leader *Leader) bool) error {
-	w, err := e.client.Watch(ctx, e.name)
+// expiry or fence leaves none (nil). The watch resumes by itself across
+// a restart or a failover; after a new snapshot ("resnapshot") f gets
+// the leader found there, if it is another. It returns when f returns
+// false (nil), ctx ends, or the watch fails for good (with [WatchOnce]:
+// at a restart or failover, [ErrWatchEnded]).
+func (e *Election) Observe(ctx context.Context, f func(change *Change, leader *Leader) bool, options ...WatchOption) error {
+	w, err := e.client.Watch(ctx, e.name, options...)
 	if err != nil {
 		return err
 	}
 	defer w.Close()
-	var now *Leader
-	for _, h := range w.Holders {
-		if h.Resource == e.name {
-			now = &Leader{Token: h.Token, Value: h.Holder}
-		}
-	}
+	now := e.leaderIn(w.Holders)
 	if !f(nil, now) {
 		return nil
 	}
@@ -91,6 +88,17 @@ func (e *Election) Observe(ctx context.Context, f func(change *Change, leader *L
 			}
 			return err
 		}
+		if change.Resnapshot != nil {
+			found := e.leaderIn(change.Resnapshot.Holders)
+			if (found == nil) == (now == nil) && (found == nil || *found == *now) {
+				continue
+			}
+			now = found
+			if !f(&change, now) {
+				return nil
+			}
+			continue
+		}
 		if change.Resource != e.name {
 			continue
 		}
@@ -98,10 +106,21 @@ func (e *Election) Observe(ctx context.Context, f func(change *Change, leader *L
 		if change.Kind == "granted" || change.Kind == "handed_off" {
 			leader = &Leader{Token: change.Token, Value: change.Holder}
 		}
+		now = leader
 		if !f(&change, leader) {
 			return nil
 		}
 	}
+}
+
+// leaderIn is the leader among a snapshot's holders (nil: none).
+func (e *Election) leaderIn(holders []Holder) *Leader {
+	for _, h := range holders {
+		if h.Resource == e.name {
+			return &Leader{Token: h.Token, Value: h.Holder}
+		}
+	}
+	return nil
 }
 
 // campaignChunk is the longest single wait of a campaign: servers cap a

@@ -159,7 +159,7 @@ def watch(ctx: Run, block: Block) -> str:
     day13, day14 = "statement:account-42:2026-09-13", "statement:account-42:2026-09-14"
     term.must(f"baton acquire {day13} --ttl 60s --json > held.json")
     proc, log = term.start(command, strict=False, env={})
-    wait_for_line(log, r"^0 ", 30, proc)
+    wait_for_line(log, r" held ", 30, proc)
     field = 'json.load(open("held.json"))["leases"][0]["acquisition_id"]'
     held = f"$(python3 -c 'import json; print({field})')"
     term.must(f"baton release {day13} --acquisition {held}")
@@ -170,7 +170,7 @@ def watch(ctx: Run, block: Block) -> str:
         timeout_s=30,
     )
     term.must(f"baton fence {day14}")
-    wait_for_line(log, r"^4 ", 30, proc)
+    wait_for_line(log, r" handed_off ", 30, proc)
     term.kill_group(proc.pid)
     term.kill_group(waiter.pid)
     out = read_text(log)

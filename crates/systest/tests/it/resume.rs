@@ -556,3 +556,33 @@ async fn a_watch_from_before_a_restore_is_told_to_take_a_new_snapshot() {
         "numbers rise across the restore: {after} > {before}"
     );
 }
+
+/// `baton watch --once` and `baton observe --once` keep the old end: the
+/// stream's end at a restart is exit 1, saying so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn once_ends_the_command_line_watch_at_a_restart() {
+    let dir = TempDir::new("resume-once");
+    let mut s = common::serve(dir.path(), &[]);
+    let url = s.url();
+    let mut c = Client::connect(&url).await.unwrap();
+    cycles(&mut c, 1).await;
+    let mut watch = common::Proc::spawn_merged(
+        std::process::Command::new(&*common::BIN).args(["watch", "r:", "--once", "--server", &url]),
+        "baton watch --once",
+    );
+    let mut observe = common::Proc::spawn_merged(
+        std::process::Command::new(&*common::BIN)
+            .args(["observe", "r:x", "--once", "--server", &url]),
+        "baton observe --once",
+    );
+    observe.wait_for(" current ");
+    cycles(&mut c, 1).await;
+    watch.wait_for(" released ");
+    s.restart();
+    let (code, rest) = watch.exit();
+    assert_eq!(code, Some(1), "{rest}");
+    assert!(rest.contains("the server ended the watch"), "{rest}");
+    let (code, rest) = observe.exit();
+    assert_eq!(code, Some(1), "{rest}");
+    assert!(rest.contains("the server ended the observation"), "{rest}");
+}
