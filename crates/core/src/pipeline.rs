@@ -30,8 +30,11 @@ pub const LAZY_FLUSH_INTERVAL_MS: u64 = 100;
 pub const LAZY_WRITES_MAX: usize = 8_192;
 /// While anyone watches, a holder change waits at most this long for its
 /// lazy write to be handed over (a release or an expiry reaches watchers
-/// this soon even when no grant follows it).
-pub const WATCHED_FLUSH_INTERVAL_MS: u64 = 5;
+/// this soon even when no grant follows it). At 5 ms a release's event
+/// came 5.5 ms after its answer (0.16 ms before releases waited to be
+/// durable; `scripts/bench-release-event`); at 1 ms it costs at most a
+/// thousand more commits a second, and only while watched.
+pub const WATCHED_FLUSH_INTERVAL_MS: u64 = 1;
 
 /// The writes not yet handed to the committer, and the callers waiting
 /// for their turn; `W` is how the caller answers a waiter.
