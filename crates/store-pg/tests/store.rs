@@ -660,6 +660,67 @@ async fn a_version_4_schema_gains_shapes_with_its_leases_and_old_leader() {
     assert!(bad.is_err(), "permits on an exclusive lease are refused");
 }
 
+/// A change numbered by this release's leader, then a commit of a leader
+/// still on the previous release (schema 5's function) that changes a
+/// holder: the kept changes go and the number moves up by one, so a watch
+/// resuming from before it is told its number is too old. A change whose
+/// number is not above the last is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_old_leaders_commit_breaks_the_kept_history_knowingly() {
+    let db = PgDb::create("pgstore_changes").await;
+    let (pg, mut client) = prepared(&db, "main").await;
+    let term = take(&mut client, "new").await;
+    let store = PgLeaseStore::open(&pg, term, Duration::from_secs(5))
+        .await
+        .unwrap();
+    let change = |seq: u64| {
+        Write::Changed(baton_core::NumberedChange {
+            seq,
+            change: baton_core::Change {
+                kind: baton_core::HolderChange::Granted,
+                resource: "job:a".into(),
+                slot: None,
+                token: FencingToken::from_u64(T1).unwrap(),
+                revoked: None,
+                holder: None,
+            },
+        })
+    };
+    let (store, history) = on_thread(move || {
+        let mut store = store;
+        store
+            .commit(&[position(1), lease("job:a", T1), change(41)])
+            .unwrap();
+        let history = store.history().unwrap();
+        (store, history)
+    })
+    .await;
+    assert_eq!((history.seq, history.changes.len()), (41, 1));
+    let old_commit = "SELECT baton_server.commit_batch($1, NULL, NULL,
+        ARRAY['job:b'], ARRAY['\\x07070707070707070707070707070707'::bytea],
+        ARRAY[1099511627778]::bigint[], ARRAY[5000]::bigint[], ARRAY[NULL]::bytea[],
+        ARRAY[NULL]::text[], ARRAY[NULL]::integer[], ARRAY[]::text[],
+        ARRAY[]::bytea[], ARRAY[]::bigint[], ARRAY[]::text[], ARRAY[]::bytea[],
+        ARRAY[]::bytea[])";
+    client.execute(old_commit, &[&(term as i64)]).await.unwrap();
+    let (store, history) = on_thread(move || {
+        let history = store.history().unwrap();
+        (store, history)
+    })
+    .await;
+    assert_eq!(history.seq, 42, "one number for what the old leader changed");
+    assert!(history.changes.is_empty(), "no history with a hole in it");
+    let refused = on_thread(move || {
+        let mut store = store;
+        store.commit(&[change(42)])
+    })
+    .await;
+    assert!(
+        matches!(&refused, Err(StoreError::Storage(m)) if m.contains("not above the last one")),
+        "{refused:?}"
+    );
+}
+
 /// Every function of schema `baton_server`, by name, as the server prints it.
 async fn functions_in_force(
     client: &tokio_postgres::Client,

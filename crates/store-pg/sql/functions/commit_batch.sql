@@ -106,11 +106,27 @@ BEGIN
         RAISE EXCEPTION 'leadership term % is over: the current term is %', p_term, current_term
             USING ERRCODE = 'BA001';
     END IF;
-    IF p_epoch IS NOT NULL THEN
-        UPDATE baton_server.meta SET epoch = p_epoch, counter = p_counter
-         WHERE id = 1 AND (epoch, counter) <= (p_epoch, p_counter);
+    -- The token position and the last change's number: one row, one
+    -- update per commit (with a second update of the row a one-member
+    -- cluster ran 0.93x the build before this schema at 16 session
+    -- clients, with one 0.975x, medians of three alternating runs).
+    IF cardinality(p_change_seqs) > 0 THEN
+        last_seq := p_change_seqs[cardinality(p_change_seqs)];
+    END IF;
+    IF p_epoch IS NOT NULL OR last_seq IS NOT NULL THEN
+        UPDATE baton_server.meta
+           SET epoch = coalesce(p_epoch, epoch), counter = coalesce(p_counter, counter),
+               seq = coalesce(last_seq, seq)
+         WHERE id = 1
+           AND (p_epoch IS NULL OR (epoch, counter) <= (p_epoch, p_counter))
+           AND (last_seq IS NULL OR seq < p_change_seqs[1]);
         IF NOT FOUND THEN
-            RAISE EXCEPTION 'the token position would move backwards to (%, %)', p_epoch, p_counter
+            IF p_epoch IS NOT NULL AND NOT EXISTS (SELECT 1 FROM baton_server.meta
+                    WHERE id = 1 AND (epoch, counter) <= (p_epoch, p_counter)) THEN
+                RAISE EXCEPTION 'the token position would move backwards to (%, %)', p_epoch, p_counter
+                    USING ERRCODE = 'BA002';
+            END IF;
+            RAISE EXCEPTION 'change number % is not above the last one', p_change_seqs[1]
                 USING ERRCODE = 'BA002';
         END IF;
     END IF;
@@ -138,13 +154,7 @@ BEGIN
         INSERT INTO baton_server.ended (digest) SELECT unnest(p_ended);
         DELETE FROM baton_server.ended WHERE ended_at < now() - interval '120 seconds';
     END IF;
-    IF cardinality(p_change_seqs) > 0 THEN
-        last_seq := p_change_seqs[cardinality(p_change_seqs)];
-        UPDATE baton_server.meta SET seq = last_seq WHERE id = 1 AND seq < p_change_seqs[1];
-        IF NOT FOUND THEN
-            RAISE EXCEPTION 'change number % is not above the last one', p_change_seqs[1]
-                USING ERRCODE = 'BA002';
-        END IF;
+    IF last_seq IS NOT NULL THEN
         INSERT INTO baton_server.changes (seq, body) SELECT * FROM unnest(p_change_seqs, p_changes);
         DELETE FROM baton_server.changes WHERE seq <= last_seq - 1000000;
     END IF;
