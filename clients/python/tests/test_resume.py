@@ -19,6 +19,7 @@ from baton import aio
 from baton.watch import Change, Resnapshot
 
 from .conftest import Server, free_port
+from .test_cluster import leader
 
 
 class Churn:
@@ -189,3 +190,38 @@ def test_too_old_and_future_numbers_are_refused_and_a_late_resume_resnapshots(
             c.watch("r:", after_seq=-1)
     finally:
         server.stop()
+
+
+def test_a_watch_resumes_on_the_new_leader_after_the_leader_is_killed(
+    cluster: list[Server],
+) -> None:
+    addresses = ",".join(n.address for n in cluster)
+    first = leader(cluster)
+    churn = Churn(addresses)
+    try:
+        churn.after(100)
+        w = baton.Client(addresses, timeout_s=2).watch("r:")
+        start = ({h.resource: h.token for h in w.holders}, w.seq)
+        changes: list[Change] = []
+        done = threading.Event()
+
+        def follow() -> None:
+            for c in w:
+                assert isinstance(c, Change), f"no resnapshot within the window: {c}"
+                changes.append(c)
+                if c.resource == "r:end":
+                    done.set()
+                    return
+
+        threading.Thread(target=follow, daemon=True).start()
+        churn.after(100)
+        cluster[first].kill9()
+        leader(cluster, skip=first)
+        churn.after(100)
+        churn.join()
+        baton.Client(addresses).acquire("r:end", ttl_s=60)
+        assert done.wait(60), "the watch saw the marker"
+        w.close()
+        check("sync watch across a leader SIGKILL", start, changes, holders_now(addresses))
+    finally:
+        churn.join()

@@ -4,6 +4,7 @@ fences, and what a watch or an election reports. Plain data, no I/O."""
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Union
 
@@ -194,3 +195,9 @@ class Leader:
 
     token: int
     value: str | None
+
+
+def leader_in(name: str, holders: Iterable[Holder]) -> Leader | None:
+    """The leader of the election ``name`` among a snapshot's holders."""
+    now = next((h for h in holders if h.resource == name), None)
+    return Leader(now.token, now.holder) if now else None

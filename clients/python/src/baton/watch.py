@@ -23,14 +23,14 @@ from __future__ import annotations
 import contextlib
 import queue
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import grpc
 
 from baton import _wire, errors
 from baton._proto import baton_pb2 as pb
-from baton._types import Change, Holder, Leader, Resnapshot
+from baton._types import Change, Holder, Leader, Resnapshot, leader_in
 from baton._wire import RESUME_FOR_S, change_of, holder_of, mended_by_resuming
 from baton.errors import WatchEnded, WatchTooOld
 from baton.keeper import SessionKeeper
@@ -264,9 +264,3 @@ class Election:
                 else:
                     leader = None
                 yield change, leader
-
-
-def leader_in(name: str, holders: Iterable[Holder]) -> Leader | None:
-    """The leader among a snapshot's holders."""
-    now = next((h for h in holders if h.resource == name), None)
-    return Leader(now.token, now.holder) if now else None

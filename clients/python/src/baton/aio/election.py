@@ -7,10 +7,9 @@ from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING
 
 from baton import errors
-from baton._types import Change, Leader, Resnapshot
+from baton._types import Change, Leader, Resnapshot, leader_in
 from baton.aio.keeper import SessionKeeper
 from baton.rules import check_resource
-from baton.watch import leader_in
 
 if TYPE_CHECKING:
     from baton.aio.client import Client
