@@ -17,6 +17,7 @@
 //!         WatchUpdate::Resnapshot { seq, holders } => {
 //!             println!("away too long: {} holders at {seq}", holders.len())
 //!         }
+//!         _ => {}
 //!     }
 //! }
 //! # }

@@ -207,8 +207,28 @@ pub struct Restored {
     pub store_id: String,
 }
 
+/// Empties what a restore replaces: the leases (their count is returned),
+/// the sessions and the kept changes (the new epoch numbers its changes
+/// above every earlier one, `baton_core::first_seq`: the history before it
+/// is not this state's).
+async fn drop_state(
+    txn: &tokio_postgres::Transaction<'_>,
+    version: i32,
+) -> Result<u64, tokio_postgres::Error> {
+    let dropped = txn.execute("DELETE FROM baton_server.leases", &[]).await?;
+    if version >= 2 {
+        txn.execute("DELETE FROM baton_server.sessions", &[])
+            .await?;
+    }
+    if version >= 6 {
+        txn.batch_execute("DELETE FROM baton_server.changes; UPDATE baton_server.meta SET seq = 0")
+            .await?;
+    }
+    Ok(dropped)
+}
+
 /// Restores the cluster's store in place, in one transaction: a new store
-/// id, no leases and no sessions, and the token position at the start of the epoch that
+/// id, no leases, no sessions and no kept changes, and the token position at the start of the epoch that
 /// `new_epoch` picks from the replaced one. The leadership term is ended
 /// too, so the running leader's next commit is refused; the row is marked
 /// as changed, not released, so no server takes over before the old
@@ -259,18 +279,7 @@ pub async fn restore(
         .and_then(|e| baton_core::Epoch::new(e).ok())
         .ok_or_else(|| PgError::Db(format!("stored epoch {epoch} is out of range")))?;
     let epoch = new_epoch(replaced).map_err(|e| PgError::Db(e.to_string()))?;
-    let dropped = txn.execute("DELETE FROM baton_server.leases", &[]).await?;
-    if version >= 2 {
-        txn.execute("DELETE FROM baton_server.sessions", &[])
-            .await?;
-    }
-    if version >= 6 {
-        // The new epoch numbers its changes above every earlier one
-        // (`baton_core::first_seq`): the history before it is not this
-        // state's.
-        txn.batch_execute("DELETE FROM baton_server.changes; UPDATE baton_server.meta SET seq = 0")
-            .await?;
-    }
+    let dropped = drop_state(&txn, version).await?;
     let store_id = crate::random_id();
     txn.execute(
         "UPDATE baton_server.meta SET epoch = $1, counter = 0, store_id = $2 WHERE id = 1",

@@ -708,7 +708,10 @@ async fn an_old_leaders_commit_breaks_the_kept_history_knowingly() {
         (store, history)
     })
     .await;
-    assert_eq!(history.seq, 42, "one number for what the old leader changed");
+    assert_eq!(
+        history.seq, 42,
+        "one number for what the old leader changed"
+    );
     assert!(history.changes.is_empty(), "no history with a hole in it");
     let refused = on_thread(move || {
         let mut store = store;

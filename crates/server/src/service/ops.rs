@@ -26,7 +26,7 @@ use crate::access::auth::Permission;
 use crate::access::gate::SessionRefusal;
 use crate::access::Admitted;
 use crate::cluster::seat::Term;
-use crate::engine::watch::{Refused, WatchStart};
+use crate::engine::watch::WatchStart;
 use crate::engine::{AcquireReply, Command};
 use crate::metrics::Metrics;
 use crate::quota::{Quotas, RateRefusal, WatchGuard};
@@ -427,7 +427,7 @@ impl LeaseService {
                 reply,
             })
             .await?
-            .map_err(refused_resume)?;
+            .map_err(super::watch::refused_resume)?;
         Ok((start, guard))
     }
 
@@ -452,33 +452,6 @@ impl LeaseService {
         }
     }
 }
-
-/// The status of a watch that cannot resume from its number.
-fn refused_resume(refused: Refused) -> Status {
-    match refused {
-        Refused::TooOld { after, oldest } => {
-            let mut metadata = tonic::metadata::MetadataMap::new();
-            metadata.insert(
-                OLDEST_SEQ_METADATA,
-                oldest.to_string().parse().expect("digits are ASCII"),
-            );
-            Status::with_metadata(
-                tonic::Code::OutOfRange,
-                format!(
-                    "after_seq {after} is older than the changes this server keeps (the oldest number a watch resumes from is {oldest}): watch again without after_seq, from a new snapshot"
-                ),
-                metadata,
-            )
-        }
-        Refused::Future { after, last } => Status::invalid_argument(format!(
-            "after_seq {after} is above the last change ({last}): a watch resumes from a number this cluster sent (an event's or a snapshot's seq)"
-        )),
-    }
-}
-
-/// The metadata of an OUT_OF_RANGE watch: the oldest number a watch
-/// resumes from.
-pub const OLDEST_SEQ_METADATA: &str = "baton-oldest-seq";
 
 /// The status of a refused keep-alive or close.
 pub(super) fn refused(refusal: Option<SessionRefusal>) -> Status {

@@ -14,7 +14,7 @@ use tonic::{Request, Response, Status};
 use super::LeaseService;
 use crate::access::Action;
 use crate::cluster::seat::Seat;
-use crate::engine::watch::{Begin, WatchEvent, WatchStart, WATCH_QUEUE_LEN};
+use crate::engine::watch::{Begin, Refused, WatchEvent, WatchStart, WATCH_QUEUE_LEN};
 
 pub type WatchStream = ReceiverStream<Result<v1::WatchResponse, Status>>;
 
@@ -167,6 +167,33 @@ impl Forwarder {
         }
     }
 }
+
+/// The status of a watch that cannot resume from its number.
+pub(super) fn refused_resume(refused: Refused) -> Status {
+    match refused {
+        Refused::TooOld { after, oldest } => {
+            let mut metadata = tonic::metadata::MetadataMap::new();
+            metadata.insert(
+                OLDEST_SEQ_METADATA,
+                oldest.to_string().parse().expect("digits are ASCII"),
+            );
+            Status::with_metadata(
+                tonic::Code::OutOfRange,
+                format!(
+                    "after_seq {after} is older than the changes this server keeps (the oldest number a watch resumes from is {oldest}): watch again without after_seq, from a new snapshot"
+                ),
+                metadata,
+            )
+        }
+        Refused::Future { after, last } => Status::invalid_argument(format!(
+            "after_seq {after} is above the last change ({last}): a watch resumes from a number this cluster sent (an event's or a snapshot's seq)"
+        )),
+    }
+}
+
+/// The metadata of an OUT_OF_RANGE watch: the oldest number a watch
+/// resumes from.
+pub const OLDEST_SEQ_METADATA: &str = "baton-oldest-seq";
 
 /// A resource's holders in a snapshot: its exclusive holder (or the
 /// resource alone, when only waiters are there), or each shared holder or

@@ -274,7 +274,11 @@ fn check(
 
 /// `baton watch r: --json` lines as the changes they print, after the
 /// snapshot's `held` lines (checked as the Rust watcher's).
-fn cli_changes(lines: &[String]) -> (BTreeMap<String, u64>, u64, Vec<(u64, String, String, u64)>) {
+/// A snapshot's holders and number, and the changes after it as `(seq,
+/// kind, resource, token)`.
+type Printed = (BTreeMap<String, u64>, u64, Vec<(u64, String, String, u64)>);
+
+fn cli_changes(lines: &[String]) -> Printed {
     let mut snapshot = BTreeMap::new();
     let mut seq = 0;
     let mut changes = Vec::new();
