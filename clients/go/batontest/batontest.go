@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -39,14 +40,14 @@ func Bin(t testing.TB) string {
 	return checkoutFile(t, filepath.Join("target", "debug", "baton"))
 }
 
-// Start starts a server with args (a data dir of its own without them)
-// and waits until it answers /healthz; it may be a follower. TTLs down to
-// 100 ms are accepted.
+// Start starts a server with args (a data dir of its own unless they
+// name one, or a --store) and waits until it answers /healthz; it may be
+// a follower. TTLs down to 100 ms are accepted.
 func Start(t testing.TB, args ...string) *Server {
 	t.Helper()
 	s := &Server{Addr: FreePort(t), HTTP: FreePort(t), bin: Bin(t)}
-	if len(args) == 0 {
-		args = []string{"--data-dir", filepath.Join(t.TempDir(), "data")}
+	if !slices.Contains(args, "--data-dir") && !slices.Contains(args, "--store") {
+		args = append([]string{"--data-dir", filepath.Join(t.TempDir(), "data")}, args...)
 	}
 	s.args = append([]string{"serve", "--listen", s.Addr, "--http-listen", s.HTTP, "--ttl-min", "100ms"}, args...)
 	s.start(t)
