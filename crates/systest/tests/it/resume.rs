@@ -299,6 +299,63 @@ fn cli_changes(lines: &[String]) -> Printed {
     (snapshot, seq, changes)
 }
 
+/// `baton watch r: --json` as a process, following `servers`, and the
+/// lines read so far.
+struct CliWatcher(common::Proc, Vec<String>);
+
+impl CliWatcher {
+    /// Started, and its first line read (it has its snapshot, or a change
+    /// came after it: the faults may begin).
+    fn start(servers: &str) -> Self {
+        let mut proc = common::Proc::spawn(
+            std::process::Command::new(&*common::BIN)
+                .args(["watch", "r:", "--json", "--server", servers]),
+            "baton watch",
+        );
+        let first = proc.next_line().1;
+        Self(proc, vec![first])
+    }
+
+    /// Reads its lines up to the grant of `end`, ends it with SIGINT
+    /// (exit 0: it resumed rather than failed) and checks them as the
+    /// Rust watcher's are.
+    fn check_until(mut self, what: &str, end: u64, now: &BTreeMap<String, u64>) {
+        let mut lines = std::mem::take(&mut self.1);
+        let marker = format!("\"token\":{end}");
+        while !lines.last().is_some_and(|l| l.contains(&marker)) {
+            lines.push(self.0.next_line().1);
+        }
+        self.0.signal(nix::sys::signal::Signal::SIGINT);
+        assert_eq!(
+            self.0.wait().code(),
+            Some(0),
+            "{what}: resumed, then ended by SIGINT"
+        );
+        let (snapshot, seq, changes) = cli_changes(&lines);
+        let numbers: Vec<u64> = changes.iter().map(|c| c.0).collect();
+        let expected: Vec<u64> = (seq + 1..=seq + changes.len() as u64).collect();
+        assert_eq!(numbers, expected, "{what}: no gap, no duplicate");
+        let mut held = snapshot;
+        for (_, kind, resource, token) in &changes {
+            match kind.as_str() {
+                "granted" | "handed_off" => {
+                    assert_eq!(held.insert(resource.clone(), *token), None, "{what}")
+                }
+                _ => assert_eq!(
+                    held.remove(resource),
+                    Some(*token),
+                    "{what}: {kind} {resource}"
+                ),
+            }
+        }
+        assert_eq!(&held, now, "{what}: the changes lead to the holders now");
+        eprintln!(
+            "{what}: {} changes after seq {seq}, every one once and in order",
+            changes.len()
+        );
+    }
+}
+
 /// The server SIGKILLed three times, each right after a release was
 /// answered, and restarted: the Rust watcher and `baton watch --json`
 /// resume from their last number.
@@ -310,10 +367,7 @@ async fn a_watch_resumes_across_sigkill_with_no_gap_and_no_duplicate() {
     let churn = Churn::start(&url);
     churn.next_release().await;
     let watcher = Watcher::start(&url).await;
-    let mut cli = common::Proc::spawn(
-        std::process::Command::new(&*common::BIN).args(["watch", "r:", "--json", "--server", &url]),
-        "baton watch",
-    );
+    let cli = CliWatcher::start(&url);
     let kills = 3;
     for _ in 0..kills {
         churn.next_release().await;
@@ -326,40 +380,12 @@ async fn a_watch_resumes_across_sigkill_with_no_gap_and_no_duplicate() {
     let now = holders_now(&url).await;
     let watched = watcher.until(end).await;
     check("rust watcher across 3 SIGKILLs", watched, &acked, &now);
-    let mut lines = Vec::new();
-    loop {
-        let (_, line) = cli.next_line();
-        let last = line.contains(&format!("\"token\":{end}"));
-        lines.push(line);
-        if last {
-            break;
-        }
-    }
-    cli.signal(nix::sys::signal::Signal::SIGINT);
-    assert_eq!(cli.wait().code(), Some(0), "resumed, then ended by SIGINT");
-    let (snapshot, seq, changes) = cli_changes(&lines);
-    let numbers: Vec<u64> = changes.iter().map(|c| c.0).collect();
-    let expected: Vec<u64> = (seq + 1..=seq + changes.len() as u64).collect();
-    assert_eq!(numbers, expected, "baton watch: no gap, no duplicate");
-    let mut held = snapshot;
-    for (_, kind, resource, token) in &changes {
-        match kind.as_str() {
-            "granted" | "handed_off" => assert_eq!(held.insert(resource.clone(), *token), None),
-            _ => assert_eq!(held.remove(resource), Some(*token), "{kind} {resource}"),
-        }
-    }
-    assert_eq!(
-        held, now,
-        "baton watch: the changes lead to the holders now"
-    );
-    eprintln!(
-        "baton watch --json across {kills} SIGKILLs: {} changes after seq {seq}, every one once and in order",
-        changes.len()
-    );
+    cli.check_until("baton watch --json across 3 SIGKILLs", end, &now);
 }
 
-/// The leader SIGKILLed twice right after a release: the watcher resumes
-/// on the new leader from the changes the store kept.
+/// The leader SIGKILLed twice right after a release: the watchers (the
+/// Rust client's and `baton watch`'s) resume on the new leader from the
+/// changes the store kept.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_watch_resumes_on_the_new_leader_after_the_leader_is_killed() {
     let db = baton_testkit::PgDb::create("resume_failover").await;
@@ -369,6 +395,7 @@ async fn a_watch_resumes_on_the_new_leader_after_the_leader_is_killed() {
     let churn = Churn::start(&urls);
     churn.next_release().await;
     let watcher = Watcher::start(&urls).await;
+    let cli = CliWatcher::start(&urls);
     let kills = 2;
     for _ in 0..kills {
         churn.next_release().await;
@@ -387,10 +414,11 @@ async fn a_watch_resumes_on_the_new_leader_after_the_leader_is_killed() {
         &acked,
         &now,
     );
+    cli.check_until("baton watch --json across 2 leader SIGKILLs", end, &now);
 }
 
-/// The watcher's connection cut by the fault proxy three times: it
-/// resumes on a new connection.
+/// The watchers' connections (the Rust client's and `baton watch`'s) cut
+/// by the fault proxy three times: they resume on new connections.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_watch_resumes_after_its_connection_is_cut() {
     let dir = TempDir::new("resume-cut");
@@ -398,7 +426,9 @@ async fn a_watch_resumes_after_its_connection_is_cut() {
     let proxy = baton_faults::Proxy::start(s.grpc).await.unwrap();
     let churn = Churn::start(&s.url());
     churn.next_release().await;
-    let watcher = Watcher::start(&format!("http://{}", proxy.addr())).await;
+    let via = format!("http://{}", proxy.addr());
+    let watcher = Watcher::start(&via).await;
+    let cli = CliWatcher::start(&via);
     for _ in 0..3 {
         churn.next_release().await;
         proxy.reset_all();
@@ -414,6 +444,7 @@ async fn a_watch_resumes_after_its_connection_is_cut() {
         &acked,
         &now,
     );
+    cli.check_until("baton watch --json across 3 cut connections", end, &now);
 }
 
 /// Changes of `r:` on `c`, one grant and release each.
