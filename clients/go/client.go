@@ -226,6 +226,49 @@ func (c *Client) call(ctx context.Context, extra time.Duration, k kind,
 
 // pick is the server for the next attempt: the current one if it answers
 // a dial, else the next that does; a definite [ErrUnavailable] naming
+// streamOnLeader opens a stream on the member that leads: open is tried
+// on each member picked (the hung-member rule of [Client.pick]),
+// following a follower's answer to the leader it names, or waiting for
+// one to be elected, until the client's timeout. The stream lives under
+// streamParent (with the client's token); open returns the stream's
+// trailer with its error. It returns the stream's cancel on success, and
+// the member last tried with the trailer and error of its refusal
+// otherwise: the one loop of every stream (a session's, a watch's).
+func (c *Client) streamOnLeader(ctx, streamParent context.Context,
+	open func(streamCtx context.Context, conn *grpc.ClientConn) (metadata.MD, error)) (context.CancelFunc, string, metadata.MD, error) {
+	deadline := time.Now().Add(c.timeout)
+	var unreachable []string
+	pause := 20 * time.Millisecond
+	for {
+		addr, conn, err := c.pick(ctx, &unreachable)
+		if err != nil {
+			return nil, addr, nil, err
+		}
+		streamCtx, cancel := context.WithCancel(streamParent)
+		if c.auth != "" {
+			streamCtx = metadata.AppendToOutgoingContext(streamCtx, "authorization", c.auth)
+		}
+		trailer, err := open(streamCtx, conn)
+		if err == nil {
+			return cancel, addr, nil, nil
+		}
+		cancel()
+		if leader, named := leaderOf(nil, trailer); named {
+			if next, err := Address(leader); leader != "" && err == nil && next != addr {
+				c.switchTo(next)
+				continue
+			}
+			if time.Now().Add(pause).Before(deadline) {
+				time.Sleep(pause)
+				pause = min(pause*2, 500*time.Millisecond)
+				continue
+			}
+			return nil, addr, trailer, errorf(ErrUnavailable, "%s: no leader is known yet (an election is under way); nothing was done", addr)
+		}
+		return nil, addr, trailer, err
+	}
+}
+
 // each once none is left.
 func (c *Client) pick(ctx context.Context, unreachable *[]string) (string, *grpc.ClientConn, error) {
 	for range c.servers {

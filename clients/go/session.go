@@ -111,45 +111,26 @@ func (c *Client) OpenSession(ctx context.Context, ttl time.Duration, options ...
 // openStream opens a Session stream on the leader with open as its first
 // request: the stream, its cancel, and the server's answer.
 func (c *Client) openStream(ctx context.Context, open *pb.OpenSession) (pb.Leases_SessionClient, context.CancelFunc, *pb.SessionOpened, error) {
-	deadline := time.Now().Add(c.timeout)
-	var unreachable []string
-	pause := 20 * time.Millisecond
-	for {
-		addr, conn, err := c.pick(ctx, &unreachable)
-		if err != nil {
-			return nil, nil, nil, err
-		}
-		streamCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-		if c.auth != "" {
-			streamCtx = metadata.AppendToOutgoingContext(streamCtx, "authorization", c.auth)
-		}
-		opened, stream, err := c.tryOpen(ctx, streamCtx, conn, open)
-		if err == nil {
-			return stream, cancel, opened, nil
-		}
-		cancel()
-		var trailer metadata.MD
-		if stream != nil {
-			trailer = stream.Trailer()
-		}
-		if leader, named := leaderOf(nil, trailer); named {
-			if next, err := Address(leader); leader != "" && err == nil && next != addr {
-				c.switchTo(next)
-				continue
+	var stream pb.Leases_SessionClient
+	var opened *pb.SessionOpened
+	// The stream outlives the call that opened it.
+	cancel, addr, _, err := c.streamOnLeader(ctx, context.WithoutCancel(ctx),
+		func(streamCtx context.Context, conn *grpc.ClientConn) (metadata.MD, error) {
+			var err error
+			opened, stream, err = c.tryOpen(ctx, streamCtx, conn, open)
+			if err != nil && stream != nil {
+				return stream.Trailer(), err
 			}
-			if time.Now().Add(pause).Before(deadline) {
-				time.Sleep(pause)
-				pause = min(pause*2, 500*time.Millisecond)
-				continue
-			}
-			return nil, nil, nil, errorf(ErrUnavailable, "%s: no leader is known yet (an election is under way); nothing was done", addr)
-		}
-		var ours *Error
-		if errors.As(err, &ours) {
-			return nil, nil, nil, err
-		}
-		return nil, nil, nil, mapError(err, addr, c.timeout)
+			return nil, err
+		})
+	if err == nil {
+		return stream, cancel, opened, nil
 	}
+	var ours *Error
+	if errors.As(err, &ours) {
+		return nil, nil, nil, err
+	}
+	return nil, nil, nil, mapError(err, addr, c.timeout)
 }
 
 // tryOpen sends open on a new stream and reads the answer, within the

@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
@@ -149,50 +150,35 @@ func (w *Watch) LastSeq() uint64 { return w.lastSeq }
 // a snapshot, read before it returns.
 func (w *Watch) open(after *uint64) (uint64, []Holder, error) {
 	c := w.client
-	deadline := time.Now().Add(c.timeout)
-	var unreachable []string
-	for {
-		addr, conn, err := c.pick(w.ctx, &unreachable)
-		if err != nil {
-			return 0, nil, err
-		}
-		streamCtx, cancel := context.WithCancel(w.ctx)
-		if c.auth != "" {
-			streamCtx = metadata.AppendToOutgoingContext(streamCtx, "authorization", c.auth)
-		}
-		request := &pb.WatchRequest{Prefix: w.prefix, AfterSeq: after}
-		stream, err := pb.NewLeasesClient(conn).Watch(streamCtx, request)
-		var seq uint64
-		var holders []Holder
-		if err == nil {
-			seq, holders, err = begin(stream, after)
-		}
-		if err == nil {
-			w.stream, w.cancel = stream, cancel
-			return seq, holders, nil
-		}
-		cancel()
-		var trailer metadata.MD
-		if stream != nil {
-			trailer = stream.Trailer()
-		}
-		if leader, named := leaderOf(nil, trailer); named && time.Now().Before(deadline) {
-			if next, aerr := Address(leader); leader != "" && aerr == nil && next != addr {
-				c.switchTo(next)
-			} else {
-				time.Sleep(50 * time.Millisecond)
+	request := &pb.WatchRequest{Prefix: w.prefix, AfterSeq: after}
+	var stream pb.Leases_WatchClient
+	var seq uint64
+	var holders []Holder
+	cancel, addr, trailer, err := c.streamOnLeader(w.ctx, w.ctx,
+		func(streamCtx context.Context, conn *grpc.ClientConn) (metadata.MD, error) {
+			var err error
+			stream, err = pb.NewLeasesClient(conn).Watch(streamCtx, request)
+			if err != nil {
+				return nil, err
 			}
-			continue
-		}
-		var ours *Error
-		if errors.As(err, &ours) {
-			return 0, nil, err
-		}
-		if tooOld := tooOldOf(err, trailer); tooOld != nil {
-			return 0, nil, tooOld
-		}
-		return 0, nil, mapError(err, addr, c.timeout)
+			seq, holders, err = begin(stream, after)
+			if err != nil {
+				return stream.Trailer(), err
+			}
+			return nil, nil
+		})
+	if err == nil {
+		w.stream, w.cancel = stream, cancel
+		return seq, holders, nil
 	}
+	var ours *Error
+	if errors.As(err, &ours) {
+		return 0, nil, err
+	}
+	if tooOld := tooOldOf(err, trailer); tooOld != nil {
+		return 0, nil, tooOld
+	}
+	return 0, nil, mapError(err, addr, c.timeout)
 }
 
 // tooOldOf is a watch's OUT_OF_RANGE with the oldest number it resumes
