@@ -132,8 +132,9 @@ impl PgLeaseStore {
             .collect()
     }
 
-    /// The kept changes and the last number (`sql/006_changes.sql`).
-    async fn history_async(&self) -> Result<History, StoreError> {
+    /// The last `n_max` kept changes and the last number
+    /// (`sql/006_changes.sql`).
+    async fn history_async(&self, n_max: usize) -> Result<History, StoreError> {
         let storage = |e: tokio_postgres::Error| StoreError::Storage(db_message(&e));
         let seq: i64 = self
             .client
@@ -143,7 +144,11 @@ impl PgLeaseStore {
             .get(0);
         let rows = self
             .client
-            .query("SELECT body FROM baton_server.changes ORDER BY seq", &[])
+            .query(
+                "SELECT body FROM (SELECT seq, body FROM baton_server.changes \
+                 ORDER BY seq DESC LIMIT $1) AS latest ORDER BY seq",
+                &[&i64::try_from(n_max).unwrap_or(i64::MAX)],
+            )
             .await
             .map_err(storage)?;
         let mut changes = Vec::with_capacity(rows.len());
@@ -342,8 +347,8 @@ impl LeaseStore for PgLeaseStore {
         self.runtime.block_on(self.ended_async())
     }
 
-    fn history(&self) -> Result<History, StoreError> {
-        self.runtime.block_on(self.history_async())
+    fn history(&self, n_max: usize) -> Result<History, StoreError> {
+        self.runtime.block_on(self.history_async(n_max))
     }
 
     fn commit(&mut self, writes: &[Write]) -> Result<(), StoreError> {

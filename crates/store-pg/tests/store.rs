@@ -691,7 +691,7 @@ async fn an_old_leaders_commit_breaks_the_kept_history_knowingly() {
         store
             .commit(&[position(1), lease("job:a", T1), change(41)])
             .unwrap();
-        let history = store.history().unwrap();
+        let history = store.history(10).unwrap();
         (store, history)
     })
     .await;
@@ -704,7 +704,7 @@ async fn an_old_leaders_commit_breaks_the_kept_history_knowingly() {
         ARRAY[]::bytea[])";
     client.execute(old_commit, &[&(term as i64)]).await.unwrap();
     let (store, history) = on_thread(move || {
-        let history = store.history().unwrap();
+        let history = store.history(10).unwrap();
         (store, history)
     })
     .await;

@@ -103,12 +103,13 @@ pub trait LeaseStore: Send {
     fn ended(&self) -> Result<Vec<AcquisitionDigest>, StoreError> {
         Ok(Vec::new())
     }
-    /// The latest holder changes ([`Write::Changed`]), at least the last
-    /// [`baton_core::HISTORY_LEN_MAX`] committed (fewer only if fewer were),
-    /// in number order, and the last change's number, read once at start
-    /// with the state. The default: none kept (a watcher then resumes only
-    /// from the last change on).
-    fn history(&self) -> Result<History, StoreError> {
+    /// The latest holder changes ([`Write::Changed`]), the last `n_max`
+    /// committed (fewer only if fewer were; a store keeps the last
+    /// [`baton_core::HISTORY_LEN_MAX`]), in number order, and the last
+    /// change's number, read once at start with the state. The default:
+    /// none kept (a watcher then resumes only from the last change on).
+    fn history(&self, n_max: usize) -> Result<History, StoreError> {
+        let _ = n_max;
         Ok(History::default())
     }
     /// Keys committed to the store's log but not yet folded into its main

@@ -393,8 +393,8 @@ impl LeaseStore for RedbStore {
         contain_panics(&Self::path_in(&self.data_dir), || self.ended_inner())
     }
 
-    fn history(&self) -> Result<crate::History, StoreError> {
-        contain_panics(&Self::path_in(&self.data_dir), || self.history_inner())
+    fn history(&self, n_max: usize) -> Result<crate::History, StoreError> {
+        contain_panics(&Self::path_in(&self.data_dir), || self.history_inner(n_max))
     }
 
     /// Keys of the frozen log not yet folded into redb: zero unless a

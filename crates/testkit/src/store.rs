@@ -50,8 +50,11 @@ impl LeaseStore for MemStore {
         Ok(self.ended.lock().expect("mem store lock").clone())
     }
 
-    fn history(&self) -> Result<History, StoreError> {
-        Ok(self.history.lock().expect("mem store lock").clone())
+    fn history(&self, n_max: usize) -> Result<History, StoreError> {
+        let mut history = self.history.lock().expect("mem store lock").clone();
+        let excess = history.changes.len().saturating_sub(n_max);
+        history.changes.drain(..excess);
+        Ok(history)
     }
 
     fn commit(&mut self, writes: &[Write]) -> Result<(), StoreError> {
@@ -140,8 +143,8 @@ impl<S: LeaseStore> LeaseStore for FailingStore<S> {
         self.inner.ended()
     }
 
-    fn history(&self) -> Result<History, StoreError> {
-        self.inner.history()
+    fn history(&self, n_max: usize) -> Result<History, StoreError> {
+        self.inner.history(n_max)
     }
 
     fn commit(&mut self, writes: &[Write]) -> Result<(), StoreError> {

@@ -279,9 +279,11 @@ fn changes() -> [baton_core::NumberedChange; 2] {
 /// The changes committed come back after a reopen, in number order, with
 /// the last number.
 fn changes_come_back_in_number_order(store: &impl LeaseStore) {
-    let history = store.history().expect("history");
+    let history = store.history(10).expect("history");
     assert_eq!(history.seq, 42, "the last change's number");
     assert_eq!(history.changes, changes().to_vec());
+    let last = store.history(1).expect("history");
+    assert_eq!((last.seq, last.changes), (42, changes()[1..].to_vec()));
 }
 
 /// The acquisition digest of the lease on "a" that the later delete ends.

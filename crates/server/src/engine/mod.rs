@@ -217,7 +217,7 @@ impl Engine {
         let mut table = committer::recover(&*store, bounds.limits)?;
         let quotas = quotas::Followed::start(bounds.quotas, &mut table);
         let (epoch, counter) = table.last_token();
-        let history = store.history()?;
+        let history = store.history(bounds.watch_history_len)?;
         // A restore's new epoch numbers its changes above every earlier one.
         let seq = history.seq.max(baton_core::first_seq(epoch));
         let hub = Hub::new(seq, history.changes, bounds.watch_history_len);

@@ -49,20 +49,33 @@ pub(super) fn keep(
     Ok(())
 }
 
-/// The kept changes in `txn` and the last number, with `pending` (those of
-/// the logs not yet in redb, in number order) after them.
+/// The last `n_max` kept changes in `txn` and the last number, with
+/// `pending` (those of the logs not yet in redb, in number order) after
+/// them. Only the values that hold one of the last `n_max` are decoded.
 pub(super) fn read(
     txn: &redb::ReadTransaction,
     pending: Vec<NumberedChange>,
+    n_max: usize,
 ) -> Result<History, StoreError> {
     let meta = txn.open_table(META).map_err(storage)?;
     let mut seq = meta.get("seq").map_err(storage)?.map_or(0, |v| v.value());
     let mut changes = Vec::new();
     match txn.open_table(CHANGES) {
         Ok(table) => {
-            for entry in table.iter().map_err(storage)? {
-                let (_, value) = entry.map_err(storage)?;
-                let decoded = decode_changes(value.value())
+            // Newest value first, until those read hold the last n_max
+            // changes in redb (a value holds its first number up to the
+            // last one redb has, `seq` in the meta table, or to the next
+            // value's first).
+            let mut values = Vec::new();
+            for entry in table.iter().map_err(storage)?.rev() {
+                let (start, value) = entry.map_err(storage)?;
+                values.push(value.value().to_vec());
+                if (seq + 1).saturating_sub(start.value()) >= n_max as u64 {
+                    break;
+                }
+            }
+            for value in values.iter().rev() {
+                let decoded = decode_changes(value)
                     .map_err(|e| StoreError::Corrupt(format!("the kept changes: {e}")))?;
                 changes.extend(decoded);
             }
@@ -76,7 +89,7 @@ pub(super) fn read(
     if let Some(last) = changes.last() {
         seq = seq.max(last.seq);
     }
-    let excess = changes.len().saturating_sub(HISTORY_LEN_MAX);
+    let excess = changes.len().saturating_sub(n_max.min(HISTORY_LEN_MAX));
     changes.drain(..excess);
     Ok(History { seq, changes })
 }
@@ -84,7 +97,7 @@ pub(super) fn read(
 impl RedbStore {
     /// The kept changes, as [`crate::LeaseStore::history`] gives them:
     /// redb's read transaction and the logs' changes taken together.
-    pub(super) fn history_inner(&self) -> Result<History, StoreError> {
+    pub(super) fn history_inner(&self, n_max: usize) -> Result<History, StoreError> {
         let (txn, pending) = self.folder.with_frozen(|frozen| {
             let txn = self.db.begin_read().map_err(storage)?;
             let pending: Vec<_> = frozen
@@ -94,6 +107,6 @@ impl RedbStore {
                 .collect();
             Ok::<_, StoreError>((txn, pending))
         })?;
-        read(&txn, pending)
+        read(&txn, pending, n_max)
     }
 }

@@ -654,3 +654,45 @@ fn ended_leases_of_one_millisecond_share_a_row_and_the_per_lease_table_is_droppe
     drop(db);
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+#[test]
+fn kept_changes_come_back_in_order_across_folds_and_reopens_the_last_n_asked() {
+    let d = dir("history");
+    let change = |seq: u64| {
+        Write::Changed(baton_core::NumberedChange {
+            seq,
+            change: baton_core::Change {
+                kind: baton_core::HolderChange::Released,
+                resource: format!("h:{}", seq % 13),
+                slot: seq.is_multiple_of(3).then_some(seq as u32 % 5),
+                token: FencingToken::new(Epoch::FIRST, seq).unwrap(),
+                revoked: None,
+                holder: seq
+                    .is_multiple_of(2)
+                    .then(|| baton_core::Holder::parse(&format!("w{seq}")).unwrap()),
+            },
+        })
+    };
+    // A 16 KiB log rotates and folds every hundred or so commits.
+    let mut s = RedbStore::open_with_log(&d, 16 << 10).unwrap();
+    for i in 0..1_000u64 {
+        s.commit(&[change(2 * i + 1), change(2 * i + 2)]).unwrap();
+        if i == 611 {
+            drop(s);
+            s = RedbStore::open_with_log(&d, 16 << 10).unwrap();
+        }
+    }
+    drop(s);
+    let s = RedbStore::open(&d).unwrap();
+    let all = s.history(usize::MAX).unwrap();
+    assert_eq!(all.seq, 2_000);
+    let seqs: Vec<u64> = all.changes.iter().map(|c| c.seq).collect();
+    assert_eq!(seqs, (1..=2_000).collect::<Vec<_>>(), "every one, in order");
+    assert_eq!(Write::Changed(all.changes[1_233].clone()), change(1_234));
+    let last = s.history(100).unwrap();
+    assert_eq!(last.seq, 2_000);
+    assert_eq!(last.changes, all.changes[1_900..].to_vec(), "the last 100");
+    assert_eq!(s.history(0).unwrap().changes, vec![]);
+    drop(s);
+    std::fs::remove_dir_all(&d).unwrap();
+}
