@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -118,20 +118,29 @@ def churned(tmp_dir: str) -> Iterator[tuple[Server, Churn]]:
         server.stop()
 
 
-def kill_three_times(server: Server, churn: Churn) -> int:
+def kill_three_times(server: Server, churn: Churn) -> None:
     for _ in range(3):
         churn.after(100)
         server.restart()
     churn.after(100)
     churn.join()
-    marker = baton.Client(server.address).acquire("r:end", ttl_s=60)
-    return marker.token
+    client(server.address).acquire("r:end", ttl_s=60)
 
 
-def test_a_sync_watch_resumes_across_sigkill(churned: tuple[Server, Churn]) -> None:
-    server, churn = churned
+def fail_over(cluster: list[Server], churn: Churn) -> None:
+    first = leader(cluster)
     churn.after(100)
-    w = baton.Client(server.address, timeout_s=2).watch("r:")
+    cluster[first].kill9()
+    leader(cluster, skip=first)
+    churn.after(100)
+    churn.join()
+    client(",".join(n.address for n in cluster)).acquire("r:end", ttl_s=60)
+
+
+def watch_sync(what: str, address: str, faults: Callable[[], None]) -> None:
+    """A sync watch of ``r:`` followed on a thread while ``faults`` run
+    (ending with a grant of ``r:end``), then checked."""
+    w = client(address, timeout_s=2).watch("r:")
     start = ({h.resource: h.token for h in w.holders}, w.seq)
     changes: list[Change] = []
     done = threading.Event()
@@ -144,20 +153,18 @@ def test_a_sync_watch_resumes_across_sigkill(churned: tuple[Server, Churn]) -> N
                 done.set()
                 return
 
-    t = threading.Thread(target=follow, daemon=True)
-    t.start()
-    kill_three_times(server, churn)
+    threading.Thread(target=follow, daemon=True).start()
+    faults()
     assert done.wait(60), "the watch saw the marker"
     w.close()
-    check("sync watch across 3 SIGKILLs", start, changes, holders_now(server.address))
+    check(what, start, changes, holders_now(address))
 
 
-def test_an_asyncio_watch_resumes_across_sigkill(churned: tuple[Server, Churn]) -> None:
-    server, churn = churned
-    churn.after(100)
+def watch_async(what: str, address: str, faults: Callable[[], None]) -> None:
+    """The asyncio twin of :func:`watch_sync` (``faults`` on a thread)."""
 
     async def main() -> None:
-        async with aio.Client(server.address, timeout_s=2) as c:
+        async with aio.Client(address, timeout_s=2) as c:
             w = await c.watch("r:")
             start = ({h.resource: h.token for h in w.holders}, w.seq)
             changes: list[Change] = []
@@ -170,13 +177,29 @@ def test_an_asyncio_watch_resumes_across_sigkill(churned: tuple[Server, Churn]) 
                         return
 
             task = asyncio.ensure_future(follow())
-            await asyncio.to_thread(kill_three_times, server, churn)
+            await asyncio.to_thread(faults)
             await asyncio.wait_for(task, 60)
             w.close()
-            now = await asyncio.to_thread(holders_now, server.address)
-            check("asyncio watch across 3 SIGKILLs", start, changes, now)
+            now = await asyncio.to_thread(holders_now, address)
+            check(what, start, changes, now)
 
     asyncio.run(main())
+
+
+def test_a_sync_watch_resumes_across_sigkill(churned: tuple[Server, Churn]) -> None:
+    server, churn = churned
+    churn.after(100)
+    watch_sync(
+        "sync watch across 3 SIGKILLs", server.address, lambda: kill_three_times(server, churn)
+    )
+
+
+def test_an_asyncio_watch_resumes_across_sigkill(churned: tuple[Server, Churn]) -> None:
+    server, churn = churned
+    churn.after(100)
+    watch_async(
+        "asyncio watch across 3 SIGKILLs", server.address, lambda: kill_three_times(server, churn)
+    )
 
 
 def test_too_old_and_future_numbers_are_refused_and_a_late_resume_resnapshots(
@@ -214,72 +237,23 @@ def test_a_watch_resumes_on_the_new_leader_after_the_leader_is_killed(
     cluster: list[Server],
 ) -> None:
     addresses = ",".join(n.address for n in cluster)
-    first = leader(cluster)
     churn = Churn(addresses)
     try:
         churn.after(100)
-        w = client(addresses, timeout_s=2).watch("r:")
-        start = ({h.resource: h.token for h in w.holders}, w.seq)
-        changes: list[Change] = []
-        done = threading.Event()
-
-        def follow() -> None:
-            for c in w:
-                assert isinstance(c, Change), f"no resnapshot within the window: {c}"
-                changes.append(c)
-                if c.resource == "r:end":
-                    done.set()
-                    return
-
-        threading.Thread(target=follow, daemon=True).start()
-        churn.after(100)
-        cluster[first].kill9()
-        leader(cluster, skip=first)
-        churn.after(100)
-        churn.join()
-        client(addresses).acquire("r:end", ttl_s=60)
-        assert done.wait(60), "the watch saw the marker"
-        w.close()
-        check("sync watch across a leader SIGKILL", start, changes, holders_now(addresses))
+        watch_sync(
+            "sync watch across a leader SIGKILL", addresses, lambda: fail_over(cluster, churn)
+        )
     finally:
         churn.join()
 
 
 def test_an_asyncio_watch_resumes_on_the_new_leader(cluster: list[Server]) -> None:
     addresses = ",".join(n.address for n in cluster)
-    first = leader(cluster)
     churn = Churn(addresses)
-
-    def fail_over() -> None:
-        churn.after(100)
-        cluster[first].kill9()
-        leader(cluster, skip=first)
-        churn.after(100)
-        churn.join()
-        client(addresses).acquire("r:end", ttl_s=60)
-
-    async def main() -> None:
-        async with aio.Client(addresses, timeout_s=2) as c:
-            w = await c.watch("r:")
-            start = ({h.resource: h.token for h in w.holders}, w.seq)
-            changes: list[Change] = []
-
-            async def follow() -> None:
-                async for ch in w:
-                    assert isinstance(ch, Change), f"no resnapshot within the window: {ch}"
-                    changes.append(ch)
-                    if ch.resource == "r:end":
-                        return
-
-            task = asyncio.ensure_future(follow())
-            await asyncio.to_thread(fail_over)
-            await asyncio.wait_for(task, 60)
-            w.close()
-            now = await asyncio.to_thread(holders_now, addresses)
-            check("asyncio watch across a leader SIGKILL", start, changes, now)
-
     try:
         churn.after(100)
-        asyncio.run(main())
+        watch_async(
+            "asyncio watch across a leader SIGKILL", addresses, lambda: fail_over(cluster, churn)
+        )
     finally:
         churn.join()

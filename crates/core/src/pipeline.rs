@@ -103,11 +103,6 @@ impl<W> Pipeline<W> {
         }
     }
 
-    /// The last change's number.
-    pub fn seq(&self) -> u64 {
-        self.seq
-    }
-
     /// Whether anyone watches (changes are then handed over sooner).
     pub fn set_watched(&mut self, watched: bool) {
         self.watched = watched;
@@ -337,7 +332,7 @@ mod tests {
         );
         let lazy = p.take_lazy();
         assert!(matches!(lazy.last(), Some(Write::Changed(c)) if c.seq == 47));
-        assert_eq!(p.seq(), 47);
+        assert_eq!(p.seq, 47);
     }
 
     #[test]

@@ -12,7 +12,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Condvar, Mutex};
 use std::time::Instant;
 
-pub use baton_core::Change;
+use baton_core::Change;
 
 /// Changes kept per resource: the oldest goes first.
 pub const HISTORY_PER_RESOURCE_MAX: usize = 32;
