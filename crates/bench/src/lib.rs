@@ -71,18 +71,20 @@ pub trait Target: Sync {
     }
 }
 
-/// CPU time (user + system) of every process named one of `names`, in µs.
-/// `/proc/PID/stat` counts in USER_HZ, which Linux fixes at 100.
+/// CPU time (user + system) of every process named one of `names` but
+/// this one (`baton bench` is named `baton` too), in µs. `/proc/PID/stat`
+/// counts in USER_HZ, which Linux fixes at 100.
 pub fn cpu_us_of(names: &[&str]) -> Option<u64> {
     if names.is_empty() {
         return None;
     }
+    let own = std::process::id().to_string();
     let mut total = 0;
     for entry in std::fs::read_dir("/proc").ok()?.flatten() {
         let pid = entry.file_name();
         let Some(pid) = pid
             .to_str()
-            .filter(|p| p.bytes().all(|b| b.is_ascii_digit()))
+            .filter(|p| p.bytes().all(|b| b.is_ascii_digit()) && *p != own)
         else {
             continue;
         };

@@ -90,6 +90,15 @@ pub(super) struct Sides {
     pub cycles_per_s_with: u64,
     pub acquire_p99_us_without: u64,
     pub acquire_p99_us_with: u64,
+    /// Medians of the server's CPU time per cycle (when its processes are
+    /// found) and of this process's (its clients and whatever `start`
+    /// runs in it), µs.
+    pub server_cpu_us_per_cycle_without: Option<f64>,
+    pub server_cpu_us_per_cycle_with: Option<f64>,
+    pub own_cpu_us_per_cycle_without: Option<f64>,
+    pub own_cpu_us_per_cycle_with: Option<f64>,
+    /// Cycles completed beside the load, all rounds.
+    pub cycles_with: u64,
 }
 
 impl Sides {
@@ -111,9 +120,12 @@ pub(super) async fn alternating<G>(
     let clients = a.cycle.clients.first();
     let target = Baton::new("baton", to.server.clone(), a.cycle.ttl)
         .with_transport(transport(a))
-        .with_options(to.options.clone());
+        .with_options(to.options.clone())
+        .with_processes(&["baton"]);
     let run_id = a.cycle.run_id("");
     let (mut without, mut with, mut p99_without, mut p99_with) = (vec![], vec![], vec![], vec![]);
+    let (mut server, mut own) = ([vec![], vec![]], [vec![], vec![]]);
+    let mut cycles_with = 0;
     for round in 0..a.rounds.max(1) {
         let r = crate::run(
             &target,
@@ -126,6 +138,8 @@ pub(super) async fn alternating<G>(
         .map_err(failed)?;
         without.push(r.cycles_per_s);
         p99_without.push(r.acquire_us.p99 as f64);
+        server[0].extend(r.server_cpu_us_per_cycle);
+        own[0].extend(r.client_cpu_us_per_cycle);
         let guard = start().await?;
         let r = crate::run(
             &target,
@@ -140,7 +154,12 @@ pub(super) async fn alternating<G>(
         drop(guard);
         with.push(r.cycles_per_s);
         p99_with.push(r.acquire_us.p99 as f64);
+        server[1].extend(r.server_cpu_us_per_cycle);
+        own[1].extend(r.client_cpu_us_per_cycle);
+        cycles_with += r.cycles;
     }
+    let [server_without, server_with] = server.map(median_of);
+    let [own_without, own_with] = own.map(median_of);
     Ok(Sides {
         clients,
         rounds: without.len(),
@@ -148,7 +167,17 @@ pub(super) async fn alternating<G>(
         cycles_per_s_with: median(with).round() as u64,
         acquire_p99_us_without: median(p99_without) as u64,
         acquire_p99_us_with: median(p99_with) as u64,
+        server_cpu_us_per_cycle_without: server_without,
+        server_cpu_us_per_cycle_with: server_with,
+        own_cpu_us_per_cycle_without: own_without,
+        own_cpu_us_per_cycle_with: own_with,
+        cycles_with,
     })
+}
+
+/// The median, if there are figures.
+fn median_of(v: Vec<f64>) -> Option<f64> {
+    (!v.is_empty()).then(|| median(v))
 }
 
 /// Alternating rounds without and with the watchers.
@@ -178,9 +207,28 @@ pub(super) async fn overhead(
         acquire_p99_us_without: sides.acquire_p99_us_without,
         acquire_p99_us_with: sides.acquire_p99_us_with,
         events_delivered: delivered,
+        server_cpu_us_per_event: per_event(
+            sides.server_cpu_us_per_cycle_without,
+            sides.server_cpu_us_per_cycle_with,
+            delivered,
+            sides.cycles_with,
+        ),
+        own_cpu_us_per_event: per_event(
+            sides.own_cpu_us_per_cycle_without,
+            sides.own_cpu_us_per_cycle_with,
+            delivered,
+            sides.cycles_with,
+        ),
     };
     emit(json, &out, Overhead::text);
     Ok(())
+}
+
+/// The CPU time a delivered event added, µs: the growth of the CPU per
+/// cycle beside the watchers, over the events each cycle delivered.
+fn per_event(without: Option<f64>, with: Option<f64>, events: u64, cycles: u64) -> Option<f64> {
+    let events_per_cycle = events as f64 / cycles.max(1) as f64;
+    (events > 0).then_some((with? - without?) / events_per_cycle)
 }
 
 impl Overhead {
@@ -188,7 +236,7 @@ impl Overhead {
         let out = self;
         let (idle, busy) = (self.idle_watchers, self.busy_watchers);
         format!(
-            "C={} distinct, medians of {} rounds: {} cycles/s without watchers, {} with {} idle + {} busy ({:.3}x); acquire p99 {} us -> {} us; {} events delivered to busy watchers",
+            "C={} distinct, medians of {} rounds: {} cycles/s without watchers, {} with {} idle + {} busy ({:.3}x); acquire p99 {} us -> {} us; {} events delivered to busy watchers; CPU per delivered event: server {} us, this process (its watchers decoding) {} us",
             out.clients,
             out.rounds,
             out.cycles_per_s_without,
@@ -198,7 +246,9 @@ impl Overhead {
             out.cycles_per_s_with as f64 / out.cycles_per_s_without.max(1) as f64,
             out.acquire_p99_us_without,
             out.acquire_p99_us_with,
-            out.events_delivered
+            out.events_delivered,
+            us(out.server_cpu_us_per_event),
+            us(out.own_cpu_us_per_event),
         )
     }
 }
@@ -214,4 +264,10 @@ struct Overhead {
     acquire_p99_us_without: u64,
     acquire_p99_us_with: u64,
     events_delivered: u64,
+    server_cpu_us_per_event: Option<f64>,
+    own_cpu_us_per_event: Option<f64>,
+}
+
+fn us(v: Option<f64>) -> String {
+    v.map_or("-".into(), |v| format!("{v:.2}"))
 }
