@@ -8,6 +8,16 @@ pub mod v1 {
     tonic::include_proto!("baton.v1");
 }
 
+/// The service as the server implements it: the messages of [`v1`], except
+/// that a `Watch` answer is an [`wire::EncodedWatchResponse`], so an event
+/// is encoded once whatever the number of watchers it goes to.
+pub mod server {
+    #![allow(clippy::all, missing_docs)]
+    include!(concat!(env!("OUT_DIR"), "/server/baton.v1.rs"));
+}
+
+pub mod wire;
+
 /// Largest encoded request the server decodes, in bytes. A request naming
 /// the maximum number of maximum-length resources fits well inside it.
 pub const REQUEST_LEN_BYTES_MAX: usize = 256 * 1024;

@@ -15,7 +15,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use baton_proto::v1::leases_server::LeasesServer;
+use baton_proto::server::leases_server::LeasesServer;
 use baton_proto::REQUEST_LEN_BYTES_MAX;
 use baton_store::{LeaseStore, RedbStore, StoreError};
 use tokio::net::TcpListener;

@@ -18,6 +18,11 @@
 //! `--watch-history` changes ([`History`]); a number older than those, or
 //! one above the last change, is refused ([`Refused`]).
 //!
+//! A live change reaches every watcher of its prefix as one shared
+//! [`Published`]: one allocation per change whatever the number of
+//! watchers, and one wire encoding, made by the first watcher's stream
+//! that sends it and reused by the others.
+//!
 //! Each watcher has a bounded queue; one that falls behind by more than
 //! [`WATCH_QUEUE_LEN`] events is cut off (its stream ends with
 //! `RESOURCE_EXHAUSTED`), never buffered without bound. When the engine
@@ -26,7 +31,7 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use baton_core::{LeaseStatus, NumberedChange};
 
@@ -42,12 +47,34 @@ pub const WATCH_HISTORY_LEN_DEFAULT: usize = 100_000;
 /// A change of holder, numbered in the order the store committed it.
 pub type WatchEvent = NumberedChange;
 
+/// A live change as its watchers share it.
+pub struct Published {
+    pub event: WatchEvent,
+    /// Its encoding for the wire, made once (see [`Published::encoded`]).
+    encoded: OnceLock<bytes::Bytes>,
+}
+
+impl Published {
+    fn new(event: WatchEvent) -> Arc<Self> {
+        Arc::new(Self {
+            event,
+            encoded: OnceLock::new(),
+        })
+    }
+
+    /// The change as `encode` writes it for the wire, encoded by the first
+    /// caller only: every watcher sends the same bytes.
+    pub fn encoded(&self, encode: impl FnOnce(&WatchEvent) -> bytes::Bytes) -> &bytes::Bytes {
+        self.encoded.get_or_init(|| encode(&self.event))
+    }
+}
+
 /// What a new watcher gets: the holders at `seq` (or, resuming, the kept
 /// changes after `seq`), then every later event.
 pub struct WatchStart {
     pub seq: u64,
     pub begin: Begin,
-    pub events: mpsc::Receiver<WatchEvent>,
+    pub events: mpsc::Receiver<Arc<Published>>,
     /// Set when the watcher was cut off for falling behind.
     pub cut_off: Arc<AtomicBool>,
 }
@@ -79,13 +106,13 @@ struct History {
 }
 
 struct Watcher {
-    tx: mpsc::Sender<WatchEvent>,
+    tx: mpsc::Sender<Arc<Published>>,
     cut_off: Arc<AtomicBool>,
 }
 
 impl Watcher {
     /// Hands `event` over; `false` once the watcher is gone or cut off.
-    fn offer(&self, event: &WatchEvent) -> bool {
+    fn offer(&self, event: &Arc<Published>) -> bool {
         match self.tx.try_send(event.clone()) {
             Ok(()) => true,
             Err(mpsc::error::TrySendError::Full(_)) => {
@@ -254,9 +281,11 @@ impl Hub {
                 }
                 history.changes.push_back(event.clone());
             }
+            let mut shared: Option<Arc<Published>> = None;
             for (prefix, group) in groups.iter_mut() {
                 if event.change.resource.starts_with(prefix.as_str()) {
-                    group.retain(|w| w.offer(event));
+                    let shared = shared.get_or_insert_with(|| Published::new(event.clone()));
+                    group.retain(|w| w.offer(shared));
                 }
             }
         }
@@ -313,8 +342,35 @@ mod tests {
         assert_eq!(w.seq, 1);
         hub.publish(&[granted(2, "b:1"), granted(3, "a:2")]);
         let e = w.events.try_recv().unwrap();
-        assert_eq!((e.seq, e.change.resource.as_str()), (3, "a:2"));
+        assert_eq!((e.event.seq, e.event.change.resource.as_str()), (3, "a:2"));
         assert!(w.events.try_recv().is_err(), "b:1 is not under a:");
+    }
+
+    #[test]
+    fn watchers_of_a_change_share_one_copy_and_one_encoding() {
+        let hub = hub();
+        let mut ws: Vec<_> = ["", "a:", "a:", "b:"]
+            .into_iter()
+            .map(|p| {
+                hub.expect();
+                hub.register(p.into(), Vec::new())
+            })
+            .collect();
+        hub.publish(&[granted(1, "a:1")]);
+        let got: Vec<_> = ws[..3]
+            .iter_mut()
+            .map(|w| w.events.try_recv().unwrap())
+            .collect();
+        assert!(ws[3].events.try_recv().is_err(), "a:1 is not under b:");
+        assert!(got.iter().all(|p| Arc::ptr_eq(p, &got[0])), "one copy");
+        let mut n_encoded = 0;
+        for p in &got {
+            p.encoded(|_| {
+                n_encoded += 1;
+                bytes::Bytes::from_static(b"x")
+            });
+        }
+        assert_eq!(n_encoded, 1, "encoded by the first sender only");
     }
 
     #[test]
@@ -332,7 +388,11 @@ mod tests {
         let seqs: Vec<_> = replay.iter().map(|e| e.seq).collect();
         assert_eq!(seqs, [6, 8, 10], "after 5, under a: only");
         hub.publish(&[granted(11, "a:y")]);
-        assert_eq!(w.events.try_recv().unwrap().seq, 11, "then live, no gap");
+        assert_eq!(
+            w.events.try_recv().unwrap().event.seq,
+            11,
+            "then live, no gap"
+        );
         hub.expect();
         let caught_up = hub.resume("a:".into(), 11).unwrap();
         assert!(matches!(&caught_up.begin, Begin::Replay(r) if r.is_empty()));

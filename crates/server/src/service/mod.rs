@@ -4,7 +4,8 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use baton_core::WaiterId;
-use baton_proto::v1::{self, leases_server::Leases};
+use baton_proto::server::leases_server::Leases;
+use baton_proto::v1;
 use tokio::sync::oneshot;
 use tonic::{Request, Response, Status};
 use tracing::Instrument;

@@ -7,6 +7,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use baton_proto::v1::{self, watch_response::Body};
+use baton_proto::wire::{encode_event, EncodedWatchResponse};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
@@ -14,9 +15,11 @@ use tonic::{Request, Response, Status};
 use super::LeaseService;
 use crate::access::Action;
 use crate::cluster::seat::Seat;
-use crate::engine::watch::{Begin, Refused, WatchEvent, WatchStart, WATCH_QUEUE_LEN};
+use crate::engine::watch::{Begin, Published, Refused, WatchEvent, WatchStart, WATCH_QUEUE_LEN};
 
-pub type WatchStream = ReceiverStream<Result<v1::WatchResponse, Status>>;
+/// Answers are encoded before they are queued: a live event's bytes are
+/// shared by every watcher of it (`baton_proto::wire`).
+pub type WatchStream = ReceiverStream<Result<EncodedWatchResponse, Status>>;
 
 /// Holders per snapshot message.
 const SNAPSHOT_CHUNK_LEN: usize = 1_000;
@@ -52,7 +55,7 @@ impl LeaseService {
 struct Forwarder {
     /// Counts the watch against its watches quotas while it runs.
     _quota: crate::quota::WatchGuard,
-    tx: mpsc::Sender<Result<v1::WatchResponse, Status>>,
+    tx: mpsc::Sender<Result<EncodedWatchResponse, Status>>,
     seat: Arc<Seat>,
     closing: tokio_util::sync::CancellationToken,
 }
@@ -84,14 +87,14 @@ impl Forwarder {
                 _ = self.tx.closed() => return,
                 event = events.recv() => match event {
                     Some(e) => {
-                        let mut batch = vec![event_message(e)];
+                        let mut batch = vec![e];
                         while batch.len() < EVENTS_PER_MESSAGE_MAX {
                             match events.try_recv() {
-                                Ok(e) => batch.push(event_message(e)),
+                                Ok(e) => batch.push(e),
                                 Err(_) => break,
                             }
                         }
-                        if !self.send(Body::Events(v1::WatchEvents { events: batch })).await {
+                        if !self.send(shared_events(&batch)).await {
                             return;
                         }
                     }
@@ -115,7 +118,7 @@ impl Forwarder {
                 holders: chunk.iter().flat_map(holders_of).collect(),
                 complete: i + 1 == n_chunks,
             };
-            if !self.send(Body::Snapshot(snapshot)).await {
+            if !self.send(Body::Snapshot(snapshot).into()).await {
                 return false;
             }
         }
@@ -130,17 +133,19 @@ impl Forwarder {
             let events = changes
                 .by_ref()
                 .take(EVENTS_PER_MESSAGE_MAX)
-                .map(event_message)
+                .map(|e| event_message(&e))
                 .collect();
-            if !self.send(Body::Events(v1::WatchEvents { events })).await {
+            if !self
+                .send(Body::Events(v1::WatchEvents { events }).into())
+                .await
+            {
                 return false;
             }
         }
         true
     }
 
-    async fn send(&self, body: Body) -> bool {
-        let message = v1::WatchResponse { body: Some(body) };
+    async fn send(&self, message: EncodedWatchResponse) -> bool {
         self.tx.send(Ok(message)).await.is_ok()
     }
 
@@ -222,10 +227,16 @@ fn holders_of(s: &baton_core::LeaseStatus) -> Vec<v1::WatchHolder> {
         .collect()
 }
 
-fn event_message(numbered: WatchEvent) -> v1::WatchEvent {
+/// Live events in one answer, each encoded once for all its watchers.
+fn shared_events(batch: &[Arc<Published>]) -> EncodedWatchResponse {
+    let encoded = |e: &WatchEvent| encode_event(&event_message(e));
+    EncodedWatchResponse::events(batch.iter().map(|p| &p.encoded(encoded)[..]))
+}
+
+fn event_message(numbered: &WatchEvent) -> v1::WatchEvent {
     use baton_core::HolderChange;
     use v1::watch_event::Kind;
-    let (seq, e) = (numbered.seq, numbered.change);
+    let (seq, e) = (numbered.seq, &numbered.change);
     let kind = match e.kind {
         HolderChange::Granted => Kind::Granted,
         HolderChange::HandedOff => Kind::HandedOff,
@@ -236,10 +247,10 @@ fn event_message(numbered: WatchEvent) -> v1::WatchEvent {
     v1::WatchEvent {
         seq,
         kind: kind.into(),
-        resource: e.resource,
+        resource: e.resource.clone(),
         token: e.token.get(),
         revoked_token: e.revoked.map_or(0, |t| t.get()),
-        holder: e.holder.map(|h| h.to_string()).unwrap_or_default(),
+        holder: e.holder.as_ref().map(|h| h.to_string()).unwrap_or_default(),
         slot: e.slot,
     }
 }
