@@ -4,6 +4,7 @@
 //! such and skipped; Baton must be running.
 
 mod brute;
+mod commits;
 mod etcd;
 mod pg;
 mod redis;
@@ -27,6 +28,19 @@ struct Args {
     /// beside the embedded one; empty to skip.
     #[arg(long, default_value = "")]
     cluster: String,
+    /// --server's HTTP listener (host:port): its store commits per run are
+    /// printed under each of its lines (cycles per fsync).
+    #[arg(long, default_value = "")]
+    server_http: String,
+    /// The cluster's HTTP listeners (comma-separated host:port): its
+    /// leader's commits per run are printed under each cluster line.
+    #[arg(long, default_value = "")]
+    cluster_http: String,
+    /// The cluster's PostgreSQL connection string: the WAL bytes per cycle
+    /// are printed too (the database's whole log: nothing else may write
+    /// to that PostgreSQL server meanwhile).
+    #[arg(long, default_value = "")]
+    cluster_store: String,
     /// PostgreSQL connection string for the plain lease-table pattern (one
     /// transaction per acquire and per release); empty to skip.
     #[arg(long, default_value = "host=127.0.0.1 user=postgres dbname=test")]
@@ -87,13 +101,22 @@ async fn measure<T: Target>(
     modes: &[Mode],
     run_id: &str,
     out: &mut Vec<Report>,
+    probe: Option<&commits::Probe>,
 ) {
     let duration = args.cycle.duration;
     for &mode in modes {
         for &c in clients {
+            let before = match probe {
+                Some(p) => Some(p.mark().await.unwrap_or_else(|e| probe_failed(&e))),
+                None => None,
+            };
             match run(target, mode, c, duration, run_id).await {
                 Ok(report) => {
                     println!("{}", report.line());
+                    if let (Some(p), Some(before)) = (probe, before) {
+                        let after = p.mark().await.unwrap_or_else(|e| probe_failed(&e));
+                        println!("{}", commits::Probe::line(&before, &after, &report));
+                    }
                     out.push(report);
                 }
                 Err(e) => println!(
@@ -126,6 +149,7 @@ async fn main() {
     if secure.is_some() {
         servers.push(("baton tls+auth", args.secure_server.clone(), secure));
     }
+    let (server_probe, cluster_probe) = probes(&args).await;
     let mut all: Vec<Report> = Vec::new();
     for round in 1..=args.rounds.max(1) {
         let plan = Plan {
@@ -133,6 +157,8 @@ async fn main() {
             clients: &clients,
             modes: &modes,
             run_id: args.cycle.run_id(&format!("-{round}")),
+            server_probe: server_probe.as_ref(),
+            cluster_probe: cluster_probe.as_ref(),
         };
         println!("round {round}");
         println!("{}", Report::header());
@@ -142,6 +168,34 @@ async fn main() {
     if args.rounds > 1 {
         summarize(&all, args.rounds);
     }
+}
+
+fn probe_failed(e: &anyhow::Error) -> ! {
+    eprintln!("error: reading a server's commits: {e:#}");
+    std::process::exit(1);
+}
+
+/// The commit counters of --server-http, and of --cluster-http with
+/// --cluster-store.
+async fn probes(args: &Args) -> (Option<commits::Probe>, Option<commits::Probe>) {
+    let probe = async |http: &str, store: &str| {
+        if http.is_empty() {
+            if !store.is_empty() {
+                eprintln!("error: --cluster-store needs --cluster-http");
+                std::process::exit(2);
+            }
+            return None;
+        }
+        Some(
+            commits::Probe::new(http, store)
+                .await
+                .unwrap_or_else(|e| probe_failed(&e)),
+        )
+    };
+    (
+        probe(&args.server_http, "").await,
+        probe(&args.cluster_http, &args.cluster_store).await,
+    )
 }
 
 /// The TLS and token options of --secure-server, if one is given.
@@ -192,12 +246,23 @@ struct Plan<'a> {
     clients: &'a [usize],
     modes: &'a [Mode],
     run_id: String,
+    server_probe: Option<&'a commits::Probe>,
+    cluster_probe: Option<&'a commits::Probe>,
 }
 
 type Server = (&'static str, String, Option<baton_client::ConnectOptions>);
 
 impl Plan<'_> {
     async fn measure<T: Target>(&self, target: &T, all: &mut Vec<Report>) {
+        self.measure_with(target, all, None).await;
+    }
+
+    async fn measure_with<T: Target>(
+        &self,
+        target: &T,
+        all: &mut Vec<Report>,
+        probe: Option<&commits::Probe>,
+    ) {
         measure(
             target,
             self.args,
@@ -205,6 +270,7 @@ impl Plan<'_> {
             self.modes,
             &self.run_id,
             all,
+            probe,
         )
         .await;
     }
@@ -221,21 +287,23 @@ impl Plan<'_> {
             if !args.transports.contains(&transport) {
                 continue;
             }
-            for (prefix, url, options) in servers {
+            for (i, (prefix, url, options)) in servers.iter().enumerate() {
                 let mut baton = Baton::new(label.replace("baton", prefix), url.clone(), ttl)
                     .with_transport(transport)
                     .with_processes(&["baton"]);
                 if let Some(options) = options {
                     baton = baton.with_options(options.clone());
                 }
-                self.measure(&baton, all).await;
+                // --server is the first.
+                let probe = if i == 0 { self.server_probe } else { None };
+                self.measure_with(&baton, all, probe).await;
             }
         }
         if !args.cluster.is_empty() {
             let cluster = Baton::new("baton on postgres", args.cluster.clone(), ttl)
                 .with_transport(Transport::SessionSharedConnection)
                 .with_processes(&["baton", "postgres"]);
-            self.measure(&cluster, all).await;
+            self.measure_with(&cluster, all, self.cluster_probe).await;
         }
     }
 
