@@ -219,18 +219,24 @@ async fn http_get(addr: std::net::SocketAddr, path: &str) -> std::io::Result<Str
     Ok(String::from_utf8_lossy(&out).into_owned())
 }
 
+/// The value of metric `name` (a line `name VALUE`) on a server's
+/// `/metrics`, as written there.
+pub async fn metric(addr: std::net::SocketAddr, name: &str) -> std::io::Result<String> {
+    let text = http_get(addr, "/metrics").await?;
+    let prefix = format!("{name} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .map(|v| v.trim().to_string())
+        .ok_or_else(|| std::io::Error::other(format!("/metrics has no {name}")))
+}
+
 /// Waits until the server's `baton_leases_ending` gauge (ended leases
 /// not yet dropped from its table) is 0, asking `/metrics` every
 /// millisecond: the end of an event whose work the server finishes after
 /// answering (a big session's close).
 pub async fn until_no_leases_ending(addr: std::net::SocketAddr) -> std::io::Result<()> {
     loop {
-        let text = http_get(addr, "/metrics").await?;
-        let value = text
-            .lines()
-            .find_map(|l| l.strip_prefix("baton_leases_ending "))
-            .ok_or_else(|| std::io::Error::other("/metrics has no baton_leases_ending"))?;
-        if value.trim() == "0" {
+        if metric(addr, "baton_leases_ending").await? == "0" {
             return Ok(());
         }
         tokio::time::sleep(Duration::from_millis(1)).await;

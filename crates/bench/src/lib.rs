@@ -480,7 +480,7 @@ mod scale;
 pub use scale::{fill, fill_counting, parse_counts, rss_bytes, scale, Scale, ScaleRow};
 
 mod events;
-pub use events::{until_no_leases_ending, EventReport, EventRun, Window};
+pub use events::{metric, until_no_leases_ending, EventReport, EventRun, Window};
 
 #[cfg(test)]
 mod tests {

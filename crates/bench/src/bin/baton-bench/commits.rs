@@ -4,14 +4,14 @@
 //! leader, each), and for a cluster PostgreSQL's WAL (`pg_current_wal_lsn`,
 //! the database's whole log: run nothing else against it meanwhile).
 
-use anyhow::{bail, Context};
+use std::net::SocketAddr;
+
+use anyhow::Context;
 use baton_bench::Report;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
 /// The servers' HTTP addresses and, for a cluster, its database.
 pub struct Probe {
-    http: Vec<String>,
+    http: Vec<SocketAddr>,
     store: Option<tokio_postgres::Client>,
 }
 
@@ -25,11 +25,15 @@ impl Probe {
     /// `http`: comma-separated host:port of every server's HTTP listener;
     /// `store`: the cluster's PostgreSQL connection string, or empty.
     pub async fn new(http: &str, store: &str) -> anyhow::Result<Self> {
-        let http: Vec<String> = http
+        let http = http
             .split(',')
-            .map(|a| a.trim().trim_start_matches("http://").to_string())
+            .map(|a| a.trim().trim_start_matches("http://"))
             .filter(|a| !a.is_empty())
-            .collect();
+            .map(|a| {
+                a.parse()
+                    .with_context(|| format!("{a:?} is not an HTTP listener's IP:PORT"))
+            })
+            .collect::<anyhow::Result<Vec<SocketAddr>>>()?;
         let store = if store.is_empty() {
             None
         } else {
@@ -46,8 +50,11 @@ impl Probe {
 
     pub async fn mark(&self) -> anyhow::Result<Mark> {
         let mut commits = 0;
-        for addr in &self.http {
-            commits += store_commits(addr).await?;
+        for &addr in &self.http {
+            let value = baton_bench::metric(addr, "baton_store_commits_total")
+                .await
+                .with_context(|| format!("{addr}/metrics"))?;
+            commits += value.parse::<u64>()?;
         }
         let wal_bytes = match &self.store {
             None => None,
@@ -79,21 +86,4 @@ impl Probe {
         }
         line
     }
-}
-
-/// `baton_store_commits_total` from one server's /metrics.
-async fn store_commits(addr: &str) -> anyhow::Result<u64> {
-    let mut stream = TcpStream::connect(addr)
-        .await
-        .with_context(|| format!("connect to {addr} for /metrics"))?;
-    let request = format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).await?;
-    let mut body = String::new();
-    stream.read_to_string(&mut body).await?;
-    for line in body.lines() {
-        if let Some(v) = line.strip_prefix("baton_store_commits_total ") {
-            return Ok(v.trim().parse()?);
-        }
-    }
-    bail!("{addr}/metrics has no baton_store_commits_total")
 }

@@ -28,11 +28,11 @@ struct Args {
     /// beside the embedded one; empty to skip.
     #[arg(long, default_value = "")]
     cluster: String,
-    /// --server's HTTP listener (host:port): its store commits per run are
+    /// --server's HTTP listener (IP:PORT): its store commits per run are
     /// printed under each of its lines (cycles per fsync).
     #[arg(long, default_value = "")]
     server_http: String,
-    /// The cluster's HTTP listeners (comma-separated host:port): its
+    /// The cluster's HTTP listeners (comma-separated IP:PORT): its
     /// leader's commits per run are printed under each cluster line.
     #[arg(long, default_value = "")]
     cluster_http: String,
