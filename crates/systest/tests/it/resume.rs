@@ -600,7 +600,15 @@ async fn once_ends_the_command_line_watch_at_a_restart() {
     let mut s = common::serve(dir.path(), &[]);
     let url = s.url();
     let mut c = Client::connect(&url).await.unwrap();
-    cycles(&mut c, 1).await;
+    // Held before the watch starts, so its snapshot line says it is
+    // subscribed before the release it must see.
+    let Acquired::Granted(l) = c
+        .acquire("r:x", Some(Duration::from_secs(30)), Duration::ZERO)
+        .await
+        .unwrap()
+    else {
+        panic!("free")
+    };
     let mut watch = common::Proc::spawn_merged(
         std::process::Command::new(&*common::BIN).args(["watch", "r:", "--once", "--server", &url]),
         "baton watch --once",
@@ -610,8 +618,9 @@ async fn once_ends_the_command_line_watch_at_a_restart() {
             .args(["observe", "r:x", "--once", "--server", &url]),
         "baton observe --once",
     );
+    watch.wait_for(" held r:x ");
     observe.wait_for(" current ");
-    cycles(&mut c, 1).await;
+    c.release("r:x", &l.acquisition_id).await.unwrap();
     watch.wait_for(" released ");
     s.restart();
     let (code, rest) = watch.exit();
