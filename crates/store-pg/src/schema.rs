@@ -5,16 +5,17 @@ use tokio_postgres::Client;
 use crate::PgError;
 
 /// The schema version this build writes and reads.
-pub const SCHEMA_VERSION: i32 = 6;
+pub const SCHEMA_VERSION: i32 = 7;
 
 /// Migrations in order; file `N` brings the schema to version `N`.
-pub const MIGRATIONS: [&str; 6] = [
+pub const MIGRATIONS: [&str; 7] = [
     include_str!("../sql/001_cluster.sql"),
     include_str!("../sql/002_sessions.sql"),
     include_str!("../sql/003_holders.sql"),
     include_str!("../sql/004_ended.sql"),
     include_str!("../sql/005_shapes.sql"),
     include_str!("../sql/006_changes.sql"),
+    include_str!("../sql/007_trim.sql"),
 ];
 
 /// The definition in force of every `baton_server` function, one file per

@@ -100,23 +100,38 @@ AS $function$
 DECLARE
     current_term bigint;
     last_seq bigint;
+    ended_before timestamptz := now() - interval '120 seconds';
 BEGIN
     SELECT term INTO current_term FROM baton_server.leader WHERE id = 1 FOR KEY SHARE;
     IF current_term IS DISTINCT FROM p_term THEN
         RAISE EXCEPTION 'leadership term % is over: the current term is %', p_term, current_term
             USING ERRCODE = 'BA001';
     END IF;
-    -- The token position and the last change's number: one row, one
-    -- update per commit (with a second update of the row a one-member
-    -- cluster ran 0.93x the build before this schema at 16 session
-    -- clients, with one 0.975x, medians of three alternating runs).
     IF cardinality(p_change_seqs) > 0 THEN
         last_seq := p_change_seqs[cardinality(p_change_seqs)];
+        -- The kept changes are the newest million by number: those above
+        -- the last number before this commit, less a million, that fall
+        -- out now (the meta row's update below refuses a number that is
+        -- not above the last, rolling this back).
+        DELETE FROM baton_server.changes
+         WHERE seq > (SELECT seq FROM baton_server.meta WHERE id = 1) - 1000000
+           AND seq <= last_seq - 1000000;
     END IF;
-    IF p_epoch IS NOT NULL OR last_seq IS NOT NULL THEN
+    IF cardinality(p_ended) > 0 THEN
+        -- From where the last trim stopped (a database clock that steps
+        -- back makes the range empty until it passes that point again).
+        DELETE FROM baton_server.ended
+         WHERE ended_at >= (SELECT ended_kept_from FROM baton_server.meta WHERE id = 1)
+           AND ended_at < ended_before;
+    END IF;
+    -- The token position, the last change's number and where the ended
+    -- leases' trim stopped: one row, one update per commit.
+    IF p_epoch IS NOT NULL OR last_seq IS NOT NULL OR cardinality(p_ended) > 0 THEN
         UPDATE baton_server.meta
            SET epoch = coalesce(p_epoch, epoch), counter = coalesce(p_counter, counter),
-               seq = coalesce(last_seq, seq)
+               seq = coalesce(last_seq, seq),
+               ended_kept_from = CASE WHEN cardinality(p_ended) > 0 THEN ended_before
+                                      ELSE ended_kept_from END
          WHERE id = 1
            AND (p_epoch IS NULL OR (epoch, counter) <= (p_epoch, p_counter))
            AND (last_seq IS NULL OR seq < p_change_seqs[1]);
@@ -152,11 +167,9 @@ BEGIN
     END IF;
     IF cardinality(p_ended) > 0 THEN
         INSERT INTO baton_server.ended (digest) SELECT unnest(p_ended);
-        DELETE FROM baton_server.ended WHERE ended_at < now() - interval '120 seconds';
     END IF;
     IF last_seq IS NOT NULL THEN
         INSERT INTO baton_server.changes (seq, body) SELECT * FROM unnest(p_change_seqs, p_changes);
-        DELETE FROM baton_server.changes WHERE seq <= last_seq - 1000000;
     END IF;
 END
 $function$;
