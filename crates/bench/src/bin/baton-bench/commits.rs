@@ -18,6 +18,9 @@ pub struct Probe {
 /// The counters at one moment.
 pub struct Mark {
     commits: u64,
+    /// The sum of the commits' latencies, and how many.
+    latency_s: f64,
+    latency_count: u64,
     wal_bytes: Option<u64>,
 }
 
@@ -49,12 +52,20 @@ impl Probe {
     }
 
     pub async fn mark(&self) -> anyhow::Result<Mark> {
-        let mut commits = 0;
+        let (mut commits, mut latency_s, mut latency_count) = (0, 0.0, 0);
         for &addr in &self.http {
-            let value = baton_bench::metric(addr, "baton_store_commits_total")
-                .await
-                .with_context(|| format!("{addr}/metrics"))?;
-            commits += value.parse::<u64>()?;
+            let read = async |name: &str| {
+                baton_bench::metric(addr, name)
+                    .await
+                    .with_context(|| format!("{addr}/metrics"))
+            };
+            commits += read("baton_store_commits_total").await?.parse::<u64>()?;
+            latency_s += read("baton_store_commit_latency_seconds_sum")
+                .await?
+                .parse::<f64>()?;
+            latency_count += read("baton_store_commit_latency_seconds_count")
+                .await?
+                .parse::<u64>()?;
         }
         let wal_bytes = match &self.store {
             None => None,
@@ -65,7 +76,46 @@ impl Probe {
                 Some(row.get::<_, i64>(0) as u64)
             }
         };
-        Ok(Mark { commits, wal_bytes })
+        Ok(Mark {
+            commits,
+            latency_s,
+            latency_count,
+            wal_bytes,
+        })
+    }
+
+    /// Runs `run`, printing every `every` the commits in the interval and
+    /// their mean latency (a probe that fails ends the process, as
+    /// elsewhere).
+    pub async fn every<T>(
+        &self,
+        label: &str,
+        every: std::time::Duration,
+        run: impl std::future::Future<Output = T>,
+    ) -> T {
+        let start = tokio::time::Instant::now();
+        let mut ticks = tokio::time::interval_at(start + every, every);
+        let mut last = self
+            .mark()
+            .await
+            .unwrap_or_else(|e| crate::probe_failed(&e));
+        let mut run = std::pin::pin!(run);
+        loop {
+            tokio::select! {
+                out = &mut run => return out,
+                _ = ticks.tick() => {
+                    let now = self.mark().await.unwrap_or_else(|e| crate::probe_failed(&e));
+                    let commits = now.commits.saturating_sub(last.commits);
+                    let n = now.latency_count.saturating_sub(last.latency_count);
+                    let mean_ms = (now.latency_s - last.latency_s) * 1e3 / n.max(1) as f64;
+                    println!(
+                        "{label:<26}   at {:>5.0} s: {commits} store commits, {mean_ms:.2} ms mean commit",
+                        start.elapsed().as_secs_f64()
+                    );
+                    last = now;
+                }
+            }
+        }
     }
 
     /// The line printed under a run's report.

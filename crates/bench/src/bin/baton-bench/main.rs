@@ -87,6 +87,11 @@ struct Args {
     /// A bearer token file of a principal with `lease` on `bench:`.
     #[arg(long)]
     token_file: Option<std::path::PathBuf>,
+    /// With --server-http or --cluster-http: also print, every this long
+    /// during a run (like 10s), the store's commits and their mean latency
+    /// in that interval (a long run's drift: a table that fills, a vacuum).
+    #[arg(long, value_parser = baton_client::flags::parse_positive_duration)]
+    every: Option<std::time::Duration>,
     /// Instead of the cycle table: this many calls with wrong tokens
     /// against --secure-server while a correct client cycles; reports the
     /// correct client's acquire p99 with and without the attack, per round.
@@ -110,7 +115,15 @@ async fn measure<T: Target>(
                 Some(p) => Some(p.mark().await.unwrap_or_else(|e| probe_failed(&e))),
                 None => None,
             };
-            match run(target, mode, c, duration, run_id).await {
+            let ran = run(target, mode, c, duration, run_id);
+            let ran = match (probe, args.every) {
+                (Some(p), Some(every)) => {
+                    let label = format!("{} {} {c}", target.name(), mode.label());
+                    p.every(&label, every, ran).await
+                }
+                _ => ran.await,
+            };
+            match ran {
                 Ok(report) => {
                     println!("{}", report.line());
                     if let (Some(p), Some(before)) = (probe, before) {
@@ -180,6 +193,10 @@ fn probe_failed(e: &anyhow::Error) -> ! {
 async fn probes(args: &Args) -> (Option<commits::Probe>, Option<commits::Probe>) {
     let probe = async |http: &str, store: &str| {
         if http.is_empty() {
+            if args.every.is_some() && args.server_http.is_empty() && args.cluster_http.is_empty() {
+                eprintln!("error: --every needs --server-http or --cluster-http");
+                std::process::exit(2);
+            }
             if !store.is_empty() {
                 eprintln!("error: --cluster-store needs --cluster-http");
                 std::process::exit(2);
