@@ -101,6 +101,11 @@ DECLARE
     current_term bigint;
     last_seq bigint;
     ended_before timestamptz := now() - interval '120 seconds';
+    meta_at tid;
+    was_epoch bigint;
+    was_counter bigint;
+    was_seq bigint;
+    was_ended_kept_from timestamptz;
 BEGIN
     SELECT term INTO current_term FROM baton_server.leader WHERE id = 1 FOR KEY SHARE;
     IF current_term IS DISTINCT FROM p_term THEN
@@ -109,41 +114,46 @@ BEGIN
     END IF;
     IF cardinality(p_change_seqs) > 0 THEN
         last_seq := p_change_seqs[cardinality(p_change_seqs)];
-        -- The kept changes are the newest million by number: those above
-        -- the last number before this commit, less a million, that fall
-        -- out now (the meta row's update below refuses a number that is
-        -- not above the last, rolling this back).
-        DELETE FROM baton_server.changes
-         WHERE seq > (SELECT seq FROM baton_server.meta WHERE id = 1) - 1000000
-           AND seq <= last_seq - 1000000;
-    END IF;
-    IF cardinality(p_ended) > 0 THEN
-        -- From where the last trim stopped (a database clock that steps
-        -- back makes the range empty until it passes that point again).
-        DELETE FROM baton_server.ended
-         WHERE ended_at >= (SELECT ended_kept_from FROM baton_server.meta WHERE id = 1)
-           AND ended_at < ended_before;
     END IF;
     -- The token position, the last change's number and where the ended
-    -- leases' trim stopped: one row, one update per commit.
+    -- leases' trim stopped: one row, read once and updated once per commit
+    -- (by its tuple id: every lookup by key walks the row's versions, one
+    -- per commit since the oldest snapshot still open).
     IF p_epoch IS NOT NULL OR last_seq IS NOT NULL OR cardinality(p_ended) > 0 THEN
+        SELECT ctid, epoch, counter, seq, ended_kept_from
+          INTO meta_at, was_epoch, was_counter, was_seq, was_ended_kept_from
+          FROM baton_server.meta WHERE id = 1;
+        IF p_epoch IS NOT NULL AND (was_epoch, was_counter) > (p_epoch, p_counter) THEN
+            RAISE EXCEPTION 'the token position would move backwards to (%, %)', p_epoch, p_counter
+                USING ERRCODE = 'BA002';
+        END IF;
+        IF last_seq IS NOT NULL AND was_seq >= p_change_seqs[1] THEN
+            RAISE EXCEPTION 'change number % is not above the last one', p_change_seqs[1]
+                USING ERRCODE = 'BA002';
+        END IF;
         UPDATE baton_server.meta
            SET epoch = coalesce(p_epoch, epoch), counter = coalesce(p_counter, counter),
                seq = coalesce(last_seq, seq),
                ended_kept_from = CASE WHEN cardinality(p_ended) > 0 THEN ended_before
                                       ELSE ended_kept_from END
-         WHERE id = 1
-           AND (p_epoch IS NULL OR (epoch, counter) <= (p_epoch, p_counter))
-           AND (last_seq IS NULL OR seq < p_change_seqs[1]);
+         WHERE ctid = meta_at;
         IF NOT FOUND THEN
-            IF p_epoch IS NOT NULL AND NOT EXISTS (SELECT 1 FROM baton_server.meta
-                    WHERE id = 1 AND (epoch, counter) <= (p_epoch, p_counter)) THEN
-                RAISE EXCEPTION 'the token position would move backwards to (%, %)', p_epoch, p_counter
-                    USING ERRCODE = 'BA002';
-            END IF;
-            RAISE EXCEPTION 'change number % is not above the last one', p_change_seqs[1]
+            RAISE EXCEPTION 'baton_server.meta changed during a leader''s commit'
                 USING ERRCODE = 'BA002';
         END IF;
+    END IF;
+    IF last_seq IS NOT NULL THEN
+        -- The kept changes are the newest million by number: those above
+        -- the last number before this commit, less a million, that fall
+        -- out now.
+        DELETE FROM baton_server.changes
+         WHERE seq > was_seq - 1000000 AND seq <= last_seq - 1000000;
+    END IF;
+    IF cardinality(p_ended) > 0 THEN
+        -- From where the last trim stopped (a database clock that steps
+        -- back makes the range empty until it passes that point again).
+        DELETE FROM baton_server.ended
+         WHERE ended_at >= was_ended_kept_from AND ended_at < ended_before;
     END IF;
     IF cardinality(p_session_deletes) > 0 THEN
         DELETE FROM baton_server.sessions WHERE digest = ANY (p_session_deletes);
