@@ -7,12 +7,14 @@
 //!   leader's own deadline; no I/O, no clock.
 //! - [`PgLeaseStore`]: the [`baton_store::LeaseStore`] a leader commits to;
 //!   every commit is refused unless its term is still the current one.
+//!   While it lives, it vacuums the tables its commits churn (`vacuum`).
 #![warn(missing_docs)]
 
 pub mod election;
 pub mod leader;
 pub mod schema;
 mod store;
+mod vacuum;
 
 pub use store::PgLeaseStore;
 

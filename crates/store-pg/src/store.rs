@@ -28,12 +28,14 @@ pub struct PgLeaseStore {
     commit: Statement,
     commit_timeout: Duration,
     poisoned: bool,
+    /// Stopped with the store (the term's end).
+    _vacuum: crate::vacuum::Vacuum,
 }
 
 impl PgLeaseStore {
-    /// Opens a connection of its own for the leader of `term`. A commit
-    /// that has no answer within `commit_timeout` is reported as failed
-    /// with an unknown outcome.
+    /// Opens a connection of its own for the leader of `term`, and one for
+    /// its vacuum. A commit that has no answer within `commit_timeout` is
+    /// reported as failed with an unknown outcome.
     pub async fn open(
         config: &crate::PgTarget,
         term: u64,
@@ -50,6 +52,7 @@ impl PgLeaseStore {
             commit,
             commit_timeout,
             poisoned: false,
+            _vacuum: crate::vacuum::Vacuum::start(config.clone()),
         })
     }
 

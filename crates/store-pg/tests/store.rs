@@ -926,3 +926,72 @@ async fn trimming_reads_only_what_falls_out_of_the_window() {
     let seqs: Vec<u64> = history.changes.iter().map(|c| c.seq).collect();
     assert_eq!(seqs, [last as u64 + 20, last as u64 + 30, last as u64 + 31]);
 }
+
+/// A leader whose grants and releases leave dead lease rows vacuums the
+/// table itself once they outnumber the live ones (autovacuum comes once
+/// a minute; commits meanwhile slowed as the dead rows grew).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_vacuums_the_lease_rows_its_commits_leave_dead() {
+    let db = PgDb::create("pgstore_vacuum").await;
+    let (pg, mut client) = prepared(&db, "main").await;
+    let term = take(&mut client, "vacuum").await;
+    let store = PgLeaseStore::open(&pg, term, Duration::from_secs(5))
+        .await
+        .unwrap();
+    let vacuums = async || -> i64 {
+        client
+            .query_one(
+                "SELECT vacuum_count FROM pg_stat_user_tables WHERE relid = 'baton_server.leases'::regclass",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0)
+    };
+    assert_eq!(vacuums().await, 0);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let mut store = Some(store);
+    let mut cycles = 0;
+    while vacuums().await == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no vacuum of baton_server.leases after {cycles} grants and releases"
+        );
+        // Grants and releases, as a leader under load commits them.
+        let mut s = store.take().unwrap();
+        store = Some(
+            on_thread(move || {
+                for i in 0..500 {
+                    let name = format!("job:{}", i % 10);
+                    s.commit(&[lease(&name, T1 + i)]).unwrap();
+                    let resource = ResourceName::parse(&name).unwrap();
+                    s.commit(&[Write::DeleteLease { resource }]).unwrap();
+                }
+                s
+            })
+            .await,
+        );
+        cycles += 500;
+    }
+    // Stopped with its term: the store's end ends the vacuum's connection.
+    drop(store);
+    let vacuum_connections = async || -> i64 {
+        client
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+                 AND pid <> pg_backend_pid() AND backend_type = 'client backend'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0)
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while vacuum_connections().await > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the store's connections outlived it"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
