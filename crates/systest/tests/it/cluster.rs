@@ -1013,3 +1013,63 @@ async fn a_cluster_on_postgresql_over_verified_tls_leads_and_grants() {
         "names the cause: {stderr}"
     );
 }
+
+/// A role that reads and writes the schema but does not own its tables
+/// (the schema was created by another) leads and grants; its leader
+/// cannot vacuum the lease table and says so, once, in the log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_whose_role_does_not_own_the_tables_grants_and_says_it_cannot_vacuum() {
+    let db = PgDb::create("cluster_not_owner").await;
+    // The schema, created by its owner's server.
+    let owner = Cluster::start(&db.url, 1);
+    owner.wait_leader(None).await;
+    drop(owner);
+    let admin = db.connect().await;
+    let role = format!("{}_dml", db.name);
+    admin
+        .batch_execute(&format!(
+            "CREATE ROLE {role} LOGIN; GRANT USAGE ON SCHEMA baton_server TO {role}; \
+             GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA baton_server TO {role}"
+        ))
+        .await
+        .unwrap();
+    let dir = TempDir::new("cluster-not-owner");
+    let log = dir.path().join("server.log");
+    let url = format!("{} user={role}", db.url);
+    let mut s = common::Server::start_logged(
+        &common::BIN,
+        dir.path(),
+        &[
+            "--store",
+            &url,
+            "--advertise",
+            "http://127.0.0.1:1",
+            "--leader-ttl",
+            common::cluster::LEADER_TTL,
+        ],
+        &log,
+    );
+    let c = client(&s.url()).await;
+    eventually(Duration::from_secs(20), async || {
+        matches!(
+            c.clone()
+                .acquire("owner:1", Some(Duration::from_secs(30)), Duration::ZERO)
+                .await,
+            Ok(Acquired::Granted(_))
+        )
+    })
+    .await;
+    let said = || {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .matches("does not own these tables")
+            .count()
+    };
+    eventually(Duration::from_secs(10), async || said() > 0).await;
+    s.kill9();
+    admin
+        .batch_execute(&format!("DROP OWNED BY {role}; DROP ROLE {role}"))
+        .await
+        .unwrap();
+    assert_eq!(said(), 1, "{}", std::fs::read_to_string(&log).unwrap());
+}
