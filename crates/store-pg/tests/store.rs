@@ -41,6 +41,21 @@ fn position(counter: u64) -> Write {
 
 const T1: u64 = (1 << 40) + 1;
 
+/// Change number `seq`: `job:a` granted at token [`T1`].
+fn granted_a(seq: u64) -> baton_core::NumberedChange {
+    baton_core::NumberedChange {
+        seq,
+        change: baton_core::Change {
+            kind: baton_core::HolderChange::Granted,
+            resource: "job:a".into(),
+            slot: None,
+            token: FencingToken::from_u64(T1).unwrap(),
+            revoked: None,
+            holder: None,
+        },
+    }
+}
+
 async fn take(client: &mut tokio_postgres::Client, node: &str) -> u64 {
     let row = leader::read(client).await.unwrap();
     leader::take_over(client, &row, node, "http://x:1")
@@ -674,19 +689,7 @@ async fn an_old_leaders_commit_breaks_the_kept_history_knowingly() {
     let store = PgLeaseStore::open(&pg, term, Duration::from_secs(5))
         .await
         .unwrap();
-    let change = |seq: u64| {
-        Write::Changed(baton_core::NumberedChange {
-            seq,
-            change: baton_core::Change {
-                kind: baton_core::HolderChange::Granted,
-                resource: "job:a".into(),
-                slot: None,
-                token: FencingToken::from_u64(T1).unwrap(),
-                revoked: None,
-                holder: None,
-            },
-        })
-    };
+    let change = |seq: u64| Write::Changed(granted_a(seq));
     let (store, history) = on_thread(move || {
         let mut store = store;
         store
@@ -813,9 +816,9 @@ async fn work_on(
 }
 
 /// Past the million kept changes, and two minutes after leases ended, a
-/// commit on a schema upgraded from version 6 trims what fell out of the window by a range starting where the
-/// last trim ended: it reads no entry of what earlier trims left dead in
-/// the index (before vacuum; a scan from the index's start read them all
+/// commit on a schema upgraded from version 6 trims what fell out of the
+/// window by a range starting where the last trim ended: it reads no
+/// entry of what earlier trims left dead in the index (before vacuum; a scan from the index's start read them all
 /// and a cluster's commits went from 1 ms to 4 ms in 30 s, or to 60 ms
 /// while the table's statistics were stale), and a gap in the numbers
 /// leaves nothing behind.
@@ -846,19 +849,7 @@ async fn trimming_reads_only_what_falls_out_of_the_window() {
         .unwrap();
     schema::prepare(&mut client, "main").await.unwrap();
     let term = take(&mut client, "trim").await as i64;
-    let change = |seq: i64| {
-        baton_store::image::encode_change(&baton_core::NumberedChange {
-            seq: seq as u64,
-            change: baton_core::Change {
-                kind: baton_core::HolderChange::Granted,
-                resource: "job:a".into(),
-                slot: None,
-                token: FencingToken::from_u64(T1).unwrap(),
-                revoked: None,
-                holder: None,
-            },
-        })
-    };
+    let change = |seq: i64| baton_store::image::encode_change(&granted_a(seq as u64));
     let commit = "SELECT baton_server.commit_batch($1, NULL, NULL,
         ARRAY[]::text[], ARRAY[]::bytea[], ARRAY[]::bigint[], ARRAY[]::bigint[],
         ARRAY[]::bytea[], ARRAY[]::text[], ARRAY[]::integer[], ARRAY[]::text[],
@@ -986,12 +977,8 @@ async fn a_leader_vacuums_the_lease_rows_its_commits_leave_dead() {
             .unwrap()
             .get(0)
     };
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while vacuum_connections().await > 0 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the store's connections outlived it"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    baton_testkit::eventually(Duration::from_secs(10), async || {
+        vacuum_connections().await == 0
+    })
+    .await;
 }

@@ -191,12 +191,12 @@ fn probe_failed(e: &anyhow::Error) -> ! {
 /// The commit counters of --server-http, and of --cluster-http with
 /// --cluster-store.
 async fn probes(args: &Args) -> (Option<commits::Probe>, Option<commits::Probe>) {
+    if args.every.is_some() && args.server_http.is_empty() && args.cluster_http.is_empty() {
+        eprintln!("error: --every needs --server-http or --cluster-http");
+        std::process::exit(2);
+    }
     let probe = async |http: &str, store: &str| {
         if http.is_empty() {
-            if args.every.is_some() && args.server_http.is_empty() && args.cluster_http.is_empty() {
-                eprintln!("error: --every needs --server-http or --cluster-http");
-                std::process::exit(2);
-            }
             if !store.is_empty() {
                 eprintln!("error: --cluster-store needs --cluster-http");
                 std::process::exit(2);
