@@ -3,6 +3,7 @@ package baton
 import (
 	"context"
 	"errors"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -177,6 +178,19 @@ func (s *Session) end(why error) {
 	}
 }
 
+// answers and timers are reused across a session's requests (two of
+// each a lease's cycle, otherwise a fifth of what the client allocates).
+// An answer channel goes back only once its answer was read, and a timer
+// once stopped (since Go 1.23 a stopped timer's channel holds nothing).
+var (
+	answers = sync.Pool{New: func() any { return make(chan answer, 1) }}
+	timers  = sync.Pool{New: func() any {
+		t := time.NewTimer(time.Hour)
+		t.Stop()
+		return t
+	}}
+)
+
 // request sends op and waits for its answer (or timeout). waits: a
 // waiting acquire, withdrawn on the server if ctx ends first.
 func (s *Session) request(ctx context.Context, op func(id uint64) *pb.SessionRequest, timeout time.Duration, waits bool) (*pb.SessionResponse, error) {
@@ -187,7 +201,7 @@ func (s *Session) request(ctx context.Context, op func(id uint64) *pb.SessionReq
 	}
 	id := s.nextID
 	s.nextID++
-	ch := make(chan answer, 1)
+	ch := answers.Get().(chan answer)
 	s.pending[id] = ch
 	s.mu.Unlock()
 	forget := func() {
@@ -198,10 +212,16 @@ func (s *Session) request(ctx context.Context, op func(id uint64) *pb.SessionReq
 	// A send on a broken stream fails here and in the reader, which fails
 	// ch as indeterminate when it resumes or ends the session.
 	_ = s.send(op(id))
-	timer := time.NewTimer(timeout)
-	defer timer.Stop()
+	timer := timers.Get().(*time.Timer)
+	timer.Reset(timeout)
+	defer func() {
+		timer.Stop()
+		timers.Put(timer)
+	}()
 	select {
 	case a := <-ch:
+		// Whoever sent a took ch out of pending first: no one else will.
+		answers.Put(ch)
 		return a.response, a.err
 	case <-timer.C:
 		forget()
