@@ -45,6 +45,7 @@ func main() {
 	rounds := flag.Int("rounds", 3, "rounds (medians are printed)")
 	only := flag.String("only", "", "run only the targets whose names contain this")
 	cpuProfile := flag.String("cpuprofile", "", "write this process's CPU profile here")
+	memProfile := flag.String("memprofile", "", "write this process's allocation profile here at the end")
 	flag.Parse()
 	if *cpuProfile != "" {
 		f, err := os.Create(*cpuProfile)
@@ -57,6 +58,9 @@ func main() {
 			os.Exit(1)
 		}
 		defer pprof.StopCPUProfile()
+	}
+	if *memProfile != "" {
+		defer writeAllocs(*memProfile)
 	}
 	var counts []int
 	for _, p := range strings.Split(*clientsFlag, ",") {
@@ -121,6 +125,18 @@ func main() {
 	}
 }
 
+// writeAllocs writes the allocation profile of the run to path.
+func writeAllocs(path string) {
+	f, err := os.Create(path)
+	if err == nil {
+		err = pprof.Lookup("allocs").WriteTo(f, 0)
+		f.Close()
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+	}
+}
+
 func median(v []float64) float64 {
 	s := slices.Clone(v)
 	sort.Float64s(s)
@@ -155,6 +171,16 @@ func cycle(c int, d time.Duration, one func(i int) error) (float64, error) {
 	return float64(done.Load()) / time.Since(start).Seconds(), nil
 }
 
+// resourceNames is a resource per goroutine, named once before the
+// cycles (as the Rust client's bench does).
+func resourceNames(prefix string, round, c int) []string {
+	names := make([]string, c)
+	for i := range names {
+		names[i] = fmt.Sprintf("%s:%d:%d:%d", prefix, round, c, i)
+	}
+	return names
+}
+
 func goUnary(addr string) target {
 	return target{"go unary", func(c int, d time.Duration, round int) (float64, error) {
 		client, err := baton.New(addr)
@@ -163,8 +189,9 @@ func goUnary(addr string) target {
 		}
 		defer client.Close()
 		ctx := context.Background()
+		names := resourceNames("bench:go:unary", round, c)
 		return cycle(c, d, func(i int) error {
-			l, err := client.Acquire(ctx, fmt.Sprintf("bench:go:unary:%d:%d:%d", round, c, i), baton.WithTTL(30*time.Second))
+			l, err := client.Acquire(ctx, names[i], baton.WithTTL(30*time.Second))
 			if err != nil {
 				return err
 			}
@@ -189,8 +216,9 @@ func goSession(addr string) target {
 			}
 			defer sessions[i].Close(ctx)
 		}
+		names := resourceNames("bench:go:session", round, c)
 		return cycle(c, d, func(i int) error {
-			l, err := sessions[i].Acquire(ctx, fmt.Sprintf("bench:go:session:%d:%d:%d", round, c, i))
+			l, err := sessions[i].Acquire(ctx, names[i])
 			if err != nil {
 				return err
 			}
