@@ -116,7 +116,7 @@ func (x WatchEvent_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use WatchEvent_Kind.Descriptor instead.
 func (WatchEvent_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_baton_v1_baton_proto_rawDescGZIP(), []int{24, 0}
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{26, 0}
 }
 
 type NotAcquired_Reason int32
@@ -181,7 +181,7 @@ func (x NotAcquired_Reason) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use NotAcquired_Reason.Descriptor instead.
 func (NotAcquired_Reason) EnumDescriptor() ([]byte, []int) {
-	return file_baton_v1_baton_proto_rawDescGZIP(), []int{29, 0}
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{31, 0}
 }
 
 type SessionRequest struct {
@@ -198,6 +198,7 @@ type SessionRequest struct {
 	//	*SessionRequest_Release
 	//	*SessionRequest_Cancel
 	//	*SessionRequest_Close
+	//	*SessionRequest_Batch
 	Op isSessionRequest_Op `protobuf_oneof:"op"`
 	// The W3C trace context of the client's span for this request
 	// (`00-TRACEID-SPANID-FLAGS`), when the client exports traces: the
@@ -315,6 +316,15 @@ func (x *SessionRequest) GetClose() *CloseSession {
 	return nil
 }
 
+func (x *SessionRequest) GetBatch() *SessionBatch {
+	if x != nil {
+		if x, ok := x.Op.(*SessionRequest_Batch); ok {
+			return x.Batch
+		}
+	}
+	return nil
+}
+
 func (x *SessionRequest) GetTraceparent() string {
 	if x != nil {
 		return x.Traceparent
@@ -368,6 +378,19 @@ type SessionRequest_Close struct {
 	Close *CloseSession `protobuf:"bytes,8,opt,name=close,proto3,oneof"`
 }
 
+type SessionRequest_Batch struct {
+	// Several requests in one message, taken in order, each exactly as if
+	// it had come alone and answered alone by its own id: for a client
+	// whose every write costs more than the request in it (Python's
+	// grpc.aio has one write in flight per stream). 1 to 256 requests,
+	// none of them `open` or a batch; otherwise the batch's own id is
+	// answered with INVALID_ARGUMENT naming the rule and none of them is
+	// taken. The batch's id is answered only then. Servers before this
+	// field answer it "the request has no operation": send batches only
+	// to a server whose `SessionOpened.batches` is true.
+	Batch *SessionBatch `protobuf:"bytes,10,opt,name=batch,proto3,oneof"`
+}
+
 func (*SessionRequest_Open) isSessionRequest_Op() {}
 
 func (*SessionRequest_Heartbeat) isSessionRequest_Op() {}
@@ -381,6 +404,8 @@ func (*SessionRequest_Release) isSessionRequest_Op() {}
 func (*SessionRequest_Cancel) isSessionRequest_Op() {}
 
 func (*SessionRequest_Close) isSessionRequest_Op() {}
+
+func (*SessionRequest_Batch) isSessionRequest_Op() {}
 
 type OpenSession struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -397,7 +422,11 @@ type OpenSession struct {
 	// resource the session holds or has yet to report as revoked
 	// (PERMISSION_DENIED otherwise, naming the rule and neither the opener
 	// nor the resources; nothing changes).
-	Resume        []byte `protobuf:"bytes,2,opt,name=resume,proto3" json:"resume,omitempty"`
+	Resume []byte `protobuf:"bytes,2,opt,name=resume,proto3" json:"resume,omitempty"`
+	// The client reads `SessionResponse.batch`: the server may then send
+	// answers that are ready together in one message (it does so only when
+	// it says `SessionOpened.batches`).
+	Batches       bool `protobuf:"varint,3,opt,name=batches,proto3" json:"batches,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -446,6 +475,57 @@ func (x *OpenSession) GetResume() []byte {
 	return nil
 }
 
+func (x *OpenSession) GetBatches() bool {
+	if x != nil {
+		return x.Batches
+	}
+	return false
+}
+
+type SessionBatch struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Requests      []*SessionRequest      `protobuf:"bytes,1,rep,name=requests,proto3" json:"requests,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SessionBatch) Reset() {
+	*x = SessionBatch{}
+	mi := &file_baton_v1_baton_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SessionBatch) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SessionBatch) ProtoMessage() {}
+
+func (x *SessionBatch) ProtoReflect() protoreflect.Message {
+	mi := &file_baton_v1_baton_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SessionBatch.ProtoReflect.Descriptor instead.
+func (*SessionBatch) Descriptor() ([]byte, []int) {
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *SessionBatch) GetRequests() []*SessionRequest {
+	if x != nil {
+		return x.Requests
+	}
+	return nil
+}
+
 type Heartbeat struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -454,7 +534,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_baton_v1_baton_proto_msgTypes[2]
+	mi := &file_baton_v1_baton_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -466,7 +546,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_baton_v1_baton_proto_msgTypes[2]
+	mi := &file_baton_v1_baton_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -479,7 +559,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_baton_v1_baton_proto_rawDescGZIP(), []int{2}
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{3}
 }
 
 type SessionAcquire struct {
@@ -512,7 +592,7 @@ type SessionAcquire struct {
 
 func (x *SessionAcquire) Reset() {
 	*x = SessionAcquire{}
-	mi := &file_baton_v1_baton_proto_msgTypes[3]
+	mi := &file_baton_v1_baton_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -524,7 +604,7 @@ func (x *SessionAcquire) String() string {
 func (*SessionAcquire) ProtoMessage() {}
 
 func (x *SessionAcquire) ProtoReflect() protoreflect.Message {
-	mi := &file_baton_v1_baton_proto_msgTypes[3]
+	mi := &file_baton_v1_baton_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -537,7 +617,7 @@ func (x *SessionAcquire) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionAcquire.ProtoReflect.Descriptor instead.
 func (*SessionAcquire) Descriptor() ([]byte, []int) {
-	return file_baton_v1_baton_proto_rawDescGZIP(), []int{3}
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *SessionAcquire) GetResources() []string {
@@ -600,7 +680,7 @@ type CancelWait struct {
 
 func (x *CancelWait) Reset() {
 	*x = CancelWait{}
-	mi := &file_baton_v1_baton_proto_msgTypes[4]
+	mi := &file_baton_v1_baton_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -612,7 +692,7 @@ func (x *CancelWait) String() string {
 func (*CancelWait) ProtoMessage() {}
 
 func (x *CancelWait) ProtoReflect() protoreflect.Message {
-	mi := &file_baton_v1_baton_proto_msgTypes[4]
+	mi := &file_baton_v1_baton_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -625,7 +705,7 @@ func (x *CancelWait) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelWait.ProtoReflect.Descriptor instead.
 func (*CancelWait) Descriptor() ([]byte, []int) {
-	return file_baton_v1_baton_proto_rawDescGZIP(), []int{4}
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *CancelWait) GetAcquireId() uint64 {
@@ -643,7 +723,7 @@ type CloseSession struct {
 
 func (x *CloseSession) Reset() {
 	*x = CloseSession{}
-	mi := &file_baton_v1_baton_proto_msgTypes[5]
+	mi := &file_baton_v1_baton_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -655,7 +735,7 @@ func (x *CloseSession) String() string {
 func (*CloseSession) ProtoMessage() {}
 
 func (x *CloseSession) ProtoReflect() protoreflect.Message {
-	mi := &file_baton_v1_baton_proto_msgTypes[5]
+	mi := &file_baton_v1_baton_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -668,7 +748,7 @@ func (x *CloseSession) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseSession.ProtoReflect.Descriptor instead.
 func (*CloseSession) Descriptor() ([]byte, []int) {
-	return file_baton_v1_baton_proto_rawDescGZIP(), []int{5}
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{6}
 }
 
 type SessionResponse struct {
@@ -686,6 +766,7 @@ type SessionResponse struct {
 	//	*SessionResponse_Closed
 	//	*SessionResponse_Ended
 	//	*SessionResponse_Error
+	//	*SessionResponse_Batch
 	Body          isSessionResponse_Body `protobuf_oneof:"body"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -693,7 +774,7 @@ type SessionResponse struct {
 
 func (x *SessionResponse) Reset() {
 	*x = SessionResponse{}
-	mi := &file_baton_v1_baton_proto_msgTypes[6]
+	mi := &file_baton_v1_baton_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -705,7 +786,7 @@ func (x *SessionResponse) String() string {
 func (*SessionResponse) ProtoMessage() {}
 
 func (x *SessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_baton_v1_baton_proto_msgTypes[6]
+	mi := &file_baton_v1_baton_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -718,7 +799,7 @@ func (x *SessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionResponse.ProtoReflect.Descriptor instead.
 func (*SessionResponse) Descriptor() ([]byte, []int) {
-	return file_baton_v1_baton_proto_rawDescGZIP(), []int{6}
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *SessionResponse) GetId() uint64 {
@@ -816,6 +897,15 @@ func (x *SessionResponse) GetError() *RequestError {
 	return nil
 }
 
+func (x *SessionResponse) GetBatch() *SessionAnswers {
+	if x != nil {
+		if x, ok := x.Body.(*SessionResponse_Batch); ok {
+			return x.Batch
+		}
+	}
+	return nil
+}
+
 type isSessionResponse_Body interface {
 	isSessionResponse_Body()
 }
@@ -868,6 +958,13 @@ type SessionResponse_Error struct {
 	Error *RequestError `protobuf:"bytes,10,opt,name=error,proto3,oneof"`
 }
 
+type SessionResponse_Batch struct {
+	// Several answers, in the order the server had them ready, each as if
+	// sent alone (never a batch inside): only to a client that asked with
+	// `OpenSession.batches`.
+	Batch *SessionAnswers `protobuf:"bytes,11,opt,name=batch,proto3,oneof"`
+}
+
 func (*SessionResponse_Opened) isSessionResponse_Body() {}
 
 func (*SessionResponse_Heartbeat) isSessionResponse_Body() {}
@@ -886,6 +983,52 @@ func (*SessionResponse_Ended) isSessionResponse_Body() {}
 
 func (*SessionResponse_Error) isSessionResponse_Body() {}
 
+func (*SessionResponse_Batch) isSessionResponse_Body() {}
+
+type SessionAnswers struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Answers       []*SessionResponse     `protobuf:"bytes,1,rep,name=answers,proto3" json:"answers,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SessionAnswers) Reset() {
+	*x = SessionAnswers{}
+	mi := &file_baton_v1_baton_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SessionAnswers) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SessionAnswers) ProtoMessage() {}
+
+func (x *SessionAnswers) ProtoReflect() protoreflect.Message {
+	mi := &file_baton_v1_baton_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SessionAnswers.ProtoReflect.Descriptor instead.
+func (*SessionAnswers) Descriptor() ([]byte, []int) {
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *SessionAnswers) GetAnswers() []*SessionResponse {
+	if x != nil {
+		return x.Answers
+	}
+	return nil
+}
+
 type SessionOpened struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// 16 bytes. Keep it secret: it resumes the session and so keeps its
@@ -898,14 +1041,17 @@ type SessionOpened struct {
 	// heartbeat).
 	Resumed bool `protobuf:"varint,3,opt,name=resumed,proto3" json:"resumed,omitempty"`
 	// On resume: as in HeartbeatAck.
-	Revoked       []*RevokedLease `protobuf:"bytes,4,rep,name=revoked,proto3" json:"revoked,omitempty"`
+	Revoked []*RevokedLease `protobuf:"bytes,4,rep,name=revoked,proto3" json:"revoked,omitempty"`
+	// This server takes `SessionRequest.batch`, and sends
+	// `SessionResponse.batch` when `OpenSession.batches` asked for it.
+	Batches       bool `protobuf:"varint,5,opt,name=batches,proto3" json:"batches,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SessionOpened) Reset() {
 	*x = SessionOpened{}
-	mi := &file_baton_v1_baton_proto_msgTypes[7]
+	mi := &file_baton_v1_baton_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -917,7 +1063,7 @@ func (x *SessionOpened) String() string {
 func (*SessionOpened) ProtoMessage() {}
 
 func (x *SessionOpened) ProtoReflect() protoreflect.Message {
-	mi := &file_baton_v1_baton_proto_msgTypes[7]
+	mi := &file_baton_v1_baton_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -930,7 +1076,7 @@ func (x *SessionOpened) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionOpened.ProtoReflect.Descriptor instead.
 func (*SessionOpened) Descriptor() ([]byte, []int) {
-	return file_baton_v1_baton_proto_rawDescGZIP(), []int{7}
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *SessionOpened) GetSessionId() []byte {
@@ -961,6 +1107,13 @@ func (x *SessionOpened) GetRevoked() []*RevokedLease {
 	return nil
 }
 
+func (x *SessionOpened) GetBatches() bool {
+	if x != nil {
+		return x.Batches
+	}
+	return false
+}
+
 type HeartbeatAck struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The session's TTL from the moment the server received the heartbeat.
@@ -974,7 +1127,7 @@ type HeartbeatAck struct {
 
 func (x *HeartbeatAck) Reset() {
 	*x = HeartbeatAck{}
-	mi := &file_baton_v1_baton_proto_msgTypes[8]
+	mi := &file_baton_v1_baton_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -986,7 +1139,7 @@ func (x *HeartbeatAck) String() string {
 func (*HeartbeatAck) ProtoMessage() {}
 
 func (x *HeartbeatAck) ProtoReflect() protoreflect.Message {
-	mi := &file_baton_v1_baton_proto_msgTypes[8]
+	mi := &file_baton_v1_baton_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -999,7 +1152,7 @@ func (x *HeartbeatAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatAck.ProtoReflect.Descriptor instead.
 func (*HeartbeatAck) Descriptor() ([]byte, []int) {
-	return file_baton_v1_baton_proto_rawDescGZIP(), []int{8}
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *HeartbeatAck) GetRemainingMs() uint64 {
@@ -1028,7 +1181,7 @@ type RevokedLease struct {
 
 func (x *RevokedLease) Reset() {
 	*x = RevokedLease{}
-	mi := &file_baton_v1_baton_proto_msgTypes[9]
+	mi := &file_baton_v1_baton_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1040,7 +1193,7 @@ func (x *RevokedLease) String() string {
 func (*RevokedLease) ProtoMessage() {}
 
 func (x *RevokedLease) ProtoReflect() protoreflect.Message {
-	mi := &file_baton_v1_baton_proto_msgTypes[9]
+	mi := &file_baton_v1_baton_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1053,7 +1206,7 @@ func (x *RevokedLease) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokedLease.ProtoReflect.Descriptor instead.
 func (*RevokedLease) Descriptor() ([]byte, []int) {
-	return file_baton_v1_baton_proto_rawDescGZIP(), []int{9}
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *RevokedLease) GetResource() string {
@@ -1080,7 +1233,7 @@ type CancelWaitResponse struct {
 
 func (x *CancelWaitResponse) Reset() {
 	*x = CancelWaitResponse{}
-	mi := &file_baton_v1_baton_proto_msgTypes[10]
+	mi := &file_baton_v1_baton_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1092,7 +1245,7 @@ func (x *CancelWaitResponse) String() string {
 func (*CancelWaitResponse) ProtoMessage() {}
 
 func (x *CancelWaitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_baton_v1_baton_proto_msgTypes[10]
+	mi := &file_baton_v1_baton_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1105,7 +1258,7 @@ func (x *CancelWaitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelWaitResponse.ProtoReflect.Descriptor instead.
 func (*CancelWaitResponse) Descriptor() ([]byte, []int) {
-	return file_baton_v1_baton_proto_rawDescGZIP(), []int{10}
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *CancelWaitResponse) GetWithdrawn() bool {
@@ -1125,7 +1278,7 @@ type SessionClosed struct {
 
 func (x *SessionClosed) Reset() {
 	*x = SessionClosed{}
-	mi := &file_baton_v1_baton_proto_msgTypes[11]
+	mi := &file_baton_v1_baton_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1137,7 +1290,7 @@ func (x *SessionClosed) String() string {
 func (*SessionClosed) ProtoMessage() {}
 
 func (x *SessionClosed) ProtoReflect() protoreflect.Message {
-	mi := &file_baton_v1_baton_proto_msgTypes[11]
+	mi := &file_baton_v1_baton_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1150,7 +1303,7 @@ func (x *SessionClosed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionClosed.ProtoReflect.Descriptor instead.
 func (*SessionClosed) Descriptor() ([]byte, []int) {
-	return file_baton_v1_baton_proto_rawDescGZIP(), []int{11}
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *SessionClosed) GetWasOpen() bool {
@@ -1168,7 +1321,7 @@ type SessionEnded struct {
 
 func (x *SessionEnded) Reset() {
 	*x = SessionEnded{}
-	mi := &file_baton_v1_baton_proto_msgTypes[12]
+	mi := &file_baton_v1_baton_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1180,7 +1333,7 @@ func (x *SessionEnded) String() string {
 func (*SessionEnded) ProtoMessage() {}
 
 func (x *SessionEnded) ProtoReflect() protoreflect.Message {
-	mi := &file_baton_v1_baton_proto_msgTypes[12]
+	mi := &file_baton_v1_baton_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1193,7 +1346,7 @@ func (x *SessionEnded) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionEnded.ProtoReflect.Descriptor instead.
 func (*SessionEnded) Descriptor() ([]byte, []int) {
-	return file_baton_v1_baton_proto_rawDescGZIP(), []int{12}
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{14}
 }
 
 type RequestError struct {
@@ -1208,7 +1361,7 @@ type RequestError struct {
 
 func (x *RequestError) Reset() {
 	*x = RequestError{}
-	mi := &file_baton_v1_baton_proto_msgTypes[13]
+	mi := &file_baton_v1_baton_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1220,7 +1373,7 @@ func (x *RequestError) String() string {
 func (*RequestError) ProtoMessage() {}
 
 func (x *RequestError) ProtoReflect() protoreflect.Message {
-	mi := &file_baton_v1_baton_proto_msgTypes[13]
+	mi := &file_baton_v1_baton_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1233,7 +1386,7 @@ func (x *RequestError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RequestError.ProtoReflect.Descriptor instead.
 func (*RequestError) Descriptor() ([]byte, []int) {
-	return file_baton_v1_baton_proto_rawDescGZIP(), []int{13}
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *RequestError) GetCode() int32 {
@@ -1258,7 +1411,7 @@ type ClusterStatusRequest struct {
 
 func (x *ClusterStatusRequest) Reset() {
 	*x = ClusterStatusRequest{}
-	mi := &file_baton_v1_baton_proto_msgTypes[14]
+	mi := &file_baton_v1_baton_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1270,7 +1423,7 @@ func (x *ClusterStatusRequest) String() string {
 func (*ClusterStatusRequest) ProtoMessage() {}
 
 func (x *ClusterStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_baton_v1_baton_proto_msgTypes[14]
+	mi := &file_baton_v1_baton_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1283,7 +1436,7 @@ func (x *ClusterStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterStatusRequest.ProtoReflect.Descriptor instead.
 func (*ClusterStatusRequest) Descriptor() ([]byte, []int) {
-	return file_baton_v1_baton_proto_rawDescGZIP(), []int{14}
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{16}
 }
 
 type ClusterStatusResponse struct {
@@ -1309,7 +1462,7 @@ type ClusterStatusResponse struct {
 
 func (x *ClusterStatusResponse) Reset() {
 	*x = ClusterStatusResponse{}
-	mi := &file_baton_v1_baton_proto_msgTypes[15]
+	mi := &file_baton_v1_baton_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1321,7 +1474,7 @@ func (x *ClusterStatusResponse) String() string {
 func (*ClusterStatusResponse) ProtoMessage() {}
 
 func (x *ClusterStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_baton_v1_baton_proto_msgTypes[15]
+	mi := &file_baton_v1_baton_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1334,7 +1487,7 @@ func (x *ClusterStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterStatusResponse.ProtoReflect.Descriptor instead.
 func (*ClusterStatusResponse) Descriptor() ([]byte, []int) {
-	return file_baton_v1_baton_proto_rawDescGZIP(), []int{15}
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ClusterStatusResponse) GetClustered() bool {
@@ -1403,7 +1556,7 @@ type ClusterMember struct {
 
 func (x *ClusterMember) Reset() {
 	*x = ClusterMember{}
-	mi := &file_baton_v1_baton_proto_msgTypes[16]
+	mi := &file_baton_v1_baton_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1415,7 +1568,7 @@ func (x *ClusterMember) String() string {
 func (*ClusterMember) ProtoMessage() {}
 
 func (x *ClusterMember) ProtoReflect() protoreflect.Message {
-	mi := &file_baton_v1_baton_proto_msgTypes[16]
+	mi := &file_baton_v1_baton_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1428,7 +1581,7 @@ func (x *ClusterMember) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterMember.ProtoReflect.Descriptor instead.
 func (*ClusterMember) Descriptor() ([]byte, []int) {
-	return file_baton_v1_baton_proto_rawDescGZIP(), []int{16}
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ClusterMember) GetNode() string {
@@ -1510,7 +1663,7 @@ type AcquireRequest struct {
 
 func (x *AcquireRequest) Reset() {
 	*x = AcquireRequest{}
-	mi := &file_baton_v1_baton_proto_msgTypes[17]
+	mi := &file_baton_v1_baton_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1522,7 +1675,7 @@ func (x *AcquireRequest) String() string {
 func (*AcquireRequest) ProtoMessage() {}
 
 func (x *AcquireRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_baton_v1_baton_proto_msgTypes[17]
+	mi := &file_baton_v1_baton_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1535,7 +1688,7 @@ func (x *AcquireRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquireRequest.ProtoReflect.Descriptor instead.
 func (*AcquireRequest) Descriptor() ([]byte, []int) {
-	return file_baton_v1_baton_proto_rawDescGZIP(), []int{17}
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *AcquireRequest) GetResources() []string {
@@ -1602,7 +1755,7 @@ type LockShape struct {
 
 func (x *LockShape) Reset() {
 	*x = LockShape{}
-	mi := &file_baton_v1_baton_proto_msgTypes[18]
+	mi := &file_baton_v1_baton_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1614,7 +1767,7 @@ func (x *LockShape) String() string {
 func (*LockShape) ProtoMessage() {}
 
 func (x *LockShape) ProtoReflect() protoreflect.Message {
-	mi := &file_baton_v1_baton_proto_msgTypes[18]
+	mi := &file_baton_v1_baton_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1627,7 +1780,7 @@ func (x *LockShape) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockShape.ProtoReflect.Descriptor instead.
 func (*LockShape) Descriptor() ([]byte, []int) {
-	return file_baton_v1_baton_proto_rawDescGZIP(), []int{18}
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *LockShape) GetShared() bool {
@@ -1656,7 +1809,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_baton_v1_baton_proto_msgTypes[19]
+	mi := &file_baton_v1_baton_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1668,7 +1821,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_baton_v1_baton_proto_msgTypes[19]
+	mi := &file_baton_v1_baton_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1681,7 +1834,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_baton_v1_baton_proto_rawDescGZIP(), []int{19}
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *WatchRequest) GetPrefix() string {
@@ -1711,7 +1864,7 @@ type WatchResponse struct {
 
 func (x *WatchResponse) Reset() {
 	*x = WatchResponse{}
-	mi := &file_baton_v1_baton_proto_msgTypes[20]
+	mi := &file_baton_v1_baton_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1723,7 +1876,7 @@ func (x *WatchResponse) String() string {
 func (*WatchResponse) ProtoMessage() {}
 
 func (x *WatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_baton_v1_baton_proto_msgTypes[20]
+	mi := &file_baton_v1_baton_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1736,7 +1889,7 @@ func (x *WatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchResponse.ProtoReflect.Descriptor instead.
 func (*WatchResponse) Descriptor() ([]byte, []int) {
-	return file_baton_v1_baton_proto_rawDescGZIP(), []int{20}
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *WatchResponse) GetBody() isWatchResponse_Body {
@@ -1791,7 +1944,7 @@ type WatchEvents struct {
 
 func (x *WatchEvents) Reset() {
 	*x = WatchEvents{}
-	mi := &file_baton_v1_baton_proto_msgTypes[21]
+	mi := &file_baton_v1_baton_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1803,7 +1956,7 @@ func (x *WatchEvents) String() string {
 func (*WatchEvents) ProtoMessage() {}
 
 func (x *WatchEvents) ProtoReflect() protoreflect.Message {
-	mi := &file_baton_v1_baton_proto_msgTypes[21]
+	mi := &file_baton_v1_baton_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1816,7 +1969,7 @@ func (x *WatchEvents) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEvents.ProtoReflect.Descriptor instead.
 func (*WatchEvents) Descriptor() ([]byte, []int) {
-	return file_baton_v1_baton_proto_rawDescGZIP(), []int{21}
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *WatchEvents) GetEvents() []*WatchEvent {
@@ -1840,7 +1993,7 @@ type WatchSnapshot struct {
 
 func (x *WatchSnapshot) Reset() {
 	*x = WatchSnapshot{}
-	mi := &file_baton_v1_baton_proto_msgTypes[22]
+	mi := &file_baton_v1_baton_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1852,7 +2005,7 @@ func (x *WatchSnapshot) String() string {
 func (*WatchSnapshot) ProtoMessage() {}
 
 func (x *WatchSnapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_baton_v1_baton_proto_msgTypes[22]
+	mi := &file_baton_v1_baton_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1865,7 +2018,7 @@ func (x *WatchSnapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchSnapshot.ProtoReflect.Descriptor instead.
 func (*WatchSnapshot) Descriptor() ([]byte, []int) {
-	return file_baton_v1_baton_proto_rawDescGZIP(), []int{22}
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *WatchSnapshot) GetSeq() uint64 {
@@ -1906,7 +2059,7 @@ type WatchHolder struct {
 
 func (x *WatchHolder) Reset() {
 	*x = WatchHolder{}
-	mi := &file_baton_v1_baton_proto_msgTypes[23]
+	mi := &file_baton_v1_baton_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1918,7 +2071,7 @@ func (x *WatchHolder) String() string {
 func (*WatchHolder) ProtoMessage() {}
 
 func (x *WatchHolder) ProtoReflect() protoreflect.Message {
-	mi := &file_baton_v1_baton_proto_msgTypes[23]
+	mi := &file_baton_v1_baton_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1931,7 +2084,7 @@ func (x *WatchHolder) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchHolder.ProtoReflect.Descriptor instead.
 func (*WatchHolder) Descriptor() ([]byte, []int) {
-	return file_baton_v1_baton_proto_rawDescGZIP(), []int{23}
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *WatchHolder) GetResource() string {
@@ -2002,7 +2155,7 @@ type WatchEvent struct {
 
 func (x *WatchEvent) Reset() {
 	*x = WatchEvent{}
-	mi := &file_baton_v1_baton_proto_msgTypes[24]
+	mi := &file_baton_v1_baton_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2014,7 +2167,7 @@ func (x *WatchEvent) String() string {
 func (*WatchEvent) ProtoMessage() {}
 
 func (x *WatchEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_baton_v1_baton_proto_msgTypes[24]
+	mi := &file_baton_v1_baton_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2027,7 +2180,7 @@ func (x *WatchEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEvent.ProtoReflect.Descriptor instead.
 func (*WatchEvent) Descriptor() ([]byte, []int) {
-	return file_baton_v1_baton_proto_rawDescGZIP(), []int{24}
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *WatchEvent) GetSeq() uint64 {
@@ -2110,7 +2263,7 @@ type Lease struct {
 
 func (x *Lease) Reset() {
 	*x = Lease{}
-	mi := &file_baton_v1_baton_proto_msgTypes[25]
+	mi := &file_baton_v1_baton_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2122,7 +2275,7 @@ func (x *Lease) String() string {
 func (*Lease) ProtoMessage() {}
 
 func (x *Lease) ProtoReflect() protoreflect.Message {
-	mi := &file_baton_v1_baton_proto_msgTypes[25]
+	mi := &file_baton_v1_baton_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2135,7 +2288,7 @@ func (x *Lease) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Lease.ProtoReflect.Descriptor instead.
 func (*Lease) Descriptor() ([]byte, []int) {
-	return file_baton_v1_baton_proto_rawDescGZIP(), []int{25}
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *Lease) GetResource() string {
@@ -2202,7 +2355,7 @@ type StoredSession struct {
 
 func (x *StoredSession) Reset() {
 	*x = StoredSession{}
-	mi := &file_baton_v1_baton_proto_msgTypes[26]
+	mi := &file_baton_v1_baton_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2214,7 +2367,7 @@ func (x *StoredSession) String() string {
 func (*StoredSession) ProtoMessage() {}
 
 func (x *StoredSession) ProtoReflect() protoreflect.Message {
-	mi := &file_baton_v1_baton_proto_msgTypes[26]
+	mi := &file_baton_v1_baton_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2227,7 +2380,7 @@ func (x *StoredSession) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StoredSession.ProtoReflect.Descriptor instead.
 func (*StoredSession) Descriptor() ([]byte, []int) {
-	return file_baton_v1_baton_proto_rawDescGZIP(), []int{26}
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *StoredSession) GetDigest() []byte {
@@ -2264,7 +2417,7 @@ type AcquireResponse struct {
 
 func (x *AcquireResponse) Reset() {
 	*x = AcquireResponse{}
-	mi := &file_baton_v1_baton_proto_msgTypes[27]
+	mi := &file_baton_v1_baton_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2276,7 +2429,7 @@ func (x *AcquireResponse) String() string {
 func (*AcquireResponse) ProtoMessage() {}
 
 func (x *AcquireResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_baton_v1_baton_proto_msgTypes[27]
+	mi := &file_baton_v1_baton_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2289,7 +2442,7 @@ func (x *AcquireResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquireResponse.ProtoReflect.Descriptor instead.
 func (*AcquireResponse) Descriptor() ([]byte, []int) {
-	return file_baton_v1_baton_proto_rawDescGZIP(), []int{27}
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *AcquireResponse) GetOutcome() isAcquireResponse_Outcome {
@@ -2349,7 +2502,7 @@ type Granted struct {
 
 func (x *Granted) Reset() {
 	*x = Granted{}
-	mi := &file_baton_v1_baton_proto_msgTypes[28]
+	mi := &file_baton_v1_baton_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2361,7 +2514,7 @@ func (x *Granted) String() string {
 func (*Granted) ProtoMessage() {}
 
 func (x *Granted) ProtoReflect() protoreflect.Message {
-	mi := &file_baton_v1_baton_proto_msgTypes[28]
+	mi := &file_baton_v1_baton_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2374,7 +2527,7 @@ func (x *Granted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Granted.ProtoReflect.Descriptor instead.
 func (*Granted) Descriptor() ([]byte, []int) {
-	return file_baton_v1_baton_proto_rawDescGZIP(), []int{28}
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *Granted) GetLeases() []*Lease {
@@ -2416,7 +2569,7 @@ type NotAcquired struct {
 
 func (x *NotAcquired) Reset() {
 	*x = NotAcquired{}
-	mi := &file_baton_v1_baton_proto_msgTypes[29]
+	mi := &file_baton_v1_baton_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2428,7 +2581,7 @@ func (x *NotAcquired) String() string {
 func (*NotAcquired) ProtoMessage() {}
 
 func (x *NotAcquired) ProtoReflect() protoreflect.Message {
-	mi := &file_baton_v1_baton_proto_msgTypes[29]
+	mi := &file_baton_v1_baton_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2441,7 +2594,7 @@ func (x *NotAcquired) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NotAcquired.ProtoReflect.Descriptor instead.
 func (*NotAcquired) Descriptor() ([]byte, []int) {
-	return file_baton_v1_baton_proto_rawDescGZIP(), []int{29}
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *NotAcquired) GetReason() NotAcquired_Reason {
@@ -2492,7 +2645,7 @@ type Blocker struct {
 
 func (x *Blocker) Reset() {
 	*x = Blocker{}
-	mi := &file_baton_v1_baton_proto_msgTypes[30]
+	mi := &file_baton_v1_baton_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2504,7 +2657,7 @@ func (x *Blocker) String() string {
 func (*Blocker) ProtoMessage() {}
 
 func (x *Blocker) ProtoReflect() protoreflect.Message {
-	mi := &file_baton_v1_baton_proto_msgTypes[30]
+	mi := &file_baton_v1_baton_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2517,7 +2670,7 @@ func (x *Blocker) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Blocker.ProtoReflect.Descriptor instead.
 func (*Blocker) Descriptor() ([]byte, []int) {
-	return file_baton_v1_baton_proto_rawDescGZIP(), []int{30}
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *Blocker) GetResource() string {
@@ -2575,7 +2728,7 @@ type BlockingHolder struct {
 
 func (x *BlockingHolder) Reset() {
 	*x = BlockingHolder{}
-	mi := &file_baton_v1_baton_proto_msgTypes[31]
+	mi := &file_baton_v1_baton_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2587,7 +2740,7 @@ func (x *BlockingHolder) String() string {
 func (*BlockingHolder) ProtoMessage() {}
 
 func (x *BlockingHolder) ProtoReflect() protoreflect.Message {
-	mi := &file_baton_v1_baton_proto_msgTypes[31]
+	mi := &file_baton_v1_baton_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2600,7 +2753,7 @@ func (x *BlockingHolder) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BlockingHolder.ProtoReflect.Descriptor instead.
 func (*BlockingHolder) Descriptor() ([]byte, []int) {
-	return file_baton_v1_baton_proto_rawDescGZIP(), []int{31}
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *BlockingHolder) GetToken() uint64 {
@@ -2655,7 +2808,7 @@ type RenewRequest struct {
 
 func (x *RenewRequest) Reset() {
 	*x = RenewRequest{}
-	mi := &file_baton_v1_baton_proto_msgTypes[32]
+	mi := &file_baton_v1_baton_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2667,7 +2820,7 @@ func (x *RenewRequest) String() string {
 func (*RenewRequest) ProtoMessage() {}
 
 func (x *RenewRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_baton_v1_baton_proto_msgTypes[32]
+	mi := &file_baton_v1_baton_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2680,7 +2833,7 @@ func (x *RenewRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewRequest.ProtoReflect.Descriptor instead.
 func (*RenewRequest) Descriptor() ([]byte, []int) {
-	return file_baton_v1_baton_proto_rawDescGZIP(), []int{32}
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *RenewRequest) GetResource() string {
@@ -2711,7 +2864,7 @@ type RenewResponse struct {
 
 func (x *RenewResponse) Reset() {
 	*x = RenewResponse{}
-	mi := &file_baton_v1_baton_proto_msgTypes[33]
+	mi := &file_baton_v1_baton_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2723,7 +2876,7 @@ func (x *RenewResponse) String() string {
 func (*RenewResponse) ProtoMessage() {}
 
 func (x *RenewResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_baton_v1_baton_proto_msgTypes[33]
+	mi := &file_baton_v1_baton_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2736,7 +2889,7 @@ func (x *RenewResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewResponse.ProtoReflect.Descriptor instead.
 func (*RenewResponse) Descriptor() ([]byte, []int) {
-	return file_baton_v1_baton_proto_rawDescGZIP(), []int{33}
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *RenewResponse) GetRenewed() bool {
@@ -2770,7 +2923,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_baton_v1_baton_proto_msgTypes[34]
+	mi := &file_baton_v1_baton_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2782,7 +2935,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_baton_v1_baton_proto_msgTypes[34]
+	mi := &file_baton_v1_baton_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2795,7 +2948,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_baton_v1_baton_proto_rawDescGZIP(), []int{34}
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ReleaseRequest) GetResource() string {
@@ -2824,7 +2977,7 @@ type ReleaseResponse struct {
 
 func (x *ReleaseResponse) Reset() {
 	*x = ReleaseResponse{}
-	mi := &file_baton_v1_baton_proto_msgTypes[35]
+	mi := &file_baton_v1_baton_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2836,7 +2989,7 @@ func (x *ReleaseResponse) String() string {
 func (*ReleaseResponse) ProtoMessage() {}
 
 func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_baton_v1_baton_proto_msgTypes[35]
+	mi := &file_baton_v1_baton_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2849,7 +3002,7 @@ func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_baton_v1_baton_proto_rawDescGZIP(), []int{35}
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ReleaseResponse) GetReleased() bool {
@@ -2875,7 +3028,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_baton_v1_baton_proto_msgTypes[36]
+	mi := &file_baton_v1_baton_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2887,7 +3040,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_baton_v1_baton_proto_msgTypes[36]
+	mi := &file_baton_v1_baton_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2900,7 +3053,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_baton_v1_baton_proto_rawDescGZIP(), []int{36}
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *StatusRequest) GetResource() string {
@@ -2937,7 +3090,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_baton_v1_baton_proto_msgTypes[37]
+	mi := &file_baton_v1_baton_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2949,7 +3102,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_baton_v1_baton_proto_msgTypes[37]
+	mi := &file_baton_v1_baton_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2962,7 +3115,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_baton_v1_baton_proto_rawDescGZIP(), []int{37}
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *StatusResponse) GetResource() string {
@@ -3050,7 +3203,7 @@ type SlotHolder struct {
 
 func (x *SlotHolder) Reset() {
 	*x = SlotHolder{}
-	mi := &file_baton_v1_baton_proto_msgTypes[38]
+	mi := &file_baton_v1_baton_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3062,7 +3215,7 @@ func (x *SlotHolder) String() string {
 func (*SlotHolder) ProtoMessage() {}
 
 func (x *SlotHolder) ProtoReflect() protoreflect.Message {
-	mi := &file_baton_v1_baton_proto_msgTypes[38]
+	mi := &file_baton_v1_baton_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3075,7 +3228,7 @@ func (x *SlotHolder) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SlotHolder.ProtoReflect.Descriptor instead.
 func (*SlotHolder) Descriptor() ([]byte, []int) {
-	return file_baton_v1_baton_proto_rawDescGZIP(), []int{38}
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *SlotHolder) GetSlot() uint32 {
@@ -3124,7 +3277,7 @@ type SetPermitsRequest struct {
 
 func (x *SetPermitsRequest) Reset() {
 	*x = SetPermitsRequest{}
-	mi := &file_baton_v1_baton_proto_msgTypes[39]
+	mi := &file_baton_v1_baton_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3136,7 +3289,7 @@ func (x *SetPermitsRequest) String() string {
 func (*SetPermitsRequest) ProtoMessage() {}
 
 func (x *SetPermitsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_baton_v1_baton_proto_msgTypes[39]
+	mi := &file_baton_v1_baton_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3149,7 +3302,7 @@ func (x *SetPermitsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetPermitsRequest.ProtoReflect.Descriptor instead.
 func (*SetPermitsRequest) Descriptor() ([]byte, []int) {
-	return file_baton_v1_baton_proto_rawDescGZIP(), []int{39}
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *SetPermitsRequest) GetResource() string {
@@ -3176,7 +3329,7 @@ type SetPermitsResponse struct {
 
 func (x *SetPermitsResponse) Reset() {
 	*x = SetPermitsResponse{}
-	mi := &file_baton_v1_baton_proto_msgTypes[40]
+	mi := &file_baton_v1_baton_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3188,7 +3341,7 @@ func (x *SetPermitsResponse) String() string {
 func (*SetPermitsResponse) ProtoMessage() {}
 
 func (x *SetPermitsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_baton_v1_baton_proto_msgTypes[40]
+	mi := &file_baton_v1_baton_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3201,7 +3354,7 @@ func (x *SetPermitsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetPermitsResponse.ProtoReflect.Descriptor instead.
 func (*SetPermitsResponse) Descriptor() ([]byte, []int) {
-	return file_baton_v1_baton_proto_rawDescGZIP(), []int{40}
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *SetPermitsResponse) GetPrevious() uint32 {
@@ -3224,7 +3377,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_baton_v1_baton_proto_msgTypes[41]
+	mi := &file_baton_v1_baton_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3236,7 +3389,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_baton_v1_baton_proto_msgTypes[41]
+	mi := &file_baton_v1_baton_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3249,7 +3402,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_baton_v1_baton_proto_rawDescGZIP(), []int{41}
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *ListRequest) GetPrefix() string {
@@ -3282,7 +3435,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_baton_v1_baton_proto_msgTypes[42]
+	mi := &file_baton_v1_baton_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3294,7 +3447,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_baton_v1_baton_proto_msgTypes[42]
+	mi := &file_baton_v1_baton_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3307,7 +3460,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_baton_v1_baton_proto_rawDescGZIP(), []int{42}
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ListResponse) GetEntries() []*StatusResponse {
@@ -3326,7 +3479,7 @@ type FenceRequest struct {
 
 func (x *FenceRequest) Reset() {
 	*x = FenceRequest{}
-	mi := &file_baton_v1_baton_proto_msgTypes[43]
+	mi := &file_baton_v1_baton_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3338,7 +3491,7 @@ func (x *FenceRequest) String() string {
 func (*FenceRequest) ProtoMessage() {}
 
 func (x *FenceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_baton_v1_baton_proto_msgTypes[43]
+	mi := &file_baton_v1_baton_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3351,7 +3504,7 @@ func (x *FenceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FenceRequest.ProtoReflect.Descriptor instead.
 func (*FenceRequest) Descriptor() ([]byte, []int) {
-	return file_baton_v1_baton_proto_rawDescGZIP(), []int{43}
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *FenceRequest) GetResource() string {
@@ -3373,7 +3526,7 @@ type FenceResponse struct {
 
 func (x *FenceResponse) Reset() {
 	*x = FenceResponse{}
-	mi := &file_baton_v1_baton_proto_msgTypes[44]
+	mi := &file_baton_v1_baton_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3385,7 +3538,7 @@ func (x *FenceResponse) String() string {
 func (*FenceResponse) ProtoMessage() {}
 
 func (x *FenceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_baton_v1_baton_proto_msgTypes[44]
+	mi := &file_baton_v1_baton_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3398,7 +3551,7 @@ func (x *FenceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FenceResponse.ProtoReflect.Descriptor instead.
 func (*FenceResponse) Descriptor() ([]byte, []int) {
-	return file_baton_v1_baton_proto_rawDescGZIP(), []int{44}
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *FenceResponse) GetToken() uint64 {
@@ -3430,7 +3583,7 @@ type BackupRequest struct {
 
 func (x *BackupRequest) Reset() {
 	*x = BackupRequest{}
-	mi := &file_baton_v1_baton_proto_msgTypes[45]
+	mi := &file_baton_v1_baton_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3442,7 +3595,7 @@ func (x *BackupRequest) String() string {
 func (*BackupRequest) ProtoMessage() {}
 
 func (x *BackupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_baton_v1_baton_proto_msgTypes[45]
+	mi := &file_baton_v1_baton_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3455,7 +3608,7 @@ func (x *BackupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BackupRequest.ProtoReflect.Descriptor instead.
 func (*BackupRequest) Descriptor() ([]byte, []int) {
-	return file_baton_v1_baton_proto_rawDescGZIP(), []int{45}
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{47}
 }
 
 // The durable state of a server, as written by `baton admin backup`.
@@ -3479,7 +3632,7 @@ type Snapshot struct {
 
 func (x *Snapshot) Reset() {
 	*x = Snapshot{}
-	mi := &file_baton_v1_baton_proto_msgTypes[46]
+	mi := &file_baton_v1_baton_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3491,7 +3644,7 @@ func (x *Snapshot) String() string {
 func (*Snapshot) ProtoMessage() {}
 
 func (x *Snapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_baton_v1_baton_proto_msgTypes[46]
+	mi := &file_baton_v1_baton_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3504,7 +3657,7 @@ func (x *Snapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Snapshot.ProtoReflect.Descriptor instead.
 func (*Snapshot) Descriptor() ([]byte, []int) {
-	return file_baton_v1_baton_proto_rawDescGZIP(), []int{46}
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *Snapshot) GetFormat() uint32 {
@@ -3574,7 +3727,7 @@ type StoredLease struct {
 
 func (x *StoredLease) Reset() {
 	*x = StoredLease{}
-	mi := &file_baton_v1_baton_proto_msgTypes[47]
+	mi := &file_baton_v1_baton_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3586,7 +3739,7 @@ func (x *StoredLease) String() string {
 func (*StoredLease) ProtoMessage() {}
 
 func (x *StoredLease) ProtoReflect() protoreflect.Message {
-	mi := &file_baton_v1_baton_proto_msgTypes[47]
+	mi := &file_baton_v1_baton_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3599,7 +3752,7 @@ func (x *StoredLease) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StoredLease.ProtoReflect.Descriptor instead.
 func (*StoredLease) Descriptor() ([]byte, []int) {
-	return file_baton_v1_baton_proto_rawDescGZIP(), []int{47}
+	return file_baton_v1_baton_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *StoredLease) GetResource() string {
@@ -3655,7 +3808,7 @@ var File_baton_v1_baton_proto protoreflect.FileDescriptor
 
 const file_baton_v1_baton_proto_rawDesc = "" +
 	"\n" +
-	"\x14baton/v1/baton.proto\x12\bbaton.v1\"\xa6\x03\n" +
+	"\x14baton/v1/baton.proto\x12\bbaton.v1\"\xd6\x03\n" +
 	"\x0eSessionRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12+\n" +
 	"\x04open\x18\x02 \x01(\v2\x15.baton.v1.OpenSessionH\x00R\x04open\x123\n" +
@@ -3664,13 +3817,18 @@ const file_baton_v1_baton_proto_rawDesc = "" +
 	"\x05renew\x18\x05 \x01(\v2\x16.baton.v1.RenewRequestH\x00R\x05renew\x124\n" +
 	"\arelease\x18\x06 \x01(\v2\x18.baton.v1.ReleaseRequestH\x00R\arelease\x12.\n" +
 	"\x06cancel\x18\a \x01(\v2\x14.baton.v1.CancelWaitH\x00R\x06cancel\x12.\n" +
-	"\x05close\x18\b \x01(\v2\x16.baton.v1.CloseSessionH\x00R\x05close\x12 \n" +
+	"\x05close\x18\b \x01(\v2\x16.baton.v1.CloseSessionH\x00R\x05close\x12.\n" +
+	"\x05batch\x18\n" +
+	" \x01(\v2\x16.baton.v1.SessionBatchH\x00R\x05batch\x12 \n" +
 	"\vtraceparent\x18\t \x01(\tR\vtraceparentB\x04\n" +
-	"\x02op\"L\n" +
+	"\x02op\"f\n" +
 	"\vOpenSession\x12\x1a\n" +
 	"\x06ttl_ms\x18\x01 \x01(\x04H\x00R\x05ttlMs\x88\x01\x01\x12\x16\n" +
-	"\x06resume\x18\x02 \x01(\fR\x06resumeB\t\n" +
-	"\a_ttl_ms\"\v\n" +
+	"\x06resume\x18\x02 \x01(\fR\x06resume\x12\x18\n" +
+	"\abatches\x18\x03 \x01(\bR\abatchesB\t\n" +
+	"\a_ttl_ms\"D\n" +
+	"\fSessionBatch\x124\n" +
+	"\brequests\x18\x01 \x03(\v2\x18.baton.v1.SessionRequestR\brequests\"\v\n" +
 	"\tHeartbeat\"\xa8\x02\n" +
 	"\x0eSessionAcquire\x12\x1c\n" +
 	"\tresources\x18\x01 \x03(\tR\tresources\x12\x1a\n" +
@@ -3688,7 +3846,7 @@ const file_baton_v1_baton_proto_rawDesc = "" +
 	"CancelWait\x12\x1d\n" +
 	"\n" +
 	"acquire_id\x18\x01 \x01(\x04R\tacquireId\"\x0e\n" +
-	"\fCloseSession\"\xfe\x03\n" +
+	"\fCloseSession\"\xb0\x04\n" +
 	"\x0fSessionResponse\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x121\n" +
 	"\x06opened\x18\x02 \x01(\v2\x17.baton.v1.SessionOpenedH\x00R\x06opened\x126\n" +
@@ -3700,14 +3858,18 @@ const file_baton_v1_baton_proto_rawDesc = "" +
 	"\x06closed\x18\b \x01(\v2\x17.baton.v1.SessionClosedH\x00R\x06closed\x12.\n" +
 	"\x05ended\x18\t \x01(\v2\x16.baton.v1.SessionEndedH\x00R\x05ended\x12.\n" +
 	"\x05error\x18\n" +
-	" \x01(\v2\x16.baton.v1.RequestErrorH\x00R\x05errorB\x06\n" +
-	"\x04body\"\x91\x01\n" +
+	" \x01(\v2\x16.baton.v1.RequestErrorH\x00R\x05error\x120\n" +
+	"\x05batch\x18\v \x01(\v2\x18.baton.v1.SessionAnswersH\x00R\x05batchB\x06\n" +
+	"\x04body\"E\n" +
+	"\x0eSessionAnswers\x123\n" +
+	"\aanswers\x18\x01 \x03(\v2\x19.baton.v1.SessionResponseR\aanswers\"\xab\x01\n" +
 	"\rSessionOpened\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\fR\tsessionId\x12\x15\n" +
 	"\x06ttl_ms\x18\x02 \x01(\x04R\x05ttlMs\x12\x18\n" +
 	"\aresumed\x18\x03 \x01(\bR\aresumed\x120\n" +
-	"\arevoked\x18\x04 \x03(\v2\x16.baton.v1.RevokedLeaseR\arevoked\"c\n" +
+	"\arevoked\x18\x04 \x03(\v2\x16.baton.v1.RevokedLeaseR\arevoked\x12\x18\n" +
+	"\abatches\x18\x05 \x01(\bR\abatches\"c\n" +
 	"\fHeartbeatAck\x12!\n" +
 	"\fremaining_ms\x18\x01 \x01(\x04R\vremainingMs\x120\n" +
 	"\arevoked\x18\x02 \x03(\v2\x16.baton.v1.RevokedLeaseR\arevoked\"@\n" +
@@ -3939,126 +4101,132 @@ func file_baton_v1_baton_proto_rawDescGZIP() []byte {
 }
 
 var file_baton_v1_baton_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_baton_v1_baton_proto_msgTypes = make([]protoimpl.MessageInfo, 48)
+var file_baton_v1_baton_proto_msgTypes = make([]protoimpl.MessageInfo, 50)
 var file_baton_v1_baton_proto_goTypes = []any{
 	(WatchEvent_Kind)(0),          // 0: baton.v1.WatchEvent.Kind
 	(NotAcquired_Reason)(0),       // 1: baton.v1.NotAcquired.Reason
 	(*SessionRequest)(nil),        // 2: baton.v1.SessionRequest
 	(*OpenSession)(nil),           // 3: baton.v1.OpenSession
-	(*Heartbeat)(nil),             // 4: baton.v1.Heartbeat
-	(*SessionAcquire)(nil),        // 5: baton.v1.SessionAcquire
-	(*CancelWait)(nil),            // 6: baton.v1.CancelWait
-	(*CloseSession)(nil),          // 7: baton.v1.CloseSession
-	(*SessionResponse)(nil),       // 8: baton.v1.SessionResponse
-	(*SessionOpened)(nil),         // 9: baton.v1.SessionOpened
-	(*HeartbeatAck)(nil),          // 10: baton.v1.HeartbeatAck
-	(*RevokedLease)(nil),          // 11: baton.v1.RevokedLease
-	(*CancelWaitResponse)(nil),    // 12: baton.v1.CancelWaitResponse
-	(*SessionClosed)(nil),         // 13: baton.v1.SessionClosed
-	(*SessionEnded)(nil),          // 14: baton.v1.SessionEnded
-	(*RequestError)(nil),          // 15: baton.v1.RequestError
-	(*ClusterStatusRequest)(nil),  // 16: baton.v1.ClusterStatusRequest
-	(*ClusterStatusResponse)(nil), // 17: baton.v1.ClusterStatusResponse
-	(*ClusterMember)(nil),         // 18: baton.v1.ClusterMember
-	(*AcquireRequest)(nil),        // 19: baton.v1.AcquireRequest
-	(*LockShape)(nil),             // 20: baton.v1.LockShape
-	(*WatchRequest)(nil),          // 21: baton.v1.WatchRequest
-	(*WatchResponse)(nil),         // 22: baton.v1.WatchResponse
-	(*WatchEvents)(nil),           // 23: baton.v1.WatchEvents
-	(*WatchSnapshot)(nil),         // 24: baton.v1.WatchSnapshot
-	(*WatchHolder)(nil),           // 25: baton.v1.WatchHolder
-	(*WatchEvent)(nil),            // 26: baton.v1.WatchEvent
-	(*Lease)(nil),                 // 27: baton.v1.Lease
-	(*StoredSession)(nil),         // 28: baton.v1.StoredSession
-	(*AcquireResponse)(nil),       // 29: baton.v1.AcquireResponse
-	(*Granted)(nil),               // 30: baton.v1.Granted
-	(*NotAcquired)(nil),           // 31: baton.v1.NotAcquired
-	(*Blocker)(nil),               // 32: baton.v1.Blocker
-	(*BlockingHolder)(nil),        // 33: baton.v1.BlockingHolder
-	(*RenewRequest)(nil),          // 34: baton.v1.RenewRequest
-	(*RenewResponse)(nil),         // 35: baton.v1.RenewResponse
-	(*ReleaseRequest)(nil),        // 36: baton.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),       // 37: baton.v1.ReleaseResponse
-	(*StatusRequest)(nil),         // 38: baton.v1.StatusRequest
-	(*StatusResponse)(nil),        // 39: baton.v1.StatusResponse
-	(*SlotHolder)(nil),            // 40: baton.v1.SlotHolder
-	(*SetPermitsRequest)(nil),     // 41: baton.v1.SetPermitsRequest
-	(*SetPermitsResponse)(nil),    // 42: baton.v1.SetPermitsResponse
-	(*ListRequest)(nil),           // 43: baton.v1.ListRequest
-	(*ListResponse)(nil),          // 44: baton.v1.ListResponse
-	(*FenceRequest)(nil),          // 45: baton.v1.FenceRequest
-	(*FenceResponse)(nil),         // 46: baton.v1.FenceResponse
-	(*BackupRequest)(nil),         // 47: baton.v1.BackupRequest
-	(*Snapshot)(nil),              // 48: baton.v1.Snapshot
-	(*StoredLease)(nil),           // 49: baton.v1.StoredLease
+	(*SessionBatch)(nil),          // 4: baton.v1.SessionBatch
+	(*Heartbeat)(nil),             // 5: baton.v1.Heartbeat
+	(*SessionAcquire)(nil),        // 6: baton.v1.SessionAcquire
+	(*CancelWait)(nil),            // 7: baton.v1.CancelWait
+	(*CloseSession)(nil),          // 8: baton.v1.CloseSession
+	(*SessionResponse)(nil),       // 9: baton.v1.SessionResponse
+	(*SessionAnswers)(nil),        // 10: baton.v1.SessionAnswers
+	(*SessionOpened)(nil),         // 11: baton.v1.SessionOpened
+	(*HeartbeatAck)(nil),          // 12: baton.v1.HeartbeatAck
+	(*RevokedLease)(nil),          // 13: baton.v1.RevokedLease
+	(*CancelWaitResponse)(nil),    // 14: baton.v1.CancelWaitResponse
+	(*SessionClosed)(nil),         // 15: baton.v1.SessionClosed
+	(*SessionEnded)(nil),          // 16: baton.v1.SessionEnded
+	(*RequestError)(nil),          // 17: baton.v1.RequestError
+	(*ClusterStatusRequest)(nil),  // 18: baton.v1.ClusterStatusRequest
+	(*ClusterStatusResponse)(nil), // 19: baton.v1.ClusterStatusResponse
+	(*ClusterMember)(nil),         // 20: baton.v1.ClusterMember
+	(*AcquireRequest)(nil),        // 21: baton.v1.AcquireRequest
+	(*LockShape)(nil),             // 22: baton.v1.LockShape
+	(*WatchRequest)(nil),          // 23: baton.v1.WatchRequest
+	(*WatchResponse)(nil),         // 24: baton.v1.WatchResponse
+	(*WatchEvents)(nil),           // 25: baton.v1.WatchEvents
+	(*WatchSnapshot)(nil),         // 26: baton.v1.WatchSnapshot
+	(*WatchHolder)(nil),           // 27: baton.v1.WatchHolder
+	(*WatchEvent)(nil),            // 28: baton.v1.WatchEvent
+	(*Lease)(nil),                 // 29: baton.v1.Lease
+	(*StoredSession)(nil),         // 30: baton.v1.StoredSession
+	(*AcquireResponse)(nil),       // 31: baton.v1.AcquireResponse
+	(*Granted)(nil),               // 32: baton.v1.Granted
+	(*NotAcquired)(nil),           // 33: baton.v1.NotAcquired
+	(*Blocker)(nil),               // 34: baton.v1.Blocker
+	(*BlockingHolder)(nil),        // 35: baton.v1.BlockingHolder
+	(*RenewRequest)(nil),          // 36: baton.v1.RenewRequest
+	(*RenewResponse)(nil),         // 37: baton.v1.RenewResponse
+	(*ReleaseRequest)(nil),        // 38: baton.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),       // 39: baton.v1.ReleaseResponse
+	(*StatusRequest)(nil),         // 40: baton.v1.StatusRequest
+	(*StatusResponse)(nil),        // 41: baton.v1.StatusResponse
+	(*SlotHolder)(nil),            // 42: baton.v1.SlotHolder
+	(*SetPermitsRequest)(nil),     // 43: baton.v1.SetPermitsRequest
+	(*SetPermitsResponse)(nil),    // 44: baton.v1.SetPermitsResponse
+	(*ListRequest)(nil),           // 45: baton.v1.ListRequest
+	(*ListResponse)(nil),          // 46: baton.v1.ListResponse
+	(*FenceRequest)(nil),          // 47: baton.v1.FenceRequest
+	(*FenceResponse)(nil),         // 48: baton.v1.FenceResponse
+	(*BackupRequest)(nil),         // 49: baton.v1.BackupRequest
+	(*Snapshot)(nil),              // 50: baton.v1.Snapshot
+	(*StoredLease)(nil),           // 51: baton.v1.StoredLease
 }
 var file_baton_v1_baton_proto_depIdxs = []int32{
 	3,  // 0: baton.v1.SessionRequest.open:type_name -> baton.v1.OpenSession
-	4,  // 1: baton.v1.SessionRequest.heartbeat:type_name -> baton.v1.Heartbeat
-	5,  // 2: baton.v1.SessionRequest.acquire:type_name -> baton.v1.SessionAcquire
-	34, // 3: baton.v1.SessionRequest.renew:type_name -> baton.v1.RenewRequest
-	36, // 4: baton.v1.SessionRequest.release:type_name -> baton.v1.ReleaseRequest
-	6,  // 5: baton.v1.SessionRequest.cancel:type_name -> baton.v1.CancelWait
-	7,  // 6: baton.v1.SessionRequest.close:type_name -> baton.v1.CloseSession
-	20, // 7: baton.v1.SessionAcquire.shapes:type_name -> baton.v1.LockShape
-	9,  // 8: baton.v1.SessionResponse.opened:type_name -> baton.v1.SessionOpened
-	10, // 9: baton.v1.SessionResponse.heartbeat:type_name -> baton.v1.HeartbeatAck
-	29, // 10: baton.v1.SessionResponse.acquire:type_name -> baton.v1.AcquireResponse
-	35, // 11: baton.v1.SessionResponse.renew:type_name -> baton.v1.RenewResponse
-	37, // 12: baton.v1.SessionResponse.release:type_name -> baton.v1.ReleaseResponse
-	12, // 13: baton.v1.SessionResponse.cancel:type_name -> baton.v1.CancelWaitResponse
-	13, // 14: baton.v1.SessionResponse.closed:type_name -> baton.v1.SessionClosed
-	14, // 15: baton.v1.SessionResponse.ended:type_name -> baton.v1.SessionEnded
-	15, // 16: baton.v1.SessionResponse.error:type_name -> baton.v1.RequestError
-	11, // 17: baton.v1.SessionOpened.revoked:type_name -> baton.v1.RevokedLease
-	11, // 18: baton.v1.HeartbeatAck.revoked:type_name -> baton.v1.RevokedLease
-	18, // 19: baton.v1.ClusterStatusResponse.members:type_name -> baton.v1.ClusterMember
-	20, // 20: baton.v1.AcquireRequest.shapes:type_name -> baton.v1.LockShape
-	24, // 21: baton.v1.WatchResponse.snapshot:type_name -> baton.v1.WatchSnapshot
-	23, // 22: baton.v1.WatchResponse.events:type_name -> baton.v1.WatchEvents
-	26, // 23: baton.v1.WatchEvents.events:type_name -> baton.v1.WatchEvent
-	25, // 24: baton.v1.WatchSnapshot.holders:type_name -> baton.v1.WatchHolder
-	0,  // 25: baton.v1.WatchEvent.kind:type_name -> baton.v1.WatchEvent.Kind
-	30, // 26: baton.v1.AcquireResponse.granted:type_name -> baton.v1.Granted
-	31, // 27: baton.v1.AcquireResponse.not_acquired:type_name -> baton.v1.NotAcquired
-	27, // 28: baton.v1.Granted.leases:type_name -> baton.v1.Lease
-	1,  // 29: baton.v1.NotAcquired.reason:type_name -> baton.v1.NotAcquired.Reason
-	32, // 30: baton.v1.NotAcquired.blockers:type_name -> baton.v1.Blocker
-	33, // 31: baton.v1.Blocker.holders:type_name -> baton.v1.BlockingHolder
-	40, // 32: baton.v1.StatusResponse.slots:type_name -> baton.v1.SlotHolder
-	39, // 33: baton.v1.ListResponse.entries:type_name -> baton.v1.StatusResponse
-	27, // 34: baton.v1.Snapshot.leases:type_name -> baton.v1.Lease
-	49, // 35: baton.v1.Snapshot.stored_leases:type_name -> baton.v1.StoredLease
-	28, // 36: baton.v1.Snapshot.sessions:type_name -> baton.v1.StoredSession
-	19, // 37: baton.v1.Leases.Acquire:input_type -> baton.v1.AcquireRequest
-	34, // 38: baton.v1.Leases.Renew:input_type -> baton.v1.RenewRequest
-	36, // 39: baton.v1.Leases.Release:input_type -> baton.v1.ReleaseRequest
-	38, // 40: baton.v1.Leases.Status:input_type -> baton.v1.StatusRequest
-	43, // 41: baton.v1.Leases.List:input_type -> baton.v1.ListRequest
-	45, // 42: baton.v1.Leases.Fence:input_type -> baton.v1.FenceRequest
-	41, // 43: baton.v1.Leases.SetPermits:input_type -> baton.v1.SetPermitsRequest
-	47, // 44: baton.v1.Leases.Backup:input_type -> baton.v1.BackupRequest
-	47, // 45: baton.v1.Leases.BackupParts:input_type -> baton.v1.BackupRequest
-	16, // 46: baton.v1.Leases.ClusterStatus:input_type -> baton.v1.ClusterStatusRequest
-	2,  // 47: baton.v1.Leases.Session:input_type -> baton.v1.SessionRequest
-	21, // 48: baton.v1.Leases.Watch:input_type -> baton.v1.WatchRequest
-	29, // 49: baton.v1.Leases.Acquire:output_type -> baton.v1.AcquireResponse
-	35, // 50: baton.v1.Leases.Renew:output_type -> baton.v1.RenewResponse
-	37, // 51: baton.v1.Leases.Release:output_type -> baton.v1.ReleaseResponse
-	39, // 52: baton.v1.Leases.Status:output_type -> baton.v1.StatusResponse
-	44, // 53: baton.v1.Leases.List:output_type -> baton.v1.ListResponse
-	46, // 54: baton.v1.Leases.Fence:output_type -> baton.v1.FenceResponse
-	42, // 55: baton.v1.Leases.SetPermits:output_type -> baton.v1.SetPermitsResponse
-	48, // 56: baton.v1.Leases.Backup:output_type -> baton.v1.Snapshot
-	48, // 57: baton.v1.Leases.BackupParts:output_type -> baton.v1.Snapshot
-	17, // 58: baton.v1.Leases.ClusterStatus:output_type -> baton.v1.ClusterStatusResponse
-	8,  // 59: baton.v1.Leases.Session:output_type -> baton.v1.SessionResponse
-	22, // 60: baton.v1.Leases.Watch:output_type -> baton.v1.WatchResponse
-	49, // [49:61] is the sub-list for method output_type
-	37, // [37:49] is the sub-list for method input_type
-	37, // [37:37] is the sub-list for extension type_name
-	37, // [37:37] is the sub-list for extension extendee
-	0,  // [0:37] is the sub-list for field type_name
+	5,  // 1: baton.v1.SessionRequest.heartbeat:type_name -> baton.v1.Heartbeat
+	6,  // 2: baton.v1.SessionRequest.acquire:type_name -> baton.v1.SessionAcquire
+	36, // 3: baton.v1.SessionRequest.renew:type_name -> baton.v1.RenewRequest
+	38, // 4: baton.v1.SessionRequest.release:type_name -> baton.v1.ReleaseRequest
+	7,  // 5: baton.v1.SessionRequest.cancel:type_name -> baton.v1.CancelWait
+	8,  // 6: baton.v1.SessionRequest.close:type_name -> baton.v1.CloseSession
+	4,  // 7: baton.v1.SessionRequest.batch:type_name -> baton.v1.SessionBatch
+	2,  // 8: baton.v1.SessionBatch.requests:type_name -> baton.v1.SessionRequest
+	22, // 9: baton.v1.SessionAcquire.shapes:type_name -> baton.v1.LockShape
+	11, // 10: baton.v1.SessionResponse.opened:type_name -> baton.v1.SessionOpened
+	12, // 11: baton.v1.SessionResponse.heartbeat:type_name -> baton.v1.HeartbeatAck
+	31, // 12: baton.v1.SessionResponse.acquire:type_name -> baton.v1.AcquireResponse
+	37, // 13: baton.v1.SessionResponse.renew:type_name -> baton.v1.RenewResponse
+	39, // 14: baton.v1.SessionResponse.release:type_name -> baton.v1.ReleaseResponse
+	14, // 15: baton.v1.SessionResponse.cancel:type_name -> baton.v1.CancelWaitResponse
+	15, // 16: baton.v1.SessionResponse.closed:type_name -> baton.v1.SessionClosed
+	16, // 17: baton.v1.SessionResponse.ended:type_name -> baton.v1.SessionEnded
+	17, // 18: baton.v1.SessionResponse.error:type_name -> baton.v1.RequestError
+	10, // 19: baton.v1.SessionResponse.batch:type_name -> baton.v1.SessionAnswers
+	9,  // 20: baton.v1.SessionAnswers.answers:type_name -> baton.v1.SessionResponse
+	13, // 21: baton.v1.SessionOpened.revoked:type_name -> baton.v1.RevokedLease
+	13, // 22: baton.v1.HeartbeatAck.revoked:type_name -> baton.v1.RevokedLease
+	20, // 23: baton.v1.ClusterStatusResponse.members:type_name -> baton.v1.ClusterMember
+	22, // 24: baton.v1.AcquireRequest.shapes:type_name -> baton.v1.LockShape
+	26, // 25: baton.v1.WatchResponse.snapshot:type_name -> baton.v1.WatchSnapshot
+	25, // 26: baton.v1.WatchResponse.events:type_name -> baton.v1.WatchEvents
+	28, // 27: baton.v1.WatchEvents.events:type_name -> baton.v1.WatchEvent
+	27, // 28: baton.v1.WatchSnapshot.holders:type_name -> baton.v1.WatchHolder
+	0,  // 29: baton.v1.WatchEvent.kind:type_name -> baton.v1.WatchEvent.Kind
+	32, // 30: baton.v1.AcquireResponse.granted:type_name -> baton.v1.Granted
+	33, // 31: baton.v1.AcquireResponse.not_acquired:type_name -> baton.v1.NotAcquired
+	29, // 32: baton.v1.Granted.leases:type_name -> baton.v1.Lease
+	1,  // 33: baton.v1.NotAcquired.reason:type_name -> baton.v1.NotAcquired.Reason
+	34, // 34: baton.v1.NotAcquired.blockers:type_name -> baton.v1.Blocker
+	35, // 35: baton.v1.Blocker.holders:type_name -> baton.v1.BlockingHolder
+	42, // 36: baton.v1.StatusResponse.slots:type_name -> baton.v1.SlotHolder
+	41, // 37: baton.v1.ListResponse.entries:type_name -> baton.v1.StatusResponse
+	29, // 38: baton.v1.Snapshot.leases:type_name -> baton.v1.Lease
+	51, // 39: baton.v1.Snapshot.stored_leases:type_name -> baton.v1.StoredLease
+	30, // 40: baton.v1.Snapshot.sessions:type_name -> baton.v1.StoredSession
+	21, // 41: baton.v1.Leases.Acquire:input_type -> baton.v1.AcquireRequest
+	36, // 42: baton.v1.Leases.Renew:input_type -> baton.v1.RenewRequest
+	38, // 43: baton.v1.Leases.Release:input_type -> baton.v1.ReleaseRequest
+	40, // 44: baton.v1.Leases.Status:input_type -> baton.v1.StatusRequest
+	45, // 45: baton.v1.Leases.List:input_type -> baton.v1.ListRequest
+	47, // 46: baton.v1.Leases.Fence:input_type -> baton.v1.FenceRequest
+	43, // 47: baton.v1.Leases.SetPermits:input_type -> baton.v1.SetPermitsRequest
+	49, // 48: baton.v1.Leases.Backup:input_type -> baton.v1.BackupRequest
+	49, // 49: baton.v1.Leases.BackupParts:input_type -> baton.v1.BackupRequest
+	18, // 50: baton.v1.Leases.ClusterStatus:input_type -> baton.v1.ClusterStatusRequest
+	2,  // 51: baton.v1.Leases.Session:input_type -> baton.v1.SessionRequest
+	23, // 52: baton.v1.Leases.Watch:input_type -> baton.v1.WatchRequest
+	31, // 53: baton.v1.Leases.Acquire:output_type -> baton.v1.AcquireResponse
+	37, // 54: baton.v1.Leases.Renew:output_type -> baton.v1.RenewResponse
+	39, // 55: baton.v1.Leases.Release:output_type -> baton.v1.ReleaseResponse
+	41, // 56: baton.v1.Leases.Status:output_type -> baton.v1.StatusResponse
+	46, // 57: baton.v1.Leases.List:output_type -> baton.v1.ListResponse
+	48, // 58: baton.v1.Leases.Fence:output_type -> baton.v1.FenceResponse
+	44, // 59: baton.v1.Leases.SetPermits:output_type -> baton.v1.SetPermitsResponse
+	50, // 60: baton.v1.Leases.Backup:output_type -> baton.v1.Snapshot
+	50, // 61: baton.v1.Leases.BackupParts:output_type -> baton.v1.Snapshot
+	19, // 62: baton.v1.Leases.ClusterStatus:output_type -> baton.v1.ClusterStatusResponse
+	9,  // 63: baton.v1.Leases.Session:output_type -> baton.v1.SessionResponse
+	24, // 64: baton.v1.Leases.Watch:output_type -> baton.v1.WatchResponse
+	53, // [53:65] is the sub-list for method output_type
+	41, // [41:53] is the sub-list for method input_type
+	41, // [41:41] is the sub-list for extension type_name
+	41, // [41:41] is the sub-list for extension extendee
+	0,  // [0:41] is the sub-list for field type_name
 }
 
 func init() { file_baton_v1_baton_proto_init() }
@@ -4074,10 +4242,11 @@ func file_baton_v1_baton_proto_init() {
 		(*SessionRequest_Release)(nil),
 		(*SessionRequest_Cancel)(nil),
 		(*SessionRequest_Close)(nil),
+		(*SessionRequest_Batch)(nil),
 	}
 	file_baton_v1_baton_proto_msgTypes[1].OneofWrappers = []any{}
-	file_baton_v1_baton_proto_msgTypes[3].OneofWrappers = []any{}
-	file_baton_v1_baton_proto_msgTypes[6].OneofWrappers = []any{
+	file_baton_v1_baton_proto_msgTypes[4].OneofWrappers = []any{}
+	file_baton_v1_baton_proto_msgTypes[7].OneofWrappers = []any{
 		(*SessionResponse_Opened)(nil),
 		(*SessionResponse_Heartbeat)(nil),
 		(*SessionResponse_Acquire)(nil),
@@ -4087,28 +4256,29 @@ func file_baton_v1_baton_proto_init() {
 		(*SessionResponse_Closed)(nil),
 		(*SessionResponse_Ended)(nil),
 		(*SessionResponse_Error)(nil),
+		(*SessionResponse_Batch)(nil),
 	}
-	file_baton_v1_baton_proto_msgTypes[17].OneofWrappers = []any{}
 	file_baton_v1_baton_proto_msgTypes[19].OneofWrappers = []any{}
-	file_baton_v1_baton_proto_msgTypes[20].OneofWrappers = []any{
+	file_baton_v1_baton_proto_msgTypes[21].OneofWrappers = []any{}
+	file_baton_v1_baton_proto_msgTypes[22].OneofWrappers = []any{
 		(*WatchResponse_Snapshot)(nil),
 		(*WatchResponse_Events)(nil),
 	}
-	file_baton_v1_baton_proto_msgTypes[23].OneofWrappers = []any{}
-	file_baton_v1_baton_proto_msgTypes[24].OneofWrappers = []any{}
 	file_baton_v1_baton_proto_msgTypes[25].OneofWrappers = []any{}
-	file_baton_v1_baton_proto_msgTypes[27].OneofWrappers = []any{
+	file_baton_v1_baton_proto_msgTypes[26].OneofWrappers = []any{}
+	file_baton_v1_baton_proto_msgTypes[27].OneofWrappers = []any{}
+	file_baton_v1_baton_proto_msgTypes[29].OneofWrappers = []any{
 		(*AcquireResponse_Granted)(nil),
 		(*AcquireResponse_NotAcquired)(nil),
 	}
-	file_baton_v1_baton_proto_msgTypes[31].OneofWrappers = []any{}
+	file_baton_v1_baton_proto_msgTypes[33].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_baton_v1_baton_proto_rawDesc), len(file_baton_v1_baton_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   48,
+			NumMessages:   50,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

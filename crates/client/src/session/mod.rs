@@ -184,6 +184,8 @@ fn resume_request(id: SessionId) -> v1::OpenSession {
     v1::OpenSession {
         ttl_ms: None,
         resume: id.as_bytes().to_vec(),
+        // This client writes and reads one message per request.
+        batches: false,
     }
 }
 
@@ -205,6 +207,7 @@ impl Client {
         self.start_session(v1::OpenSession {
             ttl_ms: crate::optional_millis(ttl, "session ttl")?,
             resume: Vec::new(),
+            batches: false,
         })
         .await
     }

@@ -79,6 +79,7 @@ impl ServerEnd {
                 ttl_ms,
                 resumed: !open.resume.is_empty(),
                 revoked: Vec::new(),
+                batches: false,
             }),
         )
         .await;

@@ -143,6 +143,7 @@ fn open(ttl_ms: u64) -> Op {
     Op::Open(v1::OpenSession {
         ttl_ms: Some(ttl_ms),
         resume: vec![],
+        batches: false,
     })
 }
 
@@ -166,6 +167,7 @@ async fn a_broken_session_protocol_gets_errors_that_name_the_rule() {
     let bad_resume = Op::Open(v1::OpenSession {
         ttl_ms: None,
         resume: vec![1, 2, 3],
+        batches: false,
     });
     let (c, m) = code(raw(&url, vec![req(1, bad_resume)]).await);
     assert_eq!(c, tonic::Code::InvalidArgument);
@@ -174,6 +176,7 @@ async fn a_broken_session_protocol_gets_errors_that_name_the_rule() {
     let unknown = Op::Open(v1::OpenSession {
         ttl_ms: None,
         resume: vec![7; 16],
+        batches: false,
     });
     let out = raw(&url, vec![req(4, unknown)]).await.unwrap();
     assert!(
@@ -356,10 +359,169 @@ async fn a_half_close_withdraws_the_wait_and_the_session_lives_on() {
     let resume = Op::Open(v1::OpenSession {
         ttl_ms: None,
         resume: opened.session_id.clone(),
+        batches: false,
     });
     let out = raw(&url, vec![req(1, resume)]).await.unwrap();
     assert!(
         matches!(out.first().and_then(|r| r.body.as_ref()), Some(Body::Opened(o)) if o.resumed),
         "{out:?}"
     );
+}
+
+fn acquire_now(resource: &str) -> Op {
+    Op::Acquire(v1::SessionAcquire {
+        resources: vec![resource.into()],
+        ttl_ms: None,
+        wait_ms: 0,
+        holder: None,
+        request_id: Vec::new(),
+        first_sent_ms_ago: None,
+        shapes: Vec::new(),
+    })
+}
+
+fn batch(requests: Vec<v1::SessionRequest>) -> Op {
+    Op::Batch(v1::SessionBatch { requests })
+}
+
+/// Reads answers (a batch message counts as each of its answers) until
+/// every id of `ids` has one; how many messages carried them.
+async fn answers_to(
+    stream: &mut tonic::Streaming<v1::SessionResponse>,
+    ids: &[u64],
+) -> (std::collections::BTreeMap<u64, Body>, usize) {
+    let mut got = std::collections::BTreeMap::new();
+    let mut n_messages = 0;
+    while !ids.iter().all(|id| got.contains_key(id)) {
+        let message = tokio::time::timeout(Duration::from_secs(10), stream.message())
+            .await
+            .expect("an answer within 10 s")
+            .unwrap()
+            .expect("the stream goes on");
+        n_messages += 1;
+        let answers = match message.body {
+            Some(Body::Batch(b)) => b.answers,
+            _ => vec![message],
+        };
+        for a in answers {
+            assert!(
+                !matches!(a.body, Some(Body::Batch(_))),
+                "a batch inside a batch"
+            );
+            assert!(
+                got.insert(a.id, a.body.unwrap()).is_none(),
+                "request {} answered twice",
+                a.id
+            );
+        }
+    }
+    (got, n_messages)
+}
+
+fn is_granted(body: &Body) -> bool {
+    matches!(
+        body,
+        Body::Acquire(v1::AcquireResponse {
+            outcome: Some(v1::acquire_response::Outcome::Granted(_))
+        })
+    )
+}
+
+/// A batch is taken in order, each request as if alone and answered by
+/// its own id; a client that asked for batches may get its answers in
+/// one, a client that did not never does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_is_taken_in_order_and_each_request_answered_by_its_id() {
+    let (_server, url) = serve(None).await;
+    for reads_batches in [true, false] {
+        let open = Op::Open(v1::OpenSession {
+            ttl_ms: Some(5_000),
+            resume: vec![],
+            batches: reads_batches,
+        });
+        let tag = if reads_batches { "b" } else { "n" };
+        let (one, two) = (format!("batch:{tag}:1"), format!("batch:{tag}:2"));
+        let requests = vec![
+            req(1, acquire_now(&one)),
+            req(2, acquire_now(&two)),
+            // Taken after request 1: held, so not acquired.
+            req(3, acquire_now(&one)),
+            req(4, Op::Heartbeat(v1::Heartbeat {})),
+        ];
+        let (tx, mut stream) =
+            stream_with(&url, vec![req(0, open), req(99, batch(requests))]).await;
+        let opened = stream.message().await.unwrap().unwrap();
+        let Some(Body::Opened(opened)) = opened.body else {
+            panic!("{opened:?}")
+        };
+        assert!(opened.batches, "the server says it takes batches");
+        let (got, n_messages) = answers_to(&mut stream, &[1, 2, 3, 4]).await;
+        assert!(is_granted(&got[&1]) && is_granted(&got[&2]), "{got:?}");
+        assert!(
+            matches!(
+                &got[&3],
+                Body::Acquire(v1::AcquireResponse {
+                    outcome: Some(v1::acquire_response::Outcome::NotAcquired(_))
+                })
+            ),
+            "request 3 came after request 1 took the resource: {got:?}"
+        );
+        assert!(matches!(got[&4], Body::Heartbeat(_)), "{got:?}");
+        assert!(
+            !got.contains_key(&99),
+            "a batch taken is not answered itself"
+        );
+        if !reads_batches {
+            assert_eq!(n_messages, 4, "one message an answer without batches");
+        }
+        drop(tx);
+    }
+}
+
+/// A batch that breaks a rule is answered by its own id naming the rule,
+/// none of its requests is taken, and the stream goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_that_breaks_a_rule_is_refused_whole() {
+    let (_server, url) = serve(None).await;
+    let mut c = Client::connect(&url).await.unwrap();
+    let too_many = (1..=257)
+        .map(|i| req(i, acquire_now(&format!("refused:many:{i}"))))
+        .collect();
+    let with_open = vec![req(1, acquire_now("refused:open")), req(2, open(1_000))];
+    let nested = vec![
+        req(1, acquire_now("refused:nested")),
+        req(2, batch(vec![req(3, acquire_now("refused:inner"))])),
+    ];
+    let cases = [
+        (10, batch(Vec::new()), "a batch holds 1 to 256 requests"),
+        (11, batch(too_many), "a batch holds 1 to 256 requests"),
+        (12, batch(with_open), "may not hold `open` or another batch"),
+        (13, batch(nested), "may not hold `open` or another batch"),
+    ];
+    let mut requests = vec![req(0, open(5_000))];
+    requests.extend(cases.iter().map(|(id, op, _)| req(*id, op.clone())));
+    requests.push(req(20, Op::Heartbeat(v1::Heartbeat {})));
+    let (tx, mut stream) = stream_with(&url, requests).await;
+    let opened = stream.message().await.unwrap().unwrap();
+    assert!(matches!(opened.body, Some(Body::Opened(_))), "{opened:?}");
+    let (got, _) = answers_to(&mut stream, &[10, 11, 12, 13, 20]).await;
+    for (id, _, rule) in &cases {
+        let Body::Error(e) = &got[id] else {
+            panic!("batch {id}: {:?}", got[id])
+        };
+        assert_eq!(e.code, tonic::Code::InvalidArgument as i32, "batch {id}");
+        assert!(e.message.contains(rule), "batch {id}: {}", e.message);
+    }
+    assert!(matches!(got[&20], Body::Heartbeat(_)), "the stream goes on");
+    assert_eq!(got.len(), 5, "nothing inside a refused batch was answered");
+    for name in [
+        "refused:many:1",
+        "refused:open",
+        "refused:nested",
+        "refused:inner",
+    ] {
+        let status = c.status(name).await.unwrap();
+        assert!(status.holder_token.is_none(), "{name} was taken");
+    }
+    drop(tx);
 }

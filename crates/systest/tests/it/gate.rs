@@ -283,6 +283,7 @@ async fn session_call(
     let open = Op::Open(OpenSession {
         ttl_ms: Some(5_000),
         resume: vec![],
+        batches: false,
     });
     let mut c = baton_proto::v1::leases_client::LeasesClient::connect(s.url())
         .await

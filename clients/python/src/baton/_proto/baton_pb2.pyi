@@ -65,6 +65,7 @@ class SessionRequest(google.protobuf.message.Message):
     RELEASE_FIELD_NUMBER: builtins.int
     CANCEL_FIELD_NUMBER: builtins.int
     CLOSE_FIELD_NUMBER: builtins.int
+    BATCH_FIELD_NUMBER: builtins.int
     TRACEPARENT_FIELD_NUMBER: builtins.int
     id: builtins.int
     """Chosen by the client, echoed in the answer. Must be unique among the
@@ -114,6 +115,19 @@ class SessionRequest(google.protobuf.message.Message):
         PERMISSION_DENIED otherwise; nothing changes).
         """
 
+    @property
+    def batch(self) -> global___SessionBatch:
+        """Several requests in one message, taken in order, each exactly as if
+        it had come alone and answered alone by its own id: for a client
+        whose every write costs more than the request in it (Python's
+        grpc.aio has one write in flight per stream). 1 to 256 requests,
+        none of them `open` or a batch; otherwise the batch's own id is
+        answered with INVALID_ARGUMENT naming the rule and none of them is
+        taken. The batch's id is answered only then. Servers before this
+        field answer it "the request has no operation": send batches only
+        to a server whose `SessionOpened.batches` is true.
+        """
+
     def __init__(
         self,
         *,
@@ -125,11 +139,12 @@ class SessionRequest(google.protobuf.message.Message):
         release: global___ReleaseRequest | None = ...,
         cancel: global___CancelWait | None = ...,
         close: global___CloseSession | None = ...,
+        batch: global___SessionBatch | None = ...,
         traceparent: builtins.str = ...,
     ) -> None: ...
-    def HasField(self, field_name: typing.Literal["acquire", b"acquire", "cancel", b"cancel", "close", b"close", "heartbeat", b"heartbeat", "op", b"op", "open", b"open", "release", b"release", "renew", b"renew"]) -> builtins.bool: ...
-    def ClearField(self, field_name: typing.Literal["acquire", b"acquire", "cancel", b"cancel", "close", b"close", "heartbeat", b"heartbeat", "id", b"id", "op", b"op", "open", b"open", "release", b"release", "renew", b"renew", "traceparent", b"traceparent"]) -> None: ...
-    def WhichOneof(self, oneof_group: typing.Literal["op", b"op"]) -> typing.Literal["open", "heartbeat", "acquire", "renew", "release", "cancel", "close"] | None: ...
+    def HasField(self, field_name: typing.Literal["acquire", b"acquire", "batch", b"batch", "cancel", b"cancel", "close", b"close", "heartbeat", b"heartbeat", "op", b"op", "open", b"open", "release", b"release", "renew", b"renew"]) -> builtins.bool: ...
+    def ClearField(self, field_name: typing.Literal["acquire", b"acquire", "batch", b"batch", "cancel", b"cancel", "close", b"close", "heartbeat", b"heartbeat", "id", b"id", "op", b"op", "open", b"open", "release", b"release", "renew", b"renew", "traceparent", b"traceparent"]) -> None: ...
+    def WhichOneof(self, oneof_group: typing.Literal["op", b"op"]) -> typing.Literal["open", "heartbeat", "acquire", "renew", "release", "cancel", "close", "batch"] | None: ...
 
 global___SessionRequest = SessionRequest
 
@@ -139,6 +154,7 @@ class OpenSession(google.protobuf.message.Message):
 
     TTL_MS_FIELD_NUMBER: builtins.int
     RESUME_FIELD_NUMBER: builtins.int
+    BATCHES_FIELD_NUMBER: builtins.int
     ttl_ms: builtins.int
     """The session TTL (the server's limits for lease TTLs apply); absent
     means the server's default lease TTL. Ignored when resuming. (Before
@@ -155,17 +171,39 @@ class OpenSession(google.protobuf.message.Message):
     (PERMISSION_DENIED otherwise, naming the rule and neither the opener
     nor the resources; nothing changes).
     """
+    batches: builtins.bool
+    """The client reads `SessionResponse.batch`: the server may then send
+    answers that are ready together in one message (it does so only when
+    it says `SessionOpened.batches`).
+    """
     def __init__(
         self,
         *,
         ttl_ms: builtins.int | None = ...,
         resume: builtins.bytes = ...,
+        batches: builtins.bool = ...,
     ) -> None: ...
     def HasField(self, field_name: typing.Literal["_ttl_ms", b"_ttl_ms", "ttl_ms", b"ttl_ms"]) -> builtins.bool: ...
-    def ClearField(self, field_name: typing.Literal["_ttl_ms", b"_ttl_ms", "resume", b"resume", "ttl_ms", b"ttl_ms"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["_ttl_ms", b"_ttl_ms", "batches", b"batches", "resume", b"resume", "ttl_ms", b"ttl_ms"]) -> None: ...
     def WhichOneof(self, oneof_group: typing.Literal["_ttl_ms", b"_ttl_ms"]) -> typing.Literal["ttl_ms"] | None: ...
 
 global___OpenSession = OpenSession
+
+@typing.final
+class SessionBatch(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    REQUESTS_FIELD_NUMBER: builtins.int
+    @property
+    def requests(self) -> google.protobuf.internal.containers.RepeatedCompositeFieldContainer[global___SessionRequest]: ...
+    def __init__(
+        self,
+        *,
+        requests: collections.abc.Iterable[global___SessionRequest] | None = ...,
+    ) -> None: ...
+    def ClearField(self, field_name: typing.Literal["requests", b"requests"]) -> None: ...
+
+global___SessionBatch = SessionBatch
 
 @typing.final
 class Heartbeat(google.protobuf.message.Message):
@@ -281,6 +319,7 @@ class SessionResponse(google.protobuf.message.Message):
     CLOSED_FIELD_NUMBER: builtins.int
     ENDED_FIELD_NUMBER: builtins.int
     ERROR_FIELD_NUMBER: builtins.int
+    BATCH_FIELD_NUMBER: builtins.int
     id: builtins.int
     """The id of the request answered."""
     @property
@@ -324,6 +363,13 @@ class SessionResponse(google.protobuf.message.Message):
         RESOURCE_EXHAUSTED: a limit). Nothing was done.
         """
 
+    @property
+    def batch(self) -> global___SessionAnswers:
+        """Several answers, in the order the server had them ready, each as if
+        sent alone (never a batch inside): only to a client that asked with
+        `OpenSession.batches`.
+        """
+
     def __init__(
         self,
         *,
@@ -337,12 +383,29 @@ class SessionResponse(google.protobuf.message.Message):
         closed: global___SessionClosed | None = ...,
         ended: global___SessionEnded | None = ...,
         error: global___RequestError | None = ...,
+        batch: global___SessionAnswers | None = ...,
     ) -> None: ...
-    def HasField(self, field_name: typing.Literal["acquire", b"acquire", "body", b"body", "cancel", b"cancel", "closed", b"closed", "ended", b"ended", "error", b"error", "heartbeat", b"heartbeat", "opened", b"opened", "release", b"release", "renew", b"renew"]) -> builtins.bool: ...
-    def ClearField(self, field_name: typing.Literal["acquire", b"acquire", "body", b"body", "cancel", b"cancel", "closed", b"closed", "ended", b"ended", "error", b"error", "heartbeat", b"heartbeat", "id", b"id", "opened", b"opened", "release", b"release", "renew", b"renew"]) -> None: ...
-    def WhichOneof(self, oneof_group: typing.Literal["body", b"body"]) -> typing.Literal["opened", "heartbeat", "acquire", "renew", "release", "cancel", "closed", "ended", "error"] | None: ...
+    def HasField(self, field_name: typing.Literal["acquire", b"acquire", "batch", b"batch", "body", b"body", "cancel", b"cancel", "closed", b"closed", "ended", b"ended", "error", b"error", "heartbeat", b"heartbeat", "opened", b"opened", "release", b"release", "renew", b"renew"]) -> builtins.bool: ...
+    def ClearField(self, field_name: typing.Literal["acquire", b"acquire", "batch", b"batch", "body", b"body", "cancel", b"cancel", "closed", b"closed", "ended", b"ended", "error", b"error", "heartbeat", b"heartbeat", "id", b"id", "opened", b"opened", "release", b"release", "renew", b"renew"]) -> None: ...
+    def WhichOneof(self, oneof_group: typing.Literal["body", b"body"]) -> typing.Literal["opened", "heartbeat", "acquire", "renew", "release", "cancel", "closed", "ended", "error", "batch"] | None: ...
 
 global___SessionResponse = SessionResponse
+
+@typing.final
+class SessionAnswers(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    ANSWERS_FIELD_NUMBER: builtins.int
+    @property
+    def answers(self) -> google.protobuf.internal.containers.RepeatedCompositeFieldContainer[global___SessionResponse]: ...
+    def __init__(
+        self,
+        *,
+        answers: collections.abc.Iterable[global___SessionResponse] | None = ...,
+    ) -> None: ...
+    def ClearField(self, field_name: typing.Literal["answers", b"answers"]) -> None: ...
+
+global___SessionAnswers = SessionAnswers
 
 @typing.final
 class SessionOpened(google.protobuf.message.Message):
@@ -352,6 +415,7 @@ class SessionOpened(google.protobuf.message.Message):
     TTL_MS_FIELD_NUMBER: builtins.int
     RESUMED_FIELD_NUMBER: builtins.int
     REVOKED_FIELD_NUMBER: builtins.int
+    BATCHES_FIELD_NUMBER: builtins.int
     session_id: builtins.bytes
     """16 bytes. Keep it secret: it resumes the session and so keeps its
     leases alive.
@@ -364,6 +428,10 @@ class SessionOpened(google.protobuf.message.Message):
     """True when an existing session was resumed (this also counts as a
     heartbeat).
     """
+    batches: builtins.bool
+    """This server takes `SessionRequest.batch`, and sends
+    `SessionResponse.batch` when `OpenSession.batches` asked for it.
+    """
     @property
     def revoked(self) -> google.protobuf.internal.containers.RepeatedCompositeFieldContainer[global___RevokedLease]:
         """On resume: as in HeartbeatAck."""
@@ -375,8 +443,9 @@ class SessionOpened(google.protobuf.message.Message):
         ttl_ms: builtins.int = ...,
         resumed: builtins.bool = ...,
         revoked: collections.abc.Iterable[global___RevokedLease] | None = ...,
+        batches: builtins.bool = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["resumed", b"resumed", "revoked", b"revoked", "session_id", b"session_id", "ttl_ms", b"ttl_ms"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["batches", b"batches", "resumed", b"resumed", "revoked", b"revoked", "session_id", b"session_id", "ttl_ms", b"ttl_ms"]) -> None: ...
 
 global___SessionOpened = SessionOpened
 

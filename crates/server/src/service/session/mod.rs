@@ -14,6 +14,7 @@ use std::sync::Arc;
 use baton_core::{SessionDigest, WaiterId};
 use baton_proto::v1::{self, session_request::Op, session_response::Body};
 use futures_util::stream::{FuturesUnordered, StreamExt};
+use futures_util::FutureExt;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
@@ -34,6 +35,9 @@ pub type SessionStream = ReceiverStream<Result<v1::SessionResponse, Status>>;
 /// Answers buffered towards a client that reads slowly, before the
 /// session task waits for it.
 const OUTBOX_LEN: usize = 1_024;
+
+/// The most requests one `SessionRequest.batch` may hold.
+const BATCH_MAX: usize = 256;
 
 type Answer = Result<Body, Status>;
 type InFlight = Pin<Box<dyn Future<Output = (u64, Answer)> + Send>>;
@@ -65,6 +69,7 @@ impl LeaseService {
             ));
         };
         let (out, rx) = mpsc::channel(OUTBOX_LEN);
+        let batches = open.batches;
         let (digest, body) = self.open(&term, &admitted, open).await?;
         let kept_by = admitted.principal().cloned();
         let ended = matches!(body, Body::Ended(_));
@@ -82,6 +87,7 @@ impl LeaseService {
                 term,
                 digest,
                 out,
+                batches,
                 waits: HashMap::new(),
                 cancelled: HashSet::new(),
                 in_flight: HashSet::new(),
@@ -108,12 +114,14 @@ impl LeaseService {
                 ttl_ms,
                 resumed: false,
                 revoked: Vec::new(),
+                batches: true,
             }),
             Opened::Resumed { id, kept } => Body::Opened(v1::SessionOpened {
                 session_id: id.as_bytes().to_vec(),
                 ttl_ms: kept.ttl_ms,
                 resumed: true,
                 revoked: revoked(kept.revoked),
+                batches: true,
             }),
             Opened::Ended => Body::Ended(v1::SessionEnded {}),
         };
@@ -130,6 +138,9 @@ struct SessionTask {
     term: Term,
     digest: SessionDigest,
     out: mpsc::Sender<Result<v1::SessionResponse, Status>>,
+    /// The client reads `SessionResponse.batch`: answers ready together
+    /// go out in one message.
+    batches: bool,
     /// Acquires of this stream that may be waiting, by request id.
     waits: HashMap<u64, WaiterId>,
     /// Waiting acquires the client cancelled.
@@ -162,8 +173,8 @@ impl SessionTask {
                     // The client finished or the connection broke.
                     Ok(None) | Err(_) => Next::Stop,
                 },
-                Some((id, answer)) = self.pending.next(), if !self.pending.is_empty() => {
-                    self.finish(id, answer).await
+                Some(first) = self.pending.next(), if !self.pending.is_empty() => {
+                    self.finish_ready(first).await
                 }
             };
             if let Next::Stop = next {
@@ -181,27 +192,87 @@ impl SessionTask {
 
     /// Answers `id` with `body` (if the term still leads).
     async fn send(&mut self, id: u64, body: Body) -> Next {
+        self.send_all(vec![v1::SessionResponse {
+            id,
+            body: Some(body),
+        }])
+        .await
+    }
+
+    /// Sends `answers` (if the term still leads): in one message to a
+    /// client that reads batches, else one message each. An answer that
+    /// ends the stream is the last.
+    async fn send_all(&mut self, mut answers: Vec<v1::SessionResponse>) -> Next {
         if let Err(status) = self.service.seat.confirm(&self.term) {
             let _ = self.out.send(Err(status)).await;
             return Next::Stop;
         }
-        let stop = matches!(body, Body::Ended(_) | Body::Closed(_));
-        let sent = self
-            .out
-            .send(Ok(v1::SessionResponse {
-                id,
-                body: Some(body),
-            }))
-            .await;
-        if stop || sent.is_err() {
+        let ends =
+            |a: &v1::SessionResponse| matches!(a.body, Some(Body::Ended(_) | Body::Closed(_)));
+        let stop = match answers.iter().position(ends) {
+            Some(last) => {
+                answers.truncate(last + 1);
+                true
+            }
+            None => false,
+        };
+        let sent = if self.batches && answers.len() > 1 {
+            let batch = Body::Batch(v1::SessionAnswers { answers });
+            self.out
+                .send(Ok(v1::SessionResponse {
+                    id: 0,
+                    body: Some(batch),
+                }))
+                .await
+                .is_ok()
+        } else {
+            let mut sent = true;
+            for answer in answers {
+                sent = sent && self.out.send(Ok(answer)).await.is_ok();
+            }
+            sent
+        };
+        if stop || !sent {
             Next::Stop
         } else {
             Next::Continue
         }
     }
 
-    /// Sends the request to the engine and keeps its answer in flight.
-    async fn start(&mut self, request: v1::SessionRequest) -> Next {
+    /// Starts a request, or each request of a batch in order (see
+    /// `SessionRequest.batch` in the `.proto`).
+    async fn start(&mut self, mut request: v1::SessionRequest) -> Next {
+        let Some(Op::Batch(batch)) = &mut request.op else {
+            return self.start_one(request).await;
+        };
+        let requests = std::mem::take(&mut batch.requests);
+        let refusal = if requests.is_empty() || requests.len() > BATCH_MAX {
+            Some(format!(
+                "a batch holds 1 to {BATCH_MAX} requests; this one holds {}",
+                requests.len()
+            ))
+        } else if requests
+            .iter()
+            .any(|r| matches!(r.op, Some(Op::Open(_) | Op::Batch(_))))
+        {
+            Some("a batch may not hold `open` or another batch".to_string())
+        } else {
+            None
+        };
+        if let Some(rule) = refusal {
+            let body = request_error(&Status::invalid_argument(rule));
+            return self.send(request.id, body).await;
+        }
+        for one in requests {
+            if let Next::Stop = self.start_one(one).await {
+                return Next::Stop;
+            }
+        }
+        Next::Continue
+    }
+
+    /// Sends one request to the engine and keeps its answer in flight.
+    async fn start_one(&mut self, request: v1::SessionRequest) -> Next {
         let id = request.id;
         let Some(op) = request.op else {
             return self
@@ -221,7 +292,7 @@ impl SessionTask {
                 )
                 .await;
         }
-        if let Op::Open(_) = op {
+        if let Op::Open(_) | Op::Batch(_) = op {
             let status = Status::invalid_argument(
                 "a second `open` on a session stream: open a new stream for another session",
             );
@@ -245,7 +316,7 @@ impl SessionTask {
     /// (`traceparent`, see `trace.rs`).
     fn dispatch(&mut self, id: u64, op: Op, traceparent: &str) -> Result<InFlight, Status> {
         match op {
-            Op::Open(_) => unreachable!("refused by `start`"),
+            Op::Open(_) | Op::Batch(_) => unreachable!("refused by `start`"),
             Op::Heartbeat(_) => self.heartbeat(id),
             Op::Close(_) => self.close(id),
             Op::Renew(r) => self.renew(id, r, traceparent),
@@ -255,23 +326,47 @@ impl SessionTask {
         }
     }
 
-    async fn finish(&mut self, id: u64, answer: Answer) -> Next {
+    /// Answers `first` and every other request whose answer is ready
+    /// now (together, to a client that reads batches).
+    async fn finish_ready(&mut self, first: (u64, Answer)) -> Next {
+        let mut answers = Vec::new();
+        let mut next = Some(first);
+        while let Some((id, answer)) = next {
+            match self.answer(id, answer) {
+                Ok(body) => answers.push(v1::SessionResponse {
+                    id,
+                    body: Some(body),
+                }),
+                Err(status) => {
+                    // What was ready before still goes out, then the end.
+                    if !answers.is_empty() {
+                        let _ = self.send_all(answers).await;
+                    }
+                    let _ = self.out.send(Err(status)).await;
+                    return Next::Stop;
+                }
+            }
+            next = if self.batches && answers.len() < BATCH_MAX {
+                self.pending.next().now_or_never().flatten()
+            } else {
+                None
+            };
+        }
+        self.send_all(answers).await
+    }
+
+    /// The answer to request `id`, or the status that ends the stream.
+    fn answer(&mut self, id: u64, answer: Answer) -> Result<Body, Status> {
         self.in_flight.remove(&id);
         self.waits.remove(&id);
         let was_cancelled = self.cancelled.remove(&id);
         match answer {
-            Ok(body) => self.send(id, body).await,
+            Ok(body) => Ok(body),
             // The engine dropped the reply of a wait this stream withdrew.
-            Err(_) if was_cancelled => {
-                let body = Body::Acquire(v1::AcquireResponse {
-                    outcome: Some(super::not_acquired(v1::not_acquired::Reason::Cancelled)),
-                });
-                self.send(id, body).await
-            }
-            Err(status) => {
-                let _ = self.out.send(Err(status)).await;
-                Next::Stop
-            }
+            Err(_) if was_cancelled => Ok(Body::Acquire(v1::AcquireResponse {
+                outcome: Some(super::not_acquired(v1::not_acquired::Reason::Cancelled)),
+            })),
+            Err(status) => Err(status),
         }
     }
 }
