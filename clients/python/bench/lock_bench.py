@@ -108,11 +108,13 @@ def redis_cycles(address: str, threads: int) -> list[Cycle]:
 AsyncCycle = Callable[[], Awaitable[float]]
 
 
-async def baton_aio_cycles(client: aio.Client, tasks: int) -> list[AsyncCycle]:
+async def baton_aio_cycles(client: aio.Client, tasks: int, shared: bool) -> list[AsyncCycle]:
+    """A session per task, or (``shared``) one session for every task."""
     cycles: list[AsyncCycle] = []
+    one = await client.open_session(ttl_s=30) if shared else None
     for i in range(tasks):
-        session = await client.open_session(ttl_s=30)
-        name = f"pybench:aio:{i}"
+        session = one or await client.open_session(ttl_s=30)
+        name = f"pybench:aio:{'shared:' if shared else ''}{i}"
 
         async def cycle(session: aio.Session = session, name: str = name) -> float:
             started = time.perf_counter()
@@ -211,7 +213,12 @@ def main() -> None:
     async def asyncio_rounds() -> None:
         client = aio.Client(args.baton)
         tasks: dict[str, list[AsyncCycle]] = {
-            "asyncio: baton.aio session per task": await baton_aio_cycles(client, args.threads)
+            "asyncio: baton.aio session per task": await baton_aio_cycles(
+                client, args.threads, shared=False
+            ),
+            "asyncio: baton.aio one shared session": await baton_aio_cycles(
+                client, args.threads, shared=True
+            ),
         }
         for spec in args.redis:
             label, address = spec.split("=", 1)

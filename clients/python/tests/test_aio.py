@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
+from typing import Any
 
 import pytest
 
@@ -174,13 +175,27 @@ def test_an_election_hands_over_with_a_higher_token(server: Server) -> None:
     run(main())
 
 
-def test_many_tasks_share_one_session(server: Server) -> None:
-    """grpc.aio allows one write in flight per stream: the session
-    serializes its writes, so tasks may share it freely."""
+@pytest.mark.parametrize("server_takes_batches", [True, False])
+def test_many_tasks_share_one_session(server: Server, server_takes_batches: bool) -> None:
+    """grpc.aio allows one write in flight per stream: the session's
+    writer sends what tasks queued meanwhile in one batch message (only
+    to a server that says it takes batches), so tasks may share it
+    freely and every request is written once."""
 
     async def main() -> None:
         async with aio.Client(server.address) as c:
             s = await c.open_session(ttl_s=5)
+            assert s._ledger.batches, "this server takes batches"
+            s._ledger.batches = server_takes_batches
+            written: list[int] = []  # requests per message written
+            write = s._call.write
+
+            async def recording(message: Any) -> None:
+                is_batch = message.WhichOneof("op") == "batch"
+                written.append(len(message.batch.requests) if is_batch else 1)
+                await write(message)
+
+            s._call.write = recording
 
             async def cycles(i: int) -> int:
                 for _ in range(20):
@@ -190,6 +205,11 @@ def test_many_tasks_share_one_session(server: Server) -> None:
 
             done = await asyncio.gather(*(cycles(i) for i in range(16)))
             assert sum(done) == 320
+            assert sum(written) >= 640, "every acquire and release written"
+            if server_takes_batches:
+                assert max(written) > 1, "16 tasks' requests went out together"
+            else:
+                assert max(written) == 1, "one request a message to this server"
             assert await s.close()
 
     run(main())

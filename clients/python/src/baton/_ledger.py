@@ -28,6 +28,8 @@ class Ledger:
         self.safe_until: float = sent + self.ttl_s - self.margin_s
         self.heartbeats: dict[int, float] = {}
         self.revoked: dict[str, int] = {}
+        #: The server takes several requests in one message.
+        self.batches: bool = bool(opened.batches)
         self._heartbeat_ids = itertools.count(HEARTBEAT_ID_BIT)
         self.note_revoked(opened.revoked)
 

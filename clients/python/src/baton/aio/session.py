@@ -26,6 +26,10 @@ if TYPE_CHECKING:
     from baton.aio.client import Client
 
 
+#: The most requests in one batch message (the server's limit).
+BATCH_MAX = 256
+
+
 def _expire(future: asyncio.Future[Any], timeout_s: float) -> None:
     if not future.done():
         future.set_exception(
@@ -57,12 +61,15 @@ class Session:
         self._why: errors.BatonError = SessionEnded("the session is open")
         self._closing = False
         self._tasks: list[asyncio.Task[None]] = []
-        self._writing = asyncio.Lock()
+        # Requests waiting for the writer task, each with the future of
+        # its answer (None for a heartbeat's or a withdrawal's).
+        self._outbox: list[tuple[Any, asyncio.Future[Any] | None]] = []
+        self._queued = asyncio.Event()
 
     @classmethod
     async def open(cls, client: Client, ttl_s: float | None = None) -> Session:
         s = cls(client)
-        request = pb.OpenSession()
+        request = pb.OpenSession(batches=True)
         if ttl_s is not None:
             request.ttl_ms = millis(ttl_s, "session ttl")
         sent = time.monotonic()
@@ -72,6 +79,7 @@ class Session:
         s._tasks = [
             asyncio.ensure_future(s._read(s._call)),
             asyncio.ensure_future(s._beat()),
+            asyncio.ensure_future(s._write()),
         ]
         return s
 
@@ -114,15 +122,11 @@ class Session:
                 response = await call.read()
                 if response is EOF:
                     break
-                rid, body, error, ended = self._ledger.read(response)
-                if ended:
-                    self._end(SessionEnded(ENDED))
-                future = self._pending.pop(rid, None) if rid is not None else None
-                if future is not None and not future.done():
-                    if error is not None:
-                        future.set_exception(error)
-                    else:
-                        future.set_result(body)
+                if response.WhichOneof("body") == "batch":
+                    for answer in response.batch.answers:
+                        self._answered(answer)
+                else:
+                    self._answered(response)
         except grpc.RpcError as e:
             if e.code() == grpc.StatusCode.PERMISSION_DENIED:
                 self._end(errors.PermissionDenied(e.details() or ""))
@@ -132,9 +136,23 @@ class Session:
         if not self._closing and not self.ended.is_set():
             await self._resume()
 
+    def _answered(self, response: Any) -> None:
+        rid, body, error, ended = self._ledger.read(response)
+        if ended:
+            self._end(SessionEnded(ENDED))
+        future = self._pending.pop(rid, None) if rid is not None else None
+        if future is not None and not future.done():
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(body)
+
     async def _resume(self) -> None:
         pending, self._pending = self._pending, {}
         self._ledger.heartbeats.clear()
+        # Not written yet: their callers hear "indeterminate" now, and
+        # nothing of theirs goes out on the resumed stream.
+        self._outbox.clear()
         for future in pending.values():
             if not future.done():
                 future.set_exception(
@@ -146,7 +164,7 @@ class Session:
         pause = 0.02
         while not self._closing and time.monotonic() < self.safe_until:
             try:
-                call, resumed = await self._open(pb.OpenSession(resume=self.id))
+                call, resumed = await self._open(pb.OpenSession(resume=self.id, batches=True))
             except SessionEnded as e:
                 self._end(e)
                 return
@@ -155,6 +173,7 @@ class Session:
                 pause = min(pause * 2, 0.5)
                 continue
             self._ledger.note_revoked(resumed.revoked)
+            self._ledger.batches = resumed.batches
             self._call = call
             self.resumes += 1
             self._tasks.append(asyncio.ensure_future(self._read(call)))
@@ -170,8 +189,7 @@ class Session:
                 if time.monotonic() >= self.safe_until:
                     self._end(SessionEnded("no heartbeat was acknowledged before the safe-until"))
                     return
-                with contextlib.suppress(Exception):
-                    await self._send(self._ledger.heartbeat(time.monotonic()))
+                self._send(self._ledger.heartbeat(time.monotonic()))
 
     def _end(self, why: errors.BatonError) -> None:
         if self.ended.is_set():
@@ -193,20 +211,63 @@ class Session:
         one will hold it)."""
         cancel = pb.CancelWait(acquire_id=rid)
         with contextlib.suppress(Exception):
-            await self._send(pb.SessionRequest(id=next(self._ids), cancel=cancel))
+            self._send(pb.SessionRequest(id=next(self._ids), cancel=cancel))
             body = await asyncio.wait_for(answer, self._client.timeout_s)
             if body.WhichOneof("outcome") == "granted":
                 for lease in body.granted.leases:
                     release = pb.ReleaseRequest(
                         resource=lease.resource, acquisition_id=lease.acquisition_id
                     )
-                    await self._send(pb.SessionRequest(id=next(self._ids), release=release))
+                    self._send(pb.SessionRequest(id=next(self._ids), release=release))
 
-    async def _send(self, request: Any) -> None:
-        """Writes one request: grpc.aio allows one write in flight per
-        stream, and a session is shared by many tasks."""
-        async with self._writing:
-            await self._call.write(request)
+    def _send(self, request: Any, answer: asyncio.Future[Any] | None = None) -> None:
+        """Queues one request for the writer task, in order; a write that
+        fails fails ``answer`` as indeterminate (the reader then resumes
+        the session, or ends it)."""
+        self._outbox.append((request, answer))
+        self._queued.set()
+
+    async def _write(self) -> None:
+        """The session's writer: grpc.aio allows one write in flight per
+        stream, and each costs more than the request in it, so the
+        requests queued while one was written go out together, in one
+        batch message when the server takes batches (at most
+        ``BATCH_MAX`` to a message)."""
+        with contextlib.suppress(asyncio.CancelledError):
+            while True:
+                await self._queued.wait()
+                # One turn of the loop first: the tasks already woken
+                # (by the answers of one read) queue theirs too.
+                await asyncio.sleep(0)
+                self._queued.clear()
+                while self._outbox:
+                    taken = self._outbox[:BATCH_MAX]
+                    del self._outbox[:BATCH_MAX]
+                    failed = await self._write_out([request for request, _ in taken])
+                    if failed is None:
+                        continue
+                    for _, answer in taken:
+                        if answer is not None and not answer.done():
+                            answer.set_exception(
+                                errors.Indeterminate(
+                                    f"the session stream broke while the request was written "
+                                    f"({failed!r}); the request may have taken effect"
+                                )
+                            )
+
+    async def _write_out(self, requests: list[Any]) -> Exception | None:
+        """Writes ``requests`` on the current stream; what the write
+        raised, if it did."""
+        try:
+            if len(requests) > 1 and self._ledger.batches:
+                batch = pb.SessionBatch(requests=requests)
+                await self._call.write(pb.SessionRequest(batch=batch))
+            else:
+                for request in requests:
+                    await self._call.write(request)
+        except Exception as e:
+            return e
+        return None
 
     @property
     def safe_until(self) -> float:
@@ -228,7 +289,7 @@ class Session:
         self._pending[rid] = future
         # A timer, not wait_for: no extra task per request on the hot path.
         expiry = loop.call_later(timeout_s, _expire, future, timeout_s)
-        await self._send(pb.SessionRequest(id=rid, **op))
+        self._send(pb.SessionRequest(id=rid, **op), future)
         try:
             # Shielded, so that a cancelled waiting acquire can still read
             # the answer to its withdrawal.
