@@ -244,6 +244,18 @@ def main() -> None:
         p99_ms = percentile(lats[name], 0.99) * 1e3
         rate = statistics.median(rates[name])
         print(f"{name:44} {rate:>18.0f} {p50_ms:>10.2f}ms {p99_ms:>8.2f}ms")
+    if args.redis:
+        # Each Baton row against the first Redis of its kind (threads or
+        # asyncio), round by round: the machine drifts between rounds.
+        label = args.redis[0].split("=", 1)[0]
+        print(f"\nmedian same-round ratio to redis {label}")
+        for name in systems:
+            if name.startswith(("redis", "asyncio: redis")):
+                continue
+            kind = "asyncio: redis.asyncio Lock" if name.startswith("asyncio") else "redis-py Lock"
+            peer = rates[f"{kind}, {'appendfsync ' if kind == 'redis-py Lock' else ''}{label}"]
+            ratios = [a / b for a, b in zip(rates[name], peer)]
+            print(f"{name:44} {statistics.median(ratios):>18.2f}")
 
 
 if __name__ == "__main__":
