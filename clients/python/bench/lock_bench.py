@@ -108,12 +108,17 @@ def redis_cycles(address: str, threads: int) -> list[Cycle]:
 AsyncCycle = Callable[[], Awaitable[float]]
 
 
-async def baton_aio_cycles(client: aio.Client, tasks: int, shared: bool) -> list[AsyncCycle]:
-    """A session per task, or (``shared``) one session for every task."""
+async def baton_aio_cycles(
+    client: aio.Client, tasks: int, shared: bool, opened: list[aio.Session]
+) -> list[AsyncCycle]:
+    """A session per task, or (``shared``) one session for every task;
+    each session opened is added to ``opened``."""
     cycles: list[AsyncCycle] = []
     one = await client.open_session(ttl_s=30) if shared else None
     for i in range(tasks):
         session = one or await client.open_session(ttl_s=30)
+        if session not in opened:
+            opened.append(session)
         name = f"pybench:aio:{'shared:' if shared else ''}{i}"
 
         async def cycle(session: aio.Session = session, name: str = name) -> float:
@@ -212,12 +217,13 @@ def main() -> None:
 
     async def asyncio_rounds() -> None:
         client = aio.Client(args.baton)
+        opened: list[aio.Session] = []
         tasks: dict[str, list[AsyncCycle]] = {
             "asyncio: baton.aio session per task": await baton_aio_cycles(
-                client, args.threads, shared=False
+                client, args.threads, shared=False, opened=opened
             ),
             "asyncio: baton.aio one shared session": await baton_aio_cycles(
-                client, args.threads, shared=True
+                client, args.threads, shared=True, opened=opened
             ),
         }
         for spec in args.redis:
@@ -232,6 +238,10 @@ def main() -> None:
                 rates[name].append(rate)
                 lats[name].extend(latencies)
         systems.update({name: [] for name in tasks})
+        # Closed before the loop is: their streams' tasks end with them.
+        for session in opened:
+            await session.close()
+        await client.close()
 
     asyncio.run(asyncio_rounds())
     print(
