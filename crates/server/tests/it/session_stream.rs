@@ -139,6 +139,19 @@ fn req(id: u64, op: Op) -> v1::SessionRequest {
     }
 }
 
+/// An acquire of `resource` tied to the session, waiting up to `wait_ms`.
+fn acquire(resource: &str, wait_ms: u64) -> Op {
+    Op::Acquire(v1::SessionAcquire {
+        resources: vec![resource.into()],
+        ttl_ms: None,
+        wait_ms,
+        holder: None,
+        request_id: Vec::new(),
+        first_sent_ms_ago: None,
+        shapes: Vec::new(),
+    })
+}
+
 fn open(ttl_ms: u64) -> Op {
     Op::Open(v1::OpenSession {
         ttl_ms: Some(ttl_ms),
@@ -190,15 +203,7 @@ async fn a_broken_session_protocol_gets_errors_that_name_the_rule() {
         "{out:?}"
     );
     // Per-request errors keep the stream; a second open ends it.
-    let bad_name = Op::Acquire(v1::SessionAcquire {
-        resources: vec![" x".into()],
-        ttl_ms: None,
-        wait_ms: 0,
-        holder: None,
-        request_id: Vec::new(),
-        first_sent_ms_ago: None,
-        shapes: Vec::new(),
-    });
+    let bad_name = acquire(" x", 0);
     let out = raw(
         &url,
         vec![
@@ -255,15 +260,7 @@ async fn a_reused_request_id_and_the_session_limit_are_refused_by_rule() {
             .unwrap(),
     );
     // Request 2 waits for l:busy; a second request 2 while it waits is refused.
-    let wait = Op::Acquire(v1::SessionAcquire {
-        resources: vec!["l:busy".into()],
-        ttl_ms: None,
-        wait_ms: 10_000,
-        holder: None,
-        request_id: Vec::new(),
-        first_sent_ms_ago: None,
-        shapes: Vec::new(),
-    });
+    let wait = acquire("l:busy", 10_000);
     let again = Op::Heartbeat(v1::Heartbeat {});
     let (tx, mut stream) =
         stream_with(&url, vec![req(1, open(1_000)), req(2, wait), req(2, again)]).await;
@@ -319,15 +316,7 @@ async fn a_half_close_withdraws_the_wait_and_the_session_lives_on() {
             .await
             .unwrap(),
     );
-    let wait = Op::Acquire(v1::SessionAcquire {
-        resources: vec!["h:busy".into()],
-        ttl_ms: None,
-        wait_ms: 10_000,
-        holder: None,
-        request_id: Vec::new(),
-        first_sent_ms_ago: None,
-        shapes: Vec::new(),
-    });
+    let wait = acquire("h:busy", 10_000);
     let (tx, mut stream) = stream_with(&url, vec![req(1, open(5_000)), req(2, wait)]).await;
     let Some(Body::Opened(opened)) = stream.message().await.unwrap().unwrap().body else {
         panic!("the first answer is `opened`")
@@ -366,18 +355,6 @@ async fn a_half_close_withdraws_the_wait_and_the_session_lives_on() {
         matches!(out.first().and_then(|r| r.body.as_ref()), Some(Body::Opened(o)) if o.resumed),
         "{out:?}"
     );
-}
-
-fn acquire_now(resource: &str) -> Op {
-    Op::Acquire(v1::SessionAcquire {
-        resources: vec![resource.into()],
-        ttl_ms: None,
-        wait_ms: 0,
-        holder: None,
-        request_id: Vec::new(),
-        first_sent_ms_ago: None,
-        shapes: Vec::new(),
-    })
 }
 
 fn batch(requests: Vec<v1::SessionRequest>) -> Op {
@@ -442,10 +419,10 @@ async fn a_batch_is_taken_in_order_and_each_request_answered_by_its_id() {
         let tag = if reads_batches { "b" } else { "n" };
         let (one, two) = (format!("batch:{tag}:1"), format!("batch:{tag}:2"));
         let requests = vec![
-            req(1, acquire_now(&one)),
-            req(2, acquire_now(&two)),
+            req(1, acquire(&one, 0)),
+            req(2, acquire(&two, 0)),
             // Taken after request 1: held, so not acquired.
-            req(3, acquire_now(&one)),
+            req(3, acquire(&one, 0)),
             req(4, Op::Heartbeat(v1::Heartbeat {})),
         ];
         let (tx, mut stream) =
@@ -485,12 +462,12 @@ async fn a_batch_that_breaks_a_rule_is_refused_whole() {
     let (_server, url) = serve(None).await;
     let mut c = Client::connect(&url).await.unwrap();
     let too_many = (1..=257)
-        .map(|i| req(i, acquire_now(&format!("refused:many:{i}"))))
+        .map(|i| req(i, acquire(&format!("refused:many:{i}"), 0)))
         .collect();
-    let with_open = vec![req(1, acquire_now("refused:open")), req(2, open(1_000))];
+    let with_open = vec![req(1, acquire("refused:open", 0)), req(2, open(1_000))];
     let nested = vec![
-        req(1, acquire_now("refused:nested")),
-        req(2, batch(vec![req(3, acquire_now("refused:inner"))])),
+        req(1, acquire("refused:nested", 0)),
+        req(2, batch(vec![req(3, acquire("refused:inner", 0))])),
     ];
     let cases = [
         (10, batch(Vec::new()), "a batch holds 1 to 256 requests"),

@@ -292,7 +292,7 @@ impl SessionTask {
                 )
                 .await;
         }
-        if let Op::Open(_) | Op::Batch(_) = op {
+        if let Op::Open(_) = op {
             let status = Status::invalid_argument(
                 "a second `open` on a session stream: open a new stream for another session",
             );
@@ -316,7 +316,8 @@ impl SessionTask {
     /// (`traceparent`, see `trace.rs`).
     fn dispatch(&mut self, id: u64, op: Op, traceparent: &str) -> Result<InFlight, Status> {
         match op {
-            Op::Open(_) | Op::Batch(_) => unreachable!("refused by `start`"),
+            Op::Open(_) => unreachable!("refused by `start_one`"),
+            Op::Batch(_) => unreachable!("taken apart (or refused) by `start`"),
             Op::Heartbeat(_) => self.heartbeat(id),
             Op::Close(_) => self.close(id),
             Op::Renew(r) => self.renew(id, r, traceparent),
