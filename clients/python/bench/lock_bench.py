@@ -204,9 +204,12 @@ def main() -> None:
         "baton one shared session": baton_shared_session_cycles(args.baton, args.threads),
         "baton unary": baton_unary_cycles(args.baton, args.threads),
     }
+    # Every Redis row's name; the first of each kind is the ratios' peer.
+    redis_rows: list[str] = []
     for spec in args.redis:
         label, address = spec.split("=", 1)
-        systems[f"redis-py Lock, appendfsync {label}"] = redis_cycles(address, args.threads)
+        redis_rows.append(f"redis-py Lock, appendfsync {label}")
+        systems[redis_rows[-1]] = redis_cycles(address, args.threads)
     rates: dict[str, list[float]] = {k: [] for k in systems}
     lats: dict[str, list[float]] = {k: [] for k in systems}
     for _ in range(args.rounds):
@@ -228,8 +231,8 @@ def main() -> None:
         }
         for spec in args.redis:
             label, address = spec.split("=", 1)
-            name = f"asyncio: redis.asyncio Lock, {label}"
-            tasks[name] = redis_aio_cycles(address, args.threads)
+            redis_rows.append(f"asyncio: redis.asyncio Lock, {label}")
+            tasks[redis_rows[-1]] = redis_aio_cycles(address, args.threads)
         for name in tasks:
             rates[name], lats[name] = [], []
         for _ in range(args.rounds):
@@ -259,12 +262,12 @@ def main() -> None:
         # asyncio), round by round: the machine drifts between rounds.
         label = args.redis[0].split("=", 1)[0]
         print(f"\nmedian same-round ratio to redis {label}")
+        n_redis = len(args.redis)
         for name in systems:
-            if name.startswith(("redis", "asyncio: redis")):
+            if name in redis_rows:
                 continue
-            kind = "asyncio: redis.asyncio Lock" if name.startswith("asyncio") else "redis-py Lock"
-            peer = rates[f"{kind}, {'appendfsync ' if kind == 'redis-py Lock' else ''}{label}"]
-            ratios = [a / b for a, b in zip(rates[name], peer)]
+            peer = redis_rows[n_redis if name.startswith("asyncio") else 0]
+            ratios = [a / b for a, b in zip(rates[name], rates[peer])]
             print(f"{name:44} {statistics.median(ratios):>18.2f}")
 
 
