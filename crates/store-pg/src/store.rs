@@ -215,32 +215,8 @@ impl PgLeaseStore {
         let _ = self.sequencer.send(InFlight {
             call,
             deadline,
-            done: Answer(Some(done)),
+            done,
         });
-    }
-}
-
-/// A commit's `done`, called once: with the outcome, or, if the call is
-/// dropped unanswered (its task ended with the runtime), with an unknown
-/// outcome, so that the committer never waits for it.
-struct Answer(Option<CommitDone>);
-
-impl Answer {
-    fn send(mut self, outcome: Result<(), StoreError>) {
-        if let Some(done) = self.0.take() {
-            done(outcome);
-        }
-    }
-}
-
-impl Drop for Answer {
-    fn drop(&mut self) {
-        if let Some(done) = self.0.take() {
-            done(Err(StoreError::Storage(
-                "the commit's call was dropped before its answer (the runtime stopped), outcome unknown"
-                    .into(),
-            )));
-        }
     }
 }
 
@@ -251,7 +227,7 @@ type Call = Pin<Box<dyn Future<Output = Result<u64, tokio_postgres::Error>> + Se
 struct InFlight {
     call: Call,
     deadline: tokio::time::Instant,
-    done: Answer,
+    done: CommitDone,
 }
 
 /// Awaits the calls in the order they were sent and reports each outcome.
@@ -290,7 +266,7 @@ async fn sequence(
         if outcome.is_err() {
             poisoned.store(true, Ordering::Release);
         }
-        done.send(outcome);
+        done(outcome);
     }
 }
 
