@@ -224,7 +224,14 @@ impl Session {
         let mut bound = self.inner.bound.lock().expect("session mutex");
         for l in leases {
             l.valid_until = l.valid_until.max(session_deadline);
-            bound.insert(l.acquisition_id, l.token);
+            let reported = l.valid_until;
+            bound.insert(
+                l.acquisition_id,
+                super::Bound {
+                    token: l.token,
+                    reported,
+                },
+            );
         }
     }
 
@@ -278,7 +285,8 @@ impl Session {
                 .bound
                 .lock()
                 .expect("session mutex")
-                .remove(acquisition_id);
+                .remove(acquisition_id)
+                .map(|b| b.token);
             let revoked = |t| self.inner.state.borrow().revoked.iter().any(|r| r.1 == t);
             if let Some(t) = token.filter(|t| revoked(*t)) {
                 self.inner.released.lock().expect("session mutex").push(t);
@@ -328,46 +336,40 @@ impl Session {
         self.inner.abandon.cancel();
     }
 
-    /// For a lease tied to the session: waits for the next acknowledged
-    /// heartbeat and reports the session's deadline as the lease's. The
-    /// remaining time counts from this call, which is no earlier than the
-    /// caller's send time, so the caller's deadline is never later than
-    /// the server's.
+    /// For a lease tied to the session: the session's deadline, once it is
+    /// later than the one last reported for this lease (at once if a
+    /// heartbeat or a resume was acknowledged since, else at the next).
+    /// Every acknowledgement reaches the keeper, however its renewals fall
+    /// between them: one that came just before a renewal, or a resume's,
+    /// is not skipped for the heartbeat after it. The remaining time counts
+    /// from this call, which is no earlier than the caller's send time, so
+    /// the caller's deadline is never later than the server's.
     async fn follow_heartbeat(&self, id: &AcquisitionId) -> Result<Renewal, ClientError> {
         let called = Instant::now();
         let mut state = self.inner.state.clone();
-        let beats = state.borrow().beats;
         loop {
             {
                 let s = state.borrow_and_update();
-                let token = self
-                    .inner
-                    .bound
-                    .lock()
-                    .expect("session mutex")
-                    .get(id)
-                    .copied();
-                let Some(token) = token else {
+                let mut bound = self.inner.bound.lock().expect("session mutex");
+                let Some(lease) = bound.get_mut(id) else {
                     return Ok(Renewal::NotOwner);
                 };
-                if s.revoked.iter().any(|(_, t)| *t == token) {
+                let token = lease.token;
+                if s.health == Health::Ended || s.revoked.iter().any(|(_, t)| *t == token) {
                     return Ok(Renewal::NotOwner);
                 }
-                match s.health {
-                    Health::Ended => return Ok(Renewal::NotOwner),
-                    Health::Reconnecting => {
-                        return Err(ClientError::Indeterminate(
-                            "the session's stream broke; it is being resumed".into(),
-                        ))
-                    }
-                    Health::Live if s.beats > beats => {
-                        return Ok(Renewal::Renewed {
-                            token,
-                            remaining: s.server_deadline.saturating_duration_since(called),
-                            valid_until: s.server_deadline,
-                        })
-                    }
-                    Health::Live => {}
+                if s.server_deadline > lease.reported {
+                    lease.reported = s.server_deadline;
+                    return Ok(Renewal::Renewed {
+                        token,
+                        remaining: s.server_deadline.saturating_duration_since(called),
+                        valid_until: s.server_deadline,
+                    });
+                }
+                if s.health == Health::Reconnecting {
+                    return Err(ClientError::Indeterminate(
+                        "the session's stream broke; it is being resumed".into(),
+                    ));
                 }
             }
             if state.changed().await.is_err() {

@@ -87,8 +87,8 @@ struct Inner {
     calls: mpsc::UnboundedSender<Call>,
     state: watch::Receiver<SessionState>,
     next_id: AtomicU64,
-    /// Leases tied to this session, by acquisition id, with their tokens.
-    bound: Mutex<HashMap<AcquisitionId, FencingToken>>,
+    /// Leases tied to this session, by acquisition id.
+    bound: Mutex<HashMap<AcquisitionId, Bound>>,
     /// Revoked leases released since: the driver drops them from
     /// [`SessionState::revoked`] (so a long-lived session's list does not
     /// grow with every fence).
@@ -99,6 +99,13 @@ struct Inner {
 }
 
 type Released = Arc<Mutex<Vec<FencingToken>>>;
+
+/// A lease tied to the session: its token, and the session deadline last
+/// reported for it to a keeper ([`Session`] as a `Renewer`).
+struct Bound {
+    token: FencingToken,
+    reported: Instant,
+}
 
 /// A session: one stream, one heartbeat, many leases. Cheap to clone;
 /// clones share the stream. See the module docs.

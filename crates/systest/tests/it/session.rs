@@ -208,6 +208,53 @@ async fn a_session_resumes_after_a_crash_and_restart_with_its_leases() {
     assert!(let_go.is_ok(), "released: the keeper lets go");
 }
 
+/// A keeper over a session learns every acknowledged heartbeat, a
+/// resume's among them, however its renewals fall between them: a server
+/// restarted just before a heartbeat is due costs no lease. (A keeper that
+/// waited for the next heartbeat after each renewal missed the one just
+/// before its renewal and the resume's answer, and gave the lease up at a
+/// restart the session survived: `baton hold` during a rolling upgrade.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keeper_over_a_session_keeps_its_lease_through_a_restart_before_a_heartbeat() {
+    let dir = TempDir::new("session-keeper-restart");
+    let mut s = common::serve(dir.path(), &[]);
+    let client = Client::connect(&s.url()).await.unwrap();
+    let ttl = Duration::from_secs(3);
+    let session = client.open_session(ttl).await.unwrap();
+    let lease = granted(session.acquire("s:kept", Duration::ZERO).await.unwrap());
+    let mut state = session.watch();
+    state.wait_for(|s| s.beats >= 1).await.unwrap();
+    // Started after the first heartbeat was acknowledged, the keeper's
+    // first renewal comes after it too.
+    let keeper = Keeper::start(session.clone(), lease.clone(), KeeperConfig::default());
+    // The restart goes just before the second heartbeat (a third of the
+    // TTL after the first): the phase, not a wait for an event.
+    tokio::time::sleep(ttl / 3 - Duration::from_millis(150)).await;
+    assert!(s.terminate().success());
+    s.restart();
+    let restarted = Instant::now();
+    state
+        .wait_for(|s| s.health == Health::Live)
+        .await
+        .expect("the session resumes");
+    println!("resumed {:?} after the restart", restarted.elapsed());
+    // Two TTLs later the keeper still holds the lease, and so does the server.
+    let lost = tokio::time::timeout(ttl * 2, keeper.cancellation().cancelled()).await;
+    assert!(
+        lost.is_err(),
+        "the keeper gave the lease up at a restart its session survived: {:?}",
+        keeper.loss_reason()
+    );
+    assert_eq!(keeper.ownership(), Ownership::Held);
+    let mut c = client.clone();
+    assert_eq!(
+        c.status("s:kept").await.unwrap().holder_token,
+        Some(lease.token)
+    );
+    drop(keeper);
+    assert!(session.close().await.unwrap());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_is_withdrawn_when_its_stream_breaks_and_a_cancel_withdraws_it() {
     let dir = TempDir::new("session-waiter");
