@@ -87,6 +87,20 @@ pub trait LeaseStore: Send {
     /// Applies `writes` in order in one transaction and makes them durable
     /// before returning. After an error the store must not be used again.
     fn commit(&mut self, writes: &[Write]) -> Result<(), StoreError>;
+    /// How many commits [`LeaseStore::start_commit`] may have in flight at
+    /// once. 1, the default: each is finished before the next starts.
+    fn commits_in_flight_max(&self) -> usize {
+        1
+    }
+    /// Starts committing `writes` after every commit started before, and
+    /// hands its outcome to `done` once known. Outcomes come in the order
+    /// the commits started, and a commit succeeds only if every commit
+    /// started before it did: what is durable is always a prefix of the
+    /// commits started. The default commits at once with
+    /// [`LeaseStore::commit`] and calls `done` before it returns.
+    fn start_commit(&mut self, writes: &[Write], done: CommitDone) {
+        done(self.commit(writes));
+    }
     /// A consistent view of every commit so far, taken now and read later
     /// on another thread: a backup of a large table then holds up neither
     /// the commits nor the lease table. Taking it must be cheap (no read
@@ -167,6 +181,10 @@ impl Loading<'_> {
 /// gives the state as of the moment it was taken, whatever was committed
 /// since.
 pub type SnapshotRead = Box<dyn FnOnce() -> Result<Stored, StoreError> + Send>;
+
+/// Where [`LeaseStore::start_commit`] reports a commit's outcome (called
+/// once, on any thread).
+pub type CommitDone = Box<dyn FnOnce(Result<(), StoreError>) + Send>;
 
 /// Why the store could not open, load or commit.
 #[allow(missing_docs)] // variant fields are named for what they hold; the messages explain them

@@ -1,7 +1,11 @@
 //! The thread that owns the store: it commits the steps queued while its
 //! last commit was in flight together, and only then releases their
-//! replies, in order (the rule is `baton_core::pipeline::batch`).
+//! replies, in order (the rule is `baton_core::pipeline::batch`). A store
+//! that takes a commit while another is in flight
+//! ([`LeaseStore::commits_in_flight_max`]) gets the next batch at once;
+//! its replies still wait for every commit started before it.
 
+use std::collections::VecDeque;
 use std::sync::mpsc;
 use std::sync::{Arc, Weak};
 use std::time::Instant;
@@ -30,6 +34,8 @@ pub(super) enum ToCommitter {
     Job(pipeline::Job<Replies>),
     /// Commit whatever is pending, then stop.
     Flush,
+    /// The oldest commit in flight ended so (from the store).
+    Committed(Result<(), StoreError>),
 }
 
 /// The thread that owns the store: commits queued batches together and
@@ -37,6 +43,9 @@ pub(super) enum ToCommitter {
 pub(super) struct Committer {
     pub(super) store: Box<dyn LeaseStore>,
     pub(super) rx: mpsc::Receiver<ToCommitter>,
+    /// Where the store reports its commits' outcomes (so the committer
+    /// stops on [`ToCommitter::Flush`], never on its channel's end).
+    pub(super) to_self: mpsc::Sender<ToCommitter>,
     /// For handing back grants whose waiter left before its answer (weak:
     /// it must not keep the engine alive).
     pub(super) engine: Weak<Shared>,
@@ -79,51 +88,107 @@ pub(super) fn expiry_drops_per_ms(metrics: &Metrics) -> usize {
     }
 }
 
+/// Steps started or waiting for the commits before them, in order.
+struct Started {
+    replies: Vec<Replies>,
+    /// When its commit started and how many writes it holds; `None` once
+    /// committed, or for steps with nothing to commit.
+    commit: Option<(Instant, i64)>,
+}
+
 impl Committer {
     pub(super) fn run(mut self) -> Result<(), StoreError> {
-        loop {
+        let in_flight_max = self.store.commits_in_flight_max().max(1);
+        let mut started: VecDeque<Started> = VecDeque::new();
+        let mut queued = Vec::new();
+        let mut stop = false;
+        while !(stop && queued.is_empty() && started.is_empty()) {
             let Ok(first) = self.rx.recv() else {
                 break;
             };
-            let mut jobs = Vec::new();
-            let mut stop = false;
-            for message in std::iter::once(first).chain(self.rx.try_iter()) {
+            let messages: Vec<_> = std::iter::once(first).chain(self.rx.try_iter()).collect();
+            for message in messages {
                 match message {
-                    ToCommitter::Job(job) => jobs.push(job),
+                    ToCommitter::Job(job) => queued.push(job),
                     ToCommitter::Flush => stop = true,
+                    ToCommitter::Committed(outcome) => self.committed(&mut started, outcome)?,
                 }
             }
-            let batch = pipeline::batch(jobs);
-            let n_writes = batch.commit.len() as i64;
-            for replies in batch.before {
-                self.release(replies);
-            }
-            if !batch.commit.is_empty() {
-                let started = Instant::now();
-                if let Err(e) = self.store.commit(&batch.commit) {
-                    // Dropping the replies tells every caller the outcome is unknown.
-                    self.metrics.store_errors.inc();
-                    error!(error = %e, "lease store commit failed; stopping");
-                    // Stop the engine too.
-                    let _ = self.timer.send(Wake::Stop);
-                    return Err(e);
-                }
-                self.metrics
-                    .observe_commit_latency_us(started.elapsed().as_micros() as u64);
-                self.metrics.commits.inc();
-                if let Some(keys) = self.store.fold_backlog() {
-                    self.metrics.store_fold_backlog.set(keys as i64);
-                }
-                self.metrics.commit_queue_writes.dec_by(n_writes);
-            }
-            for replies in batch.after {
-                self.release(replies);
-            }
-            if stop {
-                break;
+            let in_flight = started.iter().filter(|s| s.commit.is_some()).count();
+            if !queued.is_empty() && in_flight < in_flight_max {
+                self.start(&mut started, std::mem::take(&mut queued));
             }
         }
         Ok(())
+    }
+
+    /// Commits the jobs queued since the last start together; their
+    /// replies wait for it and for every commit started before.
+    fn start(&mut self, started: &mut VecDeque<Started>, jobs: Vec<pipeline::Job<Replies>>) {
+        let batch = pipeline::batch(jobs);
+        for replies in batch.before {
+            self.release(replies);
+        }
+        if batch.commit.is_empty() {
+            started.push_back(Started {
+                replies: batch.after,
+                commit: None,
+            });
+            self.release_committed(started);
+            return;
+        }
+        started.push_back(Started {
+            replies: batch.after,
+            commit: Some((Instant::now(), batch.commit.len() as i64)),
+        });
+        let to_self = self.to_self.clone();
+        self.store.start_commit(
+            &batch.commit,
+            Box::new(move |outcome| {
+                let _ = to_self.send(ToCommitter::Committed(outcome));
+            }),
+        );
+    }
+
+    /// The oldest commit in flight ended: on success its replies and those
+    /// waiting only for it go out; a failure stops the engine, and the
+    /// dropped replies tell every caller the outcome is unknown.
+    fn committed(
+        &mut self,
+        started: &mut VecDeque<Started>,
+        outcome: Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
+        if let Err(e) = outcome {
+            self.metrics.store_errors.inc();
+            error!(error = %e, "lease store commit failed; stopping");
+            let _ = self.timer.send(Wake::Stop);
+            return Err(e);
+        }
+        let (at, n_writes) = started
+            .iter_mut()
+            .find_map(|s| s.commit.take())
+            .expect("an outcome comes only for a commit in flight");
+        self.metrics
+            .observe_commit_latency_us(at.elapsed().as_micros() as u64);
+        self.metrics.commits.inc();
+        if let Some(keys) = self.store.fold_backlog() {
+            self.metrics.store_fold_backlog.set(keys as i64);
+        }
+        self.metrics.commit_queue_writes.dec_by(n_writes);
+        self.release_committed(started);
+        Ok(())
+    }
+
+    /// Answers, in order, the steps no commit in flight holds back.
+    fn release_committed(&mut self, started: &mut VecDeque<Started>) {
+        while started.front().is_some_and(|s| s.commit.is_none()) {
+            let Some(step) = started.pop_front() else {
+                break;
+            };
+            for replies in step.replies {
+                self.release(replies);
+            }
+        }
     }
 
     /// Answers one job's callers, in order.
@@ -186,151 +251,4 @@ pub(super) fn recover(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::engine::Engine;
-    use baton_core::{AcquireRequest, AcquisitionId, ResourceName};
-    use baton_testkit::store::MemStore;
-
-    /// An engine on an in-memory store, and its metrics.
-    fn start() -> (
-        Arc<Metrics>,
-        crate::engine::EngineHandle,
-        std::thread::JoinHandle<Result<(), baton_store::StoreError>>,
-    ) {
-        let metrics = Arc::new(Metrics::default());
-        let (handle, thread) = Engine::start(
-            Box::new(MemStore::default()),
-            crate::engine::Bounds::with_quotas(Arc::default()),
-            metrics.clone(),
-            Arc::default(),
-        )
-        .unwrap();
-        (metrics, handle, thread)
-    }
-
-    #[test]
-    fn ended_leases_drop_slower_while_the_committer_is_behind() {
-        let m = Metrics::default();
-        assert_eq!(expiry_drops_per_ms(&m), EXPIRY_DROPS_PER_MS);
-        m.commit_queue_writes.set(pipeline::LAZY_WRITES_MAX as i64);
-        assert_eq!(
-            expiry_drops_per_ms(&m),
-            EXPIRY_DROPS_PER_MS,
-            "one lazy batch in the queue is not behind"
-        );
-        m.commit_queue_writes.inc();
-        assert_eq!(
-            expiry_drops_per_ms(&m),
-            EXPIRY_DROPS_PER_MS_WHILE_COMMITS_BEHIND
-        );
-    }
-
-    /// A big session's end drains at the expiry's pace: slowly while
-    /// commits are behind, and `baton_leases_ending` counts what is left.
-    #[test]
-    fn a_closed_session_drains_at_the_pace_and_the_gauge_counts_down() {
-        const LEASES: usize = 10_000;
-        let (metrics, handle, thread) = start();
-        let digest = AcquisitionId::from_bytes([7; 16]).digest();
-        let (reply, rx) = oneshot::channel();
-        assert!(handle.send(Command::OpenSession {
-            digest,
-            ttl_ms: 60_000,
-            opener: None,
-            reply,
-        }));
-        rx.blocking_recv().unwrap().unwrap();
-        for chunk in 0..LEASES.div_ceil(64) {
-            let claims = (chunk * 64..((chunk + 1) * 64).min(LEASES))
-                .map(|i| {
-                    let resource = ResourceName::parse(&format!("drain-{i:05}")).unwrap();
-                    let mut id = [1; 16];
-                    id[..8].copy_from_slice(&(i as u64).to_be_bytes());
-                    baton_core::Claim::exclusive(resource, AcquisitionId::from_bytes(id))
-                })
-                .collect();
-            let request = AcquireRequest {
-                claims,
-                term: baton_core::LeaseTerm::Session(digest),
-                ..AcquireRequest::single(
-                    ResourceName::parse("unused").unwrap(),
-                    AcquisitionId::from_bytes([0; 16]),
-                    60_000,
-                )
-            };
-            let (reply, rx) = oneshot::channel();
-            assert!(handle.send(Command::Acquire { request, reply }));
-            assert!(matches!(
-                rx.blocking_recv().unwrap(),
-                Ok(AcquireReply::Granted { .. })
-            ));
-        }
-        // As if commits were far behind: 32 drops a millisecond.
-        metrics.commit_queue_writes.set(1_000_000);
-        let (reply, rx) = oneshot::channel();
-        let sent = std::time::Instant::now();
-        assert!(handle.send(Command::CloseSession {
-            digest,
-            check: baton_core::SessionCheck::anyone(),
-            reply,
-        }));
-        assert_eq!(rx.blocking_recv().unwrap(), Some(true));
-        assert_eq!(metrics.leases.get(), 0, "gone for every caller at once");
-        let left = metrics.leases_ending.get();
-        assert!(
-            left > (LEASES / 2) as i64,
-            "{left} of {LEASES} left to drop after the close, at 32 a millisecond"
-        );
-        while metrics.leases_ending.get() > 0 {
-            assert!(
-                sent.elapsed() < std::time::Duration::from_secs(30),
-                "the drain stalled at {}",
-                metrics.leases_ending.get()
-            );
-            std::thread::sleep(std::time::Duration::from_millis(1));
-        }
-        // A bound, not a speed: at most 32 a millisecond, 10,000 drops
-        // span at least 312 milliseconds of the engine's clock.
-        let took = sent.elapsed();
-        assert!(
-            took >= std::time::Duration::from_millis(300),
-            "drained in {took:?}: faster than the pace allows"
-        );
-        assert!(handle.send(Command::Shutdown));
-        thread.join().unwrap().unwrap();
-    }
-
-    #[test]
-    fn the_commit_queue_gauge_is_back_to_zero_once_every_write_is_committed() {
-        let (metrics, handle, thread) = start();
-        for i in 0..20u8 {
-            let resource = ResourceName::parse(&format!("queue-{i}")).unwrap();
-            let request =
-                AcquireRequest::single(resource, AcquisitionId::from_bytes([i; 16]), 60_000);
-            let (reply, rx) = oneshot::channel();
-            assert!(handle.send(Command::Acquire { request, reply }));
-            // A grant is answered once its commit is durable.
-            assert!(matches!(
-                rx.blocking_recv().unwrap(),
-                Ok(AcquireReply::Granted { .. })
-            ));
-            assert_eq!(metrics.commit_queue_writes.get(), 0, "after grant {i}");
-        }
-        let (reply, _rx) = oneshot::channel();
-        let id = AcquisitionId::from_bytes([0; 16]);
-        let resource = ResourceName::parse("queue-0").unwrap();
-        handle.send(Command::Release {
-            resource,
-            id,
-            reply,
-        });
-        assert!(handle.send(Command::Shutdown));
-        thread.join().unwrap().unwrap();
-        assert_eq!(
-            metrics.commit_queue_writes.get(),
-            0,
-            "the lazy release, flushed at the stop"
-        );
-    }
-}
+mod tests;

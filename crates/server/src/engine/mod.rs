@@ -240,7 +240,7 @@ impl Engine {
                 pipeline: Pipeline::new(MonoMs(0), seq),
                 metrics: metrics.clone(),
                 observed: observed.clone(),
-                committer: to_committer,
+                committer: to_committer.clone(),
                 armed: MonoMs(u64::MAX),
                 stopped: false,
                 hub: Arc::new(hub),
@@ -256,7 +256,7 @@ impl Engine {
             store,
             timer,
             timer_rx,
-            committer_rx,
+            (to_committer, committer_rx),
             metrics,
             observed,
         ))
@@ -376,7 +376,7 @@ fn spawn_threads(
     store: Box<dyn LeaseStore>,
     timer: mpsc::Sender<Wake>,
     timer_rx: mpsc::Receiver<Wake>,
-    committer_rx: mpsc::Receiver<ToCommitter>,
+    committer: (mpsc::Sender<ToCommitter>, mpsc::Receiver<ToCommitter>),
     metrics: Arc<Metrics>,
     observed: Arc<Observed>,
 ) -> (
@@ -384,9 +384,11 @@ fn spawn_threads(
     std::thread::JoinHandle<Result<(), StoreError>>,
 ) {
     let recorder = shared.lock().recorder;
+    let (to_self, rx) = committer;
     let committer = Committer {
         store,
-        rx: committer_rx,
+        rx,
+        to_self,
         engine: Arc::downgrade(&shared),
         timer: timer.clone(),
         metrics,
