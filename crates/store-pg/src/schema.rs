@@ -5,10 +5,10 @@ use tokio_postgres::Client;
 use crate::PgError;
 
 /// The schema version this build writes and reads.
-pub const SCHEMA_VERSION: i32 = 7;
+pub const SCHEMA_VERSION: i32 = 8;
 
 /// Migrations in order; file `N` brings the schema to version `N`.
-pub const MIGRATIONS: [&str; 7] = [
+pub const MIGRATIONS: [&str; 8] = [
     include_str!("../sql/001_cluster.sql"),
     include_str!("../sql/002_sessions.sql"),
     include_str!("../sql/003_holders.sql"),
@@ -16,6 +16,7 @@ pub const MIGRATIONS: [&str; 7] = [
     include_str!("../sql/005_shapes.sql"),
     include_str!("../sql/006_changes.sql"),
     include_str!("../sql/007_trim.sql"),
+    include_str!("../sql/008_pipelined.sql"),
 ];
 
 /// The definition in force of every `baton_server` function, one file per

@@ -1,14 +1,20 @@
 //! [`PgLeaseStore`]: the lease store of one leadership term.
 
 use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use baton_core::{
     AcquisitionDigest, Epoch, FencingToken, Holder, LeaseRecord, ResourceName, SessionDigest,
     SessionRecord, Shape, Write,
 };
-use baton_store::{History, LeaseStore, StoreError, Stored};
+use baton_store::{CommitDone, History, LeaseStore, StoreError, Stored};
 use tokio::runtime::Handle;
+use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Statement};
 
 use crate::{db_message, PgError};
@@ -16,18 +22,30 @@ use crate::{db_message, PgError};
 /// SQLSTATE raised by `commit_batch` when the term is over.
 const TERM_OVER: &str = "BA001";
 
+/// Commits sent and not yet answered, at most. Two keep PostgreSQL busy:
+/// the next call is queued on the connection while one runs.
+pub const COMMITS_IN_FLIGHT_MAX: usize = 2;
+
 /// The lease store of the leader of `term`. Every commit is one call of
-/// `baton_server.commit_batch`, refused once another server took over.
+/// `baton_server.commit_batch`, refused once another server took over,
+/// and refused unless the commit before it in the term committed.
 ///
 /// The engine calls it from its own thread; the calls run on the runtime
-/// whose handle it keeps.
+/// whose handle it keeps. A commit is sent while the one before it is in
+/// flight ([`COMMITS_IN_FLIGHT_MAX`]): its statement runs as soon as the
+/// earlier one's transaction ends, instead of a round trip later.
 pub struct PgLeaseStore {
-    client: Client,
+    client: Arc<Client>,
     runtime: Handle,
     term: u64,
     commit: Statement,
     commit_timeout: Duration,
-    poisoned: bool,
+    /// Commits started in this term.
+    commits: u64,
+    /// Set once a commit failed: every later one is refused.
+    poisoned: Arc<AtomicBool>,
+    /// The calls in flight, in the order sent.
+    sequencer: tokio::sync::mpsc::UnboundedSender<InFlight>,
     /// Stopped with the store (the term's end).
     _vacuum: crate::vacuum::Vacuum,
 }
@@ -43,15 +61,20 @@ impl PgLeaseStore {
     ) -> Result<Self, PgError> {
         let client = crate::connect(config).await?;
         let commit = client
-            .prepare("SELECT baton_server.commit_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)")
+            .prepare("SELECT baton_server.commit_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19)")
             .await?;
+        let poisoned = Arc::new(AtomicBool::new(false));
+        let (sequencer, calls) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(sequence(calls, term, commit_timeout, poisoned.clone()));
         Ok(Self {
-            client,
+            client: Arc::new(client),
             runtime: Handle::current(),
             term,
             commit,
             commit_timeout,
-            poisoned: false,
+            commits: 0,
+            poisoned,
+            sequencer,
             _vacuum: crate::vacuum::Vacuum::start(config.clone()),
         })
     }
@@ -167,36 +190,67 @@ impl PgLeaseStore {
         })
     }
 
-    async fn commit_async(&self, writes: &[Write]) -> Result<(), StoreError> {
-        let b = Batch::of(writes);
-        let term = self.term as i64;
-        let (epoch, counter) = (b.position.map(|p| p.0), b.position.map(|p| p.1));
-        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 18] = [
-            &term,
-            &epoch,
-            &counter,
-            &b.put_resources,
-            &b.put_digests,
-            &b.put_tokens,
-            &b.put_ttls,
-            &b.put_sessions,
-            &b.put_holders,
-            &b.put_permits,
-            &b.deletes,
-            &b.session_digests,
-            &b.session_ttls,
-            &b.session_openers,
-            &b.session_deletes,
-            &b.ended,
-            &b.change_seqs,
-            &b.changes,
-        ];
-        let call = self.client.execute(&self.commit, &params);
-        match tokio::time::timeout(self.commit_timeout, call).await {
+    /// Sends the call for `writes` now, on this store's connection after
+    /// every call started before, and hands it to the sequencer, which
+    /// reports outcomes in the same order.
+    fn send_commit(&mut self, writes: &[Write], done: CommitDone) {
+        if self.poisoned.load(Ordering::Acquire) {
+            return done(Err(StoreError::PreviousIo));
+        }
+        self.commits += 1;
+        let batch = Batch::of(writes, self.term as i64, self.commits as i64);
+        let (client, statement) = (self.client.clone(), self.commit.clone());
+        let mut call: Call = Box::pin(async move {
+            let params = batch.params();
+            client.execute(&statement, &params).await
+        });
+        // The first poll encodes the call and queues it on the connection
+        // (tokio-postgres sends before it first waits): calls go out in
+        // the order they start, and PostgreSQL runs them in that order.
+        let mut cx = Context::from_waker(Waker::noop());
+        if let Poll::Ready(outcome) = call.as_mut().poll(&mut cx) {
+            call = Box::pin(std::future::ready(outcome));
+        }
+        let deadline = tokio::time::Instant::now() + self.commit_timeout;
+        let _ = self.sequencer.send(InFlight {
+            call,
+            deadline,
+            done,
+        });
+    }
+}
+
+/// A commit's call to `commit_batch`, sent and awaiting its answer.
+type Call = Pin<Box<dyn Future<Output = Result<u64, tokio_postgres::Error>> + Send>>;
+
+/// A commit sent and not yet answered.
+struct InFlight {
+    call: Call,
+    deadline: tokio::time::Instant,
+    done: CommitDone,
+}
+
+/// Awaits the calls in the order they were sent and reports each outcome.
+/// After a failure every later call fails too: the database refuses a
+/// commit whose predecessor did not commit (`p_commit`, BA003), and that
+/// refusal is what its caller hears.
+async fn sequence(
+    mut calls: tokio::sync::mpsc::UnboundedReceiver<InFlight>,
+    term: u64,
+    commit_timeout: Duration,
+    poisoned: Arc<AtomicBool>,
+) {
+    while let Some(InFlight {
+        call,
+        deadline,
+        done,
+    }) = calls.recv().await
+    {
+        let outcome = match tokio::time::timeout_at(deadline, call).await {
             Ok(Ok(_)) => Ok(()),
             Ok(Err(e)) if e.code().is_some_and(|c| c.code() == TERM_OVER) => {
                 Err(StoreError::Deposed {
-                    term: self.term,
+                    term,
                     why: db_message(&e),
                 })
             }
@@ -206,9 +260,13 @@ impl PgLeaseStore {
             ))),
             Err(_) => Err(StoreError::Storage(format!(
                 "commit to PostgreSQL had no answer within {} ms, outcome unknown",
-                self.commit_timeout.as_millis()
+                commit_timeout.as_millis()
             ))),
+        };
+        if outcome.is_err() {
+            poisoned.store(true, Ordering::Release);
         }
+        done(outcome);
     }
 }
 
@@ -257,34 +315,42 @@ fn lease_row(r: &tokio_postgres::Row) -> Result<(ResourceName, LeaseRecord), Sto
     ))
 }
 
-/// One commit's writes as the columns of `commit_batch` (one statement):
-/// the last write of each resource and of each session wins.
+/// One commit's writes as the parameters of `commit_batch` (one
+/// statement): the last write of each resource and of each session wins.
 #[derive(Default)]
-struct Batch<'a> {
-    position: Option<(i64, i64)>,
-    put_resources: Vec<&'a str>,
-    put_digests: Vec<&'a [u8]>,
+struct Batch {
+    term: i64,
+    /// This commit's number in the term, from 1.
+    commit: i64,
+    epoch: Option<i64>,
+    counter: Option<i64>,
+    put_resources: Vec<String>,
+    put_digests: Vec<Vec<u8>>,
     put_tokens: Vec<i64>,
     put_ttls: Vec<i64>,
-    put_sessions: Vec<Option<&'a [u8]>>,
-    put_holders: Vec<Option<&'a str>>,
+    put_sessions: Vec<Option<Vec<u8>>>,
+    put_holders: Vec<Option<String>>,
     put_permits: Vec<Option<i32>>,
-    deletes: Vec<&'a str>,
-    session_digests: Vec<&'a [u8]>,
+    deletes: Vec<String>,
+    session_digests: Vec<Vec<u8>>,
     session_ttls: Vec<i64>,
-    session_openers: Vec<Option<&'a str>>,
-    session_deletes: Vec<&'a [u8]>,
-    ended: Vec<&'a [u8]>,
+    session_openers: Vec<Option<String>>,
+    session_deletes: Vec<Vec<u8>>,
+    ended: Vec<Vec<u8>>,
     /// In number order (as the pipeline numbered them).
     change_seqs: Vec<i64>,
     changes: Vec<Vec<u8>>,
 }
 
-impl<'a> Batch<'a> {
-    fn of(writes: &'a [Write]) -> Self {
+impl Batch {
+    fn of(writes: &[Write], term: i64, commit: i64) -> Self {
         let mut last: BTreeMap<&str, Option<&LeaseRecord>> = BTreeMap::new();
         let mut last_sessions: BTreeMap<&SessionDigest, Option<&SessionRecord>> = BTreeMap::new();
-        let mut b = Batch::default();
+        let mut b = Batch {
+            term,
+            commit,
+            ..Batch::default()
+        };
         for w in writes {
             match w {
                 Write::PutLease { resource, record } => {
@@ -300,9 +366,10 @@ impl<'a> Batch<'a> {
                     last_sessions.insert(digest, None);
                 }
                 Write::Tokens { epoch, counter } => {
-                    b.position = Some((i64::from(epoch.get()), *counter as i64));
+                    b.epoch = Some(i64::from(epoch.get()));
+                    b.counter = Some(*counter as i64);
                 }
-                Write::LeaseEnded { digest } => b.ended.push(&digest.as_bytes()[..]),
+                Write::LeaseEnded { digest } => b.ended.push(digest.as_bytes().to_vec()),
                 Write::Changed(change) => {
                     b.change_seqs.push(change.seq as i64);
                     b.changes.push(baton_store::image::encode_change(change));
@@ -312,32 +379,58 @@ impl<'a> Batch<'a> {
         for (resource, record) in last {
             match record {
                 Some(r) => {
-                    b.put_resources.push(resource);
-                    b.put_digests.push(&r.acquisition_digest.as_bytes()[..]);
+                    b.put_resources.push(resource.to_string());
+                    b.put_digests.push(r.acquisition_digest.as_bytes().to_vec());
                     b.put_tokens.push(r.token.bigint());
                     b.put_ttls.push(r.ttl_ms as i64);
                     b.put_sessions
-                        .push(r.session.as_ref().map(|d| &d.as_bytes()[..]));
-                    b.put_holders.push(r.holder.as_ref().map(Holder::as_str));
+                        .push(r.session.as_ref().map(|d| d.as_bytes().to_vec()));
+                    b.put_holders
+                        .push(r.holder.as_ref().map(|h| h.as_str().to_string()));
                     b.put_permits.push(match r.shape {
                         Shape::Permits(n) => Some(n as i32),
                         Shape::Exclusive | Shape::Shared => None,
                     });
                 }
-                None => b.deletes.push(resource),
+                None => b.deletes.push(resource.to_string()),
             }
         }
         for (digest, record) in last_sessions {
             match record {
                 Some(record) => {
-                    b.session_digests.push(&digest.as_bytes()[..]);
+                    b.session_digests.push(digest.as_bytes().to_vec());
                     b.session_ttls.push(record.ttl_ms as i64);
-                    b.session_openers.push(record.opener.as_deref());
+                    b.session_openers.push(record.opener.clone());
                 }
-                None => b.session_deletes.push(&digest.as_bytes()[..]),
+                None => b.session_deletes.push(digest.as_bytes().to_vec()),
             }
         }
         b
+    }
+
+    /// In the order of `commit_batch`'s parameters.
+    fn params(&self) -> [&(dyn ToSql + Sync); 19] {
+        [
+            &self.term,
+            &self.commit,
+            &self.epoch,
+            &self.counter,
+            &self.put_resources,
+            &self.put_digests,
+            &self.put_tokens,
+            &self.put_ttls,
+            &self.put_sessions,
+            &self.put_holders,
+            &self.put_permits,
+            &self.deletes,
+            &self.session_digests,
+            &self.session_ttls,
+            &self.session_openers,
+            &self.session_deletes,
+            &self.ended,
+            &self.change_seqs,
+            &self.changes,
+        ]
     }
 }
 
@@ -355,13 +448,22 @@ impl LeaseStore for PgLeaseStore {
     }
 
     fn commit(&mut self, writes: &[Write]) -> Result<(), StoreError> {
-        if self.poisoned {
-            return Err(StoreError::PreviousIo);
-        }
-        self.poisoned = true;
-        self.runtime.block_on(self.commit_async(writes))?;
-        self.poisoned = false;
-        Ok(())
+        let (tx, rx) = std::sync::mpsc::channel();
+        self.send_commit(
+            writes,
+            Box::new(move |outcome| {
+                let _ = tx.send(outcome);
+            }),
+        );
+        rx.recv().unwrap_or(Err(StoreError::PreviousIo))
+    }
+
+    fn commits_in_flight_max(&self) -> usize {
+        COMMITS_IN_FLIGHT_MAX
+    }
+
+    fn start_commit(&mut self, writes: &[Write], done: CommitDone) {
+        self.send_commit(writes, done);
     }
 }
 

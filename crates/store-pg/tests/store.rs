@@ -982,3 +982,100 @@ async fn a_leader_vacuums_the_lease_rows_its_commits_leave_dead() {
     })
     .await;
 }
+
+/// A leader sends a commit while the one before it is in flight: if that
+/// one fails, the database refuses the next too, so what is durable is a
+/// prefix of what was sent, and the outcomes come in the order sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_sent_behind_a_failed_one_is_refused() {
+    let db = PgDb::create("pgstore_pipelined").await;
+    let (pg, mut client) = prepared(&db, "main").await;
+    let term = take(&mut client, "a").await;
+    let mut store = PgLeaseStore::open(&pg, term, Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert!(store.commits_in_flight_max() >= 2);
+    let outcomes = on_thread(move || {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let batches = [
+            vec![position(5), lease("job:a", T1)],
+            // The token position moving back: refused (BA002).
+            vec![position(4)],
+            // Valid on its own, sent before the one above is answered.
+            vec![position(6), lease("job:b", T1 + 1)],
+        ];
+        for (i, writes) in batches.iter().enumerate() {
+            let tx = tx.clone();
+            store.start_commit(
+                writes,
+                Box::new(move |outcome| tx.send((i, outcome)).unwrap()),
+            );
+        }
+        let outcomes: Vec<_> = rx.iter().take(3).collect();
+        let after = store.commit(&[position(7)]);
+        (outcomes, after)
+    })
+    .await;
+    let (outcomes, after) = outcomes;
+    let order: Vec<usize> = outcomes.iter().map(|(i, _)| *i).collect();
+    assert_eq!(order, [0, 1, 2], "outcomes in the order sent");
+    assert!(outcomes[0].1.is_ok(), "{:?}", outcomes[0].1);
+    assert!(
+        matches!(&outcomes[1].1, Err(StoreError::Storage(m)) if m.contains("backwards")),
+        "{:?}",
+        outcomes[1].1
+    );
+    assert!(
+        matches!(&outcomes[2].1, Err(StoreError::Storage(m)) if m.contains("does not follow the last one committed")),
+        "refused by the database: {:?}",
+        outcomes[2].1
+    );
+    assert!(
+        matches!(after, Err(StoreError::PreviousIo)),
+        "nothing is sent after a failure: {after:?}"
+    );
+    let rows = client
+        .query(
+            "SELECT resource FROM baton_server.leases ORDER BY resource",
+            &[],
+        )
+        .await
+        .unwrap();
+    let names: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
+    assert_eq!(
+        names,
+        ["job:a"],
+        "the commit behind the failed one left nothing"
+    );
+    let meta = client
+        .query_one(
+            "SELECT counter, commit_term, commits FROM baton_server.meta",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(meta.get::<_, i64>(0), 5);
+    assert_eq!(
+        (meta.get::<_, i64>(1), meta.get::<_, i64>(2)),
+        (term as i64, 1)
+    );
+    // The database's own rule, whatever a client sends: commit 3 of the
+    // term right after commit 1 is refused, naming the rule.
+    let skipped = client
+        .execute(
+            "SELECT baton_server.commit_batch($1, 3, NULL, NULL, '{}', '{}', '{}', '{}', '{}', \
+             '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}')",
+            &[&(term as i64)],
+        )
+        .await
+        .unwrap_err();
+    let db_error = skipped.as_db_error().expect("refused by the database");
+    assert_eq!(db_error.code().code(), "BA003");
+    assert!(
+        db_error
+            .message()
+            .contains("does not follow the last one committed"),
+        "{}",
+        db_error.message()
+    );
+}
