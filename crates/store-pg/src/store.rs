@@ -215,8 +215,32 @@ impl PgLeaseStore {
         let _ = self.sequencer.send(InFlight {
             call,
             deadline,
-            done,
+            done: Answer(Some(done)),
         });
+    }
+}
+
+/// A commit's `done`, called once: with the outcome, or, if the call is
+/// dropped unanswered (its task ended with the runtime), with an unknown
+/// outcome, so that the committer never waits for it.
+struct Answer(Option<CommitDone>);
+
+impl Answer {
+    fn send(mut self, outcome: Result<(), StoreError>) {
+        if let Some(done) = self.0.take() {
+            done(outcome);
+        }
+    }
+}
+
+impl Drop for Answer {
+    fn drop(&mut self) {
+        if let Some(done) = self.0.take() {
+            done(Err(StoreError::Storage(
+                "the commit's call was dropped before its answer (the runtime stopped), outcome unknown"
+                    .into(),
+            )));
+        }
     }
 }
 
@@ -227,7 +251,7 @@ type Call = Pin<Box<dyn Future<Output = Result<u64, tokio_postgres::Error>> + Se
 struct InFlight {
     call: Call,
     deadline: tokio::time::Instant,
-    done: CommitDone,
+    done: Answer,
 }
 
 /// Awaits the calls in the order they were sent and reports each outcome.
@@ -266,7 +290,7 @@ async fn sequence(
         if outcome.is_err() {
             poisoned.store(true, Ordering::Release);
         }
-        done(outcome);
+        done.send(outcome);
     }
 }
 

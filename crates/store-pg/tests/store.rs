@@ -1079,3 +1079,40 @@ async fn a_commit_sent_behind_a_failed_one_is_refused() {
         db_error.message()
     );
 }
+
+/// A commit started after the store's runtime stopped is answered as
+/// failed, outcome unknown, never left unanswered: the committer waits
+/// for every answer before it stops.
+#[test]
+fn a_commit_after_the_runtime_stopped_is_answered_not_lost() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (db, mut store) = rt.block_on(async {
+        let db = PgDb::create("pgstore_stopped").await;
+        let (pg, mut client) = prepared(&db, "main").await;
+        let term = take(&mut client, "a").await;
+        let store = PgLeaseStore::open(&pg, term, Duration::from_secs(5))
+            .await
+            .unwrap();
+        (db, store)
+    });
+    store.commit(&[position(1)]).unwrap();
+    drop(rt);
+    let (tx, rx) = std::sync::mpsc::channel();
+    store.start_commit(
+        &[position(2)],
+        Box::new(move |outcome| tx.send(outcome).unwrap()),
+    );
+    let outcome = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("answered, not left waiting");
+    assert!(
+        matches!(&outcome, Err(StoreError::Storage(m)) if m.contains("outcome unknown")),
+        "{outcome:?}"
+    );
+    drop(store);
+    drop(db);
+}
