@@ -77,7 +77,7 @@ pub(super) fn drop_one_per_row_table(db: &Database) -> Result<(), StoreError> {
         Err(e) => return Err(storage(e)),
     };
     if exists {
-        let txn = db.begin_write().map_err(storage)?;
+        let txn = begin_write(db)?;
         txn.delete_table(old).map_err(storage)?;
         txn.commit().map_err(storage)?;
     }

@@ -30,7 +30,7 @@ pub(super) fn write_new_store(
     epoch: Epoch,
 ) -> Result<(), StoreError> {
     let db = Database::create(path).map_err(storage)?;
-    let txn = db.begin_write().map_err(storage)?;
+    let txn = begin_write(&db)?;
     {
         let mut meta = txn.open_table(META).map_err(storage)?;
         let (hi, lo) = store_id.halves();
@@ -70,7 +70,7 @@ pub(super) fn migrate_and_read_meta(
 /// table; their openers are unknown (anyone who may hold their leases may
 /// resume them, as before). Log records of format 2 stay readable.
 pub(super) fn migrate_to_holders(db: &Database) -> Result<(), StoreError> {
-    let txn = db.begin_write().map_err(storage)?;
+    let txn = begin_write(db)?;
     {
         let mut leases = txn.open_table(LEASES).map_err(storage)?;
         let mut rewritten = Vec::new();
@@ -99,7 +99,7 @@ pub(super) fn migrate_ids_to_digests(db: Database, path: &Path) -> Result<Databa
     let _ = std::fs::remove_file(&tmp);
     {
         let new = Database::create(&tmp).map_err(storage)?;
-        let txn = new.begin_write().map_err(storage)?;
+        let txn = begin_write(&new)?;
         copy_with_digests(&db, &txn)?;
         txn.commit().map_err(storage)?;
     }
@@ -170,7 +170,7 @@ pub(super) fn copy_with_digests(
 /// Records that the store has two logs (meta `log` 2; 1 was one log) and
 /// may log ended leases, with the format that says so: format 3 or 4 to 5.
 pub(super) fn mark_current(db: &Database) -> Result<(), StoreError> {
-    let txn = db.begin_write().map_err(storage)?;
+    let txn = begin_write(db)?;
     {
         let mut meta = txn.open_table(META).map_err(storage)?;
         meta.insert("log", 2).map_err(storage)?;

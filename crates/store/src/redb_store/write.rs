@@ -5,7 +5,7 @@ use super::*;
 
 /// Applies `writes` in order to redb in one durable transaction.
 pub(super) fn write_to_redb(db: &Database, writes: &[Write]) -> Result<(), StoreError> {
-    let txn = db.begin_write().map_err(storage)?;
+    let txn = begin_write(db)?;
     let mut ended = Vec::new();
     let mut changes = Vec::new();
     {
