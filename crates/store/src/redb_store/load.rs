@@ -1,6 +1,6 @@
 //! Loading: redb's tables with the log's pending writes laid over them.
 
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, sync::mpsc};
 
 use super::*;
 use crate::Loading;
@@ -17,20 +17,38 @@ impl RedbStore {
         let path = Self::path_in(&self.data_dir);
         let (txn, overlay) = contain_panics(&path, || self.view())?;
         let table = contain_panics(&path, || txn.open_table(LEASES).map_err(storage))?;
-        let mut opened = contain_panics(&path, || open(&txn, &table, &overlay))?;
-        let mut leases = AtMost {
-            n_max: opened.n_max,
-            leases: std::iter::from_fn(|| {
-                contain_panics(&path, || Ok(opened.leases.next())).unwrap_or_else(|e| Some(Err(e)))
-            }),
-        };
-        take(Loading {
-            epoch: opened.stored.epoch,
-            counter: opened.stored.counter,
-            sessions: std::mem::take(&mut opened.stored.sessions),
-            leases: &mut leases,
-        });
-        Ok(())
+        let (stored, changed, n_max) = contain_panics(&path, || open_head(&txn, &table, &overlay))?;
+        // redb's pages are read on a thread of their own, into batches of
+        // undecoded records, while `take` decodes and builds from the
+        // batches before: a restart's two halves (reading ten million
+        // records, building the table) then run side by side on two cores,
+        // and every name is allocated where the table is built. At most
+        // `BATCHES_AHEAD` batches wait, so the records are never all held
+        // beside the table.
+        std::thread::scope(|scope| {
+            let (batch_tx, batch_rx) = mpsc::sync_channel(BATCHES_AHEAD);
+            let path = &path;
+            std::thread::Builder::new()
+                .name("baton-load".into())
+                .spawn_scoped(scope, move || read_ahead(path, &table, batch_tx))
+                .map_err(|source| StoreError::Io {
+                    path: path.display().to_string(),
+                    source,
+                })?;
+            let read = batch_rx.into_iter().flat_map(RawBatch::into_leases);
+            let mut leases = AtMost {
+                n_max,
+                leases: merge(read, changed),
+            };
+            take(Loading {
+                epoch: stored.epoch,
+                counter: stored.counter,
+                sessions: stored.sessions,
+                leases: &mut leases,
+            });
+            // Dropping `leases` here stops the reader if `take` left some.
+            Ok(())
+        })
     }
 
     /// redb's read transaction (a consistent view of its file) and the
@@ -74,6 +92,86 @@ impl<I: Iterator> Iterator for AtMost<I> {
 
 type LeaseItem = Result<(ResourceName, LeaseRecord), StoreError>;
 
+/// Leases the load's reader hands over at a time.
+pub(super) const BATCH_LEN: usize = 4096;
+/// Batches read and not yet taken, at most.
+const BATCHES_AHEAD: usize = 4;
+
+/// Stored leases as redb gives them, not yet decoded: their names and
+/// records one after another in one buffer, and an error that ended the
+/// read after them.
+struct RawBatch {
+    bytes: Vec<u8>,
+    /// Where each name ends, and its record after it.
+    ends: Vec<(usize, usize)>,
+    failed: Option<StoreError>,
+}
+
+impl RawBatch {
+    /// The batch's leases, decoded in order, then its error.
+    fn into_leases(self) -> impl Iterator<Item = LeaseItem> {
+        let Self {
+            bytes,
+            ends,
+            failed,
+        } = self;
+        let mut start = 0;
+        let leases = ends.into_iter().map(move |(name_end, end)| {
+            let (name, record) = (&bytes[start..name_end], &bytes[name_end..end]);
+            start = end;
+            // redb checked the name's UTF-8 as it read it.
+            let name = std::str::from_utf8(name).map_err(storage)?;
+            decode(name, record)
+        });
+        leases.chain(failed.map(Err))
+    }
+}
+
+/// The load's reader: the leases of `table` in batches to `batch_tx`,
+/// until they end, one fails, or the taker leaves.
+fn read_ahead(
+    path: &Path,
+    table: &redb::ReadOnlyTable<&'static str, &'static [u8]>,
+    batch_tx: mpsc::SyncSender<RawBatch>,
+) {
+    let mut entries = match contain_panics(path, || table.iter().map_err(storage)) {
+        Ok(entries) => entries,
+        Err(e) => {
+            let _ = batch_tx.send(RawBatch {
+                bytes: Vec::new(),
+                ends: Vec::new(),
+                failed: Some(e),
+            });
+            return;
+        }
+    };
+    loop {
+        let mut batch = RawBatch {
+            bytes: Vec::with_capacity(BATCH_LEN * 64),
+            ends: Vec::with_capacity(BATCH_LEN),
+            failed: None,
+        };
+        let read = contain_panics(path, || {
+            for entry in entries.by_ref() {
+                let (k, v) = entry.map_err(storage)?;
+                batch.bytes.extend_from_slice(k.value().as_bytes());
+                let name_end = batch.bytes.len();
+                batch.bytes.extend_from_slice(v.value());
+                batch.ends.push((name_end, batch.bytes.len()));
+                if batch.ends.len() == BATCH_LEN {
+                    break;
+                }
+            }
+            Ok(())
+        });
+        batch.failed = read.err();
+        let last = batch.ends.len() < BATCH_LEN || batch.failed.is_some();
+        if batch_tx.send(batch).is_err() || last {
+            return;
+        }
+    }
+}
+
 /// A state opened for reading: everything but the leases read, and the
 /// leases to come.
 struct Opened<'t> {
@@ -107,6 +205,26 @@ fn open<'t>(
     table: &'t redb::ReadOnlyTable<&'static str, &'static [u8]>,
     overlay: &'t [Write],
 ) -> Result<Opened<'t>, StoreError> {
+    let (stored, changed, n_max) = open_head(txn, table, overlay)?;
+    let leases = table.iter().map_err(storage)?.map(|entry| {
+        let (k, v) = entry.map_err(storage)?;
+        decode(k.value(), v.value())
+    });
+    Ok(Opened {
+        stored,
+        leases: Box::new(merge(leases, changed)),
+        n_max,
+    })
+}
+
+/// The state in `txn` with `overlay` laid over it but for the leases: the
+/// meta and sessions read, the overlay's lease writes to merge with the
+/// stored leases, and how many leases there are at most.
+fn open_head<'t>(
+    txn: &redb::ReadTransaction,
+    table: &redb::ReadOnlyTable<&'static str, &'static [u8]>,
+    overlay: &'t [Write],
+) -> Result<(Stored, Changed<'t>, usize), StoreError> {
     let meta = read_meta_in(txn)?;
     let mut openers = std::collections::HashMap::new();
     match txn.open_table(SESSION_OPENERS) {
@@ -152,15 +270,7 @@ fn open<'t>(
     // that ten million leases are read once, into whatever takes them.
     let changed = apply_except_leases(&mut stored, overlay);
     let n_max = table.len().map_err(storage)? as usize + changed.len();
-    let leases = table.iter().map_err(storage)?.map(|entry| {
-        let (k, v) = entry.map_err(storage)?;
-        decode(k.value(), v.value())
-    });
-    Ok(Opened {
-        stored,
-        leases: Box::new(merge(leases, changed)),
-        n_max,
-    })
+    Ok((stored, changed, n_max))
 }
 
 /// Applies `writes` in order to a loaded state (the log over redb). The

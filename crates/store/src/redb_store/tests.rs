@@ -696,3 +696,79 @@ fn kept_changes_come_back_in_order_across_folds_and_reopens_the_last_n_asked() {
     drop(s);
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+/// A restart's load reads redb on a thread of its own, in batches, and
+/// merges the log's writes as the batches are taken: across several
+/// batches it gives what a snapshot (read on one thread) gives, and a
+/// taker that stops early does not hold the load up.
+#[test]
+fn a_load_read_in_batches_is_the_state_and_may_stop_early() {
+    use std::collections::BTreeMap;
+    let d = dir("load-batches");
+    let mut s = RedbStore::open_with_log(&d, 64 << 10).unwrap();
+    let put = |n: u64, counter: u64| Write::PutLease {
+        resource: ResourceName::parse(&format!("batch:{n:05}")).unwrap(),
+        record: LeaseRecord {
+            acquisition_digest: AcquisitionId::from_bytes([n as u8; 16]).digest(),
+            token: FencingToken::new(Epoch::FIRST, counter).unwrap(),
+            ttl_ms: 5_000,
+            session: None,
+            holder: None,
+            shape: baton_core::Shape::Exclusive,
+        },
+    };
+    let n_leases = 3 * super::load::BATCH_LEN as u64 + 17;
+    let mut model = BTreeMap::new();
+    let mut counter = 0;
+    for chunk in (0..n_leases).collect::<Vec<_>>().chunks(500) {
+        let writes: Vec<Write> = chunk
+            .iter()
+            .map(|&n| {
+                counter += 1;
+                model.insert(format!("batch:{n:05}"), counter);
+                put(n, counter)
+            })
+            .collect();
+        s.commit(&writes).unwrap();
+    }
+    // Then writes that stay in the log: deletes and puts spread over every
+    // batch, and names before, between and after the stored ones.
+    let mut last = Vec::new();
+    for n in (0..n_leases + 40).step_by(97) {
+        counter += 1;
+        let name = format!("batch:{n:05}");
+        if n % 2 == 0 {
+            model.remove(&name);
+            last.push(Write::DeleteLease {
+                resource: ResourceName::parse(&name).unwrap(),
+            });
+        } else {
+            model.insert(name, counter);
+            last.push(put(n, counter));
+        }
+    }
+    last.push(Write::Tokens {
+        epoch: Epoch::FIRST,
+        counter,
+    });
+    s.commit(&last).unwrap();
+    let as_map = |stored: &Stored| -> BTreeMap<String, u64> {
+        (stored.leases.iter())
+            .map(|(r, l)| (r.to_string(), l.token.get() & 0xff_ffff_ffff))
+            .collect()
+    };
+    let loaded = load_streamed(&s);
+    assert_eq!(as_map(&loaded), model);
+    assert_eq!(loaded, s.snapshot().unwrap().unwrap()().unwrap());
+    assert!(
+        loaded.leases.len() > 2 * super::load::BATCH_LEN,
+        "three batches at least"
+    );
+    // A taker that reads five leases and leaves: the reader stops.
+    let mut taken = 0;
+    s.load_with(&mut |loading| taken = loading.leases.take(5).count())
+        .unwrap();
+    assert_eq!(taken, 5);
+    drop(s);
+    std::fs::remove_dir_all(&d).unwrap();
+}
