@@ -424,6 +424,11 @@ fn a_big_recovered_table_ends_over_time_never_before_its_full_ttl() {
     assert_eq!(recovery_delay_ms(60_000, 498, 499), 0);
     // A short TTL bounds the delay to a tenth of it.
     assert!(recovery_delay_ms(1_000, 999_999, 1_000_000) < 100);
+    // A product past 64 bits is still exact (the window is 2^40 / 500 ms).
+    assert_eq!(
+        recovery_delay_ms(u64::MAX, (1 << 40) - 1, 1 << 40),
+        2_199_023_254
+    );
 }
 
 #[test]
