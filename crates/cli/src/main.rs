@@ -83,6 +83,7 @@ fn main() -> ExitCode {
         return ExitCode::from(tree::guard(*parent, *control_fd, command));
     }
     let json = wants_json(&cli.command);
+    let _logs = client_logs(&cli.command);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -98,6 +99,24 @@ fn main() -> ExitCode {
         Ok(code) => code,
         Err(e) => e.report(json).into(),
     }
+}
+
+/// A client command's logs on stderr, only when `RUST_LOG` asks for them
+/// (`RUST_LOG=info`: a session's stream broken and resumed, a keeper's
+/// renewal failed or its lease lost): its output stays its own otherwise.
+/// `serve` sets up its own, `info` by default.
+fn client_logs(command: &Command) -> Option<baton_telemetry::Telemetry> {
+    let asked = std::env::var_os("RUST_LOG").is_some_and(|filter| !filter.is_empty());
+    if !asked || matches!(command, Command::Serve(_)) {
+        return None;
+    }
+    baton_telemetry::init(&baton_telemetry::Settings {
+        service: "baton",
+        default_filter: "off",
+        ansi: std::io::IsTerminal::is_terminal(&std::io::stderr()),
+        otlp_endpoint: None,
+    })
+    .ok()
 }
 
 /// A flag clap refused: its own rendering on stderr (help and version go

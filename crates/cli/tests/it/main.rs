@@ -3,6 +3,7 @@
 
 mod command_line;
 mod holder;
+mod logs;
 mod ownership;
 mod run;
 mod tree;
