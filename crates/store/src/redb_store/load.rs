@@ -147,6 +147,7 @@ fn read_ahead(
     };
     loop {
         let mut batch = RawBatch {
+            // A name and its record are some tens of bytes.
             bytes: Vec::with_capacity(BATCH_LEN * 64),
             ends: Vec::with_capacity(BATCH_LEN),
             failed: None,
