@@ -10,12 +10,15 @@ import asyncio
 import os
 import signal
 import socket
+import threading
 import time
+from collections.abc import Callable
 
+import grpc
 import pytest
 
 import baton
-from baton import aio, errors
+from baton import _dial, aio, errors
 
 from .conftest import Server, free_port
 from .test_cluster import leader
@@ -119,3 +122,44 @@ def test_refused_and_unresolvable_are_definite_and_end_at_once() -> None:
 
         with pytest.raises(errors.Unavailable, match=says):
             asyncio.run(aio_acquire())
+
+
+def test_closing_a_channel_waited_on_twice_leaves_no_thread_exception() -> None:
+    """A member that never answers is waited on again while gRPC's
+    connectivity poller from the first wait still runs; the client then
+    closes the channel. gRPC's poller raises "Channel closed!" in its own
+    thread when closed so (the negative control, a plain close); the
+    client's close leaves it nothing to raise."""
+
+    def wait_twice_then_close(close: Callable[[grpc.Channel], None]) -> list[BaseException | None]:
+        raised: list[BaseException | None] = []
+
+        def record(args: threading.ExceptHookArgs) -> None:
+            raised.append(args.exc_value)
+
+        hook = threading.excepthook
+        threading.excepthook = record
+        before = set(threading.enumerate())
+        try:
+            with socket.socket() as silent:
+                silent.bind(("127.0.0.1", 0))
+                silent.listen(8)
+                channel = grpc.insecure_channel(f"127.0.0.1:{silent.getsockname()[1]}")
+                first = grpc.channel_ready_future(channel)
+                with pytest.raises(grpc.FutureTimeoutError):
+                    first.result(timeout=0.3)
+                first.cancel()
+                grpc.channel_ready_future(channel).cancel()
+                close(channel)
+                for t in set(threading.enumerate()) - before:
+                    t.join(timeout=5)
+                    assert not t.is_alive(), f"{t.name} still runs 5 s after the close"
+        finally:
+            threading.excepthook = hook
+        return raised
+
+    plain = wait_twice_then_close(lambda channel: channel.close())
+    assert any("Channel closed" in str(e) for e in plain), (
+        f"the negative control raised {plain!r}: this gRPC no longer has the race"
+    )
+    assert wait_twice_then_close(_dial.close_channel) == []

@@ -13,6 +13,9 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import socket
+from typing import Any
+
+import grpc
 
 PORT_DEFAULT = 7700
 DIAL_TIMEOUT_DEFAULT_S = 1.0
@@ -120,3 +123,24 @@ async def tcp_check_async(addr: str, dial_timeout_s: float) -> str | None:
         return _why(e, host, dial_timeout_s)
     writer.close()
     return None
+
+
+def close_channel(channel: grpc.Channel) -> None:
+    """Closes a channel without a traceback from gRPC's connectivity poller.
+
+    A readiness wait (``grpc.channel_ready_future``) subscribed while the
+    channel's poller thread still runs from an earlier wait sets the
+    poller's ``try_to_connect``; a poller that wakes on a closed channel
+    with it set asks the closed channel for its state and dies with
+    ``ValueError: Cannot invoke RPC: Channel closed!``, printed as an
+    unhandled exception in a thread (grpc/grpc#18995). Cleared under the
+    poller's lock while the channel closes, the poller ends at its next
+    wake instead. That state is gRPC's own, not its API: on a version
+    without it the channel is closed as it is."""
+    state: Any = getattr(channel, "_connectivity_state", None)
+    if not (hasattr(state, "lock") and hasattr(state, "try_to_connect")):
+        channel.close()
+        return
+    with state.lock:
+        state.try_to_connect = False
+        channel.close()

@@ -421,7 +421,7 @@ class Client(_wire.Settings):
                 _run(twin.close())
         with self._lock:
             for channel in self._open_channels:
-                channel.close()
+                _dial.close_channel(channel)
             self._open_channels.clear()
             self._channels.clear()
             self._watch_channels.clear()
