@@ -278,7 +278,10 @@ async fn a_stale_dispatchers_late_outcome_is_refused() {
         &mut env.dispatch_args("paused", &["--once", "--pause-after-send"]),
         "paused dispatcher",
     );
-    paused.wait_for("\"paused\"");
+    // The event, not the name: every line of this dispatcher carries
+    // `"dispatcher":"paused"`, so `"paused"` alone matched its first line,
+    // before the send had begun.
+    paused.wait_for("\"event\":\"paused\"");
     let row = only(env.deliveries(Some("sending")));
     let id = row["id"].as_i64().unwrap();
     // The successor finds the send in doubt, asks the receiver, and
