@@ -995,7 +995,16 @@ async fn a_commit_sent_behind_a_failed_one_is_refused() {
         .await
         .unwrap();
     assert!(store.commits_in_flight_max() >= 2);
-    let outcomes = on_thread(move || {
+    // Every commit waits on the leader row this transaction holds, so all
+    // three are sent before the first is answered, however the threads
+    // are scheduled (a failure heard before a call is sent refuses it in
+    // the store instead: `PreviousIo`, asserted below for the fourth).
+    client
+        .batch_execute("BEGIN; SELECT 1 FROM baton_server.leader WHERE id = 1 FOR UPDATE")
+        .await
+        .unwrap();
+    let (sent_tx, sent_rx) = tokio::sync::oneshot::channel();
+    let committing = tokio::task::spawn_blocking(move || {
         let (tx, rx) = std::sync::mpsc::channel();
         let batches = [
             vec![position(5), lease("job:a", T1)],
@@ -1011,12 +1020,14 @@ async fn a_commit_sent_behind_a_failed_one_is_refused() {
                 Box::new(move |outcome| tx.send((i, outcome)).unwrap()),
             );
         }
+        sent_tx.send(()).unwrap();
         let outcomes: Vec<_> = rx.iter().take(3).collect();
         let after = store.commit(&[position(7)]);
         (outcomes, after)
-    })
-    .await;
-    let (outcomes, after) = outcomes;
+    });
+    sent_rx.await.unwrap();
+    client.batch_execute("ROLLBACK").await.unwrap();
+    let (outcomes, after) = committing.await.unwrap();
     let order: Vec<usize> = outcomes.iter().map(|(i, _)| *i).collect();
     assert_eq!(order, [0, 1, 2], "outcomes in the order sent");
     assert!(outcomes[0].1.is_ok(), "{:?}", outcomes[0].1);
