@@ -104,6 +104,7 @@ pub async fn run(cfg: DispatchConfig) -> Result<()> {
 async fn pass_loop(cfg: &DispatchConfig, backoff: &mut Backoff) -> Result<()> {
     let client = Client::connect(&cfg.server).await?;
     let mut db = store::open(&cfg.target).await?;
+    baton_telemetry::use_ring_for_https();
     let http = reqwest::Client::builder()
         .build()
         .context("the HTTP client")?;

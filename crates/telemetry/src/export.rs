@@ -53,6 +53,7 @@ pub struct Settings<'a> {
 /// Installs the log layer and, with an endpoint, the trace layer, as the
 /// process's global subscriber.
 pub fn init(s: &Settings<'_>) -> Result<Telemetry, TelemetryError> {
+    crate::use_ring_for_https();
     let filter = EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| EnvFilter::new(s.default_filter))
         .add_directive(

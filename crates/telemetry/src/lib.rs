@@ -29,6 +29,17 @@ mod export;
 #[cfg(feature = "export")]
 pub use export::{init, Settings, Telemetry, TelemetryError};
 
+/// Makes rustls on ring the process's TLS provider, unless one was set
+/// first. Every HTTPS client here (the OTLP exporter, S3, the outbox's
+/// webhooks: all `reqwest`) is built on rustls without a crypto library
+/// of its own and takes the process's when it is built, so that each
+/// binary carries one, ring, as its gRPC and PostgreSQL connections do.
+/// Call it before building such a client; [`init`] does. Idempotent, and
+/// keeps a provider the application installed before.
+pub fn use_ring_for_https() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
 /// The target of every traced span (`tracing::debug_span!(target: ...)`).
 pub const TRACE_TARGET: &str = "baton::trace";
 

@@ -100,7 +100,10 @@ pub async fn run(args: ReceiverArgs) -> Result<(), Box<dyn std::error::Error + S
         args,
         posts: AtomicU64::new(0),
         replays: AtomicU64::new(0),
-        http: reqwest::Client::new(),
+        http: {
+            baton_telemetry::use_ring_for_https();
+            reqwest::Client::new()
+        },
     });
     let app = axum::Router::new()
         .route("/hooks", axum::routing::post(post))

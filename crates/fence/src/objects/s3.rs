@@ -27,6 +27,7 @@ use super::ObjectError;
 
 /// The store and the prefix an `s3://` URL names.
 pub(super) fn open(url: &url::Url) -> Result<(Arc<dyn ObjectStore>, Path), ObjectError> {
+    baton_telemetry::use_ring_for_https();
     let mut builder = AmazonS3Builder::from_env().with_url(url.as_str());
     let has = |b: &AmazonS3Builder, k: AmazonS3ConfigKey| b.get_config_value(&k).is_some();
     if let Some(profile) = profile()? {

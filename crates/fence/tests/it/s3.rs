@@ -26,6 +26,7 @@ fn t(n: u64) -> FencingToken {
 
 /// A kit on `endpoint`'s bucket under `prefix`, as an application builds one.
 fn kit_at(endpoint: &str, bucket: &str, prefix: &str) -> ObjectKit {
+    baton_telemetry::use_ring_for_https();
     let store = AmazonS3Builder::new()
         .with_endpoint(endpoint)
         .with_allow_http(true)
@@ -132,6 +133,7 @@ async fn candidates_are_create_only_and_validated_on_s3() {
 /// hostile writer could do), through the S3 API.
 async fn put_raw(s3: &S3Server, key: &str, bytes: &[u8]) {
     use object_store::ObjectStoreExt;
+    baton_telemetry::use_ring_for_https();
     let store = AmazonS3Builder::new()
         .with_endpoint(&s3.endpoint)
         .with_allow_http(true)

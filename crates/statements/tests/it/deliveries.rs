@@ -14,6 +14,12 @@ use serde_json::Value;
 const BIN: &str = env!("CARGO_BIN_EXE_statements");
 const DATE: &str = "2026-10-01";
 
+/// An HTTP client in this test process (TLS on the process's provider).
+fn http() -> reqwest::Client {
+    baton_telemetry::use_ring_for_https();
+    reqwest::Client::new()
+}
+
 /// Fields drop in order: the server stops before its directory goes.
 struct Env {
     db: PgDb,
@@ -33,7 +39,9 @@ impl Receiver {
     }
 
     async fn stats(&self) -> Value {
-        reqwest::get(format!("http://{}/stats", self.addr))
+        http()
+            .get(format!("http://{}/stats", self.addr))
+            .send()
             .await
             .unwrap()
             .json()
@@ -354,14 +362,14 @@ async fn callbacks_confirm_and_a_late_one_changes_nothing() {
     );
     // A late callback that says otherwise changes nothing.
     // A callback without the token changes nothing and is refused.
-    let forged = reqwest::Client::new()
+    let forged = http()
         .post(&callback)
         .json(&serde_json::json!({"idempotency_key": row["operation"], "status": "failed"}))
         .send()
         .await
         .unwrap();
     assert_eq!(forged.status().as_u16(), 401);
-    let late: Value = reqwest::Client::new()
+    let late: Value = http()
         .post(&callback)
         .bearer_auth("s3cret-callback-token")
         .json(&serde_json::json!({"idempotency_key": row["operation"], "status": "failed", "detail": "late"}))
@@ -373,7 +381,7 @@ async fn callbacks_confirm_and_a_late_one_changes_nothing() {
         .unwrap();
     assert_eq!(late["outcome"], "ignored");
     assert_eq!(only(env.deliveries(None))["state"], "delivered");
-    let bad = reqwest::Client::new()
+    let bad = http()
         .post(&callback)
         .bearer_auth("s3cret-callback-token")
         .body("{")

@@ -137,6 +137,7 @@ impl Env {
     async fn objects_published(&self) -> Vec<String> {
         let kit = match &self.s3 {
             Some(s3) => {
+                baton_telemetry::use_ring_for_https();
                 let store = object_store::aws::AmazonS3Builder::new()
                     .with_endpoint(&s3.endpoint)
                     .with_allow_http(true)
