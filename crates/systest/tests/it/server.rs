@@ -807,6 +807,73 @@ async fn a_config_file_sets_serve_flags_and_flags_and_env_win() {
     );
 }
 
+/// `--otlp-endpoint https://...`: spans reach a collector over TLS whose
+/// CA the server trusts (here by `SSL_CERT_FILE`, as OpenSSL's users set
+/// it), and none reach one it does not trust: that server connects, fails
+/// the handshake and logs that the export failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_exports_its_spans_over_https_to_a_collector_it_trusts() {
+    let dir = TempDir::new("otlp-https");
+    let ca = baton_testkit::pki::Ca::new(dir.path(), "collector-ca");
+    let collector = baton_testkit::otlp::Collector::start_tls(&ca.server("collector", false));
+    let run = |name: &str, trusted: bool| {
+        let mut cmd = std::process::Command::new(&*common::BIN);
+        cmd.args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--http-listen",
+            "127.0.0.1:0",
+        ])
+        .args(["--otlp-endpoint", &collector.endpoint(), "--data-dir"])
+        .arg(dir.path().join(name))
+        .env("RUST_LOG", "warn")
+        .env_remove("SSL_CERT_DIR");
+        if trusted {
+            cmd.env("SSL_CERT_FILE", &ca.cert);
+        } else {
+            cmd.env_remove("SSL_CERT_FILE");
+        }
+        let mut server = common::Proc::spawn_merged(&mut cmd, "baton serve");
+        let line = server.wait_for("baton listening");
+        let grpc = line
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("grpc="))
+            .unwrap()
+            .to_string();
+        let out = cli(&["acquire", name, "--ttl", "30s", "--server", &grpc]);
+        assert!(out.status.success(), "{out:?}");
+        server.signal(nix::sys::signal::Signal::SIGTERM);
+        let (code, log) = server.exit();
+        assert_eq!(code, Some(0), "{log}");
+        log
+    };
+
+    run("trusted:1", true);
+    let spans = collector.spans();
+    let grant = spans
+        .iter()
+        .find(|s| s.name == "grant")
+        .unwrap_or_else(|| panic!("no grant span over TLS: {spans:#?}"));
+    assert_eq!(grant.attributes["resource"], "trusted:1");
+
+    let before = (collector.connections(), collector.spans().len());
+    let log = run("untrusted:1", false);
+    assert!(
+        collector.connections() > before.0,
+        "the untrusted run never connected"
+    );
+    assert_eq!(
+        collector.spans().len(),
+        before.1,
+        "spans crossed an untrusted TLS session"
+    );
+    assert!(
+        log.contains("export failed"),
+        "the failed export is not in the log: {log}"
+    );
+}
+
 /// `--otlp-endpoint`: the server's acquire and grant spans reach an OTLP
 /// collector (flushed when the server stops on SIGTERM), with the
 /// resource and the token; a bad endpoint is refused before serving.
