@@ -192,6 +192,20 @@ async fn marker(urls: &str) -> u64 {
     l.token.get()
 }
 
+/// A lease under `r:` held to the end, so that every watch's snapshot has
+/// a holder: `baton watch` prints a snapshot's number only on its `held`
+/// lines, and an empty one would leave the CLI watcher's first number
+/// unchecked (all eight churn clients between a release and their next
+/// grant at that instant).
+async fn anchor(urls: &str) {
+    let mut c = Client::connect(urls).await.unwrap();
+    let granted = c
+        .acquire("r:anchor", Some(Duration::from_secs(60)), Duration::ZERO)
+        .await
+        .unwrap();
+    assert!(matches!(granted, Acquired::Granted(_)), "{granted:?}");
+}
+
 /// The holders of `r:` now, from a fresh snapshot.
 async fn holders_now(urls: &str) -> BTreeMap<String, u64> {
     let watch = Client::connect(urls)
@@ -364,6 +378,7 @@ async fn a_watch_resumes_across_sigkill_with_no_gap_and_no_duplicate() {
     let dir = TempDir::new("resume-kill");
     let mut s = common::serve(dir.path(), &[]);
     let url = s.url();
+    anchor(&url).await;
     let churn = Churn::start(&url);
     churn.next_release().await;
     let watcher = Watcher::start(&url).await;
@@ -392,6 +407,7 @@ async fn a_watch_resumes_on_the_new_leader_after_the_leader_is_killed() {
     let mut cluster = Cluster::start(&db.url, 3);
     cluster.wait_leader(None).await;
     let urls = cluster.endpoints();
+    anchor(&urls).await;
     let churn = Churn::start(&urls);
     churn.next_release().await;
     let watcher = Watcher::start(&urls).await;
@@ -424,6 +440,7 @@ async fn a_watch_resumes_after_its_connection_is_cut() {
     let dir = TempDir::new("resume-cut");
     let s = common::serve(dir.path(), &[]);
     let proxy = baton_faults::Proxy::start(s.grpc).await.unwrap();
+    anchor(&s.url()).await;
     let churn = Churn::start(&s.url());
     churn.next_release().await;
     let via = format!("http://{}", proxy.addr());
