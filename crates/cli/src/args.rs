@@ -261,8 +261,9 @@ pub enum Command {
         #[command(flatten)]
         client: ClientOpts,
     },
-    /// Follow every change of holder under a prefix: the holders now (kind
-    /// `held`), then each grant, hand-off, release, expiry and fence, one
+    /// Follow every change of holder under a prefix: the snapshot's number
+    /// and size (kind `snapshot`), the holders now (kind `held`), then
+    /// each grant, hand-off, release, expiry and fence, one
     /// line each (JSON lines with --json), until SIGINT. Resumes by itself
     /// after a restart, a failover or a broken connection, from the last
     /// number printed; when the server no longer keeps the changes since

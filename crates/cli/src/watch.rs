@@ -1,5 +1,5 @@
-//! `baton watch PREFIX`: the holders now, then every change, one line each,
-//! resumed across restarts and failovers.
+//! `baton watch PREFIX`: the snapshot's number, the holders now, then every
+//! change, one line each, resumed across restarts and failovers.
 
 use baton_client::{WatchEvent, WatchHolder, WatchUpdate};
 use serde::Serialize;
@@ -58,6 +58,29 @@ fn changed(e: WatchEvent) -> WatchLine {
     }
 }
 
+/// The line before a snapshot's holders, with its number, so that a
+/// script can resume (`--after-seq`) from a snapshot with no holder too.
+#[derive(Serialize)]
+struct SnapshotLine {
+    seq: u64,
+    kind: &'static str,
+    prefix: String,
+    n_holders: usize,
+}
+
+impl Rendered for SnapshotLine {
+    fn text(&self) -> String {
+        let s = if self.n_holders == 1 { "" } else { "s" };
+        format!(
+            "{} snapshot {:?}: {} holder{s} follow{}",
+            self.seq,
+            self.prefix,
+            self.n_holders,
+            if self.n_holders == 1 { "s" } else { "" }
+        )
+    }
+}
+
 /// The line before a new snapshot's holders: the watch resumed after the
 /// server had dropped the changes since its last line.
 #[derive(Serialize)]
@@ -93,6 +116,15 @@ pub async fn watch(
     }
     // Before the first line: a script that reads it may interrupt at once.
     let mut stop = crate::signals::Stop::on_interrupt()?;
+    if after_seq.is_none() {
+        let line = SnapshotLine {
+            seq: watch.seq,
+            kind: "snapshot",
+            prefix: prefix.to_string(),
+            n_holders: watch.holders.len(),
+        };
+        emit(opts.json, &line);
+    }
     for h in &watch.holders {
         emit(opts.json, &held(watch.seq, h));
     }

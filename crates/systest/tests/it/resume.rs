@@ -192,20 +192,6 @@ async fn marker(urls: &str) -> u64 {
     l.token.get()
 }
 
-/// A lease under `r:` held to the end, so that every watch's snapshot has
-/// a holder: `baton watch` prints a snapshot's number only on its `held`
-/// lines, and an empty one would leave the CLI watcher's first number
-/// unchecked (all eight churn clients between a release and their next
-/// grant at that instant).
-async fn anchor(urls: &str) {
-    let mut c = Client::connect(urls).await.unwrap();
-    let granted = c
-        .acquire("r:anchor", Some(Duration::from_secs(60)), Duration::ZERO)
-        .await
-        .unwrap();
-    assert!(matches!(granted, Acquired::Granted(_)), "{granted:?}");
-}
-
 /// The holders of `r:` now, from a fresh snapshot.
 async fn holders_now(urls: &str) -> BTreeMap<String, u64> {
     let watch = Client::connect(urls)
@@ -287,7 +273,7 @@ fn check(
 }
 
 /// `baton watch r: --json` lines as the changes they print, after the
-/// snapshot's `held` lines (checked as the Rust watcher's).
+/// snapshot's line and its `held` lines (checked as the Rust watcher's).
 /// A snapshot's holders and number, and the changes after it as `(seq,
 /// kind, resource, token)`.
 type Printed = (BTreeMap<String, u64>, u64, Vec<(u64, String, String, u64)>);
@@ -296,14 +282,28 @@ fn cli_changes(lines: &[String]) -> Printed {
     let mut snapshot = BTreeMap::new();
     let mut seq = 0;
     let mut changes = Vec::new();
+    assert!(
+        lines
+            .first()
+            .is_some_and(|l| l.contains(r#""kind":"snapshot""#)),
+        "the snapshot's line first: {lines:?}"
+    );
     for line in lines {
         let v: serde_json::Value = serde_json::from_str(line).unwrap();
         let kind = v["kind"].as_str().unwrap().to_string();
         let resource = v["resource"].as_str().unwrap_or_default().to_string();
         let token = v["token"].as_u64().unwrap_or(0);
         match kind.as_str() {
-            "held" => {
+            "snapshot" => {
+                assert!(snapshot.is_empty() && changes.is_empty(), "first: {line}");
                 seq = v["seq"].as_u64().unwrap();
+            }
+            "held" => {
+                assert_eq!(
+                    v["seq"].as_u64(),
+                    Some(seq),
+                    "the snapshot's number: {line}"
+                );
                 snapshot.insert(resource, token);
             }
             "resnapshot" => panic!("no resnapshot within the window: {line}"),
@@ -318,8 +318,8 @@ fn cli_changes(lines: &[String]) -> Printed {
 struct CliWatcher(common::Proc, Vec<String>);
 
 impl CliWatcher {
-    /// Started, and its first line read (it has its snapshot, or a change
-    /// came after it: the faults may begin).
+    /// Started, and its first line (the snapshot's) read: it has its
+    /// snapshot, the faults may begin.
     fn start(servers: &str) -> Self {
         let mut proc = common::Proc::spawn(
             std::process::Command::new(&*common::BIN)
@@ -378,7 +378,6 @@ async fn a_watch_resumes_across_sigkill_with_no_gap_and_no_duplicate() {
     let dir = TempDir::new("resume-kill");
     let mut s = common::serve(dir.path(), &[]);
     let url = s.url();
-    anchor(&url).await;
     let churn = Churn::start(&url);
     churn.next_release().await;
     let watcher = Watcher::start(&url).await;
@@ -407,7 +406,6 @@ async fn a_watch_resumes_on_the_new_leader_after_the_leader_is_killed() {
     let mut cluster = Cluster::start(&db.url, 3);
     cluster.wait_leader(None).await;
     let urls = cluster.endpoints();
-    anchor(&urls).await;
     let churn = Churn::start(&urls);
     churn.next_release().await;
     let watcher = Watcher::start(&urls).await;
@@ -440,7 +438,6 @@ async fn a_watch_resumes_after_its_connection_is_cut() {
     let dir = TempDir::new("resume-cut");
     let s = common::serve(dir.path(), &[]);
     let proxy = baton_faults::Proxy::start(s.grpc).await.unwrap();
-    anchor(&s.url()).await;
     let churn = Churn::start(&s.url());
     churn.next_release().await;
     let via = format!("http://{}", proxy.addr());

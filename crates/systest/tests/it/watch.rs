@@ -200,8 +200,8 @@ async fn a_watcher_that_falls_behind_is_cut_off() {
     assert_eq!((e.kind, e.token), (WatchKind::Granted, l.token));
 }
 
-/// `baton watch r: --json`: the holder, then a grant, as JSON lines; SIGINT
-/// ends it with exit 0.
+/// `baton watch r: --json`: the snapshot's line, the holder, then a grant,
+/// as JSON lines; SIGINT ends it with exit 0.
 async fn cli_prints_a_line_per_holder_and_change(s: &Server, c: &mut Client) {
     let mut watch = common::Proc::spawn(
         std::process::Command::new(&*common::BIN).args([
@@ -214,11 +214,21 @@ async fn cli_prints_a_line_per_holder_and_change(s: &Server, c: &mut Client) {
         "baton watch",
     );
     let mut next = || serde_json::from_str::<serde_json::Value>(&watch.next_line().1).unwrap();
+    let snapshot = next();
+    assert_eq!(
+        (
+            &snapshot["kind"],
+            &snapshot["prefix"],
+            &snapshot["n_holders"]
+        ),
+        (&"snapshot".into(), &"r:".into(), &1.into())
+    );
     let held = next();
     assert_eq!(
         (&held["kind"], &held["resource"]),
         (&"held".into(), &"r:1".into())
     );
+    assert_eq!(held["seq"], snapshot["seq"], "the snapshot's number");
     let Acquired::Granted(l) = c
         .acquire("r:2", Some(Duration::from_secs(30)), Duration::ZERO)
         .await
@@ -234,6 +244,56 @@ async fn cli_prints_a_line_per_holder_and_change(s: &Server, c: &mut Client) {
     assert_eq!(watch.wait().code(), Some(0));
 }
 
+/// `baton watch e: --json` where nothing is held: the snapshot's line
+/// alone, whose number `--after-seq` resumes from, with the grant made
+/// while no watch ran as its first line.
+async fn cli_resumes_from_a_snapshot_with_no_holder(s: &Server, c: &mut Client) {
+    let json = |proc: &mut common::Proc| {
+        serde_json::from_str::<serde_json::Value>(&proc.next_line().1).unwrap()
+    };
+    let watch = |args: &[&str]| {
+        let mut cmd = std::process::Command::new(&*common::BIN);
+        cmd.args(["watch", "e:", "--json", "--server", &s.url()])
+            .args(args);
+        common::Proc::spawn(&mut cmd, "baton watch e:")
+    };
+    let mut first = watch(&[]);
+    let snapshot = json(&mut first);
+    assert_eq!(
+        (
+            &snapshot["kind"],
+            &snapshot["prefix"],
+            &snapshot["n_holders"]
+        ),
+        (&"snapshot".into(), &"e:".into(), &0.into()),
+        "{snapshot}"
+    );
+    first.signal(nix::sys::signal::Signal::SIGINT);
+    assert_eq!(first.wait().code(), Some(0));
+    let seq = snapshot["seq"].as_u64().expect("a number");
+    let Acquired::Granted(l) = c
+        .acquire("e:1", Some(Duration::from_secs(30)), Duration::ZERO)
+        .await
+        .unwrap()
+    else {
+        panic!("free")
+    };
+    let mut resumed = watch(&["--after-seq", &seq.to_string()]);
+    let granted = json(&mut resumed);
+    assert_eq!(
+        (&granted["kind"], &granted["resource"], &granted["token"]),
+        (&"granted".into(), &"e:1".into(), &l.token.get().into()),
+        "no snapshot line after --after-seq, the change first: {granted}"
+    );
+    assert_eq!(
+        granted["seq"].as_u64(),
+        Some(seq + 1),
+        "nothing else changed"
+    );
+    resumed.signal(nix::sys::signal::Signal::SIGINT);
+    assert_eq!(resumed.wait().code(), Some(0));
+}
+
 /// A restart ends the watch (watch again); a refused or invalid watch ends
 /// before anything is streamed; the command line prints one line per
 /// holder and change.
@@ -246,6 +306,7 @@ async fn a_restart_ends_the_watch_and_bad_watches_are_refused() {
         .await
         .unwrap();
     cli_prints_a_line_per_holder_and_change(&s, &mut c).await;
+    cli_resumes_from_a_snapshot_with_no_holder(&s, &mut c).await;
     let mut watch = c.watch("r:").await.unwrap().once();
     assert_eq!(watch.holders.len(), 2, "r:1 and the command line's r:2");
     s.signal(nix::sys::signal::Signal::SIGTERM);
