@@ -213,3 +213,50 @@ def test_many_tasks_share_one_session(server: Server, server_takes_batches: bool
             assert await s.close()
 
     run(main())
+
+
+def test_a_held_back_batch_goes_at_an_answer_and_never_waits_on_a_waiting_acquire(
+    server: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writer holds the next batch back until the last one is
+    answered: with the hold's bound set far beyond the client's timeout,
+    16 tasks still cycle (each answer lets the next batch go), and a
+    request sent while another task's acquire waits on the server is not
+    held back for that acquire's answer."""
+    from baton.aio import session as aio_session
+
+    monkeypatch.setattr(aio_session, "BATCH_HOLD_S", 60.0)
+
+    async def main() -> None:
+        async with (
+            aio.Client(server.address, timeout_s=5) as c,
+            aio.Client(server.address, timeout_s=5) as other,
+        ):
+            s = await c.open_session(ttl_s=10)
+            assert s._ledger.batches, "this server takes batches"
+
+            async def cycles(i: int) -> int:
+                for _ in range(20):
+                    lease = await s.acquire(f"py:aio:hold:{i}")
+                    assert await s.release(lease)
+                return 20
+
+            assert sum(await asyncio.gather(*(cycles(i) for i in range(16)))) == 320
+            # Enough waiting acquires to hold batches back, were they waited for.
+            busy = [
+                f"py:aio:hold:busy:{k}" for k in range(2 * aio_session.BATCH_HOLD_UNANSWERED_MIN)
+            ]
+            held = [await other.acquire(name, ttl_s=30) for name in busy]
+            waiting = [asyncio.create_task(s.acquire(name, wait_s=20)) for name in busy]
+            for name in busy:
+                while not (await other.status(name)).n_waiters:
+                    await asyncio.sleep(0.01)
+            assert await cycles(99) == 20, "not held back by the waiting acquires"
+            assert not any(w.done() for w in waiting)
+            for lease in held:
+                assert await other.release(lease)
+            for lease, w in zip(held, waiting):
+                assert (await w).token > lease.token
+            assert await s.close()
+
+    run(main())
