@@ -1,8 +1,10 @@
-"""``baton.aio``'s session writer with and without its hold (see
-``Session._write``), beside ``redis.asyncio``'s ``Lock``: N tasks on one
-event loop, one shared session, alternating rounds in one process, and
-the same-round ratios. Start the servers first (docs/performance.md);
-nothing here starts them.
+"""The session writer with and without its hold (see
+``baton.aio.session.Session._write``), beside Redis's ``Lock``: N tasks
+on one event loop on one shared ``baton.aio`` session against
+``redis.asyncio``, or (``--threads``) N threads on one shared synchronous
+session (which runs on the same asyncio session) against redis-py;
+alternating rounds in one process, and the same-round ratios. Start the
+servers first (docs/performance.md); nothing here starts them.
 
     python bench/aio_hold_bench.py --baton 127.0.0.1:7770 \\
         --redis 127.0.0.1:6390 --tasks 16 --rounds 5 --duration 3
@@ -14,7 +16,14 @@ import argparse
 import asyncio
 import statistics
 
-from lock_bench import baton_aio_cycles, redis_aio_cycles, run_async
+from lock_bench import (
+    baton_aio_cycles,
+    baton_shared_session_cycles,
+    redis_aio_cycles,
+    redis_cycles,
+    run,
+    run_async,
+)
 
 from baton import aio
 from baton.aio import session as aio_session
@@ -37,12 +46,23 @@ async def baton_round(address: str, tasks: int, hold: bool, duration_s: float) -
     return rate
 
 
+def threads_round(address: str, threads: int, hold: bool, duration_s: float) -> float:
+    aio_session.Session._hold_for_an_answer = HOLD if hold else no_hold  # type: ignore[method-assign]
+    return run(baton_shared_session_cycles(address, threads), duration_s)[0]
+
+
 async def main(args: argparse.Namespace) -> None:
     rows: dict[str, list[float]] = {"without": [], "with": [], "redis": []}
+    n, duration_s = args.tasks, args.duration
     for r in range(args.rounds):
-        rows["without"].append(await baton_round(args.baton, args.tasks, False, args.duration))
-        rows["with"].append(await baton_round(args.baton, args.tasks, True, args.duration))
-        rate, _ = await run_async(redis_aio_cycles(args.redis, args.tasks), args.duration)
+        if args.threads:
+            rows["without"].append(threads_round(args.baton, n, False, duration_s))
+            rows["with"].append(threads_round(args.baton, n, True, duration_s))
+            rate, _ = run(redis_cycles(args.redis, n), duration_s)
+        else:
+            rows["without"].append(await baton_round(args.baton, n, False, duration_s))
+            rows["with"].append(await baton_round(args.baton, n, True, duration_s))
+            rate, _ = await run_async(redis_aio_cycles(args.redis, n), duration_s)
         rows["redis"].append(rate)
         print(f"round {r + 1}: " + ", ".join(f"{k} {v[-1]:.0f}" for k, v in rows.items()))
     for k, v in rows.items():
@@ -57,7 +77,8 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--baton", required=True, help="host:port of baton serve")
     parser.add_argument("--redis", required=True, help="host:port of Redis, appendfsync always")
-    parser.add_argument("--tasks", type=int, default=16)
+    parser.add_argument("--tasks", type=int, default=16, help="tasks, or threads")
+    parser.add_argument("--threads", action="store_true", help="threads on a synchronous session")
     parser.add_argument("--duration", type=float, default=3.0)
     parser.add_argument("--rounds", type=int, default=5)
     asyncio.run(main(parser.parse_args()))
