@@ -70,13 +70,13 @@ struct SnapshotLine {
 
 impl Rendered for SnapshotLine {
     fn text(&self) -> String {
-        let s = if self.n_holders == 1 { "" } else { "s" };
+        let (noun, verb) = match self.n_holders {
+            1 => ("holder", "follows"),
+            _ => ("holders", "follow"),
+        };
         format!(
-            "{} snapshot {:?}: {} holder{s} follow{}",
-            self.seq,
-            self.prefix,
-            self.n_holders,
-            if self.n_holders == 1 { "s" } else { "" }
+            "{} snapshot {:?}: {} {noun} {verb}",
+            self.seq, self.prefix, self.n_holders
         )
     }
 }

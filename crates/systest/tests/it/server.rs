@@ -769,12 +769,7 @@ async fn a_config_file_sets_serve_flags_and_flags_and_env_win() {
             None => cmd.env_remove("BATON_DEFAULT_TTL"),
         };
         let mut server = common::Proc::spawn(&mut cmd, "baton server");
-        let (_, line) = server.next_line();
-        let grpc = line
-            .split_whitespace()
-            .find_map(|w| w.strip_prefix("grpc="))
-            .unwrap()
-            .to_string();
+        let grpc = grpc_of(&server.next_line().1);
         (server, grpc)
     };
     for (env_ttl, flag_ttl, expected_ms) in [
@@ -807,6 +802,14 @@ async fn a_config_file_sets_serve_flags_and_flags_and_env_win() {
     );
 }
 
+/// The gRPC address on a `baton listening grpc=ADDR http=ADDR` line.
+fn grpc_of(line: &str) -> String {
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix("grpc="))
+        .unwrap_or_else(|| panic!("no grpc= in {line:?}"))
+        .to_string()
+}
+
 /// `--otlp-endpoint https://...`: spans reach a collector over TLS whose
 /// CA the server trusts (here by `SSL_CERT_FILE`, as OpenSSL's users set
 /// it), and none reach one it does not trust: that server connects, fails
@@ -835,12 +838,7 @@ async fn serve_exports_its_spans_over_https_to_a_collector_it_trusts() {
             cmd.env_remove("SSL_CERT_FILE");
         }
         let mut server = common::Proc::spawn_merged(&mut cmd, "baton serve");
-        let line = server.wait_for("baton listening");
-        let grpc = line
-            .split_whitespace()
-            .find_map(|w| w.strip_prefix("grpc="))
-            .unwrap()
-            .to_string();
+        let grpc = grpc_of(&server.wait_for("baton listening"));
         let out = cli(&["acquire", name, "--ttl", "30s", "--server", &grpc]);
         assert!(out.status.success(), "{out:?}");
         server.signal(nix::sys::signal::Signal::SIGTERM);

@@ -36,7 +36,7 @@ BATCH_HOLD_S = 0.001
 BATCH_HOLD_UNANSWERED_MIN = 4
 
 
-def prompt(request: Any) -> bool:
+def _prompt(request: Any) -> bool:
     """Whether the server answers ``request`` without waiting for a
     holder (everything but an acquire that waits)."""
     return not (request.WhichOneof("op") == "acquire" and request.acquire.wait_ms > 0)
@@ -283,7 +283,7 @@ class Session:
                     self._last = {
                         request.id
                         for request, answer in taken
-                        if answer is not None and prompt(request)
+                        if answer is not None and _prompt(request)
                     }
                     self._unanswered |= self._last
                     failed = await self._write_out([request for request, _ in taken])
