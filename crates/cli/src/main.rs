@@ -31,7 +31,10 @@ use output::emit;
 /// glibc's allocator slows down as the heap fills with millions of small
 /// lease entries (its free lists grow: `_int_malloc` was the top symbol at
 /// 10M live leases); mimalloc's per-size pages keep a request's allocations
-/// cheap whatever the table's size.
+/// cheap whatever the table's size. Its 2.x line (the workspace's `v2`
+/// feature): 3.x rounds the table's 48-byte allocations (a resource's state,
+/// a short name) up to 64 bytes and B-tree leaves from 192 to 224, about 40
+/// bytes a lease (docs/performance.md, 2026-12-07).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
