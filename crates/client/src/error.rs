@@ -249,17 +249,5 @@ pub(crate) fn connect_cause(e: &tonic::transport::Error) -> String {
     chain
 }
 
-/// An error and its sources on one line, each message once (tonic's
-/// transport errors repeat their source's text).
-pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut message = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        let text = s.to_string();
-        if !message.contains(&text) {
-            message = format!("{message}: {text}");
-        }
-        source = s.source();
-    }
-    message
-}
+/// An error and its sources on one line, each message once.
+pub(crate) use baton_telemetry::error_chain;

@@ -1,7 +1,11 @@
 //! `init`: the log layer and, with an OTLP endpoint, the trace layer.
 
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::time::Duration;
+
 use opentelemetry::trace::TracerProvider as _;
-use opentelemetry_otlp::WithExportConfig as _;
+use opentelemetry_http::{Bytes, HttpClient, HttpError, Request, Response};
+use opentelemetry_otlp::{WithExportConfig as _, WithHttpConfig as _};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use tracing_subscriber::filter::{EnvFilter, Targets};
@@ -70,9 +74,12 @@ pub fn init(s: &Settings<'_>) -> Result<Telemetry, TelemetryError> {
         return Ok(Telemetry { provider: None });
     };
     let endpoint = traces_url(endpoint)?;
+    let client = Reporting::new(&endpoint)?;
     let exporter = opentelemetry_otlp::SpanExporter::builder()
         .with_http()
         .with_endpoint(&endpoint)
+        .with_timeout(EXPORT_TIMEOUT)
+        .with_http_client(client)
         .build()
         .map_err(|e| TelemetryError(format!("--otlp-endpoint {endpoint}: {e}")))?;
     let provider = SdkTracerProvider::builder()
@@ -96,6 +103,67 @@ pub fn init(s: &Settings<'_>) -> Result<Telemetry, TelemetryError> {
     })
 }
 
+/// How long one export may take: OTLP's default.
+const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The exporter's HTTP client (the one it builds by default), logging why
+/// an export failed: the exporter itself says only "network error" and
+/// keeps the cause for a debug event. Once per run of failures, the URL
+/// and the cause's chain at `warn`; at `info` when the collector answers
+/// again.
+#[derive(Debug)]
+struct Reporting {
+    client: reqwest::blocking::Client,
+    url: String,
+    failing: AtomicBool,
+}
+
+impl Reporting {
+    fn new(url: &str) -> Result<Self, TelemetryError> {
+        let refused = |e: &dyn std::fmt::Display| {
+            TelemetryError(format!("--otlp-endpoint {url}: its HTTP client: {e}"))
+        };
+        // As the exporter does: a blocking client is built off any async
+        // runtime the caller may be on.
+        let client = std::thread::spawn(|| {
+            reqwest::blocking::Client::builder()
+                .timeout(EXPORT_TIMEOUT)
+                .build()
+        })
+        .join()
+        .map_err(|_| refused(&"its thread panicked"))?
+        .map_err(|e| refused(&e))?;
+        Ok(Self {
+            client,
+            url: url.to_string(),
+            failing: AtomicBool::new(false),
+        })
+    }
+}
+
+#[async_trait::async_trait]
+impl HttpClient for Reporting {
+    async fn send_bytes(&self, request: Request<Bytes>) -> Result<Response<Bytes>, HttpError> {
+        let sent = self.client.send_bytes(request).await;
+        let failure = match &sent {
+            Ok(answer) if answer.status().is_success() => None,
+            Ok(answer) => Some(format!("the collector answered {}", answer.status())),
+            Err(e) => Some(crate::error_chain(e.as_ref())),
+        };
+        match failure {
+            Some(why) if !self.failing.swap(true, Relaxed) => tracing::warn!(
+                "OTLP export to {} failed: {why}; spans are dropped until it succeeds",
+                self.url
+            ),
+            None if self.failing.swap(false, Relaxed) => {
+                tracing::info!("OTLP export to {} succeeds again", self.url)
+            }
+            _ => {}
+        }
+        sent
+    }
+}
+
 /// The collector's traces URL: `ENDPOINT/v1/traces`, as OTLP/HTTP names it.
 fn traces_url(endpoint: &str) -> Result<String, TelemetryError> {
     let base = endpoint.trim_end_matches('/');
@@ -116,6 +184,30 @@ fn traces_url(endpoint: &str) -> Result<String, TelemetryError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A refused connection is named with its URL and its cause, not as
+    /// "network error".
+    #[test]
+    fn a_failed_send_names_the_url_and_the_cause() {
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}/v1/traces", closed.local_addr().unwrap());
+        drop(closed);
+        crate::use_ring_for_https();
+        let client = Reporting::new(&url).unwrap();
+        let request = Request::post(&url).body(Bytes::new()).unwrap();
+        // The blocking client's send is done when first polled, as the
+        // exporter's thread polls it.
+        let mut send = std::pin::pin!(client.send_bytes(request));
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        let std::task::Poll::Ready(sent) = std::future::Future::poll(send.as_mut(), &mut cx) else {
+            panic!("the blocking client's send was not done at once");
+        };
+        let e = sent.unwrap_err();
+        let text = crate::error_chain(e.as_ref());
+        assert!(text.contains(&url), "{text}");
+        assert!(text.to_lowercase().contains("connection refused"), "{text}");
+        assert!(client.failing.load(Relaxed));
+    }
 
     #[test]
     fn an_endpoint_is_a_url_and_gets_the_traces_path() {

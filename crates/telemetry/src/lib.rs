@@ -46,6 +46,22 @@ pub const TRACE_TARGET: &str = "baton::trace";
 /// The W3C header (and field) that carries a trace across processes.
 pub const TRACEPARENT: &str = "traceparent";
 
+/// An error and its sources on one line, outermost first, each message
+/// once (reqwest's and tonic's errors repeat their source's text): what a
+/// log line or a refusal says of a transport error.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut message = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !message.contains(&text) {
+            message = format!("{message}: {text}");
+        }
+        source = s.source();
+    }
+    message
+}
+
 /// The current span's W3C `traceparent`, when it is traced (an exporter
 /// is installed and the span is sampled); `None` otherwise.
 pub fn traceparent() -> Option<String> {

@@ -813,7 +813,8 @@ fn grpc_of(line: &str) -> String {
 /// `--otlp-endpoint https://...`: spans reach a collector over TLS whose
 /// CA the server trusts (here by `SSL_CERT_FILE`, as OpenSSL's users set
 /// it), and none reach one it does not trust: that server connects, fails
-/// the handshake and logs that the export failed.
+/// the handshake and logs that the export failed, naming the collector's
+/// URL and the certificate.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_exports_its_spans_over_https_to_a_collector_it_trusts() {
     let dir = TempDir::new("otlp-https");
@@ -866,9 +867,14 @@ async fn serve_exports_its_spans_over_https_to_a_collector_it_trusts() {
         before.1,
         "spans crossed an untrusted TLS session"
     );
+    // The failure names the collector and why: its certificate.
+    let failed = log
+        .lines()
+        .find(|l| l.contains("OTLP export to https://"))
+        .unwrap_or_else(|| panic!("the failed export is not in the log: {log}"));
     assert!(
-        log.contains("export failed"),
-        "the failed export is not in the log: {log}"
+        failed.contains(&collector.endpoint()) && failed.contains("certificate"),
+        "the failure does not say where and why: {failed}"
     );
 }
 
