@@ -1016,7 +1016,7 @@ async fn a_cluster_on_postgresql_over_verified_tls_leads_and_grants() {
 
 /// A role that reads and writes the schema but does not own its tables
 /// (the schema was created by another) leads and grants; its leader
-/// cannot vacuum the lease table and says so, once, in the log.
+/// cannot vacuum the lease table and says so in the log, once a term.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_whose_role_does_not_own_the_tables_grants_and_says_it_cannot_vacuum() {
     let db = PgDb::create("cluster_not_owner").await;
@@ -1059,17 +1059,24 @@ async fn a_leader_whose_role_does_not_own_the_tables_grants_and_says_it_cannot_v
         )
     })
     .await;
-    let said = || {
+    let count = |what: &str| {
         std::fs::read_to_string(&log)
             .unwrap_or_default()
-            .matches("does not own these tables")
+            .matches(what)
             .count()
     };
+    let said = || count("does not own these tables");
     eventually(Duration::from_secs(10), async || said() > 0).await;
     s.kill9();
     admin
         .batch_execute(&format!("DROP OWNED BY {role}; DROP ROLE {role}"))
         .await
         .unwrap();
-    assert_eq!(said(), 1, "{}", std::fs::read_to_string(&log).unwrap());
+    // At most once a term: a busy machine can make a load outlast the
+    // term's deadline, and the member then leads again in a new term.
+    assert!(
+        said() <= count("won leadership"),
+        "{}",
+        std::fs::read_to_string(&log).unwrap()
+    );
 }
