@@ -356,17 +356,7 @@ pub fn describe(e: &tokio_postgres::Error) -> String {
             db.code().code()
         );
     }
-    let mut out = e.to_string();
-    let mut source = std::error::Error::source(e);
-    while let Some(s) = source {
-        let text = s.to_string();
-        if !out.contains(&text) {
-            out.push_str(": ");
-            out.push_str(&text);
-        }
-        source = s.source();
-    }
-    out
+    baton_telemetry::error_chain(e)
 }
 
 /// `require` and `prefer` without `sslrootcert`: encrypted, not verified

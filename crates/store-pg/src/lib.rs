@@ -64,18 +64,7 @@ pub(crate) fn db_message(e: &tokio_postgres::Error) -> String {
             }
             format!("{m} (SQLSTATE {})", db.code().code())
         }
-        None => {
-            let mut m = e.to_string();
-            let mut source = std::error::Error::source(e);
-            while let Some(s) = source {
-                let t = s.to_string();
-                if !m.contains(&t) {
-                    m = format!("{m}: {t}");
-                }
-                source = s.source();
-            }
-            m
-        }
+        None => baton_pgconn::describe(e),
     }
 }
 

@@ -39,16 +39,7 @@ pub fn describe_error(e: &tokio_postgres::Error) -> String {
         }
         return m;
     }
-    let mut m = e.to_string();
-    let mut source = std::error::Error::source(e);
-    while let Some(s) = source {
-        let text = s.to_string();
-        if !m.contains(&text) {
-            m = format!("{m}: {text}");
-        }
-        source = s.source();
-    }
-    m
+    baton_telemetry::error_chain(e)
 }
 
 /// A connection string fit for a message: a password, in a URL

@@ -62,9 +62,11 @@ pub async fn send(
             }
         }
         // Never connected: the request cannot have arrived.
-        Err(e) if e.is_connect() || e.is_builder() => Sent::NeverArrived(describe(&e)),
+        Err(e) if e.is_connect() || e.is_builder() => {
+            Sent::NeverArrived(baton_telemetry::error_chain(&e))
+        }
         // Sent, and no answer: it may have been applied.
-        Err(e) => Sent::Unknown(describe(&e)),
+        Err(e) => Sent::Unknown(baton_telemetry::error_chain(&e)),
     }
 }
 
@@ -88,16 +90,6 @@ pub async fn status(http: &reqwest::Client, url: &str, key: &str, timeout: Durat
             let code = resp.status();
             Status::Unreachable(answer(code, &resp.text().await.unwrap_or_default()))
         }
-        Err(e) => Status::Unreachable(describe(&e)),
+        Err(e) => Status::Unreachable(baton_telemetry::error_chain(&e)),
     }
-}
-
-fn describe(e: &reqwest::Error) -> String {
-    let mut m = e.to_string();
-    let mut source = std::error::Error::source(e);
-    while let Some(s) = source {
-        m = format!("{m}: {s}");
-        source = s.source();
-    }
-    m
 }
