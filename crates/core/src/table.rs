@@ -18,6 +18,7 @@ mod refusal;
 mod repeats;
 mod sessions;
 mod shape;
+mod sorted;
 mod state;
 mod term;
 mod types;
@@ -33,6 +34,7 @@ pub use quotas::QuotaUse;
 pub use refusal::{Blocker, Held, HeldFor, NotAcquired, BLOCKING_HOLDERS_MAX};
 pub use sessions::{Resumed, SessionCheck};
 pub use shape::{Claim, Kind, SetPermitsError, Shape, PERMITS_MAX};
+use sorted::{Due, SortedChunks};
 use state::{Draining, Lease, ResourceState, Session, Timer, Waiter};
 
 pub use change::{first_seq, Change, ChangeOf, HolderChange, NumberedChange, HISTORY_LEN_MAX};
@@ -77,11 +79,11 @@ pub struct LeaseTable {
     /// Wait deadlines, session ends and drains.
     timers: BTreeSet<(MonoMs, Timer)>,
     /// The deadlines of the leases of their own (not a session's).
-    expiries: BTreeSet<(MonoMs, ResourceName)>,
+    expiries: SortedChunks<(MonoMs, ResourceName)>,
     /// Leases whose deadline a step reached, still to be dropped
     /// (`expiry.rs`): one set per step that reached some, oldest first.
     /// Already gone and uncounted.
-    overdue: VecDeque<BTreeSet<(MonoMs, ResourceName)>>,
+    overdue: VecDeque<Due<(MonoMs, ResourceName)>>,
     /// Entries in `overdue`.
     n_overdue: usize,
     /// At most this many expired leases are dropped per millisecond.
@@ -122,7 +124,7 @@ impl LeaseTable {
             draining: HashMap::new(),
             ends_per_step: ENDS_PER_STEP,
             timers: BTreeSet::new(),
-            expiries: BTreeSet::new(),
+            expiries: SortedChunks::default(),
             overdue: VecDeque::new(),
             n_overdue: 0,
             drops_per_ms: ENDS_PER_STEP,

@@ -29,10 +29,9 @@ impl LeaseTable {
         if self.expiries.first().is_none_or(|(at, _)| *at > now) {
             return 0;
         }
-        let later = self
+        let due = self
             .expiries
-            .split_off(&(now.plus(1), ResourceName::below_all()));
-        let due = std::mem::replace(&mut self.expiries, later);
+            .split_below(&(now.plus(1), ResourceName::below_all()));
         let reached = due.len();
         self.n_leases -= reached;
         self.n_overdue += reached;

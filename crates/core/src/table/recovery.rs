@@ -113,11 +113,11 @@ impl LeaseTable {
         let (resources, expiries) = if resources.len() < BUILT_APART_LEN_MIN {
             (
                 resources.into_iter().collect(),
-                expiries.into_iter().collect(),
+                SortedChunks::from_unsorted(expiries),
             )
         } else {
             std::thread::scope(|scope| {
-                let expiries = scope.spawn(move || expiries.into_iter().collect());
+                let expiries = scope.spawn(move || SortedChunks::from_unsorted(expiries));
                 let resources = resources.into_iter().collect();
                 (
                     resources,
