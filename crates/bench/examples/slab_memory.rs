@@ -5,8 +5,9 @@
 //! ordered by name in sorted chunks (a two-level sorted list: a chunk holds
 //! at most 1,024 ids, and a full last chunk is followed by a new one rather
 //! than split), and the deadlines as (deadline, id) in sorted chunks the
-//! same way. Beside it, the table's own layout today: a B-tree from the
-//! shared name to a boxed 48-byte state, and a B-tree of (deadline, name).
+//! same way. Beside it, the table's layout before its deadlines moved to
+//! sorted chunks: a B-tree from the shared name to a boxed 48-byte state,
+//! and a B-tree of (deadline, name).
 //!
 //! Each run builds one layout in one order and reports the resident growth
 //! a lease and the mean time of a million lookups by name; run the layouts
@@ -248,7 +249,7 @@ impl Slab {
     }
 }
 
-/// The table's layout today.
+/// The table's layout before its deadlines moved to sorted chunks.
 struct Trees {
     resources: BTreeMap<ResourceName, Box<LeaseBytes>>,
     expiries: BTreeSet<(u64, ResourceName)>,
