@@ -29,6 +29,9 @@ use std::time::Instant;
 
 use baton_core::ResourceName;
 
+mod common;
+use common::resident_kib;
+
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
@@ -44,15 +47,6 @@ const ARENA_UNIT_BYTES: usize = 8;
 const LOOKUPS: usize = 1_000_000;
 /// Odd and not a multiple of 5: a permutation of any power of ten.
 const LOOKUP_STRIDE: usize = 2_654_435_761;
-
-fn resident_kib() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .expect("VmRSS in /proc/self/status")
-}
 
 fn name_text(k: usize) -> String {
     format!("fill:a1b2c3d4e5f6:{k:08}")

@@ -19,19 +19,13 @@ use baton_core::{
     MonoMs, ResourceName, WaiterId,
 };
 
+mod common;
+use common::resident_kib;
+
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 const TTL_MS: u64 = 3_600_000;
-
-fn resident_kib() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .expect("VmRSS in /proc/self/status")
-}
 
 fn name(k: usize) -> ResourceName {
     ResourceName::parse(&format!("fill:a1b2c3d4e5f6:{k:08}")).expect("a valid name")
