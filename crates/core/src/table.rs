@@ -34,7 +34,7 @@ pub use quotas::QuotaUse;
 pub use refusal::{Blocker, Held, HeldFor, NotAcquired, BLOCKING_HOLDERS_MAX};
 pub use sessions::{Resumed, SessionCheck};
 pub use shape::{Claim, Kind, SetPermitsError, Shape, PERMITS_MAX};
-use sorted::{Due, SortedChunks};
+use sorted::{Builder, Due, SortedChunks};
 use state::{Draining, Lease, ResourceState, Session, Timer, Waiter};
 
 pub use change::{first_seq, Change, ChangeOf, HolderChange, NumberedChange, HISTORY_LEN_MAX};
@@ -45,7 +45,7 @@ pub use types::{
     SlotStatus, WaitResult, Write,
 };
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 
 use crate::{
     AcquisitionId, Epoch, FencingToken, Holder, ResourceName, SessionDigest, WaiterId, COUNTER_MAX,
@@ -60,7 +60,7 @@ pub struct LeaseTable {
     counter: u64,
     tokens_dirty: bool,
     n_leases: usize,
-    resources: BTreeMap<ResourceName, Box<ResourceState>>,
+    resources: SortedChunks<ResourceName, Box<ResourceState>>,
     /// The waiters of each resource that has some, FIFO (most never do:
     /// kept apart so a held resource's state stays small).
     queues: HashMap<ResourceName, VecDeque<WaiterId>>,
@@ -83,7 +83,7 @@ pub struct LeaseTable {
     /// Leases whose deadline a step reached, still to be dropped
     /// (`expiry.rs`): one set per step that reached some, oldest first.
     /// Already gone and uncounted.
-    overdue: VecDeque<Due<(MonoMs, ResourceName)>>,
+    overdue: VecDeque<Due<((MonoMs, ResourceName), ())>>,
     /// Entries in `overdue`.
     n_overdue: usize,
     /// At most this many expired leases are dropped per millisecond.
@@ -115,7 +115,7 @@ impl LeaseTable {
             counter,
             tokens_dirty: false,
             n_leases: 0,
-            resources: BTreeMap::new(),
+            resources: SortedChunks::default(),
             queues: HashMap::new(),
             groups: HashMap::new(),
             semaphores: HashMap::new(),
@@ -158,7 +158,7 @@ impl LeaseTable {
     pub fn next_deadline(&self) -> Option<MonoMs> {
         let overdue = (self.n_overdue > 0).then(|| self.expired_through.plus(1));
         let timer = self.timers.first().map(|(at, _)| *at);
-        let expiry = self.expiries.first().map(|(at, _)| *at);
+        let expiry = self.expiries.first().map(|((at, _), ())| *at);
         [timer, expiry, overdue].into_iter().flatten().min()
     }
 
@@ -305,7 +305,9 @@ impl LeaseTable {
         let token = self.issue_token();
         let (ttl_ms, expires_at) = self.bind(now, &resource, term);
         self.count_lease(&resource, true);
-        let state = self.resources.entry(resource.clone()).or_default();
+        let state = self
+            .resources
+            .get_or_insert_with(resource.clone(), Box::default);
         assert!(
             state.lease.is_none(),
             "granting {resource} while it is held"
@@ -357,7 +359,8 @@ impl LeaseTable {
         match shape {
             Shape::Exclusive => (asked.clone(), None),
             Shape::Shared | Shape::Permits(_) => {
-                self.resources.entry(asked.clone()).or_default();
+                self.resources
+                    .get_or_insert_with(asked.clone(), Box::default);
                 let (name, slot) = self.take_slot(asked, shape);
                 (name, Some(slot))
             }
@@ -378,7 +381,7 @@ impl LeaseTable {
             }
             LeaseTerm::Own { ttl_ms } => {
                 let at = now.end_of(ttl_ms);
-                self.expiries.insert((at, name.clone()));
+                self.expiries.insert((at, name.clone()), ());
                 (ttl_ms, at)
             }
         }

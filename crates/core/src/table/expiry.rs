@@ -6,7 +6,7 @@
 //! the engine's lock) for as long as that takes, write every deletion in
 //! one batch, and stall every other caller. So a step only *reaches* the
 //! leases whose deadline came: it splits them off the deadline set in one
-//! piece (a B-tree split, not a pop per lease), uncounts them and queues the
+//! piece (whole chunks moved and one cut, not a pop per lease), uncounts them and queues the
 //! piece in `overdue`; then at most [`ENDS_PER_STEP`](crate::ENDS_PER_STEP)
 //! of the queue are dropped (written, reported, their resource handed on)
 //! per step, and the table asks to be stepped again a millisecond later
@@ -26,7 +26,7 @@ impl LeaseTable {
     /// every caller once `expired_through` passes its deadline. Returns how
     /// many were reached.
     pub(super) fn reach_expiries(&mut self, now: MonoMs) -> usize {
-        if self.expiries.first().is_none_or(|(at, _)| *at > now) {
+        if self.expiries.first().is_none_or(|((at, _), ())| *at > now) {
             return 0;
         }
         let due = self
@@ -46,7 +46,7 @@ impl LeaseTable {
         let Some(piece) = self.overdue.back() else {
             return;
         };
-        let waited = self.waiting_on_ended(piece.iter().map(|(_, r)| r), self.n_overdue);
+        let waited = self.waiting_on_ended(piece.iter().map(|((_, r), ())| r), self.n_overdue);
         for resource in &waited {
             self.settle_and_pump(now, resource);
         }
@@ -66,7 +66,7 @@ impl LeaseTable {
             let Some(piece) = self.overdue.front_mut() else {
                 break;
             };
-            let Some((at, resource)) = piece.pop_first() else {
+            let Some(((at, resource), ())) = piece.pop_first() else {
                 self.overdue.pop_front();
                 continue;
             };

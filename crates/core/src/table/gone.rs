@@ -10,8 +10,6 @@
 //! handing the resource to its next waiter before the call is judged,
 //! exactly as if every ended lease had been dropped at once.
 
-use std::collections::btree_map::Entry;
-
 use super::state::Lease;
 use super::{LeaseTable, MonoMs};
 use crate::{ResourceName, WaiterId};
@@ -88,10 +86,10 @@ impl LeaseTable {
         true
     }
 
-    /// Takes `resource`'s lease out if `ended` holds for it, in one descent
-    /// of the resources tree (a step drops up to
+    /// Takes `resource`'s lease out if `ended` holds for it, in one search
+    /// of the resources (a step drops up to
     /// [`ENDS_PER_STEP`](crate::ENDS_PER_STEP) leases this way, and with a
-    /// million names each descent is a string of cache misses). The entry
+    /// million names each search is a string of cache misses). The entry
     /// goes too unless someone waits on the resource. The second value is
     /// the resource for the caller to hand on (`pump`): this one if it has
     /// waiters, or the resource whose shared holder or permit this was.
@@ -101,16 +99,14 @@ impl LeaseTable {
         ended: impl FnOnce(&Lease) -> bool,
     ) -> Option<(Lease, Option<ResourceName>)> {
         let queued = self.queue(&resource).is_some();
-        let Entry::Occupied(mut entry) = self.resources.entry(resource) else {
-            return None;
-        };
-        let state = entry.get_mut();
+        let place = self.resources.find(&resource)?;
+        let (_, state) = self.resources.at_mut(place);
         let lease = state.lease.take_if(|l| ended(l))?;
-        let counted = self.quotas.on().then(|| entry.key().clone());
+        let counted = self.quotas.on().then(|| resource.clone());
         let next = if queued {
-            Some(entry.key().clone())
+            Some(resource)
         } else {
-            let (name, _) = entry.remove_entry();
+            let (name, _) = self.resources.remove_at(place);
             // A holder's name: its slot is free, and its resource may
             // have waiters.
             self.left(&name)

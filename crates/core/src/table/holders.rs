@@ -32,7 +32,7 @@ impl LeaseTable {
         }
         let expires_at = now.end_of(ttl_ms);
         self.expiries.remove(&(old, name.clone()));
-        self.expiries.insert((expires_at, name.clone()));
+        self.expiries.insert((expires_at, name.clone()), ());
         let lease = self
             .resources
             .get_mut(&name)

@@ -73,7 +73,7 @@ impl LeaseTable {
             _ => Bound::Included(prefix),
         };
         self.resources
-            .range::<str, _>((lower, Bound::Unbounded))
+            .range_from::<str>(lower)
             .take_while(|(r, _)| r.as_str().starts_with(prefix))
             // A shared holder or a permit is shown with its resource.
             .filter(|(r, _)| r.split_slot().is_none())

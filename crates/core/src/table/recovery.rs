@@ -22,10 +22,6 @@ pub fn recovery_delay_ms(ttl_ms: u64, i: usize, n: usize) -> u64 {
     }
 }
 
-/// From this many recovered leases on, the resources and their deadlines
-/// are built on two threads.
-const BUILT_APART_LEN_MIN: usize = 100_000;
-
 impl LeaseTable {
     /// Rebuilds the table after a restart. Every stored session and every
     /// stored lease is held for its full TTL from `now`: the server cannot
@@ -59,14 +55,13 @@ impl LeaseTable {
                     .plus(recovery_delay_ms(record.ttl_ms, i, n_sessions));
             table.insert_session_until(at, record.digest, record.ttl_ms, record.opener);
         }
-        // Both trees are built in one pass from sorted runs (`collect`
-        // sorts, then fills every node), not by one insert per lease: an
-        // insert in name order leaves each node a little over half full,
-        // and at ten million leases that is about a gigabyte more, paid in
-        // page faults before the first grant. The leases are taken as the
-        // store reads them when it says how many there are at most (the
-        // spread needs a count): ten million stored records are then never
-        // held beside the table they become.
+        // Both maps are built as the leases come (`sorted::Builder`: an
+        // entry in order goes straight into a full chunk, the few out of
+        // order are merged in at the end), not by one insert (and one
+        // search) per lease.
+        // The leases are taken as the store reads them when it says how
+        // many there are at most (the spread needs a count): ten million
+        // stored records are then never held beside the table they become.
         let leases = leases.into_iter();
         match leases.size_hint() {
             (_, Some(n_max)) => table.recover_leases(now, leases, n_max),
@@ -88,8 +83,8 @@ impl LeaseTable {
         n_max: usize,
     ) {
         let last = self.issued_through();
-        let mut expiries = Vec::with_capacity(n_max);
-        let mut resources = Vec::with_capacity(n_max);
+        let (mut resources, mut expiries) = (Builder::default(), Builder::default());
+        let mut n_leases = 0;
         for (i, (resource, record)) in leases.into_iter().enumerate() {
             assert!(
                 record.token <= last,
@@ -106,32 +101,18 @@ impl LeaseTable {
             }
             let state = self.recovered_lease(now, &resource, record, delay_ms, &mut expiries);
             resources.push((resource, state));
+            n_leases += 1;
         }
-        // The two trees are built side by side when they are big: at ten
-        // million leases each takes about a third of a second, before the
-        // first grant.
-        let (resources, expiries) = if resources.len() < BUILT_APART_LEN_MIN {
-            (
-                resources.into_iter().collect(),
-                SortedChunks::from_unsorted(expiries),
-            )
-        } else {
-            std::thread::scope(|scope| {
-                let expiries = scope.spawn(move || SortedChunks::from_unsorted(expiries));
-                let resources = resources.into_iter().collect();
-                (
-                    resources,
-                    expiries.join().expect("building a set does not panic"),
-                )
-            })
-        };
-        self.resources = resources;
-        self.expiries = expiries;
-        self.n_leases = self.resources.len();
+        // Finished on the thread that built them: chunks freed by another
+        // thread stay with this one's allocator, which allocates no more.
+        self.resources = resources.finish();
+        self.expiries = expiries.finish();
+        self.n_leases = n_leases;
         // A resource with shared holders or permits keeps an entry of its
         // own (no lease) while it has them.
         for owner in self.groups.keys() {
-            self.resources.entry(owner.clone()).or_default();
+            self.resources
+                .get_or_insert_with(owner.clone(), Box::default);
         }
     }
 
@@ -144,7 +125,7 @@ impl LeaseTable {
         resource: &ResourceName,
         record: LeaseRecord,
         delay_ms: u64,
-        expiries: &mut Vec<(MonoMs, ResourceName)>,
+        expiries: &mut Builder<(MonoMs, ResourceName), ()>,
     ) -> Box<ResourceState> {
         let session = record.session.filter(|d| self.sessions.contains_key(d));
         let expires_at = match session {
@@ -160,7 +141,7 @@ impl LeaseTable {
                     record.ttl_ms
                 };
                 let at = now.end_of(ttl_ms).plus(delay_ms);
-                expiries.push((at, resource.clone()));
+                expiries.push(((at, resource.clone()), ()));
                 at
             }
         };

@@ -1,42 +1,57 @@
-//! A sorted set in chunks: the lease deadlines.
+//! A sorted map in chunks: the table's resources and its lease deadlines.
 //!
-//! The deadlines of ten million leases are mostly added in order (a grant's
-//! deadline is its clock plus its TTL, and most TTLs are alike), and std's
-//! B-tree splits a full node in halves wherever the new entry goes, so a
-//! set filled in order keeps its nodes half full: about 35 bytes a 16-byte
-//! entry. Here the entries sit in sorted chunks of at most [`CHUNK_LEN`]
-//! (a two-level sorted list). A full last chunk is followed by a new one
-//! when the entry goes after it (the right edge: the full chunk stays
-//! full); a full chunk passes an entry on to a neighbour with room; only
-//! when neither has room does it split, the last chunk where the entry
-//! goes (it stays nearly full), any other in halves. A chunk below a
-//! quarter full after a removal is merged into a neighbour that has room.
+//! Ten million leases' names and deadlines are mostly added in order (a
+//! fill's names come in order, a grant's deadline is its clock plus its
+//! TTL and most TTLs are alike), and std's B-tree splits a full node in
+//! halves wherever the new entry goes, so a tree filled in order keeps its
+//! nodes half full: about 35 bytes a 16-byte entry. Here the entries sit
+//! in sorted chunks of at most [`CHUNK_LEN`] (a two-level sorted list),
+//! the resources' 16-byte entries (a name and a boxed state) as much as
+//! the deadlines'. A
+//! full last chunk is followed by a new one when the entry goes after it
+//! (the right edge: the full chunk stays full); a full chunk passes an
+//! entry on to a neighbour with room; only when neither has room does it
+//! split, the last chunk where the entry goes (it stays nearly full), any
+//! other in halves. A chunk below a quarter full after a removal is merged
+//! into a neighbour that has room.
 //!
-//! Each chunk's last entry is kept beside the chunks (its fence), so that
-//! finding an entry's chunk reads the fences, not the chunks. The
-//! deadlines that come due leave from the front in one piece
+//! Each chunk's last key is kept beside the chunks (its fence), so that
+//! finding a key's chunk reads the fences, not the chunks; a search looks
+//! at the ends first, where keys in order come and go. A chunk is a ring,
+//! so that an entry added or removed at either end moves nothing (expiry
+//! takes names from the front, short deadlines land in front of long
+//! ones). The deadlines that come due leave from the front in one piece
 //! ([`SortedChunks::split_below`]): whole chunks moved, one cut.
 //!
 //! No well-kept crate has the right edge and the cut (the two-level
-//! B-trees on crates.io split in halves, like std's); this is under 300
-//! lines, checked against std's `BTreeSet` by the property test below.
+//! B-trees on crates.io split in halves, like std's); this is under 500
+//! lines, checked against std's `BTreeMap` by the property test below.
 
-use std::collections::VecDeque;
+use std::{borrow::Borrow, cmp::Ordering, collections::VecDeque, ops::Bound};
 
-/// Most entries in a chunk: 512 deadlines are 8 KiB, so an entry put in
-/// the middle of a chunk moves 4 KiB on average.
+/// Most entries in a chunk: 512 16-byte entries are 8 KiB, so an entry put
+/// inside a chunk moves at most 4 KiB (the nearer end's side).
 pub(super) const CHUNK_LEN: usize = 512;
 
-/// A sorted set of `T` in chunks of at most `CAP` entries.
+/// A sorted map from `K` to `V` (a set when `V` is `()`) in chunks of at
+/// most `CAP` entries.
 #[derive(Debug)]
-pub(super) struct SortedChunks<T, const CAP: usize = CHUNK_LEN> {
-    /// Sorted, non-empty, each at most `CAP` long.
-    chunks: VecDeque<Vec<T>>,
-    /// The last entry of each chunk.
-    fences: VecDeque<T>,
+pub(super) struct SortedChunks<K, V = (), const CAP: usize = CHUNK_LEN> {
+    /// Sorted by key, non-empty, each at most `CAP` long.
+    chunks: VecDeque<VecDeque<(K, V)>>,
+    /// The last key of each chunk.
+    fences: VecDeque<K>,
 }
 
-impl<T, const CAP: usize> Default for SortedChunks<T, CAP> {
+/// Where an entry is: its chunk, and its index in the chunk. Good until
+/// the next insert or removal.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Place {
+    chunk: usize,
+    at: usize,
+}
+
+impl<K, V, const CAP: usize> Default for SortedChunks<K, V, CAP> {
     fn default() -> Self {
         Self {
             chunks: VecDeque::new(),
@@ -45,165 +60,252 @@ impl<T, const CAP: usize> Default for SortedChunks<T, CAP> {
     }
 }
 
-impl<T: Ord + Clone, const CAP: usize> SortedChunks<T, CAP> {
-    /// The set of `entries`, in any order (duplicates kept once).
-    ///
-    /// A restart's deadlines come nearly sorted (in name order, each no
-    /// earlier than the one before, but for the few written since the log
-    /// was last folded): the sorted front is taken as it is and only the
-    /// rest is sorted and merged in. (Sorting all of it in place fell back
-    /// to a quicksort of ten million names, 0.4 s of a restart; a stable
-    /// sort takes a scratch buffer of half of them.)
-    pub(super) fn from_unsorted(mut entries: Vec<T>) -> Self {
-        let front_len = (entries.windows(2))
-            .position(|w| w[0] >= w[1])
-            .map_or(entries.len(), |i| i + 1);
-        let mut rest = entries.split_off(front_len);
-        rest.sort_unstable();
-        let mut set = Self::default();
-        let (mut front, mut rest) = (entries.into_iter().peekable(), rest.into_iter().peekable());
-        let mut chunk = Vec::with_capacity(CAP);
-        loop {
-            // An entry of the rest goes first only when below the front's,
-            // so a duplicate is always a rest entry after its equal.
-            let (next, from_rest) = match (front.peek(), rest.peek()) {
-                (Some(f), Some(r)) if r < f => (rest.next(), true),
-                (Some(_), _) => (front.next(), false),
-                (None, _) => (rest.next(), true),
-            };
-            let Some(entry) = next else {
-                break;
-            };
-            if from_rest && chunk.last().or(set.fences.back()) == Some(&entry) {
-                continue;
-            }
-            chunk.push(entry);
-            if chunk.len() == CAP {
-                set.push_last_chunk(std::mem::replace(&mut chunk, Vec::with_capacity(CAP)));
-            }
+impl<K: Ord + Clone, V, const CAP: usize> SortedChunks<K, V, CAP> {
+    /// The map of `entries`, in any order (a key given twice keeps its
+    /// first entry).
+    #[cfg(test)]
+    pub(super) fn from_unsorted(entries: Vec<(K, V)>) -> Self {
+        let mut builder = Builder::default();
+        for entry in entries {
+            builder.push(entry);
         }
-        if !chunk.is_empty() {
-            set.push_last_chunk(chunk);
-        }
-        set
+        builder.finish()
     }
 
     /// Appends `chunk` (sorted, above every entry) as the last chunk.
-    fn push_last_chunk(&mut self, chunk: Vec<T>) {
-        self.fences
-            .push_back(chunk.last().expect("not empty").clone());
-        self.chunks.push_back(chunk);
+    fn push_last_chunk(&mut self, chunk: Vec<(K, V)>) {
+        let last = &chunk.last().expect("not empty").0;
+        self.fences.push_back(last.clone());
+        self.chunks.push_back(chunk.into());
     }
 
     /// How many entries (the table counts its leases itself).
     #[cfg(test)]
     pub(super) fn len(&self) -> usize {
-        self.chunks.iter().map(Vec::len).sum()
+        self.chunks.iter().map(VecDeque::len).sum()
     }
 
-    /// The least entry.
-    pub(super) fn first(&self) -> Option<&T> {
-        self.chunks.front()?.first()
+    /// The entry of the least key.
+    pub(super) fn first(&self) -> Option<&(K, V)> {
+        self.chunks.front()?.front()
     }
 
-    /// The chunk where `entry` is or would go: the first whose last entry
-    /// is not below it, or the last chunk. `None` when empty.
-    fn chunk_of(&self, entry: &T) -> Option<usize> {
-        let c = self.fences.partition_point(|last| last < entry);
-        (!self.chunks.is_empty()).then(|| c.min(self.chunks.len() - 1))
-    }
-
-    /// Adds `entry`; false if it was there already.
-    pub(super) fn insert(&mut self, entry: T) -> bool {
-        let Some(c) = self.chunk_of(&entry) else {
-            self.push_chunk(entry);
-            return true;
+    /// The chunk where `key` is or would go: the first whose last key is
+    /// not below it, or the last chunk; and where in it. `None` when empty.
+    ///
+    /// The ends are looked at before the binary searches: keys come in
+    /// order to the right edge (a fill's names, most deadlines) and leave
+    /// in order from the front (expiry), where the searches would compare
+    /// twenty long names and the ends compare one or two.
+    fn search<Q>(&self, key: &Q) -> Option<(usize, Result<usize, usize>)>
+    where
+        K: Borrow<Q>,
+        Q: Ord + ?Sized,
+    {
+        let last = self.chunks.len().checked_sub(1)?;
+        match self.fences[last].borrow().cmp(key) {
+            Ordering::Less => return Some((last, Err(self.chunks[last].len()))),
+            Ordering::Equal => return Some((last, Ok(self.chunks[last].len() - 1))),
+            Ordering::Greater => {}
+        }
+        // From here the key is below the last fence: its chunk's fence is
+        // not below it.
+        let c = if last == 0 || self.fences[0].borrow() >= key {
+            0
+        } else {
+            self.fences.partition_point(|fence| fence.borrow() < key)
         };
-        let at = match self.chunks[c].binary_search(&entry) {
-            Ok(_) => return false,
-            Err(at) => at,
+        let chunk = &self.chunks[c];
+        let found = match chunk[0].0.borrow().cmp(key) {
+            Ordering::Equal => Ok(0),
+            Ordering::Greater => Err(0),
+            Ordering::Less => chunk.binary_search_by(|(k, _)| k.borrow().cmp(key)),
         };
+        Some((c, found))
+    }
+
+    /// Where `key`'s entry is, if it is there.
+    pub(super) fn find<Q>(&self, key: &Q) -> Option<Place>
+    where
+        K: Borrow<Q>,
+        Q: Ord + ?Sized,
+    {
+        match self.search(key)? {
+            (chunk, Ok(at)) => Some(Place { chunk, at }),
+            (_, Err(_)) => None,
+        }
+    }
+
+    /// The value under `key`.
+    pub(super) fn get<Q>(&self, key: &Q) -> Option<&V>
+    where
+        K: Borrow<Q>,
+        Q: Ord + ?Sized,
+    {
+        let p = self.find(key)?;
+        Some(&self.chunks[p.chunk][p.at].1)
+    }
+
+    /// The value under `key`, to change.
+    pub(super) fn get_mut<Q>(&mut self, key: &Q) -> Option<&mut V>
+    where
+        K: Borrow<Q>,
+        Q: Ord + ?Sized,
+    {
+        let p = self.find(key)?;
+        Some(self.at_mut(p).1)
+    }
+
+    /// The entry at `place` (from [`Self::find`], with nothing added or
+    /// removed since), its value to change.
+    pub(super) fn at_mut(&mut self, place: Place) -> (&K, &mut V) {
+        let (k, v) = &mut self.chunks[place.chunk][place.at];
+        (k, v)
+    }
+
+    /// Adds `key` with `value` unless `key` is there already (then
+    /// nothing changes, and false).
+    pub(super) fn insert(&mut self, key: K, value: V) -> bool {
+        match self.search(&key) {
+            None => {
+                self.push_chunk((key, value));
+                true
+            }
+            Some((_, Ok(_))) => false,
+            Some((c, Err(at))) => {
+                self.insert_new(c, at, (key, value));
+                true
+            }
+        }
+    }
+
+    /// The value under `key`, added with `make` if it was not there.
+    pub(super) fn get_or_insert_with(&mut self, key: K, make: impl FnOnce() -> V) -> &mut V {
+        let p = match self.search(&key) {
+            None => self.push_chunk((key, make())),
+            Some((chunk, Ok(at))) => Place { chunk, at },
+            Some((c, Err(at))) => self.insert_new(c, at, (key, make())),
+        };
+        self.at_mut(p).1
+    }
+
+    /// Puts `entry` (whose key is not there) at `at` in chunk `c`, as
+    /// [`Self::search`] found them; where it went.
+    fn insert_new(&mut self, c: usize, at: usize, entry: (K, V)) -> Place {
         let last = c + 1 == self.chunks.len();
         let chunk = &mut self.chunks[c];
         if chunk.len() < CAP {
             chunk.insert(at, entry);
             // The fence moves only when the entry went last.
             if at + 1 == chunk.len() {
-                self.fences[c] = self.chunks[c][at].clone();
+                self.fences[c] = chunk[at].0.clone();
             }
-            return true;
+            return Place { chunk: c, at };
         }
         if at == CAP && last {
             // The right edge: the full chunk stays full.
-            self.push_chunk(entry);
-            return true;
+            return self.push_chunk(entry);
         }
+        // A chunk but the last is found by its fence, not below the key:
+        // `at < CAP` from here on.
         let has_room = |i: usize| self.chunks.get(i).is_some_and(|o| o.len() < CAP);
         let (next_has_room, before_has_room) = (has_room(c + 1), c > 0 && has_room(c - 1));
         let chunk = &mut self.chunks[c];
-        if next_has_room {
+        let place = if next_has_room {
             // A full chunk passes its last entry on to a neighbour with
             // room rather than splitting: entries added nearly in order
             // (deadlines of one millisecond come in their names' order,
             // not their grants') keep the chunks behind the edge full.
-            let moved = chunk.pop().expect("a full chunk");
+            let moved = chunk.pop_back().expect("a full chunk");
             chunk.insert(at, entry);
-            self.chunks[c + 1].insert(0, moved);
+            self.chunks[c + 1].push_front(moved);
+            Place { chunk: c, at }
         } else if before_has_room {
             // Or its first to the one before (the entry itself, if it
             // goes first).
-            if at == 0 {
-                self.chunks[c - 1].push(entry);
+            let place = if at == 0 {
+                self.chunks[c - 1].push_back(entry);
+                Place {
+                    chunk: c - 1,
+                    at: self.chunks[c - 1].len() - 1,
+                }
             } else {
-                let moved = chunk.remove(0);
+                let moved = chunk.pop_front().expect("a full chunk");
                 chunk.insert(at - 1, entry);
-                self.chunks[c - 1].push(moved);
-            }
+                self.chunks[c - 1].push_back(moved);
+                Place {
+                    chunk: c,
+                    at: at - 1,
+                }
+            };
             let before = &self.chunks[c - 1];
-            self.fences[c - 1] = before.last().expect("not empty").clone();
+            self.fences[c - 1] = before.back().expect("not empty").0.clone();
+            place
         } else {
-            // The last chunk is cut where the entry goes (it stays nearly
-            // full), any other in halves.
-            let cut = if last { at.max(CAP / 2) } else { CAP / 2 };
-            let mut right = Vec::with_capacity(CAP);
-            right.extend(chunk.drain(cut..));
-            if at <= cut {
-                chunk.insert(at, entry);
-            } else {
-                right.insert(at - cut, entry);
-            }
-            let right_last = right.last().expect("half a chunk").clone();
-            self.chunks.insert(c + 1, right);
-            self.fences.insert(c + 1, right_last);
-        }
-        self.fences[c] = self.chunks[c].last().expect("not empty").clone();
-        true
-    }
-
-    fn push_chunk(&mut self, entry: T) {
-        let mut chunk = Vec::with_capacity(CAP);
-        self.fences.push_back(entry.clone());
-        chunk.push(entry);
-        self.chunks.push_back(chunk);
-    }
-
-    /// Removes `entry`; false if it was not there.
-    pub(super) fn remove(&mut self, entry: &T) -> bool {
-        let Some(c) = self.chunk_of(entry) else {
-            return false;
+            self.split(c, at, entry, last)
         };
+        self.fences[c] = self.chunks[c].back().expect("not empty").0.clone();
+        place
+    }
+
+    /// Splits the full chunk `c` and puts `entry` at `at` in it: the last
+    /// chunk is cut where the entry goes (it stays nearly full), any other
+    /// in halves. Where it went; chunk `c`'s fence is the caller's.
+    fn split(&mut self, c: usize, at: usize, entry: (K, V), last: bool) -> Place {
         let chunk = &mut self.chunks[c];
-        let Ok(at) = chunk.binary_search(entry) else {
-            return false;
+        let cut = if last { at.max(CAP / 2) } else { CAP / 2 };
+        let mut right = VecDeque::with_capacity(CAP);
+        right.extend(chunk.drain(cut..));
+        let place = if at <= cut {
+            chunk.insert(at, entry);
+            Place { chunk: c, at }
+        } else {
+            right.insert(at - cut, entry);
+            Place {
+                chunk: c + 1,
+                at: at - cut,
+            }
         };
-        chunk.remove(at);
-        let was_last = at == chunk.len();
-        self.settle(c, was_last);
-        true
+        let right_last = right.back().expect("half a chunk").0.clone();
+        self.chunks.insert(c + 1, right);
+        self.fences.insert(c + 1, right_last);
+        place
+    }
+
+    /// Appends a chunk of `entry` alone (above every entry). It grows as
+    /// it fills (a chunk of one, made and emptied by each cycle of a
+    /// small table, stays small).
+    fn push_chunk(&mut self, entry: (K, V)) -> Place {
+        self.fences.push_back(entry.0.clone());
+        self.chunks.push_back(VecDeque::from([entry]));
+        Place {
+            chunk: self.chunks.len() - 1,
+            at: 0,
+        }
+    }
+
+    /// Takes out `key`'s value, if it is there.
+    pub(super) fn remove<Q>(&mut self, key: &Q) -> Option<V>
+    where
+        K: Borrow<Q>,
+        Q: Ord + ?Sized,
+    {
+        let p = self.find(key)?;
+        Some(self.remove_at(p).1)
+    }
+
+    /// Takes out the entry at `place` (from [`Self::find`], with nothing
+    /// added or removed since).
+    pub(super) fn remove_at(&mut self, place: Place) -> (K, V) {
+        let chunk = &mut self.chunks[place.chunk];
+        let entry = chunk.remove(place.at).expect("an entry's place");
+        let was_last = place.at == chunk.len();
+        self.settle(place.chunk, was_last);
+        entry
     }
 
     /// After chunk `c` shrank (by its last entry, if `last_removed`): its
-    /// fence follows its last entry, an empty chunk goes, and one below a
+    /// fence follows its last key, an empty chunk goes, and one below a
     /// quarter full is merged into a neighbour that has room for it.
     fn settle(&mut self, c: usize, last_removed: bool) {
         let n = self.chunks[c].len();
@@ -213,7 +315,7 @@ impl<T: Ord + Clone, const CAP: usize> SortedChunks<T, CAP> {
             return;
         }
         if last_removed {
-            self.fences[c] = self.chunks[c].last().expect("not empty").clone();
+            self.fences[c] = self.chunks[c].back().expect("not empty").0.clone();
         }
         if n >= CAP / 4 {
             return;
@@ -231,18 +333,20 @@ impl<T: Ord + Clone, const CAP: usize> SortedChunks<T, CAP> {
             let mut this = self.chunks.remove(c).expect("chunk c");
             self.fences.remove(c);
             self.chunks[c - 1].append(&mut this);
-            self.fences[c - 1] = self.chunks[c - 1].last().expect("not empty").clone();
+            self.fences[c - 1] = self.chunks[c - 1].back().expect("not empty").0.clone();
         }
     }
 
-    /// Takes out every entry below `bound`, in order, in one piece: the
-    /// chunks wholly below it are moved, and one is cut.
-    pub(super) fn split_below(&mut self, bound: &T) -> Due<T> {
+    /// Takes out every entry whose key is below `bound`, in order, in one
+    /// piece: the chunks wholly below it are moved, and one is cut.
+    pub(super) fn split_below(&mut self, bound: &K) -> Due<(K, V)> {
         let whole = self.fences.partition_point(|last| last < bound);
-        let mut due: VecDeque<_> = self.chunks.drain(..whole).map(Vec::into_iter).collect();
+        let mut due: VecDeque<_> = (self.chunks.drain(..whole))
+            .map(|chunk| Vec::from(chunk).into_iter())
+            .collect();
         self.fences.drain(..whole);
         if let Some(first) = self.chunks.front_mut() {
-            let at = first.partition_point(|e| e < bound);
+            let at = first.partition_point(|(k, _)| k < bound);
             if at > 0 {
                 due.push_back(first.drain(..at).collect::<Vec<_>>().into_iter());
                 self.settle(0, false);
@@ -251,9 +355,27 @@ impl<T: Ord + Clone, const CAP: usize> SortedChunks<T, CAP> {
         Due::new(due)
     }
 
+    /// The entries from `lower` on, in order.
+    pub(super) fn range_from<Q>(&self, lower: Bound<&Q>) -> impl Iterator<Item = &(K, V)>
+    where
+        K: Borrow<Q>,
+        Q: Ord + ?Sized,
+    {
+        // Below the bound: a key that comes before the first entry shown.
+        let below = |k: &K| match lower {
+            Bound::Included(q) => k.borrow() < q,
+            Bound::Excluded(q) => k.borrow() <= q,
+            Bound::Unbounded => false,
+        };
+        let c = self.fences.partition_point(|last| below(last));
+        let first = (self.chunks.get(c))
+            .map(|chunk| chunk.range(chunk.partition_point(|(k, _)| below(k))..));
+        let rest = self.chunks.range((c + 1).min(self.chunks.len())..);
+        first.into_iter().flatten().chain(rest.flatten())
+    }
+
     /// Every entry, in order.
-    #[cfg(test)]
-    pub(super) fn iter(&self) -> impl Iterator<Item = &T> {
+    pub(super) fn iter(&self) -> impl Iterator<Item = &(K, V)> {
         self.chunks.iter().flatten()
     }
 
@@ -262,14 +384,108 @@ impl<T: Ord + Clone, const CAP: usize> SortedChunks<T, CAP> {
     #[cfg(test)]
     pub(super) fn check(&self) {
         assert_eq!(self.chunks.len(), self.fences.len());
-        let mut before: Option<&T> = None;
+        let mut before: Option<&K> = None;
         for (chunk, fence) in self.chunks.iter().zip(&self.fences) {
             assert!(!chunk.is_empty() && chunk.len() <= CAP, "chunk size");
-            assert!(chunk.windows(2).all(|w| w[0] < w[1]), "sorted chunk");
-            assert!(before.is_none_or(|b| b < &chunk[0]), "chunks in order");
-            assert!(chunk.last() == Some(fence), "fence");
-            before = chunk.last();
+            assert!(
+                chunk
+                    .iter()
+                    .zip(chunk.iter().skip(1))
+                    .all(|(a, b)| a.0 < b.0),
+                "sorted chunk"
+            );
+            assert!(before.is_none_or(|b| b < &chunk[0].0), "chunks in order");
+            assert!(chunk.back().map(|(k, _)| k) == Some(fence), "fence");
+            before = chunk.back().map(|(k, _)| k);
         }
+    }
+}
+
+/// Builds a [`SortedChunks`] from entries as they come, without holding
+/// them all beside it (a restart's ten million names and deadlines).
+///
+/// A restart's names come in order and its deadlines nearly so (in name
+/// order, each no earlier than the one before, but for the few written
+/// since the log was last folded): an entry above every one before it is
+/// put straight into a full chunk, any other set aside, and those are put
+/// in at the end: one at a time when they are few (fewer than one for 16
+/// chunks: each may split a chunk, which moves the list of chunks), else
+/// sorted and merged, the chunks taken apart one at a time. (Sorting all
+/// of them in place fell back to a quicksort of ten million names, 0.4 s
+/// of a restart; collecting them first held two 160 MB vectors that the
+/// allocator kept after the restart.)
+#[derive(Debug)]
+pub(super) struct Builder<K, V, const CAP: usize = CHUNK_LEN> {
+    map: SortedChunks<K, V, CAP>,
+    /// The chunk being filled, above every full one.
+    chunk: Vec<(K, V)>,
+    /// The entries that came at or below one before them.
+    rest: Vec<(K, V)>,
+}
+
+impl<K, V, const CAP: usize> Default for Builder<K, V, CAP> {
+    fn default() -> Self {
+        Self {
+            map: SortedChunks::default(),
+            chunk: Vec::new(),
+            rest: Vec::new(),
+        }
+    }
+}
+
+impl<K: Ord + Clone, V, const CAP: usize> Builder<K, V, CAP> {
+    /// Adds `entry` (a key given twice keeps its first entry).
+    pub(super) fn push(&mut self, entry: (K, V)) {
+        let last = self.chunk.last().map(|(k, _)| k).or(self.map.fences.back());
+        if last.is_some_and(|last| *last >= entry.0) {
+            self.rest.push(entry);
+            return;
+        }
+        if self.chunk.capacity() == 0 {
+            self.chunk.reserve_exact(CAP);
+        }
+        self.chunk.push(entry);
+        if self.chunk.len() == CAP {
+            self.map.push_last_chunk(std::mem::take(&mut self.chunk));
+        }
+    }
+
+    /// The map of every entry pushed.
+    pub(super) fn finish(mut self) -> SortedChunks<K, V, CAP> {
+        if !self.chunk.is_empty() {
+            self.map.push_last_chunk(std::mem::take(&mut self.chunk));
+        }
+        if self.rest.len() <= self.map.chunks.len() / 16 {
+            // A few (a restart's deadlines written since the last fold):
+            // each put in, a chunk split at most, rather than every entry
+            // moved. A repeated key's later entry changes nothing.
+            for (key, value) in self.rest {
+                self.map.insert(key, value);
+            }
+            return self.map;
+        }
+        self.rest.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut front = (self.map.chunks.into_iter().flatten()).peekable();
+        let mut rest = self.rest.into_iter().peekable();
+        let mut merged = Self::default();
+        loop {
+            // An entry set aside goes first only when below the chunks',
+            // so a repeated key's entry set aside comes after its equal
+            // and is dropped.
+            let next = match (front.peek(), rest.peek()) {
+                (Some(f), Some(r)) if r.0 < f.0 => rest.next(),
+                (Some(_), _) => front.next(),
+                (None, _) => rest.next(),
+            };
+            let Some(entry) = next else {
+                break;
+            };
+            merged.push(entry);
+        }
+        // What the merge set aside are repeated keys (the sort is stable:
+        // a key's first entry is kept).
+        merged.rest.clear();
+        merged.finish()
     }
 }
 
@@ -342,7 +558,7 @@ impl<T> ExactSizeIterator for DueIter<'_, T> {}
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeSet;
+    use std::collections::BTreeMap;
 
     use proptest::prelude::*;
 
@@ -350,76 +566,131 @@ mod tests {
 
     #[derive(Clone, Debug)]
     enum Op {
-        Insert(u16),
+        Insert(u16, u32),
+        /// Adds the key if missing, then adds one to its value.
+        Bump(u16),
         Remove(u16),
+        /// Finds the key, then takes its entry out by its place.
+        RemoveAt(u16),
         SplitBelow(u16),
+        RangeFrom(u8, u16),
     }
 
     fn op() -> impl Strategy<Value = Op> {
         prop_oneof![
             // In order (the right edge), then anywhere.
-            (0u16..400).prop_map(Op::Insert),
-            (0u16..400).prop_map(Op::Insert),
+            (0u16..400, any::<u32>()).prop_map(|(k, v)| Op::Insert(k, v)),
+            (0u16..400, any::<u32>()).prop_map(|(k, v)| Op::Insert(k, v)),
+            (0u16..400).prop_map(Op::Bump),
             (0u16..400).prop_map(Op::Remove),
+            (0u16..400).prop_map(Op::RemoveAt),
             (0u16..400).prop_map(Op::SplitBelow),
+            (0u8..3, 0u16..400).prop_map(|(b, k)| Op::RangeFrom(b, k)),
         ]
     }
 
     proptest! {
-        /// Every operation does what std's `BTreeSet` does, and the chunks
+        /// Every operation does what std's `BTreeMap` does, and the chunks
         /// keep their shape.
         #[test]
-        fn sorted_chunks_behave_as_a_btree_set(
-            front in proptest::collection::vec(0u16..400, 0..60),
+        fn sorted_chunks_behave_as_a_btree_map(
+            // Up to 38 chunks of 8 and a tail: a tail of one or two is put in
+            // one at a time, a longer one merged.
+            front in proptest::collection::btree_set(0u16..400, 0..300),
             tail in proptest::collection::vec(0u16..400, 0..20),
             ops in proptest::collection::vec(op(), 0..300),
         ) {
-            // Built from a sorted front and a tail, as a restart's are.
-            let mut start = front;
-            start.sort_unstable();
+            // Built from a sorted front and a tail, as a restart's are;
+            // a key given twice keeps its first entry.
+            let mut start: Vec<u16> = front.into_iter().collect();
             start.extend(tail);
-            let mut chunks = SortedChunks::<u16, 8>::from_unsorted(start.clone());
-            let mut model: BTreeSet<u16> = start.into_iter().collect();
+            let start: Vec<(u16, u32)> = (start.into_iter().enumerate())
+                .map(|(i, k)| (k, i as u32))
+                .collect();
+            let mut chunks = SortedChunks::<u16, u32, 8>::from_unsorted(start.clone());
+            let mut model = BTreeMap::new();
+            for (k, v) in start {
+                model.entry(k).or_insert(v);
+            }
             chunks.check();
             for op in ops {
                 match op {
-                    Op::Insert(v) => prop_assert_eq!(chunks.insert(v), model.insert(v)),
-                    Op::Remove(v) => prop_assert_eq!(chunks.remove(&v), model.remove(&v)),
-                    Op::SplitBelow(v) => {
-                        let later = model.split_off(&v);
-                        let expected: Vec<u16> = std::mem::replace(&mut model, later).into_iter().collect();
-                        let mut due = chunks.split_below(&v);
+                    Op::Insert(k, v) => {
+                        let absent = !model.contains_key(&k);
+                        model.entry(k).or_insert(v);
+                        prop_assert_eq!(chunks.insert(k, v), absent);
+                    }
+                    Op::Bump(k) => {
+                        *model.entry(k).or_default() += 1;
+                        *chunks.get_or_insert_with(k, || 0) += 1;
+                    }
+                    Op::Remove(k) => prop_assert_eq!(chunks.remove(&k), model.remove(&k)),
+                    Op::RemoveAt(k) => {
+                        let place = chunks.find(&k);
+                        prop_assert_eq!(place.is_some(), model.contains_key(&k));
+                        if let Some(place) = place {
+                            prop_assert_eq!(*chunks.at_mut(place).0, k);
+                            prop_assert_eq!(chunks.remove_at(place), model.remove_entry(&k).expect("there"));
+                        }
+                    }
+                    Op::SplitBelow(k) => {
+                        let later = model.split_off(&k);
+                        let expected: Vec<(u16, u32)> = std::mem::replace(&mut model, later).into_iter().collect();
+                        let mut due = chunks.split_below(&k);
                         prop_assert_eq!(due.len(), expected.len());
                         prop_assert_eq!(due.iter().copied().collect::<Vec<_>>(), expected.clone());
-                        let popped: Vec<u16> = std::iter::from_fn(|| due.pop_first()).collect();
+                        let popped: Vec<(u16, u32)> = std::iter::from_fn(|| due.pop_first()).collect();
                         prop_assert_eq!(popped, expected);
+                    }
+                    Op::RangeFrom(b, k) => {
+                        let lower = match b {
+                            0 => Bound::Included(&k),
+                            1 => Bound::Excluded(&k),
+                            _ => Bound::Unbounded,
+                        };
+                        let got: Vec<(u16, u32)> = chunks.range_from(lower).copied().collect();
+                        let expected: Vec<(u16, u32)> =
+                            model.range((lower, Bound::Unbounded)).map(|(k, v)| (*k, *v)).collect();
+                        prop_assert_eq!(got, expected);
                     }
                 }
                 chunks.check();
                 prop_assert_eq!(chunks.len(), model.len());
-                prop_assert_eq!(chunks.first(), model.first());
-                prop_assert!(chunks.iter().eq(model.iter()));
+                prop_assert_eq!(chunks.first().copied(), model.first_key_value().map(|(k, v)| (*k, *v)));
+                prop_assert!(chunks.iter().map(|(k, v)| (k, v)).eq(model.iter()));
+                for k in [0, 7, 100, 399] {
+                    prop_assert_eq!(chunks.get(&k), model.get(&k));
+                }
             }
         }
     }
 
+    /// A set of `entries`, with chunks of 8.
+    fn set(entries: impl IntoIterator<Item = u32>) -> SortedChunks<u32, (), 8> {
+        SortedChunks::from_unsorted(entries.into_iter().map(|v| (v, ())).collect())
+    }
+
+    fn keys(chunk: &VecDeque<(u32, ())>) -> Vec<u32> {
+        chunk.iter().map(|(k, ())| *k).collect()
+    }
+
     #[test]
     fn entries_added_in_order_fill_their_chunks() {
-        let mut set = SortedChunks::<u32, 8>::default();
+        let mut set = set([]);
         for v in 0..80 {
-            assert!(set.insert(v));
+            assert!(set.insert(v, ()));
         }
         set.check();
         assert_eq!(set.chunks.len(), 10, "full chunks, none split in halves");
         assert!(set.chunks.iter().all(|c| c.len() == 8));
 
         // Nearly in order: each three reversed.
-        let mut set = SortedChunks::<u32, 8>::default();
+        let mut set = self::set([]);
         for v in 0..81 {
-            assert!(set.insert(v / 3 * 3 + 2 - v % 3));
+            assert!(set.insert(v / 3 * 3 + 2 - v % 3, ()));
         }
         set.check();
-        let lens: Vec<usize> = set.chunks.iter().map(Vec::len).collect();
+        let lens: Vec<usize> = set.chunks.iter().map(VecDeque::len).collect();
         assert!(
             lens[..lens.len() - 1].iter().all(|n| *n >= 7),
             "chunks nearly full: {lens:?}"
@@ -428,20 +699,20 @@ mod tests {
 
     #[test]
     fn a_chunk_emptied_below_a_quarter_joins_a_neighbour() {
-        let mut set = SortedChunks::<u32, 8>::from_unsorted((0..24).collect());
+        let mut set = set(0..24);
         for v in (0..4).chain(8..15) {
-            assert!(set.remove(&v));
+            assert!(set.remove(&v).is_some());
         }
         set.check();
         assert_eq!(set.chunks.len(), 2, "the middle chunk's last entry merged");
-        assert_eq!(set.chunks[0], [4, 5, 6, 7, 15]);
+        assert_eq!(keys(&set.chunks[0]), [4, 5, 6, 7, 15]);
 
-        let mut set = SortedChunks::<u32, 8>::from_unsorted((0..24).collect());
+        let mut set = self::set(0..24);
         for v in (16..20).chain(9..16) {
-            assert!(set.remove(&v));
+            assert!(set.remove(&v).is_some());
         }
         set.check();
         assert_eq!(set.chunks.len(), 2, "the middle chunk's first entry merged");
-        assert_eq!(set.chunks[1], [8, 20, 21, 22, 23]);
+        assert_eq!(keys(&set.chunks[1]), [8, 20, 21, 22, 23]);
     }
 }

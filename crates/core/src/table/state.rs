@@ -125,7 +125,9 @@ pub(super) struct Session {
 }
 
 /// A resource in the table: held, or waited for (its waiters are in the
-/// table's `queues`), or both. Boxed in the resources tree.
+/// table's `queues`), or both. Boxed in the resources map, whose 16-byte
+/// entries (a name and a box) make an entry put inside a chunk move little,
+/// and a chunk's unused room cost little when names come in no order.
 #[derive(Clone, Debug, Default)]
 pub(super) struct ResourceState {
     pub(super) lease: Option<Lease>,
@@ -166,11 +168,11 @@ mod tests {
     use super::*;
 
     /// Ten million leases must fit in 2 GiB: a resource's state is boxed
-    /// (one word in the tree) into a 48-byte allocation, the rarely set
+    /// (one word in the map) into a 48-byte allocation, the rarely set
     /// fields of a lease sit behind one more box, and wait queues are kept
     /// apart, for the resources that have waiters.
     #[test]
-    fn a_resource_costs_one_word_in_the_tree_and_48_bytes_beside_it() {
+    fn a_resource_costs_one_word_in_the_map_and_48_bytes_beside_it() {
         assert_eq!(std::mem::size_of::<Lease>(), 48);
         assert_eq!(std::mem::size_of::<ResourceState>(), 48);
         assert_eq!(std::mem::size_of::<Box<ResourceState>>(), 8);

@@ -1,6 +1,7 @@
 use super::*;
 use crate::{AcquisitionDigest, SLOT_SEPARATOR};
 use proptest::prelude::*;
+use std::collections::BTreeMap;
 
 fn name(s: &str) -> ResourceName {
     ResourceName::parse(s).unwrap()

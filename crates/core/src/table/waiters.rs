@@ -40,7 +40,8 @@ impl LeaseTable {
             if let Shape::Permits(n) = claim.shape {
                 self.semaphores.entry(resource.clone()).or_insert(n);
             }
-            self.resources.entry(resource.clone()).or_default();
+            self.resources
+                .get_or_insert_with(resource.clone(), Box::default);
             self.queues
                 .entry(resource.clone())
                 .or_default()
