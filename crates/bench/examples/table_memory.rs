@@ -1,7 +1,9 @@
 //! What the lease table alone costs per lease, in this process, with the
 //! server's allocator: a table filled by acquires (in name order, as
 //! `baton bench --fill-leases` fills a server) and one rebuilt by
-//! `LeaseTable::recover` from the same leases, as a restart does.
+//! `LeaseTable::recover` from the same leases, as a restart does. With
+//! `shuffled`, the table is filled by acquires in a random order of the
+//! same names instead.
 //!
 //! With `expire`, the leases (granted in the same millisecond) then all
 //! expire: how long the step that reaches them holds the table, and the
@@ -9,6 +11,7 @@
 //!
 //! ```sh
 //! cargo run --release -p baton-bench --example table_memory -- 10000000
+//! cargo run --release -p baton-bench --example table_memory -- 10000000 shuffled
 //! cargo run --release -p baton-bench --example table_memory -- 1000000 expire
 //! ```
 
@@ -20,7 +23,7 @@ use baton_core::{
 };
 
 mod common;
-use common::resident_kib;
+use common::{random_order, resident_kib};
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -56,11 +59,16 @@ fn report(what: &str, n: usize, before_kib: u64, started: Instant) {
 
 /// Grants `n` leases, 64 to an acquire, in name order.
 fn filled(n: usize) -> LeaseTable {
+    filled_in(n, |k| k, "filled by acquires")
+}
+
+/// Grants `n` leases, 64 to an acquire, the k-th to the name `order(k)`.
+fn filled_in(n: usize, order: impl Fn(usize) -> usize, what: &str) -> LeaseTable {
     let mut table = LeaseTable::new(limits(), Epoch::FIRST, 0);
     let (before_kib, started) = (resident_kib(), Instant::now());
     for first in (0..n).step_by(64) {
         let claims = (first..(first + 64).min(n))
-            .map(|k| baton_core::Claim::exclusive(name(k), id(k)))
+            .map(|k| baton_core::Claim::exclusive(name(order(k)), id(k)))
             .collect();
         let request = AcquireRequest {
             claims,
@@ -73,7 +81,7 @@ fn filled(n: usize) -> LeaseTable {
         table.acquire(MonoMs(1), request).expect("granted");
         drop(table.take_effects());
     }
-    report("filled by acquires", table.n_leases(), before_kib, started);
+    report(what, table.n_leases(), before_kib, started);
     table
 }
 
@@ -131,11 +139,19 @@ fn main() {
         .nth(1)
         .map(|a| {
             a.parse()
-                .expect("usage: table_memory N_LEASES [fill|recover|expire]")
+                .expect("usage: table_memory N_LEASES [fill|shuffled|recover|expire]")
         })
         .unwrap_or(1_000_000);
     match std::env::args().nth(2).as_deref() {
         Some("fill") => drop(filled(n)),
+        Some("shuffled") => {
+            let order = random_order(n);
+            drop(filled_in(
+                n,
+                |k| order[k] as usize,
+                "filled by acquires, shuffled",
+            ));
+        }
         Some("recover") => recovered(n),
         Some("expire") => expired(n),
         _ => {
