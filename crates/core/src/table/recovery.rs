@@ -57,11 +57,11 @@ impl LeaseTable {
         }
         // Both maps are built as the leases come (`sorted::Builder`: an
         // entry in order goes straight into a full chunk, the few out of
-        // order are merged in at the end), not by one insert (and one
-        // search) per lease.
-        // The leases are taken as the store reads them when it says how
-        // many there are at most (the spread needs a count): ten million
-        // stored records are then never held beside the table they become.
+        // order are put in at the end), not by one insert (and one search)
+        // per lease. The leases are taken as the store reads them when it
+        // says how many there are at most (the spread needs a count): ten
+        // million stored records are then never held beside the table they
+        // become.
         let leases = leases.into_iter();
         match leases.size_hint() {
             (_, Some(n_max)) => table.recover_leases(now, leases, n_max),
@@ -103,8 +103,9 @@ impl LeaseTable {
             resources.push((resource, state));
             n_leases += 1;
         }
-        // Finished on the thread that built them: chunks freed by another
-        // thread stay with this one's allocator, which allocates no more.
+        // Finished on the thread that built them: chunks freed by a thread
+        // other than the one that made them were never given back to the
+        // system (docs/performance.md, "the resources in sorted chunks").
         self.resources = resources.finish();
         self.expiries = expiries.finish();
         self.n_leases = n_leases;
