@@ -1,7 +1,9 @@
 //! The operator page's history of holder changes ([`Change`], the type
-//! watchers get too): recent changes per resource, kept in
+//! watchers get too): the last [`HISTORY_TOTAL_MAX`] changes of every
+//! resource, of which a reader sees a resource's newest
+//! [`HISTORY_PER_RESOURCE_MAX`], kept in
 //! memory only (a restart or a new leader starts with none, and the page
-//! says so), bounded per resource and in all, queued by the committer
+//! says so), queued by the committer
 //! after each step's commit (so it never shows a grant that is not
 //! durable), in the order the engine made the changes, and recorded on a
 //! thread of its own: a million expiries are a million records, and the
@@ -11,7 +13,7 @@
 //! one per commit. A reader first records whatever is queued, so it sees
 //! every change queued before it asked.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -36,15 +38,15 @@ pub struct Entry {
     pub at: Instant,
 }
 
+/// One ring of the latest changes, oldest first. A reader picks a
+/// resource's out of it (100,000 entries: well under a millisecond, and
+/// only the page asks); a map of per-resource queues beside it cost three
+/// copies of each name and a queue each, about 330 bytes a change against
+/// this ring's 130 (docs/performance.md, 2026-12-08).
 #[derive(Default)]
 struct Book {
     next_seq: u64,
-    by_resource: HashMap<String, VecDeque<Entry>>,
-    /// Every entry recorded, oldest first, by (seq, resource): the global
-    /// bound evicts from the front. An entry the per-resource bound already
-    /// evicted still has its place here until its turn comes, so this queue
-    /// bounds the total.
-    order: VecDeque<(u64, String)>,
+    recent: VecDeque<Entry>,
 }
 
 /// The recent holder changes of every resource.
@@ -140,23 +142,20 @@ impl History {
         self.catch_up().record(changes, at);
     }
 
-    /// A resource's recorded changes, newest first.
+    /// A resource's recorded changes, newest first: at most
+    /// [`HISTORY_PER_RESOURCE_MAX`] of the last [`HISTORY_TOTAL_MAX`].
     pub fn of(&self, resource: &str) -> Vec<Entry> {
-        self.catch_up()
-            .by_resource
-            .get(resource)
-            .map(|e| e.iter().rev().cloned().collect())
-            .unwrap_or_default()
+        (self.catch_up().recent.iter().rev())
+            .filter(|e| e.change.resource == resource)
+            .take(HISTORY_PER_RESOURCE_MAX)
+            .cloned()
+            .collect()
     }
 
     /// Changes held in all.
     #[cfg(test)]
     pub fn len(&self) -> usize {
-        self.catch_up()
-            .by_resource
-            .values()
-            .map(VecDeque::len)
-            .sum()
+        self.catch_up().recent.len()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Book> {
@@ -170,44 +169,16 @@ impl History {
 
 impl Book {
     fn record(&mut self, changes: &[Change], at: Instant) {
-        let book = self;
         for change in changes {
-            book.next_seq += 1;
-            let seq = book.next_seq;
-            // Most resources have one change in the window (a fill of
-            // distinct names): room for one, not the four (384 bytes) a
-            // first push would reserve.
-            let entries = (book.by_resource.entry(change.resource.clone()))
-                .or_insert_with(|| VecDeque::with_capacity(1));
-            entries.push_back(Entry {
-                seq,
+            self.next_seq += 1;
+            if self.recent.len() == HISTORY_TOTAL_MAX {
+                self.recent.pop_front();
+            }
+            self.recent.push_back(Entry {
+                seq: self.next_seq,
                 change: change.clone(),
                 at,
             });
-            if entries.len() > HISTORY_PER_RESOURCE_MAX {
-                entries.pop_front();
-            }
-            book.order.push_back((seq, change.resource.clone()));
-            while book.order.len() > HISTORY_TOTAL_MAX {
-                let Some((seq, resource)) = book.order.pop_front() else {
-                    break;
-                };
-                book.evict(seq, &resource);
-            }
-        }
-    }
-
-    /// Drops entry `seq` of `resource` if the per-resource bound has not
-    /// already dropped it (then it is that resource's oldest).
-    fn evict(&mut self, seq: u64, resource: &str) {
-        let Some(entries) = self.by_resource.get_mut(resource) else {
-            return;
-        };
-        if entries.front().is_some_and(|e| e.seq == seq) {
-            entries.pop_front();
-        }
-        if entries.is_empty() {
-            self.by_resource.remove(resource);
         }
     }
 }
@@ -279,7 +250,7 @@ mod tests {
         h.retire(first);
         h.queue(vec![change("t", 4)], now);
         assert!(drained(), "the next term's recorder records");
-        assert_eq!(h.lock().by_resource["t"].len(), 1, "recorded by the thread");
+        assert_eq!(h.lock().recent.len(), 4, "recorded by the thread");
         // A third engine's recorder ends the second.
         let third = h.new_recorder();
         second_thread
@@ -306,16 +277,25 @@ mod tests {
         assert_eq!(h.len(), HISTORY_TOTAL_MAX);
     }
 
-    /// A window of distinct names (a fill, a batch job's resources) holds
-    /// one entry a resource: each keeps room for that one, not four.
+    /// A resource busy beyond its bound shows its newest changes only,
+    /// and its older ones still count in the total (they age out in turn).
     #[test]
-    fn a_resource_with_one_change_keeps_room_for_one() {
+    fn a_busy_resource_shows_its_newest_and_its_older_ones_still_count() {
         let h = History::default();
         let now = Instant::now();
-        h.record(&[change("one", 1)], now);
-        h.record(&[change("two", 1), change("two", 2)], now);
-        let book = h.catch_up();
-        assert_eq!(book.by_resource["one"].capacity(), 1);
-        assert_eq!(book.by_resource["two"].len(), 2);
+        let busy: Vec<Change> = (0..100).map(|n| change("busy", n)).collect();
+        h.record(&busy, now);
+        h.record(&[change("quiet", 1)], now);
+        assert_eq!(h.of("busy").len(), HISTORY_PER_RESOURCE_MAX);
+        assert_eq!(h.len(), 101);
+        let quiet: Vec<Change> = (0..HISTORY_TOTAL_MAX as u64 - 2)
+            .map(|n| change(&format!("q{n}"), n))
+            .collect();
+        h.record(&quiet, now);
+        let busy = h.of("busy");
+        assert_eq!(busy.len(), 1, "only the newest is left in the last changes");
+        assert_eq!(busy[0].change.token.get() & 0xff, 99);
+        assert_eq!(h.of("quiet").len(), 1);
+        assert_eq!(h.len(), HISTORY_TOTAL_MAX);
     }
 }
