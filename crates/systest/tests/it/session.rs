@@ -148,9 +148,12 @@ async fn a_session_resumes_after_a_crash_and_restart_with_its_leases() {
     let mut watch = session.watch();
     s.kill9();
     s.restart();
-    // The driver notices the broken stream, reconnects and resumes.
+    // The driver notices the broken stream, reconnects and resumes. The
+    // bound is for a hang, not a speed: a debug server restarting on a
+    // loaded machine took more than 5 s once; a resume too late for the
+    // session's own 3 s TTL ends it, which the loop below refuses.
     let mut saw_reconnecting = false;
-    let deadline = Instant::now() + Duration::from_secs(5);
+    let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let health = watch.borrow_and_update().health;
         saw_reconnecting |= health == Health::Reconnecting;
@@ -158,7 +161,7 @@ async fn a_session_resumes_after_a_crash_and_restart_with_its_leases() {
             break;
         }
         assert_ne!(health, Health::Ended, "the session must survive a restart");
-        assert!(Instant::now() < deadline, "no resume within 5 s");
+        assert!(Instant::now() < deadline, "no resume within 20 s");
         let _ = tokio::time::timeout(Duration::from_millis(100), watch.changed()).await;
     }
     let beats = session.state().beats;
