@@ -8,10 +8,11 @@
 //! leases whose deadline came: it splits them off the deadline set in one
 //! piece (whole chunks moved and one cut, not a pop per lease), uncounts
 //! them and queues the piece in `overdue`; then at most
-//! [`ENDS_PER_STEP`](crate::ENDS_PER_STEP) of the queue are dropped (written, reported, their resource handed on)
-//! per step, and the table asks to be stepped again a millisecond later
-//! while any are left (as `drain.rs` does, so that other callers take the
-//! engine's lock in between).
+//! [`ENDS_PER_STEP`](crate::ENDS_PER_STEP) of the queue are dropped
+//! (written, reported, their resource handed on) per step, and the table
+//! asks to be stepped again a millisecond later while any are left (as
+//! `drain.rs` does, so that other callers take the engine's lock in
+//! between).
 //!
 //! From the step that reached it, such a lease is gone for every caller
 //! (`gone.rs`): the caller that touches its resource drops it first.

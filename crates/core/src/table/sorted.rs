@@ -7,13 +7,12 @@
 //! nodes half full: about 35 bytes a 16-byte entry. Here the entries sit
 //! in sorted chunks of at most [`CHUNK_LEN`] (a two-level sorted list),
 //! the resources' 16-byte entries (a name and a boxed state) as much as
-//! the deadlines'. A
-//! full last chunk is followed by a new one when the entry goes after it
-//! (the right edge: the full chunk stays full); a full chunk passes an
-//! entry on to a neighbour with room; only when neither has room does it
-//! split, the last chunk where the entry goes (it stays nearly full), any
-//! other in halves. A chunk below a quarter full after a removal is merged
-//! into a neighbour that has room.
+//! the deadlines'. A full last chunk is followed by a new one when the
+//! entry goes after it (the right edge: the full chunk stays full); a
+//! full chunk passes an entry on to a neighbour with room; only when
+//! neither has room does it split, the last chunk where the entry goes
+//! (it stays nearly full), any other in halves. A chunk below a quarter
+//! full after a removal is merged into a neighbour that has room.
 //!
 //! Each chunk's last key is kept beside the chunks (its fence), so that
 //! finding a key's chunk reads the fences, not the chunks; a search looks
@@ -24,8 +23,9 @@
 //! ([`SortedChunks::split_below`]): whole chunks moved, one cut.
 //!
 //! No well-kept crate has the right edge and the cut (the two-level
-//! B-trees on crates.io split in halves, like std's); this is under 500
-//! lines, checked against std's `BTreeMap` by the property test below.
+//! B-trees on crates.io split in halves, like std's); this is a few
+//! hundred lines, checked against std's `BTreeMap` by the property test
+//! below.
 
 use std::{borrow::Borrow, cmp::Ordering, collections::VecDeque, ops::Bound};
 
@@ -242,13 +242,12 @@ impl<K: Ord + Clone, V, const CAP: usize> SortedChunks<K, V, CAP> {
                     at: at - 1,
                 }
             };
-            let before = &self.chunks[c - 1];
-            self.fences[c - 1] = before.back().expect("not empty").0.clone();
+            self.refence(c - 1);
             place
         } else {
             self.split(c, at, entry, last)
         };
-        self.fences[c] = self.chunks[c].back().expect("not empty").0.clone();
+        self.refence(c);
         place
     }
 
@@ -274,6 +273,11 @@ impl<K: Ord + Clone, V, const CAP: usize> SortedChunks<K, V, CAP> {
         self.chunks.insert(c + 1, right);
         self.fences.insert(c + 1, right_last);
         place
+    }
+
+    /// Sets chunk `c`'s fence to its last key.
+    fn refence(&mut self, c: usize) {
+        self.fences[c] = self.chunks[c].back().expect("not empty").0.clone();
     }
 
     /// Appends a chunk of `entry` alone (above every entry). It grows as
@@ -319,7 +323,7 @@ impl<K: Ord + Clone, V, const CAP: usize> SortedChunks<K, V, CAP> {
             return;
         }
         if last_removed {
-            self.fences[c] = self.chunks[c].back().expect("not empty").0.clone();
+            self.refence(c);
         }
         if n >= CAP / 4 {
             return;
@@ -337,7 +341,7 @@ impl<K: Ord + Clone, V, const CAP: usize> SortedChunks<K, V, CAP> {
             let mut this = self.chunks.remove(c).expect("chunk c");
             self.fences.remove(c);
             self.chunks[c - 1].append(&mut this);
-            self.fences[c - 1] = self.chunks[c - 1].back().expect("not empty").0.clone();
+            self.refence(c - 1);
         }
     }
 
